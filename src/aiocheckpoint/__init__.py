@@ -1,0 +1,57 @@
+"""aiocheckpoint: durable, asyncio-native checkpoints for agent workflows.
+
+Save a workflow's progress and resume it after a crash, without blocking the event loop.
+This module is the map of the public API: everything in ``__all__`` is supported.
+"""
+
+from .errors import (
+    CheckpointCorruptedError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointSerializationError,
+    InvalidArgumentError,
+    InvalidStepError,
+    InvalidWorkflowIdError,
+    LeaseError,
+    LeaseHeldError,
+    LeaseLostError,
+    StorageBackendError,
+    StorageClosedError,
+    StorageSchemaError,
+)
+from .manager import CheckpointManager, ResumePoint
+from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, StateVersion
+from .state import SharedState
+from .storage import CheckpointStorage, InMemoryCheckpointStorage, StoredCheckpoint
+from .workflow import ResumableWorkflow
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentStatus",
+    "Checkpoint",
+    "CheckpointCorruptedError",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointNotFoundError",
+    "CheckpointSerializationError",
+    "CheckpointStorage",
+    "ExecutionMetrics",
+    "InMemoryCheckpointStorage",
+    "InvalidArgumentError",
+    "InvalidStepError",
+    "InvalidWorkflowIdError",
+    "LeaseError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "ResumableWorkflow",
+    "ResumePoint",
+    "SharedState",
+    "StateSnapshot",
+    "StateVersion",
+    "StorageBackendError",
+    "StorageClosedError",
+    "StorageSchemaError",
+    "StoredCheckpoint",
+    "__version__",
+]

@@ -1,0 +1,62 @@
+"""The input rules every backend relies on, enforced in one place."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from .errors import InvalidArgumentError, InvalidStepError, InvalidWorkflowIdError
+
+MAX_WORKFLOW_ID_BYTES: Final = 255
+#: Steps are stored as signed 64-bit integers by the database backends.
+MAX_STEP: Final = 2**63 - 1
+
+
+def check_workflow_id(workflow_id: Any) -> str:
+    """Return ``workflow_id`` if it is a valid id, else raise :class:`InvalidWorkflowIdError`.
+
+    A valid id is a non-empty ``str`` of at most 255 UTF-8 bytes that contains no NUL.
+    Everything else about it (slashes, dots, spaces, any script) is allowed and preserved.
+    """
+    if not isinstance(workflow_id, str):
+        raise InvalidWorkflowIdError(
+            f"workflow id must be str, not {type(workflow_id).__qualname__}"
+        )
+    if not workflow_id:
+        raise InvalidWorkflowIdError("workflow id must not be empty")
+    if "\x00" in workflow_id:
+        raise InvalidWorkflowIdError("workflow id must not contain NUL")
+    try:
+        size = len(workflow_id.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidWorkflowIdError("workflow id is not valid Unicode text") from exc
+    if size > MAX_WORKFLOW_ID_BYTES:
+        raise InvalidWorkflowIdError(
+            f"workflow id is {size} UTF-8 bytes; at most {MAX_WORKFLOW_ID_BYTES} are allowed"
+        )
+    return workflow_id
+
+
+def check_step(step: Any, name: str = "step") -> int:
+    """Return ``step`` if it is an ``int`` in ``[0, 2**63)`` (not ``bool``).
+
+    Anything else raises :class:`InvalidStepError` (a ``ValueError``).
+    """
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise InvalidStepError(f"{name} must be an int >= 0, not {type(step).__qualname__}")
+    if step < 0 or step > MAX_STEP:
+        raise InvalidStepError(f"{name} must be between 0 and 2**63 - 1, got {step}")
+    return int(step)
+
+
+def check_optional_step(step: Any, name: str = "step") -> int | None:
+    """Like :func:`check_step`, but ``None`` passes through."""
+    return None if step is None else check_step(step, name)
+
+
+def check_limit(limit: Any) -> int | None:
+    """Return a page size: ``None`` (no limit) or an int >= 1."""
+    if limit is None:
+        return None
+    if type(limit) is not int or limit < 1:
+        raise InvalidArgumentError(f"limit must be an int >= 1 or None, got {limit!r}")
+    return limit

@@ -1,0 +1,119 @@
+"""Exceptions raised by aiocheckpoint.
+
+Every error the library raises on purpose derives from :class:`CheckpointError`::
+
+    CheckpointError
+    ├── CheckpointNotFoundError       a requested step does not exist
+    ├── CheckpointCorruptedError      stored bytes fail to decode or verify
+    ├── CheckpointSerializationError  a state that cannot be stored (nothing is written)
+    ├── InvalidArgumentError          a bad argument (also a ValueError)
+    │   ├── InvalidWorkflowIdError    not a non-empty str of <= 255 UTF-8 bytes without NUL
+    │   └── InvalidStepError          not an int in [0, 2**63)
+    ├── StorageClosedError            the storage (or manager) was used after close()
+    ├── StorageSchemaError            a store written by a newer, unknown version
+    ├── StorageBackendError           the backend failed (OSError, sqlite3.Error, ...)
+    └── LeaseError
+        ├── LeaseHeldError            another live owner holds the workflow's lease
+        └── LeaseLostError            the lease expired or was taken over (fencing)
+
+Driver and OS errors are translated at the backend boundary; the original exception is
+always chained as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointCorruptedError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CheckpointSerializationError",
+    "InvalidArgumentError",
+    "InvalidStepError",
+    "InvalidWorkflowIdError",
+    "LeaseError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "StorageBackendError",
+    "StorageClosedError",
+    "StorageSchemaError",
+]
+
+
+class CheckpointError(Exception):
+    """Base class of every error raised by aiocheckpoint."""
+
+
+class CheckpointNotFoundError(CheckpointError, LookupError):
+    """The requested checkpoint does not exist."""
+
+    def __init__(self, workflow_id: str, step: int | None = None) -> None:
+        self.workflow_id = workflow_id
+        self.step = step
+        where = f"step {step} of " if step is not None else ""
+        super().__init__(f"no checkpoint for {where}workflow {workflow_id!r}")
+
+
+class CheckpointCorruptedError(CheckpointError):
+    """Stored bytes failed to decode or did not match their checksum."""
+
+    def __init__(
+        self, reason: str, *, workflow_id: str | None = None, step: int | None = None
+    ) -> None:
+        self.reason = reason
+        self.workflow_id = workflow_id
+        self.step = step
+        where = ""
+        if workflow_id is not None:
+            where = f"workflow {workflow_id!r}"
+            if step is not None:
+                where += f" step {step}"
+            where += ": "
+        super().__init__(f"corrupted checkpoint: {where}{reason}")
+
+
+class CheckpointSerializationError(CheckpointError, TypeError):
+    """A state (or metadata) value cannot be stored faithfully.
+
+    ``path`` names the offending value, for example ``state.plan.items[3]``.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot store {path}: {reason}")
+
+
+class InvalidArgumentError(CheckpointError, ValueError):
+    """An argument is out of its documented range (a status, a limit, an agent id, ...)."""
+
+
+class InvalidWorkflowIdError(InvalidArgumentError):
+    """A workflow id is not a non-empty str of at most 255 UTF-8 bytes without NUL."""
+
+
+class InvalidStepError(InvalidArgumentError):
+    """A step is not an int in ``[0, 2**63)`` (``bool`` is refused)."""
+
+
+class StorageClosedError(CheckpointError):
+    """The storage or manager was used after it was closed."""
+
+
+class StorageSchemaError(CheckpointError):
+    """The store was written by a newer version of aiocheckpoint, or has an unknown schema."""
+
+
+class StorageBackendError(CheckpointError):
+    """The storage backend failed; the driver's or OS's exception is the ``__cause__``."""
+
+
+class LeaseError(CheckpointError):
+    """Base class of lease errors."""
+
+
+class LeaseHeldError(LeaseError):
+    """Another live owner holds the lease of this workflow."""
+
+
+class LeaseLostError(LeaseError):
+    """The lease expired or was taken over; writes under it are refused (fencing)."""

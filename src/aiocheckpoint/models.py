@@ -1,0 +1,86 @@
+"""Data models: checkpoints, state snapshots and execution metrics (pydantic v2)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "AgentStatus",
+    "Checkpoint",
+    "ExecutionMetrics",
+    "StateSnapshot",
+    "StateVersion",
+    "utcnow",
+]
+
+
+def utcnow() -> datetime:
+    """Return the current time as a timezone-aware UTC datetime."""
+    return datetime.now(timezone.utc)
+
+
+class AgentStatus(str, Enum):
+    """The status an agent reached at a step."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ExecutionMetrics(BaseModel):
+    """Cost and progress counters of a workflow run."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    total_cost: float = 0.0
+    total_steps: int = 0
+    total_tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    start_time: datetime | None = None
+    elapsed_seconds: float = 0.0
+
+
+class StateVersion(BaseModel):
+    """One version of a :class:`~aiocheckpoint.SharedState`: who changed what, and when."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = 0
+    timestamp: datetime = Field(default_factory=utcnow)
+    agent_id: str | None = None
+    changed_fields: list[str] = Field(default_factory=list)
+
+
+class StateSnapshot(BaseModel):
+    """An independent copy of a workflow's state at one version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: dict[str, Any] = Field(default_factory=dict)
+    version: StateVersion = Field(default_factory=StateVersion)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Checkpoint(BaseModel):
+    """A saved step of a workflow: who ran it, how it ended, and the state after it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflow_id: str
+    step: int
+    agent_id: str
+    status: AgentStatus
+    state_snapshot: StateSnapshot
+    metrics: ExecutionMetrics = Field(default_factory=ExecutionMetrics)
+    timestamp: datetime = Field(default_factory=utcnow)
+    metadata: dict[str, Any] = Field(default_factory=dict)

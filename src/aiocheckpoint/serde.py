@@ -1,0 +1,320 @@
+"""Turning checkpoints into bytes and back: validation, the record format and its checksum.
+
+What can be stored
+------------------
+dicts with ``str`` keys, lists, tuples (stored as lists), ``str``, ``int`` of any size,
+``float`` (NaN and infinities included), ``bool`` and ``None`` round-trip exactly, key order
+included. Pydantic models, ``datetime``/``date``/``time`` and ``UUID`` are accepted and stored
+as their JSON form (a model comes back as a dict, the others as ISO strings or the UUID's
+string). Anything else -- sets, bytes, non-``str`` keys, enums, other objects, cycles, or
+nesting deeper than :data:`MAX_DEPTH` -- raises :class:`CheckpointSerializationError` naming
+the offending path, and nothing is written.
+
+The record format (version 1)
+-----------------------------
+A record is a 20-byte header followed by a UTF-8 JSON body::
+
+    offset size  field
+    0      4     magic  b"ACKP"
+    4      1     format version (1)
+    5      1     flags (0; reserved for compression)
+    6      2     reserved (0)
+    8      8     body length, big-endian
+    16     4     CRC-32 of the body, big-endian
+
+The body is one JSON object with the keys ``workflow_id``, ``step``, ``agent_id``,
+``status``, ``timestamp``, ``metrics``, ``metadata`` and ``state`` (``data``, ``version``,
+``metadata``). Nothing in a record is ever unpickled or evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+import zlib
+from datetime import date, datetime, time
+from typing import Any, Final
+
+from pydantic import BaseModel, ValidationError
+
+from .errors import CheckpointCorruptedError, CheckpointSerializationError
+from .models import Checkpoint
+
+__all__ = [
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "MAGIC",
+    "MAX_DEPTH",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "json_copy",
+    "to_storable",
+]
+
+MAGIC: Final = b"ACKP"
+FORMAT_VERSION: Final = 1
+MAX_DEPTH: Final = 200
+_HEADER = struct.Struct(">4sBBHQI")
+HEADER_SIZE: Final = _HEADER.size
+
+# Python refuses to convert ints of more than 4300 digits to or from text by default; below
+# this bit length the fast path is always safe.
+_BIG_INT_BITS: Final = 14_000
+_IDENTIFIER_CHARS: Final = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+)
+
+
+def _child_path(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if key and not key[0].isdigit() and set(key) <= _IDENTIFIER_CHARS:
+        return f"{path}.{key}"
+    return f"{path}[{key!r}]"
+
+
+class _Walker:
+    """Validates a value and returns a fresh JSON-compatible copy of it."""
+
+    __slots__ = ("_active",)
+
+    def __init__(self) -> None:
+        self._active: set[int] = set()
+
+    def walk(self, value: Any, path: str, depth: int) -> Any:
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            return value
+        if kind is int or kind is float:
+            return value
+        if depth >= MAX_DEPTH:
+            raise CheckpointSerializationError(path, f"nesting deeper than {MAX_DEPTH} levels")
+        if kind is dict or kind is list or kind is tuple:
+            return self._container(value, path, depth)
+        if isinstance(value, BaseModel):
+            return self.walk(value.model_dump(mode="json"), path, depth)
+        if isinstance(value, (datetime, date, time)):
+            return value.isoformat()
+        if isinstance(value, uuid.UUID):
+            return str(value)
+        raise CheckpointSerializationError(
+            path, f"values of type {kind.__qualname__} are not JSON-compatible"
+        )
+
+    def _container(self, value: Any, path: str, depth: int) -> Any:
+        marker = id(value)
+        if marker in self._active:
+            raise CheckpointSerializationError(path, "the value contains itself (a cycle)")
+        self._active.add(marker)
+        try:
+            if type(value) is dict:
+                out: dict[str, Any] = {}
+                for key, item in value.items():
+                    if type(key) is not str:
+                        raise CheckpointSerializationError(
+                            _child_path(path, repr(key)),
+                            f"dict keys must be str, not {type(key).__qualname__}",
+                        )
+                    out[key] = self.walk(item, _child_path(path, key), depth + 1)
+                return out
+            return [
+                self.walk(item, _child_path(path, i), depth + 1) for i, item in enumerate(value)
+            ]
+        finally:
+            self._active.discard(marker)
+
+
+def to_storable(value: Any, path: str = "state") -> Any:
+    """Return a validated, independent JSON-compatible copy of ``value``.
+
+    Raises :class:`CheckpointSerializationError` naming the first offending path.
+    """
+    return _Walker().walk(value, path, 0)
+
+
+def json_copy(value: Any) -> Any:
+    """Deep-copy a JSON-compatible value quickly; other values fall back to ``copy.deepcopy``."""
+    kind = type(value)
+    if kind is dict:
+        return {k: json_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [json_copy(v) for v in value]
+    if kind in (str, int, float, bool) or value is None:
+        return value
+    import copy
+
+    return copy.deepcopy(value)
+
+
+def _int_to_decimal(n: int) -> str:
+    """Decimal text of an int of any size (divide and conquer; no digit limit applies)."""
+    if n < 0:
+        return "-" + _int_to_decimal(-n)
+    if n.bit_length() <= _BIG_INT_BITS:
+        return str(n)
+    half = len(hex(n)) * 3 // 5  # about half the number of decimal digits
+    high, low = divmod(n, 10**half)
+    return _int_to_decimal(high) + _int_to_decimal(low).rjust(half, "0")
+
+
+def _decimal_to_int(text: str) -> int:
+    """Parse decimal digits of any length (the inverse of :func:`_int_to_decimal`)."""
+    if len(text) <= 4000:
+        return int(text)
+    if text[0] == "-":
+        return -_decimal_to_int(text[1:])
+    half = len(text) // 2
+    low_len = len(text) - half
+    scale: int = 10**low_len
+    return _decimal_to_int(text[:half]) * scale + _decimal_to_int(text[half:])
+
+
+def _is_digit_limit(exc: ValueError) -> bool:
+    return "integer string conversion" in str(exc) or "Exceeds the limit" in str(exc)
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    except ValueError as exc:
+        if not _is_digit_limit(exc):
+            raise
+    # Replace each huge int by a unique placeholder string, then splice in its digits.
+    nonce = uuid.uuid4().hex
+    digits: dict[str, str] = {}
+
+    def swap(value: Any) -> Any:
+        if type(value) is int and value.bit_length() > _BIG_INT_BITS:
+            token = f"\ue000bigint-{nonce}-{len(digits)}"
+            digits[token] = _int_to_decimal(value)
+            return token
+        if type(value) is dict:
+            return {k: swap(v) for k, v in value.items()}
+        if type(value) is list:
+            return [swap(v) for v in value]
+        return value
+
+    text = json.dumps(swap(obj), ensure_ascii=False, separators=(",", ":"))
+    for token, number in digits.items():
+        text = text.replace(f'"{token}"', number, 1)
+    return text.encode()
+
+
+def _loads(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        if not _is_digit_limit(exc):
+            raise
+    return json.loads(body, parse_int=_decimal_to_int)
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """Encode a checkpoint as a version-1 record (header, checksum, JSON body).
+
+    The checkpoint's state and metadata must already be storable (see :func:`to_storable`).
+    """
+    body_obj = {
+        "workflow_id": checkpoint.workflow_id,
+        "step": checkpoint.step,
+        "agent_id": checkpoint.agent_id,
+        "status": checkpoint.status.value,
+        "timestamp": checkpoint.timestamp.isoformat(),
+        "metrics": checkpoint.metrics.model_dump(mode="json"),
+        "metadata": checkpoint.metadata,
+        "state": {
+            "data": checkpoint.state_snapshot.data,
+            "version": checkpoint.state_snapshot.version.model_dump(mode="json"),
+            "metadata": checkpoint.state_snapshot.metadata,
+        },
+    }
+    try:
+        body = _dumps(body_obj)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CheckpointSerializationError("checkpoint", str(exc)) from exc
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), zlib.crc32(body))
+    return header + body
+
+
+def read_header(data: bytes) -> tuple[int, int, int]:
+    """Parse a record header; return ``(format_version, body_length, crc32)``.
+
+    Raises :class:`CheckpointCorruptedError` when the bytes are not a record.
+    """
+    if len(data) < HEADER_SIZE:
+        raise CheckpointCorruptedError(f"record too short ({len(data)} bytes)")
+    magic, version, flags, _reserved, length, crc = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CheckpointCorruptedError("not an aiocheckpoint record (bad magic)")
+    if version != FORMAT_VERSION:
+        raise CheckpointCorruptedError(f"unknown record format version {version}")
+    if flags != 0:
+        raise CheckpointCorruptedError(f"unknown record flags {flags:#x}")
+    return version, length, crc
+
+
+def decode_checkpoint(
+    data: bytes, *, workflow_id: str | None = None, step: int | None = None
+) -> Checkpoint:
+    """Verify and decode a record made by :func:`encode_checkpoint`.
+
+    When ``workflow_id``/``step`` are given, the record must belong to them. Any mismatch,
+    truncation, bit flip or foreign content raises :class:`CheckpointCorruptedError`.
+    """
+    try:
+        _version, length, crc = read_header(data)
+        body = memoryview(data)[HEADER_SIZE:]
+        if len(body) != length:
+            raise CheckpointCorruptedError(
+                f"body is {len(body)} bytes, header says {length} (truncated or padded)"
+            )
+        if zlib.crc32(body) != crc:
+            raise CheckpointCorruptedError("checksum mismatch")
+        obj = _loads(bytes(body))
+        checkpoint = _build(obj)
+    except CheckpointCorruptedError as exc:
+        raise CheckpointCorruptedError(exc.reason, workflow_id=workflow_id, step=step) from exc
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise CheckpointCorruptedError(
+            f"undecodable body ({type(exc).__name__})", workflow_id=workflow_id, step=step
+        ) from exc
+    if workflow_id is not None and checkpoint.workflow_id != workflow_id:
+        raise CheckpointCorruptedError(
+            f"record belongs to workflow {checkpoint.workflow_id!r}",
+            workflow_id=workflow_id,
+            step=step,
+        )
+    if step is not None and checkpoint.step != step:
+        raise CheckpointCorruptedError(
+            f"record belongs to step {checkpoint.step}", workflow_id=workflow_id, step=step
+        )
+    return checkpoint
+
+
+def _build(obj: Any) -> Checkpoint:
+    if type(obj) is not dict:
+        raise CheckpointCorruptedError("body is not a JSON object")
+    state = obj["state"]
+    try:
+        return Checkpoint.model_validate(
+            {
+                "workflow_id": obj["workflow_id"],
+                "step": obj["step"],
+                "agent_id": obj["agent_id"],
+                "status": obj["status"],
+                "timestamp": obj["timestamp"],
+                "metrics": obj["metrics"],
+                "metadata": obj["metadata"],
+                "state_snapshot": {
+                    "data": state["data"],
+                    "version": state["version"],
+                    "metadata": state["metadata"],
+                },
+            },
+            strict=False,
+        )
+    except ValidationError as exc:
+        raise CheckpointCorruptedError(
+            f"invalid record fields: {exc.error_count()} error(s)"
+        ) from exc

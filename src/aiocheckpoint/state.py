@@ -1,0 +1,182 @@
+"""SharedState: a workflow's in-memory state with dot paths, versions and history."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .models import StateSnapshot, StateVersion, utcnow
+from .serde import json_copy
+
+__all__ = ["SharedState"]
+
+_MISSING: Any = object()
+
+
+def _split(path: str) -> list[str]:
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"a state path must be a non-empty str, got {path!r}")
+    parts = path.split(".")
+    if "" in parts:
+        raise ValueError(f"state path {path!r} has an empty segment")
+    return parts
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        current = merged.get(key)
+        if isinstance(current, dict) and isinstance(value, Mapping):
+            merged[key] = _deep_merge(current, value)
+        else:
+            merged[key] = json_copy(value)
+    return merged
+
+
+class SharedState:
+    """The state of one workflow, shared by its agents.
+
+    Values are addressed by dot paths (``"research.results"`` is
+    ``data["research"]["results"]``). Every change bumps :attr:`version` by one and is kept in
+    a bounded history that :meth:`restore` can go back to. Values passed in and handed out are
+    copies: changing them never changes the state, and vice versa.
+
+    Internally the tree is never mutated in place: a change copies only the dicts along its
+    path, so history entries share every untouched sub-tree and a change costs the depth of
+    its path, not the size of the state.
+
+    ``on_change``, if given, is called with the new :class:`StateVersion` after each change.
+    """
+
+    def __init__(
+        self,
+        initial_data: Mapping[str, Any] | None = None,
+        on_change: Callable[[StateVersion], None] | None = None,
+        *,
+        max_history: int = 100,
+    ) -> None:
+        if max_history < 1:
+            raise ValueError("max_history must be at least 1")
+        self._data: dict[str, Any] = json_copy(dict(initial_data or {}))
+        self._on_change = on_change
+        first = StateVersion(version=0, timestamp=utcnow(), agent_id=None, changed_fields=[])
+        self._history: deque[tuple[StateVersion, dict[str, Any]]] = deque(
+            [(first, self._data)], maxlen=max_history
+        )
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        snapshot: StateSnapshot,
+        on_change: Callable[[StateVersion], None] | None = None,
+        *,
+        max_history: int = 100,
+    ) -> SharedState:
+        """Rebuild a state from a snapshot, keeping the snapshot's version number."""
+        state = cls(snapshot.data, on_change, max_history=max_history)
+        state._history[0] = (snapshot.version, state._data)
+        return state
+
+    @property
+    def version(self) -> int:
+        """The current version: 0 for a new state, +1 per change."""
+        return self._history[-1][0].version
+
+    def get(self, path: str, default: Any = None) -> Any:
+        """Return a copy of the value at ``path``, or ``default`` when there is none."""
+        node: Any = self._data
+        for part in _split(path):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return json_copy(node)
+
+    def set(self, path: str, value: Any, agent_id: str | None = None) -> None:
+        """Set the value at ``path`` (intermediate dicts are created), as one new version."""
+        self.update({path: value}, agent_id)
+
+    def update(self, values: Mapping[str, Any], agent_id: str | None = None) -> None:
+        """Set several paths at once, as a single new version."""
+        data = self._data
+        for path, value in values.items():
+            data = self._with(data, _split(path), json_copy(value), path)
+        self._commit(data, agent_id, list(values))
+
+    def delete(self, path: str, agent_id: str | None = None) -> bool:
+        """Remove the value at ``path``; return whether it existed (no version bump if not)."""
+        parts = _split(path)
+        node: Any = self._data
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or parts[-1] not in node:
+            return False
+        self._commit(self._with(self._data, parts, _MISSING, path), agent_id, [path])
+        return True
+
+    def merge(self, data: Mapping[str, Any], agent_id: str | None = None) -> None:
+        """Deep-merge ``data`` into the state (nested dicts merge, other values replace)."""
+        self._commit(_deep_merge(self._data, data), agent_id, list(data))
+
+    def snapshot(self, metadata: Mapping[str, Any] | None = None) -> StateSnapshot:
+        """Return an independent deep copy of the current state and its version."""
+        return StateSnapshot(
+            data=json_copy(self._data),
+            version=self._history[-1][0],
+            metadata=json_copy(dict(metadata or {})),
+        )
+
+    def get_history(self, limit: int | None = None) -> list[StateVersion]:
+        """The recorded versions, most recent first (at most ``limit``)."""
+        versions = [entry[0] for entry in reversed(self._history)]
+        return versions if limit is None else versions[:limit]
+
+    def restore(self, version: int, agent_id: str | None = None) -> None:
+        """Go back to the data of an earlier ``version``; this is itself a new version.
+
+        Raises ``ValueError`` if that version is no longer in the (bounded) history.
+        """
+        for recorded, data in self._history:
+            if recorded.version == version:
+                self._commit(data, agent_id, [f"restore:{version}"])
+                return
+        raise ValueError(f"version {version} is not in the state's history")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a deep copy of the whole state."""
+        data: dict[str, Any] = json_copy(self._data)
+        return data
+
+    def _peek(self) -> tuple[dict[str, Any], StateVersion]:
+        """The live data and version, uncopied: for callers that copy it themselves."""
+        return self._data, self._history[-1][0]
+
+    def __repr__(self) -> str:
+        return f"SharedState(version={self.version}, keys={list(self._data)!r})"
+
+    def _with(self, node: Any, parts: list[str], value: Any, path: str) -> dict[str, Any]:
+        """Return a copy of dict ``node`` with ``parts`` set to ``value`` (or removed)."""
+        if not isinstance(node, dict):
+            raise TypeError(f"cannot set {path!r}: a parent is a {type(node).__name__}, not a dict")
+        copy = dict(node)
+        head = parts[0]
+        if len(parts) == 1:
+            if value is _MISSING:
+                del copy[head]
+            else:
+                copy[head] = value
+        else:
+            copy[head] = self._with(node.get(head, {}), parts[1:], value, path)
+        return copy
+
+    def _commit(self, data: dict[str, Any], agent_id: str | None, fields: Iterable[str]) -> None:
+        new = StateVersion(
+            version=self.version + 1,
+            timestamp=utcnow(),
+            agent_id=agent_id,
+            changed_fields=list(fields),
+        )
+        self._data = data
+        self._history.append((new, data))
+        if self._on_change is not None:
+            self._on_change(new)

@@ -1,0 +1,11 @@
+"""Storage backends and the protocol they implement."""
+
+from .base import BaseStorage, CheckpointStorage, StoredCheckpoint
+from .memory import InMemoryCheckpointStorage
+
+__all__ = [
+    "BaseStorage",
+    "CheckpointStorage",
+    "InMemoryCheckpointStorage",
+    "StoredCheckpoint",
+]
