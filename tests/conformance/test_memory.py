@@ -1,0 +1,14 @@
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aiocheckpoint import InMemoryCheckpointStorage
+from aiocheckpoint.testing import StorageConformance
+
+
+class TestInMemoryConformance(StorageConformance):
+    @pytest.fixture
+    async def storage(self) -> AsyncIterator[InMemoryCheckpointStorage]:
+        store = InMemoryCheckpointStorage()
+        yield store
+        await store.close()
