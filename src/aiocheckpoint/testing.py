@@ -21,7 +21,7 @@ object on the same location. The suite needs pytest and pytest-asyncio.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import pytest
@@ -70,7 +70,7 @@ def _rec(n: int, size: int = 16) -> bytes:
 class StorageConformance:
     """Behaviour every :class:`~aiocheckpoint.CheckpointStorage` must show."""
 
-    pytestmark = [pytest.mark.asyncio]
+    pytestmark: ClassVar = [pytest.mark.asyncio]
 
     # --- the raw protocol -------------------------------------------------------------
 
@@ -90,7 +90,9 @@ class StorageConformance:
         zero = await storage.load("wf", 0)
         assert zero is not None and zero.data == b"zero"
 
-    async def test_latest_is_highest_step_not_last_written(self, storage: CheckpointStorage) -> None:
+    async def test_latest_is_highest_step_not_last_written(
+        self, storage: CheckpointStorage
+    ) -> None:
         """The latest record is the one with the highest step, whatever the write order."""
         for step in (5, 9, 2):
             await storage.save("wf", step, _rec(step))
@@ -130,7 +132,7 @@ class StorageConformance:
             await storage.save("wf", step, _rec(step))
         assert [r.step for r in await storage.scan("wf")] == [1, 2, 3, 10]
         assert [r.step for r in await storage.scan("wf", descending=True)] == [10, 3, 2, 1]
-        assert [r.data for r in await storage.scan("wf")][0] == _rec(1)
+        assert (await storage.scan("wf"))[0].data == _rec(1)
 
     async def test_scan_pages_with_bounds_and_limit(self, storage: CheckpointStorage) -> None:
         """after/before are exclusive bounds and limit takes from the scan's start."""
@@ -324,7 +326,7 @@ class StorageConformance:
 class PersistentStorageConformance:
     """What durable backends add: records outlive the storage object that wrote them."""
 
-    pytestmark = [pytest.mark.asyncio]
+    pytestmark: ClassVar = [pytest.mark.asyncio]
 
     async def test_records_survive_reopen(self, storage: CheckpointStorage, reopen: Reopen) -> None:
         """Everything written is there, unchanged, after close and reopen."""
