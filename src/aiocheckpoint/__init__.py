@@ -23,6 +23,7 @@ from .manager import CheckpointManager, ResumePoint
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, StateVersion
 from .state import SharedState
 from .storage import CheckpointStorage, InMemoryCheckpointStorage, StoredCheckpoint
+from .urls import open_storage
 from .workflow import ResumableWorkflow
 
 __version__ = "0.1.0"
@@ -54,4 +55,5 @@ __all__ = [
     "StorageSchemaError",
     "StoredCheckpoint",
     "__version__",
+    "open_storage",
 ]

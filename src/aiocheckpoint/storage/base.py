@@ -17,7 +17,11 @@ from typing_extensions import Self
 
 from ..errors import StorageClosedError
 
-__all__ = ["BaseStorage", "CheckpointStorage", "StoredCheckpoint"]
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "BaseStorage", "CheckpointStorage", "StoredCheckpoint"]
+
+#: Records larger than this are refused by the bundled backends, on write and on read, so
+#: that a damaged or hostile store cannot make a reader allocate without bound.
+DEFAULT_MAX_RECORD_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,69 @@
+"""Store URLs: one string names a storage backend and its location."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import InvalidArgumentError
+from .storage.base import CheckpointStorage
+from .storage.memory import InMemoryCheckpointStorage
+
+__all__ = ["URL_FORMS", "open_storage"]
+
+URL_FORMS = (
+    "memory://",
+    "file:///abs/dir or file:relative/dir",
+    "sqlite:///abs/path.db or sqlite:relative/path.db",
+    "postgresql://user@host:port/db",
+)
+
+
+def _bad(url: str, why: str) -> InvalidArgumentError:
+    forms = "; ".join(URL_FORMS)
+    return InvalidArgumentError(f"bad store URL {url!r}: {why} (accepted forms: {forms})")
+
+
+def _path_part(url: str, scheme: str) -> str:
+    rest = url[len(scheme) + 1 :]
+    if rest.startswith("//"):
+        rest = rest[2:]
+        if not rest.startswith("/"):
+            raise _bad(url, "a host is not allowed here; use three slashes for an absolute path")
+    if not rest:
+        raise _bad(url, "the path is empty")
+    return rest
+
+
+def _load(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(f"aiocheckpoint.storage.{module}"), name)
+
+
+def open_storage(url: str, **options: Any) -> CheckpointStorage:
+    """Create the storage that ``url`` names; ``options`` go to the backend's constructor.
+
+    Accepted forms: ``memory://``; ``file:///abs/dir`` or ``file:relative/dir``;
+    ``sqlite:///abs/path.db`` or ``sqlite:relative/path.db``; ``postgresql://...`` (or
+    ``postgres://``), passed to the PostgreSQL backend as its DSN. Anything else raises
+    :class:`~aiocheckpoint.InvalidArgumentError` naming the accepted forms. Storage opens
+    lazily, so this never touches the disk or the network.
+    """
+    if not isinstance(url, str) or ":" not in url:
+        raise _bad(str(url), "no scheme")
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "memory":
+        if url.lower() not in ("memory://", "memory:"):
+            raise _bad(url, "memory:// takes no path")
+        return InMemoryCheckpointStorage(**options)
+    if scheme == "file":
+        storage: CheckpointStorage = _load("file", "FileCheckpointStorage")(
+            _path_part(url, scheme), **options
+        )
+        return storage
+    if scheme == "sqlite":
+        storage = _load("sqlite", "SQLiteCheckpointStorage")(_path_part(url, scheme), **options)
+        return storage
+    if scheme in ("postgresql", "postgres"):
+        storage = _load("postgres", "PostgresCheckpointStorage")(url, **options)
+        return storage
+    raise _bad(url, f"unknown scheme {scheme!r}")
