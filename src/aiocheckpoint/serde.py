@@ -113,7 +113,7 @@ class _Walker:
                 for key, item in value.items():
                     if type(key) is not str:
                         raise CheckpointSerializationError(
-                            _child_path(path, repr(key)),
+                            f"{path}[{key!r}]",
                             f"dict keys must be str, not {type(key).__qualname__}",
                         )
                     out[key] = self.walk(item, _child_path(path, key), depth + 1)

@@ -55,15 +55,19 @@ def open_storage(url: str, **options: Any) -> CheckpointStorage:
         if url.lower() not in ("memory://", "memory:"):
             raise _bad(url, "memory:// takes no path")
         return InMemoryCheckpointStorage(**options)
-    if scheme == "file":
-        storage: CheckpointStorage = _load("file", "FileCheckpointStorage")(
-            _path_part(url, scheme), **options
+    if scheme in ("file", "sqlite"):
+        path = _path_part(url, scheme)
+        module, name = (
+            ("file", "FileCheckpointStorage")
+            if scheme == "file"
+            else (
+                "sqlite",
+                "SQLiteCheckpointStorage",
+            )
         )
-        return storage
-    if scheme == "sqlite":
-        storage = _load("sqlite", "SQLiteCheckpointStorage")(_path_part(url, scheme), **options)
+        storage: CheckpointStorage = _load(module, name)(path, **options)
         return storage
     if scheme in ("postgresql", "postgres"):
-        storage = _load("postgres", "PostgresCheckpointStorage")(url, **options)
-        return storage
+        pg: CheckpointStorage = _load("postgres", "PostgresCheckpointStorage")(url, **options)
+        return pg
     raise _bad(url, f"unknown scheme {scheme!r}")

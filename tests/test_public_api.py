@@ -1,0 +1,76 @@
+import inspect
+
+import aiocheckpoint
+
+EXPECTED = {
+    "AgentStatus",
+    "Checkpoint",
+    "CheckpointCorruptedError",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointNotFoundError",
+    "CheckpointSerializationError",
+    "CheckpointStorage",
+    "ExecutionMetrics",
+    "InMemoryCheckpointStorage",
+    "InvalidArgumentError",
+    "InvalidStepError",
+    "InvalidWorkflowIdError",
+    "LeaseError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "ResumableWorkflow",
+    "ResumePoint",
+    "SharedState",
+    "StateSnapshot",
+    "StateVersion",
+    "StorageBackendError",
+    "StorageClosedError",
+    "StorageSchemaError",
+    "StoredCheckpoint",
+    "__version__",
+    "open_storage",
+}
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    """__all__ is the map of the API: exactly the expected names, each importable."""
+    assert set(aiocheckpoint.__all__) == EXPECTED
+    assert len(aiocheckpoint.__all__) == len(EXPECTED)
+    for name in aiocheckpoint.__all__:
+        assert hasattr(aiocheckpoint, name), name
+
+
+def test_public_names_have_docstrings() -> None:
+    """Every public class and function, and each public method of the classes, is documented."""
+    for name in aiocheckpoint.__all__:
+        obj = getattr(aiocheckpoint, name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        assert inspect.getdoc(obj), name
+        if inspect.isclass(obj) and not issubclass(obj, BaseException):
+            for attr, member in vars(obj).items():
+                if attr.startswith("_") or not callable(member):
+                    continue
+                assert inspect.getdoc(member), f"{name}.{attr}"
+
+
+def test_error_tree() -> None:
+    """Every library error derives from CheckpointError; argument errors are ValueErrors."""
+    for name in aiocheckpoint.__all__:
+        obj = getattr(aiocheckpoint, name)
+        if inspect.isclass(obj) and issubclass(obj, Exception):
+            assert issubclass(obj, aiocheckpoint.CheckpointError), name
+    assert issubclass(aiocheckpoint.InvalidWorkflowIdError, ValueError)
+    assert issubclass(aiocheckpoint.InvalidStepError, ValueError)
+    assert issubclass(aiocheckpoint.CheckpointNotFoundError, LookupError)
+
+
+def test_importing_does_not_import_optional_drivers() -> None:
+    """Importing the package never imports asyncpg (an optional extra)."""
+    import subprocess
+    import sys
+
+    code = "import sys, aiocheckpoint; print('asyncpg' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,22 @@
+import pytest
+
+from aiocheckpoint import InMemoryCheckpointStorage, InvalidArgumentError, open_storage
+
+
+def test_memory_url() -> None:
+    """memory:// opens an in-memory store."""
+    assert isinstance(open_storage("memory://"), InMemoryCheckpointStorage)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "nothing", "ftp://host/x", "memory://x", "file://host/dir", "file:", "sqlite://", 5],
+)
+def test_bad_urls_name_the_accepted_forms(url: object) -> None:
+    """A bad or unknown URL raises one clear error that lists the accepted forms."""
+    with pytest.raises(InvalidArgumentError) as info:
+        open_storage(url)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "accepted forms" in message
+    assert "sqlite:///" in message
+    assert "\n" not in message
