@@ -28,6 +28,8 @@ def test_quickstart_resumes_without_repeating_steps() -> None:
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
     ).stdout
-    assert "first run: interrupted before step 2; tool calls so far: ['planner', 'researcher']" in out
+    assert (
+        "first run: interrupted before step 2; tool calls so far: ['planner', 'researcher']" in out
+    )
     assert "resuming at step 2" in out
     assert "all tool calls: ['planner', 'researcher', 'analyst', 'writer']" in out

@@ -16,6 +16,7 @@ EXPECTED = {
     "InvalidArgumentError",
     "InvalidStepError",
     "InvalidWorkflowIdError",
+    "Lease",
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
@@ -28,6 +29,10 @@ EXPECTED = {
     "StorageClosedError",
     "StorageSchemaError",
     "StoredCheckpoint",
+    "UnsupportedOperationError",
+    "WorkflowRecord",
+    "WorkflowStatus",
+    "WorkflowStorage",
     "__version__",
     "open_storage",
 }

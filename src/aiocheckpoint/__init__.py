@@ -18,11 +18,18 @@ from .errors import (
     StorageBackendError,
     StorageClosedError,
     StorageSchemaError,
+    UnsupportedOperationError,
 )
+from .leases import Lease, WorkflowRecord, WorkflowStatus
 from .manager import CheckpointManager, ResumePoint
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, StateVersion
 from .state import SharedState
-from .storage import CheckpointStorage, InMemoryCheckpointStorage, StoredCheckpoint
+from .storage import (
+    CheckpointStorage,
+    InMemoryCheckpointStorage,
+    StoredCheckpoint,
+    WorkflowStorage,
+)
 from .urls import open_storage
 from .workflow import ResumableWorkflow
 
@@ -42,6 +49,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidStepError",
     "InvalidWorkflowIdError",
+    "Lease",
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
@@ -54,6 +62,10 @@ __all__ = [
     "StorageClosedError",
     "StorageSchemaError",
     "StoredCheckpoint",
+    "UnsupportedOperationError",
+    "WorkflowRecord",
+    "WorkflowStatus",
+    "WorkflowStorage",
     "__version__",
     "open_storage",
 ]

@@ -12,6 +12,7 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     ├── StorageClosedError            the storage (or manager) was used after close()
     ├── StorageSchemaError            a store written by a newer, unknown version
     ├── StorageBackendError           the backend failed (OSError, sqlite3.Error, ...)
+    ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     └── LeaseError
         ├── LeaseHeldError            another live owner holds the workflow's lease
         └── LeaseLostError            the lease expired or was taken over (fencing)
@@ -36,6 +37,7 @@ __all__ = [
     "StorageBackendError",
     "StorageClosedError",
     "StorageSchemaError",
+    "UnsupportedOperationError",
 ]
 
 
@@ -105,6 +107,10 @@ class StorageSchemaError(CheckpointError):
 
 class StorageBackendError(CheckpointError):
     """The storage backend failed; the driver's or OS's exception is the ``__cause__``."""
+
+
+class UnsupportedOperationError(CheckpointError, NotImplementedError):
+    """The storage backend does not support this operation (for example leases)."""
 
 
 class LeaseError(CheckpointError):

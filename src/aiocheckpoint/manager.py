@@ -19,12 +19,15 @@ from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
     InvalidArgumentError,
+    LeaseLostError,
     StorageClosedError,
+    UnsupportedOperationError,
 )
+from .leases import Lease, WorkflowRecord, WorkflowStatus
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, utcnow
 from .serde import decode_checkpoint, encode_checkpoint, to_storable
 from .state import SharedState
-from .storage.base import CheckpointStorage, StoredCheckpoint
+from .storage.base import CheckpointStorage, StoredCheckpoint, WorkflowStorage
 from .storage.memory import InMemoryCheckpointStorage
 
 __all__ = ["CheckpointManager", "ResumePoint"]
@@ -91,12 +94,17 @@ class CheckpointManager:
         state: SharedState | StateSnapshot | Mapping[str, Any],
         metrics: ExecutionMetrics | None = None,
         metadata: Mapping[str, Any] | None = None,
+        *,
+        lease: Lease | None = None,
     ) -> Checkpoint:
         """Store a checkpoint and return it once it is durable.
 
         ``state`` is copied: later changes by the caller never alter what was stored.
         Writing a step that already exists replaces it. Invalid input raises a
         :class:`~aiocheckpoint.CheckpointError` subclass before anything is written.
+        With ``lease``, the write is fenced: it is refused with
+        :class:`~aiocheckpoint.LeaseLostError` unless the lease is still the workflow's
+        current one.
         """
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
@@ -114,7 +122,13 @@ class CheckpointManager:
             metadata=to_storable(dict(metadata or {}), "metadata"),
         )
         data = encode_checkpoint(checkpoint)
-        await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
+        if lease is None:
+            await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
+        else:
+            _check_lease_for(lease, workflow_id)
+            await self._workflow_storage().save(
+                workflow_id, step, data, keep_last=self._max_checkpoints, fence=lease
+            )
         return checkpoint
 
     async def get_checkpoint(self, workflow_id: str, step: int) -> Checkpoint:
@@ -207,10 +221,105 @@ class CheckpointManager:
         )
         return step, checkpoint.state_snapshot, checkpoint.metrics
 
-    async def list_workflows(self) -> list[str]:
-        """Every workflow id that has at least one checkpoint, sorted."""
+    async def list_workflows(self, status: WorkflowStatus | str | None = None) -> list[str]:
+        """Every workflow id that has at least one checkpoint, sorted.
+
+        With ``status`` (for example ``"unfinished"``, what a runner resumes after a
+        restart), the ids of the workflow records with that status instead; this needs a
+        backend with workflow records.
+        """
         self._check_open()
-        return await self._storage.list_workflows()
+        if status is None:
+            return await self._storage.list_workflows()
+        wanted = _workflow_status(status)
+        records = await self._workflow_storage().list_workflow_records(wanted)
+        return [record.workflow_id for record in records]
+
+    # --- workflow records and leases --------------------------------------------------
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow's record (status, timestamps, lease), or None if it has none."""
+        self._check_open()
+        return await self._workflow_storage().get_workflow(check_workflow_id(workflow_id))
+
+    async def list_workflow_records(
+        self, status: WorkflowStatus | str | None = None
+    ) -> list[WorkflowRecord]:
+        """Workflow records ordered by id, optionally only those with ``status``."""
+        self._check_open()
+        wanted = None if status is None else _workflow_status(status)
+        return await self._workflow_storage().list_workflow_records(wanted)
+
+    async def register_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """Create an UNFINISHED record for a workflow that has none; return its record.
+
+        Runners can then claim it with :meth:`claim_workflow` before any checkpoint exists.
+        """
+        self._check_open()
+        storage = self._workflow_storage()
+        workflow_id = check_workflow_id(workflow_id)
+        record = await storage.get_workflow(workflow_id)
+        if record is not None:
+            return record
+        return await storage.set_workflow_status(workflow_id, WorkflowStatus.UNFINISHED)
+
+    async def mark_workflow(
+        self,
+        workflow_id: str,
+        status: WorkflowStatus | str,
+        *,
+        lease: Lease | None = None,
+    ) -> WorkflowRecord:
+        """Set the workflow's status (fenced by ``lease`` when given)."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        if lease is not None:
+            _check_lease_for(lease, workflow_id)
+        return await self._workflow_storage().set_workflow_status(
+            workflow_id, _workflow_status(status), fence=lease
+        )
+
+    async def acquire_lease(self, workflow_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """Take the workflow's lease for ``ttl`` seconds.
+
+        Raises :class:`~aiocheckpoint.LeaseHeldError` while another owner's lease is live.
+        """
+        self._check_open()
+        return await self._workflow_storage().acquire_lease(
+            check_workflow_id(workflow_id), _check_owner(owner), _check_ttl(ttl)
+        )
+
+    async def renew_lease(self, lease: Lease, ttl: float = 30.0) -> Lease:
+        """Extend a lease to ``ttl`` seconds from now; ``LeaseLostError`` if taken over."""
+        self._check_open()
+        return await self._workflow_storage().renew_lease(lease, _check_ttl(ttl))
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Give the lease up; releasing a lease that was taken over does nothing."""
+        self._check_open()
+        await self._workflow_storage().release_lease(lease)
+
+    async def claim_workflow(self, owner: str, ttl: float = 30.0) -> Lease | None:
+        """Lease the next unfinished workflow whose lease is free or expired, or return None.
+
+        Claims are atomic: concurrent runners never get the same workflow.
+        """
+        self._check_open()
+        return await self._workflow_storage().claim_next_workflow(
+            _check_owner(owner), _check_ttl(ttl)
+        )
+
+    def supports_workflow_records(self) -> bool:
+        """Whether the storage keeps workflow records and leases."""
+        return isinstance(self._storage, WorkflowStorage)
+
+    def _workflow_storage(self) -> WorkflowStorage:
+        if not isinstance(self._storage, WorkflowStorage):
+            raise UnsupportedOperationError(
+                f"{type(self._storage).__name__} keeps no workflow records or leases; "
+                "use a backend that does (in-memory, SQLite or PostgreSQL)"
+            )
+        return self._storage
 
     async def close(self) -> None:
         """Close the storage. Calling it again does nothing."""
@@ -289,6 +398,35 @@ def _snapshot_of(state: SharedState | StateSnapshot | Mapping[str, Any]) -> Stat
     raise InvalidArgumentError(
         f"state must be a SharedState, a StateSnapshot or a dict, not {type(state).__qualname__}"
     )
+
+
+def _workflow_status(status: Any) -> WorkflowStatus:
+    try:
+        return WorkflowStatus(status)
+    except ValueError:
+        allowed = ", ".join(s.value for s in WorkflowStatus)
+        raise InvalidArgumentError(f"status must be one of {allowed}; got {status!r}") from None
+
+
+def _check_owner(owner: Any) -> str:
+    if not isinstance(owner, str) or not owner or len(owner.encode("utf-8", "replace")) > 255:
+        raise InvalidArgumentError("a lease owner must be a non-empty str of at most 255 bytes")
+    return owner
+
+
+def _check_ttl(ttl: Any) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 10**8:
+        raise InvalidArgumentError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
+def _check_lease_for(lease: Lease, workflow_id: str) -> None:
+    if not isinstance(lease, Lease):
+        raise InvalidArgumentError(f"lease must be a Lease, not {type(lease).__qualname__}")
+    if lease.workflow_id != workflow_id:
+        raise LeaseLostError(
+            f"the lease is for workflow {lease.workflow_id!r}, not {workflow_id!r}"
+        )
 
 
 def _metrics_copy(metrics: ExecutionMetrics | None) -> ExecutionMetrics:

@@ -15,7 +15,8 @@ Subclass :class:`StorageConformance` in a pytest module and provide an async fix
 
 Durable backends also subclass :class:`PersistentStorageConformance` and provide
 ``reopen``, an async fixture returning a coroutine function that opens a *new* storage
-object on the same location. The suite needs pytest and pytest-asyncio.
+object on the same location. Backends with workflow records and leases also subclass
+:class:`WorkflowStorageConformance`. The suite needs pytest and pytest-asyncio.
 """
 
 from __future__ import annotations
@@ -32,14 +33,17 @@ from .errors import (
     CheckpointSerializationError,
     InvalidStepError,
     InvalidWorkflowIdError,
+    LeaseHeldError,
+    LeaseLostError,
     StorageClosedError,
 )
+from .leases import Lease, WorkflowStatus
 from .manager import CheckpointManager
 from .models import AgentStatus
 from .serde import decode_checkpoint
-from .storage.base import CheckpointStorage
+from .storage.base import CheckpointStorage, WorkflowStorage
 
-__all__ = ["PersistentStorageConformance", "StorageConformance"]
+__all__ = ["PersistentStorageConformance", "StorageConformance", "WorkflowStorageConformance"]
 
 #: Workflow ids that naive backends confuse: separators, traversal, quoting, unicode.
 TRICKY_IDS = (
@@ -359,3 +363,126 @@ class PersistentStorageConformance:
             assert got is not None and got.data == b"from-first"
         finally:
             await other.close()
+
+
+class WorkflowStorageConformance:
+    """What backends with workflow records and leases must show (``WorkflowStorage``)."""
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_save_creates_unfinished_record(self, storage: WorkflowStorage) -> None:
+        """The first checkpoint of a workflow creates an UNFINISHED record."""
+        assert await storage.get_workflow("wf") is None
+        await storage.save("wf", 0, b"x")
+        record = await storage.get_workflow("wf")
+        assert record is not None
+        assert record.status is WorkflowStatus.UNFINISHED
+        assert record.fencing_token == 0
+        assert record.lease_owner is None
+
+    async def test_status_changes_and_filters(self, storage: WorkflowStorage) -> None:
+        """Statuses are set and listed by status; finished_at is set when a workflow ends."""
+        await storage.save("a", 0, b"x")
+        await storage.save("b", 0, b"x")
+        await storage.set_workflow_status("c", WorkflowStatus.UNFINISHED)
+        done = await storage.set_workflow_status("a", WorkflowStatus.FINISHED)
+        await storage.set_workflow_status("b", WorkflowStatus.FAILED)
+        assert done.finished_at is not None
+        assert done.finished_at >= done.created_at
+        unfinished = await storage.list_workflow_records(WorkflowStatus.UNFINISHED)
+        assert [r.workflow_id for r in unfinished] == ["c"]
+        everything = await storage.list_workflow_records()
+        assert [(r.workflow_id, r.status) for r in everything] == [
+            ("a", WorkflowStatus.FINISHED),
+            ("b", WorkflowStatus.FAILED),
+            ("c", WorkflowStatus.UNFINISHED),
+        ]
+        await storage.save("a", 1, b"y")
+        record = await storage.get_workflow("a")
+        assert record is not None
+        assert record.status is WorkflowStatus.FINISHED  # a save never changes a status
+
+    async def test_delete_workflow_deletes_record(self, storage: WorkflowStorage) -> None:
+        """Deleting a whole workflow removes its record and lease too."""
+        await storage.save("wf", 0, b"x")
+        await storage.acquire_lease("wf", "runner", 30)
+        assert await storage.delete("wf")
+        assert await storage.get_workflow("wf") is None
+
+    async def test_lease_excludes_other_owners(self, storage: WorkflowStorage) -> None:
+        """A live lease refuses other owners; the same owner re-acquires with a new token."""
+        first = await storage.acquire_lease("wf", "a", 30)
+        with pytest.raises(LeaseHeldError):
+            await storage.acquire_lease("wf", "b", 30)
+        again = await storage.acquire_lease("wf", "a", 30)
+        assert again.token > first.token
+        record = await storage.get_workflow("wf")
+        assert record is not None
+        assert (record.lease_owner, record.fencing_token) == ("a", again.token)
+
+    async def test_expired_lease_can_be_taken_over(self, storage: WorkflowStorage) -> None:
+        """After expiry another owner gets the lease with a larger token; the old one is lost."""
+        old = await storage.acquire_lease("wf", "a", 0.05)
+        await anyio.sleep(0.2)
+        new = await storage.acquire_lease("wf", "b", 30)
+        assert new.token > old.token
+        with pytest.raises(LeaseLostError):
+            await storage.renew_lease(old, 30)
+        with pytest.raises(LeaseLostError):
+            await storage.save("wf", 0, b"stale", fence=old)
+        await storage.save("wf", 0, b"fresh", fence=new)
+        got = await storage.load("wf", 0)
+        assert got is not None
+        assert got.data == b"fresh"
+        with pytest.raises(LeaseLostError):
+            await storage.set_workflow_status("wf", WorkflowStatus.FINISHED, fence=old)
+
+    async def test_renew_and_release(self, storage: WorkflowStorage) -> None:
+        """Renewal extends a current lease; release frees it; a stale release does nothing."""
+        lease = await storage.acquire_lease("wf", "a", 1)
+        renewed = await storage.renew_lease(lease, 60)
+        assert renewed.token == lease.token
+        assert renewed.expires_at > lease.expires_at
+        await storage.release_lease(renewed)
+        other = await storage.acquire_lease("wf", "b", 30)
+        await storage.release_lease(renewed)  # stale: ignored
+        record = await storage.get_workflow("wf")
+        assert record is not None
+        assert (record.lease_owner, record.fencing_token) == ("b", other.token)
+
+    async def test_expired_but_untaken_lease_still_fences(self, storage: WorkflowStorage) -> None:
+        """An expired lease nobody took over still writes and renews (its token is current)."""
+        lease = await storage.acquire_lease("wf", "a", 0.05)
+        await anyio.sleep(0.2)
+        await storage.save("wf", 0, b"late but fine", fence=lease)
+        renewed = await storage.renew_lease(lease, 30)
+        assert renewed.token == lease.token
+
+    async def test_claim_next_hands_out_each_workflow_once(self, storage: WorkflowStorage) -> None:
+        """Concurrent claimers get distinct unfinished workflows, then None."""
+        for n in range(20):
+            await storage.set_workflow_status(f"wf-{n:02}", WorkflowStatus.UNFINISHED)
+        await storage.set_workflow_status("done", WorkflowStatus.FINISHED)
+        held = await storage.acquire_lease("wf-00", "someone", 30)
+        claims: list[Lease | None] = []
+
+        async def claim(owner: str) -> None:
+            claims.append(await storage.claim_next_workflow(owner, 30))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(25):
+                tg.start_soon(claim, f"runner-{n}")
+        got = [c.workflow_id for c in claims if c is not None]
+        assert sorted(got) == [f"wf-{n:02}" for n in range(1, 20)]
+        assert claims.count(None) == 6
+        assert held.workflow_id not in got
+
+    async def test_claim_takes_expired_leases(self, storage: WorkflowStorage) -> None:
+        """An unfinished workflow whose lease expired can be claimed by another runner."""
+        old = await storage.acquire_lease("wf", "dead-runner", 0.05)
+        assert await storage.claim_next_workflow("b", 30) is None
+        await anyio.sleep(0.2)
+        claimed = await storage.claim_next_workflow("b", 30)
+        assert claimed is not None
+        assert claimed.workflow_id == "wf"
+        assert claimed.token > old.token

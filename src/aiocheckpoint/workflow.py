@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -9,9 +10,12 @@ from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
+import anyio
 from typing_extensions import Self
 
 from ._validation import check_step, check_workflow_id
+from .errors import LeaseError, LeaseLostError
+from .leases import Lease, WorkflowStatus
 from .manager import CheckpointManager
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, utcnow
 from .state import SharedState
@@ -19,6 +23,8 @@ from .state import SharedState
 __all__ = ["ResumableWorkflow"]
 
 logger = logging.getLogger("aiocheckpoint")
+
+_RELEASE_TIMEOUT = 5.0
 
 
 class ResumableWorkflow:
@@ -40,6 +46,18 @@ class ResumableWorkflow:
                 continue
             async with wf.step(n, agent_id=agent.name):
                 await agent.run(wf.state)
+
+    On backends with workflow records (in-memory, SQLite, PostgreSQL), leaving the
+    ``async with`` block normally marks the workflow FINISHED, and leaving it with an
+    exception marks it FAILED; a cancellation leaves it UNFINISHED.
+
+    Leases: pass ``lease_owner`` to acquire the workflow's lease on entry (raising
+    :class:`~aiocheckpoint.LeaseHeldError` if another live owner holds it), or ``lease`` to
+    drive a workflow obtained from :meth:`CheckpointManager.claim_workflow`. While the block
+    runs, the lease is renewed in the background every ``lease_ttl / 3`` seconds; every
+    checkpoint is fenced by it; it is released on exit. If the lease is lost (taken over
+    after it expired), the block is cancelled and :class:`~aiocheckpoint.LeaseLostError`
+    is raised from the ``async with``.
     """
 
     def __init__(
@@ -47,9 +65,20 @@ class ResumableWorkflow:
         workflow_id: str,
         checkpoint_manager: CheckpointManager,
         initial_state: Mapping[str, Any] | None = None,
+        *,
+        lease_owner: str | None = None,
+        lease: Lease | None = None,
+        lease_ttl: float = 30.0,
     ) -> None:
         self.workflow_id = check_workflow_id(workflow_id)
+        if lease is not None and lease.workflow_id != self.workflow_id:
+            raise LeaseLostError(f"the lease is for workflow {lease.workflow_id!r}")
         self.checkpoint_manager = checkpoint_manager
+        self.lease = lease
+        self._lease_owner = lease_owner
+        self._lease_ttl = lease_ttl
+        self._renewer: asyncio.Task[None] | None = None
+        self._lost: LeaseError | None = None
         self.state = SharedState(initial_state)
         self.metrics = ExecutionMetrics(start_time=utcnow())
         self.is_resumed = False
@@ -91,6 +120,7 @@ class ResumableWorkflow:
             self.state,
             metrics=self.metrics,
             metadata=metadata,
+            lease=self.lease,
         )
         self.current_step = step
         return checkpoint
@@ -134,7 +164,20 @@ class ResumableWorkflow:
         return deleted
 
     async def __aenter__(self) -> Self:
-        await self.try_resume()
+        manager = self.checkpoint_manager
+        if self.lease is None and self._lease_owner is not None:
+            self.lease = await manager.acquire_lease(
+                self.workflow_id, self._lease_owner, self._lease_ttl
+            )
+        try:
+            await self.try_resume()
+        except BaseException:
+            await self._release()
+            raise
+        if self.lease is not None:
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._renew_forever(asyncio.current_task())
+            )
         return self
 
     async def __aexit__(
@@ -143,4 +186,61 @@ class ResumableWorkflow:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        return None
+        await self._stop_renewing()
+        if self._lost is not None:
+            current = asyncio.current_task()
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            if cancelled and current is not None and hasattr(current, "uncancel"):
+                current.uncancel()  # the cancellation was ours (Python 3.11+ counts them)
+            raise LeaseLostError(str(self._lost)) from (exc or self._lost)
+        try:
+            if self.checkpoint_manager.supports_workflow_records():
+                if exc is None:
+                    await self._mark(WorkflowStatus.FINISHED)
+                elif isinstance(exc, Exception):
+                    await self._mark(WorkflowStatus.FAILED)
+        finally:
+            await self._release()
+
+    async def _mark(self, status: WorkflowStatus) -> None:
+        try:
+            await self.checkpoint_manager.mark_workflow(self.workflow_id, status, lease=self.lease)
+        except Exception:
+            logger.exception("workflow %r: could not mark it %s", self.workflow_id, status)
+            if status is WorkflowStatus.FINISHED:
+                raise
+
+    async def _release(self) -> None:
+        lease, self.lease = self.lease, None
+        if lease is None:
+            return
+        # Shielded (we may be leaving because of a cancellation) but bounded: an expired
+        # lease frees itself anyway.
+        with anyio.move_on_after(_RELEASE_TIMEOUT, shield=True):
+            try:
+                await self.checkpoint_manager.release_lease(lease)
+            except Exception:
+                logger.warning("workflow %r: could not release its lease", self.workflow_id)
+
+    async def _renew_forever(self, host: asyncio.Task[Any] | None) -> None:
+        assert self.lease is not None
+        while True:
+            await asyncio.sleep(self._lease_ttl / 3)
+            try:
+                self.lease = await self.checkpoint_manager.renew_lease(self.lease, self._lease_ttl)
+            except LeaseError as exc:
+                logger.error("workflow %r: lease lost (%s); cancelling", self.workflow_id, exc)
+                self._lost = exc
+                if host is not None:
+                    host.cancel()
+                return
+            except Exception:
+                # A transient failure (a dropped connection, say): retry at the next tick;
+                # fencing still protects the data if the lease expires meanwhile.
+                logger.warning("workflow %r: lease renewal failed; retrying", self.workflow_id)
+
+    async def _stop_renewing(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel()
+            await asyncio.wait([renewer])

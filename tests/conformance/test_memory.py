@@ -3,10 +3,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from aiocheckpoint import InMemoryCheckpointStorage
-from aiocheckpoint.testing import StorageConformance
+from aiocheckpoint.testing import StorageConformance, WorkflowStorageConformance
 
 
-class TestInMemoryConformance(StorageConformance):
+class TestInMemoryConformance(StorageConformance, WorkflowStorageConformance):
     @pytest.fixture
     async def storage(self) -> AsyncIterator[InMemoryCheckpointStorage]:
         store = InMemoryCheckpointStorage()

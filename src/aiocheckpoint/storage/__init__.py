@@ -1,6 +1,6 @@
 """Storage backends and the protocol they implement."""
 
-from .base import BaseStorage, CheckpointStorage, StoredCheckpoint
+from .base import BaseStorage, CheckpointStorage, StoredCheckpoint, WorkflowStorage
 from .memory import InMemoryCheckpointStorage
 
 __all__ = [
@@ -8,4 +8,5 @@ __all__ = [
     "CheckpointStorage",
     "InMemoryCheckpointStorage",
     "StoredCheckpoint",
+    "WorkflowStorage",
 ]

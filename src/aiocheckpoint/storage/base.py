@@ -16,8 +16,15 @@ from typing import Protocol, runtime_checkable
 from typing_extensions import Self
 
 from ..errors import StorageClosedError
+from ..leases import Lease, WorkflowRecord, WorkflowStatus
 
-__all__ = ["DEFAULT_MAX_RECORD_BYTES", "BaseStorage", "CheckpointStorage", "StoredCheckpoint"]
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "BaseStorage",
+    "CheckpointStorage",
+    "StoredCheckpoint",
+    "WorkflowStorage",
+]
 
 #: Records larger than this are refused by the bundled backends, on write and on read, so
 #: that a damaged or hostile store cannot make a reader allocate without bound.
@@ -100,6 +107,74 @@ class CheckpointStorage(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+@runtime_checkable
+class WorkflowStorage(CheckpointStorage, Protocol):
+    """A storage that also keeps workflow records and leases.
+
+    Contract (checked by :class:`aiocheckpoint.testing.WorkflowStorageConformance`):
+
+    * ``save`` creates an UNFINISHED record for a workflow that has none, in the same
+      transaction; it never changes an existing record's status. With ``fence=lease`` the
+      save is refused with ``LeaseLostError`` unless ``lease.token`` is the workflow's
+      current fencing token (checked in the same transaction as the write).
+    * ``delete(workflow_id)`` (the whole workflow) also deletes its record and lease.
+    * ``acquire_lease`` grants the lease when it is free, expired, or already held by the same
+      owner, incrementing the fencing token; otherwise it raises ``LeaseHeldError``. It creates
+      an UNFINISHED record when there is none.
+    * ``renew_lease`` extends a lease whose token is still current (even if it had expired,
+      as long as nobody took it over); otherwise ``LeaseLostError``.
+    * ``release_lease`` frees a lease whose token is current; a stale lease is ignored.
+    * ``claim_next_workflow`` atomically grants the lease of one UNFINISHED workflow whose
+      lease is free or expired (oldest record first), or returns None. Concurrent claimers
+      never get the same workflow.
+    * Expiry is judged by the storage's clock (the database server's, where there is one).
+    """
+
+    async def save(
+        self,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store a record, as in :class:`CheckpointStorage`, optionally fenced by a lease."""
+        ...
+
+    async def set_workflow_status(
+        self, workflow_id: str, status: WorkflowStatus, *, fence: Lease | None = None
+    ) -> WorkflowRecord:
+        """Create or update the workflow's record with ``status``."""
+        ...
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow's record, or None."""
+        ...
+
+    async def list_workflow_records(
+        self, status: WorkflowStatus | None = None
+    ) -> list[WorkflowRecord]:
+        """Records ordered by workflow id, optionally only those with ``status``."""
+        ...
+
+    async def acquire_lease(self, workflow_id: str, owner: str, ttl: float) -> Lease:
+        """Grant the workflow's lease to ``owner`` for ``ttl`` seconds."""
+        ...
+
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+        """Extend a current lease by ``ttl`` seconds from now."""
+        ...
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Give a lease up early."""
+        ...
+
+    async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
+        """Lease the next unfinished workflow whose lease is free or expired."""
+        ...
 
 
 class BaseStorage:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import bisect
+from datetime import datetime, timedelta
 
+from ..errors import LeaseHeldError, LeaseLostError
+from ..leases import Lease, WorkflowRecord, WorkflowStatus
+from ..models import utcnow
 from .base import BaseStorage, StoredCheckpoint
 
 __all__ = ["InMemoryCheckpointStorage"]
@@ -26,12 +30,21 @@ class InMemoryCheckpointStorage(BaseStorage):
 
     def __init__(self) -> None:
         self._workflows: dict[str, _Workflow] = {}
+        self._records: dict[str, WorkflowRecord] = {}
 
     async def save(
-        self, workflow_id: str, step: int, data: bytes, *, keep_last: int | None = None
+        self,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
     ) -> None:
         """Store ``data`` as ``step``; keep only the ``keep_last`` highest steps if given."""
         self._check_open()
+        self._check_fence(workflow_id, fence)
+        self._ensure_record(workflow_id)
         wf = self._workflows.setdefault(workflow_id, _Workflow())
         if step not in wf.records:
             bisect.insort(wf.steps, step)
@@ -90,6 +103,7 @@ class InMemoryCheckpointStorage(BaseStorage):
             return False
         if step is None:
             del self._workflows[workflow_id]
+            self._records.pop(workflow_id, None)
             return True
         if wf.records.pop(step, None) is None:
             return False
@@ -106,4 +120,121 @@ class InMemoryCheckpointStorage(BaseStorage):
     async def close(self) -> None:
         """Drop every record and mark the storage closed."""
         self._workflows.clear()
+        self._records.clear()
         await super().close()
+
+    # --- workflow records and leases (WorkflowStorage) -------------------------------
+
+    async def set_workflow_status(
+        self, workflow_id: str, status: WorkflowStatus, *, fence: Lease | None = None
+    ) -> WorkflowRecord:
+        """Create or update the workflow's record with ``status``."""
+        self._check_open()
+        self._check_fence(workflow_id, fence)
+        now = utcnow()
+        record = self._ensure_record(workflow_id).model_copy(
+            update={
+                "status": status,
+                "updated_at": now,
+                "finished_at": None if status is WorkflowStatus.UNFINISHED else now,
+            }
+        )
+        self._records[workflow_id] = record
+        return record
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow's record, or None."""
+        self._check_open()
+        return self._records.get(workflow_id)
+
+    async def list_workflow_records(
+        self, status: WorkflowStatus | None = None
+    ) -> list[WorkflowRecord]:
+        """Records ordered by workflow id, optionally only those with ``status``."""
+        self._check_open()
+        return [
+            record
+            for _, record in sorted(self._records.items())
+            if status is None or record.status is status
+        ]
+
+    async def acquire_lease(self, workflow_id: str, owner: str, ttl: float) -> Lease:
+        """Grant the lease if it is free, expired or already ``owner``'s."""
+        self._check_open()
+        record = self._ensure_record(workflow_id)
+        now = utcnow()
+        if record.lease_owner not in (None, owner) and not _expired(record, now):
+            raise LeaseHeldError(
+                f"workflow {workflow_id!r} is leased by {record.lease_owner!r} "
+                f"until {record.lease_expires_at}"
+            )
+        return self._grant(record, owner, ttl, now, record.fencing_token + 1)
+
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+        """Extend a lease whose token is still current."""
+        self._check_open()
+        record = self._current(lease)
+        return self._grant(record, lease.owner, ttl, utcnow(), lease.token)
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Free a current lease; a stale one is ignored."""
+        self._check_open()
+        record = self._records.get(lease.workflow_id)
+        if record is not None and record.fencing_token == lease.token:
+            self._records[lease.workflow_id] = record.model_copy(
+                update={"lease_owner": None, "lease_expires_at": None}
+            )
+
+    async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
+        """Lease the oldest unfinished workflow whose lease is free or expired."""
+        self._check_open()
+        now = utcnow()
+        free = [
+            r
+            for r in self._records.values()
+            if r.status is WorkflowStatus.UNFINISHED and (r.lease_owner is None or _expired(r, now))
+        ]
+        if not free:
+            return None
+        record = min(free, key=lambda r: (r.created_at, r.workflow_id))
+        return self._grant(record, owner, ttl, now, record.fencing_token + 1)
+
+    def _ensure_record(self, workflow_id: str) -> WorkflowRecord:
+        record = self._records.get(workflow_id)
+        if record is None:
+            now = utcnow()
+            record = WorkflowRecord(
+                workflow_id=workflow_id,
+                status=WorkflowStatus.UNFINISHED,
+                created_at=now,
+                updated_at=now,
+            )
+            self._records[workflow_id] = record
+        return record
+
+    def _current(self, lease: Lease) -> WorkflowRecord:
+        record = self._records.get(lease.workflow_id)
+        if record is None or record.fencing_token != lease.token:
+            raise LeaseLostError(
+                f"lease {lease.token} on workflow {lease.workflow_id!r} is no longer current"
+            )
+        return record
+
+    def _check_fence(self, workflow_id: str, fence: Lease | None) -> None:
+        if fence is not None:
+            if fence.workflow_id != workflow_id:
+                raise LeaseLostError(f"lease is for {fence.workflow_id!r}, not {workflow_id!r}")
+            self._current(fence)
+
+    def _grant(
+        self, record: WorkflowRecord, owner: str, ttl: float, now: datetime, token: int
+    ) -> Lease:
+        expires = now + timedelta(seconds=ttl)
+        self._records[record.workflow_id] = record.model_copy(
+            update={"lease_owner": owner, "lease_expires_at": expires, "fencing_token": token}
+        )
+        return Lease(workflow_id=record.workflow_id, owner=owner, token=token, expires_at=expires)
+
+
+def _expired(record: WorkflowRecord, now: datetime) -> bool:
+    return record.lease_expires_at is None or record.lease_expires_at <= now
