@@ -24,7 +24,14 @@ from .errors import (
     UnsupportedOperationError,
 )
 from .leases import Lease, WorkflowRecord, WorkflowStatus
-from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, utcnow
+from .models import (
+    AgentStatus,
+    Checkpoint,
+    ExecutionMetrics,
+    StateSnapshot,
+    StateVersion,
+    utcnow,
+)
 from .serde import decode_checkpoint, encode_checkpoint, to_storable
 from .state import SharedState
 from .storage.base import CheckpointStorage, StoredCheckpoint, WorkflowStorage
@@ -119,7 +126,7 @@ class CheckpointManager:
             state_snapshot=_snapshot_of(state),
             metrics=_metrics_copy(metrics),
             timestamp=utcnow(),
-            metadata=to_storable(dict(metadata or {}), "metadata"),
+            metadata=to_storable(dict(metadata), "metadata") if metadata else {},
         )
         data = encode_checkpoint(checkpoint)
         if lease is None:
@@ -392,7 +399,9 @@ def _snapshot_of(state: SharedState | StateSnapshot | Mapping[str, Any]) -> Stat
     if isinstance(state, Mapping):
         return StateSnapshot.model_construct(
             data=to_storable(dict(state)),
-            version=StateSnapshot().version,
+            version=StateVersion.model_construct(
+                version=0, timestamp=utcnow(), agent_id=None, changed_fields=[]
+            ),
             metadata={},
         )
     raise InvalidArgumentError(
@@ -436,4 +445,4 @@ def _metrics_copy(metrics: ExecutionMetrics | None) -> ExecutionMetrics:
         raise InvalidArgumentError(
             f"metrics must be ExecutionMetrics or None, not {type(metrics).__qualname__}"
         )
-    return metrics.model_copy(deep=True)
+    return metrics.model_copy()  # every field is immutable: a shallow copy is independent

@@ -39,7 +39,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ValidationError
 
 from .errors import CheckpointCorruptedError, CheckpointSerializationError
-from .models import Checkpoint
+from .models import Checkpoint, ExecutionMetrics, StateVersion
 
 __all__ = [
     "FORMAT_VERSION",
@@ -93,7 +93,13 @@ class _Walker:
         if kind is dict or kind is list or kind is tuple:
             return self._container(value, path, depth)
         if isinstance(value, BaseModel):
-            return self.walk(value.model_dump(mode="json"), path, depth)
+            try:
+                dumped = value.model_dump(mode="json")
+            except Exception as exc:
+                raise CheckpointSerializationError(
+                    path, f"{kind.__qualname__}.model_dump() failed: {exc!r}"
+                ) from exc
+            return self.walk(dumped, path, depth)
         if isinstance(value, (datetime, date, time)):
             return value.isoformat()
         if isinstance(value, uuid.UUID):
@@ -125,12 +131,43 @@ class _Walker:
             self._active.discard(marker)
 
 
+class _Unstorable(Exception):
+    """Internal: the fast copy met something it does not handle."""
+
+
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+
+
+def _fast_copy(value: Any, depth: int) -> Any:
+    # The hot path: plain JSON data, no paths kept, no cycle set (a cycle ends at the depth
+    # limit). Anything unusual bails out to _Walker, which finds and names the problem.
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if depth >= MAX_DEPTH:
+        raise _Unstorable
+    depth += 1
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _Unstorable
+            out[key] = item if type(item) in _SCALARS else _fast_copy(item, depth)
+        return out
+    if kind is list or kind is tuple:
+        return [item if type(item) in _SCALARS else _fast_copy(item, depth) for item in value]
+    raise _Unstorable
+
+
 def to_storable(value: Any, path: str = "state") -> Any:
     """Return a validated, independent JSON-compatible copy of ``value``.
 
     Raises :class:`CheckpointSerializationError` naming the first offending path.
     """
-    return _Walker().walk(value, path, 0)
+    try:
+        return _fast_copy(value, 0)
+    except (_Unstorable, RecursionError):
+        return _Walker().walk(value, path, 0)
 
 
 def json_copy(value: Any) -> Any:
@@ -174,9 +211,12 @@ def _is_digit_limit(exc: ValueError) -> bool:
     return "integer string conversion" in str(exc) or "Exceeds the limit" in str(exc)
 
 
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def _dumps(obj: Any) -> bytes:
     try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+        return _ENCODER.encode(obj).encode()
     except ValueError as exc:
         if not _is_digit_limit(exc):
             raise
@@ -195,7 +235,7 @@ def _dumps(obj: Any) -> bytes:
             return [swap(v) for v in value]
         return value
 
-    text = json.dumps(swap(obj), ensure_ascii=False, separators=(",", ":"))
+    text = _ENCODER.encode(swap(obj))
     for token, number in digits.items():
         text = text.replace(f'"{token}"', number, 1)
     return text.encode()
@@ -221,11 +261,11 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
         "agent_id": checkpoint.agent_id,
         "status": checkpoint.status.value,
         "timestamp": checkpoint.timestamp.isoformat(),
-        "metrics": checkpoint.metrics.model_dump(mode="json"),
+        "metrics": _metrics_json(checkpoint.metrics),
         "metadata": checkpoint.metadata,
         "state": {
             "data": checkpoint.state_snapshot.data,
-            "version": checkpoint.state_snapshot.version.model_dump(mode="json"),
+            "version": _version_json(checkpoint.state_snapshot.version),
             "metadata": checkpoint.state_snapshot.metadata,
         },
     }
@@ -235,6 +275,23 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
         raise CheckpointSerializationError("checkpoint", str(exc)) from exc
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), zlib.crc32(body))
     return header + body
+
+
+def _metrics_json(metrics: ExecutionMetrics) -> dict[str, Any]:
+    out = dict(metrics.__dict__)
+    start = out.get("start_time")
+    if start is not None:
+        out["start_time"] = start.isoformat()
+    return out
+
+
+def _version_json(version: StateVersion) -> dict[str, Any]:
+    return {
+        "version": version.version,
+        "timestamp": version.timestamp.isoformat(),
+        "agent_id": version.agent_id,
+        "changed_fields": list(version.changed_fields),
+    }
 
 
 def read_header(data: bytes) -> tuple[int, int, int]:
