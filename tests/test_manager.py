@@ -263,3 +263,22 @@ async def test_closed_manager_refuses_use() -> None:
         await manager.get_resume_point("wf")
     with pytest.raises(StorageClosedError):
         await manager.list_workflows()
+
+
+async def test_special_numbers_survive_the_fast_encoder(manager: CheckpointManager) -> None:
+    """NaN, infinities and ints beyond 64 bits round-trip through create_checkpoint exactly."""
+    import math
+
+    state = {"nan": math.nan, "inf": [math.inf, -math.inf], "big": 2**64, "neg": -(2**70)}
+    metrics = ExecutionMetrics(total_cost=math.nan)
+    await manager.create_checkpoint("wf", 0, "a", "completed", state, metrics, {"m": math.inf})
+    await manager.create_checkpoint("wf", 1, "a", "completed", {"x": None, "y": 1.5})
+    got = await manager.get_checkpoint("wf", 0)
+    data = got.state_snapshot.data
+    assert math.isnan(data["nan"])
+    assert data["inf"] == [math.inf, -math.inf]
+    assert (data["big"], data["neg"]) == (2**64, -(2**70))
+    assert math.isnan(got.metrics.total_cost)
+    assert got.metadata == {"m": math.inf}
+    plain = await manager.get_checkpoint("wf", 1)
+    assert plain.state_snapshot.data == {"x": None, "y": 1.5}

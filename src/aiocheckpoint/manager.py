@@ -32,7 +32,7 @@ from .models import (
     StateVersion,
     utcnow,
 )
-from .serde import decode_checkpoint, encode_checkpoint, to_storable
+from .serde import decode_checkpoint, encode_checkpoint, storable_copy
 from .state import SharedState
 from .storage.base import CheckpointStorage, StoredCheckpoint, WorkflowStorage
 from .storage.memory import InMemoryCheckpointStorage
@@ -118,17 +118,22 @@ class CheckpointManager:
         step = check_step(step)
         if not isinstance(agent_id, str):
             raise InvalidArgumentError(f"agent_id must be str, not {type(agent_id).__qualname__}")
+        snapshot, finite = _snapshot_of(state)
+        meta: dict[str, Any] = {}
+        if metadata:
+            meta, meta_finite = storable_copy(dict(metadata), "metadata")
+            finite = finite and meta_finite
         checkpoint = Checkpoint.model_construct(
             workflow_id=workflow_id,
             step=step,
             agent_id=agent_id,
             status=_status(status),
-            state_snapshot=_snapshot_of(state),
+            state_snapshot=snapshot,
             metrics=_metrics_copy(metrics),
             timestamp=utcnow(),
-            metadata=to_storable(dict(metadata), "metadata") if metadata else {},
+            metadata=meta,
         )
-        data = encode_checkpoint(checkpoint)
+        data = encode_checkpoint(checkpoint, finite=finite)
         if lease is None:
             await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
         else:
@@ -386,24 +391,24 @@ class CheckpointManager:
             raise StorageClosedError("CheckpointManager is closed")
 
 
-def _snapshot_of(state: SharedState | StateSnapshot | Mapping[str, Any]) -> StateSnapshot:
+def _snapshot_of(
+    state: SharedState | StateSnapshot | Mapping[str, Any],
+) -> tuple[StateSnapshot, bool]:
     if isinstance(state, SharedState):
         data, version = state._peek()
-        return StateSnapshot.model_construct(data=to_storable(data), version=version, metadata={})
+        copy, finite = storable_copy(data)
+        return StateSnapshot.model_construct(data=copy, version=version, metadata={}), finite
     if isinstance(state, StateSnapshot):
-        return StateSnapshot.model_construct(
-            data=to_storable(state.data),
-            version=state.version,
-            metadata=to_storable(state.metadata, "state.metadata"),
-        )
+        copy, finite = storable_copy(state.data)
+        meta, meta_finite = storable_copy(state.metadata, "state.metadata")
+        snapshot = StateSnapshot.model_construct(data=copy, version=state.version, metadata=meta)
+        return snapshot, finite and meta_finite
     if isinstance(state, Mapping):
-        return StateSnapshot.model_construct(
-            data=to_storable(dict(state)),
-            version=StateVersion.model_construct(
-                version=0, timestamp=utcnow(), agent_id=None, changed_fields=[]
-            ),
-            metadata={},
+        copy, finite = storable_copy(dict(state))
+        version = StateVersion.model_construct(
+            version=0, timestamp=utcnow(), agent_id=None, changed_fields=[]
         )
+        return StateSnapshot.model_construct(data=copy, version=version, metadata={}), finite
     raise InvalidArgumentError(
         f"state must be a SharedState, a StateSnapshot or a dict, not {type(state).__qualname__}"
     )
