@@ -74,7 +74,9 @@ def extract_blocks(page: Path) -> list[Block]:
 
 
 def _runnable() -> list[Block]:
-    return [b for page in PAGES if page.exists() for b in extract_blocks(page) if b.language in RUNNABLE]
+    return [
+        b for page in PAGES if page.exists() for b in extract_blocks(page) if b.language in RUNNABLE
+    ]
 
 
 RUNNABLE_BLOCKS = _runnable()
