@@ -138,14 +138,31 @@ def test_code_block_runs(block: Block, tmp_path: Path) -> None:
         )
 
 
+def _anchors(page: Path) -> set[str]:
+    """The heading ids Python-Markdown's toc extension (used by mkdocs) gives a page."""
+    anchors = set()
+    in_code = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if _OPEN.match(line):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            title = re.sub(r"[^\w\s-]", "", line.lstrip("#")).strip().lower()
+            anchors.add(re.sub(r"[-\s]+", "-", title))
+    return anchors
+
+
 def test_relative_links_resolve() -> None:
-    """Every relative link between docs pages points at a page that exists (or is pending)."""
+    """Every relative link between docs pages points at a page (and heading) that exists."""
     broken = []
     for page in sorted(DOCS.glob("*.md")):
         for match in _LINK.finditer(page.read_text(encoding="utf-8")):
-            target = match["target"].split("#", 1)[0]
-            if not target or "://" in target or target.startswith("mailto:"):
+            target, _, anchor = match["target"].partition("#")
+            if "://" in match["target"] or target.startswith("mailto:"):
                 continue
-            if not (page.parent / target).exists() and target not in PENDING_PAGES:
-                broken.append(f"{page.relative_to(ROOT)} -> {match['target']}")
+            linked = page.parent / target if target else page
+            if not linked.exists():
+                if target not in PENDING_PAGES:
+                    broken.append(f"{page.relative_to(ROOT)} -> {match['target']}")
+            elif anchor and anchor not in _anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)} -> {match['target']} (no such heading)")
     assert broken == []
