@@ -1,9 +1,4 @@
-"""Behaviour found while writing the user guide that contradicts the issue or surprises.
-
-Each test states the behaviour the docs would like to promise and is marked
-``xfail(strict=True)``: it fails today, and the suite turns red as soon as the code is fixed,
-so that the marker (and the caveat in the docs) is removed with the fix.
-"""
+"""Behaviour found while writing the user guide, fixed since: kept as regression tests."""
 
 from typing import Any
 
@@ -24,11 +19,6 @@ async def manager() -> Any:
         yield m
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: to_storable accepts lone surrogates; the UTF-8 encode fails later and the "
-    "error names 'checkpoint' instead of the value's path",
-)
 @pytest.mark.parametrize(
     ("state", "path"),
     [({"a": ["ok", "\ud800"]}, "state.a[1]"), ({"k": {"\udfff": 1}}, "state.k['\\udfff']")],
@@ -42,11 +32,6 @@ async def test_lone_surrogate_error_names_its_path(
     assert info.value.path == path
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an agent_id with a lone surrogate passes validation and fails at encoding "
-    "as CheckpointSerializationError('checkpoint', ...)",
-)
 async def test_agent_id_that_is_not_valid_unicode_is_an_invalid_argument(
     manager: CheckpointManager,
 ) -> None:
@@ -55,11 +40,6 @@ async def test_agent_id_that_is_not_valid_unicode_is_an_invalid_argument(
         await manager.create_checkpoint("wf", 0, "\ud800", "completed", {})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: snapshot(), get_history() and on_change hand out the history's own "
-    "StateVersion objects; StateVersion is frozen but changed_fields is a shared list",
-)
 def test_snapshot_version_is_not_an_alias_of_the_history() -> None:
     """Mutating a snapshot's version metadata never changes the state's history."""
     state = SharedState()
@@ -69,11 +49,6 @@ def test_snapshot_version_is_not_an_alias_of_the_history() -> None:
     assert state.get_history()[0].changed_fields == ["a"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SURPRISE: update({}) and merge({}) make a new version although nothing changed "
-    "(delete() of a missing path does not)",
-)
 def test_empty_update_and_merge_make_no_version() -> None:
     """A no-op update or merge leaves the version as it was, like a delete that finds nothing."""
     state = SharedState({"a": 1})
@@ -82,12 +57,6 @@ def test_empty_update_and_merge_make_no_version() -> None:
     assert state.version == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN QUESTION: a FAILED step() checkpoint stores the state as the failing block "
-    "left it, so the retry after an exception starts from partial writes, while the retry "
-    "after a crash starts from the previous checkpoint's state",
-)
 async def test_retry_after_failure_starts_from_the_state_before_the_step(
     manager: CheckpointManager,
 ) -> None:

@@ -20,3 +20,9 @@ def test_bad_urls_name_the_accepted_forms(url: object) -> None:
     assert "accepted forms" in message
     assert "sqlite:///" in message
     assert "\n" not in message
+
+
+def test_unknown_option_is_a_typed_error() -> None:
+    """An option the backend does not take is an InvalidArgumentError, not a TypeError."""
+    with pytest.raises(InvalidArgumentError, match="bad option"):
+        open_storage("memory://", colour="blue")

@@ -116,8 +116,7 @@ class CheckpointManager:
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
-        if not isinstance(agent_id, str):
-            raise InvalidArgumentError(f"agent_id must be str, not {type(agent_id).__qualname__}")
+        _check_text(agent_id, "agent_id")
         snapshot, finite = _snapshot_of(state)
         meta: dict[str, Any] = {}
         if metadata:
@@ -397,6 +396,7 @@ def _snapshot_of(
     if isinstance(state, SharedState):
         data, version = state._peek()
         copy, finite = storable_copy(data)
+        version = version.model_copy(update={"changed_fields": list(version.changed_fields)})
         return StateSnapshot.model_construct(data=copy, version=version, metadata={}), finite
     if isinstance(state, StateSnapshot):
         copy, finite = storable_copy(state.data)
@@ -422,8 +422,19 @@ def _workflow_status(status: Any) -> WorkflowStatus:
         raise InvalidArgumentError(f"status must be one of {allowed}; got {status!r}") from None
 
 
-def _check_owner(owner: Any) -> str:
-    if not isinstance(owner, str) or not owner or len(owner.encode("utf-8", "replace")) > 255:
+def _check_text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{name} must be str, not {type(value).__qualname__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{name} is not valid Unicode text") from None
+    return value
+
+
+def _check_owner(value: Any) -> str:
+    owner = _check_text(value, "lease owner")
+    if not owner or len(owner.encode("utf-8")) > 255:
         raise InvalidArgumentError("a lease owner must be a non-empty str of at most 255 bytes")
     return owner
 

@@ -302,10 +302,48 @@ def encode_checkpoint(checkpoint: Checkpoint, *, finite: bool = False) -> bytes:
     }
     try:
         body = _dumps(body_obj, finite)
+    except UnicodeEncodeError as exc:
+        raise CheckpointSerializationError(_bad_text_path(checkpoint), str(exc)) from exc
     except (TypeError, ValueError, RecursionError) as exc:
         raise CheckpointSerializationError("checkpoint", str(exc)) from exc
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), zlib.crc32(body))
     return header + body
+
+
+def _bad_text_path(checkpoint: Checkpoint) -> str:
+    """Name the first string that is not valid Unicode (a lone surrogate)."""
+    roots = (
+        ("state", checkpoint.state_snapshot.data),
+        ("metadata", checkpoint.metadata),
+        ("state.metadata", checkpoint.state_snapshot.metadata),
+    )
+    for root, value in roots:
+        found = _find_bad_text(value, root)
+        if found is not None:
+            return found
+    return "checkpoint"
+
+
+def _find_bad_text(value: Any, path: str) -> str | None:
+    if type(value) is str:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+    elif type(value) is dict:
+        for key, item in value.items():
+            child = _child_path(path, key)
+            if _find_bad_text(key, child) is not None:
+                return f"{path}[{key!r}]"
+            found = _find_bad_text(item, child)
+            if found is not None:
+                return found
+    elif type(value) is list:
+        for index, item in enumerate(value):
+            found = _find_bad_text(item, _child_path(path, index))
+            if found is not None:
+                return found
+    return None
 
 
 def _metrics_json(metrics: ExecutionMetrics) -> dict[str, Any]:

@@ -34,6 +34,11 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
+def _copy_version(version: StateVersion) -> StateVersion:
+    # StateVersion is frozen, but its changed_fields list is not: never hand out ours.
+    return version.model_copy(update={"changed_fields": list(version.changed_fields)})
+
+
 class SharedState:
     """The state of one workflow, shared by its agents.
 
@@ -97,7 +102,9 @@ class SharedState:
         self.update({path: value}, agent_id)
 
     def update(self, values: Mapping[str, Any], agent_id: str | None = None) -> None:
-        """Set several paths at once, as a single new version."""
+        """Set several paths at once, as a single new version (none if ``values`` is empty)."""
+        if not values:
+            return
         data = self._data
         for path, value in values.items():
             data = self._with(data, _split(path), json_copy(value), path)
@@ -116,19 +123,21 @@ class SharedState:
 
     def merge(self, data: Mapping[str, Any], agent_id: str | None = None) -> None:
         """Deep-merge ``data`` into the state (nested dicts merge, other values replace)."""
+        if not data:
+            return
         self._commit(_deep_merge(self._data, data), agent_id, list(data))
 
     def snapshot(self, metadata: Mapping[str, Any] | None = None) -> StateSnapshot:
         """Return an independent deep copy of the current state and its version."""
         return StateSnapshot(
             data=json_copy(self._data),
-            version=self._history[-1][0],
+            version=_copy_version(self._history[-1][0]),
             metadata=json_copy(dict(metadata or {})),
         )
 
     def get_history(self, limit: int | None = None) -> list[StateVersion]:
         """The recorded versions, most recent first (at most ``limit``)."""
-        versions = [entry[0] for entry in reversed(self._history)]
+        versions = [_copy_version(entry[0]) for entry in reversed(self._history)]
         return versions if limit is None else versions[:limit]
 
     def restore(self, version: int, agent_id: str | None = None) -> None:
@@ -150,6 +159,18 @@ class SharedState:
     def _peek(self) -> tuple[dict[str, Any], StateVersion]:
         """The live data and version, uncopied: for callers that copy it themselves."""
         return self._data, self._history[-1][0]
+
+    def _mark(self) -> tuple[StateVersion, dict[str, Any]]:
+        """The current history entry, for :meth:`_rewind`."""
+        return self._history[-1]
+
+    def _rewind(self, mark: tuple[StateVersion, dict[str, Any]]) -> None:
+        """Drop every change made after ``mark`` (no callback: nothing new happened)."""
+        while self._history and self._history[-1][0].version > mark[0].version:
+            self._history.pop()
+        if not self._history or self._history[-1] is not mark:
+            self._history.append(mark)
+        self._data = mark[1]
 
     def __repr__(self) -> str:
         return f"SharedState(version={self.version}, keys={list(self._data)!r})"
@@ -179,4 +200,4 @@ class SharedState:
         self._data = data
         self._history.append((new, data))
         if self._on_change is not None:
-            self._on_change(new)
+            self._on_change(_copy_version(new))

@@ -48,6 +48,13 @@ def open_storage(url: str, **options: Any) -> CheckpointStorage:
     :class:`~aiocheckpoint.InvalidArgumentError` naming the accepted forms. Storage opens
     lazily, so this never touches the disk or the network.
     """
+    try:
+        return _open(url, options)
+    except TypeError as exc:  # an option the backend does not take
+        raise InvalidArgumentError(f"bad option for store URL {url!r}: {exc}") from exc
+
+
+def _open(url: str, options: dict[str, Any]) -> CheckpointStorage:
     if not isinstance(url, str) or ":" not in url:
         raise _bad(str(url), "no scheme")
     scheme = url.split(":", 1)[0].lower()

@@ -39,6 +39,10 @@ class ResumableWorkflow:
     so the step runs again on resume. (Cancellation is not a failure of the step; recording
     it as FAILED would be a lie, and recording it as COMPLETED would skip unfinished work.)
 
+    A step is all or nothing for the state: when it fails or is cancelled, the changes it made
+    to :attr:`state` are rolled back, so the FAILED checkpoint (and the retry) start from the
+    state the step started with, exactly as after a crash.
+
     Skip finished steps with :meth:`is_completed`::
 
         for n, agent in enumerate(agents):
@@ -136,11 +140,14 @@ class ResumableWorkflow:
         """
         check_step(step)
         self.current_step = step
+        state = self.state
+        before = state._mark()
         started = time.monotonic()
         try:
             yield self
         except Exception as exc:
             self.metrics.elapsed_seconds += time.monotonic() - started
+            self._roll_back(state, before)
             error = {"type": type(exc).__qualname__, "message": str(exc)}
             try:
                 await self.checkpoint(
@@ -151,10 +158,19 @@ class ResumableWorkflow:
                     "workflow %r: could not record the failure of step %d", self.workflow_id, step
                 )
             raise
-        # BaseException (cancellation, KeyboardInterrupt) passes through: nothing is recorded.
+        except BaseException:
+            # Cancellation, KeyboardInterrupt: nothing is recorded.
+            self._roll_back(state, before)
+            raise
         self.metrics.elapsed_seconds += time.monotonic() - started
         self.metrics.total_steps += 1
         await self.checkpoint(step, agent_id, AgentStatus.COMPLETED, metadata)
+
+    def _roll_back(self, state: SharedState, before: tuple[Any, Any]) -> None:
+        # A step is all or nothing: a failed or cancelled step leaves the state as it found
+        # it, exactly as a crash at that moment would (the retry starts from the same state).
+        state._rewind(before)
+        self.state = state
 
     async def clear_checkpoints(self) -> bool:
         """Delete every checkpoint of this workflow; the next run starts fresh."""

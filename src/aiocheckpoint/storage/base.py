@@ -26,8 +26,9 @@ __all__ = [
     "WorkflowStorage",
 ]
 
-#: Records larger than this are refused by the bundled backends, on write and on read, so
-#: that a damaged or hostile store cannot make a reader allocate without bound.
+#: Records larger than this are refused by the durable backends (file, SQLite, PostgreSQL), on
+#: write and on read, so that a damaged or hostile store cannot make a reader allocate
+#: without bound.
 DEFAULT_MAX_RECORD_BYTES = 512 * 1024 * 1024
 
 
