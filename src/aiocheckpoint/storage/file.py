@@ -422,7 +422,9 @@ class FileCheckpointStorage(BaseStorage):
         if hint is None or hint.dir_ino != ino:
             return False
         boot = _boot_id()
-        return (boot is not None and hint.boot_id == boot) or (name, ino) in self._validated
+        if boot is not None:
+            return hint.boot_id == boot
+        return (name, ino) in self._validated  # no boot id: trust what we checked ourselves
 
     def _write_hint(self, dfd: int, step: int | None, ino: int, name: str) -> None:
         boot = _boot_id()
@@ -710,7 +712,7 @@ class FileCheckpointStorage(BaseStorage):
             finally:
                 os.close(dfd)
             self._fsync_path(self._root)
-            shutil.rmtree(doomed, ignore_errors=True)
+            self._remove_tree(doomed)
             return had_steps
         raise StorageBackendError(f"workflow directory {name!r} kept being replaced")
 
@@ -726,8 +728,12 @@ class FileCheckpointStorage(BaseStorage):
         ids: list[str] = []
         for name in names:
             if name.startswith("."):
-                if name.startswith((".del-", ".new-")) and self._is_stale(name, now, None):
-                    shutil.rmtree(os.path.join(self._root, name), ignore_errors=True)
+                # A renamed-away workflow is garbage at once; a new one may still be in
+                # the making unless its creator is gone.
+                if name.startswith(".del-") or (
+                    name.startswith(".new-") and self._is_stale(name, now, None)
+                ):
+                    self._remove_tree(os.path.join(self._root, name))
                 continue
             dfd = self._open_dir(name)
             if dfd is None:
@@ -739,6 +745,14 @@ class FileCheckpointStorage(BaseStorage):
             finally:
                 os.close(dfd)
         return sorted(ids)
+
+    def _remove_tree(self, path: str) -> None:
+        # A writer that opened the directory before it was renamed away may still drop a
+        # temporary file into it (it then notices and retries elsewhere), so try again.
+        for _ in range(3):
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.lexists(path):
+                return
 
     def _id_of(self, name: str, dfd: int) -> str | None:
         if not name.startswith(HASHED_PREFIX):
