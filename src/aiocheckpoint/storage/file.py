@@ -618,17 +618,24 @@ class FileCheckpointStorage(BaseStorage):
         if dfd is None:
             return []
         try:
-            steps = sorted(
-                s
-                for s in self._steps(dfd)
-                if (after is None or s > after) and (before is None or s < before)
+            # Step names are fixed width, so bounds and order work on the names themselves
+            # and only the names actually returned are parsed.
+            low = "" if after is None else step_name(after)
+            high = "~" if before is None else step_name(before)
+            names = sorted(
+                n
+                for n in os.listdir(dfd)
+                if len(n) == 25 and n.endswith(".ckpt") and low < n < high
             )
             if descending:
-                steps.reverse()
+                names.reverse()
             out: list[StoredCheckpoint] = []
-            for s in steps:
+            for n in names:
                 if limit is not None and len(out) >= limit:
                     break
+                s = parse_step_name(n)
+                if s is None:
+                    continue
                 record = self._read_step(dfd, workflow_id, s)
                 if record is not None:  # None: deleted since the listing
                     out.append(record)
