@@ -389,3 +389,12 @@ async def test_delete_workflow_races_with_writers(store: FileCheckpointStorage) 
     await store.delete("wf")
     assert await store.list_workflows() == []
     assert temp_litter(Path(store.base_dir)) == []
+
+
+async def test_missing_ancestors_are_created(tmp_path: Path) -> None:
+    """A base_dir several levels below an existing directory is created on first write."""
+    base = tmp_path / "a" / "b" / "store"
+    async with FileCheckpointStorage(base) as store:
+        await store.save("wf", 0, b"x")
+        assert await store.list_workflows() == ["wf"]
+    assert stat.S_IMODE(os.stat(base).st_mode) == 0o700

@@ -270,10 +270,7 @@ class FileCheckpointStorage(BaseStorage):
         if self._store_ready:
             return
         self._check_marker()
-        parent = os.path.dirname(self._base)
-        os.makedirs(parent, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            self._os.mkdir(self._base)
+        self._make_dirs(self._base)
         if not self._marker_ok:
             body = json.dumps({"format": FORMAT_VERSION}).encode() + b"\n"
             self._write_atomic(self._base, MARKER, body)
@@ -282,6 +279,25 @@ class FileCheckpointStorage(BaseStorage):
             self._os.mkdir(self._root)
             self._fsync_path(self._base)
         self._store_ready = True
+
+    def _make_dirs(self, path: str) -> None:
+        """Create ``path`` (0700) and missing ancestors, fsyncing each new entry's parent."""
+        missing = []
+        while not os.path.isdir(path):
+            missing.append(path)
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+        for new in reversed(missing):
+            try:
+                if new is missing[0]:
+                    self._os.mkdir(new)
+                else:
+                    os.mkdir(new)  # an ancestor: the umask decides, as for any directory
+            except FileExistsError:
+                continue
+            self._fsync_path(os.path.dirname(new))
 
     def _write_atomic(self, directory: str, name: str, body: bytes) -> None:
         dfd = os.open(directory, _DIR_FLAGS & ~os.O_NOFOLLOW)
