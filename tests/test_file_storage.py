@@ -72,6 +72,8 @@ def temp_litter(root: Path) -> list[Path]:
         ("wf-1", "wf-1"),
         ("é", "%C3%A9"),
         ("#1", "%231"),
+        ("Plan", "%50lan"),
+        ("../../etc/passwd", "%2E.%2F..%2Fetc%2Fpasswd"),
     ],
 )
 def test_encoding_examples(wf: str, name: str) -> None:
