@@ -12,6 +12,7 @@ EXPECTED = {
     "CheckpointSerializationError",
     "CheckpointStorage",
     "ExecutionMetrics",
+    "FileCheckpointStorage",
     "InMemoryCheckpointStorage",
     "InvalidArgumentError",
     "InvalidStepError",

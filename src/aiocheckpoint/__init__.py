@@ -4,6 +4,8 @@ Save a workflow's progress and resume it after a crash, without blocking the eve
 This module is the map of the public API: everything in ``__all__`` is supported.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     CheckpointCorruptedError,
     CheckpointError,
@@ -33,7 +35,26 @@ from .storage import (
 from .urls import open_storage
 from .workflow import ResumableWorkflow
 
+if TYPE_CHECKING:
+    from .storage.file import FileCheckpointStorage
+
 __version__ = "0.1.0"
+
+# Backends are imported on first use, so that importing aiocheckpoint stays light and never
+# pulls in a platform module (fcntl) or an optional driver (asyncpg) it does not need.
+_BACKENDS = {
+    "FileCheckpointStorage": "aiocheckpoint.storage.file",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _BACKENDS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aiocheckpoint' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "AgentStatus",
@@ -45,6 +66,7 @@ __all__ = [
     "CheckpointSerializationError",
     "CheckpointStorage",
     "ExecutionMetrics",
+    "FileCheckpointStorage",
     "InMemoryCheckpointStorage",
     "InvalidArgumentError",
     "InvalidStepError",
