@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from typing_extensions import Self
 
@@ -47,12 +47,23 @@ ResumePoint = tuple[int, StateSnapshot, ExecutionMetrics]
 _PAGE = 100
 
 
-def _status(status: Any) -> AgentStatus:
+_E = TypeVar("_E", AgentStatus, WorkflowStatus)
+
+
+def _enum(kind: type[_E], status: Any) -> _E:
     try:
-        return AgentStatus(status)
+        return kind(status)
     except ValueError:
-        allowed = ", ".join(s.value for s in AgentStatus)
+        allowed = ", ".join(s.value for s in kind)
         raise InvalidArgumentError(f"status must be one of {allowed}; got {status!r}") from None
+
+
+def _status(status: Any) -> AgentStatus:
+    return _enum(AgentStatus, status)
+
+
+def _workflow_status(status: Any) -> WorkflowStatus:
+    return _enum(WorkflowStatus, status)
 
 
 class CheckpointManager:
@@ -412,14 +423,6 @@ def _snapshot_of(
     raise InvalidArgumentError(
         f"state must be a SharedState, a StateSnapshot or a dict, not {type(state).__qualname__}"
     )
-
-
-def _workflow_status(status: Any) -> WorkflowStatus:
-    try:
-        return WorkflowStatus(status)
-    except ValueError:
-        allowed = ", ".join(s.value for s in WorkflowStatus)
-        raise InvalidArgumentError(f"status must be one of {allowed}; got {status!r}") from None
 
 
 def _check_text(value: Any, name: str) -> str:

@@ -418,16 +418,8 @@ class FileCheckpointStorage(BaseStorage):
     # --- the latest-step hint ---------------------------------------------------------
 
     def _read_hint(self, dfd: int) -> Hint | None:
-        try:
-            fd = os.open(HINT, _READ_FLAGS, dir_fd=dfd)
-        except OSError as exc:
-            if is_missing(exc):
-                return None
-            raise
-        try:
-            return Hint.unpack(os.read(fd, Hint.SIZE + 1))
-        finally:
-            os.close(fd)
+        raw = _read_small(HINT, dfd, Hint.SIZE + 1)
+        return None if raw is None else Hint.unpack(raw)
 
     def _trusted(self, hint: Hint | None, ino: int) -> bool:
         return hint is not None and hint.dir_ino == ino
@@ -783,19 +775,26 @@ class FileCheckpointStorage(BaseStorage):
     def _id_of(self, name: str, dfd: int) -> str | None:
         if not name.startswith(HASHED_PREFIX):
             return decode_name(name)
-        try:
-            fd = os.open(ID_FILE, _READ_FLAGS, dir_fd=dfd)
-        except OSError as exc:
-            if is_missing(exc):
-                return None
-            raise
-        try:
-            raw = os.read(fd, 1024)
-        finally:
-            os.close(fd)
+        raw = _read_small(ID_FILE, dfd, 1024)
+        if raw is None:
+            return None
         if hashed_name(raw) != name:
             return None  # not ours, or damaged: never guess an id
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
             return None
+
+
+def _read_small(name: str, dfd: int, limit: int) -> bytes | None:
+    """Read at most ``limit`` bytes of a small file in ``dfd``; None if it does not exist."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+    except OSError as exc:
+        if is_missing(exc):
+            return None
+        raise
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
