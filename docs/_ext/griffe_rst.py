@@ -122,9 +122,7 @@ def link_roles(obj: griffe.Object, text: str) -> str:
         path = resolve(obj, target)
         code = f"<code>{escape(title)}</code>"
         if path is None:
-            _log.warning(
-                "griffe_rst: %s: %s names nothing that exists", obj.path, match.group(0)
-            )
+            _log.warning("griffe_rst: %s: %s names nothing that exists", obj.path, match.group(0))
             return code
         return f'<autoref identifier="{escape(path)}" optional>{code}</autoref>'
 
