@@ -28,9 +28,9 @@ from .test_docs import DOCS, ROOT, _anchors
 REQUIRED = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "griffe")
 BUILD_TIMEOUT_SECONDS = 300
 
-#: Backends that aiocheckpoint exports lazily (module ``__getattr__``): the reference names them
-#: by their module path.
-LAZY = {"FileCheckpointStorage": "aiocheckpoint.storage.file.FileCheckpointStorage"}
+#: Backends that aiocheckpoint exports lazily (module ``__getattr__``, name -> module): the
+#: reference names them by their module path.
+LAZY = {name: f"{module}.{name}" for name, module in aiocheckpoint._BACKENDS.items()}
 
 #: The Splinter API names the reference must document, whatever else the class grows.
 SPLINTER_METHODS = (
