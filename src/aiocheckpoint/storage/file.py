@@ -366,6 +366,9 @@ class FileCheckpointStorage(BaseStorage):
         try:
             fd = self._os.open(LOCK, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, dir_fd=dfd)
         except OSError as exc:
+            if is_missing(exc):
+                # delete(workflow) removed the directory while we held its fd: start over.
+                raise _Replaced from exc
             if exc.errno not in (errno.EROFS, errno.EACCES):
                 raise
             fd = os.open(LOCK, os.O_RDONLY | _OPEN_FLAGS, dir_fd=dfd)  # flock needs no write
