@@ -53,21 +53,44 @@ def _import_asyncpg() -> ModuleType:
 
 
 def _driver_errors(pg: ModuleType) -> tuple[type[BaseException], ...]:
-    return (pg.PostgresError, pg.InterfaceError, OSError, asyncio.TimeoutError)
+    return (
+        pg.PostgresError,
+        pg.InterfaceError,
+        pg.InternalClientError,
+        OSError,
+        asyncio.TimeoutError,
+    )
 
 
-def _is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` means "the connection died" (or a deadlock): worth one more try."""
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is dead or its protocol state is unusable."""
     if isinstance(exc, (OSError, asyncio.TimeoutError)):
         return True
     state = getattr(exc, "sqlstate", None) or ""
-    if state.startswith(("08", "57P")) or state in ("40001", "40P01"):
+    if state.startswith(("08", "57P")):
         return True
     pg = _asyncpg
-    if pg is not None and isinstance(exc, pg.InterfaceError):
+    if pg is None:
+        return False
+    # asyncpg can be left in a confused protocol state by a server-side termination
+    # (MagicStack/asyncpg#1069): such a connection must be discarded, like a dead one.
+    if isinstance(exc, pg.InternalClientError):
+        return True
+    if isinstance(exc, pg.InterfaceError):
         text = str(exc).lower()
         return "connection" in text and "closed" in text
     return False
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Whether running the same idempotent operation again may well succeed."""
+    if _connection_lost(exc):
+        return True
+    if getattr(exc, "sqlstate", None) in ("40001", "40P01"):  # serialization, deadlock
+        return True
+    pg = _asyncpg
+    # A concurrent ALTER TABLE invalidated a cached statement; asyncpg has dropped it.
+    return pg is not None and isinstance(exc, pg.InvalidCachedStatementError)
 
 
 @dataclass
@@ -77,6 +100,7 @@ class WriteStats:
     rows: int = 0
     batches: int = 0
     retries: int = 0
+    split_batches: int = 0
     largest_batch: int = 0
 
 
@@ -313,15 +337,25 @@ class PostgresCheckpointStorage(BaseStorage):
         attempt = 0
         while True:
             try:
-                async with pool.acquire() as con:
-                    return await op(con)
+                return await self._on_connection(pool, op)
             except errors as exc:
                 if self._closed and self._pool is None:
                     raise StorageClosedError(f"{type(self).__name__} is closed") from exc
                 if retry and attempt < self._retries and _is_transient(exc):
                     attempt += 1
+                    self.stats.retries += 1
                     continue
                 raise StorageBackendError(f"PostgreSQL {what} failed: {_describe(exc)}") from exc
+
+    @staticmethod
+    async def _on_connection(pool: Any, op: Callable[[Any], Awaitable[T]]) -> T:
+        async with pool.acquire() as con:
+            try:
+                return await op(con)
+            except Exception as exc:
+                if _connection_lost(exc):
+                    con.terminate()  # never hand a broken connection back to the pool
+                raise
 
     def _record(self, workflow_id: str, row: Any) -> StoredCheckpoint:
         step, size, data = row[0], row[1], row[2]
@@ -385,6 +419,7 @@ class PostgresCheckpointStorage(BaseStorage):
             if len(batch) > 1 and not _is_transient(exc):
                 # One bad row fails the whole statement: write rows one by one so that only
                 # its own caller sees the error.
+                self.stats.split_batches += 1
                 for item in batch:
                     await self._write_batch([item])
                 return
@@ -415,19 +450,20 @@ class PostgresCheckpointStorage(BaseStorage):
         steps = [w.step for w in batch]
         datas = [w.data for w in batch]
         prune = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
-        pool = self._pool
-        pg = _import_asyncpg()
-        errors = _driver_errors(pg)
+
+        async def write(con: Any) -> None:
+            if not prune:  # one statement: its implicit transaction commits before it returns
+                await con.execute(self._sql.upsert, wfs, steps, datas)
+                return
+            async with con.transaction():
+                await con.execute(self._sql.upsert, wfs, steps, datas)
+                await con.execute(self._sql.prune, list(prune), list(prune.values()))
+
+        errors = _driver_errors(_import_asyncpg())
         attempt = 0
         while True:
             try:
-                async with pool.acquire() as con:
-                    if not prune:
-                        await con.execute(self._sql.upsert, wfs, steps, datas)
-                    else:
-                        async with con.transaction():
-                            await con.execute(self._sql.upsert, wfs, steps, datas)
-                            await con.execute(self._sql.prune, list(prune), list(prune.values()))
+                await self._on_connection(self._pool, write)
                 break
             except errors as exc:
                 # The upsert and the prune are idempotent: if the commit's fate is unknown
