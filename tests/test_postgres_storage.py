@@ -527,3 +527,16 @@ async def test_two_processes_write_at_once(pg_schema: str) -> None:
         shared = await manager.list_checkpoints("shared")
         assert [c.step for c in shared] == [*range(1000, 1050), *range(2000, 2050)]
         assert {c.agent_id for c in shared} == {"p1", "p2"}
+
+
+async def test_back_to_back_saves_never_strand_a_write(pg_schema: str) -> None:
+    """A save queued just as the last writer finishes still gets written (no lost wake-up)."""
+    async with store(pg_schema, write_concurrency=1) as storage:
+        await storage.exists("open")
+
+        async def steps(w: int) -> None:
+            for step in range(100):
+                await storage.save(f"wf{w}", step, b"v")
+
+        await asyncio.wait_for(asyncio.gather(*(steps(w) for w in range(2))), timeout=30)
+        assert [len(await storage.scan(f"wf{w}")) for w in range(2)] == [100, 100]

@@ -175,6 +175,7 @@ class PostgresCheckpointStorage(BaseStorage):
         self._open_lock = asyncio.Lock()
         self._queue: deque[_Write] = deque()
         self._writers: set[asyncio.Task[None]] = set()
+        self._active_writers = 0
         self._in_flight: set[str] = set()
         self.stats = WriteStats()
 
@@ -211,7 +212,8 @@ class PostgresCheckpointStorage(BaseStorage):
             workflow_id, step, data, keep_last, asyncio.get_running_loop().create_future()
         )
         self._queue.append(item)
-        if len(self._writers) < self._write_concurrency:
+        if self._active_writers < self._write_concurrency:
+            self._active_writers += 1
             task = asyncio.create_task(self._writer())
             self._writers.add(task)
             task.add_done_callback(self._writers.discard)
@@ -370,11 +372,16 @@ class PostgresCheckpointStorage(BaseStorage):
     # --- the group-commit writer --------------------------------------------------------
 
     async def _writer(self) -> None:
-        while batch := self._take_batch():
-            try:
-                await self._write_batch(batch)
-            finally:
-                self._in_flight.difference_update(w.workflow_id for w in batch)
+        try:
+            while batch := self._take_batch():
+                try:
+                    await self._write_batch(batch)
+                finally:
+                    self._in_flight.difference_update(w.workflow_id for w in batch)
+        finally:
+            # Counted down in the same step that found the queue empty: a save queued just
+            # after sees the writer gone and starts one (the task's done callbacks run later).
+            self._active_writers -= 1
 
     def _take_batch(self) -> list[_Write]:
         """Take queued rows for one transaction, oldest first.
