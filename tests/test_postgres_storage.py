@@ -540,3 +540,13 @@ async def test_back_to_back_saves_never_strand_a_write(pg_schema: str) -> None:
 
         await asyncio.wait_for(asyncio.gather(*(steps(w) for w in range(2))), timeout=30)
         assert [len(await storage.scan(f"wf{w}")) for w in range(2)] == [100, 100]
+
+
+async def test_owned_pool_commits_synchronously(pg_schema: str) -> None:
+    """The storage's own connections force synchronous_commit=on, keeping caller settings."""
+    app = app_name()
+    async with store(pg_schema, server_settings={"application_name": app}) as storage:
+        await storage.save("wf", 0, b"x")
+        pool = storage._pool
+        assert await pool.fetchval("SHOW synchronous_commit") == "on"
+        assert await pool.fetchval("SHOW application_name") == app

@@ -167,7 +167,15 @@ class PostgresCheckpointStorage(BaseStorage):
         self._schema = schema
         self._sql = Sql.for_schema(self._quoted)
         self._max_record_bytes = max_record_bytes
-        self._pool_options = {"min_size": min_size, "max_size": max_size, **connect_kwargs}
+        settings = {"synchronous_commit": "on", **connect_kwargs.pop("server_settings", {})}
+        self._pool_options = {
+            "min_size": min_size,
+            "max_size": max_size,
+            # Durability must not depend on the server's default: a commit returns only
+            # after its WAL record is flushed, unless the caller explicitly asks otherwise.
+            "server_settings": settings,
+            **connect_kwargs,
+        }
         self._write_concurrency = write_concurrency
         self._max_batch_rows = max_batch_rows
         self._max_batch_bytes = max_batch_bytes
