@@ -39,21 +39,21 @@ def quantile(values: list[float], q: float) -> float:
 async def drive(
     concurrency: int, seconds: float, write: Callable[[int, int], Awaitable[None]]
 ) -> dict[str, float]:
-    """Run `concurrency` writers, each writing step after step for `seconds`."""
+    """Run `concurrency` writers, step after step; measure `seconds` after a short warm-up."""
     latencies: list[float] = []
-    deadline = time.perf_counter() + seconds
+    warm = time.perf_counter() + min(0.5, seconds / 4)  # prepared statements, pool, caches
+    deadline = warm + seconds
 
     async def writer(w: int) -> None:
         step = 0
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
+        while (t0 := time.perf_counter()) < deadline:
             await write(w, step)
-            latencies.append(time.perf_counter() - t0)
+            if t0 >= warm:
+                latencies.append(time.perf_counter() - t0)
             step += 1
 
-    start = time.perf_counter()
     await asyncio.gather(*(writer(w) for w in range(concurrency)))
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - warm
     return {
         "per_s": len(latencies) / elapsed,
         "p50_ms": quantile(latencies, 0.50) * 1000,
