@@ -550,3 +550,29 @@ async def test_owned_pool_commits_synchronously(pg_schema: str) -> None:
         pool = storage._pool
         assert await pool.fetchval("SHOW synchronous_commit") == "on"
         assert await pool.fetchval("SHOW application_name") == app
+
+
+async def test_up_to_date_store_opens_without_ddl_rights(
+    pg_schema: str, admin: asyncpg.Connection
+) -> None:
+    """A role that may only read and write the tables (no CREATE anywhere) opens a current store."""
+    async with store(pg_schema) as storage:
+        await storage.save("wf", 0, b"made by the owner")
+    role = f"aiocp_rw_{uuid.uuid4().hex[:8]}"
+    await admin.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        await admin.execute(f'GRANT USAGE ON SCHEMA "{pg_schema}" TO "{role}"')
+        await admin.execute(
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{pg_schema}" '
+            f'TO "{role}"'
+        )
+        dsn = DSN.replace("postgresql://postgres@", f"postgresql://{role}@")
+        async with PostgresCheckpointStorage(dsn, schema=pg_schema, max_size=2) as limited:
+            await limited.save("wf", 1, b"made by the limited role")
+            assert [r.data for r in await limited.scan("wf")] == [
+                b"made by the owner",
+                b"made by the limited role",
+            ]
+    finally:
+        await admin.execute(f'DROP OWNED BY "{role}"')
+        await admin.execute(f'DROP ROLE "{role}"')

@@ -67,6 +67,12 @@ async def migrate(con: Any, quoted: str, schema: str) -> int:
     opener waits, then finds the work done. Raises :class:`StorageSchemaError` for a newer or
     unrecognisable store; nothing is changed then.
     """
+    if await con.fetchval("SELECT to_regclass($1)", f"{quoted}.meta") is not None:
+        # The common case, an up-to-date store: no lock and no DDL, so a role that may only
+        # read and write the tables (no CREATE on the database) can open it.
+        found = await con.fetchval(f"SELECT value FROM {quoted}.meta WHERE key = $1", _VERSION_KEY)
+        if found is not None and _parse_version(found, schema) == SCHEMA_VERSION:
+            return SCHEMA_VERSION
     async with con.transaction():
         await con.execute(
             "SELECT pg_advisory_xact_lock(hashtext('aiocheckpoint.migrate:' || $1::text))",
