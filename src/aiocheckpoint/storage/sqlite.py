@@ -157,8 +157,9 @@ class SQLiteCheckpointStorage(BaseStorage):
         if self._busy:
             return
         if not self._opened:
+            opening = self._start_open()
             self._busy = True  # the writer thread is opening the database
-            self._start_open().add_done_callback(self._open_then_kick)
+            opening.add_done_callback(self._open_then_kick)
             return
         batch = self._take_batch()
         if not batch:
