@@ -229,8 +229,8 @@ class Writer:
         try:
             self._begin(conn)
         except sqlite3.Error as exc:
-            err = backend_error("SQLite could not start a write transaction", exc)
-            return [err] * len(ops)
+            # One exception object per caller: a shared one would collect their tracebacks.
+            return [backend_error("SQLite could not start a write transaction", exc) for _ in ops]
         try:
             results = self._apply_all(conn, ops)
             self._commit(conn)

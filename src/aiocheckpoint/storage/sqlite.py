@@ -173,9 +173,9 @@ class SQLiteCheckpointStorage(BaseStorage):
 
     def _batch_done(self, batch: list[_Pending], done: asyncio.Future[list[Outcome]]) -> None:
         if done.cancelled():
-            outcomes: list[Any] = [StorageClosedError("the write was abandoned")] * len(batch)
+            outcomes: list[Any] = [StorageClosedError("the write was abandoned") for _ in batch]
         elif (failure := done.exception()) is not None:
-            outcomes = [failure] * len(batch)
+            outcomes = [failure] * len(batch)  # a bug in run_batch: every caller should see it
         else:
             outcomes = done.result()
         for item, outcome in zip(batch, outcomes, strict=True):
