@@ -134,6 +134,34 @@ async def test_close_commits_queued_writes(db: Path) -> None:
         assert [r.step for r in await again.scan("wf")] == list(range(50))
 
 
+async def test_close_during_lazy_open_commits_queued_writes(db: Path) -> None:
+    """Writes queued while the first open is still running are committed by close()."""
+    storage = SQLiteCheckpointStorage(db)
+    tasks = [asyncio.create_task(storage.save(f"wf-{n}", 0, b"x")) for n in range(5)]
+    await asyncio.sleep(0)
+    assert not storage._opened  # the open is in flight in the writer thread
+    await storage.close()
+    assert all(t.done() and t.exception() is None for t in tasks)
+    async with SQLiteCheckpointStorage(db) as again:
+        assert len(await again.list_workflows()) == 5
+
+
+async def test_reads_racing_close_finish_or_report_closed(db: Path) -> None:
+    """Reads in flight when close() runs either complete or raise StorageClosedError; none
+    hangs and close() returns."""
+    storage = SQLiteCheckpointStorage(db)
+    await storage.save("wf", 0, b"x")
+    reads = [asyncio.create_task(storage.load("wf")) for _ in range(40)]
+    await asyncio.sleep(0)
+    await storage.close()
+    results = await asyncio.gather(*reads, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            assert isinstance(result, StorageClosedError), result
+        else:
+            assert result is not None and result.data == b"x"
+
+
 async def test_open_storage_url(db: Path) -> None:
     """open_storage('sqlite:///abs/path') builds this backend on that file."""
     storage = open_storage(f"sqlite://{db}", busy_timeout=2.0)
