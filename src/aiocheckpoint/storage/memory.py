@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import bisect
 
-from .base import BaseStorage, StoredCheckpoint
+from ..errors import InvalidArgumentError
+from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint
 
 __all__ = ["InMemoryCheckpointStorage"]
 
@@ -22,16 +23,27 @@ class InMemoryCheckpointStorage(BaseStorage):
 
     Records are still encoded and checksummed, so behaviour matches the durable backends.
     Every operation is a dict lookup or a binary search: O(log n) in the workflow's history.
+    Records larger than ``max_record_bytes`` are refused with
+    :class:`~aiocheckpoint.InvalidArgumentError`, as the durable backends refuse them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+        if type(max_record_bytes) is not int or max_record_bytes < 1:
+            raise InvalidArgumentError(
+                f"max_record_bytes must be an int >= 1, got {max_record_bytes!r}"
+            )
         self._workflows: dict[str, _Workflow] = {}
+        self._max_record_bytes = max_record_bytes
 
     async def save(
         self, workflow_id: str, step: int, data: bytes, *, keep_last: int | None = None
     ) -> None:
         """Store ``data`` as ``step``; keep only the ``keep_last`` highest steps if given."""
         self._check_open()
+        if len(data) > self._max_record_bytes:
+            raise InvalidArgumentError(
+                f"record of {len(data)} bytes exceeds max_record_bytes={self._max_record_bytes}"
+            )
         wf = self._workflows.setdefault(workflow_id, _Workflow())
         if step not in wf.records:
             bisect.insort(wf.steps, step)
