@@ -50,7 +50,16 @@ def _sqlite_factory(root: Path, **options: Any) -> CheckpointStorage:
 
 
 #: Every backend of this branch. After merging a backend's branch, add its entry here.
-BACKENDS: tuple[Backend, ...] = (Backend("memory", url=lambda root: "memory://", durable=False),)
+BACKENDS: tuple[Backend, ...] = (
+    Backend("memory", url=lambda root: "memory://", durable=False),
+    Backend("file", url=lambda root: f"file:{_store_dir(root)}", durable=True),
+    Backend(
+        "sqlite",
+        url=lambda root: f"sqlite:{_store_dir(root) / 'checkpoints.db'}",
+        durable=True,
+        factory=_sqlite_factory,
+    ),
+)
 DURABLE: tuple[Backend, ...] = tuple(b for b in BACKENDS if b.durable)
 
 
