@@ -36,12 +36,20 @@ class Backend:
     factory: Callable[..., CheckpointStorage] | None = None
     store_dir: Callable[[Path], Path] = field(default=_store_dir)
     crash_kills: int = 100
+    temp_glob: str | None = None
 
     def open(self, root: Path, **options: Any) -> CheckpointStorage:
         """Open (lazily) the store under ``root``."""
         if self.factory is not None:
             return self.factory(root, **options)
         return open_storage(self.url(root), **options)
+
+    def temp_files(self, root: Path) -> list[str]:
+        """In-progress files left in the store under ``root`` (relative paths)."""
+        if self.temp_glob is None or not self.store_dir(root).exists():
+            return []
+        store = self.store_dir(root)
+        return sorted(str(p.relative_to(store)) for p in store.glob(self.temp_glob))
 
 
 def _sqlite_factory(root: Path, **options: Any) -> CheckpointStorage:
@@ -52,7 +60,12 @@ def _sqlite_factory(root: Path, **options: Any) -> CheckpointStorage:
 #: Every backend of this branch. After merging a backend's branch, add its entry here.
 BACKENDS: tuple[Backend, ...] = (
     Backend("memory", url=lambda root: "memory://", durable=False),
-    Backend("file", url=lambda root: f"file:{_store_dir(root)}", durable=True),
+    Backend(
+        "file",
+        url=lambda root: f"file:{_store_dir(root)}",
+        durable=True,
+        temp_glob="**/.tmp-*",
+    ),
     Backend(
         "sqlite",
         url=lambda root: f"sqlite:{_store_dir(root) / 'checkpoints.db'}",
