@@ -71,9 +71,10 @@ LOCK: Final = "lock"
 HINT: Final = "latest"
 ID_FILE: Final = "id"
 
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
-_READ_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
-_NEW_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+_OPEN_FLAGS: Final = os.O_CLOEXEC | os.O_NOFOLLOW
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | _OPEN_FLAGS
+_READ_FLAGS: Final = os.O_RDONLY | _OPEN_FLAGS
+_NEW_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS
 _RETRIES: Final = 16
 _T = TypeVar("_T")
 
@@ -354,7 +355,12 @@ class FileCheckpointStorage(BaseStorage):
     @contextlib.contextmanager
     def _lock(self, dfd: int, name: str) -> Iterator[None]:
         """Hold the workflow's flock; raise :class:`_Replaced` if the directory moved."""
-        fd = self._os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dfd)
+        try:
+            fd = self._os.open(LOCK, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES):
+                raise
+            fd = os.open(LOCK, os.O_RDONLY | _OPEN_FLAGS, dir_fd=dfd)  # flock needs no write
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             # delete(workflow) renames the directory away under this lock; a waiter that
@@ -422,14 +428,14 @@ class FileCheckpointStorage(BaseStorage):
         if hint is None or hint.dir_ino != ino:
             return False
         boot = _boot_id()
-        return (boot is not None and hint.boot_id == boot) or (name, ino) in self._validated
+        if boot is not None:
+            return hint.boot_id == boot
+        return (name, ino) in self._validated  # no boot id: trust what we checked ourselves
 
     def _write_hint(self, dfd: int, step: int | None, ino: int, name: str) -> None:
         boot = _boot_id()
         data = Hint(step, boot or bytes(16), ino).pack()
-        fd = self._os.open(
-            HINT, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dfd
-        )
+        fd = self._os.open(HINT, os.O_WRONLY | os.O_CREAT | _OPEN_FLAGS, dir_fd=dfd)
         try:
             if self._os.pwrite(fd, data, 0) != len(data):
                 raise OSError(errno.EIO, "short write to the latest-step hint")
@@ -437,13 +443,23 @@ class FileCheckpointStorage(BaseStorage):
                 os.ftruncate(fd, len(data))
         finally:
             os.close(fd)
-        if boot is None:
-            self._validated.add((name, ino))
 
-    def _rebuild_hint(self, dfd: int, ino: int, name: str) -> int | None:
-        """Scan the directory (under the lock) and write an exact hint; return the top."""
+    def _rebuild_hint(
+        self, dfd: int, ino: int, name: str, *, best_effort: bool = False
+    ) -> int | None:
+        """Scan the directory (under the lock) and write an exact hint; return the top.
+
+        Readers pass ``best_effort``: on a read-only store the old hint stays, which is
+        safe because a hint is only ever lowered here, by a full scan.
+        """
         top = max(self._steps(dfd), default=None)
-        self._write_hint(dfd, top, ino, name)
+        try:
+            self._write_hint(dfd, top, ino, name)
+        except OSError as exc:
+            if not best_effort:
+                raise
+            logger.debug("could not rewrite the latest-step hint in %r: %s", name, exc)
+            return top
         self._validated.add((name, ino))
         return top
 
@@ -533,10 +549,15 @@ class FileCheckpointStorage(BaseStorage):
                 logger.warning("could not remove temporary file %r: %s", name, exc)
 
     def _prune(self, dfd: int, keep_last: int) -> None:
-        steps = sorted(self._steps(dfd))
-        for old in steps[: max(0, len(steps) - keep_last)]:
-            with contextlib.suppress(FileNotFoundError):
-                self._os.unlink(step_name(old), dir_fd=dfd)
+        # Retention is housekeeping: the new record is already in place, and the next save
+        # prunes again, so a failure here is logged rather than failing the save.
+        try:
+            steps = sorted(self._steps(dfd))
+            for old in steps[: max(0, len(steps) - keep_last)]:
+                with contextlib.suppress(FileNotFoundError):
+                    self._os.unlink(step_name(old), dir_fd=dfd)
+        except OSError as exc:
+            logger.warning("retention could not delete old checkpoints: %s", exc)
 
     def _read_step(self, dfd: int, workflow_id: str, step: int) -> StoredCheckpoint | None:
         try:
@@ -593,7 +614,7 @@ class FileCheckpointStorage(BaseStorage):
                         return found
                 # No trustworthy hint, or it names a step whose write never finished.
                 with self._lock(dfd, name):
-                    top = self._rebuild_hint(dfd, ino, name)
+                    top = self._rebuild_hint(dfd, ino, name, best_effort=True)
                     return None if top is None else self._read_step(dfd, workflow_id, top)
             except _Replaced:
                 continue
@@ -710,7 +731,7 @@ class FileCheckpointStorage(BaseStorage):
             finally:
                 os.close(dfd)
             self._fsync_path(self._root)
-            shutil.rmtree(doomed, ignore_errors=True)
+            self._remove_tree(doomed)
             return had_steps
         raise StorageBackendError(f"workflow directory {name!r} kept being replaced")
 
@@ -726,8 +747,12 @@ class FileCheckpointStorage(BaseStorage):
         ids: list[str] = []
         for name in names:
             if name.startswith("."):
-                if name.startswith((".del-", ".new-")) and self._is_stale(name, now, None):
-                    shutil.rmtree(os.path.join(self._root, name), ignore_errors=True)
+                # A renamed-away workflow is garbage at once; a new one may still be in
+                # the making unless its creator is gone.
+                if name.startswith(".del-") or (
+                    name.startswith(".new-") and self._is_stale(name, now, None)
+                ):
+                    self._remove_tree(os.path.join(self._root, name))
                 continue
             dfd = self._open_dir(name)
             if dfd is None:
@@ -739,6 +764,14 @@ class FileCheckpointStorage(BaseStorage):
             finally:
                 os.close(dfd)
         return sorted(ids)
+
+    def _remove_tree(self, path: str) -> None:
+        # A writer that opened the directory before it was renamed away may still drop a
+        # temporary file into it (it then notices and retries elsewhere), so try again.
+        for _ in range(3):
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.lexists(path):
+                return
 
     def _id_of(self, name: str, dfd: int) -> str | None:
         if not name.startswith(HASHED_PREFIX):
