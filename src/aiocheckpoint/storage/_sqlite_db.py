@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -25,9 +26,25 @@ from .base import StoredCheckpoint
 
 T = TypeVar("T")
 
-#: ("save", workflow_id, step, data, keep_last) or ("delete", workflow_id, step or None).
-SaveOp = tuple[str, str, int, bytes, int | None]
-DeleteOp = tuple[str, str, int | None]
+
+@dataclass(frozen=True, slots=True)
+class SaveOp:
+    """Store ``data`` as ``step``, then keep the ``keep_last`` highest steps."""
+
+    workflow_id: str
+    step: int
+    data: bytes
+    keep_last: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOp:
+    """Delete one step, or the whole workflow when ``step`` is None."""
+
+    workflow_id: str
+    step: int | None
+
+
 Op = SaveOp | DeleteOp
 #: What a batch returns per operation: its result (None or bool) or the exception it raised.
 Outcome = bool | BaseException | None
@@ -215,7 +232,7 @@ class Writer:
             err = backend_error("SQLite could not start a write transaction", exc)
             return [err] * len(ops)
         try:
-            results: list[Outcome] = [self._apply(conn, op) for op in ops]
+            results = self._apply_all(conn, ops)
             self._commit(conn)
         except Exception as exc:
             _rollback(conn)
@@ -245,20 +262,48 @@ class Writer:
     def _commit(self, conn: sqlite3.Connection) -> None:
         self.retry(lambda: conn.execute("COMMIT"))
 
+    @classmethod
+    def _apply_all(cls, conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
+        """Apply ops in order; a run of saves sharing one keep_last goes through executemany.
+
+        Keeping the top N steps is idempotent (top_N(top_N(A) | {x}) == top_N(A | {x})), so
+        pruning once after a run of saves with the same N leaves what pruning after each one
+        would. executemany loops in C, which keeps this thread off the GIL the event loop
+        needs.
+        """
+        results: list[Outcome] = []
+        start = 0
+        while start < len(ops):
+            op = ops[start]
+            if not isinstance(op, SaveOp):
+                results.append(cls._apply(conn, op))
+                start += 1
+                continue
+            run = [op]
+            for other in ops[start + 1 :]:
+                if not isinstance(other, SaveOp) or other.keep_last != op.keep_last:
+                    break
+                run.append(other)
+            conn.executemany(_UPSERT, [(o.workflow_id, o.step, o.data) for o in run])
+            keep_last = op.keep_last
+            if keep_last is not None:
+                workflows = dict.fromkeys(o.workflow_id for o in run)
+                conn.executemany(_PRUNE, [(wf, wf, keep_last - 1) for wf in workflows])
+            results.extend([None] * len(run))
+            start += len(run)
+        return results
+
     @staticmethod
     def _apply(conn: sqlite3.Connection, op: Op) -> Outcome:
-        if op[0] == "save":
-            _, workflow_id, step, data, keep_last = op  # type: ignore[misc]
-            conn.execute(_UPSERT, (workflow_id, step, data))
-            if keep_last is not None:
-                conn.execute(_PRUNE, (workflow_id, workflow_id, keep_last - 1))
+        wf = op.workflow_id
+        if isinstance(op, SaveOp):
+            conn.execute(_UPSERT, (wf, op.step, op.data))
+            if op.keep_last is not None:
+                conn.execute(_PRUNE, (wf, wf, op.keep_last - 1))
             return None
-        _, workflow_id, step = op  # type: ignore[misc]
-        if step is None:
-            cursor = conn.execute(_DELETE_WORKFLOW, (workflow_id,))
-        else:
-            cursor = conn.execute(_DELETE_STEP, (workflow_id, step))
-        return cursor.rowcount > 0
+        if op.step is None:
+            return conn.execute(_DELETE_WORKFLOW, (wf,)).rowcount > 0
+        return conn.execute(_DELETE_STEP, (wf, op.step)).rowcount > 0
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -270,8 +315,9 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 def _outcome_error(op: Op, exc: Exception) -> BaseException:
     if isinstance(exc, sqlite3.Error):
-        step = "" if op[2] is None else f" step {op[2]}"
-        return backend_error(f"SQLite {op[0]} of workflow {op[1]!r}{step} failed", exc)
+        kind = "save" if isinstance(op, SaveOp) else "delete"
+        step = "" if op.step is None else f" step {op.step}"
+        return backend_error(f"SQLite {kind} of workflow {op.workflow_id!r}{step} failed", exc)
     return exc
 
 

@@ -9,6 +9,8 @@ See ``docs/sqlite-storage.md`` for the schema, the durability setting and the de
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 from collections import deque
 from collections.abc import Callable
@@ -21,9 +23,11 @@ from .._validation import check_optional_step, check_step, check_workflow_id
 from ..errors import InvalidArgumentError, StorageClosedError
 from ._sqlite_db import (
     BusyRetry,
+    DeleteOp,
     Op,
     Outcome,
     ReaderPool,
+    SaveOp,
     Writer,
     read_exists,
     read_one,
@@ -100,7 +104,8 @@ class SQLiteCheckpointStorage(BaseStorage):
             readers, thread_name_prefix="aiocheckpoint-sqlite-r"
         )
         self._pending: deque[_Pending] = deque()
-        self._drainer: asyncio.Task[None] | None = None
+        self._busy = False  # a batch (or the open) is in the writer thread
+        self._idle_waiters: list[asyncio.Future[None]] = []
         self._opening: asyncio.Future[None] | None = None
         self._opened = False
         self._closing: asyncio.Task[None] | None = None
@@ -131,12 +136,12 @@ class SQLiteCheckpointStorage(BaseStorage):
             raise InvalidArgumentError(
                 f"record of {len(data)} bytes exceeds max_record_bytes={self._max_record_bytes}"
             )
-        await self._submit(("save", workflow_id, step, data, keep_last), len(data))
+        await self._submit(SaveOp(workflow_id, step, data, keep_last), len(data))
 
     async def delete(self, workflow_id: str, step: int | None = None) -> bool:
         """Delete one step, or the whole workflow; return whether anything was deleted."""
         self._check_open()
-        op = ("delete", check_workflow_id(workflow_id), check_optional_step(step))
+        op = DeleteOp(check_workflow_id(workflow_id), check_optional_step(step))
         return bool(await self._submit(op, 0))
 
     async def _submit(self, op: Op, size: int) -> Any:
@@ -144,27 +149,51 @@ class SQLiteCheckpointStorage(BaseStorage):
         self._pending.append(_Pending(op, size, future))
         self._kick()
         # Cancelling the caller cancels the future: a queued write is then skipped when the
-        # batch is taken; a write already taken is committed regardless.
+        # next batch is taken; a write already taken is committed regardless.
         return await future
 
     def _kick(self) -> None:
-        if self._drainer is None:
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+        """Hand the queued writes to the writer thread, unless it is busy (then they wait)."""
+        if self._busy:
+            return
+        if not self._opened:
+            self._busy = True  # the writer thread is opening the database
+            self._start_open().add_done_callback(self._open_then_kick)
+            return
+        batch = self._take_batch()
+        if not batch:
+            self._wake_idle_waiters()
+            return
+        self._busy = True
+        done = asyncio.get_running_loop().run_in_executor(
+            self._write_thread, self._writer.run_batch, [item.op for item in batch]
+        )
+        done.add_done_callback(functools.partial(self._batch_done, batch))
 
-    async def _drain(self) -> None:
-        try:
-            try:
-                await self._ensure_open()
-            except Exception as exc:
-                for item in self._pending:
-                    _settle(item.future, exc)
-                self._pending.clear()
-                return
-            while batch := self._take_batch():
-                await self._commit(batch)
-        finally:
-            # No await between the last (empty) take and here: no write can be stranded.
-            self._drainer = None
+    def _batch_done(self, batch: list[_Pending], done: asyncio.Future[list[Outcome]]) -> None:
+        self._busy = False
+        # Start the writes that queued up meanwhile before waking this batch's callers, so
+        # the writer thread commits while the event loop runs them (group commit pipelining).
+        self._kick()
+        if done.cancelled():
+            outcomes: list[Any] = [StorageClosedError("the write was abandoned")] * len(batch)
+        elif (failure := done.exception()) is not None:
+            outcomes = [failure] * len(batch)
+        else:
+            outcomes = done.result()
+        for item, outcome in zip(batch, outcomes, strict=True):
+            _settle(item.future, outcome)
+
+    def _open_then_kick(self, opening: asyncio.Future[None]) -> None:
+        self._busy = False
+        failure = _failure(opening)
+        if failure is None:
+            self._kick()
+            return
+        for item in self._pending:
+            _settle(item.future, failure)
+        self._pending.clear()
+        self._wake_idle_waiters()
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -181,24 +210,20 @@ class SQLiteCheckpointStorage(BaseStorage):
             size += item.size
         return batch
 
-    async def _commit(self, batch: list[_Pending]) -> None:
-        ops = [item.op for item in batch]
-        done = asyncio.get_running_loop().run_in_executor(
-            self._write_thread, self._writer.run_batch, ops
-        )
+    def _wake_idle_waiters(self) -> None:
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            _settle(waiter, None)
 
-        def settle_all(finished: asyncio.Future[list[Outcome]]) -> None:
-            if finished.cancelled():
-                return
-            failure = finished.exception()
-            outcomes = finished.result() if failure is None else [failure] * len(batch)
-            for item, outcome in zip(batch, outcomes, strict=True):
-                _settle(item.future, outcome)
-
-        # The batch runs to completion in its thread even if this task is cancelled (loop
-        # shutdown); its callers are then told the outcome when it arrives.
-        done.add_done_callback(settle_all)
-        await asyncio.shield(done)
+    async def _flush(self) -> None:
+        """Wait until every queued write has been committed (or has failed)."""
+        while self._busy or self._pending:
+            if not self._busy:
+                self._kick()
+                continue
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(waiter)
+            await waiter
 
     # --- reads: separate connections, never behind the write queue -----------------------
 
@@ -257,21 +282,27 @@ class SQLiteCheckpointStorage(BaseStorage):
     # --- lifecycle ------------------------------------------------------------------------
 
     async def _ensure_open(self) -> None:
-        if self._opened:
-            return
-        if self._opening is None:
-            self._opening = asyncio.ensure_future(
-                self._in_thread(self._write_thread, self._writer.open)
-            )
-        opening = self._opening
-        try:
+        if not self._opened:
             # Shielded: a cancelled caller must not abandon an open other callers share.
-            await asyncio.shield(opening)
-        except BaseException:
-            if opening.done() and not opening.cancelled() and opening.exception() is not None:
-                self._opening = None  # let the next call try again
-            raise
-        self._opened = True
+            await asyncio.shield(self._start_open())
+
+    def _start_open(self) -> asyncio.Future[None]:
+        if self._opening is None:
+            try:
+                opening = asyncio.get_running_loop().run_in_executor(
+                    self._write_thread, self._writer.open
+                )
+            except RuntimeError as exc:  # the executor was shut down by close()
+                raise StorageClosedError("SQLiteCheckpointStorage is closed") from exc
+            opening.add_done_callback(self._open_done)
+            self._opening = opening
+        return self._opening
+
+    def _open_done(self, opening: asyncio.Future[None]) -> None:
+        if _failure(opening) is None:
+            self._opened = True
+        else:
+            self._opening = None  # the next use tries again
 
     async def close(self) -> None:
         """Commit queued writes, then close the connections; later calls raise.
@@ -284,17 +315,12 @@ class SQLiteCheckpointStorage(BaseStorage):
         await asyncio.shield(self._closing)
 
     async def _shutdown(self) -> None:
-        while self._drainer is not None or self._pending:
-            if self._drainer is None:
-                self._kick()
-            assert self._drainer is not None
-            await asyncio.shield(self._drainer)
         try:
+            await self._flush()
             if self._opening is not None:
-                try:
+                with contextlib.suppress(Exception):  # a failed open left nothing to close
                     await asyncio.shield(self._opening)
-                except Exception:
-                    return  # the open failed: nothing was opened, nothing to close
+            if self._opened:
                 await self._in_thread(self._write_thread, self._close_connections)
         finally:
             self._write_thread.shutdown(wait=False)
@@ -304,6 +330,12 @@ class SQLiteCheckpointStorage(BaseStorage):
         # Readers first, so the writer is the last connection and checkpoints the WAL.
         self._readers.close()
         self._writer.close()
+
+
+def _failure(future: asyncio.Future[Any]) -> BaseException | None:
+    if future.cancelled():
+        return StorageClosedError("opening the database was abandoned")
+    return future.exception()
 
 
 def _settle(future: asyncio.Future[Any], outcome: object) -> None:
