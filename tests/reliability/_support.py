@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import math
@@ -34,6 +35,9 @@ def hypothesis_settings(default: int, soak: int | None = None) -> settings:
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
 
+
+#: What the suite did (kills dealt, faults injected, ...); printed at the end of the run.
+TALLY: collections.Counter[str] = collections.Counter()
 
 Dump = dict[tuple[str, int], bytes]
 

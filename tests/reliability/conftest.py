@@ -15,6 +15,8 @@ import pytest
 
 from aiocheckpoint import CheckpointManager, CheckpointStorage, open_storage
 
+from ._support import TALLY
+
 
 def _store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"
@@ -36,7 +38,8 @@ class Backend:
     factory: Callable[..., CheckpointStorage] | None = None
     store_dir: Callable[[Path], Path] = field(default=_store_dir)
     crash_kills: int = 100
-    temp_glob: str | None = None
+    temp_globs: tuple[str, ...] = ()
+    reads_when_read_only: bool = True
 
     def open(self, root: Path, **options: Any) -> CheckpointStorage:
         """Open (lazily) the store under ``root``."""
@@ -46,10 +49,9 @@ class Backend:
 
     def temp_files(self, root: Path) -> list[str]:
         """In-progress files left in the store under ``root`` (relative paths)."""
-        if self.temp_glob is None or not self.store_dir(root).exists():
-            return []
         store = self.store_dir(root)
-        return sorted(str(p.relative_to(store)) for p in store.glob(self.temp_glob))
+        found = {p for pattern in self.temp_globs for p in store.glob(pattern)}
+        return sorted(str(p.relative_to(store)) for p in found)
 
 
 def _sqlite_factory(root: Path, **options: Any) -> CheckpointStorage:
@@ -64,13 +66,14 @@ BACKENDS: tuple[Backend, ...] = (
         "file",
         url=lambda root: f"file:{_store_dir(root)}",
         durable=True,
-        temp_glob="**/.tmp-*",
+        temp_globs=("**/.tmp-*", "**/.new-*", "**/.del-*"),
     ),
     Backend(
         "sqlite",
         url=lambda root: f"sqlite:{_store_dir(root) / 'checkpoints.db'}",
         durable=True,
         factory=_sqlite_factory,
+        reads_when_read_only=False,
     ),
 )
 DURABLE: tuple[Backend, ...] = tuple(b for b in BACKENDS if b.durable)
@@ -105,3 +108,10 @@ def manager(storage: CheckpointStorage) -> CheckpointManager:
 
 
 Reopen = Callable[[], Awaitable[CheckpointStorage]]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print what the reliability suite did: kills dealt, faults injected, writers cancelled."""
+    if TALLY:
+        counts = ", ".join(f"{name}: {n}" for name, n in sorted(TALLY.items()))
+        terminalreporter.write_line(f"reliability: {counts}")

@@ -19,7 +19,7 @@ from aiocheckpoint import (
 )
 from aiocheckpoint.serde import decode_checkpoint
 
-from ._support import dump_store, scaled
+from ._support import TALLY, dump_store, scaled
 from .conftest import Backend
 
 TASKS = scaled(300, 3000)
@@ -132,6 +132,8 @@ async def test_cancellation_storm_leaves_checkpoints_whole_or_absent(
             await manager.create_checkpoint(w.wf, w.step, "agent", "completed", w.old)
     await _storm(manager, writes, seed)
     outcome = await _verify(storage, writes)
+    TALLY["storm writers"] += len(writes)
+    TALLY["storm writers cancelled"] += len(writes) - outcome["acked"]
     assert outcome["acked"] > 0
     assert outcome["acked"] < len(writes)  # the storm really cancelled something
     # The manager stays usable after the storm.

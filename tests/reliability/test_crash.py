@@ -18,7 +18,7 @@ import aiocheckpoint
 from aiocheckpoint import CheckpointManager
 from aiocheckpoint.serde import decode_checkpoint
 
-from ._support import scaled
+from ._support import TALLY, scaled
 from .conftest import Backend
 from .crash_child import ALL_IDS, BIG, KEEP, STRIDE, digest
 
@@ -160,8 +160,12 @@ def test_sigkill_never_loses_an_acknowledged_checkpoint(
             status = zygote.wait()
             assert os.WIFSIGNALED(status), f"writer {run} exited by itself ({status}): see stderr"
             assert os.WTERMSIG(status) == signal.SIGKILL
+            TALLY[f"SIGKILLs ({durable_backend.name})"] += 1
             acks = _read_acks(ackfile) if ackfile.exists() else {}
             checked += asyncio.run(_verify(durable_backend, root, acks, run * STRIDE))
+            TALLY["acknowledged checkpoints verified after a kill"] = TALLY[
+                "acknowledged checkpoints verified after a kill"
+            ] + sum(len(v) for v in acks.values())
             _merge(everything, acks)
     assert checked > kills  # the kills really interrupted writers that had acknowledged work
     asyncio.run(_verify(durable_backend, root, everything, 0, with_big=False))
