@@ -111,7 +111,7 @@ class CheckpointManager:
             state_snapshot=_snapshot_of(state),
             metrics=_metrics_copy(metrics),
             timestamp=utcnow(),
-            metadata=to_storable(dict(metadata or {}), "metadata"),
+            metadata=_metadata_of(metadata),
         )
         data = encode_checkpoint(checkpoint)
         await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
@@ -289,6 +289,17 @@ def _snapshot_of(state: SharedState | StateSnapshot | Mapping[str, Any]) -> Stat
     raise InvalidArgumentError(
         f"state must be a SharedState, a StateSnapshot or a dict, not {type(state).__qualname__}"
     )
+
+
+def _metadata_of(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidArgumentError(
+            f"metadata must be a mapping or None, not {type(metadata).__qualname__}"
+        )
+    storable: dict[str, Any] = to_storable(dict(metadata), "metadata")
+    return storable
 
 
 def _metrics_copy(metrics: ExecutionMetrics | None) -> ExecutionMetrics:
