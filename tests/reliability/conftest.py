@@ -6,7 +6,10 @@ skipped: a backend whose module is not importable on this branch is simply not l
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,20 +25,32 @@ def _store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
+def _no_options(root: Path) -> dict[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class Backend:
     """One storage backend under test.
 
-    ``url(root)`` names a store kept under ``store_dir(root)`` (child processes open it);
-    ``factory(root, **options)`` opens it in this process, by default through
-    :func:`aiocheckpoint.open_storage`. ``durable`` entries survive a process crash and run
-    the crash and reopen tests; ``crash_kills`` is how many SIGKILLs the crash test deals.
+    ``url(root)`` and ``options(root)`` name a store kept under ``store_dir(root)``; child
+    processes open it with ``open_storage(url, **options)``. ``factory(root, **options)``
+    opens it in this process, by default the same way. ``local`` entries keep all their
+    data under ``store_dir`` (the real-disk fault tests need that). ``durable`` entries
+    survive a process crash and run the crash and reopen tests; ``crash_kills`` is how
+    many SIGKILLs the crash test deals. ``temp_globs`` match the backend's in-progress
+    files (relative to the store dir): none may remain after a cancelled or crashed write
+    once the store is closed or reopened. ``reads_when_read_only`` is False for a backend
+    that cannot even read from a read-only mount (SQLite in WAL mode needs to create its
+    ``-shm`` file); its writes must still fail with a typed error there.
     """
 
     name: str
     url: Callable[[Path], str]
     durable: bool
     factory: Callable[..., CheckpointStorage] | None = None
+    options: Callable[[Path], dict[str, Any]] = field(default=_no_options)
+    local: bool = True
     store_dir: Callable[[Path], Path] = field(default=_store_dir)
     crash_kills: int = 100
     temp_globs: tuple[str, ...] = ()
@@ -45,7 +60,7 @@ class Backend:
         """Open (lazily) the store under ``root``."""
         if self.factory is not None:
             return self.factory(root, **options)
-        return open_storage(self.url(root), **options)
+        return open_storage(self.url(root), **{**self.options(root), **options})
 
     def temp_files(self, root: Path) -> list[str]:
         """In-progress files left in the store under ``root`` (relative paths)."""
@@ -57,6 +72,15 @@ class Backend:
 def _sqlite_factory(root: Path, **options: Any) -> CheckpointStorage:
     _store_dir(root).mkdir(parents=True, exist_ok=True)
     return open_storage(f"sqlite:{_store_dir(root) / 'checkpoints.db'}", **options)
+
+
+PG_DSN = os.environ.get("AIOCHECKPOINT_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+PG_SCHEMA_PREFIX = "aiocp_rel_"
+
+
+def _pg_options(root: Path) -> dict[str, Any]:
+    # One schema per store location, so every test gets an empty store.
+    return {"schema": PG_SCHEMA_PREFIX + hashlib.sha256(str(root).encode()).hexdigest()[:24]}
 
 
 #: Every backend of this branch. After merging a backend's branch, add its entry here.
@@ -75,8 +99,10 @@ BACKENDS: tuple[Backend, ...] = (
         factory=_sqlite_factory,
         reads_when_read_only=False,
     ),
+    Backend("postgres", url=lambda root: PG_DSN, durable=True, local=False, options=_pg_options),
 )
 DURABLE: tuple[Backend, ...] = tuple(b for b in BACKENDS if b.durable)
+LOCAL_DURABLE: tuple[Backend, ...] = tuple(b for b in DURABLE if b.local)
 
 
 @pytest.fixture(params=BACKENDS, ids=lambda b: b.name)
@@ -91,6 +117,35 @@ def durable_backend(request: pytest.FixtureRequest) -> Backend:
     """Each registered durable backend in turn."""
     entry: Backend = request.param
     return entry
+
+
+@pytest.fixture(params=LOCAL_DURABLE, ids=lambda b: b.name)
+def disk_backend(request: pytest.FixtureRequest) -> Backend:
+    """Each registered durable backend that keeps its data on the local disk."""
+    entry: Backend = request.param
+    return entry
+
+
+async def _drop_pg_schemas() -> None:
+    import asyncpg
+
+    con = await asyncpg.connect(PG_DSN)
+    try:
+        names = await con.fetch(
+            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", PG_SCHEMA_PREFIX
+        )
+        for row in names:
+            await con.execute(f'DROP SCHEMA IF EXISTS "{row[0]}" CASCADE')
+    finally:
+        await con.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_schemas() -> Iterator[None]:
+    """Drop the per-test PostgreSQL schemas of this suite when the session ends."""
+    yield
+    if any(b.name == "postgres" for b in BACKENDS):
+        asyncio.run(_drop_pg_schemas())
 
 
 @pytest.fixture

@@ -2,18 +2,18 @@
 
 Run one writer directly::
 
-    python crash_child.py URL SEED RUN ACKFILE
+    python crash_child.py URL SEED RUN ACKFILE [OPTIONS_JSON]
 
-It opens the store named by URL, writes ``READY`` to ACKFILE, then runs small and
-~1 MB workflows concurrently through :class:`~aiocheckpoint.CheckpointManager`. After each
+It opens the store with ``open_storage(URL, **OPTIONS)``, writes ``READY`` to ACKFILE,
+then runs small and ~1 MB workflows concurrently through a CheckpointManager. After each
 ``create_checkpoint`` returns it appends ``[workflow, step, digest]`` as a JSON line to
 ACKFILE (one ``write(2)`` with O_APPEND, so it reaches the kernel before the next write
 starts). It never stops on its own.
 
-``python crash_child.py --zygote`` imports everything once, then for each
-``URL SEED RUN ACKFILE`` line on stdin forks a writer, prints ``PID <pid>``, waits for it
-and prints ``EXIT <wait status>``. Forking a warmed-up process keeps a hundred kills cheap;
-every writer is still a real process, killed for real.
+``python crash_child.py --zygote`` imports everything once, then for each tab-separated
+``URL SEED RUN ACKFILE OPTIONS_JSON`` line on stdin forks a writer, prints ``PID <pid>``,
+waits for it and prints ``EXIT <wait status>``. Forking a warmed-up process keeps a
+hundred kills cheap; every writer is still a real process, killed for real.
 """
 
 from __future__ import annotations
@@ -55,11 +55,13 @@ def _state(rng: random.Random, step: int, big: bool) -> dict[str, Any]:
     }
 
 
-async def _write_forever(url: str, seed: int, run: int, ackfile: str) -> None:
+async def _write_forever(
+    url: str, seed: int, run: int, ackfile: str, options: dict[str, Any]
+) -> None:
     from aiocheckpoint import CheckpointManager, open_storage
 
     fd = os.open(ackfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    storage = open_storage(url)
+    storage = open_storage(url, **options)
     plain = CheckpointManager(storage)
     kept = CheckpointManager(storage, max_checkpoints=KEEP)
     os.write(fd, b"READY\n")
@@ -77,10 +79,10 @@ async def _write_forever(url: str, seed: int, run: int, ackfile: str) -> None:
     await asyncio.gather(*(loop(wf, False) for wf in SMALL), *(loop(wf, True) for wf in BIG))
 
 
-def run_writer(url: str, seed: int, run: int, ackfile: str) -> int:
+def run_writer(url: str, seed: int, run: int, ackfile: str, options: str = "{}") -> int:
     """Run one writer until it is killed; return 3 if it fails on its own."""
     try:
-        asyncio.run(_write_forever(url, seed, run, ackfile))
+        asyncio.run(_write_forever(url, seed, run, ackfile, json.loads(options)))
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
@@ -96,10 +98,10 @@ def zygote() -> None:
     import aiocheckpoint  # noqa: F401 - warm the import before forking
 
     for line in sys.stdin:
-        url, seed, run, ackfile = line.rstrip("\n").split("\t")
+        url, seed, run, ackfile, options = line.rstrip("\n").split("\t")
         pid = os.fork()
         if pid == 0:
-            os._exit(run_writer(url, int(seed), int(run), ackfile))
+            os._exit(run_writer(url, int(seed), int(run), ackfile, options))
         print(f"PID {pid}", flush=True)
         _pid, status = os.waitpid(pid, 0)
         print(f"EXIT {status}", flush=True)
@@ -110,4 +112,4 @@ if __name__ == "__main__":
         zygote()
     else:
         url, seed, run, ackfile = sys.argv[1:5]
-        sys.exit(run_writer(url, int(seed), int(run), ackfile))
+        sys.exit(run_writer(url, int(seed), int(run), ackfile, *sys.argv[5:6]))

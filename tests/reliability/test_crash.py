@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import aiocheckpoint
 from aiocheckpoint import CheckpointManager
@@ -46,10 +47,10 @@ class Zygote:
         assert line.startswith(prefix + " "), f"zygote said {line!r}"
         return int(line.split()[1])
 
-    def start(self, url: str, seed: int, run: int, ackfile: Path) -> int:
+    def start(self, url: str, options: dict[str, Any], seed: int, run: int, ackfile: Path) -> int:
         """Fork a writer; return its pid."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{url}\t{seed}\t{run}\t{ackfile}\n")
+        self.proc.stdin.write(f"{url}\t{seed}\t{run}\t{ackfile}\t{json.dumps(options)}\n")
         self.proc.stdin.flush()
         return self._line("PID")
 
@@ -144,13 +145,13 @@ def test_sigkill_never_loses_an_acknowledged_checkpoint(
     rng = random.Random(20261129)
     root = tmp_path
     asyncio.run(_verify(durable_backend, root, {}, 0))  # creates what the URL needs
-    url = durable_backend.url(root)
+    url, options = durable_backend.url(root), durable_backend.options(root)
     everything: Acks = {}
     checked = 0
     with Zygote() as zygote:
         for run in range(kills):
             ackfile = tmp_path / f"acks-{run}.jsonl"
-            pid = zygote.start(url, 7, run, ackfile)
+            pid = zygote.start(url, options, 7, run, ackfile)
             if rng.random() < 0.1:
                 time.sleep(rng.uniform(0, 0.02))  # sometimes during start-up and recovery
             else:

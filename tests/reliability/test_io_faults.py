@@ -6,7 +6,7 @@ Two sources of faults:
   index of every OS call of every write path fails in turn, once or from then on, with EIO
   and ENOSPC;
 * real kernels: a 256 KiB tmpfs that fills up, and a remount read-only (these run on every
-  durable backend; they need root, as in CI).
+  durable backend that keeps its data on the local disk; they need root, as in CI).
 """
 
 from __future__ import annotations
@@ -251,13 +251,13 @@ def _remount(mnt: Path, options: str) -> None:
 
 
 async def test_a_full_disk_fails_saves_cleanly_and_recovers(
-    durable_backend: Backend, tiny_disk: Path
+    disk_backend: Backend, tiny_disk: Path
 ) -> None:
     """Filling a real 256 KiB tmpfs makes a save raise a CheckpointError with the cause chained;
     every earlier checkpoint still loads, nothing is left behind, and saving works once space is
     freed.
     """
-    storage = durable_backend.open(tiny_disk)
+    storage = disk_backend.open(tiny_disk)
     manager = CheckpointManager(storage)
     saved: dict[int, str] = {}
     error: CheckpointError | None = None
@@ -272,27 +272,27 @@ async def test_a_full_disk_fails_saves_cleanly_and_recovers(
     assert error is not None, "the disk never filled up"
     TALLY["real full-disk faults"] += 1
     assert error.__cause__ is not None
-    if durable_backend is FILE:
+    if disk_backend is FILE:
         assert _caused_by(error, errno.ENOSPC)
     assert saved
     for step, blob in saved.items():
         assert (await manager.get_checkpoint("full", step)).state_snapshot.data == {"blob": blob}
-    assert durable_backend.temp_files(tiny_disk) == []
+    assert disk_backend.temp_files(tiny_disk) == []
     _remount(tiny_disk, "size=8m")
     await manager.create_checkpoint("full", 99, "a", "completed", {"blob": "after"})
     assert (await manager.get_latest_checkpoint("full")).state_snapshot.data == {"blob": "after"}  # type: ignore[union-attr]
     await storage.close()
-    async with durable_backend.open(tiny_disk) as again:
+    async with disk_backend.open(tiny_disk) as again:
         assert {s.step for s in await again.scan("full")} == {*saved, 99}
 
 
 async def test_a_read_only_store_refuses_writes_and_keeps_reading(
-    durable_backend: Backend, tiny_disk: Path
+    disk_backend: Backend, tiny_disk: Path
 ) -> None:
     """After a remount read-only, saves and deletes raise a CheckpointError with the cause chained,
     reads still return every checkpoint, and writes work again after a remount read-write.
     """
-    storage = durable_backend.open(tiny_disk)
+    storage = disk_backend.open(tiny_disk)
     manager = CheckpointManager(storage)
     for step in range(3):
         await manager.create_checkpoint("ro", step, "a", "completed", {"step": step})
@@ -300,9 +300,9 @@ async def test_a_read_only_store_refuses_writes_and_keeps_reading(
     await storage.close()
     _remount(tiny_disk, "ro")
     try:
-        storage = durable_backend.open(tiny_disk)
+        storage = disk_backend.open(tiny_disk)
         manager = CheckpointManager(storage)
-        if durable_backend.reads_when_read_only:
+        if disk_backend.reads_when_read_only:
             latest = await manager.get_latest_checkpoint("ro")
             assert latest is not None
             assert latest.state_snapshot.data == {"step": 2}
@@ -315,14 +315,14 @@ async def test_a_read_only_store_refuses_writes_and_keeps_reading(
                 await call
             TALLY["real read-only faults"] += 1
             assert info.value.__cause__ is not None
-            if durable_backend is FILE:
+            if disk_backend is FILE:
                 assert _caused_by(info.value, errno.EROFS)
-        if durable_backend.reads_when_read_only:
+        if disk_backend.reads_when_read_only:
             assert await dump_store(storage) == before
         await storage.close()
     finally:
         _remount(tiny_disk, "rw")
-    async with durable_backend.open(tiny_disk) as storage:
+    async with disk_backend.open(tiny_disk) as storage:
         manager = CheckpointManager(storage)
         await manager.create_checkpoint("ro", 3, "a", "completed", {"step": 3})
         assert [c.step for c in await manager.list_checkpoints("ro")] == [0, 1, 2, 3]
