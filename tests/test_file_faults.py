@@ -11,7 +11,6 @@ from pathlib import Path
 import anyio
 import pytest
 
-import aiocheckpoint.storage.file as file_mod
 from aiocheckpoint import CheckpointManager, StorageBackendError
 from aiocheckpoint.storage._filefmt import FileOps
 from aiocheckpoint.storage.file import FileCheckpointStorage
@@ -61,6 +60,59 @@ class FaultyOps(FileOps):
     def close(self, fd: int) -> None:
         super().close(fd)  # like the kernel: the descriptor is gone even when close fails
         self._check("close")
+
+
+class RecordingOps(FileOps):
+    """Records the durability-relevant calls, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.names: dict[int, str] = {}
+
+    def open(self, path: str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
+        fd = super().open(path, flags, mode, dir_fd=dir_fd)
+        self.names[fd] = "temp" if path.startswith(".tmp-") else path
+        return fd
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        self.calls.append(f"write {self.names[fd]}")
+        return super().pwrite(fd, data, offset)
+
+    def fsync(self, fd: int) -> None:
+        self.calls.append(f"fsync {self.names[fd]}")
+        super().fsync(fd)
+
+    def fsync_dir(self, fd: int) -> None:
+        self.calls.append("fsync dir")
+        super().fsync_dir(fd)
+
+    def rename(self, src: str, dst: str, *, src_dir_fd: int | None, dst_dir_fd: int | None) -> None:
+        self.calls.append("rename")
+        super().rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
+        self.calls.append("unlink")
+        super().unlink(path, dir_fd=dir_fd)
+
+
+async def test_durability_order_of_save_and_delete(tmp_path: Path) -> None:
+    """Power-cut safety by order: record and raised hint are fsynced before the rename,
+    the directory after it, and a delete's unlink is fsynced before the hint is lowered."""
+    store = FileCheckpointStorage(tmp_path / "s")
+    await store.save("wf", 0, b"zero")
+    ops = RecordingOps()
+    store._os = ops
+    await store.save("wf", 1, b"one")
+    assert ops.calls == ["fsync temp", "write latest", "fsync latest", "rename", "fsync dir"]
+    ops.calls.clear()
+    await store.save("wf", 0, b"lower step: hint unchanged")
+    assert ops.calls == ["fsync temp", "rename", "fsync dir"]
+    ops.calls.clear()
+    await store.delete("wf", 1)
+    assert ops.calls == ["unlink", "fsync dir", "write latest"]
+    latest = await store.load("wf")
+    assert latest is not None and latest.step == 0
+    await store.close()
 
 
 def litter(root: Path) -> list[Path]:
@@ -226,16 +278,14 @@ async def test_real_disk_full(tiny_disk: Path) -> None:
     await store.close()
 
 
-async def test_read_only_store_still_reads(
-    tiny_disk: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_read_only_store_still_reads(tiny_disk: Path) -> None:
     """On a read-only mount saves raise StorageBackendError(EROFS) and loads still work."""
     store = FileCheckpointStorage(tiny_disk / "s")
     for step in range(3):
         await store.save("wf", step, b"%d" % step)
+    (Path(store.workflow_dir("wf")) / "latest").write_bytes(b"torn")  # force a rebuild
     await store.close()
     await anyio.run_process(["mount", "-o", "remount,ro", str(tiny_disk)])
-    monkeypatch.setattr(file_mod, "_boot_id", lambda: None)  # force the hint rebuild path
     reader = FileCheckpointStorage(tiny_disk / "s")
     latest = await reader.load("wf")
     assert latest is not None and latest.step == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -16,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import aiocheckpoint.storage.file as file_mod
 from aiocheckpoint import (
     CheckpointCorruptedError,
     CheckpointManager,
@@ -72,6 +72,8 @@ def temp_litter(root: Path) -> list[Path]:
         ("wf-1", "wf-1"),
         ("é", "%C3%A9"),
         ("#1", "%231"),
+        ("Plan", "%50lan"),
+        ("../../etc/passwd", "%2E.%2F..%2Fetc%2Fpasswd"),
     ],
 )
 def test_encoding_examples(wf: str, name: str) -> None:
@@ -263,9 +265,9 @@ async def test_oversized_records_refused_both_ways(tmp_path: Path) -> None:
 # --- the latest-step hint ---------------------------------------------------------------
 
 
-def _write_hint(store: FileCheckpointStorage, wf: str, step: int | None, boot: bytes) -> None:
+def _write_hint(store: FileCheckpointStorage, wf: str, step: int | None) -> None:
     wdir = Path(store.workflow_dir(wf))
-    (wdir / "latest").write_bytes(Hint(step, boot, wdir.stat().st_ino).pack())
+    (wdir / "latest").write_bytes(Hint(step, wdir.stat().st_ino).pack())
 
 
 async def test_garbage_hint_is_rebuilt(store: FileCheckpointStorage) -> None:
@@ -282,47 +284,26 @@ async def test_hint_ahead_of_files_falls_back_to_scan(store: FileCheckpointStora
     """A hint naming a step whose write never finished (crash before rename) is skipped."""
     for step in range(3):
         await store.save("wf", step, b"%d" % step)
-    boot = file_mod._boot_id() or bytes(16)
-    _write_hint(store, "wf", 9, boot)
+    _write_hint(store, "wf", 9)
     latest = await store.load("wf")
     assert latest is not None and latest.step == 2
     assert await store.exists("wf")
 
 
-async def test_hint_from_before_a_power_cut_is_not_trusted(tmp_path: Path) -> None:
-    """A hint written in an earlier boot that lags the files (lost by a power cut) is rebuilt."""
-    writer = FileCheckpointStorage(tmp_path / "s")
-    for step in range(6):
-        await writer.save("wf", step, b"%d" % step)
-    await writer.close()
-    reader = FileCheckpointStorage(tmp_path / "s")
-    _write_hint(reader, "wf", 2, b"\x01" * 16)  # the on-disk hint after an earlier boot
-    latest = await reader.load("wf")
-    assert latest is not None and latest.step == 5
-    _write_hint(reader, "wf", 3, b"\x01" * 16)
-    await reader.save("wf", 4, b"rewritten")  # a writer must not lower the hint either
-    latest = await reader.load("wf")
-    assert latest is not None and (latest.step, latest.data) == (5, b"5")
-    await reader.close()
-
-
-async def test_without_boot_id_each_instance_validates_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Where no boot id exists, a new storage object rebuilds each hint on first use."""
-    monkeypatch.setattr(file_mod, "_boot_id", lambda: None)
-    writer = FileCheckpointStorage(tmp_path / "s")
-    for step in range(4):
-        await writer.save("wf", step, b"%d" % step)
-    await writer.close()
-    reader = FileCheckpointStorage(tmp_path / "s")
-    _write_hint(reader, "wf", 1, bytes(16))  # stale, as after a power cut
-    latest = await reader.load("wf")
-    assert latest is not None and latest.step == 3
-    await reader.save("wf", 7, b"7")
-    latest = await reader.load("wf")
-    assert latest is not None and latest.step == 7
-    await reader.close()
+async def test_copied_directory_does_not_trust_its_hint(store: FileCheckpointStorage) -> None:
+    """A workflow directory restored from an older copy of its hint rebuilds the hint."""
+    for step in range(3):
+        await store.save("wf", step, b"%d" % step)
+    wdir = Path(store.workflow_dir("wf"))
+    stale = Hint(0, os.stat(wdir).st_ino).pack()  # what a backup taken at step 0 would hold
+    shutil.move(wdir, wdir.with_name("moved"))
+    shutil.copytree(wdir.with_name("moved"), wdir)  # a copy: a new inode
+    (wdir / "latest").write_bytes(stale)
+    latest = await store.load("wf")
+    assert latest is not None and latest.step == 2
+    await store.save("wf", 1, b"again")  # a writer must not trust it either
+    latest = await store.load("wf")
+    assert latest is not None and latest.step == 2
 
 
 async def test_deleting_latest_updates_hint_for_other_instances(tmp_path: Path) -> None:
@@ -410,3 +391,12 @@ async def test_delete_workflow_races_with_writers(store: FileCheckpointStorage) 
     await store.delete("wf")
     assert await store.list_workflows() == []
     assert temp_litter(Path(store.base_dir)) == []
+
+
+async def test_missing_ancestors_are_created(tmp_path: Path) -> None:
+    """A base_dir several levels below an existing directory is created on first write."""
+    base = tmp_path / "a" / "b" / "store"
+    async with FileCheckpointStorage(base) as store:
+        await store.save("wf", 0, b"x")
+        assert await store.list_workflows() == ["wf"]
+    assert stat.S_IMODE(os.stat(base).st_mode) == 0o700

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import struct
 import sys
 import uuid
@@ -27,7 +26,6 @@ __all__ = [
     "is_missing",
     "parse_step_name",
     "pid_is_dead",
-    "read_boot_id",
     "step_name",
     "temp_name",
 ]
@@ -40,7 +38,6 @@ HASHED_PREFIX: Final = "#"
 # names never differ only by case (case-insensitive filesystems stay collision-free).
 _KEEP: Final = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789_-.")
 _HEX: Final = "0123456789ABCDEF"
-_STEP_RE: Final = re.compile(r"[0-9]{20}\.ckpt")
 _MAX_STEP: Final = 2**63 - 1
 
 
@@ -96,9 +93,10 @@ def step_name(step: int) -> str:
 
 def parse_step_name(name: str) -> int | None:
     """The step a file name stands for, or None for anything that is not a step file."""
-    if len(name) != 25 or not _STEP_RE.fullmatch(name):
+    digits = name[:20]
+    if len(name) != 25 or not name.endswith(".ckpt") or not (digits.isascii() and digits.isdigit()):
         return None
-    step = int(name[:20])
+    step = int(digits)
     return step if step <= _MAX_STEP else None
 
 
@@ -139,38 +137,29 @@ def pid_is_dead(name: str) -> bool:
     return False
 
 
-def read_boot_id() -> bytes | None:
-    """The kernel's boot id (16 bytes), which changes at every boot; None if unavailable."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            return uuid.UUID(f.read().decode().strip()).bytes
-    except (OSError, ValueError):
-        return None
-
-
 class Hint:
-    """The ``latest`` file: which step is the highest, valid for one directory and boot.
+    """The ``latest`` file: an upper bound of the workflow's steps, exact when it exists.
 
-    Layout (44 bytes, big-endian): magic ``ACKH``, version 1, flags (1: has a step,
-    0: the workflow is empty), 2 reserved bytes, 16-byte boot id (zeros if unknown),
-    8-byte inode of the workflow directory, 8-byte step, CRC-32 of the 40 bytes before it.
+    Layout (28 bytes, big-endian): magic ``ACKH``, version 1, flags (1: names a step,
+    0: the workflow is empty), 2 reserved bytes, the 8-byte inode of the workflow
+    directory (so a copied or restored directory does not trust it), the 8-byte step,
+    and the CRC-32 of the 24 bytes before it.
     """
 
     MAGIC: Final = b"ACKH"
-    _STRUCT: Final = struct.Struct(">4sBB2x16sQQ")
+    _STRUCT: Final = struct.Struct(">4sBB2xQQ")
     SIZE: Final = _STRUCT.size + 4
 
-    __slots__ = ("boot_id", "dir_ino", "step")
+    __slots__ = ("dir_ino", "step")
 
-    def __init__(self, step: int | None, boot_id: bytes, dir_ino: int) -> None:
+    def __init__(self, step: int | None, dir_ino: int) -> None:
         self.step = step
-        self.boot_id = boot_id
         self.dir_ino = dir_ino
 
     def pack(self) -> bytes:
-        """The 44 bytes written to the hint file."""
+        """The bytes written to the hint file."""
         flags = 0 if self.step is None else 1
-        body = self._STRUCT.pack(self.MAGIC, 1, flags, self.boot_id, self.dir_ino, self.step or 0)
+        body = self._STRUCT.pack(self.MAGIC, 1, flags, self.dir_ino, self.step or 0)
         return body + struct.pack(">I", zlib.crc32(body))
 
     @classmethod
@@ -181,10 +170,10 @@ class Hint:
         body, (crc,) = data[:-4], struct.unpack(">I", data[-4:])
         if zlib.crc32(body) != crc:
             return None
-        magic, version, flags, boot_id, dir_ino, step = cls._STRUCT.unpack(body)
+        magic, version, flags, dir_ino, step = cls._STRUCT.unpack(body)
         if magic != cls.MAGIC or version != 1 or flags not in (0, 1) or step > _MAX_STEP:
             return None
-        return cls(step if flags else None, boot_id, dir_ino)
+        return cls(step if flags else None, dir_ino)
 
 
 class FileOps:

@@ -53,7 +53,6 @@ from ._filefmt import (
     is_missing,
     parse_step_name,
     pid_is_dead,
-    read_boot_id,
     step_name,
     temp_name,
 )
@@ -81,11 +80,6 @@ _T = TypeVar("_T")
 
 class _Replaced(Exception):
     """The workflow directory was deleted or replaced under us; start the operation again."""
-
-
-@functools.lru_cache(maxsize=1)
-def _boot_id() -> bytes | None:
-    return read_boot_id()
 
 
 class FileCheckpointStorage(BaseStorage):
@@ -125,8 +119,6 @@ class FileCheckpointStorage(BaseStorage):
         self._os = FileOps()
         self._marker_ok = False
         self._store_ready = False
-        # (directory name, inode) pairs whose hint this instance has checked by a full scan.
-        self._validated: set[tuple[str, int]] = set()
         self._swept: set[tuple[str, int]] = set()
 
     @property
@@ -278,10 +270,7 @@ class FileCheckpointStorage(BaseStorage):
         if self._store_ready:
             return
         self._check_marker()
-        parent = os.path.dirname(self._base)
-        os.makedirs(parent, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            self._os.mkdir(self._base)
+        self._make_dirs(self._base)
         if not self._marker_ok:
             body = json.dumps({"format": FORMAT_VERSION}).encode() + b"\n"
             self._write_atomic(self._base, MARKER, body)
@@ -290,6 +279,25 @@ class FileCheckpointStorage(BaseStorage):
             self._os.mkdir(self._root)
             self._fsync_path(self._base)
         self._store_ready = True
+
+    def _make_dirs(self, path: str) -> None:
+        """Create ``path`` (0700) and missing ancestors, fsyncing each new entry's parent."""
+        missing = []
+        while not os.path.isdir(path):
+            missing.append(path)
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+        for new in reversed(missing):
+            try:
+                if new is missing[0]:
+                    self._os.mkdir(new)
+                else:
+                    os.mkdir(new)  # an ancestor: the umask decides, as for any directory
+            except FileExistsError:
+                continue
+            self._fsync_path(os.path.dirname(new))
 
     def _write_atomic(self, directory: str, name: str, body: bytes) -> None:
         dfd = os.open(directory, _DIR_FLAGS & ~os.O_NOFOLLOW)
@@ -334,7 +342,7 @@ class FileCheckpointStorage(BaseStorage):
             try:
                 ino = os.fstat(dfd).st_ino
                 self._close(self._os.open(LOCK, _NEW_FLAGS, 0o600, dir_fd=dfd))
-                self._write_hint(dfd, None, ino, name)
+                self._write_hint(dfd, None, ino, durable=True)
                 if name.startswith(HASHED_PREFIX):
                     self._close(self._fsynced_file(dfd, ID_FILE, workflow_id.encode("utf-8")))
                 self._os.fsync_dir(dfd)
@@ -421,54 +429,44 @@ class FileCheckpointStorage(BaseStorage):
         finally:
             os.close(fd)
 
-    def _trusted(self, hint: Hint | None, ino: int, name: str) -> bool:
-        # A hint is exact for the boot that wrote it: it is updated in the page cache
-        # under the lock by every process, but not fsynced, so after a power cut (a new
-        # boot id) it may be older than the durable files and must be rebuilt by a scan.
-        if hint is None or hint.dir_ino != ino:
-            return False
-        boot = _boot_id()
-        if boot is not None:
-            return hint.boot_id == boot
-        return (name, ino) in self._validated  # no boot id: trust what we checked ourselves
+    def _trusted(self, hint: Hint | None, ino: int) -> bool:
+        return hint is not None and hint.dir_ino == ino
 
-    def _write_hint(self, dfd: int, step: int | None, ino: int, name: str) -> None:
-        boot = _boot_id()
-        data = Hint(step, boot or bytes(16), ino).pack()
+    def _write_hint(self, dfd: int, step: int | None, ino: int, *, durable: bool) -> None:
+        data = Hint(step, ino).pack()
         fd = self._os.open(HINT, os.O_WRONLY | os.O_CREAT | _OPEN_FLAGS, dir_fd=dfd)
         try:
             if self._os.pwrite(fd, data, 0) != len(data):
                 raise OSError(errno.EIO, "short write to the latest-step hint")
             if os.fstat(fd).st_size != len(data):
                 os.ftruncate(fd, len(data))
+            if durable:
+                self._os.fsync(fd)
         finally:
             os.close(fd)
 
-    def _rebuild_hint(
-        self, dfd: int, ino: int, name: str, *, best_effort: bool = False
-    ) -> int | None:
+    def _rebuild_hint(self, dfd: int, ino: int, *, best_effort: bool = False) -> int | None:
         """Scan the directory (under the lock) and write an exact hint; return the top.
 
-        Readers pass ``best_effort``: on a read-only store the old hint stays, which is
-        safe because a hint is only ever lowered here, by a full scan.
+        The rebuilt hint is not fsynced: if it is lost, the one it replaced, which was
+        durable and no lower, comes back. Readers pass ``best_effort``: on a read-only
+        store the old hint simply stays.
         """
         top = max(self._steps(dfd), default=None)
         try:
-            self._write_hint(dfd, top, ino, name)
+            self._write_hint(dfd, top, ino, durable=False)
         except OSError as exc:
             if not best_effort:
                 raise
-            logger.debug("could not rewrite the latest-step hint in %r: %s", name, exc)
-            return top
-        self._validated.add((name, ino))
+            logger.debug("could not rewrite the latest-step hint: %s", exc)
         return top
 
     def _top_for_write(self, dfd: int, ino: int, name: str) -> int | None:
         """An upper bound of the stored steps (under the lock), or None if there are none."""
         hint = self._read_hint(dfd)
-        if hint is not None and self._trusted(hint, ino, name):
+        if hint is not None and self._trusted(hint, ino):
             return hint.step
-        return self._rebuild_hint(dfd, ino, name)
+        return self._rebuild_hint(dfd, ino)
 
     # --- the worker-thread halves of the public methods -------------------------------
 
@@ -498,10 +496,11 @@ class FileCheckpointStorage(BaseStorage):
                 return False  # the directory was deleted after we opened it
             with self._lock(dfd, name):
                 top = self._top_for_write(dfd, ino, name)
-                # The hint is raised before the rename: it may name a step that is not
-                # there yet (readers then scan), but never one lower than a visible step.
+                # The hint is raised, durably, before the rename: it may name a step that
+                # never arrives (readers then scan), but it is never lower than a step
+                # that is on disk, even after a power cut.
                 if top is None or step > top:
-                    self._write_hint(dfd, step, ino, name)
+                    self._write_hint(dfd, step, ino, durable=True)
                 self._os.rename(tmp, step_name(step), src_dir_fd=dfd, dst_dir_fd=dfd)
                 tmp = None
                 if keep_last is not None:
@@ -605,7 +604,7 @@ class FileCheckpointStorage(BaseStorage):
                     return self._read_step(dfd, workflow_id, step)
                 ino = os.fstat(dfd).st_ino
                 hint = self._read_hint(dfd)
-                if self._trusted(hint, ino, name):
+                if self._trusted(hint, ino):
                     assert hint is not None
                     if hint.step is None:
                         return None
@@ -614,7 +613,7 @@ class FileCheckpointStorage(BaseStorage):
                         return found
                 # No trustworthy hint, or it names a step whose write never finished.
                 with self._lock(dfd, name):
-                    top = self._rebuild_hint(dfd, ino, name, best_effort=True)
+                    top = self._rebuild_hint(dfd, ino, best_effort=True)
                     return None if top is None else self._read_step(dfd, workflow_id, top)
             except _Replaced:
                 continue
@@ -635,17 +634,24 @@ class FileCheckpointStorage(BaseStorage):
         if dfd is None:
             return []
         try:
-            steps = sorted(
-                s
-                for s in self._steps(dfd)
-                if (after is None or s > after) and (before is None or s < before)
+            # Step names are fixed width, so bounds and order work on the names themselves
+            # and only the names actually returned are parsed.
+            low = "" if after is None else step_name(after)
+            high = "~" if before is None else step_name(before)
+            names = sorted(
+                n
+                for n in os.listdir(dfd)
+                if len(n) == 25 and n.endswith(".ckpt") and low < n < high
             )
             if descending:
-                steps.reverse()
+                names.reverse()
             out: list[StoredCheckpoint] = []
-            for s in steps:
+            for n in names:
                 if limit is not None and len(out) >= limit:
                     break
+                s = parse_step_name(n)
+                if s is None:
+                    continue
                 record = self._read_step(dfd, workflow_id, s)
                 if record is not None:  # None: deleted since the listing
                     out.append(record)
@@ -663,7 +669,7 @@ class FileCheckpointStorage(BaseStorage):
             if step is not None:
                 return self._stat_exists(step_name(step), dfd)
             hint = self._read_hint(dfd)
-            if self._trusted(hint, os.fstat(dfd).st_ino, name):
+            if self._trusted(hint, os.fstat(dfd).st_ino):
                 assert hint is not None
                 if hint.step is None:
                     return False
@@ -698,12 +704,13 @@ class FileCheckpointStorage(BaseStorage):
                         if is_missing(exc):
                             return False
                         raise
+                    # The unlink must be durable before the hint is lowered: a power cut
+                    # that undid the unlink would otherwise leave a step above the hint.
+                    self._os.fsync_dir(dfd)
                     hint = self._read_hint(dfd)
-                    trusted = self._trusted(hint, ino, name)
-                    below = hint is not None and hint.step is not None and hint.step > step
-                    if not (trusted and below):
-                        self._rebuild_hint(dfd, ino, name)
-                self._os.fsync_dir(dfd)
+                    above = hint is not None and hint.step is not None and hint.step > step
+                    if not (self._trusted(hint, ino) and above):
+                        self._rebuild_hint(dfd, ino)
                 return True
             except _Replaced:
                 continue
