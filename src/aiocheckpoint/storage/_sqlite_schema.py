@@ -46,16 +46,16 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         "checkpoints: one row per (workflow_id, step)",
         (
             # A rowid table: large blobs belong in rowid tables, not WITHOUT ROWID ones.
-            # The UNIQUE constraint's index serves latest / one step / exists / pages.
             """
             CREATE TABLE checkpoints (
                 id          INTEGER PRIMARY KEY,
                 workflow_id TEXT    NOT NULL CHECK (typeof(workflow_id) = 'text'),
                 step        INTEGER NOT NULL CHECK (typeof(step) = 'integer' AND step >= 0),
-                data        BLOB    NOT NULL CHECK (typeof(data) = 'blob'),
-                CONSTRAINT checkpoints_workflow_step UNIQUE (workflow_id, step)
+                data        BLOB    NOT NULL CHECK (typeof(data) = 'blob')
             )
             """,
+            # Serves latest / one step / exists / pages / retention / list_workflows.
+            "CREATE UNIQUE INDEX checkpoints_workflow_step ON checkpoints (workflow_id, step)",
         ),
     ),
 )

@@ -171,10 +171,6 @@ class SQLiteCheckpointStorage(BaseStorage):
         done.add_done_callback(functools.partial(self._batch_done, batch))
 
     def _batch_done(self, batch: list[_Pending], done: asyncio.Future[list[Outcome]]) -> None:
-        self._busy = False
-        # Start the writes that queued up meanwhile before waking this batch's callers, so
-        # the writer thread commits while the event loop runs them (group commit pipelining).
-        self._kick()
         if done.cancelled():
             outcomes: list[Any] = [StorageClosedError("the write was abandoned")] * len(batch)
         elif (failure := done.exception()) is not None:
@@ -183,6 +179,15 @@ class SQLiteCheckpointStorage(BaseStorage):
             outcomes = done.result()
         for item, outcome in zip(batch, outcomes, strict=True):
             _settle(item.future, outcome)
+        # Take the next batch one loop iteration later, after the callers just woken have run
+        # and queued their next writes (the writer still counts as busy, so they queue rather
+        # than each starting a batch of one): one fsync then serves all of them. Measured,
+        # this beats pipelining half-batches against the event loop (docs/sqlite-storage.md).
+        asyncio.get_running_loop().call_soon(self._writer_free)
+
+    def _writer_free(self) -> None:
+        self._busy = False
+        self._kick()
 
     def _open_then_kick(self, opening: asyncio.Future[None]) -> None:
         self._busy = False
