@@ -16,7 +16,7 @@ async def test_saves_racing_whole_workflow_deletes_never_fail(
     """Saves interleaved with deletes of their whole workflow never raise, and what survives is
     a consistent workflow whose latest is its highest step.
     """
-    for round_ in range(scaled(10, 100)):
+    for round_ in range(scaled(30, 300)):
         wf = f"race/{round_}"
         async with anyio.create_task_group() as tg:
             for step in range(60):
