@@ -37,6 +37,8 @@ from .workflow import ResumableWorkflow
 
 if TYPE_CHECKING:
     from .storage.file import FileCheckpointStorage
+    from .storage.postgres import PostgresCheckpointStorage
+    from .storage.sqlite import SQLiteCheckpointStorage
 
 __version__ = "0.1.0"
 
@@ -44,6 +46,8 @@ __version__ = "0.1.0"
 # pulls in a platform module (fcntl) or an optional driver (asyncpg) it does not need.
 _BACKENDS = {
     "FileCheckpointStorage": "aiocheckpoint.storage.file",
+    "PostgresCheckpointStorage": "aiocheckpoint.storage.postgres",
+    "SQLiteCheckpointStorage": "aiocheckpoint.storage.sqlite",
 }
 
 
@@ -75,8 +79,10 @@ __all__ = [
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
+    "PostgresCheckpointStorage",
     "ResumableWorkflow",
     "ResumePoint",
+    "SQLiteCheckpointStorage",
     "SharedState",
     "StateSnapshot",
     "StateVersion",

@@ -130,6 +130,10 @@ class CheckpointManager:
         _check_text(agent_id, "agent_id")
         snapshot, finite = _snapshot_of(state)
         meta: dict[str, Any] = {}
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise InvalidArgumentError(
+                f"metadata must be a mapping or None, not {type(metadata).__qualname__}"
+            )
         if metadata:
             meta, meta_finite = storable_copy(dict(metadata), "metadata")
             finite = finite and meta_finite

@@ -88,7 +88,9 @@ class _Walker:
 
     def walk(self, value: Any, path: str, depth: int) -> Any:
         kind = type(value)
-        if kind is str or kind is bool or value is None:
+        if kind is str:
+            return _checked_text(value, path)
+        if kind is bool or value is None:
             return value
         if kind is int:
             return value
@@ -104,7 +106,8 @@ class _Walker:
                 dumped = value.model_dump(mode="json")
             except Exception as exc:
                 raise CheckpointSerializationError(
-                    path, f"{kind.__qualname__}.model_dump() failed: {exc!r}"
+                    path,
+                    f"model_dump() of {kind.__qualname__} raised {type(exc).__qualname__}",
                 ) from exc
             return self.walk(dumped, path, depth)
         if isinstance(value, (datetime, date, time)):
@@ -126,10 +129,11 @@ class _Walker:
                 for key, item in value.items():
                     if type(key) is not str:
                         raise CheckpointSerializationError(
-                            f"{path}[{key!r}]",
+                            f"{path}[{_safe_repr(key)}]",
                             f"dict keys must be str, not {type(key).__qualname__}",
                         )
-                    out[key] = self.walk(item, _child_path(path, key), depth + 1)
+                    child = _child_path(path, key)
+                    out[_checked_text(key, child)] = self.walk(item, child, depth + 1)
                 return out
             return [
                 self.walk(item, _child_path(path, i), depth + 1) for i, item in enumerate(value)
@@ -180,6 +184,26 @@ def storable_copy(value: Any, path: str = "state") -> tuple[Any, bool]:
     except (_Unstorable, RecursionError):
         walker = _Walker()
         return walker.walk(value, path, 0), not walker.nonfinite
+
+
+def _checked_text(text: str, path: str) -> str:
+    """Return ``text`` if it can be stored as UTF-8 (no lone surrogates), else raise."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise CheckpointSerializationError(
+                path, "the string is not valid Unicode (it holds a lone surrogate)"
+            ) from exc
+    return text
+
+
+def _safe_repr(value: object) -> str:
+    """``repr(value)``, or a stand-in when the object's ``__repr__`` raises."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__qualname__} object>"
 
 
 def to_storable(value: Any, path: str = "state") -> Any:
@@ -370,13 +394,15 @@ def read_header(data: bytes) -> tuple[int, int, int]:
     """
     if len(data) < HEADER_SIZE:
         raise CheckpointCorruptedError(f"record too short ({len(data)} bytes)")
-    magic, version, flags, _reserved, length, crc = _HEADER.unpack_from(data)
+    magic, version, flags, reserved, length, crc = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CheckpointCorruptedError("not an aiocheckpoint record (bad magic)")
     if version != FORMAT_VERSION:
         raise CheckpointCorruptedError(f"unknown record format version {version}")
     if flags != 0:
         raise CheckpointCorruptedError(f"unknown record flags {flags:#x}")
+    if reserved != 0:
+        raise CheckpointCorruptedError(f"reserved header bytes are not zero ({reserved:#x})")
     return version, length, crc
 
 

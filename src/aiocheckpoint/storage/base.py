@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from typing_extensions import Self
 
-from ..errors import StorageClosedError
+from ..errors import InvalidArgumentError, StorageClosedError
 from ..leases import Lease, WorkflowRecord, WorkflowStatus
 
 __all__ = [
@@ -24,6 +24,8 @@ __all__ = [
     "CheckpointStorage",
     "StoredCheckpoint",
     "WorkflowStorage",
+    "check_max_record_bytes",
+    "check_record_size",
 ]
 
 #: Records larger than this are refused by the durable backends (file, SQLite, PostgreSQL), on
@@ -176,6 +178,21 @@ class WorkflowStorage(CheckpointStorage, Protocol):
     async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
         """Lease the next unfinished workflow whose lease is free or expired."""
         ...
+
+
+def check_max_record_bytes(value: object) -> int:
+    """Validate a backend's ``max_record_bytes`` option (an int >= 1)."""
+    if type(value) is not int or value < 1:
+        raise InvalidArgumentError(f"max_record_bytes must be an int >= 1, got {value!r}")
+    return value
+
+
+def check_record_size(data: bytes, limit: int) -> None:
+    """Refuse to store a record over ``limit`` bytes, the same way in every backend."""
+    if len(data) > limit:
+        raise InvalidArgumentError(
+            f"the encoded record is {len(data)} bytes, over this store's max_record_bytes ({limit})"
+        )
 
 
 class BaseStorage:

@@ -38,7 +38,6 @@ import anyio.to_thread
 from .._validation import check_optional_step, check_step, check_workflow_id
 from ..errors import (
     CheckpointCorruptedError,
-    CheckpointSerializationError,
     InvalidArgumentError,
     StorageBackendError,
     StorageSchemaError,
@@ -56,7 +55,13 @@ from ._filefmt import (
     step_name,
     temp_name,
 )
-from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint
+from .base import (
+    DEFAULT_MAX_RECORD_BYTES,
+    BaseStorage,
+    StoredCheckpoint,
+    check_max_record_bytes,
+    check_record_size,
+)
 
 __all__ = ["FORMAT_VERSION", "FileCheckpointStorage"]
 
@@ -104,10 +109,7 @@ class FileCheckpointStorage(BaseStorage):
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         stale_temp_seconds: float = 3600.0,
     ) -> None:
-        if type(max_record_bytes) is not int or max_record_bytes < 1:
-            raise InvalidArgumentError(
-                f"max_record_bytes must be an int >= 1, got {max_record_bytes!r}"
-            )
+        check_max_record_bytes(max_record_bytes)
         if not isinstance(stale_temp_seconds, (int, float)) or stale_temp_seconds <= 0:
             raise InvalidArgumentError(
                 f"stale_temp_seconds must be a positive number, got {stale_temp_seconds!r}"
@@ -150,12 +152,7 @@ class FileCheckpointStorage(BaseStorage):
         check_step(step)
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
             raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
-        if len(data) > self._max:
-            raise CheckpointSerializationError(
-                "checkpoint",
-                f"the encoded record is {len(data)} bytes; this store's max_record_bytes "
-                f"is {self._max}",
-            )
+        check_record_size(data, self._max)
         await self._run(
             f"cannot save step {step} of workflow {workflow_id!r}",
             self._save,

@@ -8,7 +8,13 @@ from datetime import datetime, timedelta
 from ..errors import LeaseHeldError, LeaseLostError
 from ..leases import Lease, WorkflowRecord, WorkflowStatus
 from ..models import utcnow
-from .base import BaseStorage, StoredCheckpoint
+from .base import (
+    DEFAULT_MAX_RECORD_BYTES,
+    BaseStorage,
+    StoredCheckpoint,
+    check_max_record_bytes,
+    check_record_size,
+)
 
 __all__ = ["InMemoryCheckpointStorage"]
 
@@ -26,9 +32,12 @@ class InMemoryCheckpointStorage(BaseStorage):
 
     Records are still encoded and checksummed, so behaviour matches the durable backends.
     Every operation is a dict lookup or a binary search: O(log n) in the workflow's history.
+    Records larger than ``max_record_bytes`` are refused with
+    :class:`~aiocheckpoint.InvalidArgumentError`, as the durable backends refuse them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+        self._max_record_bytes = check_max_record_bytes(max_record_bytes)
         self._workflows: dict[str, _Workflow] = {}
         self._records: dict[str, WorkflowRecord] = {}
 
@@ -43,6 +52,7 @@ class InMemoryCheckpointStorage(BaseStorage):
     ) -> None:
         """Store ``data`` as ``step``; keep only the ``keep_last`` highest steps if given."""
         self._check_open()
+        check_record_size(data, self._max_record_bytes)
         self._check_fence(workflow_id, fence)
         self._ensure_record(workflow_id)
         wf = self._workflows.setdefault(workflow_id, _Workflow())

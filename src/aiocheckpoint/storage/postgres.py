@@ -29,7 +29,7 @@ from ..errors import (
     StorageClosedError,
 )
 from ._pg_schema import Sql, migrate, quote_schema
-from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint
+from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
 
 __all__ = ["PostgresCheckpointStorage", "WriteStats"]
 
@@ -210,10 +210,7 @@ class PostgresCheckpointStorage(BaseStorage):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgumentError(f"data must be bytes, not {type(data).__qualname__}")
         data = bytes(data)
-        if len(data) > self._max_record_bytes:
-            raise InvalidArgumentError(
-                f"record of {len(data)} bytes exceeds max_record_bytes={self._max_record_bytes}"
-            )
+        check_record_size(data, self._max_record_bytes)
         await self._ensure_open()
         self._check_open()
         item = _Write(

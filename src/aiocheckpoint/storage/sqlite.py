@@ -34,7 +34,7 @@ from ._sqlite_db import (
     read_scan,
     read_workflows,
 )
-from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint
+from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
 
 __all__ = ["SQLiteCheckpointStorage"]
 
@@ -132,10 +132,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
             raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
         data = bytes(data)
-        if len(data) > self._max_record_bytes:
-            raise InvalidArgumentError(
-                f"record of {len(data)} bytes exceeds max_record_bytes={self._max_record_bytes}"
-            )
+        check_record_size(data, self._max_record_bytes)
         await self._submit(SaveOp(workflow_id, step, data, keep_last), len(data))
 
     async def delete(self, workflow_id: str, step: int | None = None) -> bool:
