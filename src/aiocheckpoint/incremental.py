@@ -2,10 +2,11 @@
 
 This module is backend-independent. It turns a storable state (the output of
 :func:`~aiocheckpoint.serde.to_storable`) into a small *root* plus *blobs* keyed by the
-SHA-256 hash (truncated) of their encoded bytes, and back. Unchanged sub-trees hash to the same blobs,
-so a store that keeps each blob once pays only for what changed between checkpoints. Long
-lists and dicts are cut at content-defined boundaries and indexed hierarchically, so that
-appending to a list rewrites its last chunk and O(log n) small index nodes.
+(truncated) SHA-256 hash of their encoded bytes, and back. Unchanged sub-trees hash to the
+same blobs, so a store that keeps each blob once pays only for what changed between
+checkpoints. Long lists and dicts are cut at content-defined boundaries and indexed
+hierarchically, so that appending to a list rewrites its last chunk and O(log n) small
+index nodes.
 
 Node format (the bytes that are hashed)::
 
@@ -43,8 +44,10 @@ from .serde import (
     HEADER_SIZE,
     MAGIC,
     _build,
+    _decimal_to_int,
     _dumps,
     _int_to_decimal,
+    _is_digit_limit,
     _loads,
     decode_checkpoint,
 )
@@ -95,7 +98,7 @@ _MIX: Final = 0x9E3779B1
 # SHA-256 rather than BLAKE2b: with SHA-NI it hashes ~1.2 GB/s here against ~180 MB/s for
 # hashlib's BLAKE2b, and every node is hashed again on every read (docs/incremental.md).
 _sha256 = hashlib.sha256
-_encode_str: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode_str: Callable[[str], str] = json.encoder.encode_basestring
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +137,9 @@ class TreeParams:
         if self.inline_limit < 16 or self.root_inline_limit < 0:
             raise InvalidArgumentError("inline_limit must be >= 16, root_inline_limit >= 0")
         if self.compression not in (None, "zstd"):
-            raise InvalidArgumentError(f"compression must be None or 'zstd', not {self.compression!r}")
+            raise InvalidArgumentError(
+                f"compression must be None or 'zstd', not {self.compression!r}"
+            )
         if self.compression == "zstd":
             _zstd()
 
@@ -282,8 +287,7 @@ class _Splitter:
             if current:
                 groups.append(current)
             hashes = [
-                g[0] if len(g) == 1 else self._add(bytes((kind,)) + b"".join(g), g)
-                for g in groups
+                g[0] if len(g) == 1 else self._add(bytes((kind,)) + b"".join(g), g) for g in groups
             ]
         return hashes[0]
 
@@ -300,7 +304,7 @@ class _Splitter:
 
     def wrap(self, node: bytes) -> bytes:
         if self._zc is not None and len(node) > 64:
-            packed = self._zc.compress(node)
+            packed: bytes = self._zc.compress(node)
             if len(packed) + 8 < len(node):
                 return bytes((_FLAG_ZSTD,)) + packed
         return b"\x00" + node
@@ -339,6 +343,34 @@ def _join_entries(entries: list[_Entry], is_dict: bool) -> tuple[str, _Refs]:
     return ("{" + body + "}" if is_dict else "[" + body + "]"), refs
 
 
+def _exceeds(value: Any, limit: int) -> bool:
+    """Whether the JSON text of ``value`` is surely longer than ``limit`` characters.
+
+    Counts a lower bound and stops as soon as it passes ``limit``, so that a large state
+    is not encoded whole just to learn that it does not fit in the root.
+    """
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            total += len(item) + 2
+        elif kind is dict:
+            total += 1 + 3 * len(item)
+            for key in item:
+                total += len(key)
+            stack.extend(item.values())
+        elif kind is list:
+            total += 1 + len(item)
+            stack.extend(item)
+        else:
+            total += 1
+        if total > limit:
+            return True
+    return False
+
+
 def split_state(
     data: Any, params: TreeParams = DEFAULT_PARAMS, *, known: Collection[bytes] = ()
 ) -> SplitResult:
@@ -350,11 +382,16 @@ def split_state(
     Blobs whose hash is in ``known`` (already stored) are not encoded again and are left
     out of ``blobs``. Raises :class:`CheckpointSerializationError` for unstorable values.
     """
+    return _split(data, params, known, inline=True)
+
+
+def _split(data: Any, params: TreeParams, known: Collection[bytes], inline: bool) -> SplitResult:
     splitter = _Splitter(params, known)
+    limit = params.root_inline_limit
     try:
-        if params.root_inline_limit:
+        if inline and limit and not _exceeds(data, limit):
             body = _dumps(data)
-            if len(body) <= params.root_inline_limit:
+            if len(body) <= limit:
                 return SplitResult(splitter.wrap(b"V\x00\x00\x00\x00" + body), {}, {}, ())
         text, refs = splitter.encode(data)
         root = _value_node(text, refs)
@@ -472,7 +509,7 @@ class _Joiner:
             return _loads(root_node[5:])  # a small state kept whole in the root
         out: list[str] = []
         self._emit(root_node, root_refs, out, "")
-        return _loads("".join(out))
+        return _loads_text("".join(out))
 
     def _emit(self, node: bytes, refs: list[bytes], out: list[str], inner: str) -> None:
         """Append the JSON text of ``node`` to ``out``.
@@ -509,7 +546,7 @@ class _Joiner:
             pos, end = 1, end - 1
         if n:
             offsets = struct.unpack_from(f">{n}I", node, base - 4 * n)
-            for off, h in zip(offsets, refs):
+            for off, h in zip(offsets, refs, strict=True):
                 if off < pos or off + 4 > end or text[off : off + 4] != "null":
                     raise _corrupt("reference does not point at a placeholder")
                 out.append(text[pos:off])
@@ -517,6 +554,15 @@ class _Joiner:
                 self._emit(child, child_refs, out, "")
                 pos = off + 4
         out.append(text[pos:end])
+
+
+def _loads_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        if not _is_digit_limit(exc):
+            raise
+    return json.loads(text, parse_int=_decimal_to_int)
 
 
 def _drive(steps: _Steps[_T], fetch: Fetch) -> _T:
@@ -627,16 +673,8 @@ async def areferenced_hashes(
 # -- version-2 records -----------------------------------------------------------------------
 
 
-def encode_checkpoint_v2(
-    checkpoint: Checkpoint, params: TreeParams = DEFAULT_PARAMS, *, known: Collection[bytes] = ()
-) -> tuple[bytes, SplitResult]:
-    """Encode a checkpoint as a version-2 record plus the blobs its state needs.
-
-    The caller must make every blob in ``result.blobs`` durable before the record (see
-    docs/incremental.md). The state must already be storable.
-    """
-    split = split_state(checkpoint.state_snapshot.data, params, known=known)
-    meta = {
+def _meta(checkpoint: Checkpoint) -> dict[str, Any]:
+    return {
         "workflow_id": checkpoint.workflow_id,
         "step": checkpoint.step,
         "agent_id": checkpoint.agent_id,
@@ -649,15 +687,41 @@ def encode_checkpoint_v2(
             "metadata": checkpoint.state_snapshot.metadata,
         },
     }
+
+
+def _record(meta_bytes: bytes, digest: int, root: bytes) -> bytes:
+    body = b"".join((_V2_PREFIX.pack(len(meta_bytes), digest), meta_bytes, root))
+    return _HEADER.pack(MAGIC, FORMAT_VERSION_2, 0, 0, len(body), zlib.crc32(body)) + body
+
+
+def _meta_bytes(meta: dict[str, Any]) -> bytes:
     try:
-        meta_bytes = _dumps(meta)
+        return _dumps(meta)
     except (TypeError, ValueError, RecursionError) as exc:
         raise CheckpointSerializationError("checkpoint", str(exc)) from exc
-    body = b"".join(
-        (_V2_PREFIX.pack(len(meta_bytes), params.digest_size), meta_bytes, split.root)
-    )
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION_2, 0, 0, len(body), zlib.crc32(body))
-    return header + body, split
+
+
+def encode_checkpoint_v2(
+    checkpoint: Checkpoint, params: TreeParams = DEFAULT_PARAMS, *, known: Collection[bytes] = ()
+) -> tuple[bytes, SplitResult]:
+    """Encode a checkpoint as a version-2 record plus the blobs its state needs.
+
+    A checkpoint whose JSON (state included) fits in ``params.root_inline_limit`` bytes is
+    stored whole in the record, with no blobs and no root (``result.root == b""``).
+    Otherwise the caller must make every blob in ``result.blobs`` durable before the
+    record (see docs/incremental.md). The state must already be storable.
+    """
+    meta = _meta(checkpoint)
+    data = checkpoint.state_snapshot.data
+    limit = params.root_inline_limit
+    if limit and not _exceeds(data, limit):
+        meta["state"]["data"] = data
+        meta_bytes = _meta_bytes(meta)
+        if len(meta_bytes) <= limit:
+            return _record(meta_bytes, params.digest_size, b""), SplitResult(b"", {}, {}, ())
+        del meta["state"]["data"]
+    split = _split(data, params, known, inline=False)
+    return _record(_meta_bytes(meta), params.digest_size, split.root), split
 
 
 def record_format_version(record: bytes) -> int:
@@ -685,21 +749,27 @@ def _open_v2(record: bytes) -> tuple[dict[str, Any], int, bytes]:
         raise _corrupt("truncated version-2 body")
     meta_len, digest = _V2_PREFIX.unpack_from(body)
     root_at = _V2_PREFIX.size + meta_len
-    if root_at >= length or not 16 <= digest <= 32:
+    if root_at > length or not 16 <= digest <= 32:
         raise _corrupt("malformed version-2 body")
     meta = _loads(bytes(body[_V2_PREFIX.size : root_at]))
     if type(meta) is not dict or type(meta.get("state")) is not dict:
         raise _corrupt("body is not a checkpoint object")
-    return meta, digest, bytes(body[root_at:])
+    root = bytes(body[root_at:])
+    if ("data" in meta["state"]) == bool(root):
+        raise _corrupt("a record needs exactly one of an inline state and a root")
+    return meta, digest, root
 
 
 def record_root_refs(record: bytes) -> tuple[bytes, ...]:
-    """The blob hashes a record references directly (empty for version-1 records)."""
+    """The blob hashes a record references directly (none for version 1 or inline states).
+
+    Backends use it to release a replaced or deleted record's references.
+    """
     if record_format_version(record) == 1:
         return ()
     try:
         _meta, digest, root = _open_v2(record)
-        return node_children(root, digest)
+        return node_children(root, digest) if root else ()
     except (ValueError, TypeError) as exc:
         raise _corrupt(f"undecodable record ({type(exc).__name__})") from exc
 
@@ -708,8 +778,9 @@ def _decode_steps(record: bytes) -> _Steps[Checkpoint]:
     if record_format_version(record) == 1:
         return decode_checkpoint(record)
     meta, digest, root = _open_v2(record)
-    data = yield from _Joiner(digest, DEFAULT_MAX_RECORD_BYTES).steps(root)
-    meta["state"]["data"] = data
+    if root:
+        joiner = _Joiner(digest, DEFAULT_MAX_RECORD_BYTES)
+        meta["state"]["data"] = yield from joiner.steps(root)
     return _build(meta)
 
 
@@ -744,6 +815,7 @@ def decode_checkpoint_v2(
 
     Any damage -- to the record, a missing blob or a blob that fails its hash -- raises
     :class:`CheckpointCorruptedError`, as does a record of another workflow or step.
+    ``fetch`` is not called for version-1 records or states stored inline.
     """
     return _drive(_checked(_decode_steps(record), workflow_id, step), fetch)
 
