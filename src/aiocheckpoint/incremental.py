@@ -84,6 +84,8 @@ _T = TypeVar("_T")
 _Steps = Generator[list[bytes], Mapping[bytes, bytes], _T]
 _Refs = list[tuple[int, bytes]]
 _NO_REFS: Final[_Refs] = []
+_NO_HASHES: Final[list[bytes]] = []
+_LEAF: Final = b"V\x00\x00\x00\x00"  # the head of a value node without references
 
 _HEADER = struct.Struct(">4sBBHQI")
 _V2_PREFIX = struct.Struct(">IB")  # meta JSON length, digest size
@@ -92,7 +94,7 @@ _FLAG_ZSTD: Final = 0x01
 _KIND_VALUE: Final = 0x56  # "V"
 _KIND_LIST: Final = 0x4C  # "L"
 _KIND_DICT: Final = 0x44  # "D"
-_REF_WEIGHT: Final = 24  # what one reference costs a chunk: hash + path, roughly
+_REF_WEIGHT: Final = 20  # what one reference adds to a node: hash and offset, roughly
 _MIX: Final = 0x9E3779B1
 
 # SHA-256 rather than BLAKE2b: with SHA-NI it hashes ~1.2 GB/s here against ~180 MB/s for
@@ -245,11 +247,18 @@ class _Splitter:
         return text, _NO_REFS
 
     def _container(self, entries: list[_Entry], is_dict: bool) -> tuple[str, _Refs]:
+        # What the container costs in a node: its text plus what its references take.
         size = len(entries) + 1
-        for entry in entries:
-            size += len(entry[0])
+        for text, refs in entries:
+            size += len(text)
+            if refs:
+                size += _REF_WEIGHT * len(refs)
         if size <= self.p.inline_limit:
             return _join_entries(entries, is_dict)
+        if size <= 2 * self.p.chunk_avg:
+            # Too small to be worth cutting: one node. A container that grows past this
+            # is cut once; from then on its boundaries are stable.
+            return "null", [(0, self.value_node(*_join_entries(entries, is_dict)))]
         chunks = [self.value_node(*_join_entries(c, is_dict)) for c in self._chunks(entries)]
         return "null", [(0, self._index(chunks, _KIND_DICT if is_dict else _KIND_LIST))]
 
@@ -499,10 +508,10 @@ class _Joiner:
                 node = stored[1:] if stored[:1] == b"\x00" else unwrap(stored)
                 if _sha256(node).digest()[:digest] != h:
                     raise _corrupt(f"blob {h.hex()} does not match its hash")
-                refs = _node_refs(node, digest)
+                refs = _NO_HASHES if node[:5] == _LEAF else _node_refs(node, digest)
                 nodes[h] = (node, refs)
                 for child in refs:
-                    if child not in nodes:
+                    if child not in nodes and child not in pending:
                         level[child] = None
             pending = level
         if not root_refs and root_node[:1] == b"V":
@@ -546,12 +555,20 @@ class _Joiner:
             pos, end = 1, end - 1
         if n:
             offsets = struct.unpack_from(f">{n}I", node, base - 4 * n)
+            nodes = self._nodes
             for off, h in zip(offsets, refs, strict=True):
                 if off < pos or off + 4 > end or text[off : off + 4] != "null":
                     raise _corrupt("reference does not point at a placeholder")
                 out.append(text[pos:off])
-                child, child_refs = self._nodes[h]
-                self._emit(child, child_refs, out, "")
+                child, child_refs = nodes[h]
+                if child_refs or child[0] != _KIND_VALUE:
+                    self._emit(child, child_refs, out, "")
+                else:  # the common leaf, without a call
+                    leaf = child[5:].decode()
+                    self._budget -= len(leaf)
+                    if self._budget < 0:
+                        raise _corrupt("tree expands beyond the record size limit")
+                    out.append(leaf)
                 pos = off + 4
         out.append(text[pos:end])
 
