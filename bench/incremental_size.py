@@ -244,7 +244,10 @@ def main() -> None:
     workload_c("small-1kB", small, params, 2000)
     large = _docs_state(rng, 2000 if args.quick else 10000)
     large["messages"] = [_message(rng, i) for i in range(100)]
-    workload_c("large", large, params, 3 if args.quick else 7)
+    workload_c("large-documents", large, params, 3 if args.quick else 7)
+    n_big = 20 if args.quick else 100
+    big = {"counter": 1, "context": [_text(rng, 100_000) for _ in range(n_big)]}
+    workload_c("large-strings", big, params, 3 if args.quick else 7)
     if args.profile:
         _profile(large, params)
 

@@ -15,7 +15,7 @@ Node format (the bytes that are hashed)::
     b"D" | child hashes            a dict: its children's entries, in order
 
 In a ``V`` node every reference sits *out of band*: the JSON text holds the placeholder
-``null`` where child ``i`` goes, and offset ``i`` (in characters) says where that is, so no
+``null`` where child ``i`` goes, and offset ``i`` (in bytes) says where that is, so no
 user value can ever be mistaken for a reference and nothing needs escaping. A reader splices
 the children's texts in at the offsets and parses the whole state with one ``json.loads``.
 A *stored* blob is one flags byte (bit 0: the rest is a zstd frame) and the node bytes.
@@ -44,10 +44,8 @@ from .serde import (
     HEADER_SIZE,
     MAGIC,
     _build,
-    _decimal_to_int,
     _dumps,
     _int_to_decimal,
-    _is_digit_limit,
     _loads,
     decode_checkpoint,
 )
@@ -112,16 +110,17 @@ class TreeParams:
     """
 
     #: A value whose JSON encoding is longer than this (in characters) becomes its own node.
-    inline_limit: int = 1024
+    inline_limit: int = 2048
     #: A state whose whole encoding fits in this many bytes is kept in the root, no blobs.
     root_inline_limit: int = 8192
     #: Content-defined chunking of long containers: minimum, average and maximum chunk size.
-    chunk_min: int = 256
-    chunk_avg: int = 2048
+    #: Containers up to ``2 * chunk_avg`` are one node; longer ones are cut.
+    chunk_min: int = 128
+    chunk_avg: int = 1024
     chunk_max: int = 16384
     #: Children per index node: minimum, average and maximum.
     fanout_min: int = 4
-    fanout_avg: int = 32
+    fanout_avg: int = 16
     fanout_max: int = 256
     #: Length in bytes of the truncated SHA-256 digest that names a node (16 to 32).
     digest_size: int = 16
@@ -320,17 +319,19 @@ class _Splitter:
 
 
 def _value_node(text: str, refs: _Refs) -> bytes:
+    data = text.encode()
     n = len(refs)
     if not n:
-        return b"V\x00\x00\x00\x00" + text.encode()
+        return _LEAF + data
+    offsets = [off for off, _ in refs]
+    if len(data) != len(text):  # not ASCII: turn character offsets into byte offsets
+        offsets, at, prev = [], 0, 0
+        for off, _ in refs:
+            at += len(text[prev:off].encode())
+            offsets.append(at)
+            prev = off
     return b"".join(
-        (
-            b"V",
-            _COUNT.pack(n),
-            *[h for _, h in refs],
-            struct.pack(f">{n}I", *[off for off, _ in refs]),
-            text.encode(),
-        )
+        (b"V", _COUNT.pack(n), *[h for _, h in refs], struct.pack(f">{n}I", *offsets), data)
     )
 
 
@@ -516,70 +517,64 @@ class _Joiner:
             pending = level
         if not root_refs and root_node[:1] == b"V":
             return _loads(root_node[5:])  # a small state kept whole in the root
-        out: list[str] = []
-        self._emit(root_node, root_refs, out, "")
-        return _loads_text("".join(out))
+        out: list[bytes | memoryview] = []
+        self._emit(root_node, root_refs, out, 0)
+        return _loads(b"".join(out))
 
-    def _emit(self, node: bytes, refs: list[bytes], out: list[str], inner: str) -> None:
-        """Append the JSON text of ``node`` to ``out``.
+    def _emit(
+        self, node: bytes, refs: list[bytes], out: list[bytes | memoryview], inner: int
+    ) -> None:
+        """Append the JSON text (UTF-8) of ``node`` to ``out``.
 
-        ``inner`` is ``"["`` or ``"{"`` when the node is a chunk of a list or dict index:
-        then its brackets are left out so the chunks concatenate.
+        ``inner`` is ``ord("[")`` or ``ord("{")`` when the node is a chunk of a list or dict
+        index (0 otherwise): then its brackets are left out so the chunks concatenate.
         """
         kind = node[0]
         if kind != _KIND_VALUE:
-            opening = "[" if kind == _KIND_LIST else "{"
-            if inner and inner != opening:
+            opening, closing = (b"[", b"]") if kind == _KIND_LIST else (b"{", b"}")
+            if inner and inner != opening[0]:
                 raise _corrupt("index node of the wrong kind")
             if not inner:
                 out.append(opening)
             nodes = self._nodes
             for i, h in enumerate(refs):
                 if i:
-                    out.append(",")
+                    out.append(b",")
                 child, child_refs = nodes[h]
-                self._emit(child, child_refs, out, opening)
+                self._emit(child, child_refs, out, opening[0])
             if not inner:
-                out.append("]" if kind == _KIND_LIST else "}")
+                out.append(closing)
             return
         n = len(refs)
         base = 5 + n * (self._digest + 4)
-        text = node[base:].decode()
-        self._budget -= len(text)
+        end = len(node)
+        self._budget -= end - base
         if self._budget < 0:
             raise _corrupt("tree expands beyond the record size limit")
-        pos, end = 0, len(text)
+        pos = base
         if inner:
-            if end < 3 or text[0] != inner or text[-1] != ("]" if inner == "[" else "}"):
+            if end - base < 3 or node[base] != inner or node[-1] != inner + 2:  # "]" / "}"
                 raise _corrupt("chunk of the wrong kind")
-            pos, end = 1, end - 1
+            pos, end = base + 1, end - 1
+        view = memoryview(node)
         if n:
             offsets = struct.unpack_from(f">{n}I", node, base - 4 * n)
             nodes = self._nodes
             for off, h in zip(offsets, refs, strict=True):
-                if off < pos or off + 4 > end or text[off : off + 4] != "null":
+                at = base + off
+                if at < pos or at + 4 > end or node[at : at + 4] != b"null":
                     raise _corrupt("reference does not point at a placeholder")
-                out.append(text[pos:off])
+                out.append(view[pos:at])
                 child, child_refs = nodes[h]
                 if child_refs or child[0] != _KIND_VALUE:
-                    self._emit(child, child_refs, out, "")
+                    self._emit(child, child_refs, out, 0)
                 else:  # the common leaf, without a call
-                    leaf = child[5:].decode()
-                    self._budget -= len(leaf)
+                    self._budget -= len(child) - 5
                     if self._budget < 0:
                         raise _corrupt("tree expands beyond the record size limit")
-                    out.append(leaf)
-                pos = off + 4
-        out.append(text[pos:end])
-
-
-def _loads_text(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        if not _is_digit_limit(exc):
-            raise
-    return json.loads(text, parse_int=_decimal_to_int)
+                    out.append(memoryview(child)[5:])
+                pos = at + 4
+        out.append(view[pos:end])
 
 
 def _drive(steps: _Steps[_T], fetch: Fetch) -> _T:
