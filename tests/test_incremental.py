@@ -20,6 +20,7 @@ from aiocheckpoint.incremental import (
     TreeParams,
     adecode_checkpoint_v2,
     ajoin_state,
+    areferenced_hashes,
     decode_checkpoint_v2,
     encode_checkpoint_v2,
     join_state,
@@ -260,6 +261,7 @@ async def test_async_fetch_round_trips() -> None:
     record, split2 = encode_checkpoint_v2(cp, SMALL)
     back = await adecode_checkpoint_v2(record, Store(split2.blobs).afetch, step=3)
     assert back == cp
+    assert await areferenced_hashes([split.root], store.afetch) == set(split.blobs)
 
 
 def _big_split() -> tuple[SplitResult, dict[str, Any]]:
@@ -366,6 +368,15 @@ def _descendants(h: bytes, split: SplitResult) -> set[bytes]:
             out.add(child)
             todo.extend(split.children[child])
     return out
+
+
+def test_marking_reports_missing_blobs() -> None:
+    """The mark phase refuses to silently skip a blob that is gone."""
+    split, _ = _big_split()
+    blobs = dict(split.blobs)
+    del blobs[next(iter(split.root_refs))]
+    with pytest.raises(CheckpointCorruptedError, match="missing"):
+        referenced_hashes([split.root], Store(blobs).fetch)
 
 
 def test_known_blobs_are_not_encoded_again() -> None:

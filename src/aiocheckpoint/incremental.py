@@ -652,7 +652,7 @@ def _reference_steps(
             if _sha256(node).digest()[:digest] != h:
                 raise _corrupt(f"blob {h.hex()} does not match its hash")
             level.update(_node_refs(node, digest))
-        pending = level - seen - set(skip)
+        pending = {h for h in level if h not in seen and h not in skip}
     return seen
 
 
