@@ -353,6 +353,7 @@ def test_reference_bookkeeping_matches_the_tree() -> None:
         assert node_children(blob) == split.children[h]
     reachable = referenced_hashes([split.root], Store(split.blobs).fetch)
     assert reachable == set(split.referenced) == set(split.blobs)
+    assert referenced_hashes(split.root, Store(split.blobs).fetch) == reachable
     first = next(iter(split.root_refs))
     assert referenced_hashes([split.root], Store(split.blobs).fetch, skip={first}) == {
         h for h in reachable if h != first

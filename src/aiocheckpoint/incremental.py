@@ -639,6 +639,8 @@ def _reference_steps(
 ) -> _Steps[set[bytes]]:
     unwrap = _Unwrapper()
     seen: set[bytes] = set()
+    if isinstance(roots, (bytes, bytearray)):  # one root rather than a collection of them
+        roots = [bytes(roots)]
     pending = {h for root in roots for h in _node_refs(unwrap(root), digest) if h not in skip}
     while pending:
         got = yield list(pending)
@@ -665,8 +667,10 @@ def referenced_hashes(
 ) -> set[bytes]:
     """Every blob hash reachable from ``roots`` (the mark phase of mark-and-sweep).
 
-    Hashes in ``skip`` (already marked) are not descended into: a blob's sub-tree is
-    immutable, so marking costs one fetch per distinct blob, not per checkpoint.
+    ``roots`` are stored roots (or blobs: their descendants are returned); one root may be
+    passed as plain bytes. Hashes in ``skip`` (already marked) are not descended into: a
+    blob's sub-tree is immutable, so marking costs one fetch per distinct blob, not per
+    checkpoint.
     """
     return _drive(_guard(_reference_steps(roots, digest_size, skip)), fetch)
 
