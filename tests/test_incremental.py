@@ -1,0 +1,429 @@
+import math
+import random
+import string
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiocheckpoint import (
+    AgentStatus,
+    Checkpoint,
+    CheckpointCorruptedError,
+    CheckpointSerializationError,
+    StateSnapshot,
+)
+from aiocheckpoint.incremental import (
+    SplitResult,
+    TreeParams,
+    adecode_checkpoint_v2,
+    ajoin_state,
+    areferenced_hashes,
+    decode_checkpoint_v2,
+    encode_checkpoint_v2,
+    join_state,
+    node_children,
+    record_format_version,
+    record_root_refs,
+    referenced_hashes,
+    split_state,
+)
+from aiocheckpoint.serde import encode_checkpoint, to_storable
+
+# Tiny limits make even small generated states into deep trees of chunks and indexes.
+TINY = TreeParams(
+    inline_limit=16,
+    root_inline_limit=0,
+    chunk_min=16,
+    chunk_avg=48,
+    chunk_max=128,
+    fanout_min=2,
+    fanout_avg=3,
+    fanout_max=6,
+)
+SMALL = TreeParams(inline_limit=64, root_inline_limit=0, chunk_min=64, chunk_avg=256)
+
+
+class Store:
+    """A blob store in a dict that counts fetch calls."""
+
+    def __init__(self, blobs: Mapping[bytes, bytes] | None = None) -> None:
+        self.blobs: dict[bytes, bytes] = dict(blobs or {})
+        self.calls: list[list[bytes]] = []
+
+    def add(self, split: SplitResult) -> int:
+        """Store a split's blobs; return how many bytes were new."""
+        new = 0
+        for h, blob in split.blobs.items():
+            if h not in self.blobs:
+                self.blobs[h] = blob
+                new += len(blob)
+        return new
+
+    def fetch(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        self.calls.append(list(hashes))
+        return {h: self.blobs[h] for h in hashes if h in self.blobs}
+
+    async def afetch(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        return self.fetch(hashes)
+
+
+def canon(value: Any) -> Any:
+    """A comparable form that keeps key order, int/float/bool distinctions, NaN and -0.0."""
+    kind = type(value)
+    if kind is dict:
+        return ("dict", [(k, canon(v)) for k, v in value.items()])
+    if kind is list:
+        return ("list", [canon(v) for v in value])
+    if kind is float:
+        return ("float", repr(value))
+    return (kind.__name__, value)
+
+
+def round_trip(data: Any, params: TreeParams) -> tuple[Any, Store, SplitResult]:
+    split = split_state(data, params)
+    store = Store(split.blobs)
+    return join_state(split.root, store.fetch, digest_size=params.digest_size), store, split
+
+
+text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from([70, 6000]).map(lambda e: 7**e)
+    | st.sampled_from([64, 6000]).map(lambda e: -(7**e))
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | text
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(text, inner, max_size=12),
+    max_leaves=30,
+)
+states = st.dictionaries(text, json_values, max_size=10)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(states)
+def test_random_states_round_trip_exactly_through_deep_trees(data: dict[str, Any]) -> None:
+    """Random nested states come back exactly (key order, types, big ints, NaN, -0.0)."""
+    back, _, _ = round_trip(data, TINY)
+    assert canon(back) == canon(data)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(states)
+def test_random_states_round_trip_with_default_params(data: dict[str, Any]) -> None:
+    """With the default parameters (small states inline in the root) states round trip."""
+    back, _, _ = round_trip(data, TreeParams())
+    assert canon(back) == canon(data)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(states, st.integers(min_value=0, max_value=2**62))
+def test_random_checkpoints_round_trip_through_v2_records(data: dict[str, Any], step: int) -> None:
+    """A checkpoint survives a version-2 record and its blobs unchanged."""
+    cp = _checkpoint(data, step=step)
+    record, split = encode_checkpoint_v2(cp, TINY)
+    back = decode_checkpoint_v2(record, Store(split.blobs).fetch, workflow_id="wf", step=step)
+    assert canon(back.state_snapshot.data) == canon(cp.state_snapshot.data)
+    assert back.model_dump(exclude={"state_snapshot"}) == cp.model_dump(exclude={"state_snapshot"})
+    assert back.state_snapshot.version == cp.state_snapshot.version
+
+
+def _checkpoint(data: dict[str, Any], step: int = 3) -> Checkpoint:
+    return Checkpoint(
+        workflow_id="wf",
+        step=step,
+        agent_id="agent",
+        status=AgentStatus.COMPLETED,
+        state_snapshot=StateSnapshot(data=to_storable(data), metadata={"m": [1, 2]}),
+        metadata={"note": "x"},
+    )
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join("".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(n))
+
+
+def test_special_values_survive_inside_blobs() -> None:
+    """NaN, infinities, -0.0 and ints beyond the 4300-digit limit round trip inside blobs."""
+    huge = 7**20000
+    data = {"pad": "p" * 3000, "vals": [math.nan, math.inf, -math.inf, -0.0, huge, -huge] * 3}
+    back, store, _ = round_trip(data, TreeParams())
+    assert store.blobs
+    assert canon(back) == canon(data)
+
+
+def test_text_that_looks_like_a_reference_is_just_text() -> None:
+    """User values shaped like the node format (null, hashes, kind bytes) stay user values."""
+    split0 = split_state({"a": "x" * 100}, SMALL)
+    fake = next(iter(split0.blobs))
+    data = {
+        "nulls": [None] * 50,
+        "hash": fake.hex(),
+        "tricky": ["V", "null", {"null": None}, "\x00\x01", '"null"'] * 20,
+    }
+    back, _, _ = round_trip(data, TINY)
+    assert canon(back) == canon(data)
+
+
+def test_repeated_subtrees_are_stored_once_and_come_back_as_separate_objects() -> None:
+    """An identical sub-tree used twice is one blob, yet the copies do not alias."""
+    doc = {"body": "same text " * 100, "tags": ["a", "b"]}
+    data = {"first": doc, "second": dict(doc)}
+    back, _, split = round_trip(data, TreeParams(root_inline_limit=0))
+    assert len(split.root_refs) == 1 or len(split.blobs) < 3
+    assert back == data
+    assert back["first"] is not back["second"]
+    back["first"]["tags"].append("c")
+    assert back["second"]["tags"] == ["a", "b"]
+
+
+def test_unchanged_subtrees_are_shared_between_checkpoints() -> None:
+    """Changing one small key of a ~1 MB state adds a few small blobs, not a copy."""
+    rng = random.Random(5)
+    state = {
+        "counter": 0,
+        "docs": {f"d{i}": {"n": 0, "body": _words(rng, 140)} for i in range(1000)},
+    }
+    store = Store()
+    first = store.add(split_state(state))
+    state["counter"] = 1
+    state["docs"]["d500"]["n"] = 1
+    split = split_state(state)
+    added = store.add(split)
+    assert first > 900_000
+    assert added < 16_000
+    before = split_state(_counter(state, 0)).blobs
+    assert len([h for h in split.blobs if h not in before]) <= 8
+    assert join_state(split.root, store.fetch) == state
+
+
+def _counter(state: dict[str, Any], value: int) -> dict[str, Any]:
+    copy = to_storable(state)
+    copy["docs"]["d500"]["n"] = value
+    return copy
+
+
+@pytest.mark.parametrize("size", [2000, 8000])
+def test_appending_to_a_long_list_rewrites_a_bounded_number_of_bytes(size: int) -> None:
+    """Appending one element adds bytes bounded by the chunk size and tree depth, not n."""
+    rng = random.Random(size)
+    params = TreeParams(root_inline_limit=0)
+    items = [{"id": i, "text": _words(rng, 12)} for i in range(size)]
+    store = Store()
+    store.add(split_state({"log": items}, params))
+    total = sum(map(len, store.blobs.values()))
+    for i in range(5):
+        items.append({"id": size + i, "text": _words(rng, 12)})
+        split = split_state({"log": items}, params)
+        added = store.add(split)
+        assert added <= params.chunk_max + 4 * params.fanout_max * params.digest_size
+        assert join_state(split.root, store.fetch) == {"log": items}
+    assert total > 4 * (params.chunk_max + 4 * params.fanout_max * params.digest_size)
+
+
+def test_inserting_in_the_middle_of_a_list_rewrites_only_nearby_chunks() -> None:
+    """Content-defined boundaries resynchronise after an insertion."""
+    rng = random.Random(9)
+    params = TreeParams(root_inline_limit=0)
+    items = [_words(rng, 15) for _ in range(4000)]
+    store = Store()
+    store.add(split_state(items, params))
+    items.insert(2000, "inserted " * 5)
+    split = split_state(items, params)
+    assert store.add(split) < 4 * params.chunk_max
+    assert join_state(split.root, store.fetch) == items
+
+
+def test_fetch_is_called_once_per_tree_level() -> None:
+    """Blobs are requested level by level, each hash at most once."""
+    data = {"l": [{"k": i, "v": "x" * 40} for i in range(300)]}
+    split = split_state(data, TINY)
+    store = Store(split.blobs)
+    assert join_state(split.root, store.fetch) == data
+    requested = [h for call in store.calls for h in call]
+    assert len(requested) == len(set(requested)) == len(split.blobs)
+    assert 3 <= len(store.calls) < 20
+
+
+async def test_async_fetch_round_trips() -> None:
+    """ajoin_state and adecode_checkpoint_v2 give the same results as the sync forms."""
+    data = {"l": [{"k": i, "v": "y" * 40} for i in range(200)], "s": "z" * 5000}
+    split = split_state(data, SMALL)
+    store = Store(split.blobs)
+    assert await ajoin_state(split.root, store.afetch) == data
+    cp = _checkpoint(data)
+    record, split2 = encode_checkpoint_v2(cp, SMALL)
+    back = await adecode_checkpoint_v2(record, Store(split2.blobs).afetch, step=3)
+    assert back == cp
+    assert await areferenced_hashes([split.root], store.afetch) == set(split.blobs)
+
+
+def _big_split() -> tuple[SplitResult, dict[str, Any]]:
+    data = {"items": [{"i": i, "t": "w" * 50} for i in range(400)], "top": "q" * 3000}
+    return split_state(data, SMALL), data
+
+
+def test_a_missing_blob_is_reported_as_corruption() -> None:
+    """A reader whose store lacks one blob raises CheckpointCorruptedError naming it."""
+    split, _ = _big_split()
+    for victim in list(split.blobs)[:: max(1, len(split.blobs) // 7)]:
+        blobs = dict(split.blobs)
+        del blobs[victim]
+        with pytest.raises(CheckpointCorruptedError, match=victim.hex()):
+            join_state(split.root, Store(blobs).fetch)
+
+
+def test_a_corrupted_blob_is_reported_as_corruption() -> None:
+    """A bit flip anywhere in any blob fails its hash check."""
+    split, _ = _big_split()
+    rng = random.Random(1)
+    for victim in list(split.blobs)[:: max(1, len(split.blobs) // 7)]:
+        blob = bytearray(split.blobs[victim])
+        blob[rng.randrange(1, len(blob))] ^= 0x10
+        blobs = dict(split.blobs)
+        blobs[victim] = bytes(blob)
+        with pytest.raises(CheckpointCorruptedError):
+            join_state(split.root, Store(blobs).fetch)
+
+
+def test_a_blob_stored_under_another_hash_is_detected() -> None:
+    """A store that answers with the wrong (but intact) blob is caught by the hash."""
+    split, _ = _big_split()
+    keys = list(split.blobs)
+    blobs = dict(split.blobs)
+    blobs[keys[0]], blobs[keys[1]] = blobs[keys[1]], blobs[keys[0]]
+    with pytest.raises(CheckpointCorruptedError, match="does not match its hash"):
+        join_state(split.root, Store(blobs).fetch)
+
+
+def test_damaged_v2_records_are_reported_as_corruption() -> None:
+    """Truncated, bit-flipped or mislabelled version-2 records raise CheckpointCorruptedError."""
+    record, split = encode_checkpoint_v2(_checkpoint({"a": "b" * 3000}), SMALL)
+    fetch = Store(split.blobs).fetch
+    for damaged in (record[:-1], record[:10], record[:30] + bytes([record[30] ^ 1]) + record[31:]):
+        with pytest.raises(CheckpointCorruptedError):
+            decode_checkpoint_v2(damaged, fetch)
+    with pytest.raises(CheckpointCorruptedError, match="step"):
+        decode_checkpoint_v2(record, fetch, step=4)
+    with pytest.raises(CheckpointCorruptedError, match="workflow"):
+        decode_checkpoint_v2(record, fetch, workflow_id="other")
+
+
+def test_tree_expansion_is_bounded() -> None:
+    """A reader refuses trees that expand beyond its byte budget."""
+    split, _ = _big_split()
+    with pytest.raises(CheckpointCorruptedError, match="limit"):
+        join_state(split.root, Store(split.blobs).fetch, max_bytes=1000)
+
+
+def test_version_1_records_still_decode() -> None:
+    """decode_checkpoint_v2 reads records written in format version 1."""
+    cp = _checkpoint({"a": [1, 2.5, None], "big": 7**6000})
+    record = encode_checkpoint(cp)
+    assert record_format_version(record) == 1
+    assert record_root_refs(record) == ()
+    assert decode_checkpoint_v2(record, Store().fetch, workflow_id="wf", step=3) == cp
+
+
+def test_small_states_are_stored_inline_without_blobs() -> None:
+    """A ~1 KB state makes a self-contained version-2 record and never calls fetch."""
+    cp = _checkpoint({"goal": "g" * 800, "n": 1})
+    record, split = encode_checkpoint_v2(cp)
+    assert record_format_version(record) == 2
+    assert split.blobs == {} and split.root == b"" and record_root_refs(record) == ()
+
+    def no_fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        raise AssertionError("fetch called for an inline state")
+
+    assert decode_checkpoint_v2(record, no_fetch) == cp
+
+
+def test_reference_bookkeeping_matches_the_tree() -> None:
+    """children, root_refs, referenced, node_children and referenced_hashes agree."""
+    split, _ = _big_split()
+    record, split2 = encode_checkpoint_v2(_checkpoint(_big_split()[1]), SMALL)
+    assert set(record_root_refs(record)) == set(split2.root_refs) == set(split.root_refs)
+    for h, blob in split.blobs.items():
+        assert node_children(blob) == split.children[h]
+    reachable = referenced_hashes([split.root], Store(split.blobs).fetch)
+    assert reachable == set(split.referenced) == set(split.blobs)
+    assert referenced_hashes(split.root, Store(split.blobs).fetch) == reachable
+    first = next(iter(split.root_refs))
+    assert referenced_hashes([split.root], Store(split.blobs).fetch, skip={first}) == {
+        h for h in reachable if h != first
+    } - _descendants(first, split)
+
+
+def _descendants(h: bytes, split: SplitResult) -> set[bytes]:
+    out: set[bytes] = set()
+    todo = list(split.children[h])
+    while todo:
+        child = todo.pop()
+        if child not in out:
+            out.add(child)
+            todo.extend(split.children[child])
+    return out
+
+
+def test_marking_reports_missing_blobs() -> None:
+    """The mark phase refuses to silently skip a blob that is gone."""
+    split, _ = _big_split()
+    blobs = dict(split.blobs)
+    del blobs[next(iter(split.root_refs))]
+    with pytest.raises(CheckpointCorruptedError, match="missing"):
+        referenced_hashes([split.root], Store(blobs).fetch)
+
+
+def test_known_blobs_are_not_encoded_again() -> None:
+    """Blobs whose hash the caller already stores are left out of the result."""
+    split, data = _big_split()
+    again = split_state(data, SMALL, known=split.blobs.keys())
+    assert again.blobs == {}
+    assert again.children == split.children
+
+
+def test_zstd_compression_is_flagged_and_round_trips() -> None:
+    """Compressed blobs carry the zstd flag, are smaller, and read back exactly."""
+    data = {"docs": [{"body": "lorem ipsum dolor " * 60} for _ in range(50)]}
+    params = TreeParams(root_inline_limit=0, compression="zstd")
+    split = split_state(data, params)
+    plain = split_state(data, TreeParams(root_inline_limit=0))
+    assert split.blobs.keys() == plain.blobs.keys()
+    assert any(blob[0] == 1 for blob in split.blobs.values())
+    assert sum(map(len, split.blobs.values())) < sum(map(len, plain.blobs.values())) / 2
+    assert join_state(split.root, Store(split.blobs).fetch) == data
+    mixed = {h: (split.blobs[h] if i % 2 else plain.blobs[h]) for i, h in enumerate(split.blobs)}
+    assert join_state(split.root, Store(mixed).fetch) == data
+
+
+def test_unknown_blob_flags_are_corruption() -> None:
+    """A blob whose flags byte is unknown is refused."""
+    split, _ = _big_split()
+    blobs = {h: b"\x80" + b[1:] for h, b in split.blobs.items()}
+    with pytest.raises(CheckpointCorruptedError, match="flags"):
+        join_state(split.root, Store(blobs).fetch)
+
+
+@pytest.mark.parametrize("bad", [{"s": {1, 2}}, {"b": b"x"}, {"u": "\ud800" * 600}])
+def test_unstorable_values_raise_serialization_errors(bad: dict[str, Any]) -> None:
+    """Values outside the storable set are refused with CheckpointSerializationError."""
+    with pytest.raises(CheckpointSerializationError):
+        split_state(bad, TreeParams(root_inline_limit=0))
+
+
+def test_bad_parameters_are_refused() -> None:
+    """TreeParams rejects inconsistent sizes and unknown compressors."""
+    from aiocheckpoint import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError):
+        TreeParams(digest_size=8)
+    with pytest.raises(InvalidArgumentError):
+        TreeParams(chunk_min=10, chunk_avg=5)
+    with pytest.raises(InvalidArgumentError):
+        TreeParams(compression="lz4")
