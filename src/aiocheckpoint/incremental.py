@@ -400,7 +400,7 @@ def _split(data: Any, params: TreeParams, known: Collection[bytes], inline: bool
     limit = params.root_inline_limit
     try:
         if inline and limit and not _exceeds(data, limit):
-            body = _dumps(data)
+            body = _dumps(data, False)  # exact path: NaN and big ints stay as they are
             if len(body) <= limit:
                 return SplitResult(splitter.wrap(b"V\x00\x00\x00\x00" + body), {}, {}, ())
         text, refs = splitter.encode(data)
@@ -712,7 +712,7 @@ def _record(meta_bytes: bytes, digest: int, root: bytes) -> bytes:
 
 def _meta_bytes(meta: dict[str, Any]) -> bytes:
     try:
-        return _dumps(meta)
+        return _dumps(meta, False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise CheckpointSerializationError("checkpoint", str(exc)) from exc
 
