@@ -1,0 +1,119 @@
+"""The SQLite schema, its version, and the migrations that bring an older database up to date.
+
+The database records its schema version in ``PRAGMA user_version`` and marks itself as an
+aiocheckpoint database with ``PRAGMA application_id``. Opening runs every migration newer than
+the recorded version, in order, inside one ``BEGIN IMMEDIATE`` transaction (SQLite DDL is
+transactional), so a crash or a concurrent opener never sees a half-migrated schema. Later
+features (content-addressed blobs, workflow records and leases) append migrations here.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from ..errors import StorageSchemaError
+
+__all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate"]
+
+#: ``PRAGMA application_id`` of an aiocheckpoint database: the bytes "ACKP".
+APPLICATION_ID: Final = 0x41434B50
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step: the version it produces and the statements (or function) that do it."""
+
+    version: int
+    description: str
+    apply: Sequence[str] | Callable[[sqlite3.Connection], None]
+
+    def run(self, conn: sqlite3.Connection) -> None:
+        """Apply this migration inside the caller's open transaction."""
+        if callable(self.apply):
+            self.apply(conn)
+            return
+        # One execute() per statement: executescript() would COMMIT the open transaction.
+        for statement in self.apply:
+            conn.execute(statement)
+
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(
+        1,
+        "checkpoints: one row per (workflow_id, step)",
+        (
+            # A rowid table: large blobs belong in rowid tables, not WITHOUT ROWID ones.
+            # The UNIQUE constraint's index serves latest / one step / exists / pages.
+            """
+            CREATE TABLE checkpoints (
+                id          INTEGER PRIMARY KEY,
+                workflow_id TEXT    NOT NULL CHECK (typeof(workflow_id) = 'text'),
+                step        INTEGER NOT NULL CHECK (typeof(step) = 'integer' AND step >= 0),
+                data        BLOB    NOT NULL CHECK (typeof(data) = 'blob'),
+                CONSTRAINT checkpoints_workflow_step UNIQUE (workflow_id, step)
+            )
+            """,
+        ),
+    ),
+)
+
+#: The schema version this code writes.
+SCHEMA_VERSION: Final = MIGRATIONS[-1].version
+
+
+def _pragma_int(conn: sqlite3.Connection, name: str) -> int:
+    value = conn.execute(f"PRAGMA {name}").fetchall()[0][0]
+    return int(value)
+
+
+def _check(conn: sqlite3.Connection, latest: int) -> int:
+    app_id = _pragma_int(conn, "application_id")
+    version = _pragma_int(conn, "user_version")
+    if app_id not in (0, APPLICATION_ID):
+        raise StorageSchemaError(
+            f"not an aiocheckpoint database (application_id {app_id:#x}, expected "
+            f"{APPLICATION_ID:#x})"
+        )
+    if version > latest:
+        raise StorageSchemaError(
+            f"database schema version {version} is newer than this aiocheckpoint "
+            f"understands ({latest}); upgrade aiocheckpoint to open it"
+        )
+    if version == 0:
+        tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchall()[
+            0
+        ][0]
+        if tables:
+            raise StorageSchemaError(
+                "not an aiocheckpoint database: it has tables but no schema version"
+            )
+    return version
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    """Bring the database up to the newest version in ``migrations``; return that version.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``). Raises
+    :class:`~aiocheckpoint.StorageSchemaError` for a newer or a foreign database, leaving it
+    unchanged.
+    """
+    latest = migrations[-1].version
+    if _check(conn, latest) == latest:
+        return latest
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _check(conn, latest)  # another process may have migrated meanwhile
+        for migration in migrations:
+            if migration.version > version:
+                migration.run(conn)
+        conn.execute(f"PRAGMA user_version = {int(latest)}")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return latest

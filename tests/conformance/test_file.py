@@ -1,0 +1,22 @@
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.testing import PersistentStorageConformance, StorageConformance
+
+
+class TestFileConformance(StorageConformance, PersistentStorageConformance):
+    @pytest.fixture
+    async def storage(self, tmp_path: Path) -> AsyncIterator[FileCheckpointStorage]:
+        store = FileCheckpointStorage(tmp_path / "store")
+        yield store
+        await store.close()
+
+    @pytest.fixture
+    async def reopen(self, tmp_path: Path) -> Callable[[], Awaitable[FileCheckpointStorage]]:
+        async def _reopen() -> FileCheckpointStorage:
+            return FileCheckpointStorage(tmp_path / "store")
+
+        return _reopen

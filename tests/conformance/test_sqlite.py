@@ -1,0 +1,30 @@
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.testing import PersistentStorageConformance, StorageConformance
+
+
+class TestSQLiteConformance(StorageConformance, PersistentStorageConformance):
+    @pytest.fixture
+    async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:
+        store = SQLiteCheckpointStorage(tmp_path / "checkpoints.db")
+        yield store
+        await store.close()
+
+    @pytest.fixture
+    async def reopen(
+        self, tmp_path: Path
+    ) -> AsyncIterator[Callable[[], Awaitable[SQLiteCheckpointStorage]]]:
+        opened: list[SQLiteCheckpointStorage] = []
+
+        async def open_again() -> SQLiteCheckpointStorage:
+            store = SQLiteCheckpointStorage(tmp_path / "checkpoints.db")
+            opened.append(store)
+            return store
+
+        yield open_again
+        for store in opened:
+            await store.close()
