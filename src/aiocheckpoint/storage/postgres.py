@@ -1,0 +1,482 @@
+"""PostgreSQL storage over asyncpg, with group commit.
+
+asyncpg is an optional dependency (``pip install aiocheckpoint[postgres]``): it is imported
+the first time a storage is used, never when this module is imported.
+
+Concurrent ``save`` calls share round trips: each call queues its row and waits; up to
+``write_concurrency`` writer tasks take the queued rows and write each batch with one
+``INSERT ... SELECT FROM unnest(...)`` (plus one retention ``DELETE`` in the same transaction
+when ``keep_last`` is used). A caller returns only after the transaction holding its row has
+committed. See docs/postgres-storage.md for the schema, durability and cost of each call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, TypeVar
+
+from .._validation import check_limit, check_optional_step, check_step, check_workflow_id
+from ..errors import (
+    CheckpointCorruptedError,
+    CheckpointError,
+    InvalidArgumentError,
+    StorageBackendError,
+    StorageClosedError,
+)
+from ._pg_schema import Sql, migrate, quote_schema
+from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint
+
+__all__ = ["PostgresCheckpointStorage", "WriteStats"]
+
+T = TypeVar("T")
+
+_MAX_STEP = 2**63 - 1
+_asyncpg: ModuleType | None = None
+
+
+def _import_asyncpg() -> ModuleType:
+    global _asyncpg
+    if _asyncpg is None:
+        try:
+            _asyncpg = importlib.import_module("asyncpg")
+        except ImportError as exc:
+            raise StorageBackendError(
+                "PostgresCheckpointStorage needs asyncpg, which is not installed: "
+                "pip install 'aiocheckpoint[postgres]'"
+            ) from exc
+    return _asyncpg
+
+
+def _driver_errors(pg: ModuleType) -> tuple[type[BaseException], ...]:
+    return (
+        pg.PostgresError,
+        pg.InterfaceError,
+        pg.InternalClientError,
+        OSError,
+        asyncio.TimeoutError,
+    )
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is dead or its protocol state is unusable."""
+    if isinstance(exc, (OSError, asyncio.TimeoutError)):
+        return True
+    state = getattr(exc, "sqlstate", None) or ""
+    if state.startswith(("08", "57P")):
+        return True
+    pg = _asyncpg
+    if pg is None:
+        return False
+    # asyncpg can be left in a confused protocol state by a server-side termination
+    # (MagicStack/asyncpg#1069): such a connection must be discarded, like a dead one.
+    if isinstance(exc, pg.InternalClientError):
+        return True
+    if isinstance(exc, pg.InterfaceError):
+        text = str(exc).lower()
+        return "connection" in text and "closed" in text
+    return False
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Whether running the same idempotent operation again may well succeed."""
+    if _connection_lost(exc):
+        return True
+    if getattr(exc, "sqlstate", None) in ("40001", "40P01"):  # serialization, deadlock
+        return True
+    pg = _asyncpg
+    # A concurrent ALTER TABLE invalidated a cached statement; asyncpg has dropped it.
+    return pg is not None and isinstance(exc, pg.InvalidCachedStatementError)
+
+
+@dataclass
+class WriteStats:
+    """Counters of the group-commit writer: how many rows shared how many transactions."""
+
+    rows: int = 0
+    batches: int = 0
+    retries: int = 0
+    split_batches: int = 0
+    largest_batch: int = 0
+
+
+@dataclass(eq=False)
+class _Write:
+    workflow_id: str
+    step: int
+    data: bytes
+    keep_last: int | None
+    future: asyncio.Future[None] = field(repr=False)
+
+
+class PostgresCheckpointStorage(BaseStorage):
+    """Stores checkpoint records in PostgreSQL, in one table of its own schema.
+
+    ``dsn_or_pool`` is a connection string (the storage then creates, owns and closes an
+    asyncpg pool of ``min_size``..``max_size`` connections; ``connect_kwargs`` go to
+    ``asyncpg.create_pool``) or an existing ``asyncpg.Pool`` (used as is, never closed).
+    Nothing connects until the first call, which also creates or migrates the schema.
+
+    Every operation is one primary-key lookup or range scan. ``save`` is durable when it
+    returns (the row's transaction has committed). A connection lost mid-operation is
+    retried up to ``retries`` times on a fresh connection for idempotent calls (save, load,
+    scan, exists, list_workflows); otherwise it raises :class:`StorageBackendError`.
+    """
+
+    def __init__(
+        self,
+        dsn_or_pool: Any,
+        *,
+        schema: str = "aiocheckpoint",
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        min_size: int = 1,
+        max_size: int = 10,
+        write_concurrency: int = 2,
+        max_batch_rows: int = 500,
+        max_batch_bytes: int = 16 * 1024 * 1024,
+        retries: int = 2,
+        **connect_kwargs: Any,
+    ) -> None:
+        self._quoted = quote_schema(schema)
+        for name, value, low in (
+            ("max_record_bytes", max_record_bytes, 1),
+            ("min_size", min_size, 0),
+            ("max_size", max_size, 1),
+            ("write_concurrency", write_concurrency, 1),
+            ("max_batch_rows", max_batch_rows, 1),
+            ("max_batch_bytes", max_batch_bytes, 1),
+            ("retries", retries, 0),
+        ):
+            if type(value) is not int or value < low:
+                raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+        if isinstance(dsn_or_pool, str):
+            self._dsn: str | None = dsn_or_pool
+            self._given_pool: Any = None
+        elif hasattr(dsn_or_pool, "acquire"):
+            self._dsn = None
+            self._given_pool = dsn_or_pool
+        else:
+            raise InvalidArgumentError(
+                f"dsn_or_pool must be a DSN str or an asyncpg pool, not {type(dsn_or_pool)!r}"
+            )
+        self._pool: Any = None
+        self._schema = schema
+        self._sql = Sql.for_schema(self._quoted)
+        self._max_record_bytes = max_record_bytes
+        self._pool_options = {"min_size": min_size, "max_size": max_size, **connect_kwargs}
+        self._write_concurrency = write_concurrency
+        self._max_batch_rows = max_batch_rows
+        self._max_batch_bytes = max_batch_bytes
+        self._retries = retries
+        self._open_lock = asyncio.Lock()
+        self._queue: deque[_Write] = deque()
+        self._writers: set[asyncio.Task[None]] = set()
+        self._in_flight: set[str] = set()
+        self.stats = WriteStats()
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding this store's tables."""
+        return self._schema
+
+    # --- the protocol -------------------------------------------------------------------
+
+    async def save(
+        self, workflow_id: str, step: int, data: bytes, *, keep_last: int | None = None
+    ) -> None:
+        """Store ``data`` as ``step``; with ``keep_last`` prune older steps in the same commit.
+
+        Returns once the row is committed. Cancelled while still queued, the row is not
+        written; cancelled once its batch is in flight, the batch completes whole.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_step(step)
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"data must be bytes, not {type(data).__qualname__}")
+        data = bytes(data)
+        if len(data) > self._max_record_bytes:
+            raise InvalidArgumentError(
+                f"record of {len(data)} bytes exceeds max_record_bytes={self._max_record_bytes}"
+            )
+        await self._ensure_open()
+        self._check_open()
+        item = _Write(
+            workflow_id, step, data, keep_last, asyncio.get_running_loop().create_future()
+        )
+        self._queue.append(item)
+        if len(self._writers) < self._write_concurrency:
+            task = asyncio.create_task(self._writer())
+            self._writers.add(task)
+            task.add_done_callback(self._writers.discard)
+        # Cancelling this await cancels the future: a writer drops it while it is queued.
+        await item.future
+
+    async def load(self, workflow_id: str, step: int | None = None) -> StoredCheckpoint | None:
+        """Return one step's record (the highest when ``step`` is None), or None."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        if step is None:
+            sql, args = self._sql.latest, [workflow_id, self._max_record_bytes]
+        else:
+            sql, args = self._sql.at_step, [workflow_id, check_step(step), self._max_record_bytes]
+        row = await self._run("load", lambda con: con.fetchrow(sql, *args))
+        return None if row is None else self._record(workflow_id, row)
+
+    async def scan(
+        self,
+        workflow_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        limit: int | None = None,
+        descending: bool = False,
+    ) -> list[StoredCheckpoint]:
+        """Return records with ``after < step < before`` in step order, at most ``limit``."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        after = check_optional_step(after, "after")
+        before = check_optional_step(before, "before")
+        limit = check_limit(limit)
+        upper = _MAX_STEP if before is None else before - 1
+        sql = self._sql.scan_desc if descending else self._sql.scan_asc
+        args = (workflow_id, -1 if after is None else after, upper, limit, self._max_record_bytes)
+        rows = await self._run("scan", lambda con: con.fetch(sql, *args))
+        return [self._record(workflow_id, row) for row in rows]
+
+    async def exists(self, workflow_id: str, step: int | None = None) -> bool:
+        """Whether the step (or any step) is stored."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        args: list[object]
+        if step is None:
+            sql, args = self._sql.exists_any, [workflow_id]
+        else:
+            sql, args = self._sql.exists_step, [workflow_id, check_step(step)]
+        return bool(await self._run("exists", lambda con: con.fetchval(sql, *args)))
+
+    async def delete(self, workflow_id: str, step: int | None = None) -> bool:
+        """Delete one step, or the whole workflow; return whether anything was deleted.
+
+        Not retried after a lost connection (the answer would be unreliable): that raises
+        :class:`StorageBackendError`, and the delete may or may not have committed.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        args: list[object]
+        if step is None:
+            sql, args = self._sql.delete_all, [workflow_id]
+        else:
+            sql, args = self._sql.delete_step, [workflow_id, check_step(step)]
+        status = await self._run("delete", lambda con: con.execute(sql, *args), retry=False)
+        return str(status) != "DELETE 0"
+
+    async def list_workflows(self) -> list[str]:
+        """Every workflow id with at least one record, in code point order."""
+        self._check_open()
+        rows = await self._run("list_workflows", lambda con: con.fetch(self._sql.workflows))
+        return [str(row[0]) for row in rows]
+
+    async def close(self) -> None:
+        """Wait for queued and in-flight writes, then close the pool if this storage owns it."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._writers:
+            await asyncio.gather(*self._writers, return_exceptions=True)
+        async with self._open_lock:
+            pool, self._pool = self._pool, None
+            if pool is not None and self._dsn is not None:
+                await pool.close()
+
+    # --- opening ------------------------------------------------------------------------
+
+    async def _ensure_open(self) -> Any:
+        pool = self._pool
+        if pool is not None:
+            return pool
+        async with self._open_lock:
+            self._check_open()
+            if self._pool is None:
+                self._pool = await self._open()
+            return self._pool
+
+    async def _open(self) -> Any:
+        pg = _import_asyncpg()
+        errors = _driver_errors(pg)
+        pool: Any = None
+        try:
+            if self._dsn is None:
+                pool = self._given_pool
+            else:
+                pool = await pg.create_pool(self._dsn, **self._pool_options)
+            async with pool.acquire() as con:
+                await migrate(con, self._quoted, self._schema)
+        except BaseException as exc:
+            if pool is not None and self._dsn is not None:
+                pool.terminate()
+            if isinstance(exc, errors):
+                raise StorageBackendError(
+                    f"cannot open PostgreSQL store (schema {self._schema!r}): {_describe(exc)}"
+                ) from exc
+            raise
+        return pool
+
+    # --- running statements -------------------------------------------------------------
+
+    async def _run(self, what: str, op: Callable[[Any], Awaitable[T]], *, retry: bool = True) -> T:
+        """Run ``op`` on a pooled connection; map driver errors; retry a lost connection."""
+        pool = await self._ensure_open()
+        errors = _driver_errors(_import_asyncpg())
+        attempt = 0
+        while True:
+            try:
+                return await self._on_connection(pool, op)
+            except errors as exc:
+                if self._closed and self._pool is None:
+                    raise StorageClosedError(f"{type(self).__name__} is closed") from exc
+                if retry and attempt < self._retries and _is_transient(exc):
+                    attempt += 1
+                    self.stats.retries += 1
+                    continue
+                raise StorageBackendError(f"PostgreSQL {what} failed: {_describe(exc)}") from exc
+
+    @staticmethod
+    async def _on_connection(pool: Any, op: Callable[[Any], Awaitable[T]]) -> T:
+        async with pool.acquire() as con:
+            try:
+                return await op(con)
+            except Exception as exc:
+                if _connection_lost(exc):
+                    con.terminate()  # never hand a broken connection back to the pool
+                raise
+
+    def _record(self, workflow_id: str, row: Any) -> StoredCheckpoint:
+        step, size, data = row[0], row[1], row[2]
+        if data is None:
+            raise CheckpointCorruptedError(
+                f"record of {size} bytes exceeds max_record_bytes={self._max_record_bytes}",
+                workflow_id=workflow_id,
+                step=step,
+            )
+        return StoredCheckpoint(int(step), bytes(data))
+
+    # --- the group-commit writer --------------------------------------------------------
+
+    async def _writer(self) -> None:
+        while batch := self._take_batch():
+            try:
+                await self._write_batch(batch)
+            finally:
+                self._in_flight.difference_update(w.workflow_id for w in batch)
+
+    def _take_batch(self) -> list[_Write]:
+        """Take queued rows for one transaction, oldest first.
+
+        A workflow being written by another batch, or whose rows in this batch would repeat
+        a step or mix ``keep_last`` values, is left queued (with its later rows, keeping
+        their order): retention then stays exact, and one statement never touches a row
+        twice.
+        """
+        batch: list[_Write] = []
+        keeps: dict[str, int | None] = {}
+        steps: set[tuple[str, int]] = set()
+        blocked: set[str] = set()
+        left: deque[_Write] = deque()
+        size = 0
+        while self._queue:
+            item = self._queue.popleft()
+            if item.future.done():  # cancelled while queued: never written
+                continue
+            wf = item.workflow_id
+            full = len(batch) >= self._max_batch_rows or (
+                batch and size + len(item.data) > self._max_batch_bytes
+            )
+            clash = wf in keeps and (keeps[wf] != item.keep_last or (wf, item.step) in steps)
+            if full or wf in blocked or wf in self._in_flight or clash:
+                blocked.add(wf)
+                left.append(item)
+                continue
+            batch.append(item)
+            keeps[wf] = item.keep_last
+            steps.add((wf, item.step))
+            size += len(item.data)
+        self._queue = left
+        self._in_flight.update(keeps)
+        return batch
+
+    async def _write_batch(self, batch: list[_Write]) -> None:
+        """Commit the batch, then resolve each caller; on failure, find the guilty rows."""
+        try:
+            await self._run_write(batch)
+        except Exception as exc:
+            if len(batch) > 1 and not _is_transient(exc):
+                # One bad row fails the whole statement: write rows one by one so that only
+                # its own caller sees the error.
+                self.stats.split_batches += 1
+                for item in batch:
+                    await self._write_batch([item])
+                return
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(self._write_error(exc))
+            return
+        except BaseException:
+            for item in batch:
+                item.future.cancel()
+            raise
+        for item in batch:
+            if not item.future.done():
+                item.future.set_result(None)
+
+    def _write_error(self, exc: Exception) -> Exception:
+        if isinstance(exc, CheckpointError):
+            return exc
+        error = StorageBackendError(f"PostgreSQL save failed: {_describe(exc)}")
+        error.__cause__ = exc
+        return error
+
+    async def _run_write(self, batch: list[_Write]) -> None:
+        # A stable order makes concurrent writers (other processes too) lock rows in the same
+        # order, so two batches cannot deadlock on each other.
+        batch = sorted(batch, key=lambda w: (w.workflow_id, w.step))
+        wfs = [w.workflow_id for w in batch]
+        steps = [w.step for w in batch]
+        datas = [w.data for w in batch]
+        prune = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
+
+        async def write(con: Any) -> None:
+            if not prune:  # one statement: its implicit transaction commits before it returns
+                await con.execute(self._sql.upsert, wfs, steps, datas)
+                return
+            async with con.transaction():
+                await con.execute(self._sql.upsert, wfs, steps, datas)
+                await con.execute(self._sql.prune, list(prune), list(prune.values()))
+
+        errors = _driver_errors(_import_asyncpg())
+        attempt = 0
+        while True:
+            try:
+                await self._on_connection(self._pool, write)
+                break
+            except errors as exc:
+                # The upsert and the prune are idempotent: if the commit's fate is unknown
+                # because the connection died, running them again on a fresh one is safe.
+                if attempt < self._retries and _is_transient(exc):
+                    attempt += 1
+                    self.stats.retries += 1
+                    continue
+                raise
+        self.stats.rows += len(batch)
+        self.stats.batches += 1
+        self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

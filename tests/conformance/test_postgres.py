@@ -1,0 +1,30 @@
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.testing import PersistentStorageConformance, Reopen, StorageConformance
+from tests.pg_support import DSN, pg_schema
+
+__all__ = ["pg_schema"]
+
+
+class TestPostgresConformance(StorageConformance, PersistentStorageConformance):
+    @pytest.fixture
+    async def storage(self, pg_schema: str) -> AsyncIterator[PostgresCheckpointStorage]:
+        store = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)
+        yield store
+        await store.close()
+
+    @pytest.fixture
+    async def reopen(self, pg_schema: str) -> AsyncIterator[Reopen]:
+        opened: list[PostgresCheckpointStorage] = []
+
+        async def again() -> PostgresCheckpointStorage:
+            store = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)
+            opened.append(store)
+            return store
+
+        yield again
+        for store in opened:
+            await store.close()
