@@ -563,7 +563,7 @@ async def test_progress_only_on_a_terminal(new_store: NewStore) -> None:
     await populate(url)
     code, shown = _on_terminal("verify", url)
     assert code == 0
-    assert "\r\x1b[Kverify: workflow" in shown
+    assert "\r\x1b[Kverify: [" in shown
     piped = cli("verify", url)
     assert piped.err == ""
     assert "\r" not in piped.out

@@ -150,3 +150,29 @@ def test_main_returns_exit_statuses() -> None:
     assert main(["--version"]) == 0
     assert main(["history"]) == 2
     assert main(["workflows", "nope:"]) == 2
+
+
+def test_huge_ints_print_in_show_and_diff(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """States holding ints beyond Python's default digit limit still print in full."""
+    huge = 10**5000 + 7
+    digits = "1" + "0" * 4999 + "7"  # str(huge) would hit the test's own digit limit
+
+    async def store() -> KeepOnClose:
+        storage = KeepOnClose()
+        manager = CheckpointManager(storage)
+        await manager.create_checkpoint("w", 0, "a", "completed", {"n": 1})
+        await manager.create_checkpoint("w", 1, "a", "completed", {"n": huge})
+        return storage
+
+    code, out, _ = _run(
+        monkeypatch, capsys, ["show", "memory://", "w", "--json"], asyncio.run(store())
+    )
+    assert code == 0
+    assert out.count(digits) == 1
+    code, out, _ = _run(
+        monkeypatch, capsys, ["diff", "memory://", "w", "0", "1"], asyncio.run(store())
+    )
+    assert code == 0
+    assert out.startswith("~ n: 1 -> " + digits[:50])

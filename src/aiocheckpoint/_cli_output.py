@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-__all__ = ["Output", "Progress", "compact", "printable", "when"]
+__all__ = ["Output", "Progress", "bar", "compact", "printable", "when"]
 
 _STYLES = {
     "bold": "1",
@@ -52,6 +52,12 @@ def when(moment: datetime | None) -> str:
     if moment is None:
         return "-"
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def bar(done: int, total: int, width: int = 20) -> str:
+    """A text progress bar, ``[#######-------------] 7/20``."""
+    filled = width if total <= 0 else min(width, width * done // total)
+    return f"[{'#' * filled}{'-' * (width - filled)}] {done}/{total}"
 
 
 def _colour_enabled(stream: TextIO) -> bool:

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
-from ._cli_output import Output, Progress, printable
+from ._cli_output import Output, Progress, bar, printable
 from ._cli_store import (
     EXIT_PROBLEMS,
     EXIT_STORE,
@@ -193,7 +193,7 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
                 if good:
                     await sink.put(workflow_id, good)
                 progress.update(
-                    f"copy: workflow {n}/{len(ids)}, {tally.written} written, "
+                    f"copy: {bar(n - 1, len(ids))} workflows, {tally.written} written, "
                     f"{tally.skipped} already there"
                 )
             if workflow_id in records:
@@ -243,7 +243,7 @@ async def _verify_copy(
                     tally.verified += 1
                 else:
                     tally.mismatched.append({"workflow_id": workflow_id, "step": record.step})
-            progress.update(f"verify: workflow {n}/{len(ids)}, {tally.verified} verified")
+            progress.update(f"verify: {bar(n - 1, len(ids))} workflows, {tally.verified} verified")
 
 
 # --- export ----------------------------------------------------------------------------
@@ -318,7 +318,9 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
             await file.write([_line(header)])
             for n, workflow_id in enumerate(ids, 1):
                 await _export_workflow(src, workflow_id, records.get(workflow_id), file, tally)
-                progress.update(f"export: workflow {n}/{len(ids)}, {tally.written} checkpoints")
+                progress.update(
+                    f"export: {bar(n, len(ids))} workflows, {tally.written} checkpoints"
+                )
             end = {"type": "end", "checkpoints": tally.written, "workflows": len(ids)}
             await file.write([_line(end)])
             await file.commit()

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from ._cli_diff import diff_states
-from ._cli_output import Output, Progress, compact, printable, when
+from ._cli_output import Output, Progress, bar, compact, printable, when
 from ._cli_store import (
     EXIT_NOT_FOUND,
     EXIT_PROBLEMS,
@@ -331,7 +331,7 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
                         {"workflow_id": workflow_id, "step": record.step, "reason": result}
                     )
                 progress.update(
-                    f"verify: workflow {n}/{len(ids)}, {checked} checkpoints, "
+                    f"verify: {bar(n - 1, len(ids))} workflows, {checked} checkpoints, "
                     f"{len(corrupted)} corrupted"
                 )
     progress.clear()
@@ -561,7 +561,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = Output(json_mode=args.json)
     func: Command = args.func
+    # Checkpoints may hold ints of any size; printing them must not hit Python's digit limit.
+    get_digits = getattr(sys, "get_int_max_str_digits", None)
+    set_digits = getattr(sys, "set_int_max_str_digits", None)
+    digits = get_digits() if get_digits is not None else None
     try:
+        if set_digits is not None:
+            set_digits(0)
         return asyncio.run(func(args, out))
     except CommandError as exc:
         return _fail(parser, str(exc), exc.status, exc)
@@ -572,6 +578,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"\n{parser.prog}: interrupted\n")
         return 130
+    finally:
+        if set_digits is not None:
+            set_digits(digits)
 
 
 def _fail(parser: argparse.ArgumentParser, message: str, status: int, exc: Exception) -> int:
