@@ -6,13 +6,16 @@ schema in the PostgreSQL server (nothing skips: the server must be up).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
@@ -596,3 +599,49 @@ async def test_every_command_has_json(new_store: NewStore, tmp_path: Path, args:
     result = cli(*[a.format(**values) for a in args], "--json")
     assert result.code == 0, result.err
     assert isinstance(result.json(), dict)
+
+
+async def test_copy_killed_midway_resumes(new_store: NewStore) -> None:
+    """A `copy` killed with SIGKILL mid-way leaves only whole records; running it again
+    skips exactly those and completes the copy."""
+    src, dst = new_store("sqlite"), new_store("file")
+    async with open_store(src, must_exist=False) as manager:
+        await asyncio.gather(
+            *(
+                manager.create_checkpoint(f"wf-{i % 3}", i, "a", "completed", {"i": i})
+                for i in range(600)
+            )
+        )
+    base = Path(dst.removeprefix("file:"))
+    kill_copy_midway(src, dst, base)
+    landed = count_files(base)
+    again = cli("copy", src, dst, "--json")
+    assert again.code == 0, again.err
+    report = again.json()
+    assert isinstance(report, dict)
+    assert (report["skipped"], report["written"]) == (landed, 600 - landed)
+    assert report["verified"] == 600
+    assert await raw(dst) == await raw(src)
+
+
+def count_files(base: Path) -> int:
+    """How many checkpoint files a file store holds (temporary files are not counted)."""
+    return len(list(base.glob("workflows/*/*.ckpt")))
+
+
+def kill_copy_midway(src: str, dst: str, base: Path) -> None:
+    """Start `copy SRC DST` and SIGKILL it once 50 records have landed (or it ended)."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiocheckpoint", "copy", src, dst],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        while proc.poll() is None and count_files(base) < 50:
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
