@@ -645,3 +645,15 @@ def kill_copy_midway(src: str, dst: str, base: Path) -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
+
+
+async def test_export_to_stdout_and_import_from_stdin(new_store: NewStore) -> None:
+    """`export URL -` streams the file to stdout and `import - URL` reads it from stdin."""
+    src, dst = new_store("sqlite"), new_store("file")
+    await populate(src)
+    exported = cli("export", src, "-")
+    assert exported.code == 0, exported.err
+    assert "exported 15 checkpoints" in exported.err
+    imported = cli("import", "-", dst, stdin=None, input=exported.out)
+    assert imported.code == 0, imported.err
+    assert await raw(dst) == await raw(src)
