@@ -6,8 +6,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Final, TypeAlias
 
 from .errors import CheckpointCorruptedError
 from .manager import CheckpointManager
@@ -66,17 +65,6 @@ def _scheme(url: str) -> str:
     return url.split(":", 1)[0].lower() if ":" in url else ""
 
 
-def _split_schema(url: str) -> tuple[str, dict[str, Any]]:
-    """Take ``schema=NAME`` out of a PostgreSQL URL's query: it picks the store's schema."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schemas = [value for key, value in query if key == "schema"]
-    if not schemas:
-        return url, {}
-    rest = urlencode([(key, value) for key, value in query if key != "schema"])
-    return urlunsplit(parts._replace(query=rest)), {"schema": schemas[-1]}
-
-
 def location(url: str, storage: CheckpointStorage) -> str | None:
     """The local path a ``file:`` or ``sqlite:`` store lives at (None for the others)."""
     scheme = _scheme(url)
@@ -110,10 +98,7 @@ async def open_store(url: str, *, must_exist: bool) -> AsyncIterator[CheckpointM
     With ``must_exist`` a ``file:`` or ``sqlite:`` store that is not there is an error,
     rather than an empty store silently created by a command that only reads.
     """
-    target, options = (
-        _split_schema(url) if _scheme(url) in ("postgresql", "postgres") else (url, {})
-    )
-    storage = open_storage(target, **options)
+    storage = open_storage(url)
     if must_exist:
         _check_exists(url, storage)
     manager = CheckpointManager(storage)
