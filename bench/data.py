@@ -9,28 +9,47 @@ PostgreSQL saver) skip what did not change.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from typing import Any
 
 __all__ = ["ChatStates", "DocStates", "encoded_size", "small_state", "text"]
 
-_WORDS = (
-    "agent plan tool call result search answer context user model token step memory "
-    "retrieve summary draft review cost retry error state message system reply note"
-).split()
+_WORDS = [
+    "agent",
+    "plan",
+    "tool",
+    "call",
+    "result",
+    "search",
+    "answer",
+    "context",
+    "user",
+    "model",
+    "token",
+    "step",
+    "memory",
+    "retrieve",
+    "summary",
+    "draft",
+    "review",
+    "cost",
+    "retry",
+    "error",
+    "state",
+    "message",
+    "system",
+    "reply",
+    "note",
+    "",
+]
 
 
 def text(n_bytes: int, seed: int) -> str:
-    """About ``n_bytes`` of deterministic word salad."""
+    """Exactly ``n_bytes`` of deterministic word salad."""
     rng = random.Random(seed)
-    words: list[str] = []
-    size = 0
-    while size < n_bytes:
-        word = rng.choice(_WORDS)
-        words.append(word)
-        size += len(word) + 1
-    return " ".join(words)[:n_bytes]
+    return " ".join(rng.choices(_WORDS, k=n_bytes // 4 + 1))[:n_bytes]
 
 
 def encoded_size(value: Any) -> int:
@@ -38,7 +57,7 @@ def encoded_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":")).encode())
 
 
-_SMALL_NOTE = text(760, seed=1)
+_SMALL_NOTE = text(850, seed=1)
 
 
 def small_state(step: int) -> dict[str, Any]:
@@ -54,11 +73,20 @@ def small_state(step: int) -> dict[str, Any]:
 
 
 class DocStates:
-    """A state of ``n_docs`` ~1 KB documents plus a counter that changes every step."""
+    """A state of ~1 KB documents (``total_bytes`` in all) plus a counter that changes every step.
+
+    Use :meth:`of` to share one instance per size: the documents are never modified.
+    """
 
     def __init__(self, total_bytes: int) -> None:
-        n_docs = max(1, total_bytes // 1050)
+        n_docs = max(1, total_bytes // 1027)
         self.documents = [{"id": i, "text": text(1000, seed=1000 + i)} for i in range(n_docs)]
+
+    @staticmethod
+    @functools.cache
+    def of(total_bytes: int) -> DocStates:
+        """The shared instance for ``total_bytes``."""
+        return DocStates(total_bytes)
 
     def at(self, step: int) -> dict[str, Any]:
         """The state after ``step``: the same document list, a new counter."""

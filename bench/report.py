@@ -9,10 +9,17 @@ __all__ = ["COLUMNS", "markdown", "ratios"]
 #: Per workload, the figures shown (metric, label, True when higher is better).
 COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
     "write": [("per_s", "ckpt/s", True), ("p50_ms", "p50 ms", False), ("p99_ms", "p99 ms", False)],
-    "lag": [("lag_p99_ms", "lag p99 ms", False), ("lag_max_ms", "lag max ms", False),
-            ("per_s", "ckpt/s", True)],  # fmt: skip
-    "lookup": [("latest_short_ms", "latest@10 ms", False), ("latest_long_ms", "latest@long ms", False),
-               ("long_over_short", "long/short", False), ("page10_long_ms", "page10@long ms", False)],  # fmt: skip
+    "lag": [
+        ("lag_p99_ms", "lag p99 ms", False),
+        ("lag_max_ms", "lag max ms", False),
+        ("per_s", "ckpt/s", True),
+    ],
+    "lookup": [
+        ("latest_short_ms", "latest@10 ms", False),
+        ("latest_long_ms", "latest@long ms", False),
+        ("long_over_short", "long/short", False),
+        ("page10_long_ms", "page10@long ms", False),
+    ],
     "growth": [("bytes", "MB stored", False), ("x_final_state", "x final state", False)],
     "resume": [("resume_ms", "resume ms", False)],
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -58,7 +59,9 @@ def emit(record: dict[str, Any]) -> None:
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        key: statistics.median(r[key] for r in runs) if isinstance(runs[0][key], (int, float)) else runs[0][key]
+        key: statistics.median(r[key] for r in runs)
+        if isinstance(runs[0][key], (int, float))
+        else runs[0][key]
         for key in runs[0]
     }
 
@@ -76,7 +79,7 @@ async def measure(
         for _ in range(repeats):
             gc.collect()
             runs.append(await asyncio.wait_for(job(), timeout))
-    except Exception as exc:  # noqa: BLE001 - reported, and the run goes on
+    except Exception as exc:
         emit({"kind": "error", **base, "error": f"{type(exc).__name__}: {exc}"[:500]})
         return None
     record = {"kind": "measurement", **base, "repeats": repeats, **_median(runs)}
@@ -91,46 +94,42 @@ def plan(
     """Every (workload, parameter, system) measurement to run, in order."""
     jobs: list[tuple[str, str, type[System] | str, str, int, Job]] = []
 
-    def add(workload: str, param: str, cls: type[System], repeats: int, job: Job) -> None:
-        if workload in workloads and workload in cls.workloads and cls in systems:
-            jobs.append((workload, param, cls, cls.group, repeats, job))
-
-    for cls in ALL_SYSTEMS:
-        for c in sizes.concurrency:
-            add("write", f"C={c}", cls, sizes.write_repeats,
-                lambda cls=cls, c=c: run_write(cls, env, sizes, c))  # fmt: skip
-    if "lag" in workloads:
-        jobs.append(("lag", "idle", "(idle loop)", "reference", sizes.lag_repeats,
-                     lambda: run_idle_lag(sizes)))  # fmt: skip
-    for scenario in ("small-c100", f"{sizes.lag_writers}x{sizes.big_state_bytes // 1000}kb"):
+    def add(workload: str, param: str, repeats: int, run: Callable[..., Any], *args: Any) -> None:
         for cls in ALL_SYSTEMS:
-            add("lag", scenario, cls, sizes.lag_repeats,
-                lambda cls=cls, s=scenario: run_lag(cls, env, sizes, s))  # fmt: skip
-    for cls in ALL_SYSTEMS:
-        add("lookup", f"history={sizes.history}", cls, 1,
-            lambda cls=cls: run_lookup(cls, env, sizes))  # fmt: skip
+            if workload in workloads and workload in cls.workloads and cls in systems:
+                jobs.append((workload, param, cls, cls.group, repeats,
+                             functools.partial(run, cls, env, sizes, *args)))  # fmt: skip
+
+    def reference(workload: str, param: str, name: str, job: Job) -> None:
+        if workload in workloads:
+            jobs.append((workload, param, name, "reference", 1, job))
+
+    for c in sizes.concurrency:
+        add("write", f"C={c}", sizes.write_repeats, run_write, c)
+    reference("lag", "idle", "(idle loop)", functools.partial(run_idle_lag, sizes))
+    add("lag", "small-c100", sizes.lag_repeats, run_lag, "small-c100")
+    big = f"{sizes.lag_writers}x{sizes.big_state_bytes / 1e6:g}MB"
+    add("lag", big, sizes.lag_repeats, run_lag, big)
+    add("lookup", f"history={sizes.history}", 1, run_lookup)
     for scenario in ("doc-1mb", "chat"):
-        if "growth" in workloads:
-            async def reference(s: str = scenario) -> dict[str, Any]:
-                return growth_reference(sizes, s)
-
-            jobs.append(("growth", scenario, "(full copy per step)", "reference", 1, reference))
-        for cls in ALL_SYSTEMS:
-            add("growth", scenario, cls, 1,
-                lambda cls=cls, s=scenario: run_growth(cls, env, sizes, s))  # fmt: skip
-    for cls in ALL_SYSTEMS:
-        add("resume", f"{sizes.resume_state_bytes // 1_000_000 or 0}MB", cls, 1,
-            lambda cls=cls: run_resume(cls, env, sizes))  # fmt: skip
+        reference("growth", scenario, "(full copy per step)",
+                  functools.partial(_reference, sizes, scenario))  # fmt: skip
+        add("growth", scenario, 1, run_growth, scenario)
+    add("resume", f"{sizes.resume_state_bytes / 1e6:g}MB", 1, run_resume)
     return jobs
+
+
+async def _reference(sizes: Sizes, scenario: str) -> dict[str, Any]:
+    return growth_reference(sizes, scenario)
 
 
 async def probe_postgres(dsn: str) -> tuple[str | None, dict[str, str]]:
     """Whether PostgreSQL answers, and its durability settings."""
     try:
-        import asyncpg
+        import asyncpg  # type: ignore[import-untyped]
 
         conn = await asyncio.wait_for(asyncpg.connect(dsn), 5)
-    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+    except Exception as exc:
         return f"{type(exc).__name__}: {exc}", {}
     try:
         settings = {

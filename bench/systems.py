@@ -18,6 +18,7 @@ removed afterwards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import itertools
@@ -51,10 +52,8 @@ def dir_bytes(path: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += os.stat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:
-                pass
     return total
 
 
@@ -120,7 +119,7 @@ class System:
 
     # PostgreSQL helpers shared by the systems that use it.
     async def _pg_admin(self, sql: str) -> None:
-        import asyncpg
+        import asyncpg  # type: ignore[import-untyped]
 
         conn = await asyncpg.connect(self.env.pg_dsn)
         try:
@@ -270,7 +269,10 @@ class _Seed(System):
         return _missing("splinter.coordination.checkpoint", "anyio")
 
     async def open(self) -> None:
-        from splinter.coordination.checkpoint import CheckpointManager, FileCheckpointStorage
+        from splinter.coordination.checkpoint import (  # type: ignore[import-untyped]
+            CheckpointManager,
+            FileCheckpointStorage,
+        )
 
         self.manager = CheckpointManager(storage=FileCheckpointStorage(self.workdir / "store"))
 
@@ -282,7 +284,10 @@ class _Seed(System):
         return await anyio.to_thread.run_sync(functools.partial(fn, *args))
 
     def _save(self, wf: str, step: int, state: dict[str, Any]) -> None:
-        from splinter.schemas import AgentStatus, ExecutionMetrics
+        from splinter.schemas import (  # type: ignore[import-untyped]
+            AgentStatus,
+            ExecutionMetrics,
+        )
 
         self.manager.create_checkpoint(
             workflow_id=wf,
@@ -438,7 +443,7 @@ class LangGraphPostgres(System):
             self.env.pg_dsn, min_size=10, max_size=10, kwargs=kwargs, open=False
         )
         await self.pool.open(wait=True)
-        saver = AsyncPostgresSaver(self.pool)
+        saver = AsyncPostgresSaver(self.pool)  # type: ignore[arg-type]
         await saver.setup()
         self.lg = _LangGraphWriter(saver)
 
@@ -487,7 +492,7 @@ class _GroupCommit:
                 items.append(self.queue.get_nowait())
             try:
                 await self.commit([row for row, _ in items])
-            except Exception as exc:  # noqa: BLE001 - handed to every waiting writer
+            except Exception as exc:
                 for _, future in items:
                     if not future.done():
                         future.set_exception(exc)
@@ -498,10 +503,8 @@ class _GroupCommit:
 
     async def close(self) -> None:
         self.task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await self.task
-        except asyncio.CancelledError:
-            pass
 
 
 class _RawSQLite(System):

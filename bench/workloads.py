@@ -15,7 +15,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +66,8 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         """Under two minutes on two cores: shorter runs, shorter histories, fewer steps."""
-        return cls(0.3, 3, (1, 10, 100), 0.6, 2, 1_000_000, 20, 2_000, 30, 100, 1_000_000,
-                   200, 1000, 10_000_000, 3)  # fmt: skip
+        return cls(0.25, 3, (1, 10, 100), 0.5, 1, 1_000_000, 20, 1_000, 30, 50, 1_000_000,
+                   100, 1000, 10_000_000, 3)  # fmt: skip
 
     @classmethod
     def tiny(cls) -> Sizes:
@@ -121,10 +121,8 @@ class Heartbeat:
         """Stop and return p50/p99/max lateness in milliseconds."""
         assert self._task is not None
         self._task.cancel()
-        try:
+        with suppress(asyncio.CancelledError):
             await self._task
-        except asyncio.CancelledError:
-            pass
         return {
             "lag_p50_ms": percentile(self.lateness, 50) * 1e3,
             "lag_p99_ms": percentile(self.lateness, 99) * 1e3,
@@ -162,18 +160,22 @@ async def _timed_writes(
     }
 
 
-async def run_write(system_cls: type[System], env: Env, sizes: Sizes, concurrency: int) -> dict[str, Any]:
+async def run_write(
+    system_cls: type[System], env: Env, sizes: Sizes, concurrency: int
+) -> dict[str, Any]:
     """Workload 1: ~1 KB states, C workflows writing as fast as they can."""
     async with opened(system_cls, env) as system:
         return await _timed_writes(system, concurrency, sizes.write_seconds, small_state)
 
 
-async def run_lag(system_cls: type[System], env: Env, sizes: Sizes, scenario: str) -> dict[str, Any]:
+async def run_lag(
+    system_cls: type[System], env: Env, sizes: Sizes, scenario: str
+) -> dict[str, Any]:
     """Workload 2: heartbeat lateness while ``write`` runs at C=100 or 20 writers of ~1 MB."""
     if scenario == "small-c100":
         concurrency, state_at = 100, small_state
     else:
-        docs = DocStates(sizes.big_state_bytes)
+        docs = DocStates.of(sizes.big_state_bytes)
         concurrency, state_at = sizes.lag_writers, docs.at
     async with opened(system_cls, env) as system:
         heartbeat = Heartbeat()
@@ -233,7 +235,7 @@ async def run_lookup(system_cls: type[System], env: Env, sizes: Sizes) -> dict[s
 
 def _growth_states(sizes: Sizes, scenario: str) -> tuple[int, Callable[[int], dict[str, Any]]]:
     if scenario == "doc-1mb":
-        return sizes.growth_steps, DocStates(sizes.growth_state_bytes).at
+        return sizes.growth_steps, DocStates.of(sizes.growth_state_bytes).at
     return sizes.chat_steps, ChatStates(sizes.message_bytes).next
 
 
@@ -271,12 +273,17 @@ def growth_reference(sizes: Sizes, scenario: str) -> dict[str, Any]:
             # '{"messages":[...],"turn":k}' with k commas between the k + 1 messages
             total += encoded_size({"messages": [], "turn": step}) + messages + step
         final = encoded_size(state)
-    return {"steps": steps, "bytes": total, "final_state_bytes": final, "x_final_state": total / final}
+    return {
+        "steps": steps,
+        "bytes": total,
+        "final_state_bytes": final,
+        "x_final_state": total / final,
+    }
 
 
 async def run_resume(system_cls: type[System], env: Env, sizes: Sizes) -> dict[str, Any]:
     """Workload 5: resume a workflow whose latest checkpoint holds a ~10 MB state."""
-    state = DocStates(sizes.resume_state_bytes).at(1)
+    state = DocStates.of(sizes.resume_state_bytes).at(1)
     async with opened(system_cls, env) as system:
         await system.save("wf-resume", 1, state)
         seconds = await _median_seconds(lambda: system.resume("wf-resume"), sizes.resume_calls)
