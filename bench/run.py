@@ -49,7 +49,7 @@ from bench.workloads import (  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
-Job = Callable[[], Awaitable[dict[str, Any]]]
+Job = Callable[[], Awaitable[dict[str, Any] | list[dict[str, Any]]]]
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -67,22 +67,20 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def measure(
-    workload: str, param: str, system: type[System] | str, group: str, repeats: int,
-    job: Job, timeout: float,
-) -> dict[str, Any] | None:  # fmt: skip
-    """Run ``job`` ``repeats`` times and emit the medians (or the error)."""
+    workload: str, param: str, system: type[System] | str, group: str, job: Job, timeout: float
+) -> dict[str, Any] | None:
+    """Run ``job`` and emit the medians of the runs it returns (or the error)."""
     name = system if isinstance(system, str) else system.name
     base = {"workload": workload, "param": param, "system": name, "group": group}
-    runs = []
     started = time.perf_counter()
     try:
-        for _ in range(repeats):
-            gc.collect()
-            runs.append(await asyncio.wait_for(job(), timeout))
+        gc.collect()
+        result = await asyncio.wait_for(job(), timeout)
+        runs = result if isinstance(result, list) else [result]
     except Exception as exc:
         emit({"kind": "error", **base, "error": f"{type(exc).__name__}: {exc}"[:500]})
         return None
-    record = {"kind": "measurement", **base, "repeats": repeats, **_median(runs)}
+    record = {"kind": "measurement", **base, "repeats": len(runs), **_median(runs)}
     record["wall_s"] = round(time.perf_counter() - started, 2)
     emit(record)
     return record
@@ -90,32 +88,32 @@ async def measure(
 
 def plan(
     sizes: Sizes, systems: list[type[System]], workloads: set[str], env: Env
-) -> list[tuple[str, str, type[System] | str, str, int, Job]]:
+) -> list[tuple[str, str, type[System] | str, str, Job]]:
     """Every (workload, parameter, system) measurement to run, in order."""
-    jobs: list[tuple[str, str, type[System] | str, str, int, Job]] = []
+    jobs: list[tuple[str, str, type[System] | str, str, Job]] = []
 
-    def add(workload: str, param: str, repeats: int, run: Callable[..., Any], *args: Any) -> None:
+    def add(workload: str, param: str, run: Callable[..., Any], *args: Any) -> None:
         for cls in ALL_SYSTEMS:
             if workload in workloads and workload in cls.workloads and cls in systems:
-                jobs.append((workload, param, cls, cls.group, repeats,
+                jobs.append((workload, param, cls, cls.group,
                              functools.partial(run, cls, env, sizes, *args)))  # fmt: skip
 
     def reference(workload: str, param: str, name: str, job: Job) -> None:
         if workload in workloads:
-            jobs.append((workload, param, name, "reference", 1, job))
+            jobs.append((workload, param, name, "reference", job))
 
     for c in sizes.concurrency:
-        add("write", f"C={c}", sizes.write_repeats, run_write, c)
+        add("write", f"C={c}", run_write, c)
     reference("lag", "idle", "(idle loop)", functools.partial(run_idle_lag, sizes))
-    add("lag", "small-c100", sizes.lag_repeats, run_lag, "small-c100")
+    add("lag", "small-c100", run_lag, "small-c100")
     big = f"{sizes.lag_writers}x{sizes.big_state_bytes / 1e6:g}MB"
-    add("lag", big, sizes.lag_repeats, run_lag, big)
-    add("lookup", f"history={sizes.history}", 1, run_lookup)
+    add("lag", big, run_lag, big)
+    add("lookup", f"history={sizes.history}", run_lookup)
     for scenario in ("doc-1mb", "chat"):
         reference("growth", scenario, "(full copy per step)",
                   functools.partial(_reference, sizes, scenario))  # fmt: skip
-        add("growth", scenario, 1, run_growth, scenario)
-    add("resume", f"{sizes.resume_state_bytes / 1e6:g}MB", 1, run_resume)
+        add("growth", scenario, run_growth, scenario)
+    add("resume", f"{sizes.resume_state_bytes / 1e6:g}MB", run_resume)
     return jobs
 
 
@@ -208,8 +206,8 @@ async def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     errors = 0
     try:
-        for workload, param, system, group, repeats, job in plan(sizes, available, workloads, env):
-            record = await measure(workload, param, system, group, repeats, job, timeout)
+        for workload, param, system, group, job in plan(sizes, available, workloads, env):
+            record = await measure(workload, param, system, group, job, timeout)
             if record is None:
                 errors += 1
             else:
