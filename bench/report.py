@@ -122,7 +122,8 @@ def markdown(
     lines = [
         f"Run {header['date']} ({header['mode']}): `{header['command']}`",
         "",
-        f"Machine: {header['nproc']} x {header['cpu']}; Python {header['python']}; "
+        f"Machine: {header['nproc']} x {header['cpu']} (load average at start "
+        f"{header.get('loadavg', ['?'])[0]}); Python {header['python']}; "
         f"SQLite {header['sqlite']}; PostgreSQL: {pg_text}.",
         "",
     ]

@@ -149,8 +149,13 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
-            "sqlite": sqlite3.sqlite_version}  # fmt: skip
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
