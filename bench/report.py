@@ -69,7 +69,7 @@ def _fmt(metric: str, value: Any) -> str:
     if metric == "per_s":
         return f"{value:,.0f}"
     if isinstance(value, float):
-        return f"{value:.3g}" if value < 1000 else f"{value:,.0f}"
+        return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
     return str(value)
 
 
@@ -104,7 +104,7 @@ def _ratio_table(ours: str, ratio_rows: list[dict[str, Any]]) -> list[str]:
     for workload, param, metric in keys:
         values = [cell.get((workload, param, metric, o)) for o in others]
         rows.append([f"{workload} {param} {metric}",
-                     *("" if v is None else f"{v:.3g}x" for v in values)])  # fmt: skip
+                     *("" if v is None else _fmt("x", v) + "x" for v in values)])  # fmt: skip
     return [f"### {ours} vs each system (>1x: {ours} is better)", "",
             *_table(["figure", *others], rows), ""]  # fmt: skip
 

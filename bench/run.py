@@ -168,12 +168,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
     parser.add_argument("--dsn", default=os.environ.get("AIOCHECKPOINT_BENCH_DSN", DEFAULT_DSN))
     parser.add_argument("--dir", type=Path, help="where stores are created (default: a temp dir)")
+    parser.add_argument("--render", type=Path, metavar="JSONL",
+                        help="print a saved run's tables; measure nothing")  # fmt: skip
     return parser.parse_args(argv)
 
 
 async def main(argv: list[str] | None = None) -> int:
     """Run the suite; return the process exit code."""
     args = parse_args(argv)
+    if args.render:
+        print(render(args.render))
+        return 0
     sizes = Sizes.tiny() if args.tiny else Sizes.quick() if args.quick else Sizes.full()
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     names = {n.strip() for item in args.only for n in item.split(",") if n.strip()}
@@ -232,6 +237,16 @@ async def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(markdown)
     return 1 if errors else 0
+
+
+def render(path: Path) -> str:
+    """The markdown tables of a run saved as its printed output."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+    header = next(r for r in records if r["kind"] == "env")
+    results = [r for r in records if r["kind"] == "measurement"]
+    unavailable = {r["system"]: r["reason"] for r in records if r["kind"] == "unavailable"}
+    notes = {cls.name: cls.note for cls in ALL_SYSTEMS if cls.note}
+    return report.markdown(header, results, report.ratios(results), unavailable, notes)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ class Sizes:
     @classmethod
     def full(cls) -> Sizes:
         """The sizes the issue names."""
-        return cls(1.0, 3, (1, 10, 100), 1.5, 3, 1_000_000, 20, 10_000, 100, 1000, 1_000_000,
+        return cls(1.0, 3, (1, 10, 100), 1.5, 3, 1_000_000, 20, 10_000, 60, 1000, 1_000_000,
                    1000, 1000, 10_000_000, 5)  # fmt: skip
 
     @classmethod
@@ -244,7 +244,7 @@ async def run_lookup(system_cls: type[System], env: Env, sizes: Sizes) -> dict[s
             figures[f"latest_{label}_ms"] = latest * 1e3
             if label == "long":
                 page = await _median_seconds(
-                    lambda: system.page("wf-lookup", 10), max(3, sizes.lookup_calls // 10)
+                    lambda: system.page("wf-lookup", 10), max(3, sizes.lookup_calls // 20)
                 )
                 figures["page10_long_ms"] = page * 1e3
     figures["long_over_short"] = figures["latest_long_ms"] / figures["latest_short_ms"]
