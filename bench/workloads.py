@@ -15,7 +15,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,10 +105,11 @@ class Heartbeat:
 
     def __init__(self) -> None:
         self.lateness: list[float] = []
+        self._running = True
         self._task: asyncio.Task[None] | None = None
 
     async def _beat(self) -> None:
-        while True:
+        while self._running:
             start = time.perf_counter()
             await asyncio.sleep(0.001)
             self.lateness.append(time.perf_counter() - start - 0.001)
@@ -118,11 +119,10 @@ class Heartbeat:
         self._task = asyncio.create_task(self._beat())
 
     async def stop(self) -> dict[str, float]:
-        """Stop and return p50/p99/max lateness in milliseconds."""
+        """Let the beat in progress finish (it may be the late one), then report in ms."""
         assert self._task is not None
-        self._task.cancel()
-        with suppress(asyncio.CancelledError):
-            await self._task
+        self._running = False
+        await self._task
         return {
             "lag_p50_ms": percentile(self.lateness, 50) * 1e3,
             "lag_p99_ms": percentile(self.lateness, 99) * 1e3,
@@ -138,7 +138,12 @@ async def _timed_writes(
     state_at: Callable[[int], dict[str, Any]],
     prefix: str = "wf",
 ) -> dict[str, float]:
-    """C workflows each write steps back to back for ``seconds``; one warm-up step first."""
+    """C workflows each write steps back to back for ``seconds``; one warm-up step first.
+
+    Each workflow yields to the event loop between its checkpoints, as a real one does
+    (it awaits a model or a tool in between); without that, a store whose ``save`` never
+    suspends would let one workflow run alone until the deadline.
+    """
     workflows = [f"{prefix}-{i:04d}" for i in range(concurrency)]
     await asyncio.gather(*(system.save(wf, 0, state_at(0)) for wf in workflows))
     latencies: list[float] = []
@@ -152,6 +157,7 @@ async def _timed_writes(
             await system.save(wf, step, state)
             latencies.append(time.perf_counter() - start)
             step += 1
+            await asyncio.sleep(0)
 
     start = time.perf_counter()
     await asyncio.gather(*(writer(wf) for wf in workflows))
