@@ -66,7 +66,7 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         """Under two minutes on two cores: shorter runs, shorter histories, fewer steps."""
-        return cls(0.25, 3, (1, 10, 100), 0.3, 2, 1_000_000, 20, 1_000, 20, 50, 1_000_000,
+        return cls(0.2, 3, (1, 10, 100), 0.4, 1, 1_000_000, 20, 1_000, 20, 50, 1_000_000,
                    100, 1000, 10_000_000, 3)  # fmt: skip
 
     @classmethod
