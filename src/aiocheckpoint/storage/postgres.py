@@ -320,14 +320,11 @@ class PostgresCheckpointStorage(BaseStorage):
         """Create or update the workflow's record with ``status`` (fenced by ``fence``)."""
         self._check_open()
         check_workflow_id(workflow_id)
-        value = WorkflowStatus(status).value
-        if fence is None:
-            sql, args = self._sql.status_upsert, [workflow_id, value]
-        else:
-            sql, args = (
-                self._sql.status_fenced,
-                [workflow_id, value, _fence_token(fence, workflow_id)],
-            )
+        args: list[object] = [workflow_id, WorkflowStatus(status).value]
+        sql = self._sql.status_upsert
+        if fence is not None:
+            sql = self._sql.status_fenced
+            args.append(_fence_token(fence, workflow_id))
         row = await self._run("set_workflow_status", lambda con: con.fetchrow(sql, *args))
         if row is None:
             raise _lost(workflow_id, fence)
