@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -152,7 +153,7 @@ async def test_killed_runners_work_is_finished_by_the_others(pool: Pool, tmp_pat
 
     # The accepted executions of each workflow ran one after another.
     for runs in accepted.values():
-        for before, after in zip(runs, runs[1:], strict=False):
+        for before, after in pairwise(runs):
             assert before.end is not None and before.end <= after.start
 
     # No step ran in two runners at once, accepted or not (a killed runner's last step ends at
@@ -164,7 +165,7 @@ async def test_killed_runners_work_is_finished_by_the_others(pool: Pool, tmp_pat
     for runs in by_step.values():
         runs.sort(key=lambda e: e.start)
         repeated += len(runs) - 1
-        for before, after in zip(runs, runs[1:], strict=False):
+        for before, after in pairwise(runs):
             assert before.end is not None and before.end <= after.start, (before, after)
 
     # The kills really interrupted work that others then took over.
