@@ -15,6 +15,7 @@ import pytest
 
 from aiocheckpoint import (
     CheckpointManager,
+    InMemoryCheckpointStorage,
     LeaseLostError,
     ResumableWorkflow,
     WorkflowStatus,
@@ -168,6 +169,29 @@ async def test_leases_are_shared_between_storage_objects(factory: Factory) -> No
     got = [c.workflow_id for c in claims if c is not None]
     assert sorted(got) == [f"wf-{n}" for n in range(6)]
     assert claims.count(None) == 2
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
+async def test_deleting_a_workflow_without_checkpoints_drops_its_record(
+    backend: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """delete(workflow) removes a registered, leased workflow's record even with no checkpoint."""
+    storage: WorkflowStorage
+    if backend == "memory":
+        storage = InMemoryCheckpointStorage()
+    elif backend == "sqlite":
+        storage = SQLiteCheckpointStorage(tmp_path / "del.db")
+    else:
+        storage = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=2)
+    async with storage:
+        await storage.set_workflow_status("wf", WorkflowStatus.UNFINISHED)
+        lease = await storage.acquire_lease("wf", "a", 30)
+        assert await storage.delete("wf")
+        assert await storage.get_workflow("wf") is None
+        assert await storage.claim_next_workflow("b", 30) is None
+        with pytest.raises(LeaseLostError):
+            await storage.renew_lease(lease, 30)
+        assert not await storage.delete("wf")
 
 
 # --- migrations from the version-1 schema ----------------------------------------------------
