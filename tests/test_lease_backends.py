@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from aiocheckpoint import (
     InMemoryCheckpointStorage,
     LeaseLostError,
     ResumableWorkflow,
+    StorageBackendError,
     WorkflowStatus,
 )
 from aiocheckpoint.storage.base import WorkflowStorage
@@ -192,6 +194,46 @@ async def test_deleting_a_workflow_without_checkpoints_drops_its_record(
         with pytest.raises(LeaseLostError):
             await storage.renew_lease(lease, 30)
         assert not await storage.delete("wf")
+
+
+async def test_postgres_lease_calls_survive_terminated_connections(pg_schema: str) -> None:
+    """Renew, fenced save, status and release are retried on a fresh connection after
+    pg_terminate_backend; a claim either succeeds or fails with StorageBackendError."""
+    app = f"aiocp-lease-{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(DSN)
+    storage = PostgresCheckpointStorage(
+        DSN, schema=pg_schema, min_size=1, max_size=1, server_settings={"application_name": app}
+    )
+
+    async def terminate() -> None:
+        killed = await admin.fetchval(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = $1) t",
+            app,
+        )
+        assert killed == 1
+
+    try:
+        lease = await storage.acquire_lease("wf", "a", 30)
+        await terminate()
+        lease = await storage.renew_lease(lease, 30)
+        await terminate()
+        await storage.save("wf", 0, b"x", fence=lease)
+        await terminate()
+        await storage.set_workflow_status("wf", WorkflowStatus.UNFINISHED, fence=lease)
+        await terminate()
+        await storage.release_lease(lease)
+        await terminate()
+        try:
+            claimed = await storage.claim_next_workflow("b", 30)
+        except StorageBackendError:
+            claimed = await storage.claim_next_workflow("b", 30)
+        assert claimed is not None and claimed.token > lease.token
+        got = await storage.load("wf", 0)
+        assert got is not None and got.data == b"x"
+    finally:
+        await storage.close()
+        await admin.close()
 
 
 # --- migrations from the version-1 schema ----------------------------------------------------

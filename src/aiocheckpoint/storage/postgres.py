@@ -19,6 +19,7 @@ is stale. See docs/leases.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -478,7 +479,11 @@ class PostgresCheckpointStorage(BaseStorage):
                 return await op(con)
             except Exception as exc:
                 if _connection_lost(exc):
-                    con.terminate()  # never hand a broken connection back to the pool
+                    # Never hand a broken connection back to the pool. If asyncpg already saw
+                    # it close, it has detached it from the proxy and terminate() raises;
+                    # the original error is the one to report (and to retry on).
+                    with contextlib.suppress(Exception):
+                        con.terminate()
                 raise
 
     def _record(self, workflow_id: str, row: Any) -> StoredCheckpoint:
