@@ -54,7 +54,9 @@ async def drive(manager: CheckpointManager, runner: str, ttl: float, log: Log, i
             await asyncio.sleep(0.1)  # the rest are leased: wait for them to end or expire
             continue
         try:
-            async with ResumableWorkflow(lease.workflow_id, manager, lease=lease) as wf:
+            async with ResumableWorkflow(
+                lease.workflow_id, manager, lease=lease, lease_ttl=ttl
+            ) as wf:
                 for step in range(STEPS):
                     if wf.is_completed(step):
                         continue
