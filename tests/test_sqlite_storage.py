@@ -238,14 +238,14 @@ async def test_foreign_database_is_refused(db: Path, setup: str) -> None:
 
 
 async def test_pending_migrations_run_on_open(db: Path) -> None:
-    """Opening a version-1 database with a newer migration list runs the new migration and
-    keeps the data."""
+    """Opening a database with a newer migration list runs the new migration and keeps the
+    data."""
     async with SQLiteCheckpointStorage(db) as storage:
         await storage.save("wf", 3, b"old")
     v2 = Migration(
         SCHEMA_VERSION + 1,
-        "synthetic: a workflows table",
-        ("CREATE TABLE workflows (workflow_id TEXT PRIMARY KEY, status TEXT)",),
+        "synthetic: an extra table",
+        ("CREATE TABLE extra (workflow_id TEXT PRIMARY KEY, status TEXT)",),
     )
     storage = SQLiteCheckpointStorage(db)
     storage._writer.migrations = (*MIGRATIONS, v2)
@@ -254,7 +254,7 @@ async def test_pending_migrations_run_on_open(db: Path) -> None:
         assert got is not None and got.data == b"old"
     assert pragma(db, "user_version") == SCHEMA_VERSION + 1
     conn = sqlite3.connect(db)
-    assert conn.execute("SELECT count(*) FROM workflows").fetchall() == [(0,)]
+    assert conn.execute("SELECT count(*) FROM extra").fetchall() == [(0,)]
     conn.close()
 
 

@@ -3,13 +3,20 @@ from collections.abc import AsyncIterator
 import pytest
 
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
-from aiocheckpoint.testing import PersistentStorageConformance, Reopen, StorageConformance
+from aiocheckpoint.testing import (
+    PersistentStorageConformance,
+    Reopen,
+    StorageConformance,
+    WorkflowStorageConformance,
+)
 from tests.pg_support import DSN, pg_schema
 
 __all__ = ["pg_schema"]
 
 
-class TestPostgresConformance(StorageConformance, PersistentStorageConformance):
+class TestPostgresConformance(
+    StorageConformance, PersistentStorageConformance, WorkflowStorageConformance
+):
     @pytest.fixture
     async def storage(self, pg_schema: str) -> AsyncIterator[PostgresCheckpointStorage]:
         store = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)

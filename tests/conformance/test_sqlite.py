@@ -4,10 +4,16 @@ from pathlib import Path
 import pytest
 
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
-from aiocheckpoint.testing import PersistentStorageConformance, StorageConformance
+from aiocheckpoint.testing import (
+    PersistentStorageConformance,
+    StorageConformance,
+    WorkflowStorageConformance,
+)
 
 
-class TestSQLiteConformance(StorageConformance, PersistentStorageConformance):
+class TestSQLiteConformance(
+    StorageConformance, PersistentStorageConformance, WorkflowStorageConformance
+):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:
         store = SQLiteCheckpointStorage(tmp_path / "checkpoints.db")

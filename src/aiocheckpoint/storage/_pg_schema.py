@@ -6,7 +6,8 @@ a store runs the missing migrations under a transaction-level advisory lock, so 
 openers never race, and refuses a store whose version is newer than this code knows.
 
 To change the schema, append a migration to ``MIGRATIONS``: never edit a released one.
-Issue 5's workflow/lease table and issue 9's blob table are expected to be migrations 2 and 3.
+Migration 2 adds workflow records and leases (issue 5); issue 9's blob table is expected to
+be migration 3.
 """
 
 from __future__ import annotations
@@ -35,6 +36,34 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (workflow_id, step)
         )
         """,
+    ),
+    (
+        # Workflow records and leases. Fencing tokens come from one sequence, never from
+        # max(token) + 1, so a workflow deleted and created again never reissues a token.
+        "CREATE SEQUENCE {s}.fencing AS bigint",
+        """
+        CREATE TABLE {s}.workflows (
+            workflow_id text COLLATE "C" PRIMARY KEY
+                CHECK (octet_length(workflow_id) BETWEEN 1 AND 255),
+            status text NOT NULL DEFAULT 'unfinished'
+                CHECK (status IN ('unfinished', 'finished', 'failed')),
+            created_at timestamptz NOT NULL DEFAULT now(),
+            updated_at timestamptz NOT NULL DEFAULT now(),
+            finished_at timestamptz,
+            lease_owner text,
+            lease_expires_at timestamptz,
+            fencing_token bigint NOT NULL DEFAULT 0,
+            CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL))
+        )
+        """,
+        # What claim_next_workflow walks: unfinished workflows, oldest first.
+        "CREATE INDEX workflows_claimable ON {s}.workflows (created_at, workflow_id) "
+        "WHERE status = 'unfinished'",
+        # Workflows stored before this migration get an UNFINISHED record now, so that every
+        # workflow with a checkpoint has a record (and runners can resume them).
+        "INSERT INTO {s}.workflows (workflow_id, created_at, updated_at) "
+        "SELECT workflow_id, min(created_at), max(created_at) FROM {s}.checkpoints "
+        "GROUP BY workflow_id",
     ),
 )
 
@@ -137,11 +166,27 @@ class Sql:
     delete_step: str
     delete_all: str
     workflows: str
+    status_upsert: str
+    status_fenced: str
+    get_record: str
+    list_records: str
+    acquire: str
+    holder: str
+    renew: str
+    release: str
+    claim: str
 
     @classmethod
     def for_schema(cls, quoted: str) -> Sql:
         """Build the statements for the quoted schema name."""
         t = f"{quoted}.checkpoints"
+        w = f"{quoted}.workflows"
+        record = (
+            "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
+            "lease_expires_at, fencing_token"
+        )
+        expiry = "now() + make_interval(secs => {ttl})"
+        finished = "CASE WHEN $2 = 'unfinished' THEN NULL ELSE now() END"
         # $n of the size cap: the row's length is checked before its bytes are sent.
         capped = "step, octet_length(data), CASE WHEN octet_length(data) <= {cap} THEN data END"
         scan = (
@@ -149,11 +194,25 @@ class Sql:
             "WHERE workflow_id = $1 AND step > $2 AND step <= $3 ORDER BY step {order} LIMIT $4"
         )
         return cls(
+            # One statement per batch: create missing records for unfenced rows, lock the
+            # records of fenced rows FOR SHARE (a takeover's UPDATE then waits for this
+            # commit, and a takeover that committed first is seen: FOR SHARE reads the latest
+            # row version), and insert only rows that are unfenced or carry the current
+            # token. RETURNING names the rows written; the others had stale leases.
             upsert=(
+                "WITH r AS MATERIALIZED (SELECT * FROM "
+                "unnest($1::text[], $2::bigint[], $3::bytea[], $4::bigint[]) AS r(w, s, d, t)), "
+                f"rec AS (INSERT INTO {w} (workflow_id) SELECT DISTINCT w FROM r "
+                "WHERE t IS NULL ORDER BY w ON CONFLICT (workflow_id) DO NOTHING), "
+                f"held AS MATERIALIZED (SELECT workflow_id, fencing_token FROM {w} "
+                "WHERE workflow_id IN (SELECT w FROM r WHERE t IS NOT NULL) "
+                "ORDER BY workflow_id FOR SHARE) "
                 f"INSERT INTO {t} (workflow_id, step, data) "
-                "SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) "
+                "SELECT r.w, r.s, r.d FROM r LEFT JOIN held ON held.workflow_id = r.w "
+                "WHERE r.t IS NULL OR held.fencing_token = r.t "
                 "ON CONFLICT (workflow_id, step) DO UPDATE "
-                "SET data = EXCLUDED.data, created_at = EXCLUDED.created_at"
+                "SET data = EXCLUDED.data, created_at = EXCLUDED.created_at "
+                "RETURNING workflow_id, step"
             ),
             # For each (workflow, keep) pair: the keep-th highest step is the lowest kept;
             # a workflow with fewer rows yields no cut and loses nothing. MATERIALIZED makes
@@ -177,7 +236,12 @@ class Sql:
             exists_any=f"SELECT EXISTS (SELECT 1 FROM {t} WHERE workflow_id = $1)",
             exists_step=f"SELECT EXISTS (SELECT 1 FROM {t} WHERE workflow_id = $1 AND step = $2)",
             delete_step=f"DELETE FROM {t} WHERE workflow_id = $1 AND step = $2",
-            delete_all=f"DELETE FROM {t} WHERE workflow_id = $1",
+            # The record and lease go with the checkpoints, in the same statement.
+            delete_all=(
+                f"WITH rec AS (DELETE FROM {w} WHERE workflow_id = $1 RETURNING 1), "
+                f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 RETURNING 1) "
+                "SELECT (SELECT count(*) FROM rec) + (SELECT count(*) FROM cps)"
+            ),
             # A loose index scan: one PK probe per distinct workflow, not a scan of every row.
             workflows=(
                 f"WITH RECURSIVE w(id) AS ("
@@ -185,5 +249,59 @@ class Sql:
                 f"UNION ALL SELECT (SELECT workflow_id FROM {t} WHERE workflow_id > w.id "
                 f"ORDER BY workflow_id LIMIT 1) FROM w WHERE w.id IS NOT NULL) "
                 "SELECT id FROM w WHERE id IS NOT NULL"
+            ),
+            status_upsert=(
+                f"INSERT INTO {w} AS x (workflow_id, status, finished_at) "
+                f"VALUES ($1, $2, {finished}) ON CONFLICT (workflow_id) DO UPDATE "
+                "SET status = EXCLUDED.status, finished_at = EXCLUDED.finished_at, "
+                f"updated_at = now() RETURNING {record}"
+            ),
+            status_fenced=(
+                f"UPDATE {w} SET status = $2, finished_at = {finished}, updated_at = now() "
+                f"WHERE workflow_id = $1 AND fencing_token = $3 RETURNING {record}"
+            ),
+            get_record=f"SELECT {record} FROM {w} WHERE workflow_id = $1",
+            list_records=(
+                f"SELECT {record} FROM {w} WHERE $1::text IS NULL OR status = $1 "
+                "ORDER BY workflow_id"
+            ),
+            # Granted when free, expired or already the same owner's; a grant always takes
+            # a new token. No row back: another live owner holds it.
+            acquire=(
+                f"INSERT INTO {w} AS x (workflow_id, lease_owner, lease_expires_at, "
+                f"fencing_token) VALUES ($1, $2, {expiry.format(ttl='$3')}, "
+                f"nextval('{quoted}.fencing')) ON CONFLICT (workflow_id) DO UPDATE "
+                "SET lease_owner = EXCLUDED.lease_owner, "
+                "lease_expires_at = EXCLUDED.lease_expires_at, "
+                "fencing_token = EXCLUDED.fencing_token, updated_at = now() "
+                "WHERE x.lease_owner IS NULL OR x.lease_expires_at <= now() "
+                "OR x.lease_owner = EXCLUDED.lease_owner "
+                "RETURNING fencing_token, lease_expires_at"
+            ),
+            holder=(
+                f"SELECT lease_owner, lease_expires_at, lease_expires_at <= now() FROM {w} "
+                "WHERE workflow_id = $1"
+            ),
+            # Only the token matters: an expired lease nobody took over is still current.
+            renew=(
+                f"UPDATE {w} SET lease_owner = $3, lease_expires_at = {expiry.format(ttl='$4')}, "
+                "updated_at = now() WHERE workflow_id = $1 AND fencing_token = $2 "
+                "RETURNING lease_expires_at"
+            ),
+            release=(
+                f"UPDATE {w} SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now() "
+                "WHERE workflow_id = $1 AND fencing_token = $2"
+            ),
+            # SKIP LOCKED: concurrent claimers each lock a different candidate row instead of
+            # queueing on the same one; the row is rechecked after locking.
+            claim=(
+                f"UPDATE {w} AS x SET lease_owner = $1, "
+                f"lease_expires_at = {expiry.format(ttl='$2')}, "
+                f"fencing_token = nextval('{quoted}.fencing'), updated_at = now() "
+                f"FROM (SELECT workflow_id FROM {w} WHERE status = 'unfinished' "
+                "AND (lease_expires_at IS NULL OR lease_expires_at <= now()) "
+                "ORDER BY created_at, workflow_id LIMIT 1 FOR UPDATE SKIP LOCKED) AS c "
+                "WHERE x.workflow_id = c.workflow_id "
+                "RETURNING x.workflow_id, x.fencing_token, x.lease_expires_at"
             ),
         )

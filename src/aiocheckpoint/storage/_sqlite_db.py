@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
 
-from ..errors import CheckpointCorruptedError, StorageBackendError, StorageClosedError
+from ..errors import (
+    CheckpointCorruptedError,
+    LeaseError,
+    StorageBackendError,
+    StorageClosedError,
+)
+from . import _sqlite_records as records
 from ._sqlite_schema import MIGRATIONS, Migration, migrate
 from .base import StoredCheckpoint
 
@@ -29,12 +35,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class SaveOp:
-    """Store ``data`` as ``step``, then keep the ``keep_last`` highest steps."""
+    """Store ``data`` as ``step``, then keep the ``keep_last`` highest steps.
+
+    With ``token`` (a lease's fencing token), only if it is the workflow's current one.
+    """
 
     workflow_id: str
     step: int
     data: bytes
     keep_last: int | None
+    token: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +55,20 @@ class DeleteOp:
     step: int | None
 
 
-Op = SaveOp | DeleteOp
-#: What a batch returns per operation: its result (None or bool) or the exception it raised.
-Outcome = bool | BaseException | None
+@dataclass(frozen=True, slots=True)
+class RecordOp:
+    """Run ``fn(conn, now)`` in the write transaction (workflow records and leases).
+
+    ``fn`` may raise a :class:`~aiocheckpoint.LeaseError` only before it writes anything.
+    """
+
+    what: str
+    fn: Callable[[sqlite3.Connection, float], object]
+
+
+Op = SaveOp | DeleteOp | RecordOp
+#: What a batch returns per operation: its result or the exception it raised.
+Outcome = object
 
 _SQLITE_BUSY: Final = 5
 _SQLITE_LOCKED: Final = 6
@@ -276,7 +297,10 @@ class Writer:
         while start < len(ops):
             op = ops[start]
             if not isinstance(op, SaveOp):
-                results.append(cls._apply(conn, op))
+                try:
+                    results.append(cls._apply(conn, op))
+                except LeaseError as exc:  # refused before writing: only this caller fails
+                    results.append(exc)
                 start += 1
                 continue
             run = [op]
@@ -284,25 +308,45 @@ class Writer:
                 if not isinstance(other, SaveOp) or other.keep_last != op.keep_last:
                     break
                 run.append(other)
-            conn.executemany(_UPSERT, [(o.workflow_id, o.step, o.data) for o in run])
-            keep_last = op.keep_last
-            if keep_last is not None:
-                workflows = dict.fromkeys(o.workflow_id for o in run)
-                conn.executemany(_PRUNE, [(wf, wf, keep_last - 1) for wf in workflows])
-            results.extend([None] * len(run))
+            results.extend(cls._save_run(conn, run))
             start += len(run)
         return results
 
     @staticmethod
-    def _apply(conn: sqlite3.Connection, op: Op) -> Outcome:
+    def _save_run(conn: sqlite3.Connection, run: Sequence[SaveOp]) -> list[Outcome]:
+        """Write a run of saves sharing one keep_last; a stale fence fails only its op."""
+        fenced = [o.workflow_id for o in run if o.token is not None]
+        tokens = records.current_tokens(conn, fenced) if fenced else {}
+        outcomes: list[Outcome] = [
+            None
+            if o.token is None or tokens.get(o.workflow_id) == o.token
+            # One exception object per caller: a shared one would collect their tracebacks.
+            else records.lost(o.workflow_id, o.token)
+            for o in run
+        ]
+        ok = [o for o, outcome in zip(run, outcomes, strict=True) if outcome is None]
+        records.ensure_records(conn, (o.workflow_id for o in ok), time.time())
+        conn.executemany(_UPSERT, [(o.workflow_id, o.step, o.data) for o in ok])
+        keep_last = run[0].keep_last
+        if keep_last is not None:
+            workflows = dict.fromkeys(o.workflow_id for o in ok)
+            conn.executemany(_PRUNE, [(wf, wf, keep_last - 1) for wf in workflows])
+        return outcomes
+
+    @classmethod
+    def _apply(cls, conn: sqlite3.Connection, op: Op) -> Outcome:
+        if isinstance(op, RecordOp):
+            return op.fn(conn, time.time())
         wf = op.workflow_id
         if isinstance(op, SaveOp):
-            conn.execute(_UPSERT, (wf, op.step, op.data))
-            if op.keep_last is not None:
-                conn.execute(_PRUNE, (wf, wf, op.keep_last - 1))
+            outcome = cls._save_run(conn, [op])[0]
+            if isinstance(outcome, BaseException):
+                raise outcome
             return None
         if op.step is None:
-            return conn.execute(_DELETE_WORKFLOW, (wf,)).rowcount > 0
+            # The record and lease go with the checkpoints, in the same transaction.
+            gone = conn.execute(records.DELETE_RECORD, (wf,)).rowcount > 0
+            return conn.execute(_DELETE_WORKFLOW, (wf,)).rowcount > 0 or gone
         return conn.execute(_DELETE_STEP, (wf, op.step)).rowcount > 0
 
 
@@ -314,11 +358,13 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def _outcome_error(op: Op, exc: Exception) -> BaseException:
-    if isinstance(exc, sqlite3.Error):
-        kind = "save" if isinstance(op, SaveOp) else "delete"
-        step = "" if op.step is None else f" step {op.step}"
-        return backend_error(f"SQLite {kind} of workflow {op.workflow_id!r}{step} failed", exc)
-    return exc
+    if not isinstance(exc, sqlite3.Error):
+        return exc
+    if isinstance(op, RecordOp):
+        return backend_error(f"SQLite {op.what} failed", exc)
+    kind = "save" if isinstance(op, SaveOp) else "delete"
+    step = "" if op.step is None else f" step {op.step}"
+    return backend_error(f"SQLite {kind} of workflow {op.workflow_id!r}{step} failed", exc)
 
 
 class ReaderPool:

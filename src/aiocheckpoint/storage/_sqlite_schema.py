@@ -3,8 +3,9 @@
 The database records its schema version in ``PRAGMA user_version`` and marks itself as an
 aiocheckpoint database with ``PRAGMA application_id``. Opening runs every migration newer than
 the recorded version, in order, inside one ``BEGIN IMMEDIATE`` transaction (SQLite DDL is
-transactional), so a crash or a concurrent opener never sees a half-migrated schema. Later
-features (content-addressed blobs, workflow records and leases) append migrations here.
+transactional), so a crash or a concurrent opener never sees a half-migrated schema. Version 2
+adds workflow records and leases; later features (content-addressed blobs) append migrations
+here.
 """
 
 from __future__ import annotations
@@ -56,6 +57,45 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             """,
             # Serves latest / one step / exists / pages / retention / list_workflows.
             "CREATE UNIQUE INDEX checkpoints_workflow_step ON checkpoints (workflow_id, step)",
+        ),
+    ),
+    Migration(
+        2,
+        "workflows: one record per workflow (status, timestamps, lease); fencing counter",
+        (
+            # Times are seconds since the epoch by this host's clock (time.time()).
+            """
+            CREATE TABLE workflows (
+                workflow_id      TEXT    PRIMARY KEY NOT NULL
+                                 CHECK (typeof(workflow_id) = 'text'),
+                status           TEXT    NOT NULL DEFAULT 'unfinished'
+                                 CHECK (status IN ('unfinished', 'finished', 'failed')),
+                created_at       REAL    NOT NULL,
+                updated_at       REAL    NOT NULL,
+                finished_at      REAL,
+                lease_owner      TEXT,
+                lease_expires_at REAL,
+                fencing_token    INTEGER NOT NULL DEFAULT 0,
+                CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL))
+            )
+            """,
+            # What claim_next_workflow walks: unfinished workflows, oldest first.
+            "CREATE INDEX workflows_claimable ON workflows (created_at, workflow_id) "
+            "WHERE status = 'unfinished'",
+            # One counter for every grant: a workflow deleted and created again never gets
+            # a token it had before.
+            """
+            CREATE TABLE fencing (
+                id         INTEGER PRIMARY KEY CHECK (id = 1),
+                last_token INTEGER NOT NULL
+            )
+            """,
+            "INSERT INTO fencing (id, last_token) VALUES (1, 0)",
+            # Workflows stored before this migration get an UNFINISHED record now, so that
+            # every workflow with a checkpoint has a record (and runners can resume them).
+            "INSERT INTO workflows (workflow_id, created_at, updated_at) "
+            "SELECT DISTINCT workflow_id, (julianday('now') - 2440587.5) * 86400.0, "
+            "(julianday('now') - 2440587.5) * 86400.0 FROM checkpoints",
         ),
     ),
 )

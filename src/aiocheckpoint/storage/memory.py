@@ -110,15 +110,14 @@ class InMemoryCheckpointStorage(BaseStorage):
         return wf is not None and (step is None or step in wf.records)
 
     async def delete(self, workflow_id: str, step: int | None = None) -> bool:
-        """Delete one step, or the whole workflow."""
+        """Delete one step, or the whole workflow (with its record and lease)."""
         self._check_open()
+        if step is None:
+            had_record = self._records.pop(workflow_id, None) is not None
+            return self._workflows.pop(workflow_id, None) is not None or had_record
         wf = self._workflows.get(workflow_id)
         if wf is None:
             return False
-        if step is None:
-            del self._workflows[workflow_id]
-            self._records.pop(workflow_id, None)
-            return True
         if wf.records.pop(step, None) is None:
             return False
         wf.steps.remove(step)

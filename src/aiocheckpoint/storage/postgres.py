@@ -8,11 +8,18 @@ Concurrent ``save`` calls share round trips: each call queues its row and waits;
 ``INSERT ... SELECT FROM unnest(...)`` (plus one retention ``DELETE`` in the same transaction
 when ``keep_last`` is used). A caller returns only after the transaction holding its row has
 committed. See docs/postgres-storage.md for the schema, durability and cost of each call.
+
+Workflow records and leases (:class:`~aiocheckpoint.storage.base.WorkflowStorage`) live in a
+``workflows`` table; lease expiry is judged by the server's clock (``now()``). A fenced save
+rides in the same batch statement as the others: its token is compared with the record's,
+locked ``FOR SHARE``, and only that caller gets :class:`~aiocheckpoint.LeaseLostError` if it
+is stale. See docs/leases.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -25,9 +32,12 @@ from ..errors import (
     CheckpointCorruptedError,
     CheckpointError,
     InvalidArgumentError,
+    LeaseHeldError,
+    LeaseLostError,
     StorageBackendError,
     StorageClosedError,
 )
+from ..leases import Lease, WorkflowRecord, WorkflowStatus
 from ._pg_schema import Sql, migrate, quote_schema
 from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
 
@@ -110,6 +120,7 @@ class _Write:
     step: int
     data: bytes
     keep_last: int | None
+    token: int | None
     future: asyncio.Future[None] = field(repr=False)
 
 
@@ -195,12 +206,21 @@ class PostgresCheckpointStorage(BaseStorage):
     # --- the protocol -------------------------------------------------------------------
 
     async def save(
-        self, workflow_id: str, step: int, data: bytes, *, keep_last: int | None = None
+        self,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
     ) -> None:
         """Store ``data`` as ``step``; with ``keep_last`` prune older steps in the same commit.
 
         Returns once the row is committed. Cancelled while still queued, the row is not
-        written; cancelled once its batch is in flight, the batch completes whole.
+        written; cancelled once its batch is in flight, the batch completes whole. The
+        workflow gets an UNFINISHED record if it has none. With ``fence``, the row is written
+        only if ``fence.token`` is the workflow's current fencing token; otherwise this call
+        (and only this one in its batch) raises :class:`~aiocheckpoint.LeaseLostError`.
         """
         self._check_open()
         check_workflow_id(workflow_id)
@@ -211,10 +231,11 @@ class PostgresCheckpointStorage(BaseStorage):
             raise InvalidArgumentError(f"data must be bytes, not {type(data).__qualname__}")
         data = bytes(data)
         check_record_size(data, self._max_record_bytes)
+        token = None if fence is None else _fence_token(fence, workflow_id)
         await self._ensure_open()
         self._check_open()
         item = _Write(
-            workflow_id, step, data, keep_last, asyncio.get_running_loop().create_future()
+            workflow_id, step, data, keep_last, token, asyncio.get_running_loop().create_future()
         )
         self._queue.append(item)
         if self._active_writers < self._write_concurrency:
@@ -281,14 +302,111 @@ class PostgresCheckpointStorage(BaseStorage):
             sql, args = self._sql.delete_all, [workflow_id]
         else:
             sql, args = self._sql.delete_step, [workflow_id, check_step(step)]
-        status = await self._run("delete", lambda con: con.execute(sql, *args), retry=False)
-        return str(status) != "DELETE 0"
+            status = await self._run("delete", lambda con: con.execute(sql, *args), retry=False)
+            return str(status) != "DELETE 0"
+        count = await self._run("delete", lambda con: con.fetchval(sql, *args), retry=False)
+        return bool(count)
 
     async def list_workflows(self) -> list[str]:
         """Every workflow id with at least one record, in code point order."""
         self._check_open()
         rows = await self._run("list_workflows", lambda con: con.fetch(self._sql.workflows))
         return [str(row[0]) for row in rows]
+
+    # --- workflow records and leases (WorkflowStorage) ----------------------------------
+
+    async def set_workflow_status(
+        self, workflow_id: str, status: WorkflowStatus, *, fence: Lease | None = None
+    ) -> WorkflowRecord:
+        """Create or update the workflow's record with ``status`` (fenced by ``fence``)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        args: list[object] = [workflow_id, WorkflowStatus(status).value]
+        sql = self._sql.status_upsert
+        if fence is not None:
+            sql = self._sql.status_fenced
+            args.append(_fence_token(fence, workflow_id))
+        row = await self._run("set_workflow_status", lambda con: con.fetchrow(sql, *args))
+        if row is None:
+            raise _lost(workflow_id, fence)
+        return _workflow_record(row)
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow's record, or None."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        sql = self._sql.get_record
+        row = await self._run("get_workflow", lambda con: con.fetchrow(sql, workflow_id))
+        return None if row is None else _workflow_record(row)
+
+    async def list_workflow_records(
+        self, status: WorkflowStatus | None = None
+    ) -> list[WorkflowRecord]:
+        """Records ordered by workflow id (code point order), optionally only ``status``."""
+        self._check_open()
+        value = None if status is None else WorkflowStatus(status).value
+        sql = self._sql.list_records
+        rows = await self._run("list_workflow_records", lambda con: con.fetch(sql, value))
+        return [_workflow_record(row) for row in rows]
+
+    async def acquire_lease(self, workflow_id: str, owner: str, ttl: float) -> Lease:
+        """Grant the lease if it is free, expired or already ``owner``'s (a new token).
+
+        Not retried after a lost connection (a grant may have committed): that raises
+        :class:`StorageBackendError`; acquiring again as the same owner is safe.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        ttl = _check_ttl(ttl)
+
+        async def grant(con: Any) -> Any:
+            for _ in range(3):
+                row = await con.fetchrow(self._sql.acquire, workflow_id, owner, ttl)
+                if row is not None:
+                    return row
+                held = await con.fetchrow(self._sql.holder, workflow_id)
+                if held is not None and held[0] is not None and not held[2]:
+                    raise LeaseHeldError(
+                        f"workflow {workflow_id!r} is leased by {held[0]!r} until {held[1]}"
+                    )
+                # Released or expired between the two statements: try again.
+            raise LeaseHeldError(f"workflow {workflow_id!r} is contended; try again")
+
+        row = await self._run("acquire_lease", grant, retry=False)
+        return Lease(workflow_id=workflow_id, owner=owner, token=row[0], expires_at=row[1])
+
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+        """Extend a lease whose token is still current to ``ttl`` seconds from now."""
+        self._check_open()
+        ttl = _check_ttl(ttl)
+        sql, args = self._sql.renew, [lease.workflow_id, lease.token, lease.owner, ttl]
+        expires = await self._run("renew_lease", lambda con: con.fetchval(sql, *args))
+        if expires is None:
+            raise _lost(lease.workflow_id, lease)
+        return lease.model_copy(update={"expires_at": expires})
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Free a current lease; a stale one is ignored."""
+        self._check_open()
+        sql, args = self._sql.release, [lease.workflow_id, lease.token]
+        await self._run("release_lease", lambda con: con.execute(sql, *args))
+
+    async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
+        """Lease the oldest unfinished workflow whose lease is free or expired, or None.
+
+        ``FOR UPDATE SKIP LOCKED``: concurrent claimers (in any process) get distinct
+        workflows. Not retried after a lost connection (a claim may have committed; its
+        lease then simply expires).
+        """
+        self._check_open()
+        ttl = _check_ttl(ttl)
+        sql = self._sql.claim
+        row = await self._run(
+            "claim_next_workflow", lambda con: con.fetchrow(sql, owner, ttl), retry=False
+        )
+        if row is None:
+            return None
+        return Lease(workflow_id=row[0], owner=owner, token=row[1], expires_at=row[2])
 
     async def close(self) -> None:
         """Wait for queued and in-flight writes, then close the pool if this storage owns it."""
@@ -361,7 +479,11 @@ class PostgresCheckpointStorage(BaseStorage):
                 return await op(con)
             except Exception as exc:
                 if _connection_lost(exc):
-                    con.terminate()  # never hand a broken connection back to the pool
+                    # Never hand a broken connection back to the pool. If asyncpg already saw
+                    # it close, it has detached it from the proxy and terminate() raises;
+                    # the original error is the one to report (and to retry on).
+                    with contextlib.suppress(Exception):
+                        con.terminate()
                 raise
 
     def _record(self, workflow_id: str, row: Any) -> StoredCheckpoint:
@@ -458,18 +580,28 @@ class PostgresCheckpointStorage(BaseStorage):
         # A stable order makes concurrent writers (other processes too) lock rows in the same
         # order, so two batches cannot deadlock on each other.
         batch = sorted(batch, key=lambda w: (w.workflow_id, w.step))
-        wfs = [w.workflow_id for w in batch]
-        steps = [w.step for w in batch]
-        datas = [w.data for w in batch]
-        prune = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
+        args = (
+            [w.workflow_id for w in batch],
+            [w.step for w in batch],
+            [w.data for w in batch],
+            [w.token for w in batch],
+        )
+        keeps = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
+        written: set[tuple[str, int]] = set()
 
         async def write(con: Any) -> None:
-            if not prune:  # one statement: its implicit transaction commits before it returns
-                await con.execute(self._sql.upsert, wfs, steps, datas)
+            written.clear()
+            if not keeps:  # one statement: its implicit transaction commits before it returns
+                rows = await con.fetch(self._sql.upsert, *args)
+                written.update((row[0], row[1]) for row in rows)
                 return
             async with con.transaction():
-                await con.execute(self._sql.upsert, wfs, steps, datas)
-                await con.execute(self._sql.prune, list(prune), list(prune.values()))
+                rows = await con.fetch(self._sql.upsert, *args)
+                written.update((row[0], row[1]) for row in rows)
+                # Only workflows that got a row: a stale writer prunes nothing.
+                prune = {wf: n for wf, n in keeps.items() if any(w == wf for w, _ in written)}
+                if prune:
+                    await con.execute(self._sql.prune, list(prune), list(prune.values()))
 
         errors = _driver_errors(_import_asyncpg())
         attempt = 0
@@ -485,10 +617,50 @@ class PostgresCheckpointStorage(BaseStorage):
                     self.stats.retries += 1
                     continue
                 raise
-        self.stats.rows += len(batch)
+        self.stats.rows += len(written)
         self.stats.batches += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+        for item in batch:
+            if (item.workflow_id, item.step) not in written and not item.future.done():
+                item.future.set_exception(
+                    LeaseLostError(
+                        f"lease {item.token} on workflow {item.workflow_id!r} is no longer "
+                        "current; the checkpoint was not written"
+                    )
+                )
 
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def _check_ttl(ttl: object) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 10**9:
+        raise InvalidArgumentError(f"ttl must be seconds > 0, got {ttl!r}")
+    return float(ttl)
+
+
+def _fence_token(fence: Lease, workflow_id: str) -> int:
+    if fence.workflow_id != workflow_id:
+        raise LeaseLostError(
+            f"the lease is for workflow {fence.workflow_id!r}, not {workflow_id!r}"
+        )
+    return fence.token
+
+
+def _lost(workflow_id: str, lease: Lease | None) -> LeaseLostError:
+    token = "?" if lease is None else lease.token
+    return LeaseLostError(f"lease {token} on workflow {workflow_id!r} is no longer current")
+
+
+def _workflow_record(row: Any) -> WorkflowRecord:
+    return WorkflowRecord(
+        workflow_id=row[0],
+        status=WorkflowStatus(row[1]),
+        created_at=row[2],
+        updated_at=row[3],
+        finished_at=row[4],
+        lease_owner=row[5],
+        lease_expires_at=row[6],
+        fencing_token=row[7],
+    )

@@ -4,6 +4,12 @@ The embedded default backend. Writes go through one writer thread that commits q
 writes together (group commit: one transaction and one fsync for many callers); reads run
 on separate connections in their own threads, so they never wait behind the write queue.
 See ``docs/sqlite-storage.md`` for the schema, the durability setting and the design.
+
+Workflow records and leases (:class:`~aiocheckpoint.storage.base.WorkflowStorage`) live in a
+``workflows`` table. Lease operations run in the writer thread's ``BEGIN IMMEDIATE``
+transactions, so SQLite's single write lock makes claims atomic across processes; expiry is
+judged by this host's clock (``time.time()``). A fenced save is checked in its batch's
+transaction, and a stale one fails only its own caller. See docs/leases.md.
 """
 
 from __future__ import annotations
@@ -20,13 +26,16 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from .._validation import check_optional_step, check_step, check_workflow_id
-from ..errors import InvalidArgumentError, StorageClosedError
+from ..errors import InvalidArgumentError, LeaseLostError, StorageClosedError
+from ..leases import Lease, WorkflowRecord, WorkflowStatus
+from . import _sqlite_records as records
 from ._sqlite_db import (
     BusyRetry,
     DeleteOp,
     Op,
     Outcome,
     ReaderPool,
+    RecordOp,
     SaveOp,
     Writer,
     read_exists,
@@ -123,9 +132,20 @@ class SQLiteCheckpointStorage(BaseStorage):
     # --- writes: queued, committed in batches by one writer ------------------------------
 
     async def save(
-        self, workflow_id: str, step: int, data: bytes, *, keep_last: int | None = None
+        self,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
     ) -> None:
-        """Store ``data`` as ``step``, then keep the ``keep_last`` highest steps, atomically."""
+        """Store ``data`` as ``step``, then keep the ``keep_last`` highest steps, atomically.
+
+        The workflow gets an UNFINISHED record if it has none. With ``fence``, the write
+        happens only if ``fence.token`` is the workflow's current fencing token; otherwise
+        this call (and no other in its batch) raises :class:`~aiocheckpoint.LeaseLostError`.
+        """
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
@@ -133,13 +153,75 @@ class SQLiteCheckpointStorage(BaseStorage):
             raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
         data = bytes(data)
         check_record_size(data, self._max_record_bytes)
-        await self._submit(SaveOp(workflow_id, step, data, keep_last), len(data))
+        token = None if fence is None else _fence_token(fence, workflow_id)
+        await self._submit(SaveOp(workflow_id, step, data, keep_last, token), len(data))
 
     async def delete(self, workflow_id: str, step: int | None = None) -> bool:
         """Delete one step, or the whole workflow; return whether anything was deleted."""
         self._check_open()
         op = DeleteOp(check_workflow_id(workflow_id), check_optional_step(step))
         return bool(await self._submit(op, 0))
+
+    # --- workflow records and leases (WorkflowStorage) ------------------------------------
+
+    async def set_workflow_status(
+        self, workflow_id: str, status: WorkflowStatus, *, fence: Lease | None = None
+    ) -> WorkflowRecord:
+        """Create or update the workflow's record with ``status`` (fenced by ``fence``)."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        status = WorkflowStatus(status)
+        token = None if fence is None else _fence_token(fence, workflow_id)
+        fn = functools.partial(
+            records.set_status, workflow_id=workflow_id, status=status, token=token
+        )
+        result: WorkflowRecord = await self._submit(RecordOp("status change", fn), 0)
+        return result
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow's record, or None."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        return await self._read(lambda conn: records.read_record(conn, workflow_id))
+
+    async def list_workflow_records(
+        self, status: WorkflowStatus | None = None
+    ) -> list[WorkflowRecord]:
+        """Records ordered by workflow id, optionally only those with ``status``."""
+        self._check_open()
+        wanted = None if status is None else WorkflowStatus(status)
+        return await self._read(lambda conn: records.read_records(conn, wanted))
+
+    async def acquire_lease(self, workflow_id: str, owner: str, ttl: float) -> Lease:
+        """Grant the lease if it is free, expired or already ``owner``'s (a new token)."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        fn = functools.partial(
+            records.acquire, workflow_id=workflow_id, owner=owner, ttl=_check_ttl(ttl)
+        )
+        lease: Lease = await self._submit(RecordOp("lease acquisition", fn), 0)
+        return lease
+
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+        """Extend a lease whose token is still current to ``ttl`` seconds from now."""
+        self._check_open()
+        fn = functools.partial(records.renew, lease=lease, ttl=_check_ttl(ttl))
+        renewed: Lease = await self._submit(RecordOp("lease renewal", fn), 0)
+        return renewed
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Free a current lease; a stale one is ignored."""
+        self._check_open()
+        await self._submit(
+            RecordOp("lease release", functools.partial(records.release, lease=lease)), 0
+        )
+
+    async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
+        """Lease the oldest unfinished workflow whose lease is free or expired, or None."""
+        self._check_open()
+        fn = functools.partial(records.claim, owner=owner, ttl=_check_ttl(ttl))
+        claimed: Lease | None = await self._submit(RecordOp("claim", fn), 0)
+        return claimed
 
     async def _submit(self, op: Op, size: int) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -333,6 +415,20 @@ class SQLiteCheckpointStorage(BaseStorage):
         # Readers first, so the writer is the last connection and checkpoints the WAL.
         self._readers.close()
         self._writer.close()
+
+
+def _check_ttl(ttl: object) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 10**9:
+        raise InvalidArgumentError(f"ttl must be seconds > 0, got {ttl!r}")
+    return float(ttl)
+
+
+def _fence_token(fence: Lease, workflow_id: str) -> int:
+    if fence.workflow_id != workflow_id:
+        raise LeaseLostError(
+            f"the lease is for workflow {fence.workflow_id!r}, not {workflow_id!r}"
+        )
+    return fence.token
 
 
 def _failure(future: asyncio.Future[Any]) -> BaseException | None:

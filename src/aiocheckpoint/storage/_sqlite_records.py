@@ -1,0 +1,181 @@
+"""Workflow records and leases in SQLite: code that runs only in the database threads.
+
+Every function that changes something runs inside the writer's ``BEGIN IMMEDIATE``
+transaction, so SQLite's one-writer lock makes each check-then-write atomic: two claimers
+(in any process) can never both see a lease free. ``now`` is this host's clock
+(``time.time()``), read in the writer thread when the operation runs. Functions that refuse
+(``LeaseHeldError``, ``LeaseLostError``) do so before writing anything, so the writer can
+report the refusal to its caller and still commit the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any, Final
+
+from ..errors import LeaseHeldError, LeaseLostError
+from ..leases import Lease, WorkflowRecord, WorkflowStatus
+
+_COLUMNS: Final = (
+    "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
+    "lease_expires_at, fencing_token"
+)
+ENSURE_RECORD: Final = (
+    "INSERT INTO workflows (workflow_id, created_at, updated_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (workflow_id) DO NOTHING"
+)
+DELETE_RECORD: Final = "DELETE FROM workflows WHERE workflow_id = ?"
+_TOKEN: Final = "SELECT fencing_token FROM workflows WHERE workflow_id = ?"
+_NEXT_TOKEN: Final = (
+    "UPDATE fencing SET last_token = last_token + 1 WHERE id = 1 RETURNING last_token"
+)
+_GET: Final = f"SELECT {_COLUMNS} FROM workflows WHERE workflow_id = ?"
+_LIST: Final = f"SELECT {_COLUMNS} FROM workflows ORDER BY workflow_id"
+_LIST_STATUS: Final = f"SELECT {_COLUMNS} FROM workflows WHERE status = ? ORDER BY workflow_id"
+_SET_STATUS: Final = (
+    "UPDATE workflows SET status = ?, finished_at = ?, updated_at = ? WHERE workflow_id = ?"
+)
+_GRANT: Final = (
+    "UPDATE workflows SET lease_owner = ?, lease_expires_at = ?, fencing_token = ?, "
+    "updated_at = ? WHERE workflow_id = ?"
+)
+_HOLDER: Final = "SELECT lease_owner, lease_expires_at FROM workflows WHERE workflow_id = ?"
+_RELEASE: Final = (
+    "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? "
+    "WHERE workflow_id = ? AND fencing_token = ?"
+)
+_CLAIMABLE: Final = (
+    "SELECT workflow_id FROM workflows WHERE status = 'unfinished' "
+    "AND (lease_expires_at IS NULL OR lease_expires_at <= ?) "
+    "ORDER BY created_at, workflow_id LIMIT 1"
+)
+
+
+def _time(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc)
+
+
+def _record(row: Any) -> WorkflowRecord:
+    wf, status, created, updated, finished, owner, expires, token = row
+    return WorkflowRecord(
+        workflow_id=wf,
+        status=WorkflowStatus(status),
+        created_at=_time(created),
+        updated_at=_time(updated),
+        finished_at=None if finished is None else _time(finished),
+        lease_owner=owner,
+        lease_expires_at=None if expires is None else _time(expires),
+        fencing_token=token,
+    )
+
+
+def lost(workflow_id: str, token: int | None) -> LeaseLostError:
+    """The error for a write under a lease whose token is no longer current."""
+    return LeaseLostError(
+        f"lease {token} on workflow {workflow_id!r} is no longer current; nothing was written"
+    )
+
+
+def current_tokens(conn: sqlite3.Connection, workflow_ids: Iterable[str]) -> dict[str, int]:
+    """The fencing token of each workflow that has a record."""
+    tokens: dict[str, int] = {}
+    for wf in dict.fromkeys(workflow_ids):
+        rows = conn.execute(_TOKEN, (wf,)).fetchall()
+        if rows:
+            tokens[wf] = int(rows[0][0])
+    return tokens
+
+
+def ensure_records(conn: sqlite3.Connection, workflow_ids: Iterable[str], now: float) -> None:
+    """Create an UNFINISHED record for each workflow that has none."""
+    conn.executemany(ENSURE_RECORD, [(wf, now, now) for wf in dict.fromkeys(workflow_ids)])
+
+
+def _check_token(conn: sqlite3.Connection, workflow_id: str, token: int) -> None:
+    if current_tokens(conn, [workflow_id]).get(workflow_id) != token:
+        raise lost(workflow_id, token)
+
+
+def set_status(
+    conn: sqlite3.Connection,
+    now: float,
+    workflow_id: str,
+    status: WorkflowStatus,
+    token: int | None,
+) -> WorkflowRecord:
+    """Create or update the record with ``status``; fenced by ``token`` when given."""
+    if token is not None:
+        _check_token(conn, workflow_id, token)
+    ensure_records(conn, [workflow_id], now)
+    finished = None if status is WorkflowStatus.UNFINISHED else now
+    conn.execute(_SET_STATUS, (status.value, finished, now, workflow_id))
+    return _record(conn.execute(_GET, (workflow_id,)).fetchall()[0])
+
+
+def _grant(
+    conn: sqlite3.Connection, now: float, workflow_id: str, owner: str, ttl: float, token: int
+) -> Lease:
+    expires = now + ttl
+    conn.execute(_GRANT, (owner, expires, token, now, workflow_id))
+    return Lease(
+        workflow_id=workflow_id,
+        owner=owner,
+        token=token,
+        expires_at=_time(expires),
+    )
+
+
+def _next_token(conn: sqlite3.Connection) -> int:
+    return int(conn.execute(_NEXT_TOKEN).fetchall()[0][0])
+
+
+def acquire(
+    conn: sqlite3.Connection, now: float, workflow_id: str, owner: str, ttl: float
+) -> Lease:
+    """Grant the lease if free, expired or already ``owner``'s; else ``LeaseHeldError``."""
+    rows = conn.execute(_HOLDER, (workflow_id,)).fetchall()
+    if rows:
+        holder, expires = rows[0]
+        if holder is not None and holder != owner and expires > now:
+            raise LeaseHeldError(
+                f"workflow {workflow_id!r} is leased by {holder!r} until {_time(expires)}"
+            )
+    else:
+        ensure_records(conn, [workflow_id], now)
+    return _grant(conn, now, workflow_id, owner, ttl, _next_token(conn))
+
+
+def renew(conn: sqlite3.Connection, now: float, lease: Lease, ttl: float) -> Lease:
+    """Extend a lease whose token is current (expired or not); else ``LeaseLostError``."""
+    _check_token(conn, lease.workflow_id, lease.token)
+    return _grant(conn, now, lease.workflow_id, lease.owner, ttl, lease.token)
+
+
+def release(conn: sqlite3.Connection, now: float, lease: Lease) -> None:
+    """Free a lease whose token is current; a stale one changes nothing."""
+    conn.execute(_RELEASE, (now, lease.workflow_id, lease.token))
+
+
+def claim(conn: sqlite3.Connection, now: float, owner: str, ttl: float) -> Lease | None:
+    """Lease the oldest unfinished workflow whose lease is free or expired, or None."""
+    rows = conn.execute(_CLAIMABLE, (now,)).fetchall()
+    if not rows:
+        return None
+    return _grant(conn, now, str(rows[0][0]), owner, ttl, _next_token(conn))
+
+
+def read_record(conn: sqlite3.Connection, workflow_id: str) -> WorkflowRecord | None:
+    """The workflow's record, or None."""
+    rows = conn.execute(_GET, (workflow_id,)).fetchall()
+    return _record(rows[0]) if rows else None
+
+
+def read_records(conn: sqlite3.Connection, status: WorkflowStatus | None) -> list[WorkflowRecord]:
+    """Every record (or those with ``status``), ordered by workflow id."""
+    if status is None:
+        rows = conn.execute(_LIST).fetchall()
+    else:
+        rows = conn.execute(_LIST_STATUS, (status.value,)).fetchall()
+    return [_record(row) for row in rows]
