@@ -157,3 +157,17 @@ async def test_lease_arguments_are_validated() -> None:
                 await manager.acquire_lease("wf", "me", ttl)  # type: ignore[arg-type]
         with pytest.raises(InvalidArgumentError):
             await manager.mark_workflow("wf", "done")
+
+
+async def test_claimed_lease_is_renewed_for_its_own_ttl() -> None:
+    """A lease claimed with a short TTL is renewed for that TTL without passing lease_ttl."""
+    async with CheckpointManager() as manager:
+        await manager.register_workflow("wf")
+        lease = await manager.claim_workflow("a", ttl=0.3)
+        assert lease is not None
+        assert lease.ttl == 0.3
+        async with ResumableWorkflow("wf", manager, lease=lease) as wf:
+            await anyio.sleep(0.8)  # well past the TTL: only renewal keeps it
+            with pytest.raises(LeaseHeldError):
+                await manager.acquire_lease("wf", "b")
+            await wf.checkpoint(0, "a", AgentStatus.COMPLETED)

@@ -36,7 +36,8 @@ class Lease(BaseModel):
     """The right of ``owner`` to drive ``workflow_id`` until ``expires_at``.
 
     ``token`` is the fencing token: it grows with every grant of the workflow's lease, so a
-    newer grant always has a larger token than any older one.
+    newer grant always has a larger token than any older one. ``ttl`` is the number of
+    seconds it was granted (or last renewed) for.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -45,6 +46,7 @@ class Lease(BaseModel):
     owner: str
     token: int
     expires_at: datetime
+    ttl: float
 
 
 class WorkflowRecord(BaseModel):

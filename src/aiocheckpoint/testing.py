@@ -409,6 +409,16 @@ class WorkflowStorageConformance:
         assert await storage.delete("wf")
         assert await storage.get_workflow("wf") is None
 
+    async def test_delete_of_a_registered_workflow_without_checkpoints(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A workflow that has a record and a lease but no checkpoint is deleted whole."""
+        await storage.set_workflow_status("wf", WorkflowStatus.UNFINISHED)
+        await storage.acquire_lease("wf", "runner", 30)
+        assert await storage.delete("wf")
+        assert await storage.get_workflow("wf") is None
+        assert await storage.claim_next_workflow("other", 30) is None
+
     async def test_lease_excludes_other_owners(self, storage: WorkflowStorage) -> None:
         """A live lease refuses other owners; the same owner re-acquires with a new token."""
         first = await storage.acquire_lease("wf", "a", 30)

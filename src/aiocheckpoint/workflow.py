@@ -25,6 +25,7 @@ __all__ = ["ResumableWorkflow"]
 logger = logging.getLogger("aiocheckpoint")
 
 _RELEASE_TIMEOUT = 5.0
+_DEFAULT_TTL = 30.0
 
 
 class ResumableWorkflow:
@@ -58,7 +59,8 @@ class ResumableWorkflow:
     Leases: pass ``lease_owner`` to acquire the workflow's lease on entry (raising
     :class:`~aiocheckpoint.LeaseHeldError` if another live owner holds it), or ``lease`` to
     drive a workflow obtained from :meth:`CheckpointManager.claim_workflow`. While the block
-    runs, the lease is renewed in the background every ``lease_ttl / 3`` seconds; every
+    runs, the lease is renewed in the background every ``lease_ttl / 3`` seconds (``lease_ttl``
+    defaults to the TTL the lease was granted for, or 30 seconds with ``lease_owner``); every
     checkpoint is fenced by it; it is released on exit. If the lease is lost (taken over
     after it expired), the block is cancelled and :class:`~aiocheckpoint.LeaseLostError`
     is raised from the ``async with``.
@@ -72,7 +74,7 @@ class ResumableWorkflow:
         *,
         lease_owner: str | None = None,
         lease: Lease | None = None,
-        lease_ttl: float = 30.0,
+        lease_ttl: float | None = None,
     ) -> None:
         self.workflow_id = check_workflow_id(workflow_id)
         if lease is not None and lease.workflow_id != self.workflow_id:
@@ -80,7 +82,8 @@ class ResumableWorkflow:
         self.checkpoint_manager = checkpoint_manager
         self.lease = lease
         self._lease_owner = lease_owner
-        self._lease_ttl = lease_ttl
+        # Renew for as long as the lease was granted for, unless told otherwise.
+        self._lease_ttl = lease_ttl or (lease.ttl if lease is not None else _DEFAULT_TTL)
         self._renewer: asyncio.Task[None] | None = None
         self._lost: LeaseError | None = None
         self.state = SharedState(initial_state)

@@ -124,6 +124,7 @@ def _grant(
         owner=owner,
         token=token,
         expires_at=_time(expires),
+        ttl=ttl,
     )
 
 

@@ -246,7 +246,9 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._records[record.workflow_id] = record.model_copy(
             update={"lease_owner": owner, "lease_expires_at": expires, "fencing_token": token}
         )
-        return Lease(workflow_id=record.workflow_id, owner=owner, token=token, expires_at=expires)
+        return Lease(
+            workflow_id=record.workflow_id, owner=owner, token=token, expires_at=expires, ttl=ttl
+        )
 
 
 def _expired(record: WorkflowRecord, now: datetime) -> bool:

@@ -373,7 +373,7 @@ class PostgresCheckpointStorage(BaseStorage):
             raise LeaseHeldError(f"workflow {workflow_id!r} is contended; try again")
 
         row = await self._run("acquire_lease", grant, retry=False)
-        return Lease(workflow_id=workflow_id, owner=owner, token=row[0], expires_at=row[1])
+        return Lease(workflow_id=workflow_id, owner=owner, token=row[0], expires_at=row[1], ttl=ttl)
 
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
         """Extend a lease whose token is still current to ``ttl`` seconds from now."""
@@ -383,7 +383,7 @@ class PostgresCheckpointStorage(BaseStorage):
         expires = await self._run("renew_lease", lambda con: con.fetchval(sql, *args))
         if expires is None:
             raise _lost(lease.workflow_id, lease)
-        return lease.model_copy(update={"expires_at": expires})
+        return lease.model_copy(update={"expires_at": expires, "ttl": ttl})
 
     async def release_lease(self, lease: Lease) -> None:
         """Free a current lease; a stale one is ignored."""
@@ -406,7 +406,7 @@ class PostgresCheckpointStorage(BaseStorage):
         )
         if row is None:
             return None
-        return Lease(workflow_id=row[0], owner=owner, token=row[1], expires_at=row[2])
+        return Lease(workflow_id=row[0], owner=owner, token=row[1], expires_at=row[2], ttl=ttl)
 
     async def close(self) -> None:
         """Wait for queued and in-flight writes, then close the pool if this storage owns it."""
