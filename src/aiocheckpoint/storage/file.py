@@ -113,7 +113,7 @@ class FileCheckpointStorage(BaseStorage):
 
     It is a :class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`: the manager stores
     large states as content-addressed blobs under ``blobs/`` (``compression="zstd"``
-    compresses them). Blobs no record references are deleted by :meth:`collect_garbage`,
+    compresses them; ``blob_params`` sets every cutting parameter). Blobs no record references are deleted by :meth:`collect_garbage`,
     which also runs after retention or deletes once ``gc_interval`` seconds have passed
     since the last collection (``None``: only when called). A blob younger than
     ``blob_grace_seconds`` is never deleted; it must exceed the longest save and the
@@ -127,6 +127,7 @@ class FileCheckpointStorage(BaseStorage):
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         stale_temp_seconds: float = 3600.0,
         compression: str | None = None,
+        blob_params: TreeParams | None = None,
         blob_grace_seconds: float = 3600.0,
         gc_interval: float | None = 3600.0,
     ) -> None:
@@ -138,7 +139,11 @@ class FileCheckpointStorage(BaseStorage):
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise InvalidArgumentError(f"{name} must be a positive number, got {value!r}")
-        self._params = TreeParams(compression=compression)
+        if blob_params is not None and not isinstance(blob_params, TreeParams):
+            raise InvalidArgumentError("blob_params must be a TreeParams or None")
+        if blob_params is not None and compression is not None:
+            raise InvalidArgumentError("pass compression inside blob_params, not both")
+        self._params = blob_params or TreeParams(compression=compression)
         self._gc_interval = None if gc_interval is None else float(gc_interval)
         self._base = os.path.abspath(os.fspath(base_dir))
         self._root = os.path.join(self._base, WORKFLOWS)
