@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from aiocheckpoint import (
     CheckpointCorruptedError,
     CheckpointManager,
-    CheckpointSerializationError,
+    InvalidArgumentError,
     StorageSchemaError,
     open_storage,
 )
@@ -252,7 +252,7 @@ async def test_oversized_records_refused_both_ways(tmp_path: Path) -> None:
     """Saving over max_record_bytes writes nothing; reading an over-limit file is corruption."""
     store = FileCheckpointStorage(tmp_path / "s", max_record_bytes=1000)
     await store.save("wf", 0, b"x" * 1000)
-    with pytest.raises(CheckpointSerializationError):
+    with pytest.raises(InvalidArgumentError):
         await store.save("wf", 1, b"x" * 1001)
     assert [r.step for r in await store.scan("wf")] == [0]
     (Path(store.workflow_dir("wf")) / step_name(2)).write_bytes(b"y" * 5000)

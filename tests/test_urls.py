@@ -26,3 +26,14 @@ def test_unknown_option_is_a_typed_error() -> None:
     """An option the backend does not take is an InvalidArgumentError, not a TypeError."""
     with pytest.raises(InvalidArgumentError, match="bad option"):
         open_storage("memory://", colour="blue")
+
+
+def test_postgres_schema_query_parameter() -> None:
+    """postgresql://...?schema=NAME picks the schema and leaves the rest of the DSN intact."""
+    from aiocheckpoint.urls import _split_schema
+
+    assert _split_schema("postgresql://u@h/db?schema=s1&sslmode=disable") == (
+        "postgresql://u@h/db?sslmode=disable",
+        "s1",
+    )
+    assert _split_schema("postgresql://u@h/db") == ("postgresql://u@h/db", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import InvalidArgumentError
 from .storage.base import CheckpointStorage
@@ -15,7 +16,7 @@ URL_FORMS = (
     "memory://",
     "file:///abs/dir or file:relative/dir",
     "sqlite:///abs/path.db or sqlite:relative/path.db",
-    "postgresql://user@host:port/db",
+    "postgresql://user@host:port/db[?schema=NAME]",
 )
 
 
@@ -35,6 +36,17 @@ def _path_part(url: str, scheme: str) -> str:
     return rest
 
 
+def _split_schema(url: str) -> tuple[str, str | None]:
+    """Take ``schema=NAME`` out of a PostgreSQL URL's query: it names the store's schema."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [value for key, value in query if key == "schema"]
+    if not schemas:
+        return url, None
+    rest = urlencode([(key, value) for key, value in query if key != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schemas[-1]
+
+
 def _load(module: str, name: str) -> Any:
     return getattr(importlib.import_module(f"aiocheckpoint.storage.{module}"), name)
 
@@ -44,7 +56,8 @@ def open_storage(url: str, **options: Any) -> CheckpointStorage:
 
     Accepted forms: ``memory://``; ``file:///abs/dir`` or ``file:relative/dir``;
     ``sqlite:///abs/path.db`` or ``sqlite:relative/path.db``; ``postgresql://...`` (or
-    ``postgres://``), passed to the PostgreSQL backend as its DSN. Anything else raises
+    ``postgres://``), passed to the PostgreSQL backend as its DSN; a ``schema=NAME`` query
+    parameter picks the store's PostgreSQL schema. Anything else raises
     :class:`~aiocheckpoint.InvalidArgumentError` naming the accepted forms. Storage opens
     lazily, so this never touches the disk or the network.
     """
@@ -75,6 +88,9 @@ def _open(url: str, options: dict[str, Any]) -> CheckpointStorage:
         storage: CheckpointStorage = _load(module, name)(path, **options)
         return storage
     if scheme in ("postgresql", "postgres"):
-        pg: CheckpointStorage = _load("postgres", "PostgresCheckpointStorage")(url, **options)
+        dsn, schema = _split_schema(url)
+        if schema is not None:
+            options = {"schema": schema, **options}
+        pg: CheckpointStorage = _load("postgres", "PostgresCheckpointStorage")(dsn, **options)
         return pg
     raise _bad(url, f"unknown scheme {scheme!r}")
