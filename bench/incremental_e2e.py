@@ -26,11 +26,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from incremental_size import _docs_state, _message  # noqa: E402
+from incremental_size import _docs_state, _message
 
-from aiocheckpoint import CheckpointManager  # noqa: E402
-from aiocheckpoint.serde import encode_checkpoint, to_storable  # noqa: E402
-from aiocheckpoint.storage.file import FileCheckpointStorage  # noqa: E402
+from aiocheckpoint import CheckpointManager
+from aiocheckpoint.serde import encode_checkpoint, to_storable
+from aiocheckpoint.storage.file import FileCheckpointStorage
 
 
 def du(path: str) -> int:

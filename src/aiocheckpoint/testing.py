@@ -559,7 +559,9 @@ class BlobStorageConformance:
             await manager.create_checkpoint("wf", i, "a", "running", state)
         listed = await manager.list_checkpoints("wf")
         assert [c.state_snapshot.data for c in listed] == states
-        iterated = [c.state_snapshot.data async for c in manager.iter_checkpoints("wf", page_size=4)]
+        iterated = [
+            c.state_snapshot.data async for c in manager.iter_checkpoints("wf", page_size=4)
+        ]
         assert iterated == states
         latest = await manager.get_latest_checkpoint("wf")
         assert latest is not None and latest.state_snapshot.data == states[-1]
@@ -604,12 +606,15 @@ class BlobStorageConformance:
         assert await storage.fetch_blobs(list(split.blobs)) == {}
 
     async def test_record_with_missing_blobs_is_corrupted(self, storage: CheckpointStorage) -> None:
-        """A version-2 record whose blobs are absent raises CheckpointCorruptedError with its
-        workflow and step, and the resume point falls back to the previous checkpoint.
+        """A version-2 record whose blobs are missing is corrupted; resume falls back.
+
+        The error names the workflow and step, and the resume point is the previous step.
         """
         manager = CheckpointManager(storage)
         await manager.create_checkpoint("wf", 0, "a", "completed", _big_state(1))
-        orphan = await manager.create_checkpoint("other", 1, "a", "running", _big_state(99, "orphan"))
+        orphan = await manager.create_checkpoint(
+            "other", 1, "a", "running", _big_state(99, "orphan")
+        )
         record, _split = encode_checkpoint_v2(
             orphan.model_copy(update={"workflow_id": "wf"}),
             storage.blob_params,  # type: ignore[attr-defined]

@@ -1,8 +1,9 @@
 """Content-addressed blobs of the file store: write, touch, fetch, mark-and-sweep.
 
 Layout: ``base_dir/blobs/<first 2 hex digits>/<hash hex>``, one file per blob holding the
-stored blob bytes (see :mod:`aiocheckpoint.incremental`), and ``blobs/gc.lock`` (flock target
-of the sweeper; its mtime is the time of the last collection). Every function here runs in a
+stored blob bytes (see :mod:`aiocheckpoint.incremental`), ``blobs/tmp/`` (blobs being
+written) and ``blobs/gc.lock`` (flock target of the sweeper; its mtime is the time of the
+last collection). Every function here runs in a
 worker thread: the store calls them inside its own one-hop-per-operation methods.
 
 Safety argument (docs/file-storage.md, "Blobs and garbage collection"):
@@ -40,6 +41,7 @@ __all__ = ["BlobStore"]
 logger = logging.getLogger("aiocheckpoint")
 
 GC_LOCK: Final = "gc.lock"
+TMP: Final = "tmp"
 _TRASH: Final = ".gc-"
 _OPEN: Final = os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | _OPEN
@@ -67,6 +69,7 @@ class BlobStore:
         half = self.grace / 2
         shards: dict[str, int] = {}
         dirty: set[str] = set()
+        shards[TMP] = tfd = self._open_shard(TMP)
         try:
             for h in split.children:  # children before parents: a parent never lands alone
                 seen = self._fresh.get(h)
@@ -77,7 +80,7 @@ class BlobStore:
                 sfd = shards.get(shard)
                 if sfd is None:
                     sfd = shards[shard] = self._open_shard(shard)
-                self._fresh[h] = self._place(sfd, hexname, split.blobs[h], now, half)
+                self._fresh[h] = self._place(sfd, tfd, hexname, split.blobs[h], now, half)
                 dirty.add(shard)
             # One fsync per shard covers the renames above and also blobs we found already
             # in place, whose writer may have died before its own directory fsync.
@@ -87,7 +90,9 @@ class BlobStore:
             for fd in shards.values():
                 os.close(fd)
 
-    def _place(self, sfd: int, hexname: str, blob: bytes, now: float, half: float) -> float:
+    def _place(
+        self, sfd: int, tfd: int, hexname: str, blob: bytes, now: float, half: float
+    ) -> float:
         """Ensure ``hexname`` exists with an mtime younger than ``half``; return that mtime."""
         try:
             mtime = os.stat(hexname, dir_fd=sfd, follow_symlinks=False).st_mtime
@@ -102,7 +107,7 @@ class BlobStore:
             except FileNotFoundError:
                 pass  # swept between the stat and the touch: write it again
         tmp = temp_name()
-        fd = self._os.open(tmp, _NEW, 0o600, dir_fd=sfd)
+        fd = self._os.open(tmp, _NEW, 0o600, dir_fd=tfd)
         try:
             try:
                 view = memoryview(blob)
@@ -112,10 +117,10 @@ class BlobStore:
             finally:
                 self._os.close(fd)
             # Replacing an existing file is harmless: same name, same content.
-            self._os.rename(tmp, hexname, src_dir_fd=sfd, dst_dir_fd=sfd)
+            self._os.rename(tmp, hexname, src_dir_fd=tfd, dst_dir_fd=sfd)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=sfd)
+                os.unlink(tmp, dir_fd=tfd)
             raise
         return now
 
@@ -136,6 +141,20 @@ class BlobStore:
             finally:
                 os.close(pfd)
         return os.open(path, _DIR)
+
+    def remove_stale_temps(self) -> None:
+        """Delete temporary files in ``blobs/tmp/`` left by writers that are gone."""
+        path = os.path.join(self.dir, TMP)
+        try:
+            names = os.listdir(path)
+        except FileNotFoundError:
+            return
+        now = time.time()
+        for name in names:
+            full = os.path.join(path, name)
+            with contextlib.suppress(FileNotFoundError):
+                if pid_is_dead(name) or now - os.stat(full).st_mtime > self._stale:
+                    os.unlink(full)
 
     # --- reading ------------------------------------------------------------------------
 
@@ -199,6 +218,7 @@ class BlobStore:
                 return None
             t0 = time.time()
             cutoff = t0 - grace
+            self.remove_stale_temps()
             old = [(h, shard) for h, (shard, mtime) in self._list(t0) if mtime < cutoff]
             marked = self._mark(_roots(workflows_dir))
             freed = self._sweep([(h, shard) for h, shard in old if h not in marked], cutoff)

@@ -14,6 +14,7 @@ Layout (docs/file-storage.md describes it in full)::
                 .tmp-<ns>-<pid>-<uuid>  a write in progress (ignored by readers)
         blobs/                        content-addressed blobs of version-2 records
             gc.lock                   flock(2) target of the sweeper; mtime: last sweep
+            tmp/.tmp-<ns>-<pid>-<uuid>  a blob being written
             <hh>/<hash hex>           one stored blob (``hh``: first two hex digits)
 
 Every public method makes exactly one hop to a worker thread, so a save's write, fsync,
@@ -113,11 +114,11 @@ class FileCheckpointStorage(BaseStorage):
 
     It is a :class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`: the manager stores
     large states as content-addressed blobs under ``blobs/`` (``compression="zstd"``
-    compresses them; ``blob_params`` sets every cutting parameter). Blobs no record references are deleted by :meth:`collect_garbage`,
-    which also runs after retention or deletes once ``gc_interval`` seconds have passed
-    since the last collection (``None``: only when called). A blob younger than
-    ``blob_grace_seconds`` is never deleted; it must exceed the longest save and the
-    longest read (see docs/file-storage.md).
+    compresses them; ``blob_params`` sets every cutting parameter). Blobs no record
+    references are deleted by :meth:`collect_garbage`, which also runs after retention or
+    deletes once ``gc_interval`` seconds have passed since the last collection (``None``:
+    only when called). A blob younger than ``blob_grace_seconds`` is never deleted; it must
+    exceed the longest save and the longest read (see docs/file-storage.md).
     """
 
     def __init__(
@@ -419,6 +420,8 @@ class FileCheckpointStorage(BaseStorage):
         with contextlib.suppress(FileExistsError):
             self._os.mkdir(self._root)
             self._fsync_path(self._base)
+        if self._format >= FORMAT_VERSION:
+            self._blobs.remove_stale_temps()
         self._store_ready = True
 
     def _make_dirs(self, path: str) -> None:
