@@ -42,6 +42,7 @@ logger = logging.getLogger("aiocheckpoint")
 
 GC_LOCK: Final = "gc.lock"
 TMP: Final = "tmp"
+_FIRST_READ: Final = 256 * 1024
 _TRASH: Final = ".gc-"
 _OPEN: Final = os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | _OPEN
@@ -173,17 +174,26 @@ class BlobStore:
 
     def _read(self, path: str) -> bytes | None:
         try:
-            fd = os.open(path, os.O_RDONLY | _OPEN)
+            # O_NONBLOCK: a FIFO planted in the store must not hang the reader.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _OPEN)
         except OSError as exc:
             if is_missing(exc) or exc.errno == errno.ELOOP:
                 return None
             raise
         try:
+            # Blobs are small: one read usually returns the whole file (a short read of a
+            # regular file is its end), so the common case is open, read, close.
+            try:
+                first = os.read(fd, _FIRST_READ)
+            except IsADirectoryError:
+                return None
+            if len(first) < _FIRST_READ:
+                return first  # a non-regular file returns garbage at worst: the hash check
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_size > self._max:
                 return None
-            chunks = []
-            total = 0
+            chunks = [first]
+            total = len(first)
             while chunk := os.read(fd, max(info.st_size - total, 0) + 1):
                 total += len(chunk)
                 if total > self._max:
