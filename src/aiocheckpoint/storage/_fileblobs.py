@@ -43,6 +43,7 @@ logger = logging.getLogger("aiocheckpoint")
 GC_LOCK: Final = "gc.lock"
 TMP: Final = "tmp"
 _FIRST_READ: Final = 256 * 1024
+_FRESH_MAX: Final = 200_000
 _TRASH: Final = ".gc-"
 _OPEN: Final = os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | _OPEN
@@ -68,6 +69,8 @@ class BlobStore:
         """Make every blob ``split`` references durable and recent enough (see module doc)."""
         now = time.time()
         half = self.grace / 2
+        if len(self._fresh) > _FRESH_MAX:  # entries older than half the grace are useless
+            self._fresh = {h: t for h, t in self._fresh.items() if now - t < half}
         shards: dict[str, int] = {}
         dirty: set[str] = set()
         shards[TMP] = tfd = self._open_shard(TMP)
@@ -206,11 +209,20 @@ class BlobStore:
     # --- garbage collection ---------------------------------------------------------------
 
     def last_collection(self) -> float | None:
-        """When a sweep last finished (the lock file's mtime), or None if never."""
+        """When a sweep last finished (the lock file's mtime), or None if never.
+
+        The first call on a store without a lock file creates it, so that automatic sweeps
+        start one interval after the store's first blob rather than at once.
+        """
+        path = os.path.join(self.dir, GC_LOCK)
         try:
-            return os.stat(os.path.join(self.dir, GC_LOCK)).st_mtime
+            return os.stat(path).st_mtime
         except FileNotFoundError:
-            return None
+            pass
+        with contextlib.suppress(FileNotFoundError):  # no blobs/ yet: nothing to collect
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | _OPEN, 0o600))
+            return time.time()
+        return None
 
     def collect(self, workflows_dir: str, grace: float, *, wait: bool) -> int | None:
         """Mark and sweep; return the number of blobs deleted (None: another sweep runs).

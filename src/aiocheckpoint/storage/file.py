@@ -377,10 +377,10 @@ class FileCheckpointStorage(BaseStorage):
         """Sweep if records went and no sweep ran for ``gc_interval`` (housekeeping)."""
         if self._gc_interval is None or self._format < FORMAT_VERSION:
             return
-        last = self._blobs.last_collection()
-        if last is not None and time.time() - last < self._gc_interval:
-            return
         try:
+            last = self._blobs.last_collection()
+            if last is None or time.time() - last < self._gc_interval:
+                return
             self._collect(self._blobs.grace, False)
         except (OSError, CheckpointCorruptedError) as exc:
             logger.warning("garbage collection of blobs failed: %s", exc)
