@@ -282,3 +282,19 @@ async def test_special_numbers_survive_the_fast_encoder(manager: CheckpointManag
     assert got.metadata == {"m": math.inf}
     plain = await manager.get_checkpoint("wf", 1)
     assert plain.state_snapshot.data == {"x": None, "y": 1.5}
+
+
+async def test_returned_checkpoint_is_a_normal_model(manager: CheckpointManager) -> None:
+    """The checkpoint built on the fast path equals the same data validated by pydantic."""
+    from aiocheckpoint import Checkpoint
+
+    shared = SharedState({"a": [1, {"b": None}]})
+    shared.set("c", 2.5, agent_id="x")
+    made = await manager.create_checkpoint(
+        "wf", 0, "a", "completed", shared, ExecutionMetrics(total_tokens=3), {"m": 1}
+    )
+    again = Checkpoint.model_validate(made.model_dump())
+    assert again == made
+    assert made.model_dump() == again.model_dump()
+    assert made.model_fields_set == again.model_fields_set
+    assert made.state_snapshot.version.changed_fields == ["c"]

@@ -34,6 +34,7 @@ from .models import (
     ExecutionMetrics,
     StateSnapshot,
     StateVersion,
+    built,
     utcnow,
 )
 from .serde import decode_checkpoint, encode_checkpoint, storable_copy
@@ -178,7 +179,8 @@ class CheckpointManager:
         if metadata:
             meta, meta_finite = storable_copy(dict(metadata), "metadata")
             finite = finite and meta_finite
-        checkpoint = Checkpoint.model_construct(
+        checkpoint = built(
+            Checkpoint,
             workflow_id=workflow_id,
             step=step,
             agent_id=agent_id,
@@ -517,19 +519,25 @@ def _snapshot_of(
     if isinstance(state, SharedState):
         data, version = state._peek()
         copy, finite = storable_copy(data)
-        version = version.model_copy(update={"changed_fields": list(version.changed_fields)})
-        return StateSnapshot.model_construct(data=copy, version=version, metadata={}), finite
+        version = built(
+            StateVersion,
+            version=version.version,
+            timestamp=version.timestamp,
+            agent_id=version.agent_id,
+            changed_fields=list(version.changed_fields),
+        )
+        return built(StateSnapshot, data=copy, version=version, metadata={}), finite
     if isinstance(state, StateSnapshot):
         copy, finite = storable_copy(state.data)
         meta, meta_finite = storable_copy(state.metadata, "state.metadata")
-        snapshot = StateSnapshot.model_construct(data=copy, version=state.version, metadata=meta)
+        snapshot = built(StateSnapshot, data=copy, version=state.version, metadata=meta)
         return snapshot, finite and meta_finite
     if isinstance(state, Mapping):
         copy, finite = storable_copy(dict(state))
-        version = StateVersion.model_construct(
-            version=0, timestamp=utcnow(), agent_id=None, changed_fields=[]
+        version = built(
+            StateVersion, version=0, timestamp=utcnow(), agent_id=None, changed_fields=[]
         )
-        return StateSnapshot.model_construct(data=copy, version=version, metadata={}), finite
+        return built(StateSnapshot, data=copy, version=version, metadata={}), finite
     raise InvalidArgumentError(
         f"state must be a SharedState, a StateSnapshot or a dict, not {type(state).__qualname__}"
     )
@@ -574,4 +582,5 @@ def _metrics_copy(metrics: ExecutionMetrics | None) -> ExecutionMetrics:
         raise InvalidArgumentError(
             f"metrics must be ExecutionMetrics or None, not {type(metrics).__qualname__}"
         )
-    return metrics.model_copy()  # every field is immutable: a shallow copy is independent
+    # Every field is immutable, so a shallow copy is independent of the caller's object.
+    return built(ExecutionMetrics, **metrics.__dict__)

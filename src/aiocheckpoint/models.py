@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +16,23 @@ __all__ = [
     "StateVersion",
     "utcnow",
 ]
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def built(cls: type[_M], **fields: Any) -> _M:
+    """Make a model from complete, already-valid fields, skipping validation.
+
+    What ``model_construct`` does, at a third of its cost: the checkpoint hot path builds
+    three models per call from values it has just validated itself.
+    """
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", fields)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
 
 
 def utcnow() -> datetime:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import bisect
 from datetime import datetime, timedelta
 
+import anyio.lowlevel
+
 from ..errors import LeaseHeldError, LeaseLostError
 from ..leases import Lease, WorkflowRecord, WorkflowStatus
 from ..models import utcnow
@@ -51,6 +53,8 @@ class InMemoryCheckpointStorage(BaseStorage):
         fence: Lease | None = None,
     ) -> None:
         """Store ``data`` as ``step``; keep only the ``keep_last`` highest steps if given."""
+        # Yield once, as a real store would, so that a loop of saves cannot starve other tasks.
+        await anyio.lowlevel.checkpoint()
         self._check_open()
         check_record_size(data, self._max_record_bytes)
         self._check_fence(workflow_id, fence)

@@ -1,0 +1,1 @@
+"""The aiocheckpoint benchmark suite: run ``python bench/run.py --help``."""
