@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
+import anyio.from_thread
+import anyio.to_thread
 from typing_extensions import Self
 
 from ._validation import (
@@ -23,6 +26,7 @@ from .errors import (
     StorageClosedError,
     UnsupportedOperationError,
 )
+from .incremental import _exceeds, decode_checkpoint_v2, encode_checkpoint_v2
 from .leases import Lease, WorkflowRecord, WorkflowStatus
 from .models import (
     AgentStatus,
@@ -35,7 +39,12 @@ from .models import (
 )
 from .serde import decode_checkpoint, encode_checkpoint, storable_copy
 from .state import SharedState
-from .storage.base import CheckpointStorage, StoredCheckpoint, WorkflowStorage
+from .storage.base import (
+    BlobCheckpointStorage,
+    CheckpointStorage,
+    StoredCheckpoint,
+    WorkflowStorage,
+)
 from .storage.memory import InMemoryCheckpointStorage
 
 __all__ = ["CheckpointManager", "ResumePoint"]
@@ -46,6 +55,7 @@ logger = logging.getLogger("aiocheckpoint")
 ResumePoint = tuple[int, StateSnapshot, ExecutionMetrics]
 
 _PAGE = 100
+_RETRIES = 8
 
 
 _E = TypeVar("_E", AgentStatus, WorkflowStatus)
@@ -76,11 +86,24 @@ class CheckpointManager:
     deleted when a checkpoint is written). ``storage`` defaults to
     :class:`~aiocheckpoint.InMemoryCheckpointStorage`.
 
+    ``incremental`` chooses how large states are stored. With a storage that keeps blobs
+    (:class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`, e.g. the file store), a
+    state too large for ``blob_params.root_inline_limit`` (8 KiB) is cut into
+    content-addressed blobs shared between checkpoints, so each checkpoint costs about what
+    changed (``docs/incremental.md``). ``None`` (the default) means "when the storage
+    supports it", ``False`` always writes whole (version-1) records, ``True`` requires a
+    storage that supports it. Small states are always written as version-1 records, and
+    every read path decodes both versions, whatever this option says.
+
     Use it as ``async with CheckpointManager(storage) as manager:`` or call :meth:`close`.
     """
 
     def __init__(
-        self, storage: CheckpointStorage | None = None, *, max_checkpoints: int | None = None
+        self,
+        storage: CheckpointStorage | None = None,
+        *,
+        max_checkpoints: int | None = None,
+        incremental: bool | None = None,
     ) -> None:
         if max_checkpoints is not None and (
             type(max_checkpoints) is not int or max_checkpoints < 1
@@ -92,12 +115,30 @@ class CheckpointManager:
             storage if storage is not None else InMemoryCheckpointStorage()
         )
         self._max_checkpoints = max_checkpoints
+        if incremental not in (None, True, False):
+            raise InvalidArgumentError(f"incremental must be a bool or None, got {incremental!r}")
+        supports = isinstance(self._storage, BlobCheckpointStorage)
+        if incremental and not supports:
+            raise InvalidArgumentError(
+                f"incremental=True needs a storage that keeps blobs; "
+                f"{type(self._storage).__name__} does not"
+            )
+        self._blobs: BlobCheckpointStorage | None = (
+            self._storage  # type: ignore[assignment]
+            if supports and incremental is not False
+            else None
+        )
         self._closed = False
 
     @property
     def storage(self) -> CheckpointStorage:
         """The storage backend."""
         return self._storage
+
+    @property
+    def incremental(self) -> bool:
+        """Whether large states are written as incremental (blob) checkpoints."""
+        return self._blobs is not None
 
     @property
     def max_checkpoints(self) -> int | None:
@@ -149,11 +190,25 @@ class CheckpointManager:
             timestamp=utcnow(),
             metadata=meta,
         )
+        if lease is not None:
+            _check_lease_for(lease, workflow_id)
+            self._workflow_storage()
+        blobs = self._blobs
+        if blobs is not None and _exceeds(snapshot.data, blobs.blob_params.root_inline_limit):
+            # Cutting a large state is CPU work (~40 ms per MB): do it off the event loop.
+            # ``checkpoint`` holds private copies made above, so the thread reads alone.
+            record, split = await anyio.to_thread.run_sync(
+                functools.partial(encode_checkpoint_v2, checkpoint, blobs.blob_params)
+            )
+            if split.root:
+                await blobs.save_tree(
+                    workflow_id, step, record, split, keep_last=self._max_checkpoints, fence=lease
+                )
+                return checkpoint
         data = encode_checkpoint(checkpoint, finite=finite)
         if lease is None:
             await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
         else:
-            _check_lease_for(lease, workflow_id)
             await self._workflow_storage().save(
                 workflow_id, step, data, keep_last=self._max_checkpoints, fence=lease
             )
@@ -165,9 +220,10 @@ class CheckpointManager:
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
         stored = await self._storage.load(workflow_id, step)
-        if stored is None:
+        checkpoint = None if stored is None else await self._decode_live(workflow_id, stored)
+        if checkpoint is None:
             raise CheckpointNotFoundError(workflow_id, step)
-        return self._decode(workflow_id, stored)
+        return checkpoint
 
     async def get_latest_checkpoint(self, workflow_id: str) -> Checkpoint | None:
         """Return the checkpoint with the highest step, or None if the workflow has none.
@@ -177,8 +233,17 @@ class CheckpointManager:
         """
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
-        stored = await self._storage.load(workflow_id)
-        return None if stored is None else self._decode(workflow_id, stored)
+        for _ in range(_RETRIES):
+            stored = await self._storage.load(workflow_id)
+            if stored is None:
+                return None
+            checkpoint = await self._decode_live(workflow_id, stored)
+            if checkpoint is not None:
+                return checkpoint
+        raise CheckpointCorruptedError(
+            "the latest checkpoint kept being deleted while it was read",
+            workflow_id=workflow_id,
+        )
 
     async def has_checkpoint(self, workflow_id: str, step: int | None = None) -> bool:
         """Whether the step (or, when ``step`` is None, any step) of the workflow is stored."""
@@ -209,7 +274,12 @@ class CheckpointManager:
             limit=check_limit(limit),
             descending=descending,
         )
-        return [self._decode(workflow_id, record) for record in records]
+        out: list[Checkpoint] = []
+        for record in records:
+            checkpoint = await self._decode_live(workflow_id, record)
+            if checkpoint is not None:  # None: deleted while it was being read
+                out.append(checkpoint)
+        return out
 
     async def iter_checkpoints(
         self, workflow_id: str, *, page_size: int = _PAGE, descending: bool = False
@@ -374,7 +444,7 @@ class CheckpointManager:
         if stored is None:
             return None
         try:
-            return self._decode(workflow_id, stored)
+            return await self._decode(workflow_id, stored)
         except CheckpointCorruptedError as first:
             cursor = stored.step
             while True:
@@ -383,7 +453,7 @@ class CheckpointManager:
                 )
                 for record in older:
                     try:
-                        checkpoint = self._decode(workflow_id, record)
+                        checkpoint = await self._decode(workflow_id, record)
                     except CheckpointCorruptedError:
                         continue
                     logger.warning(
@@ -399,8 +469,44 @@ class CheckpointManager:
                     raise
                 cursor = older[-1].step
 
-    def _decode(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
-        return decode_checkpoint(stored.data, workflow_id=workflow_id, step=stored.step)
+    async def _decode(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
+        data = stored.data
+        if len(data) > 4 and data[4] == 2:
+            # Joining a tree is CPU work (~14 ms per MB): a worker thread runs it, and each
+            # tree level's fetch hops back to the event loop.
+            return await anyio.to_thread.run_sync(
+                functools.partial(self._decode_tree, data, workflow_id, stored.step)
+            )
+        return decode_checkpoint(data, workflow_id=workflow_id, step=stored.step)
+
+    def _decode_tree(self, data: bytes, workflow_id: str, step: int) -> Checkpoint:
+        def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+            return anyio.from_thread.run(self._fetch_blobs, hashes)
+
+        return decode_checkpoint_v2(data, fetch, workflow_id=workflow_id, step=step)
+
+    async def _decode_live(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint | None:
+        """Decode ``stored``; None if a blob is missing because the record was deleted.
+
+        A record deleted after it was read may lose its blobs to garbage collection before
+        they are fetched: that is "not found", not corruption.
+        """
+        try:
+            return await self._decode(workflow_id, stored)
+        except CheckpointCorruptedError:
+            data = stored.data
+            if len(data) > 4 and data[4] == 2 and isinstance(self._storage, BlobCheckpointStorage):
+                current = await self._storage.load(workflow_id, stored.step)
+                if current is None:
+                    return None
+                if current.data != data:  # replaced meanwhile: read the new record
+                    return await self._decode(workflow_id, current)
+            raise
+
+    async def _fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        if isinstance(self._storage, BlobCheckpointStorage):
+            return await self._storage.fetch_blobs(hashes)
+        return {}  # a version-2 record in a store without blobs: reported as missing blobs
 
     def _check_open(self) -> None:
         if self._closed:

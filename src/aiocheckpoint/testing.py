@@ -16,7 +16,11 @@ Subclass :class:`StorageConformance` in a pytest module and provide an async fix
 Durable backends also subclass :class:`PersistentStorageConformance` and provide
 ``reopen``, an async fixture returning a coroutine function that opens a *new* storage
 object on the same location. Backends with workflow records and leases also subclass
-:class:`WorkflowStorageConformance`. The suite needs pytest and pytest-asyncio.
+:class:`WorkflowStorageConformance`; backends that keep content-addressed blobs
+(:class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`) subclass
+:class:`BlobStorageConformance`, whose ``storage`` fixture should make
+``collect_garbage()`` free unreferenced blobs at once (e.g. a near-zero grace period).
+The suite needs pytest and pytest-asyncio.
 """
 
 from __future__ import annotations
@@ -37,13 +41,19 @@ from .errors import (
     LeaseLostError,
     StorageClosedError,
 )
+from .incremental import encode_checkpoint_v2, record_format_version
 from .leases import Lease, WorkflowStatus
 from .manager import CheckpointManager
 from .models import AgentStatus
 from .serde import decode_checkpoint
-from .storage.base import CheckpointStorage, WorkflowStorage
+from .storage.base import BlobCheckpointStorage, CheckpointStorage, WorkflowStorage
 
-__all__ = ["PersistentStorageConformance", "StorageConformance", "WorkflowStorageConformance"]
+__all__ = [
+    "BlobStorageConformance",
+    "PersistentStorageConformance",
+    "StorageConformance",
+    "WorkflowStorageConformance",
+]
 
 #: Workflow ids that naive backends confuse: separators, traversal, quoting, unicode.
 TRICKY_IDS = (
@@ -496,3 +506,135 @@ class WorkflowStorageConformance:
         assert claimed is not None
         assert claimed.workflow_id == "wf"
         assert claimed.token > old.token
+
+
+def _big_state(seed: int, tag: str = "", docs: int = 60) -> dict[str, Any]:
+    """A state well over the inline limit: ~1 KB documents (same for one ``tag``), a counter."""
+    return {
+        "counter": seed,
+        "docs": [{"id": i, "body": f"{tag} doc {i} " + "lorem ipsum " * 80} for i in range(docs)],
+        "plan": ["step one", "step two"],
+    }
+
+
+class BlobStorageConformance:
+    """What a :class:`~aiocheckpoint.storage.base.BlobCheckpointStorage` must show.
+
+    Every test goes through :class:`~aiocheckpoint.CheckpointManager`, which writes states
+    over ``blob_params.root_inline_limit`` as version-2 records plus blobs.
+    """
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_is_a_blob_storage(self, storage: CheckpointStorage) -> None:
+        """The storage implements the blob protocol, so the manager goes incremental."""
+        assert isinstance(storage, BlobCheckpointStorage)
+        assert CheckpointManager(storage).incremental
+
+    async def test_large_state_round_trips_as_version_2(self, storage: CheckpointStorage) -> None:
+        """A large state is stored as a version-2 record and reads back equal."""
+        manager = CheckpointManager(storage)
+        state = _big_state(1)
+        written = await manager.create_checkpoint("wf", 0, "a", "running", state)
+        stored = await storage.load("wf", 0)
+        assert stored is not None and record_format_version(stored.data) == 2
+        got = await manager.get_checkpoint("wf", 0)
+        assert got == written and got.state_snapshot.data == state
+
+    async def test_small_state_stays_version_1(self, storage: CheckpointStorage) -> None:
+        """A small state is written as a plain version-1 record."""
+        manager = CheckpointManager(storage)
+        await manager.create_checkpoint("wf", 0, "a", "running", {"k": 1})
+        stored = await storage.load("wf", 0)
+        assert stored is not None and record_format_version(stored.data) == 1
+        assert (await manager.get_checkpoint("wf", 0)).state_snapshot.data == {"k": 1}
+
+    async def test_fetch_returns_only_stored_blobs(self, storage: CheckpointStorage) -> None:
+        """fetch_blobs returns stored blobs and leaves unknown hashes out."""
+        assert isinstance(storage, BlobCheckpointStorage)
+        manager = CheckpointManager(storage)
+        checkpoint = await manager.create_checkpoint("wf", 0, "a", "running", _big_state(2))
+        _record, split = encode_checkpoint_v2(checkpoint, storage.blob_params)
+        wanted = list(split.blobs)[:5]
+        unknown = b"\x00" * storage.blob_params.digest_size
+        got = await storage.fetch_blobs([*wanted, unknown])
+        assert set(got) == set(wanted)
+        assert all(got[h] == split.blobs[h] for h in wanted)
+
+    async def test_mixed_versions_list_in_order(self, storage: CheckpointStorage) -> None:
+        """list/iter/latest read a history that mixes version-1 and version-2 records."""
+        manager = CheckpointManager(storage)
+        states = [{"small": i} if i % 2 else _big_state(i) for i in range(6)]
+        for i, state in enumerate(states):
+            await manager.create_checkpoint("wf", i, "a", "running", state)
+        listed = await manager.list_checkpoints("wf")
+        assert [c.state_snapshot.data for c in listed] == states
+        iterated = [
+            c.state_snapshot.data async for c in manager.iter_checkpoints("wf", page_size=4)
+        ]
+        assert iterated == states
+        latest = await manager.get_latest_checkpoint("wf")
+        assert latest is not None and latest.state_snapshot.data == states[-1]
+
+    async def test_replacing_a_step_reads_the_new_state(self, storage: CheckpointStorage) -> None:
+        """Writing a step again with another large state replaces it."""
+        manager = CheckpointManager(storage)
+        await manager.create_checkpoint("wf", 0, "a", "running", _big_state(1))
+        await manager.create_checkpoint("wf", 0, "a", "running", _big_state(2))
+        got = await manager.get_checkpoint("wf", 0)
+        assert got.state_snapshot.data == _big_state(2)
+
+    async def test_retention_keeps_newest_loadable(self, storage: CheckpointStorage) -> None:
+        """max_checkpoints prunes old incremental checkpoints; the kept ones still load."""
+        manager = CheckpointManager(storage, max_checkpoints=2)
+        for i in range(5):
+            await manager.create_checkpoint("wf", i, "a", "running", _big_state(i))
+        await storage.collect_garbage()  # type: ignore[attr-defined]
+        listed = await manager.list_checkpoints("wf")
+        assert [c.step for c in listed] == [3, 4]
+        assert [c.state_snapshot.data for c in listed] == [_big_state(3), _big_state(4)]
+
+    async def test_gc_keeps_blobs_shared_with_remaining(self, storage: CheckpointStorage) -> None:
+        """Deleting one of two checkpoints that share blobs, then collecting, keeps the other."""
+        assert isinstance(storage, BlobCheckpointStorage)
+        manager = CheckpointManager(storage)
+        await manager.create_checkpoint("a", 0, "x", "running", _big_state(1))
+        await manager.create_checkpoint("b", 0, "x", "running", _big_state(2))
+        await manager.delete_checkpoints("a")
+        assert await storage.collect_garbage() >= 0
+        got = await manager.get_checkpoint("b", 0)
+        assert got.state_snapshot.data == _big_state(2)
+
+    async def test_gc_frees_blobs_of_deleted_checkpoints(self, storage: CheckpointStorage) -> None:
+        """After every checkpoint is deleted, the blobs they alone used are gone."""
+        assert isinstance(storage, BlobCheckpointStorage)
+        manager = CheckpointManager(storage)
+        checkpoint = await manager.create_checkpoint("wf", 0, "a", "running", _big_state(7))
+        _record, split = encode_checkpoint_v2(checkpoint, storage.blob_params)
+        await manager.delete_checkpoints("wf")
+        await storage.collect_garbage()
+        assert await storage.fetch_blobs(list(split.blobs)) == {}
+
+    async def test_record_with_missing_blobs_is_corrupted(self, storage: CheckpointStorage) -> None:
+        """A version-2 record whose blobs are missing is corrupted; resume falls back.
+
+        The error names the workflow and step, and the resume point is the previous step.
+        """
+        manager = CheckpointManager(storage)
+        await manager.create_checkpoint("wf", 0, "a", "completed", _big_state(1))
+        orphan = await manager.create_checkpoint(
+            "other", 1, "a", "running", _big_state(99, "orphan")
+        )
+        record, _split = encode_checkpoint_v2(
+            orphan.model_copy(update={"workflow_id": "wf"}),
+            storage.blob_params,  # type: ignore[attr-defined]
+        )
+        await manager.delete_checkpoints("other")
+        await storage.collect_garbage()  # type: ignore[attr-defined]
+        await storage.save("wf", 1, record)
+        with pytest.raises(CheckpointCorruptedError) as info:
+            await manager.get_checkpoint("wf", 1)
+        assert (info.value.workflow_id, info.value.step) == ("wf", 1)
+        resume = await manager.get_resume_point("wf")
+        assert resume is not None and resume[0] == 1
+        assert resume[1].data == _big_state(1)

@@ -4,7 +4,11 @@ from pathlib import Path
 import pytest
 
 from aiocheckpoint.storage.file import FileCheckpointStorage
-from aiocheckpoint.testing import PersistentStorageConformance, StorageConformance
+from aiocheckpoint.testing import (
+    BlobStorageConformance,
+    PersistentStorageConformance,
+    StorageConformance,
+)
 
 
 class TestFileConformance(StorageConformance, PersistentStorageConformance):
@@ -20,3 +24,11 @@ class TestFileConformance(StorageConformance, PersistentStorageConformance):
             return FileCheckpointStorage(tmp_path / "store")
 
         return _reopen
+
+
+class TestFileBlobConformance(BlobStorageConformance):
+    @pytest.fixture
+    async def storage(self, tmp_path: Path) -> AsyncIterator[FileCheckpointStorage]:
+        store = FileCheckpointStorage(tmp_path / "store", blob_grace_seconds=1e-9)
+        yield store
+        await store.close()

@@ -15,7 +15,10 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 
 from aiocheckpoint import CheckpointStorage
+from aiocheckpoint.incremental import adecode_checkpoint_v2
+from aiocheckpoint.models import Checkpoint
 from aiocheckpoint.serde import FORMAT_VERSION, MAGIC
+from aiocheckpoint.storage.base import BlobCheckpointStorage
 
 #: ``AIOCHECKPOINT_SOAK=1`` turns every count in the suite up for a long run.
 SOAK = os.environ.get("AIOCHECKPOINT_SOAK") == "1"
@@ -49,6 +52,19 @@ async def dump_store(storage: CheckpointStorage) -> Dump:
         for record in await storage.scan(wf):
             out[(wf, record.step)] = record.data
     return out
+
+
+async def decode_stored(
+    storage: CheckpointStorage, data: bytes, workflow_id: str, step: int
+) -> Checkpoint:
+    """Decode a stored record of either format version, fetching blobs from ``storage``."""
+
+    async def fetch(hashes: Any) -> Any:
+        if isinstance(storage, BlobCheckpointStorage):
+            return await storage.fetch_blobs(hashes)
+        return {}
+
+    return await adecode_checkpoint_v2(data, fetch, workflow_id=workflow_id, step=step)
 
 
 def tree(root: Path) -> set[str]:

@@ -17,9 +17,8 @@ from aiocheckpoint import (
     CheckpointStorage,
     ResumableWorkflow,
 )
-from aiocheckpoint.serde import decode_checkpoint
 
-from ._support import TALLY, dump_store, scaled
+from ._support import TALLY, decode_stored, dump_store, scaled
 from .conftest import Backend
 
 TASKS = scaled(300, 3000)
@@ -102,7 +101,7 @@ async def _verify(storage: CheckpointStorage, writes: list[_Write]) -> dict[str,
         stored = await storage.load(w.wf, w.step)
         data = None
         if stored is not None:
-            data = decode_checkpoint(stored.data, workflow_id=w.wf, step=w.step).state_snapshot.data
+            data = (await decode_stored(storage, stored.data, w.wf, w.step)).state_snapshot.data
         if w.acked:
             assert data == w.new, (w.wf, w.step)
             outcome["acked"] += 1
@@ -112,7 +111,7 @@ async def _verify(storage: CheckpointStorage, writes: list[_Write]) -> dict[str,
             assert data == w.old, (w.wf, w.step, "neither the old nor the new record")
             outcome["old_kept" if w.old else "absent"] += 1
     for (wf, step), data in (await dump_store(storage)).items():
-        decode_checkpoint(data, workflow_id=wf, step=step)
+        await decode_stored(storage, data, wf, step)
     return outcome
 
 

@@ -17,9 +17,8 @@ from typing import Any
 
 import aiocheckpoint
 from aiocheckpoint import CheckpointManager
-from aiocheckpoint.serde import decode_checkpoint
 
-from ._support import TALLY, scaled
+from ._support import TALLY, decode_stored, scaled
 from .conftest import Backend
 from .crash_child import ALL_IDS, BIG, KEEP, STRIDE, digest
 
@@ -119,7 +118,7 @@ async def _verify(
         for wf in workflows:
             assert await manager.get_latest_checkpoint(wf) is not None
             for stored in await storage.scan(wf, after=since_step - 1 if since_step else None):
-                decode_checkpoint(stored.data, workflow_id=wf, step=stored.step)
+                await decode_stored(storage, stored.data, wf, stored.step)
         required = _must_be_present(acks, with_big)
         for (wf, step), dig in required.items():
             checkpoint = await manager.get_checkpoint(wf, step)

@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 
 from aiocheckpoint import CheckpointError, CheckpointManager, CheckpointStorage
-from aiocheckpoint.serde import decode_checkpoint
 from aiocheckpoint.storage._filefmt import FileOps
 from aiocheckpoint.storage.file import FileCheckpointStorage
 
-from ._support import SOAK, TALLY, Dump, dump_store
+from ._support import SOAK, TALLY, Dump, decode_stored, dump_store
 from .conftest import BACKENDS, Backend
 
 FILE = next(b for b in BACKENDS if b.name == "file")
@@ -152,14 +151,16 @@ CALLS = {
 CASES = [(op, method) for op, methods in CALLS.items() for method in methods]
 
 
-def _check_affected(op: str, before: Dump, after: Dump) -> None:
+async def _check_affected(
+    storage: FileCheckpointStorage, op: str, before: Dump, after: Dump
+) -> None:
     """Untouched records are unchanged; affected ones are wholly old, wholly new or absent."""
     affected = AFFECTED[op]
     for key in set(before) | set(after):
         if key not in affected:
             assert after.get(key) == before.get(key), key
     for key in affected & set(after):
-        data = decode_checkpoint(after[key], workflow_id=key[0], step=key[1]).state_snapshot.data
+        data = (await decode_stored(storage, after[key], key[0], key[1])).state_snapshot.data
         assert after[key] == before.get(key) or data == NEW, key
     if op == "delete_workflow":
         assert {k for k in after if k[0] == "wf"} in (set(), {("wf", 0), ("wf", 1)})
@@ -185,17 +186,18 @@ async def _scenario(root: Path, op: str, method: str, nth: int, code: int, stick
         await base.close()
         return 0
     storage._os = FileOps()  # the fault is gone
-    _check_affected(op, before, await dump_store(storage))
+    await _check_affected(storage, op, before, await dump_store(storage))
     assert FILE.temp_files(root) == [], "temporary files left behind"
     await _do(op, storage)  # the same store object works again
     after = await dump_store(storage)
     if op.startswith("delete"):
         assert not AFFECTED[op] & set(after)
     else:
-        assert any(
-            decode_checkpoint(after[k], workflow_id=k[0], step=k[1]).state_snapshot.data == NEW
+        got = [
+            (await decode_stored(storage, after[k], k[0], k[1])).state_snapshot.data
             for k in AFFECTED[op] & set(after)
-        )
+        ]
+        assert NEW in got
     await storage.close()
     await base.close()
     async with FileCheckpointStorage(root / "store") as reopened:

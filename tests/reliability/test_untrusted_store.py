@@ -136,7 +136,8 @@ async def test_records_above_max_record_bytes_are_refused_on_write(
 ) -> None:
     """With max_record_bytes set, a larger record raises a CheckpointError and nothing is stored."""
     async with backend.open(tmp_path, max_record_bytes=LIMIT) as storage:
-        manager = CheckpointManager(storage)
+        # Whole records: an incremental store would cut this state into small blobs instead.
+        manager = CheckpointManager(storage, incremental=False)
         await manager.create_checkpoint(WF, 1, "agent", "completed", {"small": "x" * 100})
         before = await dump_store(storage)
         with pytest.raises(CheckpointError):

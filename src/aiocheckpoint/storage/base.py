@@ -9,18 +9,23 @@ must still treat ids as arbitrary text (they may contain ``/``, ``..``, quotes, 
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from typing_extensions import Self
 
 from ..errors import InvalidArgumentError, StorageClosedError
 from ..leases import Lease, WorkflowRecord, WorkflowStatus
 
+if TYPE_CHECKING:
+    from ..incremental import SplitResult, TreeParams
+
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
     "BaseStorage",
+    "BlobCheckpointStorage",
     "CheckpointStorage",
     "StoredCheckpoint",
     "WorkflowStorage",
@@ -177,6 +182,61 @@ class WorkflowStorage(CheckpointStorage, Protocol):
 
     async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
         """Lease the next unfinished workflow whose lease is free or expired."""
+        ...
+
+
+@runtime_checkable
+class BlobCheckpointStorage(CheckpointStorage, Protocol):
+    """A storage that also keeps content-addressed blobs: incremental (version-2) checkpoints.
+
+    The :class:`~aiocheckpoint.CheckpointManager` uses it, when present, to store a large
+    state as a tree of blobs shared between checkpoints (see ``docs/incremental.md``);
+    small states still go through :meth:`CheckpointStorage.save` as version-1 records, and
+    ``load``/``scan`` return records of either version. Contract:
+
+    * ``save_tree`` stores every blob of ``split.blobs`` and then the record, such that a
+      crash at any point never leaves a durable record whose blobs are not all durable
+      (files: blobs fsynced before the record; databases: one transaction). Blobs already
+      stored are kept (same hash, same content). ``keep_last`` and replacement of an
+      existing step behave as in ``save``.
+    * ``fetch_blobs(hashes)`` returns ``{hash: stored blob}`` for the hashes it has;
+      missing ones are simply absent (the reader reports them as corruption). The manager
+      calls it once per tree level.
+    * ``collect_garbage()`` frees blobs no record references any more and returns how many
+      it freed. Stores that free blobs as records go (reference counts) return 0.
+      Deleting records (``delete``, ``keep_last``) must never free a blob that a
+      remaining record, or a ``save_tree`` running concurrently, still needs.
+    * ``blob_params`` says how the store cuts states (compression, digest size).
+    """
+
+    @property
+    def blob_params(self) -> TreeParams:
+        """How this store cuts states into blobs."""
+        ...
+
+    async def save_tree(
+        self,
+        workflow_id: str,
+        step: int,
+        record: bytes,
+        split: SplitResult,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store ``split``'s blobs, then the version-2 ``record`` that references them.
+
+        ``fence`` is for stores that are also :class:`WorkflowStorage` (as in its
+        ``save``); others raise :class:`~aiocheckpoint.UnsupportedOperationError` for it.
+        """
+        ...
+
+    async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        """Return the stored blobs among ``hashes`` (one batch: one tree level)."""
+        ...
+
+    async def collect_garbage(self) -> int:
+        """Free unreferenced blobs; return how many were freed."""
         ...
 
 

@@ -3,7 +3,8 @@
 Layout (docs/file-storage.md describes it in full)::
 
     base_dir/                         0700
-        aiocheckpoint.json            {"format": 1}, written atomically on first write
+        aiocheckpoint.json            {"format": 1}, written atomically on first write;
+                                      {"format": 2} once the store holds blobs
         workflows/                    0700
             <encoded id>/             0700, see ``encode_name``
                 lock                  flock(2) target for read-modify-write sections
@@ -11,7 +12,10 @@ Layout (docs/file-storage.md describes it in full)::
                 id                    the exact id, only in hash-named directories
                 00000000000000000007.ckpt
                 .tmp-<ns>-<pid>-<uuid>  a write in progress (ignored by readers)
-        blobs/                        reserved for content-addressed blobs (not used yet)
+        blobs/                        content-addressed blobs of version-2 records
+            gc.lock                   flock(2) target of the sweeper; mtime: last sweep
+            tmp/.tmp-<ns>-<pid>-<uuid>  a blob being written
+            <hh>/<hash hex>           one stored blob (``hh``: first two hex digits)
 
 Every public method makes exactly one hop to a worker thread, so a save's write, fsync,
 rename and directory fsync run together and a cancelled caller still waits for them: the
@@ -30,7 +34,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Final, TypeVar
 
 import anyio.to_thread
@@ -41,7 +45,11 @@ from ..errors import (
     InvalidArgumentError,
     StorageBackendError,
     StorageSchemaError,
+    UnsupportedOperationError,
 )
+from ..incremental import SplitResult, TreeParams
+from ..leases import Lease
+from ._fileblobs import BlobStore
 from ._filefmt import (
     HASHED_PREFIX,
     FileOps,
@@ -67,8 +75,11 @@ __all__ = ["FORMAT_VERSION", "FileCheckpointStorage"]
 
 logger = logging.getLogger("aiocheckpoint")
 
-#: The on-disk format this version writes; stores marked with a higher one are refused.
-FORMAT_VERSION: Final = 1
+#: The newest on-disk format this version reads and writes; higher ones are refused.
+#: A store is marked format 1 until its first blob is written, then format 2 (blobs/ and
+#: version-2 records), so that versions without blob support refuse it cleanly.
+FORMAT_VERSION: Final = 2
+_FORMAT_PLAIN: Final = 1
 MARKER: Final = "aiocheckpoint.json"
 WORKFLOWS: Final = "workflows"
 LOCK: Final = "lock"
@@ -100,6 +111,14 @@ class FileCheckpointStorage(BaseStorage):
     :class:`~aiocheckpoint.CheckpointCorruptedError`). Temporary files of crashed writers
     are removed when their process is gone or they are older than ``stale_temp_seconds``.
     Nothing touches the disk until the first operation.
+
+    It is a :class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`: the manager stores
+    large states as content-addressed blobs under ``blobs/`` (``compression="zstd"``
+    compresses them; ``blob_params`` sets every cutting parameter). Blobs no record
+    references are deleted by :meth:`collect_garbage`, which also runs after retention or
+    deletes once ``gc_interval`` seconds have passed since the last collection (``None``:
+    only when called). A blob younger than ``blob_grace_seconds`` is never deleted; it must
+    exceed the longest save and the longest read (see docs/file-storage.md).
     """
 
     def __init__(
@@ -108,12 +127,25 @@ class FileCheckpointStorage(BaseStorage):
         *,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         stale_temp_seconds: float = 3600.0,
+        compression: str | None = None,
+        blob_params: TreeParams | None = None,
+        blob_grace_seconds: float = 3600.0,
+        gc_interval: float | None = 3600.0,
     ) -> None:
         check_max_record_bytes(max_record_bytes)
-        if not isinstance(stale_temp_seconds, (int, float)) or stale_temp_seconds <= 0:
-            raise InvalidArgumentError(
-                f"stale_temp_seconds must be a positive number, got {stale_temp_seconds!r}"
-            )
+        for name, value in (
+            ("stale_temp_seconds", stale_temp_seconds),
+            ("blob_grace_seconds", blob_grace_seconds),
+            ("gc_interval", 1.0 if gc_interval is None else gc_interval),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise InvalidArgumentError(f"{name} must be a positive number, got {value!r}")
+        if blob_params is not None and not isinstance(blob_params, TreeParams):
+            raise InvalidArgumentError("blob_params must be a TreeParams or None")
+        if blob_params is not None and compression is not None:
+            raise InvalidArgumentError("pass compression inside blob_params, not both")
+        self._params = blob_params or TreeParams(compression=compression)
+        self._gc_interval = None if gc_interval is None else float(gc_interval)
         self._base = os.path.abspath(os.fspath(base_dir))
         self._root = os.path.join(self._base, WORKFLOWS)
         self._max = max_record_bytes
@@ -122,6 +154,11 @@ class FileCheckpointStorage(BaseStorage):
         self._marker_ok = False
         self._store_ready = False
         self._swept: set[tuple[str, int]] = set()
+        self._format = 0
+        self._pruned = False
+        self._blobs = BlobStore(
+            self._base, self._os, float(blob_grace_seconds), max_record_bytes, self._stale
+        )
 
     @property
     def base_dir(self) -> str:
@@ -132,6 +169,16 @@ class FileCheckpointStorage(BaseStorage):
     def max_record_bytes(self) -> int:
         """The largest record this store writes or reads."""
         return self._max
+
+    @property
+    def blob_params(self) -> TreeParams:
+        """How this store cuts states into blobs (``compression`` chooses zstd)."""
+        return self._params
+
+    @property
+    def blob_dir(self) -> str:
+        """The directory of the content-addressed blobs (it may not exist yet)."""
+        return self._blobs.dir
 
     def workflow_dir(self, workflow_id: str) -> str:
         """The directory that holds ``workflow_id``'s files (it may not exist yet)."""
@@ -221,8 +268,8 @@ class FileCheckpointStorage(BaseStorage):
         check_optional_step(step)
         what = f"cannot delete workflow {workflow_id!r}"
         if step is None:
-            return await self._run(what, self._delete_workflow, workflow_id)
-        return await self._run(what, self._delete_step, workflow_id, step)
+            return await self._run(what, self._then_gc, self._delete_workflow, workflow_id)
+        return await self._run(what, self._then_gc, self._delete_step, workflow_id, step)
 
     async def list_workflows(self) -> list[str]:
         """Every workflow id with at least one record, sorted.
@@ -232,12 +279,111 @@ class FileCheckpointStorage(BaseStorage):
         self._check_open()
         return await self._run("cannot list workflows", self._list_workflows)
 
+    async def save_tree(
+        self,
+        workflow_id: str,
+        step: int,
+        record: bytes,
+        split: SplitResult,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Durably store ``split``'s blobs, then ``record`` as ``step`` (as in :meth:`save`).
+
+        Each new blob costs a file write and fsync; each shard directory touched, one
+        directory fsync; blobs already on disk cost a ``stat`` (none while this process
+        has seen them within half the grace period). The record is written only after all
+        of them are durable.
+        """
+        self._check_open()
+        if fence is not None:
+            raise UnsupportedOperationError("FileCheckpointStorage keeps no leases")
+        check_workflow_id(workflow_id)
+        check_step(step)
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+        check_record_size(record, self._max)
+        for blob in split.blobs.values():
+            check_record_size(blob, self._max)
+        await self._run(
+            f"cannot save step {step} of workflow {workflow_id!r}",
+            self._save_tree,
+            workflow_id,
+            step,
+            bytes(record),
+            split,
+            keep_last,
+        )
+
+    async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        """Return the stored blobs among ``hashes`` (one thread hop, one read per blob)."""
+        self._check_open()
+        return await self._run("cannot read blobs", self._fetch, list(hashes))
+
+    async def collect_garbage(self, *, grace: float | None = None) -> int:
+        """Delete blobs no record references; return how many were deleted.
+
+        Mark-and-sweep: reads every version-2 record and the blobs they reach, then
+        deletes unreferenced blobs older than ``grace`` seconds (default: the store's
+        ``blob_grace_seconds``). Waits for a sweep running in another process to finish
+        first. Safe while other processes save: see docs/file-storage.md.
+        """
+        self._check_open()
+        if grace is not None and (
+            isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0
+        ):
+            raise InvalidArgumentError(f"grace must be a number >= 0, got {grace!r}")
+        chosen = self._blobs.grace if grace is None else float(grace)
+        freed = await self._run("cannot collect garbage", self._collect, chosen, True)
+        return freed or 0
+
     async def _run(self, what: str, fn: Callable[..., _T], *args: object) -> _T:
         self._check_open()
         try:
             return await anyio.to_thread.run_sync(functools.partial(fn, *args))
         except OSError as exc:
             raise StorageBackendError(f"{what} in {self._base}: {exc}") from exc
+
+    # --- blobs ------------------------------------------------------------------------
+
+    def _save_tree(
+        self, workflow_id: str, step: int, record: bytes, split: SplitResult, keep_last: int | None
+    ) -> None:
+        self._ensure_store()
+        if self._format < FORMAT_VERSION:
+            self._write_atomic(self._base, MARKER, _marker(FORMAT_VERSION))
+            self._format = FORMAT_VERSION
+        self._blobs._os = self._os
+        self._blobs.put(split)  # durable before the record that references them
+        self._save(workflow_id, step, record, keep_last)
+
+    def _fetch(self, hashes: list[bytes]) -> dict[bytes, bytes]:
+        self._check_marker()
+        return self._blobs.fetch(hashes)
+
+    def _collect(self, grace: float, wait: bool) -> int | None:
+        self._check_marker()
+        self._blobs._os = self._os
+        return self._blobs.collect(self._root, grace, wait=wait)
+
+    def _then_gc(self, fn: Callable[..., bool], *args: object) -> bool:
+        deleted = fn(*args)
+        if deleted:
+            self._after_delete()
+        return deleted
+
+    def _after_delete(self) -> None:
+        """Sweep if records went and no sweep ran for ``gc_interval`` (housekeeping)."""
+        if self._gc_interval is None or self._format < FORMAT_VERSION:
+            return
+        try:
+            last = self._blobs.last_collection()
+            if last is None or time.time() - last < self._gc_interval:
+                return
+            self._collect(self._blobs.grace, False)
+        except (OSError, CheckpointCorruptedError) as exc:
+            logger.warning("garbage collection of blobs failed: %s", exc)
 
     # --- store level ------------------------------------------------------------------
 
@@ -259,8 +405,9 @@ class FileCheckpointStorage(BaseStorage):
         if fmt > FORMAT_VERSION:
             raise StorageSchemaError(
                 f"{self._base} uses file store format {fmt}; this version of aiocheckpoint "
-                f"reads format {FORMAT_VERSION} only (upgrade aiocheckpoint)"
+                f"reads formats up to {FORMAT_VERSION} only (upgrade aiocheckpoint)"
             )
+        self._format = fmt
         self._marker_ok = True
 
     def _ensure_store(self) -> None:
@@ -269,12 +416,14 @@ class FileCheckpointStorage(BaseStorage):
         self._check_marker()
         self._make_dirs(self._base)
         if not self._marker_ok:
-            body = json.dumps({"format": FORMAT_VERSION}).encode() + b"\n"
-            self._write_atomic(self._base, MARKER, body)
+            self._write_atomic(self._base, MARKER, _marker(_FORMAT_PLAIN))
+            self._format = _FORMAT_PLAIN
             self._marker_ok = True
         with contextlib.suppress(FileExistsError):
             self._os.mkdir(self._root)
             self._fsync_path(self._base)
+        if self._format >= FORMAT_VERSION:
+            self._blobs.remove_stale_temps()
         self._store_ready = True
 
     def _make_dirs(self, path: str) -> None:
@@ -472,6 +621,9 @@ class FileCheckpointStorage(BaseStorage):
                 continue
             try:
                 if self._save_in(dfd, name, step, data, keep_last):
+                    if self._pruned:
+                        self._pruned = False
+                        self._after_delete()
                     return
             finally:
                 os.close(dfd)
@@ -547,6 +699,7 @@ class FileCheckpointStorage(BaseStorage):
             for old in steps[: max(0, len(steps) - keep_last)]:
                 with contextlib.suppress(FileNotFoundError):
                     self._os.unlink(step_name(old), dir_fd=dfd)
+                    self._pruned = True
         except OSError as exc:
             logger.warning("retention could not delete old checkpoints: %s", exc)
 
@@ -784,6 +937,10 @@ class FileCheckpointStorage(BaseStorage):
             return raw.decode("utf-8")
         except UnicodeDecodeError:
             return None
+
+
+def _marker(fmt: int) -> bytes:
+    return json.dumps({"format": fmt}).encode() + b"\n"
 
 
 def _read_small(name: str, dfd: int, limit: int) -> bytes | None:

@@ -1,0 +1,43 @@
+"""Child process for the blob tests: saves large, partly changing states until killed.
+
+Usage: ``_blob_child.py STORE WORKFLOW SEED STEPS KEEP GC_EVERY GRACE``. Prints
+``<step>`` on its own line after each save returns (an acknowledgement). With GC_EVERY > 0
+it also runs ``collect_garbage(grace=GRACE)`` every GC_EVERY saves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from typing import Any
+
+from aiocheckpoint import CheckpointManager
+from aiocheckpoint.storage.file import FileCheckpointStorage
+
+
+def state_for(seed: int, step: int) -> dict[str, Any]:
+    """A ~60 KB state: shared documents, some rewritten at each step, and a growing log."""
+    rng = random.Random(seed * 1_000_003 + step)
+    docs = [{"id": i, "body": f"shared doc {i} " + "text " * 150} for i in range(40)]
+    for _ in range(3):
+        i = rng.randrange(len(docs))
+        docs[i] = {"id": i, "body": f"doc {i} at {seed}/{step} " + "new " * 200}
+    return {"step": step, "docs": docs, "log": [f"entry {n} of {seed}" * 20 for n in range(step)]}
+
+
+async def main() -> None:
+    store, wf, seed, steps, keep, gc_every, grace = sys.argv[1:8]
+    storage = FileCheckpointStorage(store, blob_grace_seconds=float(grace), gc_interval=None)
+    manager = CheckpointManager(storage, max_checkpoints=int(keep) or None)
+    for step in range(int(steps)):
+        await manager.create_checkpoint(wf, step, "child", "running", state_for(int(seed), step))
+        sys.stdout.write(f"{step}\n")
+        sys.stdout.flush()
+        if int(gc_every) and step % int(gc_every) == 0:
+            await storage.collect_garbage(grace=float(grace))
+    await manager.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
