@@ -665,3 +665,27 @@ async def test_export_to_stdout_and_import_from_stdin(new_store: NewStore) -> No
     imported = cli("import", "-", dst, stdin=None, input=exported.out)
     assert imported.code == 0, imported.err
     assert await raw(dst) == await raw(src)
+
+
+async def test_commands_read_and_copy_incremental_checkpoints(tmp_path: Path) -> None:
+    """verify, show and copy handle a file store whose large states are stored as blobs."""
+    from aiocheckpoint import CheckpointManager, FileCheckpointStorage, open_storage
+
+    src = tmp_path / "src"
+    big = {"docs": [{"id": i, "text": f"document {i} " * 20} for i in range(400)]}
+    async with CheckpointManager(FileCheckpointStorage(src)) as manager:
+        assert manager.incremental
+        for step in range(3):
+            await manager.create_checkpoint("big", step, "a", "completed", {**big, "n": step})
+    assert any((src / "blobs").rglob("*")), "the state was not stored as blobs"
+    verify = cli("--json", "verify", f"file:{src}")
+    assert verify.code == 0, verify.err
+    shown = cli("--json", "show", f"file:{src}", "big", "1")
+    assert shown.code == 0, shown.err
+    assert json.dumps(shown.json()).count("document 399") >= 1
+    dst = tmp_path / "copy.db"
+    copied = cli("copy", f"file:{src}", f"sqlite:{dst}")
+    assert copied.code == 0, copied.err
+    async with CheckpointManager(open_storage(f"sqlite:{dst}")) as manager:
+        got = await manager.get_checkpoint("big", 2)
+        assert got.state_snapshot.data == {**big, "n": 2}

@@ -4,6 +4,7 @@ import aiocheckpoint
 
 EXPECTED = {
     "AgentStatus",
+    "BlobCheckpointStorage",
     "Checkpoint",
     "CheckpointCorruptedError",
     "CheckpointError",

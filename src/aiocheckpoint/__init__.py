@@ -27,6 +27,7 @@ from .manager import CheckpointManager, ResumePoint
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, StateVersion
 from .state import SharedState
 from .storage import (
+    BlobCheckpointStorage,
     CheckpointStorage,
     InMemoryCheckpointStorage,
     StoredCheckpoint,
@@ -62,6 +63,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AgentStatus",
+    "BlobCheckpointStorage",
     "Checkpoint",
     "CheckpointCorruptedError",
     "CheckpointError",

@@ -11,7 +11,7 @@ from typing import Final, TypeAlias
 from .errors import CheckpointCorruptedError
 from .manager import CheckpointManager
 from .models import Checkpoint
-from .serde import decode_checkpoint
+from .serde import encode_checkpoint
 from .storage.base import CheckpointStorage, StoredCheckpoint
 from .urls import open_storage
 
@@ -161,11 +161,26 @@ async def iter_records(
         cursor = page[-1].step
 
 
-def decode(workflow_id: str, record: Record) -> Checkpoint | str:
+async def decode(manager: CheckpointManager, workflow_id: str, record: Record) -> Checkpoint | str:
     """The record's checkpoint, or the reason it is corrupted."""
     if isinstance(record, Unreadable):
         return record.reason
     try:
-        return decode_checkpoint(record.data, workflow_id=workflow_id, step=record.step)
+        return await manager.decode_record(workflow_id, record)
     except CheckpointCorruptedError as exc:
         return exc.reason
+
+
+async def portable(manager: CheckpointManager, workflow_id: str, record: Record) -> bytes | str:
+    """The record's bytes in a form any store can take, or the reason it is corrupted.
+
+    Version-1 records are returned as they are. An incremental (version-2) record needs its
+    blobs, which another store does not have: it is re-encoded as the equivalent version-1
+    record of the same checkpoint.
+    """
+    result = await decode(manager, workflow_id, record)
+    if isinstance(result, str) or isinstance(record, Unreadable):
+        return str(result)
+    if len(record.data) > 4 and record.data[4] == 1:
+        return record.data
+    return encode_checkpoint(result)

@@ -27,9 +27,9 @@ from ._cli_store import (
     PAGE,
     CommandError,
     Record,
-    decode,
     location,
     open_store,
+    portable,
     read_page,
 )
 from ._validation import MAX_STEP, check_step, check_workflow_id
@@ -189,7 +189,7 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
             cursor: int | None = None
             while page := await read_page(src.storage, workflow_id, after=cursor):
                 cursor = page[-1].step
-                good = _verified(workflow_id, page, tally)
+                good = await _verified(src, workflow_id, page, tally)
                 if good:
                     await sink.put(workflow_id, good)
                 progress.update(
@@ -208,16 +208,18 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
     )
 
 
-def _verified(workflow_id: str, page: list[Record], tally: Tally) -> dict[int, bytes]:
+async def _verified(
+    src: CheckpointManager, workflow_id: str, page: list[Record], tally: Tally
+) -> dict[int, bytes]:
     good: dict[int, bytes] = {}
     for record in page:
-        result = decode(workflow_id, record)
-        if isinstance(result, str) or not isinstance(record, StoredCheckpoint):
+        result = await portable(src, workflow_id, record)
+        if isinstance(result, str):
             tally.corrupted.append(
-                {"workflow_id": workflow_id, "step": record.step, "reason": str(result)}
+                {"workflow_id": workflow_id, "step": record.step, "reason": result}
             )
         else:
-            good[record.step] = record.data
+            good[record.step] = result
     return good
 
 
@@ -239,7 +241,8 @@ async def _verify_copy(
                 if (workflow_id, record.step) in skip or not isinstance(record, StoredCheckpoint):
                     continue
                 have = there.get(record.step)
-                if isinstance(have, StoredCheckpoint) and have.data == record.data:
+                expected = await portable(src, workflow_id, record)
+                if isinstance(have, StoredCheckpoint) and have.data == expected:
                     tally.verified += 1
                 else:
                     tally.mismatched.append({"workflow_id": workflow_id, "step": record.step})
@@ -348,7 +351,7 @@ async def _export_workflow(
     cursor: int | None = None
     while page := await read_page(src.storage, workflow_id, after=cursor):
         cursor = page[-1].step
-        good = _verified(workflow_id, page, tally)
+        good = await _verified(src, workflow_id, page, tally)
         await file.write(
             [
                 _line(

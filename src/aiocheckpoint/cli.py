@@ -103,7 +103,7 @@ async def _summary(
     async for stored in iter_records(manager.storage, workflow_id):
         steps += 1
         latest = stored
-    checkpoint = None if latest is None else decode(workflow_id, latest)
+    checkpoint = None if latest is None else await decode(manager, workflow_id, latest)
     if isinstance(checkpoint, Checkpoint):
         status: str | None = checkpoint.status.value
         written = checkpoint.timestamp
@@ -135,9 +135,9 @@ async def cmd_history(args: argparse.Namespace, out: Output) -> int:
         )
         if not page and not await manager.has_checkpoint(workflow_id):
             raise CheckpointNotFoundError(workflow_id)
-    more = len(page) > args.limit
-    page = page[: args.limit]
-    entries = [_entry(workflow_id, record) for record in page]
+        more = len(page) > args.limit
+        page = page[: args.limit]
+        entries = [await _entry(manager, workflow_id, record) for record in page]
     next_before = page[-1].step if more else None
     if out.json_mode:
         out.json(
@@ -183,8 +183,8 @@ async def cmd_history(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _entry(workflow_id: str, record: Any) -> dict[str, Any]:
-    result = decode(workflow_id, record)
+async def _entry(manager: CheckpointManager, workflow_id: str, record: Any) -> dict[str, Any]:
+    result = await decode(manager, workflow_id, record)
     size = None if isinstance(record, Unreadable) else len(record.data)
     entry: dict[str, Any] = {"step": record.step, "size": size}
     if isinstance(result, Checkpoint):
@@ -211,7 +211,7 @@ async def _checkpoint(
     stored = await manager.storage.load(workflow_id, step)
     if stored is None:
         raise CheckpointNotFoundError(workflow_id, step)
-    result = decode(workflow_id, stored)
+    result = await decode(manager, workflow_id, stored)
     if isinstance(result, str):
         where = f"workflow {workflow_id!r} step {stored.step}"
         raise CommandError(f"corrupted checkpoint: {where}: {result}", EXIT_STORE)
@@ -325,7 +325,7 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
         for n, workflow_id in enumerate(ids, 1):
             async for record in iter_records(manager.storage, workflow_id):
                 checked += 1
-                result = decode(workflow_id, record)
+                result = await decode(manager, workflow_id, record)
                 if isinstance(result, str):
                     corrupted.append(
                         {"workflow_id": workflow_id, "step": record.step, "reason": result}

@@ -469,6 +469,15 @@ class CheckpointManager:
                     raise
                 cursor = older[-1].step
 
+    async def decode_record(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
+        """Verify and decode a record read from the storage (either format version).
+
+        For tools that read records through the storage protocol (the command line does):
+        a version-2 record's blobs are fetched from the storage. Raises
+        :class:`~aiocheckpoint.CheckpointCorruptedError` like the reading calls do.
+        """
+        return await self._decode(check_workflow_id(workflow_id), stored)
+
     async def _decode(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
         data = stored.data
         if len(data) > 4 and data[4] == 2:
