@@ -18,7 +18,9 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Lease", "WorkflowRecord", "WorkflowStatus"]
+from .errors import InvalidArgumentError, LeaseLostError
+
+__all__ = ["Lease", "WorkflowRecord", "WorkflowStatus", "check_ttl", "fence_token"]
 
 
 class WorkflowStatus(str, Enum):
@@ -62,3 +64,21 @@ class WorkflowRecord(BaseModel):
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     fencing_token: int = 0
+
+
+def check_ttl(ttl: object) -> float:
+    """A lease TTL: a number of seconds > 0 (``bool`` refused); else InvalidArgumentError."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 10**9:
+        raise InvalidArgumentError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
+def fence_token(fence: object, workflow_id: str) -> int:
+    """The fencing token of ``fence``, which must be a lease on ``workflow_id``."""
+    if not isinstance(fence, Lease):
+        raise InvalidArgumentError(f"lease must be a Lease, not {type(fence).__qualname__}")
+    if fence.workflow_id != workflow_id:
+        raise LeaseLostError(
+            f"the lease is for workflow {fence.workflow_id!r}, not {workflow_id!r}"
+        )
+    return fence.token

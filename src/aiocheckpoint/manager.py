@@ -22,12 +22,11 @@ from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
     InvalidArgumentError,
-    LeaseLostError,
     StorageClosedError,
     UnsupportedOperationError,
 )
 from .incremental import _exceeds, decode_checkpoint_v2, encode_checkpoint_v2
-from .leases import Lease, WorkflowRecord, WorkflowStatus
+from .leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from .models import (
     AgentStatus,
     Checkpoint,
@@ -191,7 +190,7 @@ class CheckpointManager:
             metadata=meta,
         )
         if lease is not None:
-            _check_lease_for(lease, workflow_id)
+            fence_token(lease, workflow_id)
             self._workflow_storage()
         blobs = self._blobs
         if blobs is not None and _exceeds(snapshot.data, blobs.blob_params.root_inline_limit):
@@ -372,7 +371,7 @@ class CheckpointManager:
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         if lease is not None:
-            _check_lease_for(lease, workflow_id)
+            fence_token(lease, workflow_id)
         return await self._workflow_storage().set_workflow_status(
             workflow_id, _workflow_status(status), fence=lease
         )
@@ -384,13 +383,13 @@ class CheckpointManager:
         """
         self._check_open()
         return await self._workflow_storage().acquire_lease(
-            check_workflow_id(workflow_id), _check_owner(owner), _check_ttl(ttl)
+            check_workflow_id(workflow_id), _check_owner(owner), check_ttl(ttl)
         )
 
     async def renew_lease(self, lease: Lease, ttl: float = 30.0) -> Lease:
         """Extend a lease to ``ttl`` seconds from now; ``LeaseLostError`` if taken over."""
         self._check_open()
-        return await self._workflow_storage().renew_lease(lease, _check_ttl(ttl))
+        return await self._workflow_storage().renew_lease(lease, check_ttl(ttl))
 
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up; releasing a lease that was taken over does nothing."""
@@ -404,7 +403,7 @@ class CheckpointManager:
         """
         self._check_open()
         return await self._workflow_storage().claim_next_workflow(
-            _check_owner(owner), _check_ttl(ttl)
+            _check_owner(owner), check_ttl(ttl)
         )
 
     def supports_workflow_records(self) -> bool:
@@ -567,21 +566,6 @@ def _check_owner(value: Any) -> str:
     if not owner or len(owner.encode("utf-8")) > 255:
         raise InvalidArgumentError("a lease owner must be a non-empty str of at most 255 bytes")
     return owner
-
-
-def _check_ttl(ttl: Any) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 10**8:
-        raise InvalidArgumentError(f"ttl must be a positive number of seconds, got {ttl!r}")
-    return float(ttl)
-
-
-def _check_lease_for(lease: Lease, workflow_id: str) -> None:
-    if not isinstance(lease, Lease):
-        raise InvalidArgumentError(f"lease must be a Lease, not {type(lease).__qualname__}")
-    if lease.workflow_id != workflow_id:
-        raise LeaseLostError(
-            f"the lease is for workflow {lease.workflow_id!r}, not {workflow_id!r}"
-        )
 
 
 def _metrics_copy(metrics: ExecutionMetrics | None) -> ExecutionMetrics:

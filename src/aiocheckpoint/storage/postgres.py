@@ -37,7 +37,7 @@ from ..errors import (
     StorageBackendError,
     StorageClosedError,
 )
-from ..leases import Lease, WorkflowRecord, WorkflowStatus
+from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from ._pg_schema import Sql, migrate, quote_schema
 from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
 
@@ -231,7 +231,7 @@ class PostgresCheckpointStorage(BaseStorage):
             raise InvalidArgumentError(f"data must be bytes, not {type(data).__qualname__}")
         data = bytes(data)
         check_record_size(data, self._max_record_bytes)
-        token = None if fence is None else _fence_token(fence, workflow_id)
+        token = None if fence is None else fence_token(fence, workflow_id)
         await self._ensure_open()
         self._check_open()
         item = _Write(
@@ -325,7 +325,7 @@ class PostgresCheckpointStorage(BaseStorage):
         sql = self._sql.status_upsert
         if fence is not None:
             sql = self._sql.status_fenced
-            args.append(_fence_token(fence, workflow_id))
+            args.append(fence_token(fence, workflow_id))
         row = await self._run("set_workflow_status", lambda con: con.fetchrow(sql, *args))
         if row is None:
             raise _lost(workflow_id, fence)
@@ -357,7 +357,7 @@ class PostgresCheckpointStorage(BaseStorage):
         """
         self._check_open()
         check_workflow_id(workflow_id)
-        ttl = _check_ttl(ttl)
+        ttl = check_ttl(ttl)
 
         async def grant(con: Any) -> Any:
             for _ in range(3):
@@ -378,7 +378,7 @@ class PostgresCheckpointStorage(BaseStorage):
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
         """Extend a lease whose token is still current to ``ttl`` seconds from now."""
         self._check_open()
-        ttl = _check_ttl(ttl)
+        ttl = check_ttl(ttl)
         sql, args = self._sql.renew, [lease.workflow_id, lease.token, lease.owner, ttl]
         expires = await self._run("renew_lease", lambda con: con.fetchval(sql, *args))
         if expires is None:
@@ -399,7 +399,7 @@ class PostgresCheckpointStorage(BaseStorage):
         lease then simply expires).
         """
         self._check_open()
-        ttl = _check_ttl(ttl)
+        ttl = check_ttl(ttl)
         sql = self._sql.claim
         row = await self._run(
             "claim_next_workflow", lambda con: con.fetchrow(sql, owner, ttl), retry=False
@@ -632,20 +632,6 @@ class PostgresCheckpointStorage(BaseStorage):
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def _check_ttl(ttl: object) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 10**9:
-        raise InvalidArgumentError(f"ttl must be seconds > 0, got {ttl!r}")
-    return float(ttl)
-
-
-def _fence_token(fence: Lease, workflow_id: str) -> int:
-    if fence.workflow_id != workflow_id:
-        raise LeaseLostError(
-            f"the lease is for workflow {fence.workflow_id!r}, not {workflow_id!r}"
-        )
-    return fence.token
 
 
 def _lost(workflow_id: str, lease: Lease | None) -> LeaseLostError:

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from .._validation import check_optional_step, check_step, check_workflow_id
-from ..errors import InvalidArgumentError, LeaseLostError, StorageClosedError
-from ..leases import Lease, WorkflowRecord, WorkflowStatus
+from ..errors import InvalidArgumentError, StorageClosedError
+from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from . import _sqlite_records as records
 from ._sqlite_db import (
     BusyRetry,
@@ -153,7 +153,7 @@ class SQLiteCheckpointStorage(BaseStorage):
             raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
         data = bytes(data)
         check_record_size(data, self._max_record_bytes)
-        token = None if fence is None else _fence_token(fence, workflow_id)
+        token = None if fence is None else fence_token(fence, workflow_id)
         await self._submit(SaveOp(workflow_id, step, data, keep_last, token), len(data))
 
     async def delete(self, workflow_id: str, step: int | None = None) -> bool:
@@ -171,7 +171,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         status = WorkflowStatus(status)
-        token = None if fence is None else _fence_token(fence, workflow_id)
+        token = None if fence is None else fence_token(fence, workflow_id)
         fn = functools.partial(
             records.set_status, workflow_id=workflow_id, status=status, token=token
         )
@@ -197,7 +197,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         fn = functools.partial(
-            records.acquire, workflow_id=workflow_id, owner=owner, ttl=_check_ttl(ttl)
+            records.acquire, workflow_id=workflow_id, owner=owner, ttl=check_ttl(ttl)
         )
         lease: Lease = await self._submit(RecordOp("lease acquisition", fn), 0)
         return lease
@@ -205,7 +205,7 @@ class SQLiteCheckpointStorage(BaseStorage):
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
         """Extend a lease whose token is still current to ``ttl`` seconds from now."""
         self._check_open()
-        fn = functools.partial(records.renew, lease=lease, ttl=_check_ttl(ttl))
+        fn = functools.partial(records.renew, lease=lease, ttl=check_ttl(ttl))
         renewed: Lease = await self._submit(RecordOp("lease renewal", fn), 0)
         return renewed
 
@@ -219,7 +219,7 @@ class SQLiteCheckpointStorage(BaseStorage):
     async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
         """Lease the oldest unfinished workflow whose lease is free or expired, or None."""
         self._check_open()
-        fn = functools.partial(records.claim, owner=owner, ttl=_check_ttl(ttl))
+        fn = functools.partial(records.claim, owner=owner, ttl=check_ttl(ttl))
         claimed: Lease | None = await self._submit(RecordOp("claim", fn), 0)
         return claimed
 
@@ -415,20 +415,6 @@ class SQLiteCheckpointStorage(BaseStorage):
         # Readers first, so the writer is the last connection and checkpoints the WAL.
         self._readers.close()
         self._writer.close()
-
-
-def _check_ttl(ttl: object) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 10**9:
-        raise InvalidArgumentError(f"ttl must be seconds > 0, got {ttl!r}")
-    return float(ttl)
-
-
-def _fence_token(fence: Lease, workflow_id: str) -> int:
-    if fence.workflow_id != workflow_id:
-        raise LeaseLostError(
-            f"the lease is for workflow {fence.workflow_id!r}, not {workflow_id!r}"
-        )
-    return fence.token
 
 
 def _failure(future: asyncio.Future[Any]) -> BaseException | None:
