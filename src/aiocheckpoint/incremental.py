@@ -47,6 +47,7 @@ from .serde import (
     _dumps,
     _int_to_decimal,
     _loads,
+    check_owner,
     decode_checkpoint,
 )
 from .storage.base import DEFAULT_MAX_RECORD_BYTES
@@ -807,17 +808,7 @@ def _checked(
         checkpoint = yield from _guard(steps)
     except CheckpointCorruptedError as exc:
         raise CheckpointCorruptedError(exc.reason, workflow_id=workflow_id, step=step) from exc
-    if workflow_id is not None and checkpoint.workflow_id != workflow_id:
-        raise CheckpointCorruptedError(
-            f"record belongs to workflow {checkpoint.workflow_id!r}",
-            workflow_id=workflow_id,
-            step=step,
-        )
-    if step is not None and checkpoint.step != step:
-        raise CheckpointCorruptedError(
-            f"record belongs to step {checkpoint.step}", workflow_id=workflow_id, step=step
-        )
-    return checkpoint
+    return check_owner(checkpoint, workflow_id, step)
 
 
 def decode_checkpoint_v2(

@@ -431,6 +431,14 @@ def decode_checkpoint(
         raise CheckpointCorruptedError(
             f"undecodable body ({type(exc).__name__})", workflow_id=workflow_id, step=step
         ) from exc
+    return check_owner(checkpoint, workflow_id, step)
+
+
+def check_owner(checkpoint: Checkpoint, workflow_id: str | None, step: int | None) -> Checkpoint:
+    """Return ``checkpoint`` if it belongs to ``workflow_id``/``step`` (None: any).
+
+    A valid record stored under another key (moved, copied or crafted) is corruption.
+    """
     if workflow_id is not None and checkpoint.workflow_id != workflow_id:
         raise CheckpointCorruptedError(
             f"record belongs to workflow {checkpoint.workflow_id!r}",
