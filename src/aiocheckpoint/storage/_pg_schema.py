@@ -194,6 +194,7 @@ class Sql:
     blob_release: str
     blob_drop: str
     blob_fetch: str
+    blob_lock: str
 
     @classmethod
     def for_schema(cls, quoted: str) -> Sql:
@@ -380,6 +381,13 @@ class Sql:
                 "RETURNING x.hash, x.refs, CASE WHEN x.refs <= 0 THEN x.data END"
             ),
             blob_drop=f"DELETE FROM {b} WHERE hash = ANY($1::bytea[]) AND refs <= 0",
+            # One writer of blob counts at a time per store (all processes): a walk locks
+            # rows level by level, and two walks over trees that share nodes at different
+            # levels would otherwise deadlock often (each costing the server's
+            # deadlock_timeout, 1 s by default, before one is cancelled).
+            blob_lock=(
+                "SELECT pg_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
+            ),
             blob_fetch=(
                 f"SELECT hash, data FROM {b} WHERE hash = ANY($1::bytea[]) "
                 "AND octet_length(data) <= $2"

@@ -408,7 +408,9 @@ class PostgresCheckpointStorage(BaseStorage):
                 else:
                     rows = await con.fetch(sql, *args)
                     found, records = bool(rows), [row[0] for row in rows]
-                await self._release_records(con, records or ())
+                if records:
+                    await self._lock_blobs(con)
+                    await self._release_records(con, records)
             return found
 
         return await self._run("delete", delete, retry=False)
@@ -722,7 +724,9 @@ class PostgresCheckpointStorage(BaseStorage):
             async with con.transaction():
                 # Adds before releases: a blob shared by a replaced record and its
                 # replacement never drops to 0 in between.
-                await self._add_trees(con, [w.split for w in trees if w.split is not None])
+                if trees:
+                    await self._lock_blobs(con)
+                    await self._add_trees(con, [w.split for w in trees if w.split is not None])
                 released = record(await con.fetch(self._sql.upsert, *args, False), committed=False)
                 for w in trees:
                     if (w.workflow_id, w.step) not in written and w.split is not None:
@@ -733,6 +737,8 @@ class PostgresCheckpointStorage(BaseStorage):
                     rows = await con.fetch(self._sql.prune, list(prune), list(prune.values()))
                     for row in rows:
                         released.update(_root_refs(row[0]))
+                if released and not trees:
+                    await self._lock_blobs(con)
                 await self._release(con, released)
 
         errors: tuple[type[BaseException], ...] = (*_driver_errors(_import_asyncpg()), _Raced)
@@ -768,6 +774,10 @@ class PostgresCheckpointStorage(BaseStorage):
                 )
 
     # --- reference counts (docs/incremental.md, section 8) --------------------------------
+
+    async def _lock_blobs(self, con: Any) -> None:
+        """Serialise this transaction's blob counting with every other writer's."""
+        await con.execute(self._sql.blob_lock, self._schema)
 
     async def _add_trees(self, con: Any, splits: list[SplitResult]) -> None:
         """Add refs for every tree's root refs, one statement per tree level for all trees.
