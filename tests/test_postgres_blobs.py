@@ -373,3 +373,31 @@ async def test_stale_fenced_tree_adds_nothing(pg_schema: str, admin: asyncpg.Con
             await manager.create_checkpoint("wf", 0, "a", "running", state_for(1, 1), lease=first)
         assert await storage.load("wf") is None
     assert await check_counts(admin, pg_schema) == 0
+
+
+async def test_cli_reads_verifies_and_copies_incremental_postgres_records(
+    pg_schema: str, admin: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """verify, show, copy and export handle PostgreSQL records whose states are blobs."""
+    from aiocheckpoint import open_storage
+    from tests.test_cli import cli
+
+    url = f"{DSN}?schema={pg_schema}"
+    big = {"docs": [{"id": i, "text": f"document {i} " * 20} for i in range(400)]}
+    async with CheckpointManager(store(pg_schema)) as manager:
+        for step in range(3):
+            await manager.create_checkpoint("big", step, "a", "completed", {**big, "n": step})
+    assert await check_counts(admin, pg_schema) > 0
+    verify = cli("--json", "verify", url)
+    assert verify.code == 0, verify.err
+    shown = cli("--json", "show", url, "big", "1")
+    assert shown.code == 0, shown.err
+    assert "document 399" in shown.out
+    copied = cli("copy", url, f"file:{tmp_path}/copy")
+    assert copied.code == 0, copied.err
+    async with CheckpointManager(open_storage(f"file:{tmp_path}/copy")) as manager:
+        got = await manager.get_checkpoint("big", 2)
+        assert got.state_snapshot.data == {**big, "n": 2}
+    exported = cli("export", url, "-")
+    assert exported.code == 0, exported.err
+    assert "exported 3 checkpoints" in exported.err
