@@ -11,6 +11,8 @@ Each run creates fresh schemas and drops them. Stored size: the logical bytes
 (c) small-state (~1 KB) writes/s with 100 concurrent writers, incremental vs version-1
     records (``CheckpointManager(storage, incremental=False)``), alternating, medians; and
     the resume of a ~10 MB state (10k ~1 KB documents), both ways.
+(w) only the version-1 small-write rate (C=100): run it with ``PYTHONPATH`` pointing at two
+    checkouts, alternately, to compare the storage code of two versions.
 """
 
 from __future__ import annotations
@@ -51,20 +53,21 @@ class Schemas:
         self.names.append(name)
         return name
 
-    async def sizes(self, name: str) -> tuple[int, int]:
+    async def sizes(self, name: str) -> tuple[int, int, int]:
+        """Logical bytes, on-disk bytes after VACUUM, on-disk bytes after VACUUM FULL."""
         con = await asyncpg.connect(self.dsn)
         try:
-            logical = 0
-            disk = 0
+            logical = disk = full = 0
             for table in ("checkpoints", "blobs"):
-                await con.execute(f'VACUUM "{name}".{table}')
+                rel = f'"{name}".{table}'
+                await con.execute(f"VACUUM {rel}")
                 logical += await con.fetchval(
-                    f'SELECT coalesce(sum(octet_length(data)), 0) FROM "{name}".{table}'
+                    f"SELECT coalesce(sum(octet_length(data)), 0) FROM {rel}"
                 )
-                disk += await con.fetchval(
-                    "SELECT pg_total_relation_size($1::regclass)", f'"{name}".{table}'
-                )
-            return int(logical), int(disk)
+                disk += await con.fetchval("SELECT pg_total_relation_size($1::regclass)", rel)
+                await con.execute(f"VACUUM FULL {rel}")
+                full += await con.fetchval("SELECT pg_total_relation_size($1::regclass)", rel)
+            return int(logical), int(disk), int(full)
         finally:
             await con.close()
 
@@ -81,19 +84,21 @@ async def workload_a(schemas: Schemas, steps: int) -> None:
     name = schemas.new()
     state = _docs_state(random.Random(1), 1000)
     t0 = time.perf_counter()
-    async with CheckpointManager(PostgresCheckpointStorage(schemas.dsn, schema=name)) as manager:
+    storage = PostgresCheckpointStorage(schemas.dsn, schema=name)
+    async with CheckpointManager(storage) as manager:
         for step in range(steps):
             state["counter"] = step
             await manager.create_checkpoint("wf", step, "agent", "running", state)
         elapsed = time.perf_counter() - t0
         last = await manager.get_checkpoint("wf", steps - 1)
         assert last.state_snapshot.data == to_storable(state)
-    logical, disk = await schemas.sizes(name)
+    logical, disk, full = await schemas.sizes(name)
     print(
         f"(a) {steps} checkpoints of a {v1_size(state) / 1e6:.2f} MB state, one key changing: "
-        f"{logical / 1e6:.2f} MB logical, {disk / 1e6:.2f} MB on disk "
-        f"(v1 would be ~{steps * v1_size(state) / 1e6:.0f} MB); "
-        f"{elapsed / steps * 1000:.1f} ms/save"
+        f"{logical / 1e6:.2f} MB logical, on disk {disk / 1e6:.2f} MB ({full / 1e6:.2f} MB "
+        f"after VACUUM FULL) (v1 would be ~{steps * v1_size(state) / 1e6:.0f} MB); "
+        f"{elapsed / steps * 1000:.1f} ms/save, "
+        f"{storage.stats.blob_statements / steps:.1f} blob statements/save"
     )
 
 
@@ -102,19 +107,22 @@ async def workload_b(schemas: Schemas, steps: int) -> None:
     rng = random.Random(2)
     state: dict[str, Any] = {"system": "You are helpful.", "messages": []}
     t0 = time.perf_counter()
-    async with CheckpointManager(PostgresCheckpointStorage(schemas.dsn, schema=name)) as manager:
+    storage = PostgresCheckpointStorage(schemas.dsn, schema=name)
+    async with CheckpointManager(storage) as manager:
         for step in range(steps):
             state["messages"].append(_message(rng, step))
             await manager.create_checkpoint("chat", step, "agent", "running", state)
         elapsed = time.perf_counter() - t0
         last = await manager.get_checkpoint("chat", steps - 1)
         assert last.state_snapshot.data == state
-    logical, disk = await schemas.sizes(name)
+    logical, disk, full = await schemas.sizes(name)
     final = v1_size(state)
     print(
         f"(b) {steps} steps of a chat growing by ~1 KB: final state {final / 1e6:.2f} MB, "
-        f"{logical / 1e6:.2f} MB logical = {logical / final:.2f}x final, "
-        f"{disk / 1e6:.2f} MB on disk = {disk / final:.2f}x; {elapsed:.1f} s"
+        f"{logical / 1e6:.2f} MB logical = {logical / final:.2f}x final; on disk "
+        f"{disk / 1e6:.2f} MB = {disk / final:.2f}x ({full / 1e6:.2f} MB = {full / final:.2f}x "
+        f"after VACUUM FULL); {elapsed:.1f} s, "
+        f"{storage.stats.blob_statements / steps:.1f} blob statements/save"
     )
 
 
@@ -183,6 +191,11 @@ async def main() -> None:
                     f"{w2 * 1000:.0f} ms; resume v1 {r1 * 1000:.0f} ms, incremental "
                     f"{r2 * 1000:.0f} ms (ratio {r2 / r1:.2f})"
                 )
+        if "w" in args.only:
+            rate = statistics.median(
+                [await small_writes(schemas, False, 100, 20) for _ in range(args.rounds)]
+            )
+            print(f"(w) small-state writes/s, C=100, keep_last=5, version 1: {rate:.0f}")
     finally:
         await schemas.drop()
 

@@ -131,6 +131,8 @@ class WriteStats:
     retries: int = 0
     split_batches: int = 0
     largest_batch: int = 0
+    #: Statements that added or released blob references (one per tree level and batch).
+    blob_statements: int = 0
 
 
 @dataclass(eq=False)
@@ -801,6 +803,7 @@ class PostgresCheckpointStorage(BaseStorage):
                     )
                 data.append(blob)
             rows = await con.fetch(self._sql.blob_add, hashes, counts, data)
+            self.stats.blob_statements += 1
             sent = level
             level = Counter()
             for row in rows:
@@ -814,6 +817,7 @@ class PostgresCheckpointStorage(BaseStorage):
         while level:
             hashes = sorted(level)
             rows = await con.fetch(self._sql.blob_release, hashes, [level[h] for h in hashes])
+            self.stats.blob_statements += 1
             level = Counter()
             for row in rows:
                 if row[1] <= 0:
