@@ -401,3 +401,54 @@ async def test_cli_reads_verifies_and_copies_incremental_postgres_records(
     exported = cli("export", url, "-")
     assert exported.code == 0, exported.err
     assert "exported 3 checkpoints" in exported.err
+
+
+async def test_small_state_replacing_a_large_one_releases_its_blobs(
+    pg_schema: str, admin: asyncpg.Connection
+) -> None:
+    """A version-1 save over a version-2 record (no keep_last) frees the old tree's blobs."""
+    async with CheckpointManager(store(pg_schema)) as manager:
+        await manager.create_checkpoint("wf", 1, "a", "running", state_for(1, 1))
+        await manager.create_checkpoint("other", 1, "a", "running", {"small": True})
+        assert await check_counts(admin, pg_schema) > 0
+        await manager.create_checkpoint("wf", 1, "a", "running", {"small": 2})
+        assert await check_counts(admin, pg_schema) == 0
+        assert (await manager.get_checkpoint("wf", 1)).state_snapshot.data == {"small": 2}
+        await manager.create_checkpoint("wf", 1, "a", "running", state_for(2, 2))
+        assert (await manager.get_checkpoint("wf", 1)).state_snapshot.data == state_for(2, 2)
+        assert await check_counts(admin, pg_schema) > 0
+
+
+async def test_a_bad_tree_fails_only_its_own_caller(
+    pg_schema: str, admin: asyncpg.Connection
+) -> None:
+    """A split lacking a blob it references fails alone; the rest of its batch is stored."""
+    async with store(pg_schema) as storage:
+        manager = CheckpointManager(storage)
+        good = [
+            await manager.create_checkpoint("seed", n, "a", "running", state_for(n, n))
+            for n in range(3)
+        ]
+        await manager.delete_checkpoints("seed")
+        good = [cp.model_copy(update={"workflow_id": f"ok{cp.step}"}) for cp in good]
+        bad = good.pop().model_copy(update={"workflow_id": "bad", "step": 0})
+        record, split = encode_checkpoint_v2(bad, storage.blob_params)
+        broken = type(split)(split.root, {}, split.children, split.root_refs)
+        results = await asyncio.gather(
+            storage.save_tree("bad", 0, record, broken),
+            *(
+                storage.save_tree(f"ok{n}", n, *encode_checkpoint_v2(cp, storage.blob_params))
+                for n, cp in enumerate(good)
+            ),
+            return_exceptions=True,
+        )
+        assert type(results[0]).__name__ == "InvalidArgumentError"
+        assert results[1:] == [None, None]
+        assert await storage.load("bad") is None
+        for n, cp in enumerate(good):
+            stored = await storage.load(f"ok{n}", n)
+            assert stored is not None
+            assert (
+                await manager.decode_record(f"ok{n}", stored)
+            ).state_snapshot == cp.state_snapshot
+    await check_counts(admin, pg_schema)

@@ -222,6 +222,7 @@ class PostgresCheckpointStorage(BaseStorage):
         self._writers: set[asyncio.Task[None]] = set()
         self._active_writers = 0
         self._in_flight: set[str] = set()
+        self._trees_in_flight = False
         self.stats = WriteStats()
 
     @property
@@ -615,6 +616,8 @@ class PostgresCheckpointStorage(BaseStorage):
                     await self._write_batch(batch)
                 finally:
                     self._in_flight.difference_update(w.workflow_id for w in batch)
+                    if batch[0].split is not None:
+                        self._trees_in_flight = False
         finally:
             # Counted down in the same step that found the queue empty: a save queued just
             # after sees the writer gone and starts one (the task's done callbacks run later).
@@ -627,6 +630,10 @@ class PostgresCheckpointStorage(BaseStorage):
         a step or mix ``keep_last`` values, is left queued (with its later rows, keeping
         their order): retention then stays exact, and one statement never touches a row
         twice.
+
+        A batch holds either trees (``save_tree``) or plain rows, and one tree batch at most
+        is in flight: tree batches of a store commit one at a time anyway (the blob lock),
+        so plain rows go on through the other writers instead of waiting behind them.
         """
         batch: list[_Write] = []
         keeps: dict[str, int | None] = {}
@@ -644,7 +651,11 @@ class PostgresCheckpointStorage(BaseStorage):
                 batch and size + weight > self._max_batch_bytes
             )
             clash = wf in keeps and (keeps[wf] != item.keep_last or (wf, item.step) in steps)
-            if full or wf in blocked or wf in self._in_flight or clash:
+            tree = item.split is not None
+            other_kind = (
+                (batch[0].split is not None) != tree if batch else (tree and self._trees_in_flight)
+            )
+            if full or wf in blocked or wf in self._in_flight or clash or other_kind:
                 blocked.add(wf)
                 left.append(item)
                 continue
@@ -654,6 +665,8 @@ class PostgresCheckpointStorage(BaseStorage):
             size += weight
         self._queue = left
         self._in_flight.update(keeps)
+        if batch and batch[0].split is not None:
+            self._trees_in_flight = True
         return batch
 
     async def _write_batch(self, batch: list[_Write]) -> None:
