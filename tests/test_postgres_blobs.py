@@ -452,3 +452,14 @@ async def test_a_bad_tree_fails_only_its_own_caller(
                 await manager.decode_record(f"ok{n}", stored)
             ).state_snapshot == cp.state_snapshot
     await check_counts(admin, pg_schema)
+
+
+async def test_fetch_blobs_refuses_hashes_that_are_not_bytes(pg_schema: str) -> None:
+    """fetch_blobs takes bytes; anything else is an InvalidArgumentError, not a query."""
+    from aiocheckpoint import InvalidArgumentError
+
+    async with store(pg_schema) as storage:
+        assert await storage.fetch_blobs([]) == {}
+        with pytest.raises(InvalidArgumentError):
+            await storage.fetch_blobs([5])  # type: ignore[list-item]
+        assert await storage.fetch_blobs([b"\x01" * 16]) == {}

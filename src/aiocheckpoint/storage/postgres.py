@@ -304,6 +304,8 @@ class PostgresCheckpointStorage(BaseStorage):
         A blob over ``max_record_bytes`` is left out (the reader reports it as missing).
         """
         self._check_open()
+        if any(not isinstance(h, (bytes, bytearray, memoryview)) for h in hashes):
+            raise InvalidArgumentError("fetch_blobs takes a collection of bytes hashes")
         wanted = [bytes(h) for h in hashes]
         if not wanted:
             return {}
