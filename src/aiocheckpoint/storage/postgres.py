@@ -55,8 +55,8 @@ __all__ = ["PostgresCheckpointStorage", "WriteStats"]
 T = TypeVar("T")
 
 _MAX_STEP = 2**63 - 1
-#: Attempts of a batch that lost a deadlock or serialization conflict to another writer (blob
-#: rows shared between trees are locked level by level, so two batches can cross).
+#: Attempts of a batch that lost a deadlock or serialization conflict to another writer (e.g.
+#: two processes writing the same workflow, one waiting for the blob lock the other holds).
 _CONFLICT_ATTEMPTS = 30
 _asyncpg: ModuleType | None = None
 
@@ -765,9 +765,11 @@ class PostgresCheckpointStorage(BaseStorage):
                 await self._on_connection(self._pool, write)
                 break
             except errors as exc:
-                # Every statement is idempotent and the transaction is all or nothing: if it
-                # lost a deadlock, or the commit's fate is unknown because the connection
-                # died, running it again (on a fresh connection) is safe.
+                # The transaction is all or nothing, so after a lost deadlock running it again
+                # is safe. If the commit's fate is unknown because the connection died and it
+                # did commit, the run again adds the trees' refs a second time, but its upsert
+                # then replaces the batch's own records and releases their refs: the counts
+                # come out exact either way, and the upsert and the prune are idempotent.
                 if _conflict(exc) and conflicts < _CONFLICT_ATTEMPTS:
                     conflicts += 1
                     self.stats.retries += 1
