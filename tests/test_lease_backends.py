@@ -22,6 +22,7 @@ from aiocheckpoint import (
     StorageBackendError,
     WorkflowStatus,
 )
+from aiocheckpoint.storage._pg_schema import SCHEMA_VERSION
 from aiocheckpoint.storage.base import WorkflowStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
@@ -311,6 +312,6 @@ async def test_postgres_v1_store_gets_records_on_open(pg_schema: str) -> None:
             lease = await storage.claim_next_workflow("runner", 30)
             assert lease is not None
             await storage.save(lease.workflow_id, 5, b"new", fence=lease)
-        assert await admin.fetchval(f"SELECT value FROM {s}.meta") == "2"
+        assert await admin.fetchval(f"SELECT value FROM {s}.meta") == str(SCHEMA_VERSION)
     finally:
         await admin.close()

@@ -4,6 +4,7 @@ import pytest
 
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.testing import (
+    BlobStorageConformance,
     PersistentStorageConformance,
     Reopen,
     StorageConformance,
@@ -35,3 +36,11 @@ class TestPostgresConformance(
         yield again
         for store in opened:
             await store.close()
+
+
+class TestPostgresBlobConformance(BlobStorageConformance):
+    @pytest.fixture
+    async def storage(self, pg_schema: str) -> AsyncIterator[PostgresCheckpointStorage]:
+        store = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)
+        yield store
+        await store.close()

@@ -6,8 +6,8 @@ a store runs the missing migrations under a transaction-level advisory lock, so 
 openers never race, and refuses a store whose version is newer than this code knows.
 
 To change the schema, append a migration to ``MIGRATIONS``: never edit a released one.
-Migration 2 adds workflow records and leases (issue 5); issue 9's blob table is expected to
-be migration 3.
+Migration 2 adds workflow records and leases (issue 5); migration 3 the content-addressed
+blobs of incremental checkpoints with their reference counts (issue 9).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError, StorageSchemaError
+from ..serde import MAGIC
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Sql", "migrate", "quote_schema"]
 
@@ -64,6 +65,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "INSERT INTO {s}.workflows (workflow_id, created_at, updated_at) "
         "SELECT workflow_id, min(created_at), max(created_at) FROM {s}.checkpoints "
         "GROUP BY workflow_id",
+    ),
+    (
+        # Blobs of incremental (version-2) checkpoints. ``refs`` counts the distinct parent
+        # nodes plus the records that reference a blob directly; it is kept exact in the
+        # transaction that writes or deletes the records, and a blob whose count reaches 0
+        # is deleted in that same transaction (docs/incremental.md section 8). Records keep
+        # living in ``checkpoints``: a version-1 store upgraded to this version reads as before.
+        """
+        CREATE TABLE {s}.blobs (
+            hash bytea PRIMARY KEY CHECK (octet_length(hash) BETWEEN 16 AND 32),
+            refs bigint NOT NULL,
+            data bytea NOT NULL
+        )
+        """,
     ),
 )
 
@@ -175,12 +190,22 @@ class Sql:
     renew: str
     release: str
     claim: str
+    blob_add: str
+    blob_release: str
+    blob_drop: str
+    blob_fetch: str
+    blob_lock: str
 
     @classmethod
     def for_schema(cls, quoted: str) -> Sql:
         """Build the statements for the quoted schema name."""
         t = f"{quoted}.checkpoints"
         w = f"{quoted}.workflows"
+        b = f"{quoted}.blobs"
+        # A version-2 record's bytes, else NULL: only those reference blobs, and only they
+        # are sent back when a record is replaced or deleted (its refs are then released).
+        prefix = (MAGIC + bytes([2])).hex()
+        v2 = f"CASE WHEN substring({{c}} FROM 1 FOR 5) = '\\x{prefix}'::bytea THEN {{c}} END"
         record = (
             "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
             "lease_expires_at, fencing_token"
@@ -199,6 +224,16 @@ class Sql:
             # commit, and a takeover that committed first is seen: FOR SHARE reads the latest
             # row version), and insert only rows that are unfenced or carry the current
             # token. RETURNING names the rows written; the others had stale leases.
+            # One statement per batch: create missing records for unfenced rows, lock the
+            # records of fenced rows FOR SHARE (a takeover's UPDATE then waits for this
+            # commit, and a takeover that committed first is seen: FOR SHARE reads the latest
+            # row version), and insert only rows that are unfenced or carry the current
+            # token. ``old`` locks the rows about to be replaced and hands back the version-2
+            # ones, whose refs the caller releases in the same transaction; with $5 (no
+            # transaction around this statement) nothing is written when one would be
+            # replaced, and the caller runs the batch again in a transaction. RETURNING names
+            # the rows written (the others had stale leases); ``replaced`` without ``seen``
+            # means a row appeared after this statement's snapshot: the caller retries.
             upsert=(
                 "WITH r AS MATERIALIZED (SELECT * FROM "
                 "unnest($1::text[], $2::bigint[], $3::bytea[], $4::bigint[]) AS r(w, s, d, t)), "
@@ -206,13 +241,23 @@ class Sql:
                 "WHERE t IS NULL ORDER BY w ON CONFLICT (workflow_id) DO NOTHING), "
                 f"held AS MATERIALIZED (SELECT workflow_id, fencing_token FROM {w} "
                 "WHERE workflow_id IN (SELECT w FROM r WHERE t IS NOT NULL) "
-                "ORDER BY workflow_id FOR SHARE) "
-                f"INSERT INTO {t} (workflow_id, step, data) "
-                "SELECT r.w, r.s, r.d FROM r LEFT JOIN held ON held.workflow_id = r.w "
-                "WHERE r.t IS NULL OR held.fencing_token = r.t "
+                "ORDER BY workflow_id FOR SHARE), "
+                "ok AS MATERIALIZED (SELECT r.w, r.s, r.d FROM r "
+                "LEFT JOIN held ON held.workflow_id = r.w "
+                "WHERE r.t IS NULL OR held.fencing_token = r.t), "
+                f"old AS MATERIALIZED (SELECT c.workflow_id AS w, c.step AS s, "
+                f"{v2.format(c='c.data')} AS d FROM {t} AS c JOIN ok "
+                "ON c.workflow_id = ok.w AND c.step = ok.s ORDER BY 1, 2 FOR UPDATE OF c), "
+                # Joining ``o`` makes ``old`` lock its rows before the first insert: read
+                # after, it would skip the rows this statement has just updated.
+                f"ins AS (INSERT INTO {t} (workflow_id, step, data) SELECT w, s, d FROM ok "
+                "CROSS JOIN (SELECT coalesce(bool_or(d IS NOT NULL), false) AS v2 FROM old) AS o "
+                "WHERE NOT ($5::boolean AND o.v2) "
                 "ON CONFLICT (workflow_id, step) DO UPDATE "
                 "SET data = EXCLUDED.data, created_at = EXCLUDED.created_at "
-                "RETURNING workflow_id, step"
+                "RETURNING workflow_id, step, xmax::text <> '0' AS replaced) "
+                "SELECT ins.workflow_id, ins.step, ins.replaced, old.w IS NOT NULL, old.d "
+                "FROM ins LEFT JOIN old ON old.w = ins.workflow_id AND old.s = ins.step"
             ),
             # For each (workflow, keep) pair: the keep-th highest step is the lowest kept;
             # a workflow with fewer rows yields no cut and loses nothing. MATERIALIZED makes
@@ -222,7 +267,10 @@ class Sql:
                 f"SELECT r.w, k.step FROM unnest($1::text[], $2::bigint[]) AS r(w, n) "
                 f"CROSS JOIN LATERAL (SELECT step FROM {t} WHERE workflow_id = r.w "
                 f"ORDER BY step DESC OFFSET r.n - 1 LIMIT 1) AS k) "
-                f"DELETE FROM {t} AS c USING cut WHERE c.workflow_id = cut.w AND c.step < cut.step"
+                f", gone AS (DELETE FROM {t} AS c USING cut "
+                "WHERE c.workflow_id = cut.w AND c.step < cut.step "
+                f"RETURNING {v2.format(c='c.data')} AS d) "
+                "SELECT d FROM gone WHERE d IS NOT NULL"
             ),
             latest=(
                 f"SELECT {capped.format(cap='$2')} FROM {t} "
@@ -235,12 +283,18 @@ class Sql:
             scan_desc=scan.format(order="DESC"),
             exists_any=f"SELECT EXISTS (SELECT 1 FROM {t} WHERE workflow_id = $1)",
             exists_step=f"SELECT EXISTS (SELECT 1 FROM {t} WHERE workflow_id = $1 AND step = $2)",
-            delete_step=f"DELETE FROM {t} WHERE workflow_id = $1 AND step = $2",
+            # Deletes hand back the version-2 records they removed, to release their refs.
+            delete_step=(
+                f"DELETE FROM {t} WHERE workflow_id = $1 AND step = $2 "
+                f"RETURNING {v2.format(c='data')}"
+            ),
             # The record and lease go with the checkpoints, in the same statement.
             delete_all=(
                 f"WITH rec AS (DELETE FROM {w} WHERE workflow_id = $1 RETURNING 1), "
-                f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 RETURNING 1) "
-                "SELECT (SELECT count(*) FROM rec) + (SELECT count(*) FROM cps)"
+                f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 "
+                f"RETURNING {v2.format(c='data')} AS d) "
+                "SELECT (SELECT count(*) FROM rec) + (SELECT count(*) FROM cps), "
+                "(SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
             ),
             # A loose index scan: one PK probe per distinct workflow, not a scan of every row.
             workflows=(
@@ -303,5 +357,39 @@ class Sql:
                 "ORDER BY created_at, workflow_id LIMIT 1 FOR UPDATE SKIP LOCKED) AS c "
                 "WHERE x.workflow_id = c.workflow_id "
                 "RETURNING x.workflow_id, x.fencing_token, x.lease_expires_at"
+            ),
+            # add_ref of one tree level (section 8 of docs/incremental.md), for many hashes
+            # at once: $2 is how many new referrers each hash gets. A blob that exists gets
+            # refs + n (its sub-tree is counted already); a missing one is inserted with n,
+            # which the caller recognises (an existing blob has refs >= 1, so it ends > n)
+            # and then adds refs for its children. Sorted input locks rows in one order; a
+            # row a concurrent release is deleting is waited for, then inserted again.
+            blob_add=(
+                f"INSERT INTO {b} AS x (hash, refs, data) "
+                "SELECT h, n, d FROM unnest($1::bytea[], $2::bigint[], $3::bytea[]) AS u(h, n, d) "
+                "ORDER BY h ON CONFLICT (hash) DO UPDATE SET refs = x.refs + EXCLUDED.refs "
+                "RETURNING hash, refs"
+            ),
+            # release of one level: the data comes back only for blobs whose count reached 0,
+            # whose children the caller releases next and which blob_drop then deletes.
+            blob_release=(
+                f"WITH l AS MATERIALIZED (SELECT hash FROM {b} WHERE hash = ANY($1::bytea[]) "
+                "ORDER BY hash FOR NO KEY UPDATE) "
+                f"UPDATE {b} AS x SET refs = x.refs - u.n "
+                "FROM unnest($1::bytea[], $2::bigint[]) AS u(h, n) "
+                "WHERE x.hash = u.h AND x.hash IN (SELECT hash FROM l) "
+                "RETURNING x.hash, x.refs, CASE WHEN x.refs <= 0 THEN x.data END"
+            ),
+            blob_drop=f"DELETE FROM {b} WHERE hash = ANY($1::bytea[]) AND refs <= 0",
+            # One writer of blob counts at a time per store (all processes): a walk locks
+            # rows level by level, and two walks over trees that share nodes at different
+            # levels would otherwise deadlock often (each costing the server's
+            # deadlock_timeout, 1 s by default, before one is cancelled).
+            blob_lock=(
+                "SELECT pg_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
+            ),
+            blob_fetch=(
+                f"SELECT hash, data FROM {b} WHERE hash = ANY($1::bytea[]) "
+                "AND octet_length(data) <= $2"
             ),
         )

@@ -14,6 +14,13 @@ Workflow records and leases (:class:`~aiocheckpoint.storage.base.WorkflowStorage
 rides in the same batch statement as the others: its token is compared with the record's,
 locked ``FOR SHARE``, and only that caller gets :class:`~aiocheckpoint.LeaseLostError` if it
 is stale. See docs/leases.md.
+
+Incremental (version-2) checkpoints keep their blobs in a ``blobs`` table with reference
+counts (docs/incremental.md, section 8): ``save_tree`` rows ride in the same batches, and
+each batch's transaction adds the refs of its new trees (one statement per tree level, all
+trees of the batch together), writes the records, then releases the refs of the version-2
+records it replaced or pruned; ``delete`` releases in its own transaction. A blob is deleted
+in the transaction that drops its count to 0, so there is nothing for ``collect_garbage`` to do.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-from collections import deque
-from collections.abc import Awaitable, Callable
+import random
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
@@ -37,6 +45,7 @@ from ..errors import (
     StorageBackendError,
     StorageClosedError,
 )
+from ..incremental import SplitResult, TreeParams, node_children, record_root_refs
 from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from ._pg_schema import Sql, migrate, quote_schema
 from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
@@ -46,6 +55,9 @@ __all__ = ["PostgresCheckpointStorage", "WriteStats"]
 T = TypeVar("T")
 
 _MAX_STEP = 2**63 - 1
+#: Attempts of a batch that lost a deadlock or serialization conflict to another writer (e.g.
+#: two processes writing the same workflow, one waiting for the blob lock the other holds).
+_CONFLICT_ATTEMPTS = 30
 _asyncpg: ModuleType | None = None
 
 
@@ -92,11 +104,18 @@ def _connection_lost(exc: BaseException) -> bool:
     return False
 
 
+class _Raced(Exception):
+    """A record appeared after the batch statement's snapshot: run the transaction again."""
+
+
+def _conflict(exc: BaseException) -> bool:
+    """A deadlock or serialization failure, or a race the batch detected: retry it whole."""
+    return isinstance(exc, _Raced) or getattr(exc, "sqlstate", None) in ("40001", "40P01")
+
+
 def _is_transient(exc: BaseException) -> bool:
     """Whether running the same idempotent operation again may well succeed."""
-    if _connection_lost(exc):
-        return True
-    if getattr(exc, "sqlstate", None) in ("40001", "40P01"):  # serialization, deadlock
+    if _connection_lost(exc) or _conflict(exc):
         return True
     pg = _asyncpg
     # A concurrent ALTER TABLE invalidated a cached statement; asyncpg has dropped it.
@@ -112,6 +131,8 @@ class WriteStats:
     retries: int = 0
     split_batches: int = 0
     largest_batch: int = 0
+    #: Statements that added or released blob references (one per tree level and batch).
+    blob_statements: int = 0
 
 
 @dataclass(eq=False)
@@ -122,6 +143,7 @@ class _Write:
     keep_last: int | None
     token: int | None
     future: asyncio.Future[None] = field(repr=False)
+    split: SplitResult | None = field(default=None, repr=False)
 
 
 class PostgresCheckpointStorage(BaseStorage):
@@ -150,6 +172,7 @@ class PostgresCheckpointStorage(BaseStorage):
         max_batch_rows: int = 500,
         max_batch_bytes: int = 16 * 1024 * 1024,
         retries: int = 2,
+        blob_params: TreeParams | None = None,
         **connect_kwargs: Any,
     ) -> None:
         self._quoted = quote_schema(schema)
@@ -164,6 +187,9 @@ class PostgresCheckpointStorage(BaseStorage):
         ):
             if type(value) is not int or value < low:
                 raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+        if blob_params is not None and not isinstance(blob_params, TreeParams):
+            raise InvalidArgumentError("blob_params must be a TreeParams or None")
+        self._params = blob_params or TreeParams()
         if isinstance(dsn_or_pool, str):
             self._dsn: str | None = dsn_or_pool
             self._given_pool: Any = None
@@ -196,12 +222,18 @@ class PostgresCheckpointStorage(BaseStorage):
         self._writers: set[asyncio.Task[None]] = set()
         self._active_writers = 0
         self._in_flight: set[str] = set()
+        self._trees_in_flight = False
         self.stats = WriteStats()
 
     @property
     def schema(self) -> str:
         """The PostgreSQL schema holding this store's tables."""
         return self._schema
+
+    @property
+    def blob_params(self) -> TreeParams:
+        """How this store cuts large states into blobs (the ``blob_params`` option)."""
+        return self._params
 
     # --- the protocol -------------------------------------------------------------------
 
@@ -231,11 +263,81 @@ class PostgresCheckpointStorage(BaseStorage):
             raise InvalidArgumentError(f"data must be bytes, not {type(data).__qualname__}")
         data = bytes(data)
         check_record_size(data, self._max_record_bytes)
+        await self._enqueue(workflow_id, step, data, keep_last, fence, None)
+
+    async def save_tree(
+        self,
+        workflow_id: str,
+        step: int,
+        record: bytes,
+        split: SplitResult,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store ``split``'s blobs and the version-2 ``record`` in one transaction.
+
+        Queued and batched like :meth:`save` (same cancellation, fencing and retention
+        behaviour). In the batch's transaction, each tree level costs one statement for all
+        the batch's trees: blobs already stored get one more reference and are not
+        descended into, missing ones are inserted. The refs of a record this replaces or
+        ``keep_last`` prunes are released after, in the same transaction.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_step(step)
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+        if not isinstance(split, SplitResult):
+            raise InvalidArgumentError(f"split must be a SplitResult, not {type(split).__name__}")
+        if not isinstance(record, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"record must be bytes, not {type(record).__qualname__}")
+        record = bytes(record)
+        check_record_size(record, self._max_record_bytes)
+        for blob in split.blobs.values():
+            check_record_size(blob, self._max_record_bytes)
+        await self._enqueue(workflow_id, step, record, keep_last, fence, split)
+
+    async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        """Return the stored blobs among ``hashes``: one indexed statement.
+
+        A blob over ``max_record_bytes`` is left out (the reader reports it as missing).
+        """
+        self._check_open()
+        if any(not isinstance(h, (bytes, bytearray, memoryview)) for h in hashes):
+            raise InvalidArgumentError("fetch_blobs takes a collection of bytes hashes")
+        wanted = [bytes(h) for h in hashes]
+        if not wanted:
+            return {}
+        sql, cap = self._sql.blob_fetch, self._max_record_bytes
+        rows = await self._run("fetch_blobs", lambda con: con.fetch(sql, wanted, cap))
+        return {bytes(row[0]): bytes(row[1]) for row in rows}
+
+    async def collect_garbage(self) -> int:
+        """Return 0: a blob is deleted in the transaction that drops its last reference."""
+        self._check_open()
+        return 0
+
+    async def _enqueue(
+        self,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        keep_last: int | None,
+        fence: Lease | None,
+        split: SplitResult | None,
+    ) -> None:
         token = None if fence is None else fence_token(fence, workflow_id)
         await self._ensure_open()
         self._check_open()
         item = _Write(
-            workflow_id, step, data, keep_last, token, asyncio.get_running_loop().create_future()
+            workflow_id,
+            step,
+            data,
+            keep_last,
+            token,
+            asyncio.get_running_loop().create_future(),
+            split,
         )
         self._queue.append(item)
         if self._active_writers < self._write_concurrency:
@@ -302,10 +404,21 @@ class PostgresCheckpointStorage(BaseStorage):
             sql, args = self._sql.delete_all, [workflow_id]
         else:
             sql, args = self._sql.delete_step, [workflow_id, check_step(step)]
-            status = await self._run("delete", lambda con: con.execute(sql, *args), retry=False)
-            return str(status) != "DELETE 0"
-        count = await self._run("delete", lambda con: con.fetchval(sql, *args), retry=False)
-        return bool(count)
+
+        async def delete(con: Any) -> bool:
+            async with con.transaction():
+                if step is None:
+                    count, records = await con.fetchrow(sql, *args)
+                    found = bool(count)
+                else:
+                    rows = await con.fetch(sql, *args)
+                    found, records = bool(rows), [row[0] for row in rows]
+                if records:
+                    await self._lock_blobs(con)
+                    await self._release_records(con, records)
+            return found
+
+        return await self._run("delete", delete, retry=False)
 
     async def list_workflows(self) -> list[str]:
         """Every workflow id with at least one record, in code point order."""
@@ -505,6 +618,8 @@ class PostgresCheckpointStorage(BaseStorage):
                     await self._write_batch(batch)
                 finally:
                     self._in_flight.difference_update(w.workflow_id for w in batch)
+                    if batch[0].split is not None:
+                        self._trees_in_flight = False
         finally:
             # Counted down in the same step that found the queue empty: a save queued just
             # after sees the writer gone and starts one (the task's done callbacks run later).
@@ -517,6 +632,10 @@ class PostgresCheckpointStorage(BaseStorage):
         a step or mix ``keep_last`` values, is left queued (with its later rows, keeping
         their order): retention then stays exact, and one statement never touches a row
         twice.
+
+        A batch holds either trees (``save_tree``) or plain rows, and one tree batch at most
+        is in flight: tree batches of a store commit one at a time anyway (the blob lock),
+        so plain rows go on through the other writers instead of waiting behind them.
         """
         batch: list[_Write] = []
         keeps: dict[str, int | None] = {}
@@ -529,20 +648,27 @@ class PostgresCheckpointStorage(BaseStorage):
             if item.future.done():  # cancelled while queued: never written
                 continue
             wf = item.workflow_id
+            weight = _weight(item)
             full = len(batch) >= self._max_batch_rows or (
-                batch and size + len(item.data) > self._max_batch_bytes
+                batch and size + weight > self._max_batch_bytes
             )
             clash = wf in keeps and (keeps[wf] != item.keep_last or (wf, item.step) in steps)
-            if full or wf in blocked or wf in self._in_flight or clash:
+            tree = item.split is not None
+            other_kind = (
+                (batch[0].split is not None) != tree if batch else (tree and self._trees_in_flight)
+            )
+            if full or wf in blocked or wf in self._in_flight or clash or other_kind:
                 blocked.add(wf)
                 left.append(item)
                 continue
             batch.append(item)
             keeps[wf] = item.keep_last
             steps.add((wf, item.step))
-            size += len(item.data)
+            size += weight
         self._queue = left
         self._in_flight.update(keeps)
+        if batch and batch[0].split is not None:
+            self._trees_in_flight = True
         return batch
 
     async def _write_batch(self, batch: list[_Write]) -> None:
@@ -578,7 +704,7 @@ class PostgresCheckpointStorage(BaseStorage):
 
     async def _run_write(self, batch: list[_Write]) -> None:
         # A stable order makes concurrent writers (other processes too) lock rows in the same
-        # order, so two batches cannot deadlock on each other.
+        # order, so two batches cannot deadlock on their records.
         batch = sorted(batch, key=lambda w: (w.workflow_id, w.step))
         args = (
             [w.workflow_id for w in batch],
@@ -587,31 +713,68 @@ class PostgresCheckpointStorage(BaseStorage):
             [w.token for w in batch],
         )
         keeps = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
+        trees = [w for w in batch if w.split is not None]
         written: set[tuple[str, int]] = set()
+
+        def record(rows: list[Any], committed: bool) -> Counter[bytes]:
+            released: Counter[bytes] = Counter()
+            for row in rows:
+                written.add((row[0], row[1]))
+                if row[2] and not row[3] and not committed:
+                    # Replaced a row this statement's snapshot did not see, so its refs
+                    # (if it was version 2) were not handed back: run the batch again.
+                    raise _Raced("a record was written concurrently; the batch runs again")
+                if row[4] is not None:
+                    released.update(_root_refs(row[4]))
+            return released
 
         async def write(con: Any) -> None:
             written.clear()
-            if not keeps:  # one statement: its implicit transaction commits before it returns
-                rows = await con.fetch(self._sql.upsert, *args)
-                written.update((row[0], row[1]) for row in rows)
-                return
+            if not keeps and not trees:
+                # One statement, its implicit transaction committing before it returns,
+                # unless it would replace a version-2 record (refs to release): then it
+                # writes nothing and the batch runs in a transaction below.
+                rows = await con.fetch(self._sql.upsert, *args, True)
+                if rows:
+                    record(rows, committed=True)
+                    return
             async with con.transaction():
-                rows = await con.fetch(self._sql.upsert, *args)
-                written.update((row[0], row[1]) for row in rows)
+                # Adds before releases: a blob shared by a replaced record and its
+                # replacement never drops to 0 in between.
+                if trees:
+                    await self._lock_blobs(con)
+                    await self._add_trees(con, [w.split for w in trees if w.split is not None])
+                released = record(await con.fetch(self._sql.upsert, *args, False), committed=False)
+                for w in trees:
+                    if (w.workflow_id, w.step) not in written and w.split is not None:
+                        released.update(w.split.root_refs)  # stale lease: undo its adds
                 # Only workflows that got a row: a stale writer prunes nothing.
                 prune = {wf: n for wf, n in keeps.items() if any(w == wf for w, _ in written)}
                 if prune:
-                    await con.execute(self._sql.prune, list(prune), list(prune.values()))
+                    rows = await con.fetch(self._sql.prune, list(prune), list(prune.values()))
+                    for row in rows:
+                        released.update(_root_refs(row[0]))
+                if released and not trees:
+                    await self._lock_blobs(con)
+                await self._release(con, released)
 
-        errors = _driver_errors(_import_asyncpg())
-        attempt = 0
+        errors: tuple[type[BaseException], ...] = (*_driver_errors(_import_asyncpg()), _Raced)
+        attempt = conflicts = 0
         while True:
             try:
                 await self._on_connection(self._pool, write)
                 break
             except errors as exc:
-                # The upsert and the prune are idempotent: if the commit's fate is unknown
-                # because the connection died, running them again on a fresh one is safe.
+                # The transaction is all or nothing, so after a lost deadlock running it again
+                # is safe. If the commit's fate is unknown because the connection died and it
+                # did commit, the run again adds the trees' refs a second time, but its upsert
+                # then replaces the batch's own records and releases their refs: the counts
+                # come out exact either way, and the upsert and the prune are idempotent.
+                if _conflict(exc) and conflicts < _CONFLICT_ATTEMPTS:
+                    conflicts += 1
+                    self.stats.retries += 1
+                    await asyncio.sleep(random.uniform(0, 0.002 * conflicts))
+                    continue
                 if attempt < self._retries and _is_transient(exc):
                     attempt += 1
                     self.stats.retries += 1
@@ -628,6 +791,107 @@ class PostgresCheckpointStorage(BaseStorage):
                         "current; the checkpoint was not written"
                     )
                 )
+
+    # --- reference counts (docs/incremental.md, section 8) --------------------------------
+
+    async def _lock_blobs(self, con: Any) -> None:
+        """Serialise this transaction's blob counting with every other writer's."""
+        await con.execute(self._sql.blob_lock, self._schema)
+
+    async def _add_trees(self, con: Any, splits: list[SplitResult]) -> None:
+        """Add refs for every tree's root refs, one statement per tree level for all trees.
+
+        A blob that already exists gets its new referrers counted and its sub-tree is not
+        visited (it is counted already); a blob that was missing is inserted and its
+        children are added at the next level.
+        """
+        level: Counter[bytes] = Counter()
+        for split in splits:
+            level.update(split.root_refs)
+        while level:
+            hashes = sorted(level)
+            counts = [level[h] for h in hashes]
+            data: list[bytes] = []
+            for h in hashes:
+                blob = _lookup(splits, h)
+                if blob is None:
+                    raise InvalidArgumentError(
+                        f"split has no blob {h.hex()} (was it cut with a stale 'known'?)"
+                    )
+                data.append(blob)
+            rows = await con.fetch(self._sql.blob_add, hashes, counts, data)
+            self.stats.blob_statements += 1
+            sent = level
+            level = Counter()
+            for row in rows:
+                h = bytes(row[0])
+                if row[1] == sent[h]:  # inserted now: an existing blob ends above that
+                    level.update(_children(splits, h))
+
+    async def _release(self, con: Any, level: Counter[bytes]) -> None:
+        """Release every counted hash, level by level; delete the blobs that reach 0."""
+        freed: list[bytes] = []
+        while level:
+            hashes = sorted(level)
+            rows = await con.fetch(self._sql.blob_release, hashes, [level[h] for h in hashes])
+            self.stats.blob_statements += 1
+            level = Counter()
+            for row in rows:
+                if row[1] <= 0:
+                    h = bytes(row[0])
+                    freed.append(h)
+                    level.update(_node_children(bytes(row[2]), len(h)))
+        if freed:
+            await con.execute(self._sql.blob_drop, freed)
+
+    async def _release_records(self, con: Any, records: Iterable[bytes | None]) -> None:
+        released: Counter[bytes] = Counter()
+        for data in records:
+            if data is not None:  # NULL: a version-1 record, which holds no refs
+                released.update(_root_refs(data))
+        await self._release(con, released)
+
+
+def _weight(item: _Write) -> int:
+    """What a queued write adds to its batch's size: its record and its blobs."""
+    if item.split is None:
+        return len(item.data)
+    return len(item.data) + sum(len(b) for b in item.split.blobs.values())
+
+
+def _lookup(splits: list[SplitResult], h: bytes) -> bytes | None:
+    for split in splits:
+        blob = split.blobs.get(h)
+        if blob is not None:
+            return blob
+    return None
+
+
+def _children(splits: list[SplitResult], h: bytes) -> tuple[bytes, ...]:
+    for split in splits:
+        children = split.children.get(h)
+        if children is not None:
+            return children
+    return ()
+
+
+def _root_refs(record: bytes) -> tuple[bytes, ...]:
+    """The refs a stored version-2 record holds; none if it cannot be read.
+
+    A damaged record's blobs stay (counted too high: never freed, never missing) rather
+    than making every later delete of it fail.
+    """
+    try:
+        return record_root_refs(bytes(record))
+    except CheckpointError:
+        return ()
+
+
+def _node_children(blob: bytes, digest: int) -> tuple[bytes, ...]:
+    try:
+        return node_children(blob, digest)
+    except CheckpointError:
+        return ()
 
 
 def _describe(exc: BaseException) -> str:
