@@ -78,9 +78,16 @@ PG_DSN = os.environ.get("AIOCHECKPOINT_PG_DSN", "postgresql://postgres@127.0.0.1
 PG_SCHEMA_PREFIX = "aiocp_rel_"
 
 
+#: The schemas this process named, dropped when the session ends (only these: another test
+#: run may be using the same database at the same time).
+_PG_SCHEMAS: set[str] = set()
+
+
 def _pg_options(root: Path) -> dict[str, Any]:
     # One schema per store location, so every test gets an empty store.
-    return {"schema": PG_SCHEMA_PREFIX + hashlib.sha256(str(root).encode()).hexdigest()[:24]}
+    schema = PG_SCHEMA_PREFIX + hashlib.sha256(str(root).encode()).hexdigest()[:24]
+    _PG_SCHEMAS.add(schema)
+    return {"schema": schema}
 
 
 #: Every backend of this branch. After merging a backend's branch, add its entry here.
@@ -131,11 +138,8 @@ async def _drop_pg_schemas() -> None:
 
     con = await asyncpg.connect(PG_DSN)
     try:
-        names = await con.fetch(
-            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", PG_SCHEMA_PREFIX
-        )
-        for row in names:
-            await con.execute(f'DROP SCHEMA IF EXISTS "{row[0]}" CASCADE')
+        for name in sorted(_PG_SCHEMAS):
+            await con.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
     finally:
         await con.close()
 
@@ -144,7 +148,7 @@ async def _drop_pg_schemas() -> None:
 def _postgres_schemas() -> Iterator[None]:
     """Drop the per-test PostgreSQL schemas of this suite when the session ends."""
     yield
-    if any(b.name == "postgres" for b in BACKENDS):
+    if _PG_SCHEMAS:
         asyncio.run(_drop_pg_schemas())
 
 
