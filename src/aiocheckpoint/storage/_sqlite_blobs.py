@@ -96,7 +96,8 @@ class BlobTable:
                 f"DELETE FROM blobs WHERE hash IN ({marks}) AND refs <= 0 RETURNING hash, data",
                 chunk,
             ).fetchall()
-            freed.update((h, data) for h, data in rows)
+            # A value stored as another type is damaged: no children can be named from it.
+            freed.update((h, data if isinstance(data, bytes) else b"") for h, data in rows)
         return freed
 
 
