@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Final
 
-from ..incremental import SplitResult
+from ..errors import CheckpointCorruptedError
+from ..incremental import SplitResult, node_children
 from ..refcounts import add_references, release_references
 from . import _sqlite_records as records
 
@@ -127,6 +129,49 @@ def drain_releases(conn: sqlite3.Connection) -> int:
             by_digest.setdefault(digest, []).extend(hashes)
     table = BlobTable(conn)
     return sum(release_references(hashes, table, d) for d, hashes in by_digest.items())
+
+
+def recount(conn: sqlite3.Connection) -> int:
+    """Recompute every count from the records; delete unreachable blobs; return how many.
+
+    Only damage needs it: a blob deleted or altered behind the store's back cannot name its
+    children, which then keep counts nobody will release. Reads every reachable blob once, in
+    the caller's write transaction.
+    """
+    freed = drain_releases(conn)
+    counts: Counter[bytes] = Counter()
+    digest_of: dict[bytes, int] = {}
+    for (value,) in conn.execute("SELECT refs FROM checkpoints WHERE refs IS NOT NULL"):
+        digest, hashes = _decode_refs(bytes(value))
+        counts.update(hashes)
+        digest_of.update(dict.fromkeys(hashes, digest))
+    seen: set[bytes] = set()
+    level = list(counts)
+    while level:
+        seen.update(level)
+        found = read_blobs(conn, level, 2**62)
+        children: list[bytes] = []
+        for h, data in found.items():
+            try:
+                kids = node_children(data, digest_of[h])
+            except CheckpointCorruptedError:
+                continue
+            counts.update(kids)
+            for kid in kids:
+                digest_of.setdefault(kid, digest_of[h])
+                if kid not in seen:
+                    children.append(kid)
+        level = list(dict.fromkeys(children))
+    doomed: list[bytes] = []
+    fixes: list[tuple[int, bytes]] = []
+    for h, refs in conn.execute("SELECT hash, refs FROM blobs").fetchall():
+        if h not in seen:
+            doomed.append(h)
+        elif refs != counts[h]:
+            fixes.append((counts[h], h))
+    conn.executemany("DELETE FROM blobs WHERE hash = ?", [(h,) for h in doomed])
+    conn.executemany("UPDATE blobs SET refs = ? WHERE hash = ?", fixes)
+    return freed + len(doomed)
 
 
 def save_tree(conn: sqlite3.Connection, op: SaveTreeOp, prune_sql: str) -> None:

@@ -36,7 +36,7 @@ from ..errors import CheckpointCorruptedError, InvalidArgumentError, StorageClos
 from ..incremental import SplitResult, TreeParams, record_root_refs
 from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from . import _sqlite_records as records
-from ._sqlite_blobs import SaveTreeOp, drain_releases, read_blobs
+from ._sqlite_blobs import SaveTreeOp, drain_releases, read_blobs, recount
 from ._sqlite_db import (
     BusyRetry,
     DeleteOp,
@@ -225,17 +225,21 @@ class SQLiteCheckpointStorage(BaseStorage):
         limit = self._max_record_bytes
         return await self._read(lambda conn: read_blobs(conn, wanted, limit))
 
-    async def collect_garbage(self) -> int:
+    async def collect_garbage(self, *, full: bool = False) -> int:
         """Free blobs whose records were removed behind the store's back; usually 0.
 
         Blobs go in the transaction that removes their last record, so there is normally
         nothing to collect. A record deleted by other means (a ``DELETE`` in the sqlite3
         shell) queues its references through a trigger; they are released by the next
-        write, or here.
+        write, or here. ``full=True`` also recomputes every count from the records and
+        deletes the blobs no record reaches: the repair after a blob was deleted or damaged
+        by hand (its children could not be released). It reads every reachable blob while
+        holding the write lock.
         """
         self._check_open()
+        fn = recount if full else drain_releases
         freed: int = await self._submit(
-            RecordOp("garbage collection", lambda conn, _now: drain_releases(conn)), 0
+            RecordOp("garbage collection", lambda conn, _now: fn(conn)), 0
         )
         return freed
 
