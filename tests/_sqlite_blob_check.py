@@ -10,6 +10,15 @@ from typing import Any
 from aiocheckpoint.incremental import decode_checkpoint_v2, node_children, record_root_refs
 
 
+def sql(path: Path, query: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    """Run one statement on its own connection (autocommit) and return its rows."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        return conn.execute(query, params).fetchall()
+    finally:
+        conn.close()
+
+
 def check_refcounts(path: Path) -> dict[tuple[str, int], Any]:
     """Check every invariant of the blob scheme; return ``{(wf, step): state}``.
 

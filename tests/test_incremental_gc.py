@@ -6,7 +6,6 @@ every record decodes, no blob is leaked or missing, every count is exact.
 """
 
 import random
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from aiocheckpoint import AgentStatus, Checkpoint, StateSnapshot
 from aiocheckpoint.incremental import TreeParams, encode_checkpoint_v2
 from aiocheckpoint.serde import encode_checkpoint, to_storable
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
-from tests._sqlite_blob_check import check_refcounts
+from tests._sqlite_blob_check import check_refcounts, sql
 
 PARAMS = TreeParams(inline_limit=128, root_inline_limit=512, chunk_min=64, chunk_avg=256)
 
@@ -82,8 +81,4 @@ async def test_reference_counts_free_exactly_the_unreferenced_blobs(tmp_path: Pa
 
 
 def _blob_count(path: Path) -> int:
-    conn = sqlite3.connect(path)
-    try:
-        return int(conn.execute("SELECT count(*) FROM blobs").fetchall()[0][0])
-    finally:
-        conn.close()
+    return int(sql(path, "SELECT count(*) FROM blobs")[0][0])

@@ -32,6 +32,7 @@ from aiocheckpoint.serde import encode_checkpoint
 from aiocheckpoint.storage._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from tests._sqlite_blob_check import check_refcounts
+from tests._sqlite_blob_check import sql as _sql
 
 CHILD = Path(__file__).with_name("_blob_child.py")
 SRC = Path(aiocheckpoint.__file__).resolve().parents[1]
@@ -43,14 +44,6 @@ def big_state(counter: int, docs: int = 60) -> dict[str, Any]:
         "counter": counter,
         "docs": [{"id": i, "body": f"doc {i} " + "lorem ipsum " * 80} for i in range(docs)],
     }
-
-
-def _sql(path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 async def test_store_of_the_previous_schema_opens_migrates_and_reads(tmp_path: Path) -> None:
