@@ -22,6 +22,7 @@ from aiocheckpoint import (
     StorageBackendError,
     WorkflowStatus,
 )
+from aiocheckpoint.storage._sqlite_schema import SCHEMA_VERSION
 from aiocheckpoint.storage.base import WorkflowStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
@@ -275,7 +276,7 @@ async def test_sqlite_v1_store_gets_records_on_open(tmp_path: Path) -> None:
         assert lease is not None and lease.token == 1
         await storage.save(lease.workflow_id, 5, b"new", fence=lease)
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchall() == [(2,)]
+    assert conn.execute("PRAGMA user_version").fetchall() == [(SCHEMA_VERSION,)]
     conn.close()
 
 
