@@ -1,9 +1,11 @@
-"""Workload 4 end to end: CheckpointManager + FileCheckpointStorage on a real directory.
+"""Workload 4 end to end: CheckpointManager + the file or SQLite store on a real directory.
 
     PYTHONPATH=src python bench/incremental_e2e.py [--steps 1000] [--zstd] [--dir DIR]
+        [--store file|sqlite]
 
-Stored size is the sum of file sizes under ``base_dir`` (records, blobs, marker, hints,
-locks). Every save is a real durable write (fsync).
+Stored size is the sum of file sizes under the store's directory (file store: records,
+blobs, marker, hints, locks; SQLite: the database file, its WAL checkpointed by the close).
+Every save is a real durable write (fsync).
 
 (a) ``--steps`` checkpoints of a ~1 MB state in which one small key changes per step;
 (b) ``--steps`` steps of a chat state whose message list grows by one ~1 KB message;
@@ -29,8 +31,23 @@ sys.path.insert(0, os.path.dirname(__file__))
 from incremental_size import _docs_state, _message
 
 from aiocheckpoint import CheckpointManager
+from aiocheckpoint.incremental import TreeParams
 from aiocheckpoint.serde import encode_checkpoint, to_storable
+from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+
+STORE = "file"
+
+
+def open_store(path: str, zstd: bool = False) -> CheckpointStorage:
+    """The store under test (``--store``), in directory ``path``."""
+    compression = "zstd" if zstd else None
+    if STORE == "sqlite":
+        os.makedirs(path, exist_ok=True)
+        params = TreeParams(compression=compression)
+        return SQLiteCheckpointStorage(os.path.join(path, "db.sqlite"), blob_params=params)
+    return FileCheckpointStorage(path, compression=compression)
 
 
 def du(path: str) -> int:
@@ -45,7 +62,7 @@ def nfiles(path: str) -> int:
 
 async def workload_a(base: str, steps: int, zstd: bool) -> None:
     path = os.path.join(base, "a")
-    storage = FileCheckpointStorage(path, compression="zstd" if zstd else None)
+    storage = open_store(path, zstd)
     state = _docs_state(random.Random(1), 1000)
     t0 = time.perf_counter()
     async with CheckpointManager(storage) as manager:
@@ -66,7 +83,7 @@ async def workload_a(base: str, steps: int, zstd: bool) -> None:
 
 async def workload_b(base: str, steps: int, zstd: bool) -> None:
     path = os.path.join(base, "b")
-    storage = FileCheckpointStorage(path, compression="zstd" if zstd else None)
+    storage = open_store(path, zstd)
     rng = random.Random(2)
     state: dict[str, Any] = {"system": "You are helpful.", "messages": []}
     t0 = time.perf_counter()
@@ -98,7 +115,7 @@ def v1_size(state: dict[str, Any]) -> int:
 
 async def small_writes(base: str, incremental: bool, n: int) -> float:
     path = os.path.join(base, f"small-{incremental}")
-    storage = FileCheckpointStorage(path)
+    storage = open_store(path)
     state = {"counter": 0, "notes": "x" * 800, "plan": ["a", "b", "c"]}
     async with CheckpointManager(storage, incremental=incremental) as manager:
         t0 = time.perf_counter()
@@ -110,7 +127,7 @@ async def small_writes(base: str, incremental: bool, n: int) -> float:
 
 async def big_resume(base: str, incremental: bool, repeats: int) -> tuple[float, float]:
     path = os.path.join(base, f"big-{incremental}")
-    storage = FileCheckpointStorage(path)
+    storage = open_store(path)
     state = _docs_state(random.Random(3), 10_000)
     async with CheckpointManager(storage, incremental=incremental) as manager:
         t0 = time.perf_counter()
@@ -131,7 +148,10 @@ async def main() -> None:
     parser.add_argument("--zstd", action="store_true")
     parser.add_argument("--dir", default=None, help="where to create the stores (default: tmp)")
     parser.add_argument("--only", default="abc")
+    parser.add_argument("--store", choices=("file", "sqlite"), default="file")
     args = parser.parse_args()
+    global STORE
+    STORE = args.store
     base = tempfile.mkdtemp(prefix="ackp-e2e-", dir=args.dir)
     try:
         if "a" in args.only:

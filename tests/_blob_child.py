@@ -2,7 +2,8 @@
 
 Usage: ``_blob_child.py STORE WORKFLOW SEED STEPS KEEP GC_EVERY GRACE``. Prints
 ``<step>`` on its own line after each save returns (an acknowledgement). With GC_EVERY > 0
-it also runs ``collect_garbage(grace=GRACE)`` every GC_EVERY saves.
+it also runs ``collect_garbage(grace=GRACE)`` every GC_EVERY saves. A STORE ending in ``.db``
+is a SQLite database (GRACE is then unused: SQLite frees blobs by reference counts).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from aiocheckpoint import CheckpointManager
 from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 
 
 def state_for(seed: int, step: int) -> dict[str, Any]:
@@ -28,14 +30,22 @@ def state_for(seed: int, step: int) -> dict[str, Any]:
 
 async def main() -> None:
     store, wf, seed, steps, keep, gc_every, grace = sys.argv[1:8]
-    storage = FileCheckpointStorage(store, blob_grace_seconds=float(grace), gc_interval=None)
+    sqlite = store.endswith(".db")
+    storage: FileCheckpointStorage | SQLiteCheckpointStorage = (
+        SQLiteCheckpointStorage(store, busy_retries=100)
+        if sqlite
+        else FileCheckpointStorage(store, blob_grace_seconds=float(grace), gc_interval=None)
+    )
     manager = CheckpointManager(storage, max_checkpoints=int(keep) or None)
     for step in range(int(steps)):
         await manager.create_checkpoint(wf, step, "child", "running", state_for(int(seed), step))
         sys.stdout.write(f"{step}\n")
         sys.stdout.flush()
         if int(gc_every) and step % int(gc_every) == 0:
-            await storage.collect_garbage(grace=float(grace))
+            if isinstance(storage, SQLiteCheckpointStorage):
+                await storage.collect_garbage()
+            else:
+                await storage.collect_garbage(grace=float(grace))
     await manager.close()
 
 

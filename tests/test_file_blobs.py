@@ -293,7 +293,8 @@ async def test_sigkilled_writer_never_leaves_a_record_without_blobs(tmp_path: Pa
     acked: set[int] = set()
     for kill in range(KILLS):
         proc = spawn(str(store), "wf", str(kill), "1000000", "0", "0", "3600")
-        await asyncio.sleep(0.3 + rng.random() * 0.7)
+        # The child needs ~1-1.5 s to import and finish its first save on a loaded machine.
+        await asyncio.sleep(0.3 + rng.random() * 1.7)
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate()
         acked |= {int(line) for line in out.split(b"\n")[:-1]}

@@ -22,7 +22,8 @@ from aiocheckpoint import (
     StorageBackendError,
     WorkflowStatus,
 )
-from aiocheckpoint.storage._pg_schema import SCHEMA_VERSION
+from aiocheckpoint.storage._pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
+from aiocheckpoint.storage._sqlite_schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from aiocheckpoint.storage.base import WorkflowStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
@@ -276,7 +277,7 @@ async def test_sqlite_v1_store_gets_records_on_open(tmp_path: Path) -> None:
         assert lease is not None and lease.token == 1
         await storage.save(lease.workflow_id, 5, b"new", fence=lease)
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchall() == [(2,)]
+    assert conn.execute("PRAGMA user_version").fetchall() == [(SQLITE_SCHEMA_VERSION,)]
     conn.close()
 
 
@@ -312,6 +313,6 @@ async def test_postgres_v1_store_gets_records_on_open(pg_schema: str) -> None:
             lease = await storage.claim_next_workflow("runner", 30)
             assert lease is not None
             await storage.save(lease.workflow_id, 5, b"new", fence=lease)
-        assert await admin.fetchval(f"SELECT value FROM {s}.meta") == str(SCHEMA_VERSION)
+        assert await admin.fetchval(f"SELECT value FROM {s}.meta") == str(PG_SCHEMA_VERSION)
     finally:
         await admin.close()

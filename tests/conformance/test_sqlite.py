@@ -5,6 +5,7 @@ import pytest
 
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.testing import (
+    BlobStorageConformance,
     PersistentStorageConformance,
     StorageConformance,
     WorkflowStorageConformance,
@@ -34,3 +35,11 @@ class TestSQLiteConformance(
         yield open_again
         for store in opened:
             await store.close()
+
+
+class TestSQLiteBlobConformance(BlobStorageConformance):
+    @pytest.fixture
+    async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:
+        store = SQLiteCheckpointStorage(tmp_path / "checkpoints.db")
+        yield store
+        await store.close()

@@ -27,6 +27,7 @@ from ..errors import (
     StorageClosedError,
 )
 from . import _sqlite_records as records
+from ._sqlite_blobs import SaveTreeOp, drain_releases, save_tree
 from ._sqlite_schema import MIGRATIONS, Migration, migrate
 from .base import StoredCheckpoint
 
@@ -66,7 +67,7 @@ class RecordOp:
     fn: Callable[[sqlite3.Connection, float], object]
 
 
-Op = SaveOp | DeleteOp | RecordOp
+Op = SaveOp | DeleteOp | RecordOp | SaveTreeOp
 #: What a batch returns per operation: its result or the exception it raised.
 Outcome = object
 
@@ -75,7 +76,7 @@ _SQLITE_LOCKED: Final = 6
 
 _UPSERT: Final = (
     "INSERT INTO checkpoints (workflow_id, step, data) VALUES (?, ?, ?) "
-    "ON CONFLICT (workflow_id, step) DO UPDATE SET data = excluded.data"
+    "ON CONFLICT (workflow_id, step) DO UPDATE SET data = excluded.data, refs = NULL"
 )
 # Keep the N highest steps: delete below the N-th highest (NULL, so nothing, if fewer exist).
 _PRUNE: Final = (
@@ -254,6 +255,7 @@ class Writer:
             return [backend_error("SQLite could not start a write transaction", exc) for _ in ops]
         try:
             results = self._apply_all(conn, ops)
+            drain_releases(conn)
             self._commit(conn)
         except Exception as exc:
             _rollback(conn)
@@ -268,6 +270,7 @@ class Writer:
         try:
             self._begin(conn)
             result = self._apply(conn, op)
+            drain_releases(conn)
             self._commit(conn)
         except Exception as exc:
             _rollback(conn)
@@ -337,6 +340,9 @@ class Writer:
     def _apply(cls, conn: sqlite3.Connection, op: Op) -> Outcome:
         if isinstance(op, RecordOp):
             return op.fn(conn, time.time())
+        if isinstance(op, SaveTreeOp):
+            save_tree(conn, op, _PRUNE)
+            return None
         wf = op.workflow_id
         if isinstance(op, SaveOp):
             outcome = cls._save_run(conn, [op])[0]
@@ -362,7 +368,7 @@ def _outcome_error(op: Op, exc: Exception) -> BaseException:
         return exc
     if isinstance(op, RecordOp):
         return backend_error(f"SQLite {op.what} failed", exc)
-    kind = "save" if isinstance(op, SaveOp) else "delete"
+    kind = "delete" if isinstance(op, DeleteOp) else "save"
     step = "" if op.step is None else f" step {op.step}"
     return backend_error(f"SQLite {kind} of workflow {op.workflow_id!r}{step} failed", exc)
 

@@ -4,8 +4,8 @@ The database records its schema version in ``PRAGMA user_version`` and marks its
 aiocheckpoint database with ``PRAGMA application_id``. Opening runs every migration newer than
 the recorded version, in order, inside one ``BEGIN IMMEDIATE`` transaction (SQLite DDL is
 transactional), so a crash or a concurrent opener never sees a half-migrated schema. Version 2
-adds workflow records and leases; later features (content-addressed blobs) append migrations
-here.
+adds workflow records and leases; version 3 adds content-addressed blobs with reference
+counts (``docs/sqlite-storage.md``).
 """
 
 from __future__ import annotations
@@ -96,6 +96,38 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "INSERT INTO workflows (workflow_id, created_at, updated_at) "
             "SELECT DISTINCT workflow_id, (julianday('now') - 2440587.5) * 86400.0, "
             "(julianday('now') - 2440587.5) * 86400.0 FROM checkpoints",
+        ),
+    ),
+    Migration(
+        3,
+        "blobs: content-addressed blobs with reference counts; the references each record holds",
+        (
+            # A rowid table (hash has its own index): blobs up to chunk_max bytes and more.
+            """
+            CREATE TABLE blobs (
+                hash BLOB    PRIMARY KEY NOT NULL,
+                refs INTEGER NOT NULL,
+                data BLOB    NOT NULL
+            )
+            """,
+            # The blob hashes a record's root references and holds a count on (one digest-size
+            # byte, then the hashes); NULL for records that hold none. Releasing reads this,
+            # not the record, so even a damaged record can be deleted.
+            "ALTER TABLE checkpoints ADD COLUMN refs BLOB",
+            # Every way a record goes (delete, keep_last, replacement, or a statement typed
+            # into the sqlite3 shell) queues its references here, in the same transaction;
+            # the writer releases them before it commits.
+            "CREATE TABLE blob_releases (refs BLOB NOT NULL)",
+            """
+            CREATE TRIGGER checkpoints_release_on_delete AFTER DELETE ON checkpoints
+            WHEN old.refs IS NOT NULL
+            BEGIN INSERT INTO blob_releases (refs) VALUES (old.refs); END
+            """,
+            """
+            CREATE TRIGGER checkpoints_release_on_update AFTER UPDATE ON checkpoints
+            WHEN old.refs IS NOT NULL
+            BEGIN INSERT INTO blob_releases (refs) VALUES (old.refs); END
+            """,
         ),
     ),
 )

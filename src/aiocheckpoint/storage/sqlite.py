@@ -10,6 +10,12 @@ Workflow records and leases (:class:`~aiocheckpoint.storage.base.WorkflowStorage
 transactions, so SQLite's single write lock makes claims atomic across processes; expiry is
 judged by this host's clock (``time.time()``). A fenced save is checked in its batch's
 transaction, and a stale one fails only its own caller. See docs/leases.md.
+
+Large states are stored incrementally
+(:class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`): content-addressed blobs in a
+``blobs`` table with reference counts kept in the same transaction as the record
+(docs/incremental.md §8), so blobs go as the records that use them go and a crash never
+leaves a record without its blobs.
 """
 
 from __future__ import annotations
@@ -19,16 +25,18 @@ import contextlib
 import functools
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from .._validation import check_optional_step, check_step, check_workflow_id
-from ..errors import InvalidArgumentError, StorageClosedError
+from ..errors import CheckpointCorruptedError, InvalidArgumentError, StorageClosedError
+from ..incremental import SplitResult, TreeParams, record_root_refs
 from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from . import _sqlite_records as records
+from ._sqlite_blobs import SaveTreeOp, drain_releases, read_blobs, recount
 from ._sqlite_db import (
     BusyRetry,
     DeleteOp,
@@ -75,6 +83,8 @@ class SQLiteCheckpointStorage(BaseStorage):
       :class:`~aiocheckpoint.StorageBackendError`.
     * ``readers``: threads (each with its own connection) serving reads.
     * ``max_batch``: the most writes committed in one transaction.
+    * ``blob_params``: how large states are cut into blobs
+      (:class:`~aiocheckpoint.incremental.TreeParams`; ``compression="zstd"`` compresses them).
 
     ``save`` returns once its transaction is committed and fsynced. A caller cancelled while
     its write is still queued removes it (nothing is written); once its batch is committing
@@ -91,6 +101,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         busy_retries: int = 10,
         readers: int = 2,
         max_batch: int = 512,
+        blob_params: TreeParams | None = None,
     ) -> None:
         for name, value, low in (
             ("max_record_bytes", max_record_bytes, 1),
@@ -102,6 +113,9 @@ class SQLiteCheckpointStorage(BaseStorage):
                 raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
         if not isinstance(busy_timeout, (int, float)) or busy_timeout < 0:
             raise InvalidArgumentError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
+        if blob_params is not None and not isinstance(blob_params, TreeParams):
+            raise InvalidArgumentError("blob_params must be a TreeParams or None")
+        self._params = blob_params or TreeParams()
         self._path = Path(os.fspath(path))
         self._max_record_bytes = max_record_bytes
         self._max_batch = max_batch
@@ -123,6 +137,11 @@ class SQLiteCheckpointStorage(BaseStorage):
     def path(self) -> Path:
         """The database file."""
         return self._path
+
+    @property
+    def blob_params(self) -> TreeParams:
+        """How this store cuts large states into blobs."""
+        return self._params
 
     async def open(self) -> None:
         """Open the database now (create, configure, migrate); first use does it anyway."""
@@ -149,12 +168,80 @@ class SQLiteCheckpointStorage(BaseStorage):
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
-        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
-            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+        _check_keep_last(keep_last)
         data = bytes(data)
         check_record_size(data, self._max_record_bytes)
         token = None if fence is None else fence_token(fence, workflow_id)
-        await self._submit(SaveOp(workflow_id, step, data, keep_last, token), len(data))
+        refs = _held_refs(data)
+        if refs:  # a version-2 record given whole (the blobs it names must be stored already)
+            op: Op = SaveTreeOp(workflow_id, step, data, refs, None, keep_last, token)
+        else:
+            op = SaveOp(workflow_id, step, data, keep_last, token)
+        await self._submit(op, len(data))
+
+    # --- blobs (BlobCheckpointStorage) ----------------------------------------------------
+
+    async def save_tree(
+        self,
+        workflow_id: str,
+        step: int,
+        record: bytes,
+        split: SplitResult,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store ``split``'s new blobs, count references, store ``record``: one transaction.
+
+        Goes through the same group commit as :meth:`save`, with the same ``keep_last``,
+        ``fence`` and per-caller failure. Raises :class:`~aiocheckpoint.InvalidArgumentError`
+        if ``record`` does not reference exactly ``split.root_refs``, or if a blob is neither
+        stored nor in ``split.blobs`` (a split made with a stale ``known``); nothing is
+        written then.
+        """
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        step = check_step(step)
+        _check_keep_last(keep_last)
+        if not isinstance(split, SplitResult):
+            raise InvalidArgumentError(f"split must be a SplitResult, not {type(split).__name__}")
+        record = bytes(record)
+        check_record_size(record, self._max_record_bytes)
+        try:
+            refs = record_root_refs(record)
+        except CheckpointCorruptedError as exc:
+            raise InvalidArgumentError(f"record is not a valid version-2 record: {exc}") from exc
+        if refs != split.root_refs:
+            raise InvalidArgumentError("record does not reference the root of split")
+        token = None if fence is None else fence_token(fence, workflow_id)
+        size = len(record) + sum(len(blob) for blob in split.blobs.values())
+        op = SaveTreeOp(workflow_id, step, record, refs, split, keep_last, token)
+        await self._submit(op, size)
+
+    async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        """Return the stored blobs among ``hashes`` (a read connection, off the event loop)."""
+        self._check_open()
+        wanted = list(dict.fromkeys(bytes(h) for h in hashes))
+        limit = self._max_record_bytes
+        return await self._read(lambda conn: read_blobs(conn, wanted, limit))
+
+    async def collect_garbage(self, *, full: bool = False) -> int:
+        """Free blobs whose records were removed behind the store's back; usually 0.
+
+        Blobs go in the transaction that removes their last record, so there is normally
+        nothing to collect. A record deleted by other means (a ``DELETE`` in the sqlite3
+        shell) queues its references through a trigger; they are released by the next
+        write, or here. ``full=True`` also recomputes every count from the records and
+        deletes the blobs no record reaches: the repair after a blob was deleted or damaged
+        by hand (its children could not be released). It reads every reachable blob while
+        holding the write lock.
+        """
+        self._check_open()
+        fn = recount if full else drain_releases
+        freed: int = await self._submit(
+            RecordOp("garbage collection", lambda conn, _now: fn(conn)), 0
+        )
+        return freed
 
     async def delete(self, workflow_id: str, step: int | None = None) -> bool:
         """Delete one step, or the whole workflow; return whether anything was deleted."""
@@ -415,6 +502,21 @@ class SQLiteCheckpointStorage(BaseStorage):
         # Readers first, so the writer is the last connection and checkpoints the WAL.
         self._readers.close()
         self._writer.close()
+
+
+def _check_keep_last(keep_last: object) -> None:
+    if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+        raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+
+
+def _held_refs(data: bytes) -> tuple[bytes, ...]:
+    """The blobs a version-2 record references from its root; () for anything else."""
+    if len(data) < 5 or data[4] != 2:
+        return ()
+    try:
+        return record_root_refs(data)
+    except CheckpointCorruptedError:
+        return ()  # stored as the opaque bytes it is; reading reports it
 
 
 def _failure(future: asyncio.Future[Any]) -> BaseException | None:
