@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import hashlib
 import os
 import platform
@@ -49,6 +50,7 @@ def hashed_name(raw: bytes) -> str:
     return HASHED_PREFIX + hashlib.blake2b(raw, digest_size=32).hexdigest()
 
 
+@functools.lru_cache(maxsize=4096)  # a store writes the same workflows over and over
 def encode_name(workflow_id: str) -> str:
     """Return the directory name of ``workflow_id`` (reversible, collision-free).
 

@@ -100,6 +100,8 @@ _RETRIES: Final = 16
 #: A group commit takes at most this many saves, and stops growing at this many bytes.
 _MAX_GROUP: Final = 256
 _MAX_GROUP_BYTES: Final = 64 * 1024 * 1024
+#: A finished group wakes its callers this many per event-loop iteration.
+_WAKE_SLICE: Final = 16
 _T = TypeVar("_T")
 
 
@@ -451,7 +453,16 @@ class FileCheckpointStorage(BaseStorage):
             outcomes = [failure] * len(group)
         else:
             outcomes = done.result()
-        for item, outcome in zip(group, outcomes, strict=True):
+        self._wake(done.get_loop(), list(zip(group, outcomes, strict=True)))
+
+    def _wake(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        results: list[tuple[_Pending, BaseException | None]],
+    ) -> None:
+        # A few callers per loop iteration: each goes on to encode its next checkpoint on
+        # the loop, and a hundred of them at once would hold it for milliseconds.
+        for item, outcome in results[:_WAKE_SLICE]:
             if item.future.done():
                 continue
             if outcome is None:
@@ -462,7 +473,10 @@ class FileCheckpointStorage(BaseStorage):
                 item.future.set_exception(error)
             else:
                 item.future.set_exception(outcome)
-        done.get_loop().call_soon(self._writer_free)
+        if len(results) > _WAKE_SLICE:
+            loop.call_soon(self._wake, loop, results[_WAKE_SLICE:])
+        else:
+            loop.call_soon(self._writer_free)
 
     def _writer_free(self) -> None:
         self._busy = None
@@ -732,12 +746,32 @@ class FileCheckpointStorage(BaseStorage):
             logger.debug("could not rewrite the latest-step hint: %s", exc)
         return top
 
-    def _top_for_write(self, dfd: int, ino: int, name: str) -> int | None:
-        """An upper bound of the stored steps (under the lock), or None if there are none."""
-        hint = self._read_hint(dfd)
-        if hint is not None and self._trusted(hint, ino):
-            return hint.step
-        return self._rebuild_hint(dfd, ino)
+    def _raise_hint(self, dfd: int, ino: int, step: int, *, durable: bool) -> None:
+        """Make the hint at least ``step`` (under the lock), with one open of the file.
+
+        An untrusted hint is replaced by the exact top (a scan) or ``step`` if higher;
+        ``durable`` fsyncs it when it now names ``step``.
+        """
+        fd = self._os.open(HINT, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, dir_fd=dfd)
+        try:
+            raw = os.pread(fd, Hint.SIZE + 1, 0)
+            hint = Hint.unpack(raw)
+            if hint is not None and self._trusted(hint, ino):
+                top = hint.step
+                if top is not None and step <= top:
+                    return
+            else:
+                top = max(self._steps(dfd), default=None)
+            target = step if top is None or step > top else top
+            data = Hint(target, ino).pack()
+            if self._os.pwrite(fd, data, 0) != len(data):
+                raise OSError(errno.EIO, "short write to the latest-step hint")
+            if len(raw) != len(data):
+                os.ftruncate(fd, len(data))
+            if durable and target == step:
+                self._os.fsync(fd)
+        finally:
+            os.close(fd)
 
     # --- the worker-thread halves of the public methods -------------------------------
 
@@ -799,12 +833,10 @@ class FileCheckpointStorage(BaseStorage):
                     dfd, ino = dirs[name]
                     try:
                         locks.enter_context(self._lock(dfd, name))
-                        top = self._top_for_write(dfd, ino, name)
-                        high = max(ops[i].step for i in by_dir[name])
                         # Raised before the renames and made durable by the first syncfs,
                         # as in _save_in: never lower than a step on disk.
-                        if top is None or high > top:
-                            self._write_hint(dfd, high, ino, durable=False)
+                        high = max(ops[i].step for i in by_dir[name])
+                        self._raise_hint(dfd, ino, high, durable=False)
                     except (_Replaced, OSError) as exc:
                         for i in by_dir[name]:
                             self._discard(temps.pop(i), dfd)
@@ -894,12 +926,10 @@ class FileCheckpointStorage(BaseStorage):
             except FileNotFoundError:
                 return False  # the directory was deleted after we opened it
             with self._lock(dfd, name):
-                top = self._top_for_write(dfd, ino, name)
                 # The hint is raised, durably, before the rename: it may name a step that
                 # never arrives (readers then scan), but it is never lower than a step
                 # that is on disk, even after a power cut.
-                if top is None or step > top:
-                    self._write_hint(dfd, step, ino, durable=True)
+                self._raise_hint(dfd, ino, step, durable=True)
                 self._os.rename(tmp, step_name(step), src_dir_fd=dfd, dst_dir_fd=dfd)
                 tmp = None
                 if keep_last is not None:
