@@ -101,7 +101,9 @@ _RETRIES: Final = 16
 _MAX_GROUP: Final = 256
 _MAX_GROUP_BYTES: Final = 64 * 1024 * 1024
 #: A finished group wakes its callers this many per event-loop iteration.
-_WAKE_SLICE: Final = 16
+_WAKE_SLICE: Final = 8
+#: Fewer queued saves than this take the single path (per-file fsyncs) instead of syncfs.
+_GROUP_MIN: Final = 2
 _T = TypeVar("_T")
 
 
@@ -777,7 +779,7 @@ class FileCheckpointStorage(BaseStorage):
 
     def _write_group(self, ops: list[_SaveOp]) -> list[BaseException | None]:
         """Write a group of saves; return each one's exception or None (durable)."""
-        if len(ops) == 1:
+        if len(ops) < _GROUP_MIN:
             try:
                 self._save(*ops[0])
             except Exception as exc:
