@@ -19,6 +19,9 @@ from aiocheckpoint import CheckpointManager, InvalidArgumentError, StorageBacken
 from aiocheckpoint.storage._filefmt import FileOps
 from aiocheckpoint.storage.file import FileCheckpointStorage
 
+from .reliability._support import dump_store
+from .reliability.test_io_faults import PlannedFault, _caused_by
+
 
 def test_this_kernel_has_syncfs() -> None:
     """The tests below need syncfs (Linux 5.8 or later); without it saves never group."""
@@ -71,7 +74,7 @@ async def grouped(tmp_path: Path) -> AsyncIterator[tuple[FileCheckpointStorage, 
 
 
 def litter(root: Path) -> list[Path]:
-    return [p for p in root.rglob(".tmp-*")]
+    return [p for p in root.rglob(".*") if p.name.startswith((".tmp-", ".new-", ".del-"))]
 
 
 async def hold_a_group(
@@ -246,3 +249,62 @@ async def test_without_syncfs_each_save_fsyncs_its_own_files(tmp_path: Path) -> 
     await store.close()
     with pytest.raises(InvalidArgumentError):
         FileCheckpointStorage(tmp_path / "t", use_syncfs=1)  # type: ignore[arg-type]
+
+
+#: The OS calls a group makes (new steps, a replaced step, retention, a new workflow).
+GROUP_CALLS = ["mkdir", "open", "write", "close", "pwrite", "fsync", "fsync_dir", "syncfs"]
+GROUP_CALLS += ["rename", "unlink"]
+GROUP_SAVES = [("a", 2, None), ("a", 1, None), ("b", 2, 2), ("c", 0, None)]
+
+
+@pytest.mark.parametrize("sticky", [False, True], ids=["once", "from-then-on"])
+@pytest.mark.parametrize("method", GROUP_CALLS)
+async def test_every_fault_in_a_group_is_typed_and_harmless(
+    tmp_path: Path, method: str, sticky: bool
+) -> None:
+    """Each call of each OS function in a group of four saves, failed with EIO: the saves it
+    hits raise a StorageBackendError chaining it, the others land, records outside the group
+    are unchanged, no temporary file remains, and the store works once the fault is gone."""
+    fired = 0
+    nth = 1
+    while True:
+        root = tmp_path / f"run-{nth}"
+        async with FileCheckpointStorage(root) as setup:
+            for wf in ("a", "b"):
+                for step in (0, 1):
+                    await setup.save(wf, step, b"old %s %d" % (wf.encode(), step))
+            before = await dump_store(setup)
+        store = FileCheckpointStorage(root)
+        fault = PlannedFault(method, nth, errno.EIO, sticky)
+        store._os = fault
+        new = {(wf, s): b"new %s %d" % (wf.encode(), s) for wf, s, _ in GROUP_SAVES}
+        results = await asyncio.gather(
+            *(store.save(wf, s, new[wf, s], keep_last=k) for wf, s, k in GROUP_SAVES),
+            return_exceptions=True,
+        )
+        store._os = FileOps()
+        after = await dump_store(store)
+        for (wf, s, _), result in zip(GROUP_SAVES, results, strict=True):
+            if result is None:
+                assert after[wf, s] == new[wf, s]
+            else:
+                assert isinstance(result, StorageBackendError), result
+                assert _caused_by(result, errno.EIO)
+                assert after.get((wf, s)) in (before.get((wf, s)), new[wf, s])
+        for key in ("a", 0), ("b", 1):
+            assert after[key] == before[key]
+        assert after.get(("b", 0)) in (
+            None if ("b", 2) in after else before["b", 0],
+            before["b", 0],
+        )
+        assert litter(root) == []
+        await asyncio.gather(*(store.save(wf, s, new[wf, s]) for wf, s, _ in GROUP_SAVES))
+        for wf, top in (("a", 2), ("b", 2), ("c", 0)):
+            latest = await store.load(wf)
+            assert latest is not None and (latest.step, latest.data) == (top, new[wf, top])
+        await store.close()
+        if not fault.fired:
+            break
+        fired += fault.fired
+        nth += 1
+    assert fired > 0
