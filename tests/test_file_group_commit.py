@@ -21,6 +21,7 @@ from aiocheckpoint.storage.file import FileCheckpointStorage
 
 from .reliability._support import dump_store
 from .reliability.test_io_faults import PlannedFault, _caused_by
+from .test_file_faults import litter
 
 
 def test_this_kernel_has_syncfs() -> None:
@@ -71,10 +72,6 @@ async def grouped(tmp_path: Path) -> AsyncIterator[tuple[FileCheckpointStorage, 
     yield store, ops
     ops.release.set()
     await store.close()
-
-
-def litter(root: Path) -> list[Path]:
-    return [p for p in root.rglob(".*") if p.name.startswith((".tmp-", ".new-", ".del-"))]
 
 
 async def hold_a_group(
