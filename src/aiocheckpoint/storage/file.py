@@ -19,8 +19,8 @@ Layout (docs/file-storage.md describes it in full)::
 
 Every public method makes exactly one hop to a worker thread, so a save's write, fsync,
 rename and directory fsync run together and a cancelled caller still waits for them: the
-record lands whole or not at all. Saves that arrive while the store's writer thread is busy
-are written together in its next hop (a group commit, two ``syncfs`` calls for the lot).
+record lands whole or not at all. Saves queued while the store's previous save hop runs are
+written together by its next one (a group commit, two ``syncfs`` calls for the lot).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import stat
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple, TypeVar
 
@@ -202,7 +201,6 @@ class FileCheckpointStorage(BaseStorage):
         self._kick_due = False
         self._busy: asyncio.AbstractEventLoop | None = None  # the loop of the running group
         self._idle: list[asyncio.Future[None]] = []
-        self._writer: ThreadPoolExecutor | None = None
 
     @property
     def base_dir(self) -> str:
@@ -381,16 +379,13 @@ class FileCheckpointStorage(BaseStorage):
         return freed or 0
 
     async def close(self) -> None:
-        """Finish the queued saves, then release the writer thread; later calls raise."""
+        """Finish the queued saves; later calls raise."""
         self._closed = True
         while self._busy is not None or self._queue:
             waiter = asyncio.get_running_loop().create_future()
             self._idle.append(waiter)
             self._schedule_kick()
             await waiter
-        if self._writer is not None:
-            self._writer.shutdown(wait=False)
-            self._writer = None
 
     # --- group commit (the event-loop half) -------------------------------------------
 
@@ -440,9 +435,8 @@ class FileCheckpointStorage(BaseStorage):
             return
         loop = asyncio.get_running_loop()
         self._busy = loop
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="aiocheckpoint-file-w")
-        done = loop.run_in_executor(self._writer, self._write_group, [i.op for i in group])
+        # The loop's default executor: a store that is never closed holds no thread.
+        done = loop.run_in_executor(None, self._write_group, [i.op for i in group])
         done.add_done_callback(functools.partial(self._group_done, group))
 
     def _group_done(
