@@ -1,6 +1,7 @@
 """Child process for the file-store crash and multi-process tests (run as a script).
 
 Usage: python _file_writer_child.py BASE_DIR crash
+       python _file_writer_child.py BASE_DIR group
        python _file_writer_child.py BASE_DIR writers INDEX COUNT STEPS
 
 Prints ``ready`` once the store is open, then one ``<workflow> <step>`` line per
@@ -64,6 +65,18 @@ async def crash_mode(base: str) -> None:
         tg.start_soon(writer, plain, "shared", {"who": "odd"}, 1, 2)
 
 
+GROUP_WORKFLOWS = tuple(f"group-{i:02d}" for i in range(40))
+
+
+async def group_mode(base: str) -> None:
+    """Forty workflows saving at once: the store writes them as group commits."""
+    manager = CheckpointManager(FileCheckpointStorage(base))
+    print("ready", flush=True)
+    async with anyio.create_task_group() as tg:
+        for wf in GROUP_WORKFLOWS:
+            tg.start_soon(writer, manager, wf, {"msg": "grouped " * 20}, 0, 1)
+
+
 async def writers_mode(base: str, index: int, count: int, steps: int) -> None:
     store = FileCheckpointStorage(base)
     plain = CheckpointManager(store)
@@ -86,5 +99,7 @@ async def writers_mode(base: str, index: int, count: int, steps: int) -> None:
 if __name__ == "__main__":
     if sys.argv[2] == "crash":
         anyio.run(crash_mode, sys.argv[1])
+    elif sys.argv[2] == "group":
+        anyio.run(group_mode, sys.argv[1])
     else:
         anyio.run(writers_mode, sys.argv[1], *map(int, sys.argv[3:6]))

@@ -73,6 +73,10 @@ class PlannedFault(FileOps):
         self._hit("fsync_dir")
         super().fsync_dir(fd)
 
+    def syncfs(self, fd: int) -> None:
+        self._hit("syncfs")
+        super().syncfs(fd)
+
     def rename(self, src: str, dst: str, *, src_dir_fd: int | None, dst_dir_fd: int | None) -> None:
         self._hit("rename")
         super().rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)

@@ -6,13 +6,17 @@ See docs/file-storage.md for the format these functions implement.
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import hashlib
 import os
+import platform
 import struct
 import sys
 import uuid
 import zlib
+from collections.abc import Callable
 from typing import Final
 
 __all__ = [
@@ -46,6 +50,7 @@ def hashed_name(raw: bytes) -> str:
     return HASHED_PREFIX + hashlib.blake2b(raw, digest_size=32).hexdigest()
 
 
+@functools.lru_cache(maxsize=4096)  # a store writes the same workflows over and over
 def encode_name(workflow_id: str) -> str:
     """Return the directory name of ``workflow_id`` (reversible, collision-free).
 
@@ -176,12 +181,38 @@ class Hint:
         return cls(step if flags else None, dir_ino)
 
 
+def _find_syncfs() -> Callable[[int], int] | None:
+    """The C library's ``syncfs(2)`` on Linux 5.8 and later only; None elsewhere.
+
+    Before 5.8 ``syncfs`` reported no write-back errors, so a failed write of a record
+    could go unnoticed: there the store fsyncs file by file instead.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        version = tuple(int(p) for p in platform.release().split("-")[0].split(".")[:2])
+        if version < (5, 8):
+            return None
+        function = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError, ValueError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+_SYNCFS: Final = _find_syncfs()
+
+
 class FileOps:
     """Every OS call the write path makes, in one object so tests can inject faults.
 
     A test replaces ``storage._os`` with a subclass whose methods raise ``OSError``
     (ENOSPC, EIO, ...) at chosen calls.
     """
+
+    #: Whether :meth:`syncfs` is available (Linux 5.8 or later).
+    has_syncfs: bool = _SYNCFS is not None
 
     def open(self, path: str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
         """``os.open``."""
@@ -209,6 +240,18 @@ class FileOps:
     def fsync_dir(self, fd: int) -> None:
         """Make a directory's entries (creates, renames, unlinks) durable."""
         os.fsync(fd)
+
+    def syncfs(self, fd: int) -> None:
+        """Make everything written to the filesystem holding ``fd`` durable (``syncfs(2)``).
+
+        It reports write-back errors of any file of that filesystem since ``fd`` was
+        opened, so a caller opens ``fd`` before it writes the data this must cover.
+        """
+        if _SYNCFS is None:
+            raise OSError(errno.ENOSYS, "syncfs is not available here")
+        if _SYNCFS(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
 
     def rename(self, src: str, dst: str, *, src_dir_fd: int | None, dst_dir_fd: int | None) -> None:
         """``os.rename`` (atomically replaces ``dst``)."""

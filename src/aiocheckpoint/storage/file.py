@@ -19,11 +19,13 @@ Layout (docs/file-storage.md describes it in full)::
 
 Every public method makes exactly one hop to a worker thread, so a save's write, fsync,
 rename and directory fsync run together and a cancelled caller still waits for them: the
-record lands whole or not at all.
+record lands whole or not at all. Saves queued while the store's previous save hop runs are
+written together by its next one (a group commit, two ``syncfs`` calls for the lot).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -34,8 +36,10 @@ import os
 import shutil
 import stat
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Final, TypeVar
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple, TypeVar
 
 import anyio.to_thread
 
@@ -44,6 +48,7 @@ from ..errors import (
     CheckpointCorruptedError,
     InvalidArgumentError,
     StorageBackendError,
+    StorageClosedError,
     StorageSchemaError,
     UnsupportedOperationError,
 )
@@ -91,7 +96,30 @@ _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | _OPEN_FLAGS
 _READ_FLAGS: Final = os.O_RDONLY | _OPEN_FLAGS
 _NEW_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS
 _RETRIES: Final = 16
+#: A group commit takes at most this many saves, and stops growing at this many bytes.
+_MAX_GROUP: Final = 256
+_MAX_GROUP_BYTES: Final = 64 * 1024 * 1024
+#: A finished group wakes its callers this many per event-loop iteration.
+_WAKE_SLICE: Final = 8
+#: Fewer queued saves than this take the single path (per-file fsyncs) instead of syncfs.
+_GROUP_MIN: Final = 2
 _T = TypeVar("_T")
+
+
+class _SaveOp(NamedTuple):
+    workflow_id: str
+    step: int
+    data: bytes
+    keep_last: int | None
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A queued save and the future its caller waits on."""
+
+    op: _SaveOp
+    future: asyncio.Future[None] = field(repr=False)
+    taken: bool = False  # in a group commit now: it lands whole or not at all
 
 
 class _Replaced(Exception):
@@ -112,6 +140,12 @@ class FileCheckpointStorage(BaseStorage):
     are removed when their process is gone or they are older than ``stale_temp_seconds``.
     Nothing touches the disk until the first operation.
 
+    Saves made while an earlier one is still being written are written together as one
+    group commit: their files, then one ``syncfs(2)``, the renames, one more ``syncfs``
+    (Linux 5.8 or later; see docs/file-storage.md). ``use_syncfs=False`` fsyncs every file
+    and directory one save at a time instead: choose it when other programs write a lot to
+    the same filesystem, since ``syncfs`` also waits for their data.
+
     It is a :class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`: the manager stores
     large states as content-addressed blobs under ``blobs/`` (``compression="zstd"``
     compresses them; ``blob_params`` sets every cutting parameter). Blobs no record
@@ -131,6 +165,7 @@ class FileCheckpointStorage(BaseStorage):
         blob_params: TreeParams | None = None,
         blob_grace_seconds: float = 3600.0,
         gc_interval: float | None = 3600.0,
+        use_syncfs: bool = True,
     ) -> None:
         check_max_record_bytes(max_record_bytes)
         for name, value in (
@@ -159,6 +194,13 @@ class FileCheckpointStorage(BaseStorage):
         self._blobs = BlobStore(
             self._base, self._os, float(blob_grace_seconds), max_record_bytes, self._stale
         )
+        if not isinstance(use_syncfs, bool):
+            raise InvalidArgumentError(f"use_syncfs must be a bool, got {use_syncfs!r}")
+        self._use_syncfs = use_syncfs
+        self._queue: deque[_Pending] = deque()
+        self._kick_due = False
+        self._busy: asyncio.AbstractEventLoop | None = None  # the loop of the running group
+        self._idle: list[asyncio.Future[None]] = []
 
     @property
     def base_dir(self) -> str:
@@ -191,8 +233,9 @@ class FileCheckpointStorage(BaseStorage):
     ) -> None:
         """Durably store ``data`` as ``step``; then keep only the ``keep_last`` highest steps.
 
-        Cost: one file write + two fsyncs (file, directory); with ``keep_last``, also one
-        listing of the workflow's directory and an unlink per pruned step.
+        Cost: one file write + two fsyncs (file, directory), or a share of a group commit's
+        two ``syncfs`` calls; with ``keep_last``, also one listing of the workflow's
+        directory and an unlink per pruned step.
         """
         self._check_open()
         check_workflow_id(workflow_id)
@@ -200,14 +243,11 @@ class FileCheckpointStorage(BaseStorage):
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
             raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
         check_record_size(data, self._max)
-        await self._run(
-            f"cannot save step {step} of workflow {workflow_id!r}",
-            self._save,
-            workflow_id,
-            step,
-            bytes(data),
-            keep_last,
-        )
+        op = _SaveOp(workflow_id, step, bytes(data), keep_last)
+        if not (self._use_syncfs and self._os.has_syncfs):
+            await self._run(_what(op), self._save, *op)
+            return
+        await self._commit(op)
 
     async def load(self, workflow_id: str, step: int | None = None) -> StoredCheckpoint | None:
         """Return one step's record (the highest when ``step`` is None), or None.
@@ -337,6 +377,106 @@ class FileCheckpointStorage(BaseStorage):
         chosen = self._blobs.grace if grace is None else float(grace)
         freed = await self._run("cannot collect garbage", self._collect, chosen, True)
         return freed or 0
+
+    async def close(self) -> None:
+        """Finish the queued saves; later calls raise."""
+        self._closed = True
+        while self._busy is not None or self._queue:
+            waiter = asyncio.get_running_loop().create_future()
+            self._idle.append(waiter)
+            self._schedule_kick()
+            await waiter
+
+    # --- group commit (the event-loop half) -------------------------------------------
+
+    async def _commit(self, op: _SaveOp) -> None:
+        """Queue ``op`` for the next group commit and wait until it is durable."""
+        item = _Pending(op, asyncio.get_running_loop().create_future())
+        self._queue.append(item)
+        self._schedule_kick()
+        try:
+            await asyncio.shield(item.future)
+        except asyncio.CancelledError:
+            if not item.taken:
+                item.future.cancel()  # still queued: the next group skips it
+                raise
+            await _outlast(item.future)  # being written: it lands whole or not at all
+            raise
+
+    def _schedule_kick(self) -> None:
+        # One loop iteration later, so that every caller woken together joins one group.
+        if not self._kick_due:
+            self._kick_due = True
+            asyncio.get_running_loop().call_soon(self._kick)
+
+    def _kick(self) -> None:
+        self._kick_due = False
+        if self._busy is not None and not self._busy.is_closed():
+            return
+        self._busy = None
+        group: list[_Pending] = []
+        size = 0
+        while self._queue and len(group) < _MAX_GROUP:
+            item = self._queue[0]
+            if item.future.done():  # cancelled while queued
+                self._queue.popleft()
+                continue
+            if group and size + len(item.op.data) > _MAX_GROUP_BYTES:
+                break
+            self._queue.popleft()
+            item.taken = True
+            group.append(item)
+            size += len(item.op.data)
+        if not group:
+            idle, self._idle = self._idle, []
+            for waiter in idle:
+                if not waiter.done():
+                    waiter.set_result(None)
+            return
+        loop = asyncio.get_running_loop()
+        self._busy = loop
+        # The loop's default executor: a store that is never closed holds no thread.
+        done = loop.run_in_executor(None, self._write_group, [i.op for i in group])
+        done.add_done_callback(functools.partial(self._group_done, group))
+
+    def _group_done(
+        self, group: list[_Pending], done: asyncio.Future[list[BaseException | None]]
+    ) -> None:
+        outcomes: list[BaseException | None]
+        if done.cancelled():
+            outcomes = [StorageClosedError("the write was abandoned")] * len(group)
+        elif (failure := done.exception()) is not None:
+            outcomes = [failure] * len(group)
+        else:
+            outcomes = done.result()
+        self._wake(done.get_loop(), list(zip(group, outcomes, strict=True)))
+
+    def _wake(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        results: list[tuple[_Pending, BaseException | None]],
+    ) -> None:
+        # A few callers per loop iteration: each goes on to encode its next checkpoint on
+        # the loop, and a hundred of them at once would hold it for milliseconds.
+        for item, outcome in results[:_WAKE_SLICE]:
+            if item.future.done():
+                continue
+            if outcome is None:
+                item.future.set_result(None)
+            elif isinstance(outcome, OSError):
+                error = StorageBackendError(f"{_what(item.op)} in {self._base}: {outcome}")
+                error.__cause__ = outcome
+                item.future.set_exception(error)
+            else:
+                item.future.set_exception(outcome)
+        if len(results) > _WAKE_SLICE:
+            loop.call_soon(self._wake, loop, results[_WAKE_SLICE:])
+        else:
+            loop.call_soon(self._writer_free)
+
+    def _writer_free(self) -> None:
+        self._busy = None
+        self._kick()
 
     async def _run(self, what: str, fn: Callable[..., _T], *args: object) -> _T:
         self._check_open()
@@ -602,14 +742,157 @@ class FileCheckpointStorage(BaseStorage):
             logger.debug("could not rewrite the latest-step hint: %s", exc)
         return top
 
-    def _top_for_write(self, dfd: int, ino: int, name: str) -> int | None:
-        """An upper bound of the stored steps (under the lock), or None if there are none."""
-        hint = self._read_hint(dfd)
-        if hint is not None and self._trusted(hint, ino):
-            return hint.step
-        return self._rebuild_hint(dfd, ino)
+    def _raise_hint(self, dfd: int, ino: int, step: int, *, durable: bool) -> None:
+        """Make the hint at least ``step`` (under the lock), with one open of the file.
+
+        An untrusted hint is replaced by the exact top (a scan) or ``step`` if higher;
+        ``durable`` fsyncs it when it now names ``step``.
+        """
+        fd = self._os.open(HINT, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, dir_fd=dfd)
+        try:
+            raw = os.pread(fd, Hint.SIZE + 1, 0)
+            hint = Hint.unpack(raw)
+            if hint is not None and self._trusted(hint, ino):
+                top = hint.step
+                if top is not None and step <= top:
+                    return
+            else:
+                top = max(self._steps(dfd), default=None)
+            target = step if top is None or step > top else top
+            data = Hint(target, ino).pack()
+            if self._os.pwrite(fd, data, 0) != len(data):
+                raise OSError(errno.EIO, "short write to the latest-step hint")
+            if len(raw) != len(data):
+                os.ftruncate(fd, len(data))
+            if durable and target == step:
+                self._os.fsync(fd)
+        finally:
+            os.close(fd)
 
     # --- the worker-thread halves of the public methods -------------------------------
+
+    def _write_group(self, ops: list[_SaveOp]) -> list[BaseException | None]:
+        """Write a group of saves; return each one's exception or None (durable)."""
+        if len(ops) < _GROUP_MIN:
+            try:
+                self._save(*ops[0])
+            except Exception as exc:
+                return [exc]
+            return [None]
+        try:
+            self._ensure_store()
+            outcomes, retry = self._save_group(ops)
+        except Exception as exc:
+            return [exc] * len(ops)
+        for i in retry:  # the workflow's directory was replaced under us: one by one
+            try:
+                self._save(*ops[i])
+            except Exception as exc:
+                outcomes[i] = exc
+        if self._pruned:
+            self._pruned = False
+            self._after_delete()
+        return outcomes
+
+    def _save_group(self, ops: list[_SaveOp]) -> tuple[list[BaseException | None], list[int]]:
+        """Temp files, locks and hints, ``syncfs``, renames, ``syncfs``; see the docs.
+
+        Returns each op's outcome and the ops to retry one by one.
+        """
+        outcomes: list[BaseException | None] = [None] * len(ops)
+        retry: list[int] = []
+        dirs: dict[str, tuple[int, int]] = {}  # name -> (dfd, inode)
+        names = [encode_name(op.workflow_id) for op in ops]
+        temps: dict[int, str] = {}  # op index -> its temp file, until renamed or discarded
+        renamed: list[int] = []
+        # Opened before any write: syncfs reports write-back errors since this open.
+        sync_fd = os.open(self._root, _DIR_FLAGS & ~os.O_NOFOLLOW)
+        try:
+            for i, op in enumerate(ops):
+                try:
+                    entry = dirs.get(names[i]) or self._group_dir(names[i], op.workflow_id, dirs)
+                    if entry is None:
+                        retry.append(i)
+                        continue
+                    self._sweep_once(entry[0], names[i], entry[1])
+                    temps[i] = self._write_temp(entry[0], op.data, durable=False)
+                except FileNotFoundError:
+                    retry.append(i)  # the directory was deleted after we opened it
+                except OSError as exc:
+                    outcomes[i] = exc
+            by_dir: dict[str, list[int]] = {}
+            for i in temps:
+                by_dir.setdefault(names[i], []).append(i)
+            with contextlib.ExitStack() as locks:
+                # Sorted, so that two processes' groups never wait for each other's locks.
+                for name in sorted(by_dir):
+                    dfd, ino = dirs[name]
+                    try:
+                        locks.enter_context(self._lock(dfd, name))
+                        # Raised before the renames and made durable by the first syncfs,
+                        # as in _save_in: never lower than a step on disk.
+                        high = max(ops[i].step for i in by_dir[name])
+                        self._raise_hint(dfd, ino, high, durable=False)
+                    except (_Replaced, OSError) as exc:
+                        for i in by_dir[name]:
+                            self._discard(temps.pop(i), dfd)
+                            if isinstance(exc, OSError):
+                                outcomes[i] = exc
+                            else:
+                                retry.append(i)
+                if temps:
+                    try:
+                        self._os.syncfs(sync_fd)  # the temp files' data and the hints
+                    except OSError as exc:
+                        for i in temps:
+                            outcomes[i] = exc
+                        raise _Abandon from exc
+                for i in sorted(temps):
+                    dfd = dirs[names[i]][0]
+                    try:
+                        self._os.rename(
+                            temps[i], step_name(ops[i].step), src_dir_fd=dfd, dst_dir_fd=dfd
+                        )
+                    except OSError as exc:
+                        outcomes[i] = exc
+                        continue
+                    del temps[i]
+                    renamed.append(i)
+                    keep_last = ops[i].keep_last
+                    if keep_last is not None:
+                        self._prune(dfd, keep_last)
+            if renamed:
+                try:
+                    self._os.syncfs(sync_fd)  # the renames and the prunes
+                except OSError as exc:
+                    for i in renamed:
+                        outcomes[i] = exc
+        except _Abandon:
+            pass
+        finally:
+            for i, tmp in temps.items():
+                self._discard(tmp, dirs[names[i]][0])
+            for dfd, _ in dirs.values():
+                os.close(dfd)
+            os.close(sync_fd)
+        return outcomes, retry
+
+    def _group_dir(
+        self, name: str, workflow_id: str, dirs: dict[str, tuple[int, int]]
+    ) -> tuple[int, int] | None:
+        """Open (creating it if needed) a workflow's directory for a group; None: retry."""
+        for _ in range(2):
+            dfd = self._open_dir(name)
+            if dfd is None:
+                self._create_dir(name, workflow_id)
+                continue
+            try:
+                dirs[name] = (dfd, os.fstat(dfd).st_ino)
+            except BaseException:
+                os.close(dfd)
+                raise
+            return dirs[name]
+        return None
 
     def _save(self, workflow_id: str, step: int, data: bytes, keep_last: int | None) -> None:
         self._ensure_store()
@@ -639,12 +922,10 @@ class FileCheckpointStorage(BaseStorage):
             except FileNotFoundError:
                 return False  # the directory was deleted after we opened it
             with self._lock(dfd, name):
-                top = self._top_for_write(dfd, ino, name)
                 # The hint is raised, durably, before the rename: it may name a step that
                 # never arrives (readers then scan), but it is never lower than a step
                 # that is on disk, even after a power cut.
-                if top is None or step > top:
-                    self._write_hint(dfd, step, ino, durable=True)
+                self._raise_hint(dfd, ino, step, durable=True)
                 self._os.rename(tmp, step_name(step), src_dir_fd=dfd, dst_dir_fd=dfd)
                 tmp = None
                 if keep_last is not None:
@@ -657,9 +938,9 @@ class FileCheckpointStorage(BaseStorage):
             if tmp is not None:
                 self._discard(tmp, dfd)
 
-    def _write_temp(self, dfd: int, data: bytes) -> str:
+    def _write_temp(self, dfd: int, data: bytes, *, durable: bool = True) -> str:
         tmp = temp_name()
-        fd = self._fsynced_file(dfd, tmp, data)
+        fd = self._fsynced_file(dfd, tmp, data, durable=durable)
         try:
             self._close(fd)
         except BaseException:
@@ -667,14 +948,18 @@ class FileCheckpointStorage(BaseStorage):
             raise
         return tmp
 
-    def _fsynced_file(self, dfd: int, name: str, data: bytes) -> int:
-        """Create ``name`` (0600, must not exist), write and fsync ``data``; return the fd."""
+    def _fsynced_file(self, dfd: int, name: str, data: bytes, *, durable: bool = True) -> int:
+        """Create ``name`` (0600, must not exist), write and fsync ``data``; return the fd.
+
+        ``durable=False`` skips the fsync: the caller makes the data durable some other way.
+        """
         fd = self._os.open(name, _NEW_FLAGS, 0o600, dir_fd=dfd)
         try:
             view = memoryview(data)
             while view:
                 view = view[self._os.write(fd, view) :]
-            self._os.fsync(fd)
+            if durable:
+                self._os.fsync(fd)
         except BaseException:
             os.close(fd)
             self._discard(name, dfd)
@@ -937,6 +1222,23 @@ class FileCheckpointStorage(BaseStorage):
             return raw.decode("utf-8")
         except UnicodeDecodeError:
             return None
+
+
+class _Abandon(Exception):
+    """The group's first syncfs failed: nothing is renamed, every temp file is removed."""
+
+
+def _what(op: _SaveOp) -> str:
+    return f"cannot save step {op.step} of workflow {op.workflow_id!r}"
+
+
+async def _outlast(future: asyncio.Future[None]) -> None:
+    """Wait for ``future`` however often the caller is cancelled; ignore its outcome."""
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait((future,))
+    if not future.cancelled():
+        future.exception()  # retrieved: the caller is being cancelled anyway
 
 
 def _marker(fmt: int) -> bytes:
