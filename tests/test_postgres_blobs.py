@@ -21,12 +21,16 @@ import asyncpg
 import pytest
 
 from aiocheckpoint import (
+    AgentStatus,
+    Checkpoint,
     CheckpointCorruptedError,
     CheckpointManager,
     LeaseLostError,
+    StateSnapshot,
     StorageBackendError,
 )
 from aiocheckpoint.incremental import (
+    SplitResult,
     TreeParams,
     encode_checkpoint_v2,
     node_children,
@@ -463,3 +467,48 @@ async def test_fetch_blobs_refuses_hashes_that_are_not_bytes(pg_schema: str) -> 
         with pytest.raises(InvalidArgumentError):
             await storage.fetch_blobs([5])  # type: ignore[list-item]
         assert await storage.fetch_blobs([b"\x01" * 16]) == {}
+
+
+def tree_depth(split: SplitResult) -> int:
+    """How many levels the tree's blobs span below the root (the add walk's statements)."""
+    depth, level = 0, set(split.root_refs)
+    while level:
+        depth += 1
+        level = {c for h in level for c in split.children.get(h, ())}
+    return depth
+
+
+async def test_a_batch_of_trees_costs_one_blob_statement_per_level(
+    pg_schema: str, admin: asyncpg.Connection
+) -> None:
+    """Trees saved together share each level's statement; a delete releases one per level."""
+    splits = []
+    for n in range(12):
+        cp = Checkpoint(
+            workflow_id=f"wf{n}",
+            step=0,
+            agent_id="a",
+            status=AgentStatus.RUNNING,
+            state_snapshot=StateSnapshot(
+                data={"docs": [f"{n:02} {i:03} " * 30 for i in range(40)]}
+            ),
+        )
+        splits.append(encode_checkpoint_v2(cp, SMALL))
+    depths = {tree_depth(split) for _, split in splits}
+    assert len(depths) == 1 and min(depths) >= 3  # same shape, distinct blobs
+    (depth,) = depths
+    async with store(pg_schema, blob_params=SMALL, write_concurrency=1) as storage:
+        await asyncio.gather(
+            *(storage.save_tree(f"wf{n}", 0, *split) for n, split in enumerate(splits))
+        )
+        stats = storage.stats
+        assert stats.retries == 0 and stats.rows == 12
+        assert stats.batches < 12  # several trees shared a batch ...
+        assert stats.blob_statements == depth * stats.batches  # ... and its level statements
+        blobs = await check_counts(admin, pg_schema)
+        assert blobs == sum(len(split.blobs) for _, split in splits)
+        for n in range(12):
+            before = stats.blob_statements
+            assert await storage.delete(f"wf{n}")
+            assert stats.blob_statements - before == depth  # every level reaches 0
+    assert await check_counts(admin, pg_schema) == 0

@@ -2,55 +2,60 @@
 
 The scheme of ``docs/incremental.md`` §8, written once for every database backend: a blob's
 count is the number of distinct parent nodes plus the number of records whose root
-references it directly. A save adds references for the new record's root references,
+references it directly. A save adds references for the new records' root references,
 descending only into blobs that were not stored yet (an existing blob's sub-tree is already
 counted); removing a record releases its root references, and a blob whose count falls to 0
 is deleted and releases its own children. A backend runs both walks inside the transaction
-that writes or removes the record, adds before releases, so a blob shared by an old and a new
-record never drops to 0 in between.
+that writes or removes the records, adds before releases, so a blob shared by an old and a
+new record never drops to 0 in between.
 
-The walks work one tree level at a time over a small interface (:class:`RefCounts`, or
-:class:`AsyncRefCounts` for async drivers), so each level is a few set-based statements.
+The walks work one tree level at a time, for any number of trees at once, over two
+operations a backend provides (:class:`RefCounts`, or :class:`AsyncRefCounts` for async
+drivers), so each level costs a few set-based statements (PostgreSQL: one).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Collection, Generator, Mapping
-from typing import Any, Protocol
+from collections import ChainMap, Counter
+from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
-from .errors import CheckpointCorruptedError, InvalidArgumentError
-from .incremental import SplitResult, node_children
+from .errors import CheckpointError, InvalidArgumentError
+from .incremental import SplitResult, node_children, record_root_refs
 
 __all__ = [
     "AsyncRefCounts",
     "RefCounts",
-    "add_references",
     "aadd_references",
+    "add_references",
     "arelease_references",
+    "blob_children",
+    "held_root_refs",
+    "missing_blob",
     "release_references",
 ]
 
+#: ``{hash: (references to add, the blob's bytes or None if the splits lack it)}``.
+Rows = Mapping[bytes, tuple[int, bytes | None]]
+
 
 class RefCounts(Protocol):
-    """The three statements a backend provides, each over one tree level, in its transaction."""
+    """The two operations a backend provides, each over one tree level, in its transaction."""
 
-    def add(self, counts: Mapping[bytes, int]) -> Collection[bytes]:
-        """Add ``counts[h]`` to each stored blob ``h``; return the hashes not stored."""
-        ...
+    def upsert(self, rows: Rows) -> Collection[bytes]:
+        """Add ``n`` to each stored blob's count, insert the others; return those inserted.
 
-    def insert(self, rows: Mapping[bytes, tuple[int, bytes]]) -> Collection[bytes]:
-        """Store ``{h: (refs, data)}``; return the hashes actually inserted.
-
-        A hash that another transaction inserted meanwhile gets ``refs`` added instead and is
-        left out of the result (its sub-tree is already counted).
+        A blob to insert whose bytes are ``None`` raises :func:`missing_blob`. A hash that
+        another transaction inserted meanwhile gets ``n`` added and is left out of the
+        result (its sub-tree is counted already).
         """
         ...
 
     def subtract(self, counts: Mapping[bytes, int]) -> Mapping[bytes, bytes]:
-        """Subtract ``counts[h]``; delete the blobs that reach 0 and return ``{h: data}``.
+        """Subtract ``counts[h]``; return ``{h: data}`` of the blobs that reached 0.
 
-        Hashes not stored are ignored.
+        Hashes not stored are ignored. The store deletes the freed blobs now or, once the
+        walk is over, those :func:`release_references` returns.
         """
         ...
 
@@ -58,12 +63,8 @@ class RefCounts(Protocol):
 class AsyncRefCounts(Protocol):
     """:class:`RefCounts` for async drivers."""
 
-    async def add(self, counts: Mapping[bytes, int]) -> Collection[bytes]:
-        """As :meth:`RefCounts.add`."""
-        ...
-
-    async def insert(self, rows: Mapping[bytes, tuple[int, bytes]]) -> Collection[bytes]:
-        """As :meth:`RefCounts.insert`."""
+    async def upsert(self, rows: Rows) -> Collection[bytes]:
+        """As :meth:`RefCounts.upsert`."""
         ...
 
     async def subtract(self, counts: Mapping[bytes, int]) -> Mapping[bytes, bytes]:
@@ -71,96 +72,102 @@ class AsyncRefCounts(Protocol):
         ...
 
 
-# A walk yields (method name, argument) and receives that method's result.
-_Walk = Generator[tuple[str, Any], Any, int]
+def missing_blob(h: bytes) -> InvalidArgumentError:
+    """The error for a blob to insert that the split lacks (one cut with a stale ``known``)."""
+    return InvalidArgumentError(
+        f"blob {h.hex()} is not stored and not in the split (cut with a stale 'known'?); "
+        "encode the checkpoint again without 'known'"
+    )
 
 
-def _add_walk(root_refs: Collection[bytes], split: SplitResult) -> _Walk:
-    counts = Counter(root_refs)
-    inserted_total = 0
+def held_root_refs(record: bytes) -> tuple[bytes, ...]:
+    """The refs a stored record holds (none for version 1); none if it cannot be read.
+
+    A damaged record's blobs stay, counted too high (never freed, never missing), rather
+    than making every later delete or replacement of it fail.
+    """
+    try:
+        return record_root_refs(bytes(record))
+    except CheckpointError:
+        return ()
+
+
+def blob_children(blob: bytes, digest_size: int) -> tuple[bytes, ...]:
+    """A stored blob's children; none if it is damaged (they stay counted: garbage, not loss)."""
+    try:
+        return node_children(blob, digest_size)
+    except CheckpointError:
+        return ()
+
+
+R = TypeVar("R")
+# A walk yields (operation name, argument) and receives that operation's result.
+_Walk = Generator[tuple[str, Any], Any, R]
+
+
+def _add_walk(splits: Sequence[SplitResult]) -> _Walk[None]:
+    blobs = ChainMap(*(split.blobs for split in splits))
+    children = ChainMap(*(split.children for split in splits))
+    counts = Counter(h for split in splits for h in split.root_refs)
     while counts:
-        missing = yield "add", dict(counts)
-        rows: dict[bytes, tuple[int, bytes]] = {}
-        for h in missing:
-            data = split.blobs.get(h)
-            if data is None:
-                # Only a split made with ``known`` can lack a blob: the caller believed the
-                # store had it, and it does not (any more).
-                raise InvalidArgumentError(
-                    f"blob {h.hex()} is neither stored nor in the split (a stale 'known'?); "
-                    "encode the checkpoint again without 'known'"
-                )
-            rows[h] = (counts[h], data)
+        inserted = yield "upsert", {h: (n, blobs.get(h)) for h, n in counts.items()}
         counts = Counter()
-        if rows:
-            inserted = yield "insert", rows
-            inserted_total += len(inserted)
-            for h in inserted:
-                counts.update(split.children.get(h, ()))
-    return inserted_total
+        for h in inserted:
+            counts.update(children.get(h, ()))
 
 
-def _release_walk(root_refs: Collection[bytes], digest_size: int) -> _Walk:
+def _release_walk(root_refs: Iterable[bytes]) -> _Walk[list[bytes]]:
     counts = Counter(root_refs)
-    freed_total = 0
+    freed_all: list[bytes] = []
     while counts:
         freed: Mapping[bytes, bytes] = yield "subtract", dict(counts)
-        freed_total += len(freed)
+        freed_all.extend(freed)
         counts = Counter()
-        for data in freed.values():
-            try:
-                counts.update(node_children(data, digest_size))
-            except CheckpointCorruptedError:
-                # A damaged blob's children cannot be named: they stay, counted, until a
-                # full recount (they are garbage, never a missing blob).
-                continue
-    return freed_total
+        for h, data in freed.items():
+            counts.update(blob_children(data, len(h)))
+    return freed_all
 
 
-def _run(walk: _Walk, store: RefCounts) -> int:
+def _run(walk: _Walk[R], store: RefCounts) -> R:
     try:
         name, arg = next(walk)
         while True:
             name, arg = walk.send(getattr(store, name)(arg))
     except StopIteration as stop:
-        done: int = stop.value
+        done: R = stop.value
         return done
 
 
-async def _arun(walk: _Walk, store: AsyncRefCounts) -> int:
+async def _arun(walk: _Walk[R], store: AsyncRefCounts) -> R:
     try:
         name, arg = next(walk)
         while True:
             name, arg = walk.send(await getattr(store, name)(arg))
     except StopIteration as stop:
-        done: int = stop.value
+        done: R = stop.value
         return done
 
 
-def add_references(root_refs: Collection[bytes], split: SplitResult, store: RefCounts) -> int:
-    """Count a new record's references (``root_refs``); store the blobs that are new.
+def add_references(splits: Sequence[SplitResult], store: RefCounts) -> None:
+    """Count the new records' references (each split's ``root_refs``); store the new blobs.
 
-    Returns how many blobs were inserted. Raises
-    :class:`~aiocheckpoint.InvalidArgumentError` if a blob to insert is not in
-    ``split.blobs``; the caller rolls its transaction back.
+    One :meth:`~RefCounts.upsert` per tree level for all ``splits`` together. Raises
+    :func:`missing_blob` if a blob to insert is in none of them; the caller rolls its
+    transaction back.
     """
-    return _run(_add_walk(root_refs, split), store)
+    _run(_add_walk(splits), store)
 
 
-async def aadd_references(
-    root_refs: Collection[bytes], split: SplitResult, store: AsyncRefCounts
-) -> int:
+async def aadd_references(splits: Sequence[SplitResult], store: AsyncRefCounts) -> None:
     """:func:`add_references` over an async store."""
-    return await _arun(_add_walk(root_refs, split), store)
+    await _arun(_add_walk(splits), store)
 
 
-def release_references(root_refs: Collection[bytes], store: RefCounts, digest_size: int) -> int:
-    """Release a removed record's references; return how many blobs were freed."""
-    return _run(_release_walk(root_refs, digest_size), store)
+def release_references(root_refs: Iterable[bytes], store: RefCounts) -> list[bytes]:
+    """Release removed records' references (``root_refs``); return the blobs freed."""
+    return _run(_release_walk(root_refs), store)
 
 
-async def arelease_references(
-    root_refs: Collection[bytes], store: AsyncRefCounts, digest_size: int
-) -> int:
+async def arelease_references(root_refs: Iterable[bytes], store: AsyncRefCounts) -> list[bytes]:
     """:func:`release_references` over an async store."""
-    return await _arun(_release_walk(root_refs, digest_size), store)
+    return await _arun(_release_walk(root_refs), store)

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Final
 
-from ..errors import CheckpointCorruptedError
-from ..incremental import SplitResult, node_children
-from ..refcounts import add_references, release_references
+from ..incremental import SplitResult
+from ..refcounts import Rows, add_references, blob_children, missing_blob, release_references
 from . import _sqlite_records as records
 
 #: Hashes per ``IN (...)`` list: well under SQLite's host-parameter limit.
@@ -77,16 +76,26 @@ class BlobTable:
             found.update(row[0] for row in self.conn.execute(sql, chunk).fetchall())
         return found
 
-    def add(self, counts: Mapping[bytes, int]) -> Collection[bytes]:
+    def add(self, counts: Mapping[bytes, int]) -> list[bytes]:
         """Add to the stored blobs' counts; return the hashes not stored."""
         stored = self._stored(list(counts))
         self.conn.executemany(_ADD, [(counts[h], h) for h in stored])
         return [h for h in counts if h not in stored]
 
-    def insert(self, rows: Mapping[bytes, tuple[int, bytes]]) -> Collection[bytes]:
-        """Insert new blobs (the one writer holds the lock: none can appear meanwhile)."""
-        self.conn.executemany(_INSERT, [(h, refs, data) for h, (refs, data) in rows.items()])
-        return list(rows)
+    def upsert(self, rows: Rows) -> Collection[bytes]:
+        """Add to the stored blobs' counts, insert the missing ones; return those inserted.
+
+        The one writer holds the lock: no blob can appear between the two statements.
+        """
+        missing = self.add({h: n for h, (n, _) in rows.items()})
+        inserts: list[tuple[bytes, int, bytes]] = []
+        for h in missing:
+            n, data = rows[h]
+            if data is None:
+                raise missing_blob(h)
+            inserts.append((h, n, data))
+        self.conn.executemany(_INSERT, inserts)
+        return missing
 
     def subtract(self, counts: Mapping[bytes, int]) -> Mapping[bytes, bytes]:
         """Subtract from the counts; delete and return the blobs that reach 0."""
@@ -110,11 +119,11 @@ def encode_refs(hashes: Sequence[bytes]) -> bytes | None:
     return bytes([len(hashes[0])]) + b"".join(hashes)
 
 
-def _decode_refs(value: bytes) -> tuple[int, list[bytes]]:
+def _decode_refs(value: bytes) -> list[bytes]:
     digest = value[0] if value else 0
     if not 16 <= digest <= 32 or (len(value) - 1) % digest:
-        return 0, []  # a damaged column: leak its blobs rather than free someone else's
-    return digest, [value[i : i + digest] for i in range(1, len(value), digest)]
+        return []  # a damaged column: leak its blobs rather than free someone else's
+    return [value[i : i + digest] for i in range(1, len(value), digest)]
 
 
 def drain_releases(conn: sqlite3.Connection) -> int:
@@ -122,13 +131,10 @@ def drain_releases(conn: sqlite3.Connection) -> int:
     rows = conn.execute(_DRAIN).fetchall()
     if not rows:
         return 0
-    by_digest: dict[int, list[bytes]] = {}
+    released: list[bytes] = []
     for (value,) in rows:
-        digest, hashes = _decode_refs(bytes(value))
-        if digest:
-            by_digest.setdefault(digest, []).extend(hashes)
-    table = BlobTable(conn)
-    return sum(release_references(hashes, table, d) for d, hashes in by_digest.items())
+        released.extend(_decode_refs(bytes(value)))
+    return len(release_references(released, BlobTable(conn)))
 
 
 def recount(conn: sqlite3.Connection) -> int:
@@ -140,11 +146,8 @@ def recount(conn: sqlite3.Connection) -> int:
     """
     freed = drain_releases(conn)
     counts: Counter[bytes] = Counter()
-    digest_of: dict[bytes, int] = {}
     for (value,) in conn.execute("SELECT refs FROM checkpoints WHERE refs IS NOT NULL"):
-        digest, hashes = _decode_refs(bytes(value))
-        counts.update(hashes)
-        digest_of.update(dict.fromkeys(hashes, digest))
+        counts.update(_decode_refs(bytes(value)))
     seen: set[bytes] = set()
     level = list(counts)
     while level:
@@ -152,13 +155,9 @@ def recount(conn: sqlite3.Connection) -> int:
         found = read_blobs(conn, level, 2**62)
         children: list[bytes] = []
         for h, data in found.items():
-            try:
-                kids = node_children(data, digest_of[h])
-            except CheckpointCorruptedError:
-                continue
+            kids = blob_children(data, len(h))
             counts.update(kids)
             for kid in kids:
-                digest_of.setdefault(kid, digest_of[h])
                 if kid not in seen:
                     children.append(kid)
         level = list(dict.fromkeys(children))
@@ -187,7 +186,7 @@ def save_tree(conn: sqlite3.Connection, op: SaveTreeOp, prune_sql: str) -> None:
     table = BlobTable(conn)
     held: Sequence[bytes] = op.root_refs
     if op.split is not None:
-        add_references(op.root_refs, op.split, table)
+        add_references([op.split], table)
     elif op.root_refs:
         missing = set(table.add(dict.fromkeys(op.root_refs, 1)))
         held = [h for h in op.root_refs if h not in missing]

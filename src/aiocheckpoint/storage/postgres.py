@@ -45,8 +45,9 @@ from ..errors import (
     StorageBackendError,
     StorageClosedError,
 )
-from ..incremental import SplitResult, TreeParams, node_children, record_root_refs
+from ..incremental import SplitResult, TreeParams
 from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
+from ..refcounts import Rows, aadd_references, arelease_references, held_root_refs, missing_blob
 from ._pg_schema import Sql, migrate, quote_schema
 from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
 
@@ -725,7 +726,7 @@ class PostgresCheckpointStorage(BaseStorage):
                     # (if it was version 2) were not handed back: run the batch again.
                     raise _Raced("a record was written concurrently; the batch runs again")
                 if row[4] is not None:
-                    released.update(_root_refs(row[4]))
+                    released.update(held_root_refs(row[4]))
             return released
 
         async def write(con: Any) -> None:
@@ -743,7 +744,10 @@ class PostgresCheckpointStorage(BaseStorage):
                 # replacement never drops to 0 in between.
                 if trees:
                     await self._lock_blobs(con)
-                    await self._add_trees(con, [w.split for w in trees if w.split is not None])
+                    await aadd_references(
+                        [w.split for w in trees if w.split is not None],
+                        _BlobLevels(con, self._sql, self.stats),
+                    )
                 released = record(await con.fetch(self._sql.upsert, *args, False), committed=False)
                 for w in trees:
                     if (w.workflow_id, w.step) not in written and w.split is not None:
@@ -753,10 +757,10 @@ class PostgresCheckpointStorage(BaseStorage):
                 if prune:
                     rows = await con.fetch(self._sql.prune, list(prune), list(prune.values()))
                     for row in rows:
-                        released.update(_root_refs(row[0]))
+                        released.update(held_root_refs(row[0]))
                 if released and not trees:
                     await self._lock_blobs(con)
-                await self._release(con, released)
+                await self._release(con, released.elements())
 
         errors: tuple[type[BaseException], ...] = (*_driver_errors(_import_asyncpg()), _Raced)
         attempt = conflicts = 0
@@ -798,58 +802,52 @@ class PostgresCheckpointStorage(BaseStorage):
         """Serialise this transaction's blob counting with every other writer's."""
         await con.execute(self._sql.blob_lock, self._schema)
 
-    async def _add_trees(self, con: Any, splits: list[SplitResult]) -> None:
-        """Add refs for every tree's root refs, one statement per tree level for all trees.
-
-        A blob that already exists gets its new referrers counted and its sub-tree is not
-        visited (it is counted already); a blob that was missing is inserted and its
-        children are added at the next level.
-        """
-        level: Counter[bytes] = Counter()
-        for split in splits:
-            level.update(split.root_refs)
-        while level:
-            hashes = sorted(level)
-            counts = [level[h] for h in hashes]
-            data: list[bytes] = []
-            for h in hashes:
-                blob = _lookup(splits, h)
-                if blob is None:
-                    raise InvalidArgumentError(
-                        f"split has no blob {h.hex()} (was it cut with a stale 'known'?)"
-                    )
-                data.append(blob)
-            rows = await con.fetch(self._sql.blob_add, hashes, counts, data)
-            self.stats.blob_statements += 1
-            sent = level
-            level = Counter()
-            for row in rows:
-                h = bytes(row[0])
-                if row[1] == sent[h]:  # inserted now: an existing blob ends above that
-                    level.update(_children(splits, h))
-
-    async def _release(self, con: Any, level: Counter[bytes]) -> None:
-        """Release every counted hash, level by level; delete the blobs that reach 0."""
-        freed: list[bytes] = []
-        while level:
-            hashes = sorted(level)
-            rows = await con.fetch(self._sql.blob_release, hashes, [level[h] for h in hashes])
-            self.stats.blob_statements += 1
-            level = Counter()
-            for row in rows:
-                if row[1] <= 0:
-                    h = bytes(row[0])
-                    freed.append(h)
-                    level.update(_node_children(bytes(row[2]), len(h)))
+    async def _release(self, con: Any, released: Iterable[bytes]) -> None:
+        """Release the counted hashes level by level, then drop the blobs that reached 0."""
+        freed = await arelease_references(released, _BlobLevels(con, self._sql, self.stats))
         if freed:
             await con.execute(self._sql.blob_drop, freed)
 
     async def _release_records(self, con: Any, records: Iterable[bytes | None]) -> None:
-        released: Counter[bytes] = Counter()
-        for data in records:
-            if data is not None:  # NULL: a version-1 record, which holds no refs
-                released.update(_root_refs(data))
-        await self._release(con, released)
+        # NULL: a version-1 record, which holds no refs.
+        await self._release(
+            con, [h for data in records if data is not None for h in held_root_refs(data)]
+        )
+
+
+class _BlobLevels:
+    """:class:`~aiocheckpoint.refcounts.AsyncRefCounts`: one statement per tree level.
+
+    Hashes go in sorted, so concurrent transactions lock blob rows in the same order.
+    """
+
+    def __init__(self, con: Any, sql: Sql, stats: WriteStats) -> None:
+        self._con = con
+        self._sql = sql
+        self._stats = stats
+
+    async def upsert(self, rows: Rows) -> list[bytes]:
+        """One ``INSERT ... ON CONFLICT DO UPDATE`` for the level; return the hashes inserted."""
+        hashes = sorted(rows)
+        counts: list[int] = []
+        data: list[bytes] = []
+        for h in hashes:
+            n, blob = rows[h]
+            if blob is None:  # the statement needs every blob's bytes, stored or not
+                raise missing_blob(h)
+            counts.append(n)
+            data.append(blob)
+        result = await self._con.fetch(self._sql.blob_add, hashes, counts, data)
+        self._stats.blob_statements += 1
+        # Inserted now if its count is what was sent: an existing blob ends above that.
+        return [bytes(r[0]) for r in result if r[1] == rows[bytes(r[0])][0]]
+
+    async def subtract(self, counts: Mapping[bytes, int]) -> dict[bytes, bytes]:
+        """One ``UPDATE`` for the level; return the blobs at 0 (dropped after the walk)."""
+        hashes = sorted(counts)
+        result = await self._con.fetch(self._sql.blob_release, hashes, [counts[h] for h in hashes])
+        self._stats.blob_statements += 1
+        return {bytes(r[0]): bytes(r[2]) for r in result if r[1] <= 0}
 
 
 def _weight(item: _Write) -> int:
@@ -857,41 +855,6 @@ def _weight(item: _Write) -> int:
     if item.split is None:
         return len(item.data)
     return len(item.data) + sum(len(b) for b in item.split.blobs.values())
-
-
-def _lookup(splits: list[SplitResult], h: bytes) -> bytes | None:
-    for split in splits:
-        blob = split.blobs.get(h)
-        if blob is not None:
-            return blob
-    return None
-
-
-def _children(splits: list[SplitResult], h: bytes) -> tuple[bytes, ...]:
-    for split in splits:
-        children = split.children.get(h)
-        if children is not None:
-            return children
-    return ()
-
-
-def _root_refs(record: bytes) -> tuple[bytes, ...]:
-    """The refs a stored version-2 record holds; none if it cannot be read.
-
-    A damaged record's blobs stay (counted too high: never freed, never missing) rather
-    than making every later delete of it fail.
-    """
-    try:
-        return record_root_refs(bytes(record))
-    except CheckpointError:
-        return ()
-
-
-def _node_children(blob: bytes, digest: int) -> tuple[bytes, ...]:
-    try:
-        return node_children(blob, digest)
-    except CheckpointError:
-        return ()
 
 
 def _describe(exc: BaseException) -> str:

@@ -35,6 +35,7 @@ from .._validation import check_optional_step, check_step, check_workflow_id
 from ..errors import CheckpointCorruptedError, InvalidArgumentError, StorageClosedError
 from ..incremental import SplitResult, TreeParams, record_root_refs
 from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
+from ..refcounts import held_root_refs
 from . import _sqlite_records as records
 from ._sqlite_blobs import SaveTreeOp, drain_releases, read_blobs, recount
 from ._sqlite_db import (
@@ -172,7 +173,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         data = bytes(data)
         check_record_size(data, self._max_record_bytes)
         token = None if fence is None else fence_token(fence, workflow_id)
-        refs = _held_refs(data)
+        refs = held_root_refs(data)
         if refs:  # a version-2 record given whole (the blobs it names must be stored already)
             op: Op = SaveTreeOp(workflow_id, step, data, refs, None, keep_last, token)
         else:
@@ -507,16 +508,6 @@ class SQLiteCheckpointStorage(BaseStorage):
 def _check_keep_last(keep_last: object) -> None:
     if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
         raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
-
-
-def _held_refs(data: bytes) -> tuple[bytes, ...]:
-    """The blobs a version-2 record references from its root; () for anything else."""
-    if len(data) < 5 or data[4] != 2:
-        return ()
-    try:
-        return record_root_refs(data)
-    except CheckpointCorruptedError:
-        return ()  # stored as the opaque bytes it is; reading reports it
 
 
 def _failure(future: asyncio.Future[Any]) -> BaseException | None:
