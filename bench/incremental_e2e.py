@@ -7,8 +7,10 @@ locks). Every save is a real durable write (fsync).
 
 (a) ``--steps`` checkpoints of a ~1 MB state in which one small key changes per step;
 (b) ``--steps`` steps of a chat state whose message list grows by one ~1 KB message;
-(c) small-state write throughput and ~10 MB resume time, incremental vs version-1 records
-    (``CheckpointManager(storage, incremental=False)``), wall-clock medians.
+(c) small-state write throughput, the first save of a ~1 MB and a ~10 MB state, and ~10 MB
+    resume time (warm: cached pack indexes; cold: a new storage object), incremental vs
+    version-1 records (``CheckpointManager(storage, incremental=False)``) on the same
+    machine in the same run, wall-clock medians of ``--repeats`` runs, printed as ratios.
 """
 
 from __future__ import annotations
@@ -108,21 +110,91 @@ async def small_writes(base: str, incremental: bool, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-async def big_resume(base: str, incremental: bool, repeats: int) -> tuple[float, float]:
-    path = os.path.join(base, f"big-{incremental}")
-    storage = FileCheckpointStorage(path)
-    state = _docs_state(random.Random(3), 10_000)
-    async with CheckpointManager(storage, incremental=incremental) as manager:
+class _TimedStorage(FileCheckpointStorage):
+    """Adds up the wall time spent in ``fetch_blobs`` (storage reads of a resume)."""
+
+    fetch_seconds = 0.0
+
+    async def fetch_blobs(self, hashes: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await super().fetch_blobs(hashes)
+        finally:
+            self.fetch_seconds += time.perf_counter() - t0
+
+
+async def first_save(base: str, incremental: bool, docs: int, tag: str) -> float:
+    """Wall time of the first save of a ``docs`` x ~1 KB state into an empty store."""
+    path = os.path.join(base, f"first-{incremental}-{docs}-{tag}")
+    state = _docs_state(random.Random(3), docs)
+    async with CheckpointManager(FileCheckpointStorage(path), incremental=incremental) as manager:
         t0 = time.perf_counter()
         await manager.create_checkpoint("wf", 0, "agent", "running", state)
-        write = time.perf_counter() - t0
-        times = []
+        elapsed = time.perf_counter() - t0
+    shutil.rmtree(path)
+    return elapsed
+
+
+async def big_resume(base: str, incremental: bool, repeats: int) -> tuple[float, float, float]:
+    """Resume of a ~10 MB state: (median warm, median cold, median blob-read share of cold).
+
+    Warm: the same storage object each time (its pack indexes cached); cold: a new storage
+    object per resume, as a freshly started process would have.
+    """
+    path = os.path.join(base, f"big-{incremental}")
+    state = _docs_state(random.Random(3), 10_000)
+    async with CheckpointManager(FileCheckpointStorage(path), incremental=incremental) as manager:
+        await manager.create_checkpoint("wf", 0, "agent", "running", state)
+        warm = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             point = await manager.get_resume_point("wf")
-            times.append(time.perf_counter() - t0)
+            warm.append(time.perf_counter() - t0)
             assert point is not None and point[1].data["counter"] == 0
-    return write, statistics.median(times)
+    cold, reads = [], []
+    for _ in range(repeats):
+        storage = _TimedStorage(path)
+        async with CheckpointManager(storage, incremental=incremental) as manager:
+            t0 = time.perf_counter()
+            point = await manager.get_resume_point("wf")
+            cold.append(time.perf_counter() - t0)
+            reads.append(storage.fetch_seconds)
+            assert point is not None and point[1].data["counter"] == 0
+    return statistics.median(warm), statistics.median(cold), statistics.median(reads)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+async def part_c(base: str, repeats: int) -> None:
+    rates: dict[bool, list[float]] = {inc: [] for inc in (False, True)}
+    for _ in range(repeats):
+        for inc in (False, True):
+            rates[inc].append(await small_writes(base, inc, 300))
+    v1, v2 = (statistics.median(rates[inc]) for inc in (False, True))
+    print(
+        f"(c) small-state writes/s (~1 KB, fsynced): v1 {v1:.0f}, incremental {v2:.0f} "
+        f"(incremental/v1 time ratio {v1 / v2:.2f})"
+    )
+    for docs, label in ((1_000, "1 MB"), (10_000, "10 MB")):
+        saves: dict[bool, list[float]] = {inc: [] for inc in (False, True)}
+        for n in range(repeats):
+            for inc in (False, True):
+                saves[inc].append(await first_save(base, inc, docs, str(n)))
+        w1, w2 = (statistics.median(saves[inc]) for inc in (False, True))
+        print(
+            f"(c) first save of a {label} state: v1 {_ms(w1)}, incremental {_ms(w2)} "
+            f"(ratio {w2 / w1:.2f})"
+        )
+    warm1, cold1, _ = await big_resume(base, False, repeats)
+    warm2, cold2, reads2 = await big_resume(base, True, repeats)
+    print(
+        f"(c) resume of a 10 MB state: warm v1 {_ms(warm1)}, incremental {_ms(warm2)} "
+        f"(ratio {warm2 / warm1:.2f}); cold (new storage object) v1 {_ms(cold1)}, "
+        f"incremental {_ms(cold2)} (ratio {cold2 / cold1:.2f}), of which blob reads "
+        f"{_ms(reads2)}"
+    )
 
 
 async def main() -> None:
@@ -131,6 +203,7 @@ async def main() -> None:
     parser.add_argument("--zstd", action="store_true")
     parser.add_argument("--dir", default=None, help="where to create the stores (default: tmp)")
     parser.add_argument("--only", default="abc")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure in (c)")
     args = parser.parse_args()
     base = tempfile.mkdtemp(prefix="ackp-e2e-", dir=args.dir)
     try:
@@ -139,22 +212,7 @@ async def main() -> None:
         if "b" in args.only:
             await workload_b(base, args.steps, args.zstd)
         if "c" in args.only:
-            rates = {inc: [] for inc in (False, True)}  # type: dict[bool, list[float]]
-            for _ in range(3):
-                for inc in (False, True):
-                    rates[inc].append(await small_writes(base, inc, 300))
-            v1, v2 = (statistics.median(rates[inc]) for inc in (False, True))
-            print(
-                f"(c) small-state writes/s (~1 KB, fsynced): v1 {v1:.0f}, incremental {v2:.0f} "
-                f"(v1/incremental time ratio {v1 / v2:.2f})"
-            )
-            w1, r1 = await big_resume(base, False, 5)
-            w2, r2 = await big_resume(base, True, 5)
-            print(
-                f"(c) 10 MB state (10k ~1 KB documents): first write v1 {w1 * 1000:.0f} ms, "
-                f"incremental {w2 * 1000:.0f} ms; resume v1 {r1 * 1000:.0f} ms, incremental "
-                f"{r2 * 1000:.0f} ms (ratio {r2 / r1:.2f})"
-            )
+            await part_c(base, args.repeats)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -9,11 +9,11 @@ collection")::
     <hh>/<hash hex>         one blob per file, written by format-2 stores: still read and
                             collected, never written any more
 
-A pack is ``_MAGIC``, the stored blobs back to back, an index of ``(hash length, hash,
+A pack is ``_MAGIC``, the stored blobs back to back, an index of fixed-size ``(hash,
 offset, length)`` entries and a fixed trailer (index offset, entry count, CRC-32 of the
-index, ``_TRAILER_MAGIC``). A pack is written whole to ``tmp/``, fsynced and renamed into
-``packs/``; it never changes afterwards, except its mtime. Every function here runs in a
-worker thread: the store calls them inside its own one-hop-per-operation methods.
+index, hash length, ``_TRAILER_MAGIC``). A pack is written whole to ``tmp/``, fsynced and
+renamed into ``packs/``; it never changes afterwards, except its mtime. Every function here
+runs in a worker thread: the store calls them inside its own one-hop-per-operation methods.
 
 Safety argument (the same as for blob files, with "the mtime of the pack holding it" for
 "a blob's mtime"):
@@ -61,9 +61,10 @@ TMP: Final = "tmp"
 PACKS: Final = "packs"
 PACK_SUFFIX: Final = ".pack"
 _MAGIC: Final = b"ACKPACK\x01"
-_TRAILER: Final = struct.Struct(">QII8s")  # index offset, entries, CRC-32 of the index, magic
-_TRAILER_MAGIC: Final = b"ACKPIDX\x01"
-_ENTRY: Final = struct.Struct(">QI")  # after a hash-length byte and the hash: offset, length
+# index offset, entries, CRC-32 of the index, hash length, magic
+_TRAILER: Final = struct.Struct(">QIIB7s")
+_TRAILER_MAGIC: Final = b"ACKPIX1"
+_ENTRY_TAIL: Final = ">QI"  # an index entry: the hash, then its blob's offset and length
 #: Ranges of one pack closer than this are read with one ``pread`` (the gap is discarded).
 _GAP: Final = 64 * 1024
 #: A pack whose unreferenced blobs exceed this fraction of its blob bytes is compacted.
@@ -84,19 +85,21 @@ class PackDamagedError(ValueError):
     """A pack's trailer or index is malformed (its blobs count as missing)."""
 
 
-def encode_pack(blobs: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """The bytes of a pack holding ``blobs`` (``(hash, stored blob)`` pairs)."""
-    parts = [_MAGIC]
-    index = bytearray()
+def encode_pack(blobs: Collection[tuple[bytes, bytes]]) -> bytes:
+    """The bytes of a pack of ``blobs``: ``(hash, stored blob)`` pairs, hashes of one length."""
+    hlen = len(next(iter(blobs))[0]) if blobs else 0
+    entry = struct.Struct(f">{hlen}s{_ENTRY_TAIL[1:]}")
+    index = bytearray(entry.size * len(blobs))
+    parts: list[bytes | bytearray] = [_MAGIC]
     offset = len(_MAGIC)
-    count = 0
-    for h, blob in blobs:
+    for i, (h, blob) in enumerate(blobs):
+        if len(h) != hlen:
+            raise ValueError("hashes of one pack must have one length")
+        entry.pack_into(index, i * entry.size, h, offset, len(blob))
         parts.append(blob)
-        index += bytes((len(h),)) + h + _ENTRY.pack(offset, len(blob))
         offset += len(blob)
-        count += 1
-    parts.append(bytes(index))
-    parts.append(_TRAILER.pack(offset, count, zlib.crc32(index), _TRAILER_MAGIC))
+    parts.append(index)
+    parts.append(_TRAILER.pack(offset, len(blobs), zlib.crc32(index), hlen, _TRAILER_MAGIC))
     return b"".join(parts)
 
 
@@ -111,30 +114,21 @@ def read_pack_index(fd: int, size: int, max_blob: int) -> Index:
     trailer = os.pread(fd, _TRAILER.size, size - _TRAILER.size)
     if len(trailer) != _TRAILER.size:
         raise PackDamagedError("short read of the trailer")
-    start, count, crc, magic = _TRAILER.unpack(trailer)
+    start, count, crc, hlen, magic = _TRAILER.unpack(trailer)
     end = size - _TRAILER.size
+    entry = struct.Struct(f">{hlen}s{_ENTRY_TAIL[1:]}")
     if magic != _TRAILER_MAGIC or not len(_MAGIC) <= start <= end:
         raise PackDamagedError("bad trailer")
+    if end - start != count * entry.size:
+        raise PackDamagedError("index size does not match its entry count")
     raw = os.pread(fd, end - start, start) if end > start else b""
     if len(raw) != end - start or zlib.crc32(raw) != crc:
         raise PackDamagedError("index checksum mismatch")
     index: Index = {}
-    pos = 0
-    for _ in range(count):
-        if pos >= len(raw):
-            raise PackDamagedError("index shorter than its entry count")
-        hlen = raw[pos]
-        h = raw[pos + 1 : pos + 1 + hlen]
-        pos += 1 + hlen
-        if len(h) != hlen or pos + _ENTRY.size > len(raw):
-            raise PackDamagedError("truncated index entry")
-        offset, length = _ENTRY.unpack_from(raw, pos)
-        pos += _ENTRY.size
+    for h, offset, length in entry.iter_unpack(raw):
         if offset < len(_MAGIC) or offset + length > start or length > max_blob:
             raise PackDamagedError("index entry out of bounds")
         index[h] = (offset, length)
-    if pos != len(raw):
-        raise PackDamagedError("trailing bytes after the index")
     return index
 
 
