@@ -64,6 +64,22 @@ async def workload_a(base: str, steps: int, zstd: bool) -> None:
         f"(v1 would be ~{steps * v1_size(state) / 1e6:.0f} MB); {elapsed:.1f} s, "
         f"{elapsed / steps * 1000:.1f} ms/save"
     )
+    v1_path = os.path.join(base, "a-v1")
+    async with CheckpointManager(FileCheckpointStorage(v1_path), incremental=False) as manager:
+        await manager.create_checkpoint("wf", steps - 1, "agent", "running", state)
+    cold: dict[str, list[float]] = {path: [], v1_path: []}
+    for _ in range(5):
+        for where in cold:  # a new storage object: nothing cached, as in a new process
+            async with CheckpointManager(FileCheckpointStorage(where)) as manager:
+                t0 = time.perf_counter()
+                point = await manager.get_resume_point("wf")
+                cold[where].append(time.perf_counter() - t0)
+                assert point is not None and point[0] == steps - 1
+    r2, r1 = (statistics.median(cold[where]) for where in (path, v1_path))
+    print(
+        f"(a) cold resume of the last of them: v1 {_ms(r1)}, incremental {_ms(r2)} "
+        f"(ratio {r2 / r1:.2f})"
+    )
 
 
 async def workload_b(base: str, steps: int, zstd: bool) -> None:

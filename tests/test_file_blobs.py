@@ -378,6 +378,29 @@ async def test_gc_compacts_a_mostly_unreferenced_pack(tmp_path: Path) -> None:
         assert got.state_snapshot.data == shared | {"x": "y" * 9000}
 
 
+async def test_gc_merges_many_small_packs(tmp_path: Path) -> None:
+    """Twenty small packs, all still referenced, are merged by a sweep into one pack holding
+    each blob once; nothing is freed and every checkpoint loads, also in a new process.
+    """
+    store = tmp_path / "store"
+    storage = FileCheckpointStorage(store, gc_interval=None)
+    states = [{"step": n, "own": [f"{n}-{i} " * 40 for i in range(80)]} for n in range(20)]
+    async with CheckpointManager(storage) as manager:
+        for step, state in enumerate(states):
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+        before = pack_indexes(store)
+        assert len(before) == 20
+        hashes = {h for index in before.values() for h in index}
+        assert await storage.collect_garbage(grace=0) == 0
+        (merged,) = pack_indexes(store).values()
+        assert set(merged) == hashes and len(merged) == len(hashes)
+        got = [c.state_snapshot.data for c in await manager.list_checkpoints("wf")]
+        assert got == states
+    async with CheckpointManager(FileCheckpointStorage(store)) as fresh:
+        got = [c.state_snapshot.data for c in await fresh.list_checkpoints("wf")]
+        assert got == states
+
+
 async def test_retention_triggers_collection(tmp_path: Path) -> None:
     """With a short interval and grace, max_checkpoints retention frees old blobs by itself."""
     store = tmp_path / "store"

@@ -27,7 +27,8 @@ Safety argument (the same as for blob files, with "the mtime of the pack holding
   long as a save takes less than ``grace / 2``.
 * A pack none of whose blobs is marked is retired; a pack whose unmarked blobs are more
   than ``_COMPACT`` of its bytes is compacted (its marked blobs copied to a new durable pack
-  first), then retired. Retiring renames it to ``.gc-<name>``, looks at its mtime again (a
+  first), then retired; so are small packs once a sweep finds ``_MERGE_MIN`` of them (merged
+  into one). Retiring renames it to ``.gc-<name>``, looks at its mtime again (a
   writer may have touched it meanwhile) and either renames it back or unlinks it. Readers
   also look for ``.gc-<name>``, and the next sweep renames back any left by a crashed
   sweeper.
@@ -69,6 +70,11 @@ _ENTRY_TAIL: Final = ">QI"  # an index entry: the hash, then its blob's offset a
 _GAP: Final = 64 * 1024
 #: A pack whose unreferenced blobs exceed this fraction of its blob bytes is compacted.
 _COMPACT: Final = 0.5
+#: Packs with fewer blob bytes than this are merged by a sweep once it finds ``_MERGE_MIN``.
+_SMALL_PACK: Final = 1 << 20
+_MERGE_MIN: Final = 16
+#: A sweep copies at most about this many bytes into one new pack.
+_BATCH: Final = 64 << 20
 _FIRST_READ: Final = 256 * 1024
 _TRASH: Final = ".gc-"
 _OPEN: Final = os.O_CLOEXEC | os.O_NOFOLLOW
@@ -79,6 +85,8 @@ _READ: Final = os.O_RDONLY | os.O_NONBLOCK | _OPEN
 
 #: Where each blob of a pack lies: hash -> (offset, length).
 Index = dict[bytes, tuple[int, int]]
+#: A pack to rewrite: its name, its number of blobs, its marked ``(hash, offset, length)``.
+_Rewrite = tuple[str, int, list[tuple[bytes, int, int]]]
 
 
 class PackDamagedError(ValueError):
@@ -534,22 +542,59 @@ class BlobStore:
     def _sweep_packs(
         self, packs: list[tuple[str, Index]], marked: set[bytes], cutoff: float
     ) -> int:
-        """Retire packs without marked blobs, compact mostly unmarked ones; blobs freed."""
+        """Retire, compact and merge old packs (see the module doc); return the blobs freed.
+
+        Packs without marked blobs are retired; mostly unmarked packs, and small packs once
+        there are ``_MERGE_MIN`` of them, are rewritten together as few new packs.
+        """
         freed = 0
+        rewrite: list[_Rewrite] = []
+        small: list[_Rewrite] = []
         for name, index in packs:
             live = [(h, off, length) for h, (off, length) in index.items() if h in marked]
-            if live:
-                total = sum(length for _off, length in index.values())
-                dead = total - sum(length for _h, _off, length in live)
-                if dead <= total * _COMPACT:
-                    continue
-                got = self.read_blobs(name, list(live))
-                if len(got) != len(live):
-                    continue  # unreadable or damaged: leave the pack as it is
-                self.write_pack([(h, got[h]) for h, _off, _length in live], time.time())
-            if self._retire(name, cutoff):
-                freed += len(index) - len(live)
+            if not live:
+                if self._retire(name, cutoff):
+                    freed += len(index)
+                continue
+            total = sum(length for _off, length in index.values())
+            dead = total - sum(length for _h, _off, length in live)
+            if dead > total * _COMPACT:
+                rewrite.append((name, len(index), live))
+            elif total < _SMALL_PACK:
+                small.append((name, len(index), live))
+        if len(small) >= _MERGE_MIN:
+            rewrite += small
+        by_length: dict[int, list[_Rewrite]] = {}
+        for item in rewrite:  # a pack holds hashes of one length
+            by_length.setdefault(len(item[2][0][0]), []).append(item)
+        for group in by_length.values():
+            while group:
+                freed += self._rewrite(group, cutoff)
         return freed
+
+    def _rewrite(self, group: list[_Rewrite], cutoff: float) -> int:
+        """Rewrite packs taken from ``group`` (up to ``_BATCH`` bytes) as one new pack.
+
+        The marked blobs are copied to a durable new pack first, then the old packs are
+        retired; returns the number of unmarked blobs the retired ones held.
+        """
+        copied: dict[bytes, bytes] = {}
+        size = 0
+        done: list[tuple[str, int]] = []
+        while group and (not done or size < _BATCH):
+            name, count, live = group.pop()
+            got = self.read_blobs(name, list(live))
+            if len(got) != len(live):
+                continue  # unreadable or damaged: leave the pack as it is
+            for h, blob in got.items():
+                if h not in copied:
+                    copied[h] = blob
+                    size += len(blob)
+            done.append((name, count - len(live)))
+        if not done:
+            return 0
+        self.write_pack(list(copied.items()), time.time())
+        return sum(dead for name, dead in done if self._retire(name, cutoff))
 
     def _retire(self, name: str, cutoff: float) -> bool:
         """Delete pack ``name`` unless a writer touched it since ``cutoff``."""
