@@ -402,6 +402,29 @@ async def test_pack_being_retired_is_still_read_and_restored(tmp_path: Path) -> 
         assert got.state_snapshot.data["counter"] == 1
 
 
+async def test_concurrent_large_saves_in_one_process(tmp_path: Path) -> None:
+    """Eight large saves at once through one storage object (eight worker threads sharing
+    its pack cache) all land; they read back through it and through a new one.
+    """
+    store = tmp_path / "store"
+    states = [
+        big_state(n, docs=40) | {"own": [f"{n}/{i} " * 30 for i in range(30)]} for n in range(8)
+    ]
+    async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
+        await asyncio.gather(
+            *(
+                manager.create_checkpoint(f"wf-{n}", 0, "a", "running", st)
+                for n, st in enumerate(states)
+            )
+        )
+        for n, state in enumerate(states):
+            assert (await manager.get_checkpoint(f"wf-{n}", 0)).state_snapshot.data == state
+    async with CheckpointManager(FileCheckpointStorage(store)) as fresh:
+        for n, state in enumerate(states):
+            assert (await fresh.get_checkpoint(f"wf-{n}", 0)).state_snapshot.data == state
+    assert referenced_by_records(store) <= blob_files(store)
+
+
 async def test_gc_merges_many_small_packs(tmp_path: Path) -> None:
     """Twenty small packs, all still referenced, are merged by a sweep into one pack holding
     each blob once; nothing is freed and every checkpoint loads, also in a new process.

@@ -175,12 +175,14 @@ class BlobStore:
 
     def _refresh(self) -> None:
         """List ``packs/`` again: load new packs' indexes, forget packs that are gone."""
-        try:
-            names = os.listdir(self.packs_dir)
-        except FileNotFoundError:
-            names = []
-        current = {base for n in names if (base := _pack_base(n)) is not None}
+        # The listing is taken under the lock: a pack this process registers after writing
+        # it is in any listing taken later, so a concurrent refresh never forgets it.
         with self._lock:
+            try:
+                names = os.listdir(self.packs_dir)
+            except FileNotFoundError:
+                names = []
+            current = {base for n in names if (base := _pack_base(n)) is not None}
             gone = self._indexes.keys() - current
             for name in gone:
                 del self._indexes[name]
