@@ -47,6 +47,7 @@ import threading
 import time
 import zlib
 from collections.abc import Collection, Iterable, Iterator
+from operator import itemgetter
 from typing import Final
 
 from ..incremental import SplitResult, _open_v2, node_children, record_format_version
@@ -76,6 +77,7 @@ _MERGE_MIN: Final = 16
 #: A sweep copies at most about this many bytes into one new pack.
 _BATCH: Final = 64 << 20
 _FIRST_READ: Final = 256 * 1024
+_OFFSET: Final = itemgetter(1)
 _TRASH: Final = ".gc-"
 _OPEN: Final = os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | _OPEN
@@ -138,6 +140,15 @@ def read_pack_index(fd: int, size: int, max_blob: int) -> Index:
             raise PackDamagedError("index entry out of bounds")
         index[h] = (offset, length)
     return index
+
+
+def _read_run(
+    fd: int, run: list[tuple[bytes, int, int]], start: int, end: int, out: dict[bytes, bytes]
+) -> None:
+    """Read bytes ``start:end`` of ``fd`` with one ``pread`` and cut ``run``'s blobs out."""
+    chunk = os.pread(fd, end - start, start)
+    size = len(chunk)  # a short read (a truncated pack): the blobs past it are missing
+    out.update({h: chunk[o - start : o - start + n] for h, o, n in run if o - start + n <= size})
 
 
 def _pack_base(name: str) -> str | None:
@@ -393,30 +404,31 @@ class BlobStore:
         return missing
 
     def read_blobs(self, name: str, entries: list[tuple[bytes, int, int]]) -> dict[bytes, bytes]:
-        """Read ``(hash, offset, length)`` entries of pack ``name`` (nothing if it is gone)."""
+        """Read ``(hash, offset, length)`` entries of pack ``name`` (nothing if it is gone).
+
+        Entries closer than ``_GAP`` to each other are read with one ``pread``.
+        """
         fd = self._open_pack(name)
         if fd is None:
             return {}
         out: dict[bytes, bytes] = {}
         try:
-            entries.sort(key=lambda e: e[1])
-            i = 0
-            while i < len(entries):
-                start = entries[i][1]
-                j = i + 1
-                end = start + entries[i][2]
-                while j < len(entries) and entries[j][1] - end < _GAP:
-                    end = max(end, entries[j][1] + entries[j][2])
-                    j += 1
-                try:
-                    chunk = os.pread(fd, end - start, start)
-                except IsADirectoryError:
-                    return {}
-                view = memoryview(chunk)
-                for h, offset, length in entries[i:j]:
-                    if offset + length - start <= len(chunk):  # short: the rest is missing
-                        out[h] = bytes(view[offset - start : offset - start + length])
-                i = j
+            entries.sort(key=_OFFSET)
+            run: list[tuple[bytes, int, int]] = []
+            start = end = 0
+            for entry in entries:
+                offset = entry[1]
+                if run and offset - end >= _GAP:
+                    _read_run(fd, run, start, end, out)
+                    run = []
+                if not run:
+                    start = end = offset
+                run.append(entry)
+                end = max(end, offset + entry[2])
+            if run:
+                _read_run(fd, run, start, end, out)
+        except IsADirectoryError:
+            return {}
         finally:
             os.close(fd)
         return out
