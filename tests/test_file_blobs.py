@@ -29,7 +29,13 @@ from aiocheckpoint.incremental import (
     referenced_hashes,
 )
 from aiocheckpoint.incremental import _open_v2 as open_v2
-from aiocheckpoint.storage._fileblobs import PACKS, PackDamagedError, read_pack_index
+from aiocheckpoint.storage._fileblobs import (
+    MIDX,
+    PACKS,
+    PackDamagedError,
+    decode_midx,
+    read_pack_index,
+)
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 
@@ -576,3 +582,39 @@ async def _all_load_counters(store: Path, counters: list[int]) -> None:
     async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
         got = [c.state_snapshot.data["counter"] for c in await manager.list_checkpoints("wf")]
         assert got == counters
+
+
+@pytest.mark.parametrize("damage", [None, "flipped byte", "truncated", "garbage", "stale"])
+async def test_combined_index_is_a_cache(tmp_path: Path, damage: str | None) -> None:
+    """A writer keeps blobs/packs.midx covering its packs; a new process reads through it,
+    and reads the same through a damaged or stale one (which it ignores or only partly uses).
+    """
+    store = tmp_path / "store"
+    states = [{"step": n, "own": [f"{n}-{i} " * 40 for i in range(80)]} for n in range(40)]
+    storage = FileCheckpointStorage(store, gc_interval=None)
+    async with CheckpointManager(storage) as manager:
+        for step, state in enumerate(states):
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+    midx = store / "blobs" / MIDX
+    covered = decode_midx(midx.read_bytes(), 2**30)
+    packs = pack_indexes(store)
+    assert len(covered) >= 32
+    assert all(covered[p.name] == index for p, index in packs.items() if p.name in covered)
+    if damage == "flipped byte":
+        data = bytearray(midx.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        midx.write_bytes(bytes(data))
+    elif damage == "truncated":
+        midx.write_bytes(midx.read_bytes()[:100])
+    elif damage == "garbage":
+        midx.write_bytes(b"\x00" * 64)
+    elif damage == "stale":  # packs merged away since it was written, and a new pack
+        async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as m:
+            await m.storage.collect_garbage(grace=0)  # type: ignore[attr-defined]
+        assert not set(covered) & {p.name for p in pack_indexes(store)}
+    if damage not in (None, "stale"):
+        with pytest.raises(PackDamagedError):
+            decode_midx(midx.read_bytes(), 2**30)
+    async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
+        got = [c.state_snapshot.data for c in await manager.list_checkpoints("wf")]
+        assert got == states

@@ -5,6 +5,7 @@ collection")::
 
     packs/<24 hex>.pack     the new blobs of one save (or of one compaction), then an index
     tmp/                    packs being written
+    packs.midx              a cache of many packs' indexes (``encode_midx``), no fsync
     gc.lock                 flock target of the sweeper; its mtime: the last collection
     <hh>/<hash hex>         one blob per file, written by format-2 stores: still read and
                             collected, never written any more
@@ -54,7 +55,16 @@ from ..incremental import SplitResult, _open_v2, node_children, record_format_ve
 from ..serde import HEADER_SIZE
 from ._filefmt import FileOps, is_missing, parse_step_name, pid_is_dead, temp_name
 
-__all__ = ["PACKS", "BlobStore", "PackDamagedError", "encode_pack", "read_pack_index"]
+__all__ = [
+    "MIDX",
+    "PACKS",
+    "BlobStore",
+    "PackDamagedError",
+    "decode_midx",
+    "encode_midx",
+    "encode_pack",
+    "read_pack_index",
+]
 
 logger = logging.getLogger("aiocheckpoint")
 
@@ -66,7 +76,6 @@ _MAGIC: Final = b"ACKPACK\x01"
 # index offset, entries, CRC-32 of the index, hash length, magic
 _TRAILER: Final = struct.Struct(">QIIB7s")
 _TRAILER_MAGIC: Final = b"ACKPIX1"
-_ENTRY_TAIL: Final = ">QI"  # an index entry: the hash, then its blob's offset and length
 #: Ranges of one pack closer than this are read with one ``pread`` (the gap is discarded).
 _GAP: Final = 64 * 1024
 #: A pack whose unreferenced blobs exceed this fraction of its blob bytes is compacted.
@@ -74,6 +83,11 @@ _COMPACT: Final = 0.5
 #: Packs with fewer blob bytes than this are merged by a sweep once it finds ``_MERGE_MIN``.
 _SMALL_PACK: Final = 1 << 20
 _MERGE_MIN: Final = 16
+#: The combined index (a cache of every pack's index, see ``encode_midx``) is rewritten by a
+#: writer once this many packs (or a quarter of those it covers) are not in it.
+MIDX: Final = "packs.midx"
+_MIDX_MAGIC: Final = b"ACKMIDX1"
+_MIDX_EVERY: Final = 32
 #: A sweep copies at most about this many bytes into one new pack.
 _BATCH: Final = 64 << 20
 _FIRST_READ: Final = 256 * 1024
@@ -98,7 +112,7 @@ class PackDamagedError(ValueError):
 def encode_pack(blobs: Collection[tuple[bytes, bytes]]) -> bytes:
     """The bytes of a pack of ``blobs``: ``(hash, stored blob)`` pairs, hashes of one length."""
     hlen = len(next(iter(blobs))[0]) if blobs else 0
-    entry = struct.Struct(f">{hlen}s{_ENTRY_TAIL[1:]}")
+    entry = _entry(hlen)
     index = bytearray(entry.size * len(blobs))
     parts: list[bytes | bytearray] = [_MAGIC]
     offset = len(_MAGIC)
@@ -126,7 +140,7 @@ def read_pack_index(fd: int, size: int, max_blob: int) -> Index:
         raise PackDamagedError("short read of the trailer")
     start, count, crc, hlen, magic = _TRAILER.unpack(trailer)
     end = size - _TRAILER.size
-    entry = struct.Struct(f">{hlen}s{_ENTRY_TAIL[1:]}")
+    entry = _entry(hlen)
     if magic != _TRAILER_MAGIC or not len(_MAGIC) <= start <= end:
         raise PackDamagedError("bad trailer")
     if end - start != count * entry.size:
@@ -134,9 +148,19 @@ def read_pack_index(fd: int, size: int, max_blob: int) -> Index:
     raw = os.pread(fd, end - start, start) if end > start else b""
     if len(raw) != end - start or zlib.crc32(raw) != crc:
         raise PackDamagedError("index checksum mismatch")
+    return _parse_entries(entry, raw, start, max_blob)
+
+
+def _entry(hlen: int) -> struct.Struct:
+    """An index entry: a hash of ``hlen`` bytes, then its blob's offset and length."""
+    return struct.Struct(f">{hlen}sQI")
+
+
+def _parse_entries(entry: struct.Struct, raw: bytes, blob_end: int, max_blob: int) -> Index:
+    """Index entries packed in ``raw``; each blob must lie in ``[len(_MAGIC), blob_end)``."""
     index: Index = {}
     for h, offset, length in entry.iter_unpack(raw):
-        if offset < len(_MAGIC) or offset + length > start or length > max_blob:
+        if offset < len(_MAGIC) or offset + length > blob_end or length > max_blob:
             raise PackDamagedError("index entry out of bounds")
         index[h] = (offset, length)
     return index
@@ -149,6 +173,60 @@ def _read_run(
     chunk = os.pread(fd, end - start, start)
     size = len(chunk)  # a short read (a truncated pack): the blobs past it are missing
     out.update({h: chunk[o - start : o - start + n] for h, o, n in run if o - start + n <= size})
+
+
+def encode_midx(indexes: dict[str, Index]) -> bytes:
+    """The bytes of a combined index of the packs ``indexes`` describes.
+
+    ``_MIDX_MAGIC``, then per pack its name (u8 length, ASCII), entry count (u32), hash
+    length (u8) and its entries as in the pack's own index; then a CRC-32 of all that.
+    """
+    parts = [_MIDX_MAGIC]
+    for name, index in indexes.items():
+        if not index:
+            continue
+        hlen = len(next(iter(index)))
+        entry = _entry(hlen)
+        raw = name.encode("ascii")
+        parts.append(bytes((len(raw),)) + raw + struct.pack(">IB", len(index), hlen))
+        parts.append(b"".join([entry.pack(h, o, n) for h, (o, n) in index.items()]))
+    body = b"".join(parts)
+    return body + struct.pack(">I", zlib.crc32(body))
+
+
+def decode_midx(data: bytes, max_blob: int) -> dict[str, Index]:
+    """Parse a combined index; :class:`PackDamagedError` unless it is whole and plausible."""
+    end = len(data) - 4
+    if end < len(_MIDX_MAGIC) or not data.startswith(_MIDX_MAGIC):
+        raise PackDamagedError("not a combined pack index")
+    if zlib.crc32(memoryview(data)[:end]) != int.from_bytes(data[end:], "big"):
+        raise PackDamagedError("combined index checksum mismatch")
+    out: dict[str, Index] = {}
+    pos = len(_MIDX_MAGIC)
+    try:
+        while pos < end:
+            nlen = data[pos]
+            name = data[pos + 1 : pos + 1 + nlen].decode("ascii")
+            count, hlen = struct.unpack_from(">IB", data, pos + 1 + nlen)
+            pos += 1 + nlen + 5
+            entry = _entry(hlen)
+            size = count * entry.size
+            if pos + size > end:
+                raise PackDamagedError("truncated combined index")
+            # The pack's size is unknown here: a read past its end comes back short.
+            out[name] = _parse_entries(entry, data[pos : pos + size], 2**64, max_blob)
+            pos += size
+    except (struct.error, UnicodeDecodeError, IndexError) as exc:
+        raise PackDamagedError(f"malformed combined index ({exc})") from exc
+    return out
+
+
+def _open_read(path: str, flags: int) -> int:
+    return os.open(path, _READ)
+
+
+def _open_new(path: str, flags: int) -> int:
+    return os.open(path, _NEW, 0o600)
 
 
 def _pack_base(name: str) -> str | None:
@@ -181,6 +259,8 @@ class BlobStore:
         # pack name -> a time its mtime is known to be at least (written, touched or seen).
         self._seen: dict[str, float] = {}
         self._synced: set[str] = set()  # packs whose directory entry is known durable
+        self._midx_read = False  # whether the combined index was read (at the first listing)
+        self._midx_covers: set[str] = set()  # the packs the combined index on disk covers
 
     # --- the pack cache ----------------------------------------------------------------
 
@@ -194,6 +274,11 @@ class BlobStore:
             except FileNotFoundError:
                 names = []
             current = {base for n in names if (base := _pack_base(n)) is not None}
+            cached: dict[str, Index] = {}
+            if not self._midx_read:
+                self._midx_read = True
+                cached = self._read_midx()
+                self._midx_covers = set(cached)
             gone = self._indexes.keys() - current
             for name in gone:
                 del self._indexes[name]
@@ -202,9 +287,44 @@ class BlobStore:
             if gone:  # a hash may also sit in a pack that remains: rebuild the map
                 self._where = {h: n for n, index in self._indexes.items() for h in index}
             for name in current - self._indexes.keys():
-                self._indexes[name] = index = self._load_index(name)
+                index = cached.get(name)
+                if index is None:
+                    index = self._load_index(name)
+                self._indexes[name] = index
                 for h in index:
                     self._where.setdefault(h, name)
+
+    def _read_midx(self) -> dict[str, Index]:
+        """The combined index on disk ({} if there is none or it is damaged: a cache)."""
+        try:
+            with open(os.path.join(self.dir, MIDX), "rb", opener=_open_read) as f:
+                return decode_midx(f.read(), self._max)
+        except (OSError, PackDamagedError) as exc:
+            if not (isinstance(exc, OSError) and is_missing(exc)):
+                logger.warning("ignoring the combined pack index: %s", exc)
+            return {}
+
+    def _update_midx(self) -> None:
+        """Rewrite the combined index if enough packs are missing from it (best effort).
+
+        It is only a cache (a reader adopts an entry only for a pack it lists), so it is
+        written without fsync, and a failure to write it is no failure of the save.
+        """
+        with self._lock:
+            uncovered = len(self._indexes.keys() - self._midx_covers)
+            if uncovered < max(_MIDX_EVERY, len(self._midx_covers) // 4):
+                return
+            indexes = dict(self._indexes)
+            self._midx_covers = set(indexes)
+        tmp = os.path.join(self.dir, TMP, temp_name())
+        try:
+            with open(tmp, "xb", opener=_open_new) as f:
+                f.write(encode_midx(indexes))
+            os.rename(tmp, os.path.join(self.dir, MIDX))
+        except OSError as exc:
+            logger.debug("could not write the combined pack index: %s", exc)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     def _load_index(self, name: str) -> Index:
         fd = self._open_pack(name)
@@ -274,6 +394,7 @@ class BlobStore:
                 self._fsync_packs_dir()
             with self._lock:
                 self._synced.update(relied)
+        self._update_midx()
 
     def _touch(self, name: str, now: float, half: float) -> bool:
         """Make pack ``name``'s mtime younger than ``half``; False if it is gone."""
