@@ -618,3 +618,23 @@ async def test_combined_index_is_a_cache(tmp_path: Path, damage: str | None) -> 
     async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
         got = [c.state_snapshot.data for c in await manager.list_checkpoints("wf")]
         assert got == states
+
+
+async def test_planted_fifo_and_directories_do_not_hang_or_break_reads(tmp_path: Path) -> None:
+    """A FIFO and a directory named like packs, and a FIFO as the combined index, are
+    skipped: checkpoints read as before and a sweep leaves them alone.
+    """
+    store = tmp_path / "store"
+    await (await _two_checkpoints(store)).close()
+    packs = store / "blobs" / PACKS
+    os.mkfifo(packs / ("f" * 24 + ".pack"))
+    (packs / ("d" * 24 + ".pack")).mkdir()
+    (store / "blobs" / MIDX).unlink(missing_ok=True)
+    os.mkfifo(store / "blobs" / MIDX)
+    storage = FileCheckpointStorage(store, gc_interval=None)
+    async with CheckpointManager(storage) as manager:
+        for step in (0, 1):
+            got = await asyncio.wait_for(manager.get_checkpoint("wf", step), 30)
+            assert got.state_snapshot.data["counter"] == step
+        await asyncio.wait_for(storage.collect_garbage(grace=0), 30)
+    assert (packs / ("f" * 24 + ".pack")).exists() and (packs / ("d" * 24 + ".pack")).is_dir()

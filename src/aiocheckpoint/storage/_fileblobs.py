@@ -88,6 +88,7 @@ _MERGE_MIN: Final = 16
 MIDX: Final = "packs.midx"
 _MIDX_MAGIC: Final = b"ACKMIDX1"
 _MIDX_EVERY: Final = 32
+_MIDX_MAX: Final = 256 << 20  # ~9 million blobs; a larger file is not read (nor written)
 #: A sweep copies at most about this many bytes into one new pack.
 _BATCH: Final = 64 << 20
 _FIRST_READ: Final = 256 * 1024
@@ -298,7 +299,10 @@ class BlobStore:
         """The combined index on disk ({} if there is none or it is damaged: a cache)."""
         try:
             with open(os.path.join(self.dir, MIDX), "rb", opener=_open_read) as f:
-                return decode_midx(f.read(), self._max)
+                data = f.read(_MIDX_MAX + 1)
+            if len(data) > _MIDX_MAX:
+                raise PackDamagedError("combined index too large")
+            return decode_midx(data, self._max)
         except (OSError, PackDamagedError) as exc:
             if not (isinstance(exc, OSError) and is_missing(exc)):
                 logger.warning("ignoring the combined pack index: %s", exc)
@@ -316,10 +320,13 @@ class BlobStore:
                 return
             indexes = dict(self._indexes)
             self._midx_covers = set(indexes)
+        data = encode_midx(indexes)
+        if len(data) > _MIDX_MAX:
+            return
         tmp = os.path.join(self.dir, TMP, temp_name())
         try:
             with open(tmp, "xb", opener=_open_new) as f:
-                f.write(encode_midx(indexes))
+                f.write(data)
             os.rename(tmp, os.path.join(self.dir, MIDX))
         except OSError as exc:
             logger.debug("could not write the combined pack index: %s", exc)
