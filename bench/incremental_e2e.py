@@ -9,7 +9,8 @@ locks). Every save is a real durable write (fsync).
 (b) ``--steps`` steps of a chat state whose message list grows by one ~1 KB message;
 (c) small-state write throughput, the first save of a ~1 MB and a ~10 MB state (into a store
     that already holds another workflow), and ~10 MB resume time (warm: cached pack
-    indexes; cold: a new storage object), incremental vs version-1 records (``CheckpointManager(storage, incremental=False)``) on the same
+    indexes; cold: a new storage object), incremental vs version-1 records
+    (``CheckpointManager(storage, incremental=False)``) on the same
     machine in the same run, wall-clock medians of ``--repeats`` runs, printed as ratios.
 """
 
@@ -24,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -134,26 +136,21 @@ class _TimedStorage(FileCheckpointStorage):
     fetch_seconds = 0.0
     save_seconds = 0.0
 
-    async def fetch_blobs(self, hashes: Any) -> Any:
+    async def _clocked(self, attr: str, call: Awaitable[Any]) -> Any:
         t0 = time.perf_counter()
         try:
-            return await super().fetch_blobs(hashes)
+            return await call
         finally:
-            self.fetch_seconds += time.perf_counter() - t0
+            setattr(self, attr, getattr(self, attr) + time.perf_counter() - t0)
+
+    async def fetch_blobs(self, hashes: Any) -> Any:
+        return await self._clocked("fetch_seconds", super().fetch_blobs(hashes))
 
     async def save(self, *args: Any, **kwargs: Any) -> None:
-        t0 = time.perf_counter()
-        try:
-            await super().save(*args, **kwargs)
-        finally:
-            self.save_seconds += time.perf_counter() - t0
+        await self._clocked("save_seconds", super().save(*args, **kwargs))
 
     async def save_tree(self, *args: Any, **kwargs: Any) -> None:
-        t0 = time.perf_counter()
-        try:
-            await super().save_tree(*args, **kwargs)
-        finally:
-            self.save_seconds += time.perf_counter() - t0
+        await self._clocked("save_seconds", super().save_tree(*args, **kwargs))
 
 
 async def first_save(base: str, incremental: bool, docs: int, tag: str) -> tuple[float, float]:
