@@ -29,6 +29,13 @@ from aiocheckpoint.incremental import (
     referenced_hashes,
 )
 from aiocheckpoint.incremental import _open_v2 as open_v2
+from aiocheckpoint.storage._fileblobs import (
+    MIDX,
+    PACKS,
+    PackDamagedError,
+    decode_midx,
+    read_pack_index,
+)
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 
@@ -56,24 +63,45 @@ def big_state(counter: int, docs: int = 200) -> dict[str, Any]:
     }
 
 
+def pack_indexes(store: Path) -> dict[Path, dict[bytes, tuple[int, int]]]:
+    """Every pack under ``store`` with its index (read with the pack format's parser)."""
+    out = {}
+    packs = store / "blobs" / PACKS
+    if packs.is_dir():
+        for path in sorted(packs.glob("*.pack")):
+            with path.open("rb") as f:
+                out[path] = read_pack_index(f.fileno(), path.stat().st_size, 2**30)
+    return out
+
+
 def blob_files(store: Path) -> set[str]:
-    out = set()
+    """Hex names of every stored blob: in packs and in format-2 blob files."""
+    out = {h.hex() for index in pack_indexes(store).values() for h in index}
     blobs = store / "blobs"
     if blobs.is_dir():
         for shard in blobs.iterdir():
-            if shard.is_dir():
+            if shard.is_dir() and len(shard.name) == 2:
                 out |= {p.name for p in shard.iterdir() if not p.name.startswith(".")}
     return out
 
 
+def stored_blobs(store: Path) -> dict[bytes, bytes]:
+    found = {}
+    for path, index in pack_indexes(store).items():
+        data = path.read_bytes()
+        found |= {h: data[off : off + length] for h, (off, length) in index.items()}
+    blobs = store / "blobs"
+    for shard in blobs.iterdir() if blobs.is_dir() else ():
+        if shard.is_dir() and len(shard.name) == 2:
+            found |= {bytes.fromhex(p.name): p.read_bytes() for p in shard.iterdir()}
+    return found
+
+
 def _fetch_files(store: Path) -> Any:
+    stored = stored_blobs(store)
+
     def fetch(hashes: Any) -> dict[bytes, bytes]:
-        found = {}
-        for h in hashes:
-            path = store / "blobs" / h.hex()[:2] / h.hex()
-            if path.exists():
-                found[h] = path.read_bytes()
-        return found
+        return {h: stored[h] for h in hashes if h in stored}
 
     return fetch
 
@@ -181,16 +209,16 @@ async def test_store_written_before_blobs_opens_and_upgrades(tmp_path: Path) -> 
     async with CheckpointManager(FileCheckpointStorage(store)) as manager:
         assert (await manager.get_checkpoint("wf", 0)).state_snapshot.data == old_state
         await manager.create_checkpoint("wf", 1, "a", "running", big_state(1, docs=30))
-        assert json.loads((store / "aiocheckpoint.json").read_text()) == {"format": 2}
+        assert json.loads((store / "aiocheckpoint.json").read_text()) == {"format": 3}
         listed = await manager.list_checkpoints("wf")
         assert [c.state_snapshot.data for c in listed] == [old_state, big_state(1, docs=30)]
 
 
 async def test_newer_format_is_refused(tmp_path: Path) -> None:
-    """A store marked with a format newer than 2 is refused with StorageSchemaError."""
+    """A store marked with a format newer than 3 is refused with StorageSchemaError."""
     store = tmp_path / "store"
     store.mkdir()
-    (store / "aiocheckpoint.json").write_text('{"format": 3}\n')
+    (store / "aiocheckpoint.json").write_text('{"format": 4}\n')
     async with FileCheckpointStorage(store) as storage:
         with pytest.raises(StorageSchemaError):
             await storage.load("wf")
@@ -205,37 +233,49 @@ async def _two_checkpoints(store: Path) -> CheckpointManager:
     return manager
 
 
-def _blob_only_in_step_1(store: Path) -> Path:
+def _blob_only_in_step_1(store: Path) -> tuple[Path, int, int]:
+    """The pack, offset and length of a blob that step 1 reaches and step 0 does not."""
     steps = store / "workflows" / "wf"
-    only = sorted(
-        _reach(store, [steps / f"{1:020d}.ckpt"]) - _reach(store, [steps / f"{0:020d}.ckpt"])
-    )
+    only = _reach(store, [steps / f"{1:020d}.ckpt"]) - _reach(store, [steps / f"{0:020d}.ckpt"])
     assert only
-    return store / "blobs" / only[0][:2] / only[0]
+    for path, index in pack_indexes(store).items():
+        for h, (offset, length) in index.items():
+            if h.hex() in only:
+                return path, offset, length
+    raise AssertionError("no pack holds the blobs of step 1")
 
 
-async def test_missing_blob_is_corruption_and_resume_falls_back(tmp_path: Path) -> None:
-    """Deleting a blob file makes its checkpoint raise CheckpointCorruptedError naming the
-    workflow and step; the resume point falls back to the previous checkpoint.
+async def _step_1_is_corrupted_and_resume_falls_back(store: Path) -> None:
+    async with CheckpointManager(FileCheckpointStorage(store)) as manager:
+        with pytest.raises(CheckpointCorruptedError) as info:
+            await manager.get_latest_checkpoint("wf")
+        assert (info.value.workflow_id, info.value.step) == ("wf", 1)
+        resume = await manager.get_resume_point("wf")
+        assert resume is not None and resume[0] == 1 and resume[1].data == big_state(0, docs=20)
+
+
+async def test_missing_pack_is_corruption_and_resume_falls_back(tmp_path: Path) -> None:
+    """Deleting the pack holding a blob makes its checkpoint raise CheckpointCorruptedError
+    naming the workflow and step, in the process that cached the pack's index and in a new
+    one; the resume point falls back to the previous checkpoint.
     """
     store = tmp_path / "store"
     manager = await _two_checkpoints(store)
-    _blob_only_in_step_1(store).unlink()
+    _blob_only_in_step_1(store)[0].unlink()
     with pytest.raises(CheckpointCorruptedError) as info:
         await manager.get_latest_checkpoint("wf")
     assert (info.value.workflow_id, info.value.step) == ("wf", 1)
-    resume = await manager.get_resume_point("wf")
-    assert resume is not None and resume[0] == 1 and resume[1].data == big_state(0, docs=20)
     await manager.close()
+    await _step_1_is_corrupted_and_resume_falls_back(store)
 
 
 async def test_damaged_blob_is_corruption(tmp_path: Path) -> None:
-    """A blob file whose bytes changed fails its hash check: CheckpointCorruptedError."""
+    """A blob whose bytes changed inside its pack fails its hash check: corruption."""
     store = tmp_path / "store"
     manager = await _two_checkpoints(store)
-    path = _blob_only_in_step_1(store)
+    path, offset, length = _blob_only_in_step_1(store)
     damaged = bytearray(path.read_bytes())
-    damaged[-2] ^= 0x20
+    damaged[offset + length - 2] ^= 0x20
     path.write_bytes(bytes(damaged))
     with pytest.raises(CheckpointCorruptedError) as info:
         await manager.get_checkpoint("wf", 1)
@@ -244,24 +284,174 @@ async def test_damaged_blob_is_corruption(tmp_path: Path) -> None:
     await manager.close()
 
 
+@pytest.mark.parametrize("damage", ["index byte", "trailer byte", "truncated", "emptied"])
+async def test_damaged_pack_index_is_corruption(tmp_path: Path, damage: str) -> None:
+    """A pack whose index or trailer is damaged, or which was cut short, counts as missing:
+    its checkpoint is corrupted, resume falls back, and a sweep leaves the pack alone.
+    """
+    store = tmp_path / "store"
+    await (await _two_checkpoints(store)).close()
+    path, _offset, _length = _blob_only_in_step_1(store)
+    data = bytearray(path.read_bytes())
+    index_at = int.from_bytes(data[-24:-16], "big")
+    if damage == "index byte":
+        data[index_at + 3] ^= 0x01
+    elif damage == "trailer byte":
+        data[-3] ^= 0x01
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    with pytest.raises(PackDamagedError):
+        with path.open("rb") as f:
+            read_pack_index(f.fileno(), len(data), 2**30)
+    await _step_1_is_corrupted_and_resume_falls_back(store)
+    storage = FileCheckpointStorage(store, gc_interval=None)
+    await storage.collect_garbage(grace=0)
+    await storage.close()
+    assert path.read_bytes() == data
+
+
+def entries(store: Path) -> int:
+    return sum(len(index) for index in pack_indexes(store).values())
+
+
+def assert_swept(store: Path) -> None:
+    """What a zero-grace sweep leaves: every referenced blob; no pack without one; in every
+    pack, unreferenced blobs at most half of its blob bytes; no format-2 file unreferenced.
+    """
+    referenced = referenced_by_records(store)
+    assert referenced <= blob_files(store)
+    for path, index in pack_indexes(store).items():
+        live = sum(length for h, (_o, length) in index.items() if h.hex() in referenced)
+        total = sum(length for _o, length in index.values())
+        assert live > 0, f"{path.name} holds no referenced blob"
+        assert total - live <= total * 0.5, f"{path.name} should have been compacted"
+    legacy = blob_files(store) - {h.hex() for i in pack_indexes(store).values() for h in i}
+    assert legacy <= referenced
+
+
 async def test_gc_deletes_exactly_the_unreferenced_blobs(tmp_path: Path) -> None:
-    """After deletes, a zero-grace collection leaves exactly the blobs remaining records reach."""
+    """After deletes, a zero-grace collection retires the packs no remaining record uses and
+    compacts mostly unused ones; the count it returns is the blobs it removed.
+    """
     store = tmp_path / "store"
     storage = FileCheckpointStorage(store, gc_interval=None)
     async with CheckpointManager(storage) as manager:
         for step in range(6):
             state = big_state(step, docs=30) | {"own": [f"{step}-{i}" * 50 for i in range(20)]}
             await manager.create_checkpoint("wf", step, "a", "running", state)
-        before = blob_files(store)
+        before = entries(store)
+        packs_before = set(pack_indexes(store))
         assert await storage.collect_garbage() == 0  # within the grace period: nothing goes
         for step in (0, 2, 3):
             await manager.delete_checkpoints("wf", step)
         freed = await storage.collect_garbage(grace=0)
         assert freed > 0
-        assert blob_files(store) == referenced_by_records(store)
-        assert len(blob_files(store)) == len(before) - freed
+        assert_swept(store)
+        assert entries(store) == before - freed
+        assert len(packs_before - set(pack_indexes(store))) >= 2  # steps 2 and 3: all theirs
         for cp in await manager.list_checkpoints("wf"):
             assert cp.state_snapshot.data["counter"] == cp.step
+
+
+async def test_gc_compacts_a_mostly_unreferenced_pack(tmp_path: Path) -> None:
+    """A pack whose blobs are mostly unreferenced is rewritten with only the referenced ones
+    (durably, before the old one goes); the checkpoints using them still load.
+    """
+    store = tmp_path / "store"
+    storage = FileCheckpointStorage(store, gc_interval=None)
+    shared = {"docs": [f"shared {i} " * 40 for i in range(10)]}
+    first = shared | {"own": [f"only in 0: {i} " * 60 for i in range(60)]}
+    reader = CheckpointManager(FileCheckpointStorage(store, gc_interval=None))
+    async with CheckpointManager(storage) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "running", first)
+        (pack0,) = pack_indexes(store)
+        index0 = pack_indexes(store)[pack0]
+        await manager.create_checkpoint("wf", 1, "a", "running", shared | {"x": "y" * 9000})
+        await reader.get_checkpoint("wf", 1)  # caches where the blobs were
+        await manager.delete_checkpoints("wf", 0)
+        freed = await storage.collect_garbage(grace=0)
+        assert freed > 0 and not pack0.exists()
+        still = {bytes.fromhex(h) for h in referenced_by_records(store)} & index0.keys()
+        assert still, "step 1 shares blobs of step 0's pack"
+        assert freed == len(index0) - len(still)
+        assert still <= {h for index in pack_indexes(store).values() for h in index}
+        assert_swept(store)
+        got = await manager.get_checkpoint("wf", 1)
+        assert got.state_snapshot.data == shared | {"x": "y" * 9000}
+    async with CheckpointManager(FileCheckpointStorage(store)) as fresh:  # no cached index
+        got = await fresh.get_checkpoint("wf", 1)
+        assert got.state_snapshot.data == shared | {"x": "y" * 9000}
+    # A reader whose cached index still points at the retired pack finds the copies.
+    got = await reader.get_checkpoint("wf", 1)
+    assert got.state_snapshot.data == shared | {"x": "y" * 9000}
+    await reader.close()
+
+
+async def test_pack_being_retired_is_still_read_and_restored(tmp_path: Path) -> None:
+    """A pack left renamed to .gc-<name> (a sweeper deciding about it, or one that crashed)
+    is still read; the next sweep renames it back, as the record still needs it.
+    """
+    store = tmp_path / "store"
+    await (await _two_checkpoints(store)).close()
+    path = _blob_only_in_step_1(store)[0]
+    trash = path.with_name(".gc-" + path.name)
+    path.rename(trash)
+    async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
+        got = await manager.get_checkpoint("wf", 1)
+        assert got.state_snapshot.data["counter"] == 1
+        assert await manager.storage.collect_garbage(grace=0) >= 0  # type: ignore[attr-defined]
+        assert path.exists() and not trash.exists()
+        got = await manager.get_checkpoint("wf", 1)
+        assert got.state_snapshot.data["counter"] == 1
+
+
+async def test_concurrent_large_saves_in_one_process(tmp_path: Path) -> None:
+    """Eight large saves at once through one storage object (eight worker threads sharing
+    its pack cache) all land; they read back through it and through a new one.
+    """
+    store = tmp_path / "store"
+    states = [
+        big_state(n, docs=40) | {"own": [f"{n}/{i} " * 30 for i in range(30)]} for n in range(8)
+    ]
+    async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
+        await asyncio.gather(
+            *(
+                manager.create_checkpoint(f"wf-{n}", 0, "a", "running", st)
+                for n, st in enumerate(states)
+            )
+        )
+        for n, state in enumerate(states):
+            assert (await manager.get_checkpoint(f"wf-{n}", 0)).state_snapshot.data == state
+    async with CheckpointManager(FileCheckpointStorage(store)) as fresh:
+        for n, state in enumerate(states):
+            assert (await fresh.get_checkpoint(f"wf-{n}", 0)).state_snapshot.data == state
+    assert referenced_by_records(store) <= blob_files(store)
+
+
+async def test_gc_merges_many_small_packs(tmp_path: Path) -> None:
+    """Twenty small packs, all still referenced, are merged by a sweep into one pack holding
+    each blob once; nothing is freed and every checkpoint loads, also in a new process.
+    """
+    store = tmp_path / "store"
+    storage = FileCheckpointStorage(store, gc_interval=None)
+    states = [{"step": n, "own": [f"{n}-{i} " * 40 for i in range(80)]} for n in range(20)]
+    async with CheckpointManager(storage) as manager:
+        for step, state in enumerate(states):
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+        before = pack_indexes(store)
+        assert len(before) == 20
+        hashes = {h for index in before.values() for h in index}
+        assert await storage.collect_garbage(grace=0) == 0
+        (merged,) = pack_indexes(store).values()
+        assert set(merged) == hashes and len(merged) == len(hashes)
+        got = [c.state_snapshot.data for c in await manager.list_checkpoints("wf")]
+        assert got == states
+    async with CheckpointManager(FileCheckpointStorage(store)) as fresh:
+        got = [c.state_snapshot.data for c in await fresh.list_checkpoints("wf")]
+        assert got == states
 
 
 async def test_retention_triggers_collection(tmp_path: Path) -> None:
@@ -272,7 +462,8 @@ async def test_retention_triggers_collection(tmp_path: Path) -> None:
         for step in range(8):
             state = {"step": step, "own": [f"{step}-{i}" * 50 for i in range(40)]}
             await manager.create_checkpoint("wf", step, "a", "running", state)
-        assert blob_files(store) == referenced_by_records(store)
+        assert_swept(store)
+        assert len(pack_indexes(store)) <= 3
         assert [c.step for c in await manager.list_checkpoints("wf")] == [6, 7]
 
 
@@ -305,6 +496,29 @@ async def test_sigkilled_writer_never_leaves_a_record_without_blobs(tmp_path: Pa
     assert acked <= present
 
 
+async def test_sigkilled_writer_of_1_mb_states_never_leaves_a_record_without_blobs(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL during saves of ~1 MB states whose packs are ~300 KB each: every record on
+    disk loads, every acknowledged step is there, no pack is left half written.
+    """
+    store = tmp_path / "store"
+    rng = random.Random(10)
+    acked: set[int] = set()
+    for kill in range(max(KILLS // 2, 2)):
+        proc = spawn(str(store), "wf", str(kill), "1000000", "0", "0", "3600", "700")
+        await asyncio.sleep(0.5 + rng.random() * 1.5)
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate()
+        acked |= {int(line) for line in out.split(b"\n")[:-1]}
+        assert await _all_load(store) >= len(acked)
+    assert acked
+    async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
+        present = {cp.step for cp in await manager.list_checkpoints("wf")}
+    assert acked <= present
+    assert pack_indexes(store)  # parses every pack in place: none is half written
+
+
 async def test_gc_with_two_concurrent_writers_keeps_every_checkpoint_loadable(
     tmp_path: Path,
 ) -> None:
@@ -321,5 +535,107 @@ async def test_gc_with_two_concurrent_writers_keeps_every_checkpoint_loadable(
     storage = FileCheckpointStorage(store, gc_interval=None)
     await storage.collect_garbage(grace=0)
     await storage.close()
-    assert blob_files(store) == referenced_by_records(store)
+    assert_swept(store)
     assert await _all_load(store) == 6
+
+
+def _to_format_2(store: Path) -> None:
+    """Rewrite ``store``'s packs as a format-2 store: one file per blob, no packs."""
+    for h, blob in stored_blobs(store).items():
+        shard = store / "blobs" / h.hex()[:2]
+        shard.mkdir(exist_ok=True)
+        (shard / h.hex()).write_bytes(blob)
+    for path in pack_indexes(store):
+        path.unlink()
+    (store / "blobs" / PACKS).rmdir()
+    (store / "aiocheckpoint.json").write_text('{"format": 2}\n')
+
+
+async def test_format_2_store_of_blob_files_reads_collects_and_upgrades(tmp_path: Path) -> None:
+    """A store whose blobs are one file each (format 2) reads as before; a sweep deletes the
+    files no record uses; the next large save writes a pack and marks the store format 3.
+    """
+    store = tmp_path / "store"
+    async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
+        for step in range(3):
+            state = big_state(step, docs=30) | {"own": [f"{step}-{i}" * 50 for i in range(20)]}
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+    _to_format_2(store)
+    files = blob_files(store)
+    assert files and not pack_indexes(store)
+    storage = FileCheckpointStorage(store, gc_interval=None)
+    async with CheckpointManager(storage) as manager:
+        for step in range(3):
+            got = await manager.get_checkpoint("wf", step)
+            assert got.state_snapshot.data["counter"] == step
+        await manager.delete_checkpoints("wf", 0)
+        assert await storage.collect_garbage(grace=0) > 0
+        assert blob_files(store) == referenced_by_records(store) < files
+        await manager.create_checkpoint("wf", 3, "a", "running", big_state(3, docs=30))
+        assert json.loads((store / "aiocheckpoint.json").read_text()) == {"format": 3}
+        assert len(pack_indexes(store)) == 1
+        listed = [c.state_snapshot.data["counter"] for c in await manager.list_checkpoints("wf")]
+        assert listed == [1, 2, 3]
+    await _all_load_counters(store, [1, 2, 3])
+
+
+async def _all_load_counters(store: Path, counters: list[int]) -> None:
+    async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
+        got = [c.state_snapshot.data["counter"] for c in await manager.list_checkpoints("wf")]
+        assert got == counters
+
+
+@pytest.mark.parametrize("damage", [None, "flipped byte", "truncated", "garbage", "stale"])
+async def test_combined_index_is_a_cache(tmp_path: Path, damage: str | None) -> None:
+    """A writer keeps blobs/packs.midx covering its packs; a new process reads through it,
+    and reads the same through a damaged or stale one (which it ignores or only partly uses).
+    """
+    store = tmp_path / "store"
+    states = [{"step": n, "own": [f"{n}-{i} " * 40 for i in range(80)]} for n in range(40)]
+    storage = FileCheckpointStorage(store, gc_interval=None)
+    async with CheckpointManager(storage) as manager:
+        for step, state in enumerate(states):
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+    midx = store / "blobs" / MIDX
+    covered = decode_midx(midx.read_bytes(), 2**30)
+    packs = pack_indexes(store)
+    assert len(covered) >= 32
+    assert all(covered[p.name] == index for p, index in packs.items() if p.name in covered)
+    if damage == "flipped byte":
+        data = bytearray(midx.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        midx.write_bytes(bytes(data))
+    elif damage == "truncated":
+        midx.write_bytes(midx.read_bytes()[:100])
+    elif damage == "garbage":
+        midx.write_bytes(b"\x00" * 64)
+    elif damage == "stale":  # packs merged away since it was written, and a new pack
+        async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as m:
+            await m.storage.collect_garbage(grace=0)  # type: ignore[attr-defined]
+        assert not set(covered) & {p.name for p in pack_indexes(store)}
+    if damage not in (None, "stale"):
+        with pytest.raises(PackDamagedError):
+            decode_midx(midx.read_bytes(), 2**30)
+    async with CheckpointManager(FileCheckpointStorage(store, gc_interval=None)) as manager:
+        got = [c.state_snapshot.data for c in await manager.list_checkpoints("wf")]
+        assert got == states
+
+
+async def test_planted_fifo_and_directories_do_not_hang_or_break_reads(tmp_path: Path) -> None:
+    """A FIFO and a directory named like packs, and a FIFO as the combined index, are
+    skipped: checkpoints read as before and a sweep leaves them alone.
+    """
+    store = tmp_path / "store"
+    await (await _two_checkpoints(store)).close()
+    packs = store / "blobs" / PACKS
+    os.mkfifo(packs / ("f" * 24 + ".pack"))
+    (packs / ("d" * 24 + ".pack")).mkdir()
+    (store / "blobs" / MIDX).unlink(missing_ok=True)
+    os.mkfifo(store / "blobs" / MIDX)
+    storage = FileCheckpointStorage(store, gc_interval=None)
+    async with CheckpointManager(storage) as manager:
+        for step in (0, 1):
+            got = await asyncio.wait_for(manager.get_checkpoint("wf", step), 30)
+            assert got.state_snapshot.data["counter"] == step
+        await asyncio.wait_for(storage.collect_garbage(grace=0), 30)
+    assert (packs / ("f" * 24 + ".pack")).exists() and (packs / ("d" * 24 + ".pack")).is_dir()

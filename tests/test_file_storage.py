@@ -183,7 +183,7 @@ async def test_format_marker_written_on_first_write(store: FileCheckpointStorage
     assert json.loads(marker.read_text()) == {"format": 1}
 
 
-@pytest.mark.parametrize("content", [b'{"format": 3}', b"garbage", b'{"format": "1"}'])
+@pytest.mark.parametrize("content", [b'{"format": 4}', b"garbage", b'{"format": "1"}'])
 async def test_newer_or_unknown_format_is_refused(tmp_path: Path, content: bytes) -> None:
     """A store marked with a newer or unreadable format is refused for reads and writes."""
     (tmp_path / "store").mkdir()

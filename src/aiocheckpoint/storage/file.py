@@ -4,7 +4,7 @@ Layout (docs/file-storage.md describes it in full)::
 
     base_dir/                         0700
         aiocheckpoint.json            {"format": 1}, written atomically on first write;
-                                      {"format": 2} once the store holds blobs
+                                      {"format": 3} once the store holds blobs
         workflows/                    0700
             <encoded id>/             0700, see ``encode_name``
                 lock                  flock(2) target for read-modify-write sections
@@ -14,8 +14,9 @@ Layout (docs/file-storage.md describes it in full)::
                 .tmp-<ns>-<pid>-<uuid>  a write in progress (ignored by readers)
         blobs/                        content-addressed blobs of version-2 records
             gc.lock                   flock(2) target of the sweeper; mtime: last sweep
-            tmp/.tmp-<ns>-<pid>-<uuid>  a blob being written
-            <hh>/<hash hex>           one stored blob (``hh``: first two hex digits)
+            tmp/.tmp-<ns>-<pid>-<uuid>  a pack being written
+            packs/<24 hex>.pack       the new blobs of one save, then their index
+            <hh>/<hash hex>           one blob per file (format 2; read, never written)
 
 Every public method makes exactly one hop to a worker thread, so a save's write, fsync,
 rename and directory fsync run together and a cancelled caller still waits for them: the
@@ -81,10 +82,13 @@ __all__ = ["FORMAT_VERSION", "FileCheckpointStorage"]
 logger = logging.getLogger("aiocheckpoint")
 
 #: The newest on-disk format this version reads and writes; higher ones are refused.
-#: A store is marked format 1 until its first blob is written, then format 2 (blobs/ and
-#: version-2 records), so that versions without blob support refuse it cleanly.
-FORMAT_VERSION: Final = 2
+#: A store is marked format 1 until its first blob is written, then format 3 (version-2
+#: records, blobs in pack files), so that versions without pack support refuse it cleanly.
+#: Format 2 (blobs as one file each) is still read and collected; its next blob write
+#: marks it format 3.
+FORMAT_VERSION: Final = 3
 _FORMAT_PLAIN: Final = 1
+_FORMAT_BLOBS: Final = 2
 MARKER: Final = "aiocheckpoint.json"
 WORKFLOWS: Final = "workflows"
 LOCK: Final = "lock"
@@ -331,10 +335,10 @@ class FileCheckpointStorage(BaseStorage):
     ) -> None:
         """Durably store ``split``'s blobs, then ``record`` as ``step`` (as in :meth:`save`).
 
-        Each new blob costs a file write and fsync; each shard directory touched, one
-        directory fsync; blobs already on disk cost a ``stat`` (none while this process
-        has seen them within half the grace period). The record is written only after all
-        of them are durable.
+        The new blobs go into one pack file (one write, fsync, rename and directory
+        fsync); blobs already stored cost a ``stat`` of their pack (none while this
+        process has seen it within half the grace period). The record is written only
+        after all of them are durable.
         """
         self._check_open()
         if fence is not None:
@@ -357,7 +361,7 @@ class FileCheckpointStorage(BaseStorage):
         )
 
     async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
-        """Return the stored blobs among ``hashes`` (one thread hop, one read per blob)."""
+        """Return the stored blobs among ``hashes`` (one thread hop, a few reads per pack)."""
         self._check_open()
         return await self._run("cannot read blobs", self._fetch, list(hashes))
 
@@ -515,7 +519,7 @@ class FileCheckpointStorage(BaseStorage):
 
     def _after_delete(self) -> None:
         """Sweep if records went and no sweep ran for ``gc_interval`` (housekeeping)."""
-        if self._gc_interval is None or self._format < FORMAT_VERSION:
+        if self._gc_interval is None or self._format < _FORMAT_BLOBS:
             return
         try:
             last = self._blobs.last_collection()
@@ -562,7 +566,7 @@ class FileCheckpointStorage(BaseStorage):
         with contextlib.suppress(FileExistsError):
             self._os.mkdir(self._root)
             self._fsync_path(self._base)
-        if self._format >= FORMAT_VERSION:
+        if self._format >= _FORMAT_BLOBS:
             self._blobs.remove_stale_temps()
         self._store_ready = True
 
