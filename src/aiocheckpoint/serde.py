@@ -373,7 +373,7 @@ def _body(checkpoint: Checkpoint, time_: Callable[[datetime], datetime | str]) -
         "workflow_id": checkpoint.workflow_id,
         "step": checkpoint.step,
         "agent_id": checkpoint.agent_id,
-        "status": checkpoint.status.value,
+        "status": checkpoint.status._value_,
         "timestamp": time_(checkpoint.timestamp),
         "metrics": metrics,
         "metadata": checkpoint.metadata,

@@ -114,6 +114,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         )
         self._pending: deque[_Pending] = deque()
         self._busy = False  # a batch (or the open) is in the writer thread
+        self._kick_due = False  # a _kick is scheduled for the next loop iteration
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._opening: asyncio.Future[None] | None = None
         self._opened = False
@@ -226,10 +227,20 @@ class SQLiteCheckpointStorage(BaseStorage):
     async def _submit(self, op: Op, size: int) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(op, size, future))
-        self._kick()
+        if not self._busy and not self._kick_due:
+            # Hand the writer what is queued one loop iteration later, not now: the other
+            # tasks running in this iteration (typically every caller woken by the last
+            # commit) then join this batch instead of waiting a whole commit behind a
+            # batch of one.
+            self._kick_due = True
+            asyncio.get_running_loop().call_soon(self._due_kick)
         # Cancelling the caller cancels the future: a queued write is then skipped when the
         # next batch is taken; a write already taken is committed regardless.
         return await future
+
+    def _due_kick(self) -> None:
+        self._kick_due = False
+        self._kick()
 
     def _kick(self) -> None:
         """Hand the queued writes to the writer thread, unless it is busy (then they wait)."""
