@@ -334,6 +334,25 @@ async def test_500_tasks_writing_at_once(store: SQLiteCheckpointStorage) -> None
     assert store._writer.commits < 1000 / 5  # writes shared transactions
 
 
+async def test_writers_that_yield_between_saves_share_one_commit_per_round(
+    store: SQLiteCheckpointStorage,
+) -> None:
+    """Callers that await something else between saves (as workflows do) still share one
+    commit per round: the batch is taken one loop iteration after the first write is queued,
+    so every caller woken by the last commit joins it (no batch of one going first)."""
+    await store.open()
+    before = store._writer.commits
+
+    async def work(n: int) -> None:
+        for step in range(5):
+            await store.save(f"wf-{n}", step, b"%d" % step)
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(work(n) for n in range(50)))
+    assert store._writer.commits - before == 5
+    assert [r.step for r in await store.scan("wf-49")] == list(range(5))
+
+
 async def test_one_failing_write_fails_only_its_caller(
     store: SQLiteCheckpointStorage, db: Path
 ) -> None:

@@ -240,7 +240,16 @@ class SQLiteCheckpointStorage(BaseStorage):
 
     def _due_kick(self) -> None:
         self._kick_due = False
-        self._kick()
+        try:
+            self._kick()
+        except Exception as exc:  # e.g. the executor is gone: fail the callers, never hang
+            self._fail_pending(exc)
+
+    def _fail_pending(self, failure: BaseException) -> None:
+        for item in self._pending:
+            _settle(item.future, failure)
+        self._pending.clear()
+        self._wake_idle_waiters()
 
     def _kick(self) -> None:
         """Hand the queued writes to the writer thread, unless it is busy (then they wait)."""
@@ -255,10 +264,14 @@ class SQLiteCheckpointStorage(BaseStorage):
         if not batch:
             self._wake_idle_waiters()
             return
+        try:
+            done = asyncio.get_running_loop().run_in_executor(
+                self._write_thread, self._writer.run_batch, [item.op for item in batch]
+            )
+        except RuntimeError as exc:  # the executor was shut down
+            self._pending.extendleft(reversed(batch))
+            raise StorageClosedError("SQLiteCheckpointStorage is closed") from exc
         self._busy = True
-        done = asyncio.get_running_loop().run_in_executor(
-            self._write_thread, self._writer.run_batch, [item.op for item in batch]
-        )
         done.add_done_callback(functools.partial(self._batch_done, batch))
 
     def _batch_done(self, batch: list[_Pending], done: asyncio.Future[list[Outcome]]) -> None:
@@ -272,8 +285,9 @@ class SQLiteCheckpointStorage(BaseStorage):
             _settle(item.future, outcome)
         # Take the next batch one loop iteration later, after the callers just woken have run
         # and queued their next writes (the writer still counts as busy, so they queue rather
-        # than each starting a batch of one): one fsync then serves all of them. Measured,
-        # this beats pipelining half-batches against the event loop (docs/sqlite-storage.md).
+        # than each starting a batch of one): one fsync then serves all of them. Callers that
+        # first await something else start a new batch through _submit's deferred kick.
+        # Pipelining half-batches against the event loop loses (docs/sqlite-storage.md).
         asyncio.get_running_loop().call_soon(self._writer_free)
 
     def _writer_free(self) -> None:
@@ -286,10 +300,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         if failure is None:
             self._kick()
             return
-        for item in self._pending:
-            _settle(item.future, failure)
-        self._pending.clear()
-        self._wake_idle_waiters()
+        self._fail_pending(failure)
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
