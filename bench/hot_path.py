@@ -51,6 +51,7 @@ from aiocheckpoint.serde import encode_checkpoint, storable_copy  # noqa: E402
 from aiocheckpoint.storage import _sqlite_db  # noqa: E402
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage  # noqa: E402
 from bench.data import small_state  # noqa: E402
+from bench.workloads import _timed_writes  # noqa: E402
 
 
 def emit(**figures: Any) -> None:
@@ -101,42 +102,28 @@ async def manager_parts() -> None:
         emit(figure=f"manager part: {name}", cpu_us=round(_cpu_us(fn, 20000), 2))
 
 
+class _ManagerSaves:
+    """What ``bench.workloads`` drives: the ``ours-*`` systems' ``save``, on one manager."""
+
+    def __init__(self, manager: CheckpointManager) -> None:
+        self.manager = manager
+
+    async def save(self, wf: str, step: int, state: dict[str, Any]) -> None:
+        await self.manager.create_checkpoint(wf, step, "bench", "completed", state)
+
+
 async def _writers(
     manager: CheckpointManager, concurrency: int, seconds: float, tag: str
 ) -> dict[str, float]:
-    workflows = [f"{tag}-{i:04d}" for i in range(concurrency)]
-    await asyncio.gather(
-        *(
-            manager.create_checkpoint(wf, 0, "bench", "completed", small_state(0))
-            for wf in workflows
-        )
-    )
-    latencies: list[float] = []
-    deadline = time.perf_counter() + seconds
-
-    async def writer(wf: str) -> None:
-        step = 1
-        while time.perf_counter() < deadline:
-            state = small_state(step)
-            start = time.perf_counter()
-            await manager.create_checkpoint(wf, step, "bench", "completed", state)
-            latencies.append(time.perf_counter() - start)
-            step += 1
-            await asyncio.sleep(0)
-
+    """``bench/run.py``'s write workload, plus the loop thread's CPU per checkpoint."""
     wall, cpu = time.perf_counter(), time.thread_time()
-    await asyncio.gather(*(writer(wf) for wf in workflows))
+    saves: Any = _ManagerSaves(manager)  # duck-typed: the workload only calls save()
+    run = await _timed_writes(saves, concurrency, seconds, small_state, tag)
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    latencies.sort()
-    n = len(latencies)
-    return {
-        "per_s": n / wall,
-        "loop_cpu_us": cpu / n * 1e6,
-        "p50_ms": latencies[n // 2] * 1e3,
-        "p99_ms": latencies[min(n - 1, int(n * 0.99))] * 1e3,
-        "wall_s": wall,
-        "n": n,
-    }
+    # The workload's warm-up writes one checkpoint per workflow first: counted here too.
+    run["loop_cpu_us"] = cpu / (run["checkpoints"] + concurrency) * 1e6
+    run["wall_s"] = wall
+    return run
 
 
 class _Idle:
