@@ -353,6 +353,26 @@ async def test_writers_that_yield_between_saves_share_one_commit_per_round(
     assert [r.step for r in await store.scan("wf-49")] == list(range(5))
 
 
+async def test_queued_writes_fail_when_the_writer_thread_is_gone(db: Path) -> None:
+    """If the batch cannot be handed to the writer thread (its executor shut down under
+    it), every queued caller gets StorageClosedError instead of waiting forever."""
+    storage = SQLiteCheckpointStorage(db)
+    await storage.open()
+    storage._write_thread.shutdown(wait=True)
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            *(storage.save(f"wf-{n}", 0, b"x") for n in range(3)), return_exceptions=True
+        ),
+        timeout=10,
+    )
+    assert [type(r) for r in results] == [StorageClosedError] * 3
+    assert not storage._pending
+    # close() needs the writer thread too: release the connections directly.
+    storage._readers.close()
+    storage._writer.close()
+    storage._read_threads.shutdown(wait=True)
+
+
 async def test_one_failing_write_fails_only_its_caller(
     store: SQLiteCheckpointStorage, db: Path
 ) -> None:

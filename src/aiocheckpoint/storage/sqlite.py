@@ -240,9 +240,13 @@ class SQLiteCheckpointStorage(BaseStorage):
 
     def _due_kick(self) -> None:
         self._kick_due = False
+        self._safe_kick()
+
+    def _safe_kick(self) -> None:
+        """:meth:`_kick` from a loop callback: if it fails, fail the callers, never hang."""
         try:
             self._kick()
-        except Exception as exc:  # e.g. the executor is gone: fail the callers, never hang
+        except Exception as exc:  # e.g. the executor was shut down
             self._fail_pending(exc)
 
     def _fail_pending(self, failure: BaseException) -> None:
@@ -292,13 +296,13 @@ class SQLiteCheckpointStorage(BaseStorage):
 
     def _writer_free(self) -> None:
         self._busy = False
-        self._kick()
+        self._safe_kick()
 
     def _open_then_kick(self, opening: asyncio.Future[None]) -> None:
         self._busy = False
         failure = _failure(opening)
         if failure is None:
-            self._kick()
+            self._safe_kick()
             return
         self._fail_pending(failure)
 
