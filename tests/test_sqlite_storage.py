@@ -334,6 +334,45 @@ async def test_500_tasks_writing_at_once(store: SQLiteCheckpointStorage) -> None
     assert store._writer.commits < 1000 / 5  # writes shared transactions
 
 
+async def test_writers_that_yield_between_saves_share_one_commit_per_round(
+    store: SQLiteCheckpointStorage,
+) -> None:
+    """Callers that await something else between saves (as workflows do) still share one
+    commit per round: the batch is taken one loop iteration after the first write is queued,
+    so every caller woken by the last commit joins it (no batch of one going first)."""
+    await store.open()
+    before = store._writer.commits
+
+    async def work(n: int) -> None:
+        for step in range(5):
+            await store.save(f"wf-{n}", step, b"%d" % step)
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(work(n) for n in range(50)))
+    assert store._writer.commits - before == 5
+    assert [r.step for r in await store.scan("wf-49")] == list(range(5))
+
+
+async def test_queued_writes_fail_when_the_writer_thread_is_gone(db: Path) -> None:
+    """If the batch cannot be handed to the writer thread (its executor shut down under
+    it), every queued caller gets StorageClosedError instead of waiting forever."""
+    storage = SQLiteCheckpointStorage(db)
+    await storage.open()
+    storage._write_thread.shutdown(wait=True)
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            *(storage.save(f"wf-{n}", 0, b"x") for n in range(3)), return_exceptions=True
+        ),
+        timeout=10,
+    )
+    assert [type(r) for r in results] == [StorageClosedError] * 3
+    assert not storage._pending
+    # close() needs the writer thread too: release the connections directly.
+    storage._readers.close()
+    storage._writer.close()
+    storage._read_threads.shutdown(wait=True)
+
+
 async def test_one_failing_write_fails_only_its_caller(
     store: SQLiteCheckpointStorage, db: Path
 ) -> None:

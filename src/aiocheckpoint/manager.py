@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import AsyncIterator, Collection, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -34,6 +35,7 @@ from .models import (
     StateSnapshot,
     StateVersion,
     built,
+    default_metrics,
     utcnow,
 )
 from .serde import decode_checkpoint, encode_checkpoint, storable_copy
@@ -68,7 +70,15 @@ def _enum(kind: type[_E], status: Any) -> _E:
         raise InvalidArgumentError(f"status must be one of {allowed}; got {status!r}") from None
 
 
+_STATUSES: dict[Any, AgentStatus] = {s: s for s in AgentStatus}
+
+
 def _status(status: Any) -> AgentStatus:
+    # An AgentStatus equals and hashes like its value: one lookup serves both spellings.
+    if type(status) is AgentStatus or type(status) is str:
+        found = _STATUSES.get(status)
+        if found is not None:
+            return found
     return _enum(AgentStatus, status)
 
 
@@ -169,7 +179,8 @@ class CheckpointManager:
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
         _check_text(agent_id, "agent_id")
-        snapshot, finite = _snapshot_of(state)
+        now = utcnow()
+        snapshot, finite = _snapshot_of(state, now)
         meta: dict[str, Any] = {}
         if metadata is not None and not isinstance(metadata, Mapping):
             raise InvalidArgumentError(
@@ -186,7 +197,7 @@ class CheckpointManager:
             status=_status(status),
             state_snapshot=snapshot,
             metrics=_metrics_copy(metrics),
-            timestamp=utcnow(),
+            timestamp=now,
             metadata=meta,
         )
         if lease is not None:
@@ -522,8 +533,12 @@ class CheckpointManager:
 
 
 def _snapshot_of(
-    state: SharedState | StateSnapshot | Mapping[str, Any],
+    state: SharedState | StateSnapshot | Mapping[str, Any], now: datetime
 ) -> tuple[StateSnapshot, bool]:
+    if type(state) is dict:  # the common case first; storable_copy makes the copy
+        copy, finite = storable_copy(state)
+        version = built(StateVersion, version=0, timestamp=now, agent_id=None, changed_fields=[])
+        return built(StateSnapshot, data=copy, version=version, metadata={}), finite
     if isinstance(state, SharedState):
         data, version = state._peek()
         copy, finite = storable_copy(data)
@@ -541,11 +556,7 @@ def _snapshot_of(
         snapshot = built(StateSnapshot, data=copy, version=state.version, metadata=meta)
         return snapshot, finite and meta_finite
     if isinstance(state, Mapping):
-        copy, finite = storable_copy(dict(state))
-        version = built(
-            StateVersion, version=0, timestamp=utcnow(), agent_id=None, changed_fields=[]
-        )
-        return built(StateSnapshot, data=copy, version=version, metadata={}), finite
+        return _snapshot_of(dict(state), now)
     raise InvalidArgumentError(
         f"state must be a SharedState, a StateSnapshot or a dict, not {type(state).__qualname__}"
     )
@@ -570,7 +581,7 @@ def _check_owner(value: Any) -> str:
 
 def _metrics_copy(metrics: ExecutionMetrics | None) -> ExecutionMetrics:
     if metrics is None:
-        return ExecutionMetrics()
+        return default_metrics()
     if not isinstance(metrics, ExecutionMetrics):
         raise InvalidArgumentError(
             f"metrics must be ExecutionMetrics or None, not {type(metrics).__qualname__}"

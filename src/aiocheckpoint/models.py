@@ -20,18 +20,27 @@ __all__ = [
 
 _M = TypeVar("_M", bound=BaseModel)
 
+# The slots every pydantic model instance has, set through their descriptors directly:
+# a third of the cost of ``object.__setattr__``, which looks each name up on the class.
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
 
 def built(cls: type[_M], **fields: Any) -> _M:
     """Make a model from complete, already-valid fields, skipping validation.
 
-    What ``model_construct`` does, at a third of its cost: the checkpoint hot path builds
-    three models per call from values it has just validated itself.
+    What ``model_construct`` does, at a tenth of its cost: the checkpoint hot path builds
+    four models per call from values it has just validated itself. ``fields`` becomes the
+    instance's ``__dict__`` (a ``**`` dict is always a fresh one).
     """
-    obj = cls.__new__(cls)
-    object.__setattr__(obj, "__dict__", fields)
-    object.__setattr__(obj, "__pydantic_fields_set__", set(fields))
-    object.__setattr__(obj, "__pydantic_extra__", None)
-    object.__setattr__(obj, "__pydantic_private__", None)
+    obj = _new(cls)
+    _set_dict(obj, fields)
+    _set_fields_set(obj, set(fields))
+    _set_extra(obj, None)
+    _set_private(obj, None)
     return obj
 
 
@@ -65,6 +74,16 @@ class ExecutionMetrics(BaseModel):
     output_tokens: int = 0
     start_time: datetime | None = None
     elapsed_seconds: float = 0.0
+
+
+_METRICS_DEFAULTS: dict[str, Any] = dict(ExecutionMetrics().__dict__)
+
+
+def default_metrics() -> ExecutionMetrics:
+    """``ExecutionMetrics()`` without validation (every default is immutable)."""
+    metrics = built(ExecutionMetrics, **_METRICS_DEFAULTS)
+    _set_fields_set(metrics, set())  # as ExecutionMetrics() leaves it: nothing set
+    return metrics
 
 
 class StateVersion(BaseModel):

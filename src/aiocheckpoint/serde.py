@@ -34,14 +34,15 @@ import math
 import struct
 import uuid
 import zlib
-from datetime import date, datetime, time
+from collections.abc import Callable
+from datetime import date, datetime, time, timezone
 from typing import Any, Final
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
 from .errors import CheckpointCorruptedError, CheckpointSerializationError
-from .models import Checkpoint, ExecutionMetrics, StateVersion
+from .models import Checkpoint
 
 __all__ = [
     "FORMAT_VERSION",
@@ -167,12 +168,29 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float]) -> Any:
         for key, item in value.items():
             if type(key) is not str:
                 raise _Unstorable
-            out[key] = item if type(item) in _PLAIN else _fast_copy(item, depth, nonfinite)
+            kind = type(item)
+            if kind in _PLAIN:
+                out[key] = item
+            elif kind is float:
+                if item - item != 0.0:
+                    nonfinite.append(item)
+                out[key] = item
+            else:
+                out[key] = _fast_copy(item, depth, nonfinite)
         return out
     if kind is list or kind is tuple:
-        return [
-            item if type(item) in _PLAIN else _fast_copy(item, depth, nonfinite) for item in value
-        ]
+        # Copy first (in C), then replace the containers by their copies; scalars stay.
+        items = list(value)
+        for index, item in enumerate(items):
+            kind = type(item)
+            if kind in _PLAIN:
+                continue
+            if kind is float:
+                if item - item != 0.0:
+                    nonfinite.append(item)
+            else:
+                items[index] = _fast_copy(item, depth, nonfinite)
+        return items
     raise _Unstorable
 
 
@@ -308,30 +326,68 @@ def encode_checkpoint(checkpoint: Checkpoint, *, finite: bool = False) -> bytes:
     ``finite=True`` promises that state and metadata hold no NaN or infinite float (as
     :func:`storable_copy` reports), which allows the fast encoder.
     """
+    body = None
     metrics = checkpoint.metrics
-    finite = finite and math.isfinite(metrics.total_cost + metrics.elapsed_seconds)
-    body_obj = {
+    if finite and math.isfinite(metrics.total_cost + metrics.elapsed_seconds):
+        body = _fast_body(checkpoint)
+    if body is None:
+        try:
+            body = _dumps(_body(checkpoint, _iso_time), False)
+        except UnicodeEncodeError as exc:
+            raise CheckpointSerializationError(_bad_text_path(checkpoint), str(exc)) from exc
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise CheckpointSerializationError("checkpoint", str(exc)) from exc
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), zlib.crc32(body)) + body
+
+
+def _fast_body(checkpoint: Checkpoint) -> bytes | None:
+    # orjson writes the same bytes 10-90x faster (see docs/serialization.md), UTC and naive
+    # datetimes included (the same text as isoformat()); but NaN would become null and ints
+    # beyond 64 bits are refused (a TypeError): None sends those to the exact path.
+    try:
+        return orjson.dumps(_body(checkpoint, _native_time))
+    except TypeError:
+        return None
+
+
+def _iso_time(value: datetime) -> str:
+    return value.isoformat()
+
+
+def _native_time(value: datetime) -> datetime | str:
+    """``value`` itself where orjson writes exactly its ``isoformat()``, else that text."""
+    if type(value) is datetime and (value.tzinfo is timezone.utc or value.tzinfo is None):
+        return value
+    return value.isoformat()
+
+
+def _body(checkpoint: Checkpoint, time_: Callable[[datetime], datetime | str]) -> dict[str, Any]:
+    """The record body as one JSON-ready dict; ``time_`` renders the datetimes."""
+    snapshot = checkpoint.state_snapshot
+    version = snapshot.version
+    metrics = dict(checkpoint.metrics.__dict__)
+    start = metrics.get("start_time")
+    if start is not None:
+        metrics["start_time"] = time_(start)
+    return {
         "workflow_id": checkpoint.workflow_id,
         "step": checkpoint.step,
         "agent_id": checkpoint.agent_id,
-        "status": checkpoint.status.value,
-        "timestamp": checkpoint.timestamp.isoformat(),
-        "metrics": _metrics_json(checkpoint.metrics),
+        "status": checkpoint.status._value_,
+        "timestamp": time_(checkpoint.timestamp),
+        "metrics": metrics,
         "metadata": checkpoint.metadata,
         "state": {
-            "data": checkpoint.state_snapshot.data,
-            "version": _version_json(checkpoint.state_snapshot.version),
-            "metadata": checkpoint.state_snapshot.metadata,
+            "data": snapshot.data,
+            "version": {
+                "version": version.version,
+                "timestamp": time_(version.timestamp),
+                "agent_id": version.agent_id,
+                "changed_fields": list(version.changed_fields),
+            },
+            "metadata": snapshot.metadata,
         },
     }
-    try:
-        body = _dumps(body_obj, finite)
-    except UnicodeEncodeError as exc:
-        raise CheckpointSerializationError(_bad_text_path(checkpoint), str(exc)) from exc
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise CheckpointSerializationError("checkpoint", str(exc)) from exc
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), zlib.crc32(body))
-    return header + body
 
 
 def _bad_text_path(checkpoint: Checkpoint) -> str:
@@ -368,23 +424,6 @@ def _find_bad_text(value: Any, path: str) -> str | None:
             if found is not None:
                 return found
     return None
-
-
-def _metrics_json(metrics: ExecutionMetrics) -> dict[str, Any]:
-    out = dict(metrics.__dict__)
-    start = out.get("start_time")
-    if start is not None:
-        out["start_time"] = start.isoformat()
-    return out
-
-
-def _version_json(version: StateVersion) -> dict[str, Any]:
-    return {
-        "version": version.version,
-        "timestamp": version.timestamp.isoformat(),
-        "agent_id": version.agent_id,
-        "changed_fields": list(version.changed_fields),
-    }
 
 
 def read_header(data: bytes) -> tuple[int, int, int]:

@@ -129,6 +129,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         )
         self._pending: deque[_Pending] = deque()
         self._busy = False  # a batch (or the open) is in the writer thread
+        self._kick_due = False  # a _kick is scheduled for the next loop iteration
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._opening: asyncio.Future[None] | None = None
         self._opened = False
@@ -314,10 +315,33 @@ class SQLiteCheckpointStorage(BaseStorage):
     async def _submit(self, op: Op, size: int) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(op, size, future))
-        self._kick()
+        if not self._busy and not self._kick_due:
+            # Hand the writer what is queued one loop iteration later, not now: the other
+            # tasks running in this iteration (typically every caller woken by the last
+            # commit) then join this batch instead of waiting a whole commit behind a
+            # batch of one.
+            self._kick_due = True
+            asyncio.get_running_loop().call_soon(self._due_kick)
         # Cancelling the caller cancels the future: a queued write is then skipped when the
         # next batch is taken; a write already taken is committed regardless.
         return await future
+
+    def _due_kick(self) -> None:
+        self._kick_due = False
+        self._safe_kick()
+
+    def _safe_kick(self) -> None:
+        """:meth:`_kick` from a loop callback: if it fails, fail the callers, never hang."""
+        try:
+            self._kick()
+        except Exception as exc:  # e.g. the executor was shut down
+            self._fail_pending(exc)
+
+    def _fail_pending(self, failure: BaseException) -> None:
+        for item in self._pending:
+            _settle(item.future, failure)
+        self._pending.clear()
+        self._wake_idle_waiters()
 
     def _kick(self) -> None:
         """Hand the queued writes to the writer thread, unless it is busy (then they wait)."""
@@ -332,10 +356,14 @@ class SQLiteCheckpointStorage(BaseStorage):
         if not batch:
             self._wake_idle_waiters()
             return
+        try:
+            done = asyncio.get_running_loop().run_in_executor(
+                self._write_thread, self._writer.run_batch, [item.op for item in batch]
+            )
+        except RuntimeError as exc:  # the executor was shut down
+            self._pending.extendleft(reversed(batch))
+            raise StorageClosedError("SQLiteCheckpointStorage is closed") from exc
         self._busy = True
-        done = asyncio.get_running_loop().run_in_executor(
-            self._write_thread, self._writer.run_batch, [item.op for item in batch]
-        )
         done.add_done_callback(functools.partial(self._batch_done, batch))
 
     def _batch_done(self, batch: list[_Pending], done: asyncio.Future[list[Outcome]]) -> None:
@@ -349,24 +377,22 @@ class SQLiteCheckpointStorage(BaseStorage):
             _settle(item.future, outcome)
         # Take the next batch one loop iteration later, after the callers just woken have run
         # and queued their next writes (the writer still counts as busy, so they queue rather
-        # than each starting a batch of one): one fsync then serves all of them. Measured,
-        # this beats pipelining half-batches against the event loop (docs/sqlite-storage.md).
+        # than each starting a batch of one): one fsync then serves all of them. Callers that
+        # first await something else start a new batch through _submit's deferred kick.
+        # Pipelining half-batches against the event loop loses (docs/sqlite-storage.md).
         asyncio.get_running_loop().call_soon(self._writer_free)
 
     def _writer_free(self) -> None:
         self._busy = False
-        self._kick()
+        self._safe_kick()
 
     def _open_then_kick(self, opening: asyncio.Future[None]) -> None:
         self._busy = False
         failure = _failure(opening)
         if failure is None:
-            self._kick()
+            self._safe_kick()
             return
-        for item in self._pending:
-            _settle(item.future, failure)
-        self._pending.clear()
-        self._wake_idle_waiters()
+        self._fail_pending(failure)
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []

@@ -1,0 +1,243 @@
+"""Where a small checkpoint's time goes: the manager on the event loop and the SQLite round.
+
+Not a test: it prints figures (one JSON line each, then a summary). CPU figures are
+``time.thread_time()`` of the event-loop thread, so they hold up better than wall-clock
+ones on a loaded machine; compare them between two checkouts run one after the other.
+
+* ``manager``: ``create_checkpoint`` of the ~1 KB bench state over a storage whose ``save``
+  returns at once: validation, the state copy, the models, the encoding. Then each of
+  those parts alone.
+* ``loop C=N`` (memory, sqlite): loop-thread CPU per checkpoint with N workflows writing back
+  to back, yielding once between checkpoints as ``bench/run.py``'s write workload does.
+* ``sqlite round``: at C=100 the share of wall time the loop sat idle in ``epoll`` (waiting
+  for the writer thread), the writer's busy share, the batch sizes, and the writer's phases
+  per batch (BEGIN, applying the saves, COMMIT with its fsync).
+
+Usage: ``python bench/hot_path.py [--seconds S] [--dir DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import selectors
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+if (ROOT / "src").is_dir() and str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))  # measure this checkout, not an installed copy
+
+from aiocheckpoint import CheckpointManager, open_storage  # noqa: E402
+from aiocheckpoint.models import (  # noqa: E402
+    AgentStatus,
+    Checkpoint,
+    StateSnapshot,
+    StateVersion,
+    built,
+    utcnow,
+)
+from aiocheckpoint.serde import encode_checkpoint, storable_copy  # noqa: E402
+from aiocheckpoint.storage import _sqlite_db  # noqa: E402
+from aiocheckpoint.storage.memory import InMemoryCheckpointStorage  # noqa: E402
+from bench.data import small_state  # noqa: E402
+from bench.workloads import _timed_writes  # noqa: E402
+
+
+def emit(**figures: Any) -> None:
+    """One JSON line of figures."""
+    print(json.dumps(figures), flush=True)
+
+
+class _NullStorage(InMemoryCheckpointStorage):
+    async def save(self, workflow_id: str, step: int, data: bytes, **_: Any) -> None:
+        self.last = data
+
+
+def _cpu_us(fn: Callable[[], object], number: int) -> float:
+    """Best of five: thread CPU microseconds per call."""
+    runs = timeit.repeat(fn, number=number, repeat=5, timer=time.thread_time)
+    return min(runs) / number * 1e6
+
+
+async def manager_parts() -> None:
+    """The manager's synchronous work per checkpoint, whole and in parts."""
+    manager = CheckpointManager(_NullStorage())
+    state = small_state(3)
+    runs = []
+    for _ in range(5):
+        start = time.thread_time()
+        for step in range(5000):
+            await manager.create_checkpoint("wf-0001", step, "bench", "completed", state)
+        runs.append((time.thread_time() - start) / 5000 * 1e6)
+    emit(figure="manager create_checkpoint (save returns at once)", cpu_us=round(min(runs), 2))
+    checkpoint = Checkpoint(
+        workflow_id="wf-0001",
+        step=3,
+        agent_id="bench",
+        status=AgentStatus.COMPLETED,
+        state_snapshot=StateSnapshot(data=state),
+    )
+    fields = {"version": 0, "timestamp": utcnow(), "agent_id": None, "changed_fields": []}
+    parts: Sequence[tuple[str, Callable[[], object]]] = (
+        ("storable_copy (validated copy of the state)", lambda: storable_copy(state)),
+        (
+            "encode_checkpoint (body, orjson, CRC-32)",
+            lambda: encode_checkpoint(checkpoint, finite=True),
+        ),
+        ("one model built without validation", lambda: built(StateVersion, **fields)),
+        ("utcnow", utcnow),
+    )
+    for name, fn in parts:
+        emit(figure=f"manager part: {name}", cpu_us=round(_cpu_us(fn, 20000), 2))
+
+
+class _ManagerSaves:
+    """What ``bench.workloads`` drives: the ``ours-*`` systems' ``save``, on one manager."""
+
+    def __init__(self, manager: CheckpointManager) -> None:
+        self.manager = manager
+
+    async def save(self, wf: str, step: int, state: dict[str, Any]) -> None:
+        await self.manager.create_checkpoint(wf, step, "bench", "completed", state)
+
+
+async def _writers(
+    manager: CheckpointManager, concurrency: int, seconds: float, tag: str
+) -> dict[str, float]:
+    """``bench/run.py``'s write workload, plus the loop thread's CPU per checkpoint."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    saves: Any = _ManagerSaves(manager)  # duck-typed: the workload only calls save()
+    run = await _timed_writes(saves, concurrency, seconds, small_state, tag)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    # The workload's warm-up writes one checkpoint per workflow first: counted here too.
+    run["loop_cpu_us"] = cpu / (run["checkpoints"] + concurrency) * 1e6
+    run["wall_s"] = wall
+    return run
+
+
+class _Idle:
+    """Sums the time the loop's selector spends waiting (the loop is idle)."""
+
+    def __init__(self, selector: selectors.BaseSelector) -> None:
+        self.seconds = 0.0
+        inner = selector.select
+
+        def select(timeout: float | None = None) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(timeout)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        selector.select = select  # type: ignore[method-assign]
+
+
+class _WriterProbe:
+    """Times the SQLite writer's batches and their phases (runs in the writer thread)."""
+
+    def __init__(self) -> None:
+        self.sizes: collections.Counter[int] = collections.Counter()
+        self.phases: dict[str, list[float]] = collections.defaultdict(list)
+        writer = _sqlite_db.Writer
+        self._saved = {
+            name: writer.__dict__[name] for name in ("run_batch", "_begin", "_commit", "_apply_all")
+        }
+        probe = self
+
+        def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*args: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return fn(*args)
+                finally:
+                    probe.phases[name].append(time.perf_counter() - start)
+
+            return wrapper
+
+        timed_batch = timed("batch", self._saved["run_batch"])
+
+        def run_batch(writer_self: Any, ops: Sequence[Any]) -> Any:
+            probe.sizes[len(ops)] += 1
+            return timed_batch(writer_self, ops)
+
+        apply_all = self._saved["_apply_all"].__func__
+        writer.run_batch = run_batch  # type: ignore[method-assign]
+        writer._begin = timed("BEGIN", self._saved["_begin"])  # type: ignore[method-assign]
+        writer._commit = timed("COMMIT", self._saved["_commit"])  # type: ignore[method-assign]
+        writer._apply_all = classmethod(timed("apply saves", apply_all))  # type: ignore[method-assign,assignment]
+
+    def reset(self) -> None:
+        self.sizes.clear()
+        self.phases.clear()
+
+    def close(self) -> None:
+        for name, value in self._saved.items():
+            setattr(_sqlite_db.Writer, name, value)
+
+
+async def loops(seconds: float, root: Path) -> None:
+    """Loop CPU per checkpoint at C=1/10/100 on memory and SQLite; the SQLite round at 100."""
+    idle = _Idle(asyncio.get_running_loop()._selector)  # type: ignore[attr-defined]
+    probe = _WriterProbe()
+    try:
+        for name, url in (("memory", "memory://"), ("sqlite", f"sqlite://{root / 'hot.db'}")):
+            manager = CheckpointManager(open_storage(url))
+            for concurrency in (1, 10, 100):
+                runs = []
+                for repeat in range(3):
+                    idle.seconds = 0.0
+                    probe.reset()
+                    run = await _writers(manager, concurrency, seconds, f"c{concurrency}r{repeat}")
+                    run["idle"] = idle.seconds / run["wall_s"]
+                    run["writer_busy"] = sum(probe.phases["batch"]) / run["wall_s"]
+                    run["batches"] = sum(probe.sizes.values())
+                    runs.append(run)
+                    if name == "sqlite" and concurrency == 100:
+                        phases = {
+                            f"{phase} p50_ms": round(statistics.median(times) * 1e3, 3)
+                            for phase, times in probe.phases.items()
+                        }
+                        emit(
+                            figure="sqlite round C=100",
+                            repeat=repeat,
+                            idle=round(run["idle"], 3),
+                            writer_busy=round(run["writer_busy"], 3),
+                            batch_sizes=dict(sorted(probe.sizes.items())),
+                            **phases,
+                        )
+                emit(
+                    figure=f"loop {name} C={concurrency}",
+                    **{
+                        key: round(statistics.median(r[key] for r in runs), 3)
+                        for key in ("per_s", "loop_cpu_us", "p50_ms", "p99_ms", "idle")
+                    },
+                )
+            await manager.close()
+    finally:
+        probe.close()
+
+
+def main() -> None:
+    """Parse arguments and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=1.0, help="per write run (3 repeats)")
+    parser.add_argument("--dir", type=Path, default=None, help="where the database goes")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as root:
+        asyncio.run(manager_parts())
+        asyncio.run(loops(args.seconds, Path(root)))
+
+
+if __name__ == "__main__":
+    main()
