@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Collection, Generator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
@@ -55,6 +56,8 @@ logger = logging.getLogger("aiocheckpoint")
 ResumePoint = tuple[int, StateSnapshot, ExecutionMetrics]
 
 _PAGE = 100
+#: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
+_HELD_LONG = 0.0002
 _RETRIES = 8
 
 
@@ -171,7 +174,9 @@ class CheckpointManager:
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
         _check_text(agent_id, "agent_id")
+        copying = time.perf_counter()
         snapshot, finite = _snapshot_of(state)
+        copied = time.perf_counter()
         meta: dict[str, Any] = {}
         if metadata is not None and not isinstance(metadata, Mapping):
             raise InvalidArgumentError(
@@ -194,6 +199,12 @@ class CheckpointManager:
         if lease is not None:
             fence_token(lease, workflow_id)
             self._workflow_storage()
+        if copied - copying > _HELD_LONG:
+            # A large state's copy (which must happen before any await: the caller may
+            # change the state afterwards) held the loop: let it run before the encoding,
+            # which works on our private copy. Each writer then holds the loop for one
+            # step at a time, and a round of the loop over 20 writers stays short.
+            await anyio.lowlevel.checkpoint()
         blobs = self._blobs
         if blobs is not None and _exceeds(snapshot.data, blobs.blob_params.root_inline_limit):
             # ``checkpoint`` holds private copies made above, so nothing else changes it.
