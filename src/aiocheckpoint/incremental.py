@@ -616,16 +616,16 @@ class _Joiner:
 
     The value nodes' texts are spliced together at their placeholders into one JSON
     document that a single ``json.loads`` turns into the state: the same parse the
-    version-1 format does, plus a hash and a few slices per node. A node is kept as
-    ``(buffer, start, refs)`` with the node at ``buffer[start:]``, so an uncompressed blob
-    is hashed and spliced in place, never copied.
+    version-1 format does, plus a hash and a few slices per node. An uncompressed leaf is
+    kept as its stored blob (hashed and later spliced in place, never copied), any other
+    node as ``(node, refs)``.
     """
 
     def __init__(self, digest: int, max_bytes: int) -> None:
         self._digest = digest
         self._budget = max_bytes
         self._unwrap = _Unwrapper()
-        self._nodes: dict[bytes, tuple[bytes, int, list[bytes]]] = {}
+        self._nodes: dict[bytes, bytes | tuple[bytes, list[bytes]]] = {}
 
     def steps(self, root: bytes) -> _Steps[Any]:
         digest = self._digest
@@ -637,7 +637,7 @@ class _Joiner:
         while pending:
             got = yield list(pending)
             level: dict[bytes, None] = {}
-            get, sha, plain_leaf, no_refs = got.get, _sha256, _PLAIN_LEAF, _NO_HASHES
+            get, sha, plain_leaf = got.get, _sha256, _PLAIN_LEAF
             for h in pending:
                 stored = get(h)
                 if stored is None:
@@ -645,13 +645,13 @@ class _Joiner:
                 if stored.startswith(plain_leaf):  # the common case: hashed in place
                     if sha(memoryview(stored)[1:]).digest()[:digest] != h:
                         raise _corrupt(f"blob {h.hex()} does not match its hash")
-                    nodes[h] = (stored, 1, no_refs)
+                    nodes[h] = stored
                     continue
                 node = unwrap(stored)
                 if _sha256(node).digest()[:digest] != h:
                     raise _corrupt(f"blob {h.hex()} does not match its hash")
                 refs = _NO_HASHES if node.startswith(_LEAF) else _node_refs(node, digest)
-                nodes[h] = (node, 0, refs)
+                nodes[h] = (node, refs)
                 for child in refs:
                     if child not in nodes and child not in pending:
                         level[child] = None
@@ -659,7 +659,7 @@ class _Joiner:
         if not root_refs and root_node[:1] == b"V":
             return _loads(root_node[5:])  # a small state kept whole in the root
         out: list[bytes | memoryview] = []
-        self._emit(root_node, 0, root_refs, out, 0)
+        self._emit(root_node, root_refs, out, 0)
         return _loads(b"".join(out))
 
     def _spend(self, size: int) -> None:
@@ -668,14 +668,14 @@ class _Joiner:
             raise _corrupt("tree expands beyond the record size limit")
 
     def _emit(
-        self, buf: bytes, start: int, refs: list[bytes], out: list[bytes | memoryview], inner: int
+        self, node: bytes, refs: list[bytes], out: list[bytes | memoryview], inner: int
     ) -> None:
-        """Append the JSON text (UTF-8) of the node at ``buf[start:]`` to ``out``.
+        """Append the JSON text (UTF-8) of ``node`` to ``out``.
 
         ``inner`` is ``ord("[")`` or ``ord("{")`` when the node is a chunk of a list or dict
         index (0 otherwise): then its brackets are left out so the chunks concatenate.
         """
-        kind = buf[start]
+        kind = node[0]
         nodes = self._nodes
         if kind != _KIND_VALUE:
             opening, closing = (b"[", b"]") if kind == _KIND_LIST else (b"{", b"}")
@@ -688,50 +688,50 @@ class _Joiner:
             budget = self._budget
             close = bracket + 2  # "]" / "}"
             for h in refs:
-                child, at, child_refs = nodes[h]
-                if child_refs or child[at] != _KIND_VALUE:
+                child = nodes[h]
+                if isinstance(child, tuple):
                     self._budget = budget
                     sub: list[bytes | memoryview] = []
-                    self._emit(child, at, child_refs, sub, bracket)
+                    self._emit(child[0], child[1], sub, bracket)
                     budget = self._budget
                     pieces.append(b"".join(sub))
                     continue
-                # A chunk without references (the common case), without a call.
+                # A stored leaf chunk (the common case), without a call: b"\0V\0\0\0\0[...]".
                 end = len(child)
-                if end - at < 8 or child[at + 5] != bracket or child[end - 1] != close:
+                if end < 9 or child[6] != bracket or child[end - 1] != close:
                     raise _corrupt("chunk of the wrong kind")
-                budget -= end - at - 7
+                budget -= end - 8
                 if budget < 0:
                     raise _corrupt("tree expands beyond the record size limit")
-                pieces.append(memoryview(child)[at + 6 : end - 1])
+                pieces.append(memoryview(child)[7 : end - 1])
             self._budget = budget
             out.append(b",".join(pieces))
             if not inner:
                 out.append(closing)
             return
         n = len(refs)
-        base = start + 5 + n * (self._digest + 4)
-        end = len(buf)
+        base = 5 + n * (self._digest + 4)
+        end = len(node)
         self._spend(end - base)
         pos = base
         if inner:
-            if end - base < 3 or buf[base] != inner or buf[-1] != inner + 2:  # "]" / "}"
+            if end - base < 3 or node[base] != inner or node[-1] != inner + 2:  # "]" / "}"
                 raise _corrupt("chunk of the wrong kind")
             pos, end = base + 1, end - 1
-        view = memoryview(buf)
+        view = memoryview(node)
         if n:
-            offsets = struct.unpack_from(f">{n}I", buf, base - 4 * n)
+            offsets = struct.unpack_from(f">{n}I", node, base - 4 * n)
             for off, h in zip(offsets, refs, strict=True):
                 at = base + off
-                if at < pos or at + 4 > end or buf[at : at + 4] != b"null":
+                if at < pos or at + 4 > end or node[at : at + 4] != b"null":
                     raise _corrupt("reference does not point at a placeholder")
                 out.append(view[pos:at])
-                child, child_at, child_refs = nodes[h]
-                if child_refs or child[child_at] != _KIND_VALUE:
-                    self._emit(child, child_at, child_refs, out, 0)
-                else:  # the common leaf, without a call
-                    self._spend(len(child) - child_at - 5)
-                    out.append(memoryview(child)[child_at + 5 :])
+                child = nodes[h]
+                if isinstance(child, tuple):
+                    self._emit(child[0], child[1], out, 0)
+                else:  # a stored leaf, without a call
+                    self._spend(len(child) - 6)
+                    out.append(memoryview(child)[6:])
                 pos = at + 4
         out.append(view[pos:end])
 
