@@ -7,11 +7,11 @@ Measures, in one process per source tree:
 * ``lag``: a 1 ms heartbeat's lateness (p50/p99/max) while 20 workflows write ~1 MB states
   (bench workload 2, "20x1MB") through ``CheckpointManager`` on the memory store, the file
   store (incremental, and ``incremental=False``) and SQLite;
-* ``split``/``join``: MB/s of ``split_state`` (exact and, where it exists, ``finite=True``)
-  and ``join_state`` on the 1 MB state with an in-memory fetch, next to the version-1
-  ``encode_checkpoint``/``decode_checkpoint``;
+* ``split``/``join``: MB/s (of CPU time) of ``split_state`` (exact and, where it exists,
+  ``finite=True``) and ``join_state`` on the 1 MB state with an in-memory fetch, next to
+  the version-1 ``encode_checkpoint``/``decode_checkpoint``;
 * ``resume``: ``get_resume_point`` of a ~10 MB state on the file store, incremental vs
-  ``incremental=False``; and the same decode with blobs in a dict (CPU only);
+  ``incremental=False`` (wall time); and the same decode with blobs in a dict (CPU time);
 * ``small``: ~1 KB writes per second on the file store, incremental vs not.
 
 ``--compare OTHER_SRC`` runs the same measurements against another checkout's ``src`` (for
@@ -41,13 +41,17 @@ def _mb_s(seconds: float, nbytes: int) -> float:
 
 
 def _best(call: Any, repeats: int) -> float:
-    """Median wall time of ``call()`` over ``repeats`` runs (after one warm-up)."""
+    """Median CPU time of ``call()`` over ``repeats`` runs (after one warm-up).
+
+    CPU rather than wall time: on a shared machine it does not count the time other
+    processes hold the cores (the calls measured here are single-threaded, no I/O).
+    """
     call()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         call()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return statistics.median(times)
 
 

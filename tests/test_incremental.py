@@ -103,13 +103,21 @@ scalars = (
     | st.floats(allow_nan=True, allow_infinity=True)
     | text
 )
-json_values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(text, inner, max_size=12),
-    max_leaves=30,
-)
-states = st.dictionaries(text, json_values, max_size=10)
-finite_scalars = (
+
+
+def states_of(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Dicts of nested lists and dicts with ``leaves`` at the bottom."""
+    values = st.recursive(
+        leaves,
+        lambda inner: st.lists(inner, max_size=12) | st.dictionaries(text, inner, max_size=12),
+        max_leaves=30,
+    )
+    return st.dictionaries(text, values, max_size=10)
+
+
+states = states_of(scalars)
+# No NaN or infinity (what finite=True promises); ints around and beyond 64 bits.
+finite_states = states_of(
     st.none()
     | st.booleans()
     | st.integers()
@@ -117,12 +125,6 @@ finite_scalars = (
     | st.floats(allow_nan=False, allow_infinity=False)
     | text
 )
-finite_values = st.recursive(
-    finite_scalars,
-    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(text, inner, max_size=12),
-    max_leaves=30,
-)
-finite_states = st.dictionaries(text, finite_values, max_size=10)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
