@@ -268,7 +268,7 @@ class _Splitter:
                     shift = len(head)
                     refmap[len(texts)] = [(off + shift, h) for off, h in refs]
                 texts.append(head + text)
-            return _finish(self._container(texts, refmap, True))
+            return self._kept(texts, refmap, True)
         if kind is list:
             if not value:
                 return b"[]", _NO_REFS
@@ -278,87 +278,136 @@ class _Splitter:
                 if refs:
                     refmap[len(texts)] = refs
                 texts.append(text)
-            return _finish(self._container(texts, refmap, False))
+            return self._kept(texts, refmap, False)
         text = _scalar_text(value).encode()
         if len(text) > self.p.inline_limit:
             return b"null", [(0, self.value_node(text, _NO_REFS))]
         return text, _NO_REFS
 
-    def encode_fast(self, value: Any, text: bytes) -> _Work[_Encoded]:
+    def _kept(self, texts: list[bytes], refmap: dict[int, _Refs], is_dict: bool) -> _Encoded:
+        """A container whose element texts are all at hand (the exact encoder's)."""
+
+        def chunk(start: int, end: int, head: bytes) -> _Encoded:
+            return _join_entries(texts, refmap, start, end, is_dict, head)
+
+        def mix(i: int) -> int:
+            return _mix(zlib.crc32(texts[i]), refmap.get(i))
+
+        return _finish(self._container(list(map(len, texts)), refmap, mix, chunk, is_dict))
+
+    def encode_fast(self, value: Any, text: bytes | None) -> _Work[_Encoded]:
         """The fast encoder, for values without non-finite floats or ints beyond 64 bits.
 
-        ``text`` is ``_fast_dumps(value)``, longer than ``inline_limit``. Every sub-tree that
-        fits is encoded by one orjson call, so the Python-level work is per element of a
-        large container, not per value; it yields every ``_SLICE_BYTES`` of text. Elements
-        are kept as a list of texts plus a sparse map of their references: no object per
-        element that the garbage collector would have to scan.
+        ``text`` is ``_fast_dumps(value)``, or None when not encoded yet (the root, whose
+        whole encoding would be thrown away). Every sub-tree that fits is encoded by one
+        orjson call, so the Python-level work is per element of a large container, not per
+        value. An element's own text is only measured and checksummed (for the boundaries)
+        and then dropped: each chunk is encoded again by one orjson call over its slice of
+        the container, which is what its node holds, so only one buffer per node stays
+        alive (many small buffers kept alive cost several times more to allocate here).
+        Yields every ``_SLICE_BYTES`` of text.
         """
         limit = self.p.inline_limit
-        kind = type(value)
-        texts: list[bytes] = []
+        is_dict = type(value) is dict
+        if not is_dict and type(value) is not list and type(value) is not tuple:
+            if text is None:
+                text = _fast_dumps(value)
+            if len(text) <= limit:
+                return text, _NO_REFS
+            return b"null", [(0, self.value_node(text, _NO_REFS))]
+        elements: list[Any] = list(value.items()) if is_dict else list(value)
+        lens: list[int] = []
+        mixes: list[int] = []
+        kept: dict[int, bytes] = {}  # entry texts that hold references
         refmap: dict[int, _Refs] = {}
-        if kind is dict:
-            for key, item in value.items():
-                head = _fast_dumps(key)
-                text = _fast_dumps(item)
-                size = len(text)
-                if size > limit:
-                    text, refs = yield from self.encode_fast(item, text)
-                    if refs:
-                        shift = len(head) + 1
-                        refmap[len(texts)] = [(off + shift, h) for off, h in refs]
-                texts.append(b"".join((head, b":", text)))
-                self._budget -= size
-                if self._budget < 0:
-                    self._budget = _SLICE_BYTES
-                    yield
-            return (yield from self._container(texts, refmap, True))
-        if kind is list or kind is tuple:
-            for item in value:
-                text = _fast_dumps(item)
-                size = len(text)
-                if size > limit:
-                    text, refs = yield from self.encode_fast(item, text)
-                    if refs:
-                        refmap[len(texts)] = refs
-                texts.append(text)
-                self._budget -= size
-                if self._budget < 0:
-                    self._budget = _SLICE_BYTES
-                    yield
-            return (yield from self._container(texts, refmap, False))
-        return b"null", [(0, self.value_node(text, _NO_REFS))]
+        for i, element in enumerate(elements):
+            if is_dict:
+                key = _fast_dumps(element[0])
+                item = _fast_dumps(element[1])
+                crc = zlib.crc32(item, zlib.crc32(b":", zlib.crc32(key)))
+                size = len(key) + 1 + len(item)
+            else:
+                item = _fast_dumps(element)
+                crc = zlib.crc32(item)
+                size = len(item)
+            if len(item) > limit:
+                inner, refs = yield from self.encode_fast(element[1] if is_dict else element, item)
+                if is_dict:
+                    shift = len(key) + 1
+                    refs = [(off + shift, h) for off, h in refs]
+                    inner = b"".join((key, b":", inner))
+                refmap[i] = refs
+                kept[i] = inner
+                crc = zlib.crc32(inner)
+                size = len(inner)
+            lens.append(size)
+            mixes.append(_mix(crc, refmap.get(i)))
+            self._budget -= size
+            if self._budget < 0:
+                self._budget = _SLICE_BYTES
+                yield
+
+        def chunk(start: int, end: int, head: bytes) -> _Encoded:
+            if not refmap or not any(i in refmap for i in range(start, end)):
+                part = elements[start:end]
+                return b"".join((head, _fast_dumps(dict(part) if is_dict else part))), _NO_REFS
+            texts: list[bytes] = []
+            for i in range(start, end):
+                entry = kept.get(i)
+                if entry is None:
+                    entry = (
+                        b"".join((_fast_dumps(elements[i][0]), b":", _fast_dumps(elements[i][1])))
+                        if is_dict
+                        else _fast_dumps(elements[i])
+                    )
+                texts.append(entry)
+            return _join_entries(
+                texts,
+                {i - start: r for i, r in refmap.items() if start <= i < end},
+                0,
+                end - start,
+                is_dict,
+                head,
+            )
+
+        return (yield from self._container(lens, refmap, mixes.__getitem__, chunk, is_dict))
 
     def _container(
-        self, texts: list[bytes], refmap: dict[int, _Refs], is_dict: bool
+        self,
+        lens: list[int],
+        refmap: dict[int, _Refs],
+        mix: Callable[[int], int],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        is_dict: bool,
     ) -> _Work[_Encoded]:
-        """Encode a container of elements ``texts`` (references: ``refmap[index]``)."""
+        """Encode a container of ``len(lens)`` elements: inline, one node, or chunked.
+
+        ``lens[i]`` is element ``i``'s text length, ``refmap[i]`` its references, ``mix(i)``
+        the checksum that decides boundaries, and ``chunk(start, end, head)`` the text of
+        elements ``start:end`` as a container, after ``head``.
+        """
         p = self.p
-        n = len(texts)
+        n = len(lens)
         # What the container costs in a node: its text plus what its references take.
-        size = n + 1 + sum(map(len, texts))
-        size += _REF_WEIGHT * sum(map(len, refmap.values()))
+        size = n + 1 + sum(lens) + _REF_WEIGHT * sum(map(len, refmap.values()))
         if size <= p.inline_limit:
-            return _join_entries(texts, refmap, 0, n, is_dict)
+            return chunk(0, n, b"")
         if size <= 2 * p.chunk_avg:
             # Too small to be worth cutting: one node. A container that grows past this
             # is cut once; from then on its boundaries are stable.
-            return b"null", [(0, self.value_node(*_join_entries(texts, refmap, 0, n, is_dict)))]
+            return b"null", [(0, self._chunk_node(refmap, chunk, 0, n))]
         chunks: list[bytes] = []
         chunk_min, chunk_avg, chunk_max = p.chunk_min, p.chunk_avg, p.chunk_max
         start = size = 0
-        refs = None
-        for i, text in enumerate(texts):
-            weight = len(text) + 1
+        for i in range(n):
+            weight = lens[i] + 1
             if refmap:
                 refs = refmap.get(i)
                 if refs:
                     weight += _REF_WEIGHT * len(refs)
             size += weight
-            if size >= chunk_max or (
-                size >= chunk_min and _entry_mix(text, refs) % chunk_avg < weight
-            ):
-                chunks.append(self._chunk_node(texts, refmap, start, i + 1, is_dict))
+            if size >= chunk_max or (size >= chunk_min and mix(i) % chunk_avg < weight):
+                chunks.append(self._chunk_node(refmap, chunk, start, i + 1))
                 start = i + 1
                 self._budget -= size
                 size = 0
@@ -366,7 +415,7 @@ class _Splitter:
                     self._budget = _SLICE_BYTES
                     yield
         if start < n:
-            chunks.append(self._chunk_node(texts, refmap, start, n, is_dict))
+            chunks.append(self._chunk_node(refmap, chunk, start, n))
         return b"null", [(0, self._index(chunks, _KIND_DICT if is_dict else _KIND_LIST))]
 
     def _index(self, hashes: list[bytes], kind: int) -> bytes:
@@ -389,14 +438,16 @@ class _Splitter:
         return hashes[0]
 
     def _chunk_node(
-        self, texts: list[bytes], refmap: dict[int, _Refs], start: int, end: int, is_dict: bool
+        self,
+        refmap: dict[int, _Refs],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        start: int,
+        end: int,
     ) -> bytes:
         if refmap and any(i in refmap for i in range(start, end)):
-            return self.value_node(*_join_entries(texts, refmap, start, end, is_dict))
+            return self.value_node(*chunk(start, end, b""))
         # No references: build the stored blob in one piece.
-        return self._add(
-            _join_entries(texts, None, start, end, is_dict, _PLAIN_LEAF)[0], _NO_HASHES
-        )
+        return self._add(chunk(start, end, _PLAIN_LEAF)[0], _NO_HASHES)
 
     def value_node(self, text: bytes, refs: _Refs) -> bytes:
         if not refs:
@@ -436,8 +487,8 @@ def _value_node(data: bytes, refs: _Refs) -> bytes:
     )
 
 
-def _entry_mix(text: bytes, refs: _Refs | None) -> int:
-    crc = zlib.crc32(text)
+def _mix(crc: int, refs: _Refs | None) -> int:
+    """The boundary checksum of an element: CRC-32 of its text (``crc``) and child hashes."""
     if refs:
         for _, h in refs:
             crc = zlib.crc32(h, crc)
@@ -520,23 +571,23 @@ def _split(
 ) -> _Work[SplitResult]:
     splitter = _Splitter(params, known)
     limit = params.root_inline_limit
+    small = inline and limit and not _exceeds(data, limit)
     try:
-        text = b""
         if finite:
             try:
-                text = _fast_dumps(data)
+                if small:
+                    body = _fast_dumps(data)
+                    if len(body) <= limit:
+                        return SplitResult(splitter.wrap(_LEAF + body), {}, {}, ())
+                encoded, refs = yield from splitter.encode_fast(data, None)
             except TypeError:  # an int beyond 64 bits, or not storable: the exact encoder
-                finite = False
-        if inline and limit and (finite or not _exceeds(data, limit)):
-            body = text if finite else _dumps(data, False)  # exact: NaN, big ints stay
-            if len(body) <= limit:
-                return SplitResult(splitter.wrap(_LEAF + body), {}, {}, ())
+                splitter, finite = _Splitter(params, known), False
         if not finite:
+            if small:
+                body = _dumps(data, False)  # exact: NaN, big ints stay as they are
+                if len(body) <= limit:
+                    return SplitResult(splitter.wrap(_LEAF + body), {}, {}, ())
             encoded, refs = splitter.encode(data)
-        elif len(text) > params.inline_limit:
-            encoded, refs = yield from splitter.encode_fast(data, text)
-        else:
-            encoded, refs = text, _NO_REFS
         root = _value_node(encoded, refs)
     except (ValueError, TypeError, RecursionError) as exc:
         if isinstance(exc, CheckpointSerializationError):
