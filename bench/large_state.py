@@ -12,7 +12,9 @@ Measures, in one process per source tree:
   the version-1 ``encode_checkpoint``/``decode_checkpoint``;
 * ``resume``: ``get_resume_point`` of a ~10 MB state on the file store, incremental vs
   ``incremental=False`` (wall time); and the same decode with blobs in a dict (CPU time);
-* ``small``: ~1 KB writes per second on the file store, incremental vs not.
+* ``small``: ~1 KB writes per second on the file store, incremental vs not;
+* ``shared`` (instead of ``lag``): the lag runs with each workflow's state in a
+  ``SharedState`` (whose copy the manager takes in slices) on the memory and file stores.
 
 ``--compare OTHER_SRC`` runs the same measurements against another checkout's ``src`` (for
 example the main branch) in alternating child processes, ``--rounds`` times each, and
@@ -94,15 +96,28 @@ def cpu(quick: bool) -> dict[str, float]:
     return out
 
 
-async def _lag_run(manager: Any, seconds: float) -> dict[str, float]:
-    """20 workflows write ~1 MB states for ``seconds`` while a heartbeat measures lateness."""
+async def _lag_run(manager: Any, seconds: float, shared: bool = False) -> dict[str, float]:
+    """20 workflows write ~1 MB states for ``seconds`` while a heartbeat measures lateness.
+
+    With ``shared``, each workflow keeps its state in a ``SharedState`` whose counter it
+    sets before each checkpoint, instead of handing over a plain dict.
+    """
+    from aiocheckpoint import SharedState
     from bench.data import DocStates
     from bench.workloads import Heartbeat
 
     docs = DocStates.of(1_000_000)
     workflows = [f"wf-{i}" for i in range(20)]
+    states = {wf: SharedState(docs.at(0)) for wf in workflows} if shared else {}
+
+    def state_at(wf: str, step: int) -> Any:
+        if not shared:
+            return docs.at(step)
+        states[wf].set("counter", step)
+        return states[wf]
+
     await asyncio.gather(
-        *(manager.create_checkpoint(wf, 0, "a", "completed", docs.at(0)) for wf in workflows)
+        *(manager.create_checkpoint(wf, 0, "a", "completed", state_at(wf, 0)) for wf in workflows)
     )
     heartbeat = Heartbeat()
     heartbeat.start()
@@ -113,7 +128,7 @@ async def _lag_run(manager: Any, seconds: float) -> dict[str, float]:
         nonlocal written
         step = 1
         while time.perf_counter() < deadline:
-            await manager.create_checkpoint(wf, step, "a", "completed", docs.at(step))
+            await manager.create_checkpoint(wf, step, "a", "completed", state_at(wf, step))
             written += 1
             step += 1
             await asyncio.sleep(0)
@@ -128,20 +143,24 @@ async def _lag_run(manager: Any, seconds: float) -> dict[str, float]:
     }
 
 
-async def lag(quick: bool) -> dict[str, float]:
-    """Workload 2 with 20 writers of ~1 MB states, per backend."""
+async def lag(quick: bool, parts: str) -> dict[str, float]:
+    """Workload 2 with 20 writers of ~1 MB states, per backend (SharedState ones: "shared")."""
     from aiocheckpoint import CheckpointManager, open_storage
 
     out: dict[str, float] = {}
-    for name, url, options in (
-        ("memory", "memory://", {}),
-        ("file", "file://{dir}/store", {}),
-        ("file-v1", "file://{dir}/store", {"incremental": False}),
-        ("sqlite", "sqlite://{dir}/store.db", {}),
+    for name, url, options, shared in (
+        ("memory", "memory://", {}, False),
+        ("file", "file://{dir}/store", {}, False),
+        ("file-v1", "file://{dir}/store", {"incremental": False}, False),
+        ("sqlite", "sqlite://{dir}/store.db", {}, False),
+        ("shared-memory", "memory://", {}, True),
+        ("shared-file", "file://{dir}/store", {}, True),
     ):
+        if shared != ("shared" in parts):
+            continue
         with tempfile.TemporaryDirectory(prefix="ackp-lag-") as tmp:
             async with CheckpointManager(open_storage(url.format(dir=tmp)), **options) as manager:
-                figures = await _lag_run(manager, 1.0 if quick else 2.0)
+                figures = await _lag_run(manager, 1.0 if quick else 2.0, shared)
         out.update({f"lag_{name}_{key}": value for key, value in figures.items()})
     return out
 
@@ -241,8 +260,8 @@ def child(src: str, quick: bool, parts: str) -> None:
     out: dict[str, Any] = {"src": src}
     if "cpu" in parts:
         out.update(cpu(quick))
-    if "lag" in parts:
-        out.update(asyncio.run(lag(quick)))
+    if "lag" in parts or "shared" in parts:
+        out.update(asyncio.run(lag(quick, parts)))
     if "slices" in parts:
         out.update(asyncio.run(slices(quick)))
     if "resume" in parts:

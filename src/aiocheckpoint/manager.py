@@ -38,7 +38,7 @@ from .models import (
     built,
     utcnow,
 )
-from .serde import decode_checkpoint, encode_checkpoint, storable_copy
+from .serde import decode_checkpoint, encode_checkpoint, storable_copy, storable_copy_work
 from .state import SharedState
 from .storage.base import (
     BlobCheckpointStorage,
@@ -175,7 +175,11 @@ class CheckpointManager:
         step = check_step(step)
         _check_text(agent_id, "agent_id")
         copying = time.perf_counter()
-        snapshot, finite = _snapshot_of(state)
+        if isinstance(state, SharedState):
+            # Its tree is copy-on-write: taken now, copied in slices (see _shared_snapshot).
+            snapshot, finite = await _shared_snapshot(state)
+        else:
+            snapshot, finite = _snapshot_of(state)
         copied = time.perf_counter()
         meta: dict[str, Any] = {}
         if metadata is not None and not isinstance(metadata, Mapping):
@@ -542,7 +546,10 @@ class CheckpointManager:
 
 
 async def _cooperate(work: Generator[None, None, _R]) -> _R:
-    """Run ``work`` on the event loop, letting other callbacks run between its slices."""
+    """Run ``work`` on the event loop, letting other callbacks run between its slices.
+
+    The first slice runs at once: work that ends within it never awaits.
+    """
     try:
         while True:
             next(work)
@@ -552,20 +559,27 @@ async def _cooperate(work: Generator[None, None, _R]) -> _R:
         return result
 
 
-def _snapshot_of(
-    state: SharedState | StateSnapshot | Mapping[str, Any],
-) -> tuple[StateSnapshot, bool]:
-    if isinstance(state, SharedState):
-        data, version = state._peek()
-        copy, finite = storable_copy(data)
-        version = built(
-            StateVersion,
-            version=version.version,
-            timestamp=version.timestamp,
-            agent_id=version.agent_id,
-            changed_fields=list(version.changed_fields),
-        )
-        return built(StateSnapshot, data=copy, version=version, metadata={}), finite
+async def _shared_snapshot(state: SharedState) -> tuple[StateSnapshot, bool]:
+    """Snapshot a SharedState: its data and version as of the call, copied in slices.
+
+    The tree is taken before the first await and is never changed in place (a change
+    copies the dicts on its path into a new tree), so copying it while other tasks run,
+    even ones that change the state, still copies the state of the call. A small state
+    is copied in the first slice, without an await.
+    """
+    data, version = state._peek()
+    version = built(
+        StateVersion,
+        version=version.version,
+        timestamp=version.timestamp,
+        agent_id=version.agent_id,
+        changed_fields=list(version.changed_fields),
+    )
+    copy, finite = await _cooperate(storable_copy_work(data))
+    return built(StateSnapshot, data=copy, version=version, metadata={}), finite
+
+
+def _snapshot_of(state: StateSnapshot | Mapping[str, Any]) -> tuple[StateSnapshot, bool]:
     if isinstance(state, StateSnapshot):
         copy, finite = storable_copy(state.data)
         meta, meta_finite = storable_copy(state.metadata, "state.metadata")
