@@ -192,6 +192,7 @@ def storable_copy(value: Any, path: str = "state") -> tuple[Any, bool]:
 #: How long (seconds of work) :func:`storable_copy_work` goes between two yields.
 _COPY_SLICE: Final = 0.00015
 _COPY_BATCH: Final = 16  # elements copied between two looks at the clock
+_CONTAINERS: Final = (dict, list)
 
 
 def storable_copy_work(value: Any, path: str = "state") -> Generator[None, None, tuple[Any, bool]]:
@@ -204,6 +205,12 @@ def storable_copy_work(value: Any, path: str = "state") -> Generator[None, None,
     unstorable one, or one that needs converting) is copied again whole by
     :func:`storable_copy`, which names the problem.
     """
+    kind = type(value)
+    items = value.values() if kind is dict else value if kind is list else ()
+    if len(items) <= _COPY_BATCH and not any(
+        type(item) in _CONTAINERS and len(item) > _COPY_BATCH for item in items
+    ):
+        return storable_copy(value, path)  # nothing to slice: one piece, no generator work
     nonfinite: list[float] = []
     try:
         copied = yield from _fast_copy_work(value, 0, nonfinite, [perf_counter()])
