@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import random
@@ -639,3 +640,54 @@ async def test_planted_fifo_and_directories_do_not_hang_or_break_reads(tmp_path:
             assert got.state_snapshot.data["counter"] == step
         await asyncio.wait_for(storage.collect_garbage(grace=0), 30)
     assert (packs / ("f" * 24 + ".pack")).exists() and (packs / ("d" * 24 + ".pack")).is_dir()
+
+
+def _big_state(n: int = 600) -> dict[str, Any]:
+    return {"docs": [{"id": i, "text": f"document {i} " * 90} for i in range(n)], "n": 0.5}
+
+
+async def test_the_state_is_the_one_at_call_time_although_encoding_yields(tmp_path: Path) -> None:
+    """A large state is encoded on the event loop in slices, from the copy made at the call.
+
+    Another task that changes the caller's dict while the save is in progress (it has
+    yielded many times by then) changes nothing stored or returned.
+    """
+    state = _big_state()
+    expected = copy.deepcopy(state)
+    async with CheckpointManager(FileCheckpointStorage(tmp_path / "store")) as manager:
+        changes = 0
+
+        async def meddle() -> None:
+            nonlocal changes
+            while not save.done():
+                state["docs"][changes % 600]["text"] = "changed"
+                state["n"] = changes
+                changes += 1
+                await asyncio.sleep(0)
+
+        save = asyncio.ensure_future(manager.create_checkpoint("wf", 1, "a", "running", state))
+        await asyncio.gather(save, meddle())
+        assert changes > 3  # the save did let the other task run, several times
+        assert save.result().state_snapshot.data == expected
+        assert (await manager.get_checkpoint("wf", 1)).state_snapshot.data == expected
+        stored = await manager.storage.load("wf", 1)
+        assert stored is not None and stored.data[4] == 2  # an incremental record
+
+
+async def test_a_save_cancelled_while_encoding_writes_nothing(tmp_path: Path) -> None:
+    """Cancelling create_checkpoint during the sliced encoding leaves the store unchanged."""
+    async with CheckpointManager(FileCheckpointStorage(tmp_path / "store")) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "running", {"small": True})
+        for slices in (1, 3, 10):
+            task = asyncio.ensure_future(
+                manager.create_checkpoint("wf", 1, "a", "running", _big_state())
+            )
+            for _ in range(slices):
+                await asyncio.sleep(0)
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not await manager.has_checkpoint("wf", 1)
+        assert not blob_files(tmp_path / "store")
+        assert (await manager.get_resume_point("wf")) is not None

@@ -1,7 +1,9 @@
+import json
 import math
 import random
 import string
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from aiocheckpoint.incremental import (
     areferenced_hashes,
     decode_checkpoint_v2,
     encode_checkpoint_v2,
+    encode_v2_work,
     join_state,
     node_children,
     record_format_version,
@@ -82,8 +85,10 @@ def canon(value: Any) -> Any:
     return (kind.__name__, value)
 
 
-def round_trip(data: Any, params: TreeParams) -> tuple[Any, Store, SplitResult]:
-    split = split_state(data, params)
+def round_trip(
+    data: Any, params: TreeParams, *, finite: bool = False
+) -> tuple[Any, Store, SplitResult]:
+    split = split_state(data, params, finite=finite)
     store = Store(split.blobs)
     return join_state(split.root, store.fetch, digest_size=params.digest_size), store, split
 
@@ -98,12 +103,28 @@ scalars = (
     | st.floats(allow_nan=True, allow_infinity=True)
     | text
 )
-json_values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(text, inner, max_size=12),
-    max_leaves=30,
+
+
+def states_of(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Dicts of nested lists and dicts with ``leaves`` at the bottom."""
+    values = st.recursive(
+        leaves,
+        lambda inner: st.lists(inner, max_size=12) | st.dictionaries(text, inner, max_size=12),
+        max_leaves=30,
+    )
+    return st.dictionaries(text, values, max_size=10)
+
+
+states = states_of(scalars)
+# No NaN or infinity (what finite=True promises); ints around and beyond 64 bits.
+finite_states = states_of(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from([2**63, 2**64 - 1, -(2**63), 7**70])
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | text
 )
-states = st.dictionaries(text, json_values, max_size=10)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -112,6 +133,30 @@ def test_random_states_round_trip_exactly_through_deep_trees(data: dict[str, Any
     """Random nested states come back exactly (key order, types, big ints, NaN, -0.0)."""
     back, _, _ = round_trip(data, TINY)
     assert canon(back) == canon(data)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(finite_states)
+def test_finite_states_round_trip_exactly_through_the_fast_encoder(data: dict[str, Any]) -> None:
+    """The orjson encoder (finite=True) gives exact round trips too, ints of 64+ bits included.
+
+    An int beyond 64 bits makes it fall back to the exact encoder; both kinds of tree read
+    back the same way.
+    """
+    for params in (TINY, SMALL):
+        back, _, split = round_trip(data, params, finite=True)
+        assert canon(back) == canon(data)
+        if not any(type(leaf) is float for leaf in _leaves(data)):
+            # The same nodes: only floats may be written differently (1e-05 vs 0.00001).
+            assert split_state(data, params).root == split.root
+
+
+def _leaves(value: Any) -> list[Any]:
+    if type(value) is dict:
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    if type(value) is list:
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -147,6 +192,50 @@ def _checkpoint(data: dict[str, Any], step: int = 3) -> Checkpoint:
 
 def _words(rng: random.Random, n: int) -> str:
     return " ".join("".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(n))
+
+
+def test_the_cooperative_encoder_yields_between_slices_and_matches_the_one_shot_one() -> None:
+    """encode_v2_work (what the manager runs on the event loop) slices a 1 MB state.
+
+    Its result is the same record and blobs as encode_checkpoint_v2's; the exact encoder
+    (finite=False) does not slice.
+    """
+    rng = random.Random(7)
+    data = {"docs": [{"id": i, "text": _words(rng, 150)} for i in range(1000)], "n": 1.5}
+    cp = _checkpoint(data)
+    work = encode_v2_work(cp, finite=True)
+    slices = 0
+    try:
+        while True:
+            next(work)
+            slices += 1
+    except StopIteration as stop:
+        record, split = stop.value
+    assert slices >= 1_000_000 // (64 * 1024)
+    assert (record, split) == encode_checkpoint_v2(cp, finite=True)
+    back = decode_checkpoint_v2(record, Store(split.blobs).fetch)
+    assert canon(back.state_snapshot.data) == canon(cp.state_snapshot.data)
+    assert sum(1 for _ in encode_v2_work(cp)) == 0
+
+
+def test_trees_written_by_the_first_writer_still_decode() -> None:
+    """A tree the first version-2 writer made (with TINY) reads back exactly.
+
+    It predates the orjson encoder and boundaries counted in bytes; tests/data holds its
+    root and blobs as written then.
+    """
+    saved = json.loads(
+        (Path(__file__).parent / "data" / "incremental_first_writer.json").read_text()
+    )
+    blobs = {bytes.fromhex(h): bytes.fromhex(b) for h, b in saved["blobs"].items()}
+    back = join_state(bytes.fromhex(saved["root"]), Store(blobs).fetch)
+    expected = {
+        "msgs": [{"role": "user", "text": f"hello {i} \u00fc"} for i in range(6)],
+        "n": 7**30,
+        "x": -0.0,
+        "nan": [math.nan, 1e-05],
+    }
+    assert canon(back) == canon(expected)
 
 
 def test_special_values_survive_inside_blobs() -> None:

@@ -1,3 +1,4 @@
+import asyncio
 import logging
 from typing import Any
 
@@ -298,3 +299,34 @@ async def test_returned_checkpoint_is_a_normal_model(manager: CheckpointManager)
     assert made.model_dump() == again.model_dump()
     assert made.model_fields_set == again.model_fields_set
     assert made.state_snapshot.version.changed_fields == ["c"]
+
+
+async def test_a_large_shared_state_is_copied_in_slices_as_of_the_call(
+    manager: CheckpointManager,
+) -> None:
+    """A SharedState's tree is copied while other tasks run; their changes are not saved.
+
+    The copy yields to the loop (the other task runs many times before the save returns),
+    yet the checkpoint holds the data and version of the moment of the call.
+    """
+    state = SharedState({"docs": [{"id": i, "tags": ["a", "b"]} for i in range(100_000)]})
+    state.set("n", 1)
+    changes = 0
+
+    async def meddle() -> None:
+        nonlocal changes
+        while not save.done():
+            changes += 1
+            state.set(f"docs_{changes}", changes)
+            state.set("n", -changes)
+            await asyncio.sleep(0)
+
+    save = asyncio.ensure_future(manager.create_checkpoint("wf", 1, "a", "running", state))
+    await asyncio.gather(save, meddle())
+    assert changes > 1
+    for checkpoint in (save.result(), await manager.get_checkpoint("wf", 1)):
+        data = checkpoint.state_snapshot.data
+        assert list(data) == ["docs", "n"] and data["n"] == 1 and len(data["docs"]) == 100_000
+        assert checkpoint.state_snapshot.version.version == 1
+    data["docs"][0]["tags"].append("c")  # the returned copy is the caller's own
+    assert state.to_dict()["docs"][0]["tags"] == ["a", "b"]

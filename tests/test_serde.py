@@ -22,6 +22,8 @@ from aiocheckpoint.serde import (
     MAX_DEPTH,
     decode_checkpoint,
     encode_checkpoint,
+    storable_copy,
+    storable_copy_work,
     to_storable,
 )
 
@@ -225,3 +227,67 @@ def test_record_of_another_workflow_or_step_is_refused() -> None:
         decode_checkpoint(data, workflow_id="wf", step=3)
     with pytest.raises(CheckpointCorruptedError, match="belongs to step"):
         decode_checkpoint(data, workflow_id="other", step=4)
+
+
+def _run_work(value: Any) -> tuple[tuple[Any, bool], int]:
+    """Drive storable_copy_work to its end; return its result and how often it yielded."""
+    work = storable_copy_work(value)
+    yields = 0
+    try:
+        while True:
+            next(work)
+            yields += 1
+    except StopIteration as stop:
+        return stop.value, yields
+
+
+class _Color(Enum):
+    RED = 1
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"docs": [{"id": i, "text": "t" * 50, "score": i / 7} for i in range(3000)], "n": 1},
+        {"rows": [[i, -0.0, math.nan, 2**70] for i in range(500)], "meta": {"k": "v"}},
+        [{"when": datetime(2026, 1, 1, tzinfo=timezone.utc)} for _ in range(100)],
+        {"deep": {str(i): list(range(40)) for i in range(200)}},
+        {"tiny": True},
+        "just a string",
+    ],
+)
+def test_the_sliced_copy_equals_the_one_shot_copy(value: Any) -> None:
+    """storable_copy_work gives storable_copy's result, finiteness flag included."""
+    (copied, finite), _ = _run_work(value)
+    expected, expected_finite = storable_copy(value)
+    assert repr(copied) == repr(expected)  # repr: NaN and -0.0 compare exactly
+    assert finite == expected_finite
+    assert copied is not value or type(value) is str
+
+
+def test_the_sliced_copy_yields_on_large_values_and_is_independent() -> None:
+    """A large value is copied over several slices into objects that share nothing."""
+    value = {"docs": [{"id": i, "tags": ["a", "b"]} for i in range(200_000)]}
+    (copied, finite), yields = _run_work(value)
+    assert yields > 1 and finite
+    copied["docs"][0]["tags"].append("c")
+    assert value["docs"][0]["tags"] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"docs": [{"id": i} for i in range(100)] + [{"bad": {1, 2}}]}, "state.docs[100].bad"),
+        ({"docs": [{"c": _Color.RED}] * 40}, "state.docs[0].c"),
+        ({"docs": [{1: "x"}] * 40}, "state.docs[0][1]"),
+        ({str(i): i for i in range(50)} | {"x": b"raw"}, "state.x"),
+    ],
+)
+def test_the_sliced_copy_names_what_is_unstorable(value: Any, path: str) -> None:
+    """Errors are those of storable_copy, naming the same path."""
+    with pytest.raises(CheckpointSerializationError) as sliced:
+        _run_work(value)
+    with pytest.raises(CheckpointSerializationError) as whole:
+        storable_copy(value)
+    assert str(sliced.value) == str(whole.value)
+    assert path in str(sliced.value)

@@ -28,6 +28,7 @@ collection scheme and the write ordering backends must follow.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -36,6 +37,8 @@ import zlib
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
+
+import orjson
 
 from .errors import CheckpointCorruptedError, CheckpointSerializationError, InvalidArgumentError
 from .models import Checkpoint
@@ -85,6 +88,7 @@ _Refs = list[tuple[int, bytes]]
 _NO_REFS: Final[_Refs] = []
 _NO_HASHES: Final[list[bytes]] = []
 _LEAF: Final = b"V\x00\x00\x00\x00"  # the head of a value node without references
+_PLAIN_LEAF: Final = b"\x00" + _LEAF  # ... and of its stored form, uncompressed
 
 _HEADER = struct.Struct(">4sBBHQI")
 _V2_PREFIX = struct.Struct(">IB")  # meta JSON length, digest size
@@ -205,83 +209,218 @@ def _scalar_text(value: Any) -> str:
     )
 
 
-# An entry of a container being encoded: its JSON text (``"key":value`` in dicts) and the
-# references inside it as (character offset of the ``null`` placeholder, hash).
-_Entry = tuple[str, _Refs]
+# A value (or a container's entry, ``"key":value``) encoded: its UTF-8 JSON text and the
+# references inside it as (byte offset of the ``null`` placeholder, hash).
+_Encoded = tuple[bytes, _Refs]
+# A split step: yields (nothing) between slices of work, returns its result.
+_Work = Generator[None, None, _T]
+
+# How many bytes of JSON text a cooperative split handles between two yields: ~0.1-0.2 ms of
+# CPU here (docs/incremental.md, "Where the split runs").
+_SLICE_BYTES: Final = 32 * 1024
+
+# orjson, refusing what it would encode differently from serde's exact encoder: values of
+# other types raise TypeError (as do ints beyond 64 bits), and the caller falls back to it.
+_fast_dumps: Final = functools.partial(
+    orjson.dumps,
+    option=orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS,
+)
+
+
+def _finish(work: _Work[_T]) -> _T:
+    """Run split work to its end in one go."""
+    try:
+        while True:
+            next(work)
+    except StopIteration as stop:
+        result: _T = stop.value
+        return result
 
 
 class _Splitter:
-    __slots__ = ("_digest", "_known", "_zc", "blobs", "children", "p")
+    __slots__ = ("_budget", "_digest", "_known", "_zc", "blobs", "children", "p")
 
     def __init__(self, params: TreeParams, known: Collection[bytes]) -> None:
         self.p = params
         self._digest = params.digest_size
         self._known = known
+        self._budget = _SLICE_BYTES
         self.blobs: dict[bytes, bytes] = {}
         self.children: dict[bytes, tuple[bytes, ...]] = {}
         self._zc: Any = (
             _zstd().ZstdCompressor(level=params.zstd_level) if params.compression else None
         )
 
-    def encode(self, value: Any) -> tuple[str, _Refs]:
+    def encode(self, value: Any) -> _Encoded:
+        """The exact encoder: any storable value (NaN, infinities, ints of any size)."""
         kind = type(value)
         if kind is dict:
             if not value:
-                return "{}", _NO_REFS
-            entries: list[_Entry] = []
+                return b"{}", _NO_REFS
+            texts: list[bytes] = []
+            refmap: dict[int, _Refs] = {}
             for key, item in value.items():
-                head = _encode_str(key) + ":"
+                head = (_encode_str(key) + ":").encode()
                 text, refs = self.encode(item)
                 if refs:
                     shift = len(head)
-                    refs = [(off + shift, h) for off, h in refs]
-                entries.append((head + text, refs))
-            return self._container(entries, True)
+                    refmap[len(texts)] = [(off + shift, h) for off, h in refs]
+                texts.append(head + text)
+            return self._kept(texts, refmap, True)
         if kind is list:
             if not value:
-                return "[]", _NO_REFS
-            return self._container([self.encode(item) for item in value], False)
-        text = _scalar_text(value)
+                return b"[]", _NO_REFS
+            texts, refmap = [], {}
+            for item in value:
+                text, refs = self.encode(item)
+                if refs:
+                    refmap[len(texts)] = refs
+                texts.append(text)
+            return self._kept(texts, refmap, False)
+        text = _scalar_text(value).encode()
         if len(text) > self.p.inline_limit:
-            return "null", [(0, self.value_node(text, _NO_REFS))]
+            return b"null", [(0, self.value_node(text, _NO_REFS))]
         return text, _NO_REFS
 
-    def _container(self, entries: list[_Entry], is_dict: bool) -> tuple[str, _Refs]:
+    def _kept(self, texts: list[bytes], refmap: dict[int, _Refs], is_dict: bool) -> _Encoded:
+        """A container whose element texts are all at hand (the exact encoder's)."""
+
+        def chunk(start: int, end: int, head: bytes) -> _Encoded:
+            return _join_entries(texts, refmap, start, end, is_dict, head)
+
+        def mix(i: int) -> int:
+            return _mix(zlib.crc32(texts[i]), refmap.get(i))
+
+        return _finish(self._container(list(map(len, texts)), refmap, mix, chunk, is_dict))
+
+    def encode_fast(self, value: Any, text: bytes | None) -> _Work[_Encoded]:
+        """The fast encoder, for values without non-finite floats or ints beyond 64 bits.
+
+        ``text`` is ``_fast_dumps(value)``, or None when not encoded yet (the root, whose
+        whole encoding would be thrown away). Every sub-tree that fits is encoded by one
+        orjson call, so the Python-level work is per element of a large container, not per
+        value. An element's own text is only measured and checksummed (for the boundaries)
+        and then dropped: each chunk is encoded again by one orjson call over its slice of
+        the container, which is what its node holds, so only one buffer per node stays
+        alive (many small buffers kept alive cost several times more to allocate here).
+        Yields every ``_SLICE_BYTES`` of text.
+        """
+        limit = self.p.inline_limit
+        is_dict = type(value) is dict
+        if not is_dict and type(value) is not list and type(value) is not tuple:
+            if text is None:
+                text = _fast_dumps(value)
+            if len(text) <= limit:
+                return text, _NO_REFS
+            return b"null", [(0, self.value_node(text, _NO_REFS))]
+        elements: list[Any] = list(value.items()) if is_dict else list(value)
+        lens: list[int] = []
+        mixes: list[int] = []
+        kept: dict[int, bytes] = {}  # entry texts that hold references
+        refmap: dict[int, _Refs] = {}
+        for i, element in enumerate(elements):
+            if is_dict:
+                key = _fast_dumps(element[0])
+                item = _fast_dumps(element[1])
+                crc = zlib.crc32(item, zlib.crc32(b":", zlib.crc32(key)))
+                size = len(key) + 1 + len(item)
+            else:
+                item = _fast_dumps(element)
+                crc = zlib.crc32(item)
+                size = len(item)
+            if len(item) > limit:
+                inner, refs = yield from self.encode_fast(element[1] if is_dict else element, item)
+                if is_dict:
+                    shift = len(key) + 1
+                    refs = [(off + shift, h) for off, h in refs]
+                    inner = b"".join((key, b":", inner))
+                refmap[i] = refs
+                kept[i] = inner
+                crc = zlib.crc32(inner)
+                size = len(inner)
+            lens.append(size)
+            mixes.append(_mix(crc, refmap.get(i)))
+            self._budget -= size
+            if self._budget < 0:
+                self._budget = _SLICE_BYTES
+                yield
+
+        def chunk(start: int, end: int, head: bytes) -> _Encoded:
+            if not refmap or not any(i in refmap for i in range(start, end)):
+                part = elements[start:end]
+                return b"".join((head, _fast_dumps(dict(part) if is_dict else part))), _NO_REFS
+            texts: list[bytes] = []
+            for i in range(start, end):
+                entry = kept.get(i)
+                if entry is None:
+                    entry = (
+                        b"".join((_fast_dumps(elements[i][0]), b":", _fast_dumps(elements[i][1])))
+                        if is_dict
+                        else _fast_dumps(elements[i])
+                    )
+                texts.append(entry)
+            return _join_entries(
+                texts,
+                {i - start: r for i, r in refmap.items() if start <= i < end},
+                0,
+                end - start,
+                is_dict,
+                head,
+            )
+
+        return (yield from self._container(lens, refmap, mixes.__getitem__, chunk, is_dict))
+
+    def _container(
+        self,
+        lens: list[int],
+        refmap: dict[int, _Refs],
+        mix: Callable[[int], int],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        is_dict: bool,
+    ) -> _Work[_Encoded]:
+        """Encode a container of ``len(lens)`` elements: inline, one node, or chunked.
+
+        ``lens[i]`` is element ``i``'s text length, ``refmap[i]`` its references, ``mix(i)``
+        the checksum that decides boundaries, and ``chunk(start, end, head)`` the text of
+        elements ``start:end`` as a container, after ``head``.
+        """
+        p = self.p
+        n = len(lens)
         # What the container costs in a node: its text plus what its references take.
-        size = len(entries) + 1
-        for text, refs in entries:
-            size += len(text)
-            if refs:
-                size += _REF_WEIGHT * len(refs)
-        if size <= self.p.inline_limit:
-            return _join_entries(entries, is_dict)
-        if size <= 2 * self.p.chunk_avg:
+        size = n + 1 + sum(lens) + _REF_WEIGHT * sum(map(len, refmap.values()))
+        if size <= p.inline_limit:
+            return chunk(0, n, b"")
+        if size <= 2 * p.chunk_avg:
             # Too small to be worth cutting: one node. A container that grows past this
             # is cut once; from then on its boundaries are stable.
-            return "null", [(0, self.value_node(*_join_entries(entries, is_dict)))]
-        chunks = [self.value_node(*_join_entries(c, is_dict)) for c in self._chunks(entries)]
-        return "null", [(0, self._index(chunks, _KIND_DICT if is_dict else _KIND_LIST))]
-
-    def _chunks(self, entries: list[_Entry]) -> list[list[_Entry]]:
-        p = self.p
-        chunks: list[list[_Entry]] = []
-        current: list[_Entry] = []
-        size = 0
-        for entry in entries:
-            current.append(entry)
-            weight = len(entry[0]) + 1 + _REF_WEIGHT * len(entry[1])
+            return b"null", [(0, self._chunk_node(refmap, chunk, 0, n))]
+        chunks: list[bytes] = []
+        chunk_min, chunk_avg, chunk_max = p.chunk_min, p.chunk_avg, p.chunk_max
+        start = size = 0
+        for i in range(n):
+            weight = lens[i] + 1
+            if refmap:
+                refs = refmap.get(i)
+                if refs:
+                    weight += _REF_WEIGHT * len(refs)
             size += weight
-            if size >= p.chunk_max or (
-                size >= p.chunk_min and _entry_mix(entry) % p.chunk_avg < weight
-            ):
-                chunks.append(current)
-                current, size = [], 0
-        if current:
-            chunks.append(current)
-        return chunks
+            if size >= chunk_max or (size >= chunk_min and mix(i) % chunk_avg < weight):
+                chunks.append(self._chunk_node(refmap, chunk, start, i + 1))
+                start = i + 1
+                self._budget -= size
+                size = 0
+                if self._budget < 0:
+                    self._budget = _SLICE_BYTES
+                    yield
+        if start < n:
+            chunks.append(self._chunk_node(refmap, chunk, start, n))
+        return b"null", [(0, self._index(chunks, _KIND_DICT if is_dict else _KIND_LIST))]
 
     def _index(self, hashes: list[bytes], kind: int) -> bytes:
         p = self.p
+        head = bytes((0, kind))
         while len(hashes) > 1:
             groups: list[list[bytes]] = []
             current: list[bytes] = []
@@ -295,23 +434,37 @@ class _Splitter:
                     current = []
             if current:
                 groups.append(current)
-            hashes = [
-                g[0] if len(g) == 1 else self._add(bytes((kind,)) + b"".join(g), g) for g in groups
-            ]
+            hashes = [g[0] if len(g) == 1 else self._add(head + b"".join(g), g) for g in groups]
         return hashes[0]
 
-    def value_node(self, text: str, refs: _Refs) -> bytes:
-        return self._add(_value_node(text, refs), [h for _, h in refs])
+    def _chunk_node(
+        self,
+        refmap: dict[int, _Refs],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        start: int,
+        end: int,
+    ) -> bytes:
+        if refmap and any(i in refmap for i in range(start, end)):
+            return self.value_node(*chunk(start, end, b""))
+        # No references: build the stored blob in one piece.
+        return self._add(chunk(start, end, _PLAIN_LEAF)[0], _NO_HASHES)
 
-    def _add(self, node: bytes, hashes: list[bytes]) -> bytes:
+    def value_node(self, text: bytes, refs: _Refs) -> bytes:
+        if not refs:
+            return self._add(b"".join((_PLAIN_LEAF, text)), _NO_HASHES)
+        return self._add(b"\x00" + _value_node(text, refs), [h for _, h in refs])
+
+    def _add(self, blob: bytes, hashes: list[bytes]) -> bytes:
+        """Name ``blob`` (a zero flags byte + a node) and keep it unless it is known."""
+        node = memoryview(blob)[1:]
         h = _sha256(node).digest()[: self._digest]
         if h not in self.children:
-            self.children[h] = tuple(dict.fromkeys(hashes))
+            self.children[h] = tuple(dict.fromkeys(hashes)) if hashes else ()
             if h not in self._known:
-                self.blobs[h] = self.wrap(node)
+                self.blobs[h] = blob if self._zc is None else self.wrap(node)
         return h
 
-    def wrap(self, node: bytes) -> bytes:
+    def wrap(self, node: bytes | memoryview) -> bytes:
         if self._zc is not None and len(node) > 64:
             packed: bytes = self._zc.compress(node)
             if len(packed) + 8 < len(node):
@@ -319,39 +472,50 @@ class _Splitter:
         return b"\x00" + node
 
 
-def _value_node(text: str, refs: _Refs) -> bytes:
-    data = text.encode()
+def _value_node(data: bytes, refs: _Refs) -> bytes:
     n = len(refs)
     if not n:
         return _LEAF + data
-    offsets = [off for off, _ in refs]
-    if len(data) != len(text):  # not ASCII: turn character offsets into byte offsets
-        offsets, at, prev = [], 0, 0
-        for off, _ in refs:
-            at += len(text[prev:off].encode())
-            offsets.append(at)
-            prev = off
     return b"".join(
-        (b"V", _COUNT.pack(n), *[h for _, h in refs], struct.pack(f">{n}I", *offsets), data)
+        (
+            b"V",
+            _COUNT.pack(n),
+            *[h for _, h in refs],
+            struct.pack(f">{n}I", *[off for off, _ in refs]),
+            data,
+        )
     )
 
 
-def _entry_mix(entry: _Entry) -> int:
-    crc = zlib.crc32(entry[0].encode("utf-8", "surrogatepass"))
-    for _, h in entry[1]:
-        crc = zlib.crc32(h, crc)
+def _mix(crc: int, refs: _Refs | None) -> int:
+    """The boundary checksum of an element: CRC-32 of its text (``crc``) and child hashes."""
+    if refs:
+        for _, h in refs:
+            crc = zlib.crc32(h, crc)
     return ((crc * _MIX) & 0xFFFFFFFF) >> 8
 
 
-def _join_entries(entries: list[_Entry], is_dict: bool) -> tuple[str, _Refs]:
+def _join_entries(
+    texts: list[bytes],
+    refmap: dict[int, _Refs] | None,
+    start: int,
+    end: int,
+    is_dict: bool,
+    head: bytes = b"",
+) -> _Encoded:
+    """The container text of ``texts[start:end]`` (after ``head``) and its references."""
+    opening, closing = (b"{", b"}") if is_dict else (b"[", b"]")
+    body = texts[start] if end - start == 1 else b",".join(texts[start:end])
+    if not refmap:
+        return b"".join((head, opening, body, closing)), _NO_REFS
     refs: _Refs = []
     pos = 1
-    for text, sub in entries:
+    for i in range(start, end):
+        sub = refmap.get(i)
         if sub:
             refs.extend([(pos + off, h) for off, h in sub])
-        pos += len(text) + 1
-    body = ",".join([e[0] for e in entries])
-    return ("{" + body + "}" if is_dict else "[" + body + "]"), refs
+        pos += len(texts[i]) + 1
+    return b"".join((head, opening, body, closing)), refs
 
 
 def _exceeds(value: Any, limit: int) -> bool:
@@ -383,7 +547,11 @@ def _exceeds(value: Any, limit: int) -> bool:
 
 
 def split_state(
-    data: Any, params: TreeParams = DEFAULT_PARAMS, *, known: Collection[bytes] = ()
+    data: Any,
+    params: TreeParams = DEFAULT_PARAMS,
+    *,
+    known: Collection[bytes] = (),
+    finite: bool = False,
 ) -> SplitResult:
     """Cut a storable value into a root and content-addressed blobs.
 
@@ -391,21 +559,36 @@ def split_state(
     encoding is longer than ``params.inline_limit`` become blobs; a value whose whole
     encoding fits in ``params.root_inline_limit`` bytes is kept in the root with no blobs.
     Blobs whose hash is in ``known`` (already stored) are not encoded again and are left
-    out of ``blobs``. Raises :class:`CheckpointSerializationError` for unstorable values.
+    out of ``blobs``. ``finite=True`` promises that no float in ``data`` is NaN or infinite
+    (as :func:`~aiocheckpoint.serde.storable_copy` reports), which allows a several times
+    faster encoder. Raises :class:`CheckpointSerializationError` for unstorable values.
     """
-    return _split(data, params, known, inline=True)
+    return _finish(_split(data, params, known, inline=True, finite=finite))
 
 
-def _split(data: Any, params: TreeParams, known: Collection[bytes], inline: bool) -> SplitResult:
+def _split(
+    data: Any, params: TreeParams, known: Collection[bytes], *, inline: bool, finite: bool
+) -> _Work[SplitResult]:
     splitter = _Splitter(params, known)
     limit = params.root_inline_limit
+    small = inline and limit and not _exceeds(data, limit)
     try:
-        if inline and limit and not _exceeds(data, limit):
-            body = _dumps(data, False)  # exact path: NaN and big ints stay as they are
-            if len(body) <= limit:
-                return SplitResult(splitter.wrap(b"V\x00\x00\x00\x00" + body), {}, {}, ())
-        text, refs = splitter.encode(data)
-        root = _value_node(text, refs)
+        if finite:
+            try:
+                if small:
+                    body = _fast_dumps(data)
+                    if len(body) <= limit:
+                        return SplitResult(splitter.wrap(_LEAF + body), {}, {}, ())
+                encoded, refs = yield from splitter.encode_fast(data, None)
+            except TypeError:  # an int beyond 64 bits, or not storable: the exact encoder
+                splitter, finite = _Splitter(params, known), False
+        if not finite:
+            if small:
+                body = _dumps(data, False)  # exact: NaN, big ints stay as they are
+                if len(body) <= limit:
+                    return SplitResult(splitter.wrap(_LEAF + body), {}, {}, ())
+            encoded, refs = splitter.encode(data)
+        root = _value_node(encoded, refs)
     except (ValueError, TypeError, RecursionError) as exc:
         if isinstance(exc, CheckpointSerializationError):
             raise
@@ -484,14 +667,16 @@ class _Joiner:
 
     The value nodes' texts are spliced together at their placeholders into one JSON
     document that a single ``json.loads`` turns into the state: the same parse the
-    version-1 format does, plus a hash and a few slices per node.
+    version-1 format does, plus a hash and a few slices per node. An uncompressed leaf is
+    kept as its stored blob (hashed and later spliced in place, never copied), any other
+    node as ``(node, refs)``.
     """
 
     def __init__(self, digest: int, max_bytes: int) -> None:
         self._digest = digest
         self._budget = max_bytes
         self._unwrap = _Unwrapper()
-        self._nodes: dict[bytes, tuple[bytes, list[bytes]]] = {}
+        self._nodes: dict[bytes, bytes | tuple[bytes, list[bytes]]] = {}
 
     def steps(self, root: bytes) -> _Steps[Any]:
         digest = self._digest
@@ -503,14 +688,20 @@ class _Joiner:
         while pending:
             got = yield list(pending)
             level: dict[bytes, None] = {}
+            get, sha, plain_leaf = got.get, _sha256, _PLAIN_LEAF
             for h in pending:
-                stored = got.get(h)
+                stored = get(h)
                 if stored is None:
                     raise _corrupt(f"missing blob {h.hex()}")
-                node = stored[1:] if stored[:1] == b"\x00" else unwrap(stored)
+                if stored.startswith(plain_leaf):  # the common case: hashed in place
+                    if sha(memoryview(stored)[1:]).digest()[:digest] != h:
+                        raise _corrupt(f"blob {h.hex()} does not match its hash")
+                    nodes[h] = stored
+                    continue
+                node = unwrap(stored)
                 if _sha256(node).digest()[:digest] != h:
                     raise _corrupt(f"blob {h.hex()} does not match its hash")
-                refs = _NO_HASHES if node[:5] == _LEAF else _node_refs(node, digest)
+                refs = _NO_HASHES if node.startswith(_LEAF) else _node_refs(node, digest)
                 nodes[h] = (node, refs)
                 for child in refs:
                     if child not in nodes and child not in pending:
@@ -522,6 +713,11 @@ class _Joiner:
         self._emit(root_node, root_refs, out, 0)
         return _loads(b"".join(out))
 
+    def _spend(self, size: int) -> None:
+        self._budget -= size
+        if self._budget < 0:
+            raise _corrupt("tree expands beyond the record size limit")
+
     def _emit(
         self, node: bytes, refs: list[bytes], out: list[bytes | memoryview], inner: int
     ) -> None:
@@ -531,27 +727,43 @@ class _Joiner:
         index (0 otherwise): then its brackets are left out so the chunks concatenate.
         """
         kind = node[0]
+        nodes = self._nodes
         if kind != _KIND_VALUE:
             opening, closing = (b"[", b"]") if kind == _KIND_LIST else (b"{", b"}")
-            if inner and inner != opening[0]:
+            bracket = opening[0]
+            if inner and inner != bracket:
                 raise _corrupt("index node of the wrong kind")
             if not inner:
                 out.append(opening)
-            nodes = self._nodes
-            for i, h in enumerate(refs):
-                if i:
-                    out.append(b",")
-                child, child_refs = nodes[h]
-                self._emit(child, child_refs, out, opening[0])
+            pieces: list[bytes | memoryview] = []
+            budget = self._budget
+            close = bracket + 2  # "]" / "}"
+            for h in refs:
+                child = nodes[h]
+                if isinstance(child, tuple):
+                    self._budget = budget
+                    sub: list[bytes | memoryview] = []
+                    self._emit(child[0], child[1], sub, bracket)
+                    budget = self._budget
+                    pieces.append(b"".join(sub))
+                    continue
+                # A stored leaf chunk (the common case), without a call: b"\0V\0\0\0\0[...]".
+                end = len(child)
+                if end < 9 or child[6] != bracket or child[end - 1] != close:
+                    raise _corrupt("chunk of the wrong kind")
+                budget -= end - 8
+                if budget < 0:
+                    raise _corrupt("tree expands beyond the record size limit")
+                pieces.append(memoryview(child)[7 : end - 1])
+            self._budget = budget
+            out.append(b",".join(pieces))
             if not inner:
                 out.append(closing)
             return
         n = len(refs)
         base = 5 + n * (self._digest + 4)
         end = len(node)
-        self._budget -= end - base
-        if self._budget < 0:
-            raise _corrupt("tree expands beyond the record size limit")
+        self._spend(end - base)
         pos = base
         if inner:
             if end - base < 3 or node[base] != inner or node[-1] != inner + 2:  # "]" / "}"
@@ -560,20 +772,17 @@ class _Joiner:
         view = memoryview(node)
         if n:
             offsets = struct.unpack_from(f">{n}I", node, base - 4 * n)
-            nodes = self._nodes
             for off, h in zip(offsets, refs, strict=True):
                 at = base + off
                 if at < pos or at + 4 > end or node[at : at + 4] != b"null":
                     raise _corrupt("reference does not point at a placeholder")
                 out.append(view[pos:at])
-                child, child_refs = nodes[h]
-                if child_refs or child[0] != _KIND_VALUE:
-                    self._emit(child, child_refs, out, 0)
-                else:  # the common leaf, without a call
-                    self._budget -= len(child) - 5
-                    if self._budget < 0:
-                        raise _corrupt("tree expands beyond the record size limit")
-                    out.append(memoryview(child)[5:])
+                child = nodes[h]
+                if isinstance(child, tuple):
+                    self._emit(child[0], child[1], out, 0)
+                else:  # a stored leaf, without a call
+                    self._spend(len(child) - 6)
+                    out.append(memoryview(child)[6:])
                 pos = at + 4
         out.append(view[pos:end])
 
@@ -719,14 +928,36 @@ def _meta_bytes(meta: dict[str, Any]) -> bytes:
 
 
 def encode_checkpoint_v2(
-    checkpoint: Checkpoint, params: TreeParams = DEFAULT_PARAMS, *, known: Collection[bytes] = ()
+    checkpoint: Checkpoint,
+    params: TreeParams = DEFAULT_PARAMS,
+    *,
+    known: Collection[bytes] = (),
+    finite: bool = False,
 ) -> tuple[bytes, SplitResult]:
     """Encode a checkpoint as a version-2 record plus the blobs its state needs.
 
     A checkpoint whose JSON (state included) fits in ``params.root_inline_limit`` bytes is
     stored whole in the record, with no blobs and no root (``result.root == b""``).
     Otherwise the caller must make every blob in ``result.blobs`` durable before the
-    record (see docs/incremental.md). The state must already be storable.
+    record (see docs/incremental.md). The state must already be storable; ``finite`` is as
+    in :func:`split_state`.
+    """
+    return _finish(encode_v2_work(checkpoint, params, known=known, finite=finite))
+
+
+def encode_v2_work(
+    checkpoint: Checkpoint,
+    params: TreeParams = DEFAULT_PARAMS,
+    *,
+    known: Collection[bytes] = (),
+    finite: bool = False,
+) -> Generator[None, None, tuple[bytes, SplitResult]]:
+    """:func:`encode_checkpoint_v2` as a generator that yields between slices of work.
+
+    With ``finite=True`` each slice is ~0.1-0.2 ms of CPU, so an event loop can run the
+    encoding itself, resuming the generator between its other callbacks, instead of
+    handing it to a thread that would hold the GIL against the loop. Without ``finite`` the
+    exact encoder runs in one slice.
     """
     meta = _meta(checkpoint)
     data = checkpoint.state_snapshot.data
@@ -737,7 +968,7 @@ def encode_checkpoint_v2(
         if len(meta_bytes) <= limit:
             return _record(meta_bytes, params.digest_size, b""), SplitResult(b"", {}, {}, ())
         del meta["state"]["data"]
-    split = _split(data, params, known, inline=False)
+    split = yield from _split(data, params, known, inline=False, finite=finite)
     return _record(_meta_bytes(meta), params.digest_size, split.root), split
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Collection, Mapping
+import time
+from collections.abc import AsyncIterator, Collection, Generator, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from typing_extensions import Self
 
@@ -26,7 +28,7 @@ from .errors import (
     StorageClosedError,
     UnsupportedOperationError,
 )
-from .incremental import _exceeds, decode_checkpoint_v2, encode_checkpoint_v2
+from .incremental import _exceeds, decode_checkpoint_v2, encode_checkpoint_v2, encode_v2_work
 from .leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from .models import (
     AgentStatus,
@@ -38,7 +40,7 @@ from .models import (
     default_metrics,
     utcnow,
 )
-from .serde import decode_checkpoint, encode_checkpoint, storable_copy
+from .serde import decode_checkpoint, encode_checkpoint, storable_copy, storable_copy_work
 from .state import SharedState
 from .storage.base import (
     BlobCheckpointStorage,
@@ -56,10 +58,13 @@ logger = logging.getLogger("aiocheckpoint")
 ResumePoint = tuple[int, StateSnapshot, ExecutionMetrics]
 
 _PAGE = 100
+#: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
+_HELD_LONG = 0.0002
 _RETRIES = 8
 
 
 _E = TypeVar("_E", AgentStatus, WorkflowStatus)
+_R = TypeVar("_R")
 
 
 def _enum(kind: type[_E], status: Any) -> _E:
@@ -179,16 +184,25 @@ class CheckpointManager:
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
         _check_text(agent_id, "agent_id")
-        now = utcnow()
-        snapshot, finite = _snapshot_of(state, now)
+        # Everything the caller owns is copied before the first await (a SharedState's
+        # tree is copy-on-write, so only it may be copied while other tasks run).
         meta: dict[str, Any] = {}
+        meta_finite = True
         if metadata is not None and not isinstance(metadata, Mapping):
             raise InvalidArgumentError(
                 f"metadata must be a mapping or None, not {type(metadata).__qualname__}"
             )
         if metadata:
             meta, meta_finite = storable_copy(dict(metadata), "metadata")
-            finite = finite and meta_finite
+        now = utcnow()
+        copying = time.perf_counter()
+        if isinstance(state, SharedState):
+            # Its tree is copy-on-write: taken now, copied in slices (see _shared_snapshot).
+            snapshot, finite = await _shared_snapshot(state)
+        else:
+            snapshot, finite = _snapshot_of(state, now)
+        copied = time.perf_counter()
+        finite = finite and meta_finite
         checkpoint = built(
             Checkpoint,
             workflow_id=workflow_id,
@@ -203,13 +217,26 @@ class CheckpointManager:
         if lease is not None:
             fence_token(lease, workflow_id)
             self._workflow_storage()
+        if copied - copying > _HELD_LONG:
+            # A large state's copy (which must happen before any await: the caller may
+            # change the state afterwards) held the loop: let it run before the encoding,
+            # which works on our private copy. Each writer then holds the loop for one
+            # step at a time, and a round of the loop over 20 writers stays short.
+            await anyio.lowlevel.checkpoint()
         blobs = self._blobs
         if blobs is not None and _exceeds(snapshot.data, blobs.blob_params.root_inline_limit):
-            # Cutting a large state is CPU work (~40 ms per MB): do it off the event loop.
-            # ``checkpoint`` holds private copies made above, so the thread reads alone.
-            record, split = await anyio.to_thread.run_sync(
-                functools.partial(encode_checkpoint_v2, checkpoint, blobs.blob_params)
-            )
+            # ``checkpoint`` holds private copies made above, so nothing else changes it.
+            if finite:
+                # ~5 ms of CPU per MB, mostly Python: a worker thread would hold the GIL
+                # against the loop for whole switch intervals (5 ms each), so the loop runs
+                # it itself in slices of ~0.1-0.2 ms (docs/incremental.md).
+                record, split = await _cooperate(
+                    encode_v2_work(checkpoint, blobs.blob_params, finite=True)
+                )
+            else:  # NaN, infinities: the exact encoder, which does not slice
+                record, split = await anyio.to_thread.run_sync(
+                    functools.partial(encode_checkpoint_v2, checkpoint, blobs.blob_params)
+                )
             if split.root:
                 await blobs.save_tree(
                     workflow_id, step, record, split, keep_last=self._max_checkpoints, fence=lease
@@ -532,23 +559,46 @@ class CheckpointManager:
             raise StorageClosedError("CheckpointManager is closed")
 
 
+async def _cooperate(work: Generator[None, None, _R]) -> _R:
+    """Run ``work`` on the event loop, letting other callbacks run between its slices.
+
+    The first slice runs at once: work that ends within it never awaits.
+    """
+    try:
+        while True:
+            next(work)
+            await anyio.lowlevel.checkpoint()
+    except StopIteration as stop:
+        result: _R = stop.value
+        return result
+
+
+async def _shared_snapshot(state: SharedState) -> tuple[StateSnapshot, bool]:
+    """Snapshot a SharedState: its data and version as of the call, copied in slices.
+
+    The tree is taken before the first await and is never changed in place (a change
+    copies the dicts on its path into a new tree), so copying it while other tasks run,
+    even ones that change the state, still copies the state of the call. A small state
+    is copied in the first slice, without an await.
+    """
+    data, version = state._peek()
+    version = built(
+        StateVersion,
+        version=version.version,
+        timestamp=version.timestamp,
+        agent_id=version.agent_id,
+        changed_fields=list(version.changed_fields),
+    )
+    copy, finite = await _cooperate(storable_copy_work(data))
+    return built(StateSnapshot, data=copy, version=version, metadata={}), finite
+
+
 def _snapshot_of(
-    state: SharedState | StateSnapshot | Mapping[str, Any], now: datetime
+    state: StateSnapshot | Mapping[str, Any], now: datetime
 ) -> tuple[StateSnapshot, bool]:
     if type(state) is dict:  # the common case first; storable_copy makes the copy
         copy, finite = storable_copy(state)
         version = built(StateVersion, version=0, timestamp=now, agent_id=None, changed_fields=[])
-        return built(StateSnapshot, data=copy, version=version, metadata={}), finite
-    if isinstance(state, SharedState):
-        data, version = state._peek()
-        copy, finite = storable_copy(data)
-        version = built(
-            StateVersion,
-            version=version.version,
-            timestamp=version.timestamp,
-            agent_id=version.agent_id,
-            changed_fields=list(version.changed_fields),
-        )
         return built(StateSnapshot, data=copy, version=version, metadata={}), finite
     if isinstance(state, StateSnapshot):
         copy, finite = storable_copy(state.data)

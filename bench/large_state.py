@@ -1,0 +1,308 @@
+"""Large states (issues #6 and #9): event-loop lag, split/join speed, resume, small writes.
+
+    python bench/large_state.py [--quick] [--compare OTHER_SRC] [--rounds N]
+
+Measures, in one process per source tree:
+
+* ``lag``: a 1 ms heartbeat's lateness (p50/p99/max) while 20 workflows write ~1 MB states
+  (bench workload 2, "20x1MB") through ``CheckpointManager`` on the memory store, the file
+  store (incremental, and ``incremental=False``) and SQLite;
+* ``split``/``join``: MB/s (of CPU time) of ``split_state`` (exact and, where it exists,
+  ``finite=True``) and ``join_state`` on the 1 MB state with an in-memory fetch, next to
+  the version-1 ``encode_checkpoint``/``decode_checkpoint``;
+* ``resume``: ``get_resume_point`` of a ~10 MB state on the file store, incremental vs
+  ``incremental=False`` (wall time); and the same decode with blobs in a dict (CPU time);
+* ``small``: ~1 KB writes per second on the file store, incremental vs not;
+* ``shared`` (instead of ``lag``): the lag runs with each workflow's state in a
+  ``SharedState`` (whose copy the manager takes in slices) on the memory and file stores.
+
+``--compare OTHER_SRC`` runs the same measurements against another checkout's ``src`` (for
+example the main branch) in alternating child processes, ``--rounds`` times each, and
+prints medians side by side with the ratio this/other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _mb_s(seconds: float, nbytes: int) -> float:
+    return nbytes / seconds / 1e6
+
+
+def _best(call: Any, repeats: int) -> float:
+    """Median CPU time of ``call()`` over ``repeats`` runs (after one warm-up).
+
+    CPU rather than wall time: on a shared machine it does not count the time other
+    processes hold the cores (the calls measured here are single-threaded, no I/O).
+    """
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        call()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def cpu(quick: bool) -> dict[str, float]:
+    """Split, join and version-1 encode/decode speeds on the 1 MB documents state."""
+    import inspect
+
+    from aiocheckpoint.incremental import join_state, split_state
+    from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot
+    from aiocheckpoint.serde import decode_checkpoint, encode_checkpoint, storable_copy
+    from bench.data import DocStates
+
+    state, _ = storable_copy(DocStates.of(1_000_000).at(1))
+    checkpoint = Checkpoint(
+        workflow_id="wf",
+        step=1,
+        agent_id="a",
+        status=AgentStatus.COMPLETED,
+        state_snapshot=StateSnapshot(data=state),
+    )
+    record = encode_checkpoint(checkpoint, finite=True)
+    size = len(record)
+    n = 5 if quick else 15
+    out = {
+        "v1_encode_MB_s": _mb_s(_best(lambda: encode_checkpoint(checkpoint, finite=True), n), size),
+        "v1_decode_MB_s": _mb_s(_best(lambda: decode_checkpoint(record), n), size),
+        "split_exact_MB_s": _mb_s(_best(lambda: split_state(state), n), size),
+    }
+    kwargs: dict[str, Any] = {}
+    if "finite" in inspect.signature(split_state).parameters:
+        kwargs["finite"] = True
+        out["split_fast_MB_s"] = _mb_s(_best(lambda: split_state(state, finite=True), n), size)
+    split = split_state(state, **kwargs)
+    blobs = split.blobs
+
+    def fetch(hashes: Any) -> dict[bytes, bytes]:
+        return {h: blobs[h] for h in hashes}
+
+    out["join_MB_s"] = _mb_s(_best(lambda: join_state(split.root, fetch), n), size)
+    return out
+
+
+async def _lag_run(manager: Any, seconds: float, shared: bool = False) -> dict[str, float]:
+    """20 workflows write ~1 MB states for ``seconds`` while a heartbeat measures lateness.
+
+    With ``shared``, each workflow keeps its state in a ``SharedState`` whose counter it
+    sets before each checkpoint, instead of handing over a plain dict.
+    """
+    from aiocheckpoint import SharedState
+    from bench.data import DocStates
+    from bench.workloads import Heartbeat
+
+    docs = DocStates.of(1_000_000)
+    workflows = [f"wf-{i}" for i in range(20)]
+    states = {wf: SharedState(docs.at(0)) for wf in workflows} if shared else {}
+
+    def state_at(wf: str, step: int) -> Any:
+        if not shared:
+            return docs.at(step)
+        states[wf].set("counter", step)
+        return states[wf]
+
+    await asyncio.gather(
+        *(manager.create_checkpoint(wf, 0, "a", "completed", state_at(wf, 0)) for wf in workflows)
+    )
+    heartbeat = Heartbeat()
+    heartbeat.start()
+    deadline = time.perf_counter() + seconds
+    written = 0
+
+    async def writer(wf: str) -> None:
+        nonlocal written
+        step = 1
+        while time.perf_counter() < deadline:
+            await manager.create_checkpoint(wf, step, "a", "completed", state_at(wf, step))
+            written += 1
+            step += 1
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(writer(wf) for wf in workflows))
+    figures = await heartbeat.stop()
+    return {
+        "p50_ms": figures["lag_p50_ms"],
+        "p99_ms": figures["lag_p99_ms"],
+        "max_ms": figures["lag_max_ms"],
+        "writes_s": written / seconds,
+    }
+
+
+async def lag(quick: bool, parts: str) -> dict[str, float]:
+    """Workload 2 with 20 writers of ~1 MB states, per backend (SharedState ones: "shared")."""
+    from aiocheckpoint import CheckpointManager, open_storage
+
+    out: dict[str, float] = {}
+    for name, url, options, shared in (
+        ("memory", "memory://", {}, False),
+        ("file", "file://{dir}/store", {}, False),
+        ("file-v1", "file://{dir}/store", {"incremental": False}, False),
+        ("sqlite", "sqlite://{dir}/store.db", {}, False),
+        ("shared-memory", "memory://", {}, True),
+        ("shared-file", "file://{dir}/store", {}, True),
+    ):
+        if shared != ("shared" in parts):
+            continue
+        with tempfile.TemporaryDirectory(prefix="ackp-lag-") as tmp:
+            async with CheckpointManager(open_storage(url.format(dir=tmp)), **options) as manager:
+                figures = await _lag_run(manager, 1.0 if quick else 2.0, shared)
+        out.update({f"lag_{name}_{key}": value for key, value in figures.items()})
+    return out
+
+
+async def slices(quick: bool) -> dict[str, float]:
+    """CPU time the event loop's thread spends in each callback during the 20 x 1 MB run.
+
+    Unlike the heartbeat's lateness, CPU time does not count the time other processes hold
+    the cores, so on a loaded machine it shows what the loop itself is asked to do: a round
+    over 20 busy writers costs the heartbeat about 20 of these slices.
+    """
+    from aiocheckpoint import CheckpointManager, open_storage
+
+    run = asyncio.events.Handle._run
+    spent: list[float] = []
+
+    def timed(handle: asyncio.events.Handle) -> None:
+        start = time.thread_time()
+        run(handle)
+        spent.append(time.thread_time() - start)
+
+    out: dict[str, float] = {}
+    for name, url in (("memory", "memory://"), ("file", "file://{dir}/store")):
+        with tempfile.TemporaryDirectory(prefix="ackp-slices-") as tmp:
+            async with CheckpointManager(open_storage(url.format(dir=tmp))) as manager:
+                asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+                try:
+                    await _lag_run(manager, 1.0 if quick else 2.0)
+                finally:
+                    asyncio.events.Handle._run = run  # type: ignore[method-assign]
+        spent.sort()
+        out[f"slice_{name}_p50_ms"] = spent[len(spent) // 2] * 1e3
+        out[f"slice_{name}_p99_ms"] = spent[int(len(spent) * 0.99)] * 1e3
+        out[f"slice_{name}_max_ms"] = spent[-1] * 1e3
+        spent.clear()
+    return out
+
+
+def _read_blobs(root: Path) -> dict[bytes, bytes]:
+    """Every blob of a file store, read into a dict (for a CPU-only decode)."""
+    return {bytes.fromhex(p.name): p.read_bytes() for p in root.glob("??/*") if len(p.name) > 8}
+
+
+def _decode_seconds(data: bytes, blobs: dict[bytes, bytes] | None, calls: int) -> float:
+    """CPU time of decoding one record with its blobs in a dict (no I/O)."""
+    from aiocheckpoint.incremental import decode_checkpoint_v2
+    from aiocheckpoint.serde import decode_checkpoint
+
+    if blobs is None:
+        return _best(lambda: decode_checkpoint(data), calls)
+    return _best(lambda: decode_checkpoint_v2(data, lambda hs: {h: blobs[h] for h in hs}), calls)
+
+
+async def resume_and_small(quick: bool) -> dict[str, float]:
+    """10 MB resume and ~1 KB write rate on the file store, incremental vs not."""
+    from aiocheckpoint import CheckpointManager
+    from aiocheckpoint.storage.file import FileCheckpointStorage
+    from bench.data import DocStates, small_state
+
+    big = DocStates.of(10_000_000).at(1)
+    out: dict[str, float] = {}
+    calls = 3 if quick else 7
+    with tempfile.TemporaryDirectory(prefix="ackp-resume-") as tmp:
+        for incremental in (False, True):
+            label = "v2" if incremental else "v1"
+            storage = FileCheckpointStorage(os.path.join(tmp, label))
+            async with CheckpointManager(storage, incremental=incremental) as manager:
+                await manager.create_checkpoint("wf", 1, "a", "completed", big)
+                await manager.get_resume_point("wf")
+                times = []
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    await manager.get_resume_point("wf")
+                    times.append(time.perf_counter() - start)
+                out[f"resume_{label}_ms"] = statistics.median(times) * 1e3
+                stored = await storage.load("wf", 1)
+                assert stored is not None
+                blobs = None
+                if incremental:
+                    blobs = await asyncio.to_thread(_read_blobs, Path(tmp, label, "blobs"))
+                out[f"resume_{label}_cpu_ms"] = _decode_seconds(stored.data, blobs, calls) * 1e3
+                n = 100 if quick else 300
+                start = time.perf_counter()
+                for step in range(n):
+                    await manager.create_checkpoint(
+                        "small", step, "a", "running", small_state(step)
+                    )
+                out[f"small_{label}_writes_s"] = n / (time.perf_counter() - start)
+    out["resume_ratio_v2_v1"] = out["resume_v2_ms"] / out["resume_v1_ms"]
+    out["resume_cpu_ratio_v2_v1"] = out["resume_v2_cpu_ms"] / out["resume_v1_cpu_ms"]
+    out["small_time_ratio_v2_v1"] = out["small_v1_writes_s"] / out["small_v2_writes_s"]
+    return out
+
+
+def child(src: str, quick: bool, parts: str) -> None:
+    sys.path[:0] = [src, str(ROOT)]
+    out: dict[str, Any] = {"src": src}
+    if "cpu" in parts:
+        out.update(cpu(quick))
+    if "lag" in parts or "shared" in parts:
+        out.update(asyncio.run(lag(quick, parts)))
+    if "slices" in parts:
+        out.update(asyncio.run(slices(quick)))
+    if "resume" in parts:
+        out.update(asyncio.run(resume_and_small(quick)))
+    print(json.dumps(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--compare", help="another checkout's src directory (the baseline)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--parts", default="cpu,lag,resume")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.quick, args.parts)
+        return
+    sources = {"this": str(ROOT / "src")}
+    if args.compare:
+        sources["other"] = str(Path(args.compare).resolve())
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in sources}
+    for _ in range(args.rounds):
+        for name, src in sources.items():
+            command = [sys.executable, __file__, "--child", src, "--parts", args.parts]
+            if args.quick:
+                command.append("--quick")
+            env = {**os.environ, "PYTHONPATH": src}
+            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    keys = [k for k in results["this"][0] if k != "src"]
+    print(f"{'figure':28s} " + " ".join(f"{n:>10s}" for n in sources) + "  this/other")
+    for key in keys:
+        values = [
+            statistics.median(r.get(key, float("nan")) for r in results[name]) for name in sources
+        ]
+        ratio = ""
+        if len(values) == 2 and values[1] and values[0] == values[0]:
+            ratio = f"{values[0] / values[1]:10.2f}"
+        print(f"{key:28s} " + " ".join(f"{v:10.2f}" for v in values) + f"  {ratio}")
+
+
+if __name__ == "__main__":
+    main()
