@@ -448,6 +448,8 @@ class Checkpointer:
         self.runs = 0
         self.busy = 0
         self.failures = 0
+        #: The last checkpoint's report (None before the first, or after a failure).
+        self.last: CheckpointResult | None = None
 
     def run(self) -> CheckpointResult | None:
         """One PASSIVE checkpoint; None if it failed."""
@@ -458,10 +460,12 @@ class Checkpointer:
             result = wal_checkpoint(self.conn, "PASSIVE")
         except sqlite3.Error as exc:
             self.failures += 1
+            self.last = None
             logger.warning("SQLite WAL checkpoint of %s failed: %s", self.path, exc)
             return None
         if result.busy:
             self.busy += 1
+        self.last = result
         return result
 
     def close(self) -> None:
