@@ -163,7 +163,9 @@ class _WriterProbe:
         self.last_end: float | None = None
         writer = _sqlite_db.Writer
         self._saved = {
-            name: writer.__dict__[name] for name in ("run_batch", "_begin", "_commit", "_apply_all")
+            name: writer.__dict__[name]
+            for name in ("run_batch", "_begin", "_commit", "_apply_all", "_checkpoint")
+            if name in writer.__dict__  # _checkpoint: the writer's own (catch-up) checkpoints
         }
         probe = self
 
@@ -193,6 +195,8 @@ class _WriterProbe:
         writer._begin = timed("BEGIN", self._saved["_begin"])  # type: ignore[method-assign]
         writer._commit = timed("COMMIT", self._saved["_commit"])  # type: ignore[method-assign]
         writer._apply_all = classmethod(timed("apply saves", apply_all))  # type: ignore[method-assign,assignment]
+        if "_checkpoint" in self._saved:
+            writer._checkpoint = timed("catch-up", self._saved["_checkpoint"])  # type: ignore[method-assign]
 
     def reset(self) -> None:
         self.sizes.clear()

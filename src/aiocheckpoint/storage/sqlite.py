@@ -64,6 +64,8 @@ T = TypeVar("T")
 
 #: A batch stops growing at this many queued bytes (it always takes at least one write).
 _MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
+#: Seconds without a batch after which the writer counts as idle and the WAL is checkpointed.
+_IDLE_SECONDS: Final = 0.1
 
 
 @dataclass(eq=False)
@@ -134,6 +136,8 @@ class SQLiteCheckpointStorage(BaseStorage):
         self._checkpointer = Checkpointer(self._path, float(busy_timeout))
         self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="aiocheckpoint-sqlite-c")
         self._checkpointing: asyncio.Future[CheckpointResult | None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_batch = 0.0  # loop.time() when the writer last took a batch
         self._pending: deque[_Pending] = deque()
         self._busy = False  # a batch (or the open) is in the writer thread
         self._kick_due = False  # a _kick is scheduled for the next loop iteration
@@ -364,6 +368,7 @@ class SQLiteCheckpointStorage(BaseStorage):
             self._wake_idle_waiters()
             self._maybe_checkpoint(idle=True)
             return
+        self._last_batch = asyncio.get_running_loop().time()
         try:
             done = asyncio.get_running_loop().run_in_executor(
                 self._write_thread, self._writer.run_batch, [item.op for item in batch]
@@ -392,7 +397,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         asyncio.get_running_loop().call_soon(self._writer_free)
 
     def _maybe_checkpoint(self, *, idle: bool) -> None:
-        """Start a background checkpoint when enough was committed, or any when idle.
+        """Start a background checkpoint when enough was committed; when idle, arm a timer.
 
         Called only while the writer thread is not running a batch, so reading and
         resetting its page count needs no lock.
@@ -400,10 +405,31 @@ class SQLiteCheckpointStorage(BaseStorage):
         writer = self._writer
         if self._checkpointing is not None or self._closing is not None:
             return
-        if writer.catch_up and not idle:  # the writer's next batch finishes it
+        if writer.wal_pages >= CHECKPOINT_PAGES and not writer.catch_up:
+            self._start_checkpoint()
+        elif idle and writer.wal_pages > 0 and self._idle_timer is None:
+            # Not at once: between two writes of one caller the writer is idle for a moment,
+            # and a checkpoint (two fsyncs) after every commit would halve C=1's rate.
+            self._idle_timer = asyncio.get_running_loop().call_later(
+                _IDLE_SECONDS, self._idle_checkpoint
+            )
+
+    def _idle_checkpoint(self) -> None:
+        self._idle_timer = None
+        if self._busy or self._pending or self._checkpointing is not None:
+            return  # the writer's next idle moment arms the timer again
+        if self._closing is not None or self._writer.wal_pages == 0:
             return
-        if writer.wal_pages < CHECKPOINT_PAGES and not (idle and writer.wal_pages > 0):
+        quiet = asyncio.get_running_loop().time() - self._last_batch
+        if quiet < _IDLE_SECONDS:
+            self._idle_timer = asyncio.get_running_loop().call_later(
+                _IDLE_SECONDS - quiet, self._idle_checkpoint
+            )
             return
+        self._start_checkpoint()
+
+    def _start_checkpoint(self) -> None:
+        writer = self._writer
         try:
             running = asyncio.get_running_loop().run_in_executor(
                 self._checkpoint_thread, self._checkpointer.run
@@ -557,6 +583,9 @@ class SQLiteCheckpointStorage(BaseStorage):
         await asyncio.shield(self._closing)
 
     async def _shutdown(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         try:
             await self._flush()
             if self._opening is not None:
