@@ -11,7 +11,8 @@ ones on a loaded machine; compare them between two checkouts run one after the o
   to back, yielding once between checkpoints as ``bench/run.py``'s write workload does.
 * ``sqlite round``: at C=100 the share of wall time the loop sat idle in ``epoll`` (waiting
   for the writer thread), the writer's busy share, the batch sizes, and the writer's phases
-  per batch (BEGIN, applying the saves, COMMIT with its fsync).
+  per batch (BEGIN, applying the saves, COMMIT with its fsync, the hand-over gap between
+  two batches) as p50/p99/max.
 
 Usage: ``python bench/hot_path.py [--seconds S] [--dir DIR]``
 """
@@ -143,15 +144,28 @@ class _Idle:
         selector.select = select  # type: ignore[method-assign]
 
 
+def _spread(times: Sequence[float]) -> dict[str, float]:
+    """p50, p99 and max of a phase's durations."""
+    ordered = sorted(times)
+    return {
+        "p50": statistics.median(ordered),
+        "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        "max": ordered[-1],
+    }
+
+
 class _WriterProbe:
     """Times the SQLite writer's batches and their phases (runs in the writer thread)."""
 
     def __init__(self) -> None:
         self.sizes: collections.Counter[int] = collections.Counter()
         self.phases: dict[str, list[float]] = collections.defaultdict(list)
+        self.last_end: float | None = None
         writer = _sqlite_db.Writer
         self._saved = {
-            name: writer.__dict__[name] for name in ("run_batch", "_begin", "_commit", "_apply_all")
+            name: writer.__dict__[name]
+            for name in ("run_batch", "_begin", "_commit", "_apply_all", "_checkpoint")
+            if name in writer.__dict__  # _checkpoint: the writer's own (catch-up) checkpoints
         }
         probe = self
 
@@ -169,17 +183,25 @@ class _WriterProbe:
 
         def run_batch(writer_self: Any, ops: Sequence[Any]) -> Any:
             probe.sizes[len(ops)] += 1
-            return timed_batch(writer_self, ops)
+            if probe.last_end is not None:  # the hand-over: the loop settling and re-queuing
+                probe.phases["gap"].append(time.perf_counter() - probe.last_end)
+            try:
+                return timed_batch(writer_self, ops)
+            finally:
+                probe.last_end = time.perf_counter()
 
         apply_all = self._saved["_apply_all"].__func__
         writer.run_batch = run_batch  # type: ignore[method-assign]
         writer._begin = timed("BEGIN", self._saved["_begin"])  # type: ignore[method-assign]
         writer._commit = timed("COMMIT", self._saved["_commit"])  # type: ignore[method-assign]
         writer._apply_all = classmethod(timed("apply saves", apply_all))  # type: ignore[method-assign,assignment]
+        if "_checkpoint" in self._saved:
+            writer._checkpoint = timed("catch-up", self._saved["_checkpoint"])  # type: ignore[method-assign]
 
     def reset(self) -> None:
         self.sizes.clear()
         self.phases.clear()
+        self.last_end = None
 
     def close(self) -> None:
         for name, value in self._saved.items():
@@ -205,8 +227,9 @@ async def loops(seconds: float, root: Path) -> None:
                     runs.append(run)
                     if name == "sqlite" and concurrency == 100:
                         phases = {
-                            f"{phase} p50_ms": round(statistics.median(times) * 1e3, 3)
+                            f"{phase} {label}_ms": round(value * 1e3, 3)
                             for phase, times in probe.phases.items()
+                            for label, value in _spread(times).items()
                         }
                         emit(
                             figure="sqlite round C=100",

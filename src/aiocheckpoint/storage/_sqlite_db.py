@@ -10,6 +10,7 @@ several processes can share one database file.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import sqlite3
@@ -32,6 +33,16 @@ from ._sqlite_schema import MIGRATIONS, Migration, migrate
 from .base import StoredCheckpoint
 
 T = TypeVar("T")
+
+logger = logging.getLogger("aiocheckpoint")
+
+#: Estimated WAL pages written since the last checkpoint after which a background
+#: checkpoint starts (SQLite's automatic checkpoint, turned off here, uses 1,000).
+CHECKPOINT_PAGES: Final = 1000
+#: WAL length (frames) at which the writer itself finishes a checkpoint between two batches,
+#: so that the next transaction starts the WAL over: the bound when the writer is never idle.
+WAL_LIMIT_PAGES: Final = 4000
+_PAGE_SIZE: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +79,39 @@ class RecordOp:
 
 
 Op = SaveOp | DeleteOp | RecordOp | SaveTreeOp
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointResult:
+    """What one ``PRAGMA wal_checkpoint`` reported.
+
+    ``busy``: it could not run or finish (another checkpoint held the lock, or a reader or
+    writer was in the way); ``log``/``done``: frames in the WAL and frames copied into the
+    database file (-1 when it could not run).
+    """
+
+    busy: bool
+    log: int
+    done: int
+
+
+def wal_checkpoint(conn: sqlite3.Connection, mode: str) -> CheckpointResult:
+    """Run a WAL checkpoint (``PASSIVE``, ``RESTART``, ``TRUNCATE``); SQLITE_BUSY is a result."""
+    row = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+    return CheckpointResult(bool(row[0]), int(row[1]), int(row[2]))
+
+
+def _estimate_pages(ops: Sequence[Op]) -> int:
+    # The WAL frames a batch adds, roughly: its bytes plus a few index/record pages per op.
+    size = 0
+    for op in ops:
+        if isinstance(op, SaveOp | SaveTreeOp):
+            size += len(op.data)
+            if isinstance(op, SaveTreeOp) and op.split is not None:
+                size += sum(len(blob) for blob in op.split.blobs.values())
+    return size // _PAGE_SIZE + 2 * len(ops)
+
+
 #: What a batch returns per operation: its result or the exception it raised.
 Outcome = object
 
@@ -201,6 +245,12 @@ class Writer:
         self.conn: sqlite3.Connection | None = None
         #: Transactions committed by this writer (group commit shows as commits < writes).
         self.commits = 0
+        #: Estimated WAL pages committed since a checkpoint last started (read by the loop).
+        self.wal_pages = 0
+        #: Set from the event loop: finish a checkpoint before the next batch (WAL bound).
+        self.catch_up = False
+        #: Checkpoints this writer ran itself (catch-ups; the last one at close included).
+        self.checkpoints = 0
 
     def open(self) -> None:
         """Create the file if needed, switch to WAL with synchronous=FULL, migrate."""
@@ -219,6 +269,9 @@ class Writer:
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA journal_size_limit = 67108864")
+            # Checkpoints run beside the commits (Checkpointer) or between two batches
+            # (catch_up), never inside a COMMIT: docs/sqlite-storage.md "WAL checkpoints".
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
             self.retry(lambda: migrate(conn, self.migrations))
             _fsync_dir(self.path.parent)
         except sqlite3.Error as exc:
@@ -230,10 +283,16 @@ class Writer:
         self.conn = conn
 
     def close(self) -> None:
-        """Close the write connection (the last connection to close checkpoints the WAL)."""
+        """Checkpoint and truncate the WAL if no other connection is in the way, then close.
+
+        The truncation does not wait: a reader in another process leaves the WAL as it is
+        (the last connection to close, in whichever process, checkpoints it then).
+        """
         conn, self.conn = self.conn, None
         if conn is not None:
             try:
+                conn.execute("PRAGMA busy_timeout = 0")
+                self._checkpoint(conn, "TRUNCATE")
                 conn.close()
             except sqlite3.Error as exc:
                 raise backend_error("closing the SQLite database failed", exc) from exc
@@ -248,6 +307,9 @@ class Writer:
         conn = self.conn
         if conn is None:
             raise StorageClosedError("SQLiteCheckpointStorage is closed")
+        if self.catch_up:
+            self.catch_up = False
+            self._checkpoint(conn, "PASSIVE")
         try:
             self._begin(conn)
         except sqlite3.Error as exc:
@@ -263,6 +325,7 @@ class Writer:
                 return [_outcome_error(ops[0], exc)]
         else:
             self.commits += 1
+            self.wal_pages += _estimate_pages(ops)
             return results
         return [self._run_alone(conn, op) for op in ops]
 
@@ -276,7 +339,19 @@ class Writer:
             _rollback(conn)
             return _outcome_error(op, exc)
         self.commits += 1
+        self.wal_pages += _estimate_pages([op])
         return result
+
+    def _checkpoint(self, conn: sqlite3.Connection, mode: str) -> None:
+        """A checkpoint outside any transaction; failing one never fails a write."""
+        try:
+            result = wal_checkpoint(conn, mode)
+        except sqlite3.Error as exc:
+            logger.warning("SQLite WAL checkpoint (%s) of %s failed: %s", mode, self.path, exc)
+            return
+        self.checkpoints += 1
+        if result.busy:
+            logger.debug("SQLite WAL checkpoint (%s) of %s was busy", mode, self.path)
 
     def _begin(self, conn: sqlite3.Connection) -> None:
         # IMMEDIATE takes the write lock up front: a deferred transaction that upgrades
@@ -354,6 +429,53 @@ class Writer:
             gone = conn.execute(records.DELETE_RECORD, (wf,)).rowcount > 0
             return conn.execute(_DELETE_WORKFLOW, (wf,)).rowcount > 0 or gone
         return conn.execute(_DELETE_STEP, (wf, op.step)).rowcount > 0
+
+
+class Checkpointer:
+    """A connection of its own, in a thread of its own, running PASSIVE checkpoints.
+
+    A PASSIVE checkpoint takes no write lock: it copies committed WAL frames into the
+    database file while the writer goes on committing. It never waits (a busy result just
+    ends it) and its failure is logged, never raised: the commits it follows are durable in
+    the WAL already.
+    """
+
+    def __init__(self, path: Path, busy_timeout: float) -> None:
+        self.path = path
+        self.busy_timeout = busy_timeout
+        self.conn: sqlite3.Connection | None = None
+        #: Checkpoints run, and how many of those were busy or failed.
+        self.runs = 0
+        self.busy = 0
+        self.failures = 0
+        #: The last checkpoint's report (None before the first, or after a failure).
+        self.last: CheckpointResult | None = None
+
+    def run(self) -> CheckpointResult | None:
+        """One PASSIVE checkpoint; None if it failed."""
+        self.runs += 1
+        try:
+            if self.conn is None:
+                self.conn = connect(str(self.path), self.busy_timeout)
+            result = wal_checkpoint(self.conn, "PASSIVE")
+        except sqlite3.Error as exc:
+            self.failures += 1
+            self.last = None
+            logger.warning("SQLite WAL checkpoint of %s failed: %s", self.path, exc)
+            return None
+        if result.busy:
+            self.busy += 1
+        self.last = result
+        return result
+
+    def close(self) -> None:
+        """Close the connection (errors are logged: there is nothing left to lose)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error as exc:
+                logger.warning("closing the SQLite checkpoint connection failed: %s", exc)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

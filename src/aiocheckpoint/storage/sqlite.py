@@ -39,7 +39,11 @@ from ..refcounts import held_root_refs
 from . import _sqlite_records as records
 from ._sqlite_blobs import SaveTreeOp, drain_releases, read_blobs, recount
 from ._sqlite_db import (
+    CHECKPOINT_PAGES,
+    WAL_LIMIT_PAGES,
     BusyRetry,
+    Checkpointer,
+    CheckpointResult,
     DeleteOp,
     Op,
     Outcome,
@@ -60,6 +64,8 @@ T = TypeVar("T")
 
 #: A batch stops growing at this many queued bytes (it always takes at least one write).
 _MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
+#: Seconds without a batch after which the writer counts as idle and the WAL is checkpointed.
+_IDLE_SECONDS: Final = 0.1
 
 
 @dataclass(eq=False)
@@ -127,6 +133,11 @@ class SQLiteCheckpointStorage(BaseStorage):
         self._read_threads = ThreadPoolExecutor(
             readers, thread_name_prefix="aiocheckpoint-sqlite-r"
         )
+        self._checkpointer = Checkpointer(self._path, float(busy_timeout))
+        self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="aiocheckpoint-sqlite-c")
+        self._checkpointing: asyncio.Future[CheckpointResult | None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_batch = 0.0  # loop.time() when the writer last took a batch
         self._pending: deque[_Pending] = deque()
         self._busy = False  # a batch (or the open) is in the writer thread
         self._kick_due = False  # a _kick is scheduled for the next loop iteration
@@ -355,7 +366,9 @@ class SQLiteCheckpointStorage(BaseStorage):
         batch = self._take_batch()
         if not batch:
             self._wake_idle_waiters()
+            self._maybe_checkpoint(idle=True)
             return
+        self._last_batch = asyncio.get_running_loop().time()
         try:
             done = asyncio.get_running_loop().run_in_executor(
                 self._write_thread, self._writer.run_batch, [item.op for item in batch]
@@ -375,12 +388,68 @@ class SQLiteCheckpointStorage(BaseStorage):
             outcomes = done.result()
         for item, outcome in zip(batch, outcomes, strict=True):
             _settle(item.future, outcome)
+        self._maybe_checkpoint(idle=False)
         # Take the next batch one loop iteration later, after the callers just woken have run
         # and queued their next writes (the writer still counts as busy, so they queue rather
         # than each starting a batch of one): one fsync then serves all of them. Callers that
         # first await something else start a new batch through _submit's deferred kick.
         # Pipelining half-batches against the event loop loses (docs/sqlite-storage.md).
         asyncio.get_running_loop().call_soon(self._writer_free)
+
+    def _maybe_checkpoint(self, *, idle: bool) -> None:
+        """Start a background checkpoint when enough was committed; when idle, arm a timer.
+
+        Called only while the writer thread is not running a batch, so reading and
+        resetting its page count needs no lock.
+        """
+        writer = self._writer
+        if self._checkpointing is not None or self._closing is not None:
+            return
+        if writer.wal_pages >= CHECKPOINT_PAGES and not writer.catch_up:
+            self._start_checkpoint()
+        elif idle and writer.wal_pages > 0 and self._idle_timer is None:
+            # Not at once: between two writes of one caller the writer is idle for a moment,
+            # and a checkpoint (two fsyncs) after every commit would halve C=1's rate.
+            self._idle_timer = asyncio.get_running_loop().call_later(
+                _IDLE_SECONDS, self._idle_checkpoint
+            )
+
+    def _idle_checkpoint(self) -> None:
+        self._idle_timer = None
+        if self._busy or self._pending or self._checkpointing is not None:
+            return  # the writer's next idle moment arms the timer again
+        if self._closing is not None or self._writer.wal_pages == 0:
+            return
+        quiet = asyncio.get_running_loop().time() - self._last_batch
+        if quiet < _IDLE_SECONDS:
+            self._idle_timer = asyncio.get_running_loop().call_later(
+                _IDLE_SECONDS - quiet, self._idle_checkpoint
+            )
+            return
+        self._start_checkpoint()
+
+    def _start_checkpoint(self) -> None:
+        writer = self._writer
+        try:
+            running = asyncio.get_running_loop().run_in_executor(
+                self._checkpoint_thread, self._checkpointer.run
+            )
+        except RuntimeError:  # shut down by close(), which checkpoints itself
+            return
+        writer.wal_pages = 0
+        self._checkpointing = running
+        running.add_done_callback(self._checkpoint_done)
+
+    def _checkpoint_done(self, running: asyncio.Future[CheckpointResult | None]) -> None:
+        self._checkpointing = None
+        result = None if running.cancelled() or running.exception() else running.result()
+        if result is not None and result.log >= WAL_LIMIT_PAGES:
+            # Under a steady write load the checkpoint never catches up with the WAL's end
+            # and SQLite only starts the WAL over once it has: the writer copies the few
+            # frames committed during this checkpoint before its next batch.
+            self._writer.catch_up = True
+        elif not self._busy:
+            self._maybe_checkpoint(idle=not self._pending)
 
     def _writer_free(self) -> None:
         self._busy = False
@@ -514,19 +583,27 @@ class SQLiteCheckpointStorage(BaseStorage):
         await asyncio.shield(self._closing)
 
     async def _shutdown(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         try:
             await self._flush()
             if self._opening is not None:
                 with contextlib.suppress(Exception):  # a failed open left nothing to close
                     await asyncio.shield(self._opening)
+            if self._checkpointing is not None:
+                with contextlib.suppress(Exception):  # it logs its own failures
+                    await asyncio.shield(self._checkpointing)
             if self._opened:
                 await self._in_thread(self._write_thread, self._close_connections)
         finally:
             self._write_thread.shutdown(wait=False)
             self._read_threads.shutdown(wait=False)
+            self._checkpoint_thread.shutdown(wait=False)
 
     def _close_connections(self) -> None:
         # Readers first, so the writer is the last connection and checkpoints the WAL.
+        self._checkpointer.close()
         self._readers.close()
         self._writer.close()
 
