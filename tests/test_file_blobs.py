@@ -691,3 +691,36 @@ async def test_a_save_cancelled_while_encoding_writes_nothing(tmp_path: Path) ->
             assert not await manager.has_checkpoint("wf", 1)
         assert not blob_files(tmp_path / "store")
         assert (await manager.get_resume_point("wf")) is not None
+
+
+async def test_blobs_are_read_whole_whatever_their_spread_in_a_pack(tmp_path: Path) -> None:
+    """A fetch of neighbouring blobs (one read of their span) and of blobs far apart in a
+    large pack (read in runs) both return each blob's exact stored bytes."""
+    storage = FileCheckpointStorage(tmp_path)
+    state = {"docs": [{"i": i, "body": random.Random(i).randbytes(3000).hex()} for i in range(300)]}
+    async with CheckpointManager(storage) as manager:
+        await manager.create_checkpoint("wf", 0, "agent", "running", state)
+        ((path, index),) = pack_indexes(tmp_path).items()
+        raw = path.read_bytes()
+        by_offset = sorted(index, key=lambda h: index[h][0])
+        for wanted in (by_offset[10:20], by_offset[:2] + by_offset[-2:], by_offset):
+            got = await storage.fetch_blobs(wanted)
+            assert got == {h: raw[index[h][0] : index[h][0] + index[h][1]] for h in wanted}
+
+
+async def test_a_pack_cut_short_after_its_index_was_read_loses_the_blobs_past_the_cut(
+    tmp_path: Path,
+) -> None:
+    """A pack truncated under a warm cache: the blobs before the cut still read, the rest
+    are missing, and a resume reports corruption instead of a wrong state."""
+    storage = FileCheckpointStorage(tmp_path)
+    async with CheckpointManager(storage) as manager:
+        await manager.create_checkpoint("wf", 0, "agent", "running", big_state(1))
+        ((path, index),) = pack_indexes(tmp_path).items()
+        by_offset = sorted(index, key=lambda h: index[h][0])
+        cut = index[by_offset[len(by_offset) // 2]][0]
+        os.truncate(path, cut)
+        got = await storage.fetch_blobs(by_offset)
+        assert set(got) == {h for h in by_offset if sum(index[h]) <= cut}
+        with pytest.raises(CheckpointCorruptedError):
+            await manager.get_resume_point("wf")

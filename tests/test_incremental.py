@@ -1,3 +1,4 @@
+import hashlib
 import json
 import math
 import random
@@ -516,3 +517,45 @@ def test_bad_parameters_are_refused() -> None:
         TreeParams(chunk_min=10, chunk_avg=5)
     with pytest.raises(InvalidArgumentError):
         TreeParams(compression="lz4")
+
+
+def _crafted(nodes: dict[str, bytes], root_ref: str) -> tuple[bytes, dict[bytes, bytes]]:
+    """A tree from hand-made nodes: ``{name: node bytes}``, where ``@name`` in an index
+    node stands for that node's hash; the root is a value node holding ``root_ref``."""
+    hashes: dict[str, bytes] = {}
+    blobs: dict[bytes, bytes] = {}
+    for name, node in nodes.items():
+        for other, h in hashes.items():
+            node = node.replace(f"@{other}".encode(), h)
+        h = hashlib.sha256(node).digest()[:16]
+        hashes[name] = h
+        blobs[h] = b"\x00" + node
+    root = b"\x00V" + (1).to_bytes(4, "big") + hashes[root_ref] + bytes(4) + b"null"
+    return root, blobs
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        # A dict index over list chunks.
+        {"a": b"V\0\0\0\0[1,2]", "b": b"V\0\0\0\0[3]", "i": b"D@a@b"},
+        # A list index over a chunk that is not a container.
+        {"a": b"V\0\0\0\0[1,2]", "b": b'V\0\0\0\0"xy"', "i": b"L@a@b"},
+        # A dict index under a list index.
+        {"a": b'V\0\0\0\0{"k":1}', "b": b'V\0\0\0\0{"j":2}', "d": b"D@a@b", "i": b"L@d@a"},
+        # An empty chunk.
+        {"a": b"V\0\0\0\0[1,2]", "b": b"V\0\0\0\0[]", "i": b"L@a@b"},
+    ],
+)
+def test_index_nodes_over_chunks_of_the_wrong_kind_are_corruption(nodes: dict[str, bytes]) -> None:
+    """Hash-valid nodes that do not splice into one container are refused, not misread."""
+    root, blobs = _crafted(nodes, "i")
+    with pytest.raises(CheckpointCorruptedError, match="wrong kind"):
+        join_state(root, Store(blobs).fetch)
+
+
+def test_a_crafted_index_over_leaf_chunks_joins_them() -> None:
+    """The same hand-made layout with matching kinds reads back (the test above can fail)."""
+    nodes = {"a": b'V\0\0\0\0{"k":1}', "b": b'V\0\0\0\0{"j":[2]}', "d": b"D@a@b", "i": b"D@d@a"}
+    root, blobs = _crafted(nodes, "i")
+    assert join_state(root, Store(blobs).fetch) == {"k": 1, "j": [2]}

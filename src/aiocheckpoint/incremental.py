@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
+import operator
 import struct
 import zlib
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
@@ -634,9 +636,21 @@ class _Unwrapper:
 
 
 def _hashes(data: bytes, digest: int) -> list[bytes]:
-    if len(data) % digest:
+    count, rest = divmod(len(data), digest)
+    if rest:
         raise _corrupt("index node length is not a multiple of the digest size")
+    if count <= _MAX_UNPACK:
+        return list(_unpacker(count, digest).unpack(data))
     return [data[i : i + digest] for i in range(0, len(data), digest)]
+
+
+_MAX_UNPACK: Final = 1024
+
+
+@functools.lru_cache(maxsize=256)
+def _unpacker(count: int, digest: int) -> struct.Struct:
+    """Cuts ``count`` hashes out of a node in one call (an index node holds ~16)."""
+    return struct.Struct(f"{digest}s" * count)
 
 
 def _node_refs(node: bytes, digest: int) -> list[bytes]:
@@ -662,18 +676,33 @@ def node_children(stored: bytes, digest_size: int = 16) -> tuple[bytes, ...]:
     return tuple(dict.fromkeys(_node_refs(_Unwrapper()(stored), digest_size)))
 
 
+# C-level callables mapped over a tree level's blobs, so that the per-blob Python work of
+# a resume is a few builtin calls rather than bytecode (docs/incremental.md, "Reading").
+_is_plain_leaf: Final = operator.methodcaller("startswith", _PLAIN_LEAF)
+_view: Final[Callable[[bytes], memoryview]] = memoryview
+_after_flags: Final = operator.itemgetter(slice(1, None))
+_digest_of: Final = operator.methodcaller("digest")
+_chunk_opening: Final = operator.itemgetter(len(_PLAIN_LEAF))
+_last_byte: Final = operator.itemgetter(-1)
+_chunk_entries: Final = operator.itemgetter(slice(len(_PLAIN_LEAF) + 1, -1))
+_BATCH: Final = 64
+
+
 class _Joiner:
     """Fetches a tree level by level, verifying every node, then parses it in one go.
 
     The value nodes' texts are spliced together at their placeholders into one JSON
     document that a single ``json.loads`` turns into the state: the same parse the
-    version-1 format does, plus a hash and a few slices per node. An uncompressed leaf is
-    kept as its stored blob (hashed and later spliced in place, never copied), any other
-    node as ``(node, refs)``.
+    version-1 format does, plus a hash and a slice per node. An uncompressed leaf is kept
+    as its stored blob (hashed in place, sliced once when spliced), any other node as
+    ``(node, refs)``. Leaves, nearly all of a large state's nodes, are verified and
+    spliced in bulk: a level's hashes by one chain of ``map`` calls, an index node's leaf
+    chunks by one ``join``.
     """
 
     def __init__(self, digest: int, max_bytes: int) -> None:
         self._digest = digest
+        self._name = operator.itemgetter(slice(0, digest))
         self._budget = max_bytes
         self._unwrap = _Unwrapper()
         self._nodes: dict[bytes, bytes | tuple[bytes, list[bytes]]] = {}
@@ -684,34 +713,51 @@ class _Joiner:
         nodes = self._nodes
         root_node = unwrap(root)
         root_refs = _node_refs(root_node, digest)
-        pending = dict.fromkeys(root_refs)
+        pending = list(dict.fromkeys(root_refs))
         while pending:
-            got = yield list(pending)
+            got = yield pending
+            try:
+                stored = list(map(got.__getitem__, pending))
+            except KeyError as exc:
+                raise _corrupt(f"missing blob {bytes(exc.args[0]).hex()}") from None
+            is_leaf = list(map(_is_plain_leaf, stored))
+            if all(is_leaf):
+                self._check_leaves(pending, stored)
+                nodes.update(zip(pending, stored, strict=True))
+                break  # leaves reference nothing: the tree is complete
+            leaves = list(itertools.compress(pending, is_leaf))
+            leaf_blobs = list(itertools.compress(stored, is_leaf))
+            self._check_leaves(leaves, leaf_blobs)
+            nodes.update(zip(leaves, leaf_blobs, strict=True))
             level: dict[bytes, None] = {}
-            get, sha, plain_leaf = got.get, _sha256, _PLAIN_LEAF
-            for h in pending:
-                stored = get(h)
-                if stored is None:
-                    raise _corrupt(f"missing blob {h.hex()}")
-                if stored.startswith(plain_leaf):  # the common case: hashed in place
-                    if sha(memoryview(stored)[1:]).digest()[:digest] != h:
-                        raise _corrupt(f"blob {h.hex()} does not match its hash")
-                    nodes[h] = stored
+            for h, blob, leaf in zip(pending, stored, is_leaf, strict=True):
+                if leaf:
                     continue
-                node = unwrap(stored)
+                node = unwrap(blob)
                 if _sha256(node).digest()[:digest] != h:
                     raise _corrupt(f"blob {h.hex()} does not match its hash")
                 refs = _NO_HASHES if node.startswith(_LEAF) else _node_refs(node, digest)
                 nodes[h] = (node, refs)
-                for child in refs:
-                    if child not in nodes and child not in pending:
-                        level[child] = None
-            pending = level
+                level.update(dict.fromkeys(refs))
+            pending = [h for h in level if h not in nodes]
         if not root_refs and root_node[:1] == b"V":
             return _loads(root_node[5:])  # a small state kept whole in the root
         out: list[bytes | memoryview] = []
         self._emit(root_node, root_refs, out, 0)
         return _loads(b"".join(out))
+
+    def _check_leaves(self, hashes: list[bytes], blobs: list[bytes]) -> None:
+        """Verify uncompressed stored blobs against their hashes, in one chain of maps."""
+        names = list(
+            map(
+                self._name,
+                map(_digest_of, map(_sha256, map(_after_flags, map(_view, blobs)))),
+            )
+        )
+        if names != hashes:
+            for h, name in zip(hashes, names, strict=True):
+                if name != h:
+                    raise _corrupt(f"blob {h.hex()} does not match its hash")
 
     def _spend(self, size: int) -> None:
         self._budget -= size
@@ -729,36 +775,7 @@ class _Joiner:
         kind = node[0]
         nodes = self._nodes
         if kind != _KIND_VALUE:
-            opening, closing = (b"[", b"]") if kind == _KIND_LIST else (b"{", b"}")
-            bracket = opening[0]
-            if inner and inner != bracket:
-                raise _corrupt("index node of the wrong kind")
-            if not inner:
-                out.append(opening)
-            pieces: list[bytes | memoryview] = []
-            budget = self._budget
-            close = bracket + 2  # "]" / "}"
-            for h in refs:
-                child = nodes[h]
-                if isinstance(child, tuple):
-                    self._budget = budget
-                    sub: list[bytes | memoryview] = []
-                    self._emit(child[0], child[1], sub, bracket)
-                    budget = self._budget
-                    pieces.append(b"".join(sub))
-                    continue
-                # A stored leaf chunk (the common case), without a call: b"\0V\0\0\0\0[...]".
-                end = len(child)
-                if end < 9 or child[6] != bracket or child[end - 1] != close:
-                    raise _corrupt("chunk of the wrong kind")
-                budget -= end - 8
-                if budget < 0:
-                    raise _corrupt("tree expands beyond the record size limit")
-                pieces.append(memoryview(child)[7 : end - 1])
-            self._budget = budget
-            out.append(b",".join(pieces))
-            if not inner:
-                out.append(closing)
+            self._emit_index(kind, refs, out, inner)
             return
         n = len(refs)
         base = 5 + n * (self._digest + 4)
@@ -785,6 +802,71 @@ class _Joiner:
                     out.append(memoryview(child)[6:])
                 pos = at + 4
         out.append(view[pos:end])
+
+    def _emit_index(
+        self, kind: int, refs: list[bytes], out: list[bytes | memoryview], inner: int
+    ) -> None:
+        """:meth:`_emit` for a list or dict index: all its leaf chunks spliced by one join."""
+        opening, closing = (b"[", b"]") if kind == _KIND_LIST else (b"{", b"}")
+        if inner:  # an index node is never a chunk of another index's node
+            raise _corrupt("index node of the wrong kind")
+        pieces: list[bytes] = []
+        made: set[int] = set()
+        self._collect(kind, refs, pieces, made)
+        bracket = opening[0]
+        leaves = pieces if not made else [p for i, p in enumerate(pieces) if i not in made]
+        n = len(leaves)
+        if n:
+            if (
+                min(map(len, leaves)) <= len(_PLAIN_LEAF) + 2
+                or bytes(map(_chunk_opening, leaves)).count(bracket) != n
+                or bytes(map(_last_byte, leaves)).count(bracket + 2) != n  # "]" / "}"
+            ):
+                raise _corrupt("chunk of the wrong kind")
+            self._spend(sum(map(len, leaves)) - (len(_PLAIN_LEAF) + 2) * n)
+        out.append(opening)
+        if made:
+            out.append(
+                b",".join([p if i in made else _chunk_entries(p) for i, p in enumerate(pieces)])
+            )
+        else:
+            # In batches: their slices are freed (and their memory reused) at once.
+            out.append(
+                b",".join(
+                    [
+                        b",".join(map(_chunk_entries, pieces[i : i + _BATCH]))
+                        for i in range(0, len(pieces), _BATCH)
+                    ]
+                )
+            )
+        out.append(closing)
+
+    def _collect(self, kind: int, refs: list[bytes], pieces: list[bytes], made: set[int]) -> None:
+        """Append the chunks under index node ``refs`` to ``pieces``, in order.
+
+        A stored leaf chunk is appended as it is, a chunk with references as its text (its
+        position goes into ``made``); inner index nodes are descended into.
+        """
+        if not refs:
+            raise _corrupt("empty index node")
+        children = list(map(self._nodes.__getitem__, refs))
+        if tuple not in map(type, children):  # the common case: leaf chunks only
+            pieces.extend(children)  # type: ignore[arg-type]
+            return
+        for child in children:
+            if not isinstance(child, tuple):
+                pieces.append(child)
+                continue
+            node, sub = child
+            if node[0] == kind:
+                self._collect(kind, sub, pieces, made)
+            elif node[0] == _KIND_VALUE:
+                text: list[bytes | memoryview] = []
+                self._emit(node, sub, text, b"[{"[kind == _KIND_DICT])
+                made.add(len(pieces))
+                pieces.append(b"".join(text))
+            else:
+                raise _corrupt("index node of the wrong kind")
 
 
 def _drive(steps: _Steps[_T], fetch: Fetch) -> _T:

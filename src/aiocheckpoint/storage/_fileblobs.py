@@ -40,7 +40,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import logging
+import operator
 import os
 import stat
 import struct
@@ -93,6 +95,8 @@ _MIDX_MAX: Final = 256 << 20  # ~9 million blobs; a larger file is not read (nor
 _BATCH: Final = 64 << 20
 _FIRST_READ: Final = 256 * 1024
 _OFFSET: Final = itemgetter(1)
+_AT: Final = itemgetter(0)  # of an index entry (offset, length)
+_LENGTH: Final = itemgetter(1)
 _TRASH: Final = ".gc-"
 _OPEN: Final = os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR: Final = os.O_RDONLY | os.O_DIRECTORY | _OPEN
@@ -517,19 +521,65 @@ class BlobStore:
         """Read the blobs among ``hashes`` that the cache places into ``out``; the rest."""
         missing: list[bytes] = []
         by_pack: dict[str, list[bytes]] = {}
-        where = self._where
-        for h in hashes:
-            name = where.get(h)
-            if name is None:
-                missing.append(h)
-            else:
-                by_pack.setdefault(name, []).append(h)
+        hashes = list(hashes)
+        names = list(map(self._where.get, hashes))
+        if len(set(names)) == 1 and names[0] is not None:  # a level saved at once: one pack
+            by_pack[names[0]] = hashes
+        else:
+            for h, name in zip(hashes, names, strict=True):
+                if name is None:
+                    missing.append(h)
+                else:
+                    by_pack.setdefault(name, []).append(h)
         for name, wanted in by_pack.items():
             index = self._indexes.get(name, {})
-            got = self.read_blobs(name, [(h, *index[h]) for h in wanted if h in index])
+            places = list(map(index.get, wanted))
+            known = wanted
+            if None in places:
+                known = [h for h, at in zip(wanted, places, strict=True) if at is not None]
+            locs = [at for at in places if at is not None] if known is not wanted else places
+            got = self._read_span(name, known, locs)  # type: ignore[arg-type]
+            if got is None:
+                entries = [(h, *at) for h, at in zip(known, locs, strict=True) if at is not None]
+                got = self.read_blobs(name, entries)
             out.update(got)
-            missing.extend(h for h in wanted if h not in got)
+            if len(got) != len(wanted):
+                missing.extend(h for h in wanted if h not in got)
         return missing
+
+    def _read_span(
+        self, name: str, hashes: list[bytes], locs: list[tuple[int, int]]
+    ) -> dict[bytes, bytes] | None:
+        """Read ``hashes`` (at ``locs``: offset, length) from pack ``name`` with one ``pread``.
+
+        The blobs of one tree level sit close together in a pack (a save writes them in
+        tree order), so one read of their span, cut by a few ``map`` calls rather than
+        Python work per blob, is the common case of a resume. None if the span is sparse
+        (more than half of it unwanted) or the read comes up short: then
+        :meth:`read_blobs` reads in runs.
+        """
+        if not locs:
+            return {}
+        offsets = list(map(_AT, locs))
+        lengths = list(map(_LENGTH, locs))
+        start = min(offsets)
+        end = max(map(operator.add, offsets, lengths))
+        if end - start > 2 * sum(lengths) + _GAP:
+            return None
+        fd = self._open_pack(name)
+        if fd is None:
+            return {}
+        try:
+            chunk = os.pread(fd, end - start, start)
+        except IsADirectoryError:
+            return {}
+        finally:
+            os.close(fd)
+        if len(chunk) != end - start:
+            return None
+        firsts = list(map(operator.sub, offsets, itertools.repeat(start, len(offsets))))
+        cuts = map(slice, firsts, map(operator.add, firsts, lengths))
+        return dict(zip(hashes, map(chunk.__getitem__, cuts), strict=True))
 
     def read_blobs(self, name: str, entries: list[tuple[bytes, int, int]]) -> dict[bytes, bytes]:
         """Read ``(hash, offset, length)`` entries of pack ``name`` (nothing if it is gone).
