@@ -30,6 +30,16 @@ async def drop_schema(name: str) -> None:
         await con.close()
 
 
+async def terminate_backends(admin: asyncpg.Connection, application_name: str) -> int:
+    """``pg_terminate_backend`` every server connection of ``application_name``; how many."""
+    killed: int = await admin.fetchval(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = $1) t",
+        application_name,
+    )
+    return killed
+
+
 @pytest.fixture
 async def pg_schema() -> AsyncIterator[str]:
     """A unique schema name, dropped (with its tables) after the test."""

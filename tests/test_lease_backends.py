@@ -27,7 +27,7 @@ from aiocheckpoint.storage._sqlite_schema import SCHEMA_VERSION as SQLITE_SCHEMA
 from aiocheckpoint.storage.base import WorkflowStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
-from tests.pg_support import DSN, pg_schema
+from tests.pg_support import DSN, pg_schema, terminate_backends
 
 __all__ = ["pg_schema"]
 
@@ -208,12 +208,7 @@ async def test_postgres_lease_calls_survive_terminated_connections(pg_schema: st
     )
 
     async def terminate() -> None:
-        killed = await admin.fetchval(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = $1) t",
-            app,
-        )
-        assert killed == 1
+        assert await terminate_backends(admin, app) == 1
 
     try:
         lease = await storage.acquire_lease("wf", "a", 30)

@@ -40,7 +40,7 @@ from aiocheckpoint.incremental import (
 from aiocheckpoint.storage import _pg_schema
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from tests._blob_child import state_for
-from tests.pg_support import DSN, pg_schema
+from tests.pg_support import DSN, pg_schema, terminate_backends
 
 __all__ = ["pg_schema"]
 
@@ -343,11 +343,7 @@ async def test_terminated_backends_during_save_tree_lose_no_acknowledged_write(
         nonlocal kills
         for _ in range(12):
             await asyncio.sleep(0.05)
-            kills += await admin.fetchval(
-                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = $1) t",
-                app,
-            )
+            kills += await terminate_backends(admin, app)
 
     try:
         await storage.exists("open")

@@ -23,7 +23,7 @@ from aiocheckpoint import (
 )
 from aiocheckpoint.storage import _pg_schema
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
-from tests.pg_support import DSN, pg_schema
+from tests.pg_support import DSN, pg_schema, terminate_backends
 
 __all__ = ["pg_schema"]
 
@@ -473,11 +473,7 @@ async def test_terminated_backends_lose_no_acknowledged_write(
         nonlocal kills
         for _ in range(15):
             await asyncio.sleep(0.02)
-            kills += await admin.fetchval(
-                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = $1) t",
-                app,
-            )
+            kills += await terminate_backends(admin, app)
 
     try:
         await storage.exists("open")
