@@ -12,7 +12,9 @@ import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from aiocheckpoint import CheckpointManager, InvalidArgumentError, StorageBackendError
@@ -208,6 +210,45 @@ async def test_cancelled_while_written_waits_and_lands_whole(
     got = await store.load("wf-1")
     assert got is not None and (got.step, got.data) == (9, b"in flight")
     assert litter(Path(store.base_dir)) == []
+
+
+async def test_cancel_scope_while_written_waits_without_spinning(
+    grouped: tuple[FileCheckpointStorage, GroupOps], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under an anyio cancel scope (which delivers its cancellation again at every await) a
+    save whose group is being written waits for it once: it does not spin on the loop,
+    which would starve the group's thread of the GIL.
+    """
+    store, ops = grouped
+    waits = 0
+    real_wait = asyncio.wait
+
+    async def counting_wait(*args: Any, **kwargs: Any) -> Any:
+        nonlocal waits
+        waits += 1
+        return await real_wait(*args, **kwargs)
+
+    ops.release.clear()
+    ops.entered.clear()
+
+    async def save_under_a_scope() -> None:
+        with anyio.move_on_after(0.01):
+            await store.save("wf-3", 9, b"in flight")
+
+    saving = asyncio.create_task(save_under_a_scope())
+    other = asyncio.create_task(store.save("wf-4", 9, b"in flight too"))
+    await asyncio.to_thread(ops.entered.wait, 10)
+    assert ops.entered.is_set()
+    monkeypatch.setattr(asyncio, "wait", counting_wait)
+    await asyncio.sleep(0.1)  # the scope's deadline passed long ago: the save is waiting
+    assert not saving.done()
+    ops.release.set()
+    await saving
+    await other
+    monkeypatch.undo()
+    assert waits <= 2, f"the cancelled save waited {waits} times (spinning)"
+    got = await store.load("wf-3")
+    assert got is not None and (got.step, got.data) == (9, b"in flight")
 
 
 async def test_close_finishes_queued_saves(tmp_path: Path) -> None:

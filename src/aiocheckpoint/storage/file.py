@@ -1238,9 +1238,14 @@ def _what(op: _SaveOp) -> str:
 
 async def _outlast(future: asyncio.Future[None]) -> None:
     """Wait for ``future`` however often the caller is cancelled; ignore its outcome."""
-    while not future.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait((future,))
+    # Shielded: an anyio cancel scope delivers its cancellation again at every await, so
+    # without the shield this loop would spin on the event loop until the group is written,
+    # and the spinning loop would starve the group's thread of the GIL (measured: a storm
+    # of 100 cancelled workflows took 228 s instead of 0.2 s).
+    with anyio.CancelScope(shield=True):
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((future,))
     if not future.cancelled():
         future.exception()  # retrieved: the caller is being cancelled anyway
 
