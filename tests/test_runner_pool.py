@@ -10,6 +10,7 @@ take the dead runners' workflows over after their leases expire (TTL 2 s).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -92,6 +93,22 @@ async def steps_done(storage: WorkflowStorage) -> int:
     return sum(len(c) for c in counts)
 
 
+def mid_workflow(log_dir: Path, runner: str) -> bool:
+    """Whether ``runner`` is inside a workflow it has checkpointed a step of: it has ended two
+    of its steps (so the first is checkpointed) but not its last. Killed now, it leaves work
+    that another runner must take over."""
+    path = log_dir / f"{runner}.jsonl"
+    if not path.exists():
+        return False
+    ended: dict[str, set[int]] = defaultdict(set)
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # the line being written may be partial
+            event = json.loads(line)
+            if event["event"] == "end":
+                ended[event["wf"]].add(event["step"])
+    return any(len(steps) >= 2 and STEPS - 1 not in steps for steps in ended.values())
+
+
 def read_logs(log_dir: Path, ends: dict[str, float]) -> dict[str, Execution]:
     """Every execution, by id. One without an end line ends when its runner died or exited."""
     executions: dict[str, Execution] = {}
@@ -119,7 +136,11 @@ async def test_killed_runners_work_is_finished_by_the_others(pool: Pool, tmp_pat
     procs = {f"r{n}": spawn(pool, f"r{n}", log_dir) for n in range(RUNNERS)}
     ends: dict[str, float] = {}
     deadline = time.monotonic() + 120
-    while await steps_done(pool.storage) < KILL_AFTER_STEPS:
+    # Kill once a third of the work is done and each victim is inside a workflow (on a loaded
+    # machine one runner may start late, and the others may have done all the work so far).
+    while await steps_done(pool.storage) < KILL_AFTER_STEPS or not all(
+        mid_workflow(log_dir, victim) for victim in ("r0", "r1")
+    ):
         assert time.monotonic() < deadline, "the runners made no progress"
         assert all(p.poll() is None for p in procs.values()), "a runner exited early"
         await asyncio.sleep(0.1)
