@@ -210,11 +210,3 @@ def read_blobs(
             if isinstance(data, bytes):
                 found[h] = data
     return found
-
-
-def count_blobs(conn: sqlite3.Connection) -> tuple[int, int]:
-    """How many blobs are stored and their total bytes."""
-    n, size = conn.execute("SELECT count(*), coalesce(sum(length(data)), 0) FROM blobs").fetchall()[
-        0
-    ]
-    return int(n), int(size)
