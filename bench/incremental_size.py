@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from aiocheckpoint.incremental import (
+    SplitMemory,
     TreeParams,
     decode_checkpoint_v2,
     encode_checkpoint_v2,
@@ -76,6 +77,7 @@ class Store:
 
     def __init__(self) -> None:
         self.blobs: dict[bytes, bytes] = {}
+        self.memory: SplitMemory | None = None  # what the manager keeps per workflow
         self.record_bytes = 0
         self.records = 0
 
@@ -104,7 +106,10 @@ def _checkpoint(step: int, data: dict[str, Any]) -> Checkpoint:
 
 
 def _save(store: Store, step: int, data: dict[str, Any], params: TreeParams) -> bytes:
-    record, split = encode_checkpoint_v2(_checkpoint(step, data), params, known=store.blobs)
+    record, split = encode_checkpoint_v2(
+        _checkpoint(step, data), params, known=store.blobs, previous=store.memory
+    )
+    store.memory = split.memory
     store.put(record, split.blobs)
     return record
 

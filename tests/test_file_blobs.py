@@ -169,7 +169,7 @@ async def test_unchanged_parts_are_stored_once(tmp_path: Path) -> None:
     async with CheckpointManager(FileCheckpointStorage(store)) as manager:
         await manager.create_checkpoint("wf", 0, "a", "running", big_state(0))
         first = len(blob_files(store))
-        assert first > 50
+        assert first > 8  # ~200 KB in regions of ~16 KB
         for step in range(1, 51):
             await manager.create_checkpoint("wf", step, "a", "running", big_state(step))
         added = len(blob_files(store)) - first

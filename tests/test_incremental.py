@@ -3,6 +3,7 @@ import json
 import math
 import random
 import string
+import zlib
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ TINY = TreeParams(
     fanout_max=6,
 )
 SMALL = TreeParams(inline_limit=64, root_inline_limit=0, chunk_min=64, chunk_avg=256)
+DEFAULT = TreeParams()
 
 
 class Store:
@@ -274,23 +276,35 @@ def test_repeated_subtrees_are_stored_once_and_come_back_as_separate_objects() -
 
 
 def test_unchanged_subtrees_are_shared_between_checkpoints() -> None:
-    """Changing one small key of a ~1 MB state adds a few small blobs, not a copy."""
+    """Changing one small key of a ~1 MB state adds a few small blobs, not a copy.
+
+    With the previous split's memory (what the manager passes) the edited region is cut
+    into its chunks; without it, the region is rewritten whole: bounded either way.
+    """
     rng = random.Random(5)
     state = {
         "counter": 0,
         "docs": {f"d{i}": {"n": 0, "body": _words(rng, 140)} for i in range(1000)},
     }
     store = Store()
-    first = store.add(split_state(state))
+    first_split = split_state(state)
+    first = store.add(first_split)
+    assert first > 900_000
     state["counter"] = 1
     state["docs"]["d500"]["n"] = 1
-    split = split_state(state)
+    blind = split_state(state)
+    split = split_state(state, previous=first_split.memory)
     added = store.add(split)
-    assert first > 900_000
-    assert added < 16_000
-    before = split_state(_counter(state, 0)).blobs
-    assert len([h for h in split.blobs if h not in before]) <= 8
+    # The edited region's chunks (at most chunk_max bytes) and the index path above them.
+    assert added < DEFAULT.bundle_max + 4 * 1024
+    assert store.add(blind) < DEFAULT.bundle_max + 4 * 1024
     assert join_state(split.root, store.fetch) == state
+    assert join_state(blind.root, store.fetch) == state
+    # A second edit in the same region, now cut into chunks, rewrites about one chunk.
+    state["docs"]["d501"]["n"] = 1
+    again = split_state(state, previous=split.memory)
+    assert store.add(again) < 2 * 1024 + 4 * 1024
+    assert join_state(again.root, store.fetch) == state
 
 
 def _counter(state: dict[str, Any], value: int) -> dict[str, Any]:
@@ -390,6 +404,144 @@ def test_a_blob_stored_under_another_hash_is_detected() -> None:
     blobs[keys[0]], blobs[keys[1]] = blobs[keys[1]], blobs[keys[0]]
     with pytest.raises(CheckpointCorruptedError, match="does not match its hash"):
         join_state(split.root, Store(blobs).fetch)
+
+
+def _large_record() -> tuple[bytes, SplitResult, dict[str, Any]]:
+    rng = random.Random(11)
+    data = {"docs": [{"i": i, "t": _words(rng, 30)} for i in range(600)], "n": 1}
+    record, split = encode_checkpoint_v2(_checkpoint(data), SMALL, finite=True)
+    return record, split, data
+
+
+def _record_meta(record: bytes) -> dict[str, Any]:
+    meta_len = int.from_bytes(record[20:24], "big")
+    parsed: dict[str, Any] = json.loads(record[25 : 25 + meta_len])
+    return parsed
+
+
+def test_records_carry_the_checksum_of_the_whole_state_text() -> None:
+    """The fast encoder records the CRC-32 of the state's JSON text; a reader checks it."""
+    record, split, data = _large_record()
+    assert split.text_crc is not None
+    assert _record_meta(record)["state"]["text_crc32"] == split.text_crc
+    assert split.text_crc == zlib.crc32(json.dumps(data, separators=(",", ":")).encode())
+    back = decode_checkpoint_v2(record, Store(split.blobs).fetch)
+    assert back.state_snapshot.data == data
+    assert "text_crc32" not in back.state_snapshot.model_dump()
+    # The exact encoder (NaN, big ints) has no whole text at hand: nodes are hashed instead.
+    exact_record, exact = encode_checkpoint_v2(_checkpoint({**data, "nan": math.nan}), SMALL)
+    assert exact.text_crc is None
+    assert "text_crc32" not in _record_meta(exact_record)["state"]
+
+
+def test_a_corrupted_blob_fails_the_text_checksum_and_is_named() -> None:
+    """Under a record's text checksum a bit flip, a swapped or a missing blob is still caught.
+
+    A mismatch hashes every node to name the damaged blob.
+    """
+    record, split, _ = _large_record()
+    rng = random.Random(2)
+    keys = list(split.blobs)
+    for victim in keys[:: max(1, len(keys) // 9)]:
+        blob = bytearray(split.blobs[victim])
+        blob[rng.randrange(8, len(blob) - 1)] ^= 0x04
+        blobs = {**split.blobs, victim: bytes(blob)}
+        with pytest.raises(CheckpointCorruptedError, match=victim.hex()):
+            decode_checkpoint_v2(record, Store(blobs).fetch)
+        missing = dict(split.blobs)
+        del missing[victim]
+        with pytest.raises(CheckpointCorruptedError, match=victim.hex()):
+            decode_checkpoint_v2(record, Store(missing).fetch)
+    leaves = [h for h in keys if split.children[h] == ()]
+    swapped = {**split.blobs, leaves[0]: split.blobs[leaves[1]], leaves[1]: split.blobs[leaves[0]]}
+    with pytest.raises(CheckpointCorruptedError, match="does not match its hash"):
+        decode_checkpoint_v2(record, Store(swapped).fetch)
+
+
+def test_a_wrong_text_checksum_is_reported_as_corruption() -> None:
+    """Intact blobs under a record whose text checksum disagrees: the record is damaged."""
+    record, split, _ = _large_record()
+    meta = _record_meta(record)
+    for bad in (meta["state"]["text_crc32"] ^ 1, -1, "x", 2**32):
+        meta["state"]["text_crc32"] = bad
+        meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
+        forged = _rebuilt_record(meta_bytes, record)
+        with pytest.raises(CheckpointCorruptedError, match="checksum"):
+            decode_checkpoint_v2(forged, Store(split.blobs).fetch)
+
+
+def _rebuilt_record(meta_bytes: bytes, record: bytes) -> bytes:
+    """``record`` with its metadata replaced, header and CRC made consistent again."""
+    meta_len = int.from_bytes(record[20:24], "big")
+    digest = record[24:25]
+    root = record[25 + meta_len :]
+    body = len(meta_bytes).to_bytes(4, "big") + digest + meta_bytes + root
+    return record[:8] + len(body).to_bytes(8, "big") + zlib.crc32(body).to_bytes(4, "big") + body
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(finite_states)
+def test_the_text_checksum_matches_what_readers_rebuild(data: dict[str, Any]) -> None:
+    """For any finite state, the recorded checksum is that of the text the join rebuilds.
+
+    A disagreement would make an intact checkpoint unreadable, so it is checked on random
+    states through deep trees (TINY) and with memory-driven bundling.
+    """
+    cp = _checkpoint(data)
+    previous = None
+    for params in (TINY, SMALL):
+        record, split = encode_checkpoint_v2(cp, params, finite=True, previous=previous)
+        back = decode_checkpoint_v2(record, Store(split.blobs).fetch)
+        assert canon(back.state_snapshot.data) == canon(cp.state_snapshot.data)
+        previous = split.memory
+
+
+def _list_leaves(split: SplitResult) -> list[bytes]:
+    return [h for h, children in split.children.items() if not children]
+
+
+def test_new_regions_are_bundled_and_edited_ones_cut_into_chunks() -> None:
+    """Fresh data is stored as region-sized blobs; an edit with memory rewrites one chunk.
+
+    The bundle sizes trade a large state's resume (fewer nodes) against nothing the
+    workloads pay: appends and edits cut only the regions they touch.
+    """
+    rng = random.Random(4)
+    items = [{"id": i, "text": _words(rng, 20)} for i in range(3000)]
+    unbundled = split_state(items, TreeParams(bundle_chunks=1), finite=True)
+    bundled = split_state(items, finite=True)
+    assert len(_list_leaves(bundled)) * 4 < len(_list_leaves(unbundled))
+    assert max(map(len, bundled.blobs.values())) <= DEFAULT.bundle_max + 64
+    store = Store()
+    store.add(bundled)
+    items[1500]["text"] = "edited"
+    edited = split_state(items, finite=True, previous=bundled.memory)
+    first_edit = store.add(edited)
+    assert first_edit < DEFAULT.bundle_max + 4 * 1024
+    items[1500]["text"] = "edited twice"
+    again = split_state(items, finite=True, previous=edited.memory)
+    assert store.add(again) < 2 * DEFAULT.chunk_avg + 4 * 1024
+    # Unchanged regions keep their form (bundled), so they are shared, not rewritten.
+    assert len(set(_list_leaves(again)) - set(_list_leaves(bundled))) <= 32
+    assert join_state(again.root, store.fetch) == items
+
+
+def test_appends_with_memory_rewrite_about_one_chunk_per_step() -> None:
+    """A message list that grows by one entry per save pays about one entry, not a region."""
+    rng = random.Random(6)
+    messages = [{"id": i, "content": _words(rng, 150)} for i in range(200)]
+    store = Store()
+    split = split_state({"messages": messages}, finite=True)
+    store.add(split)
+    added = []
+    for i in range(200, 300):
+        messages.append({"id": i, "content": _words(rng, 150)})
+        split = split_state({"messages": messages}, finite=True, previous=split.memory)
+        added.append(store.add(split))
+    message = len(json.dumps(messages[-1]))
+    # One new chunk of about one message, plus a few index nodes on its path.
+    assert sum(added) / len(added) < 2 * message + 1024
+    assert join_state(split.root, store.fetch) == {"messages": messages}
 
 
 def test_damaged_v2_records_are_reported_as_corruption() -> None:

@@ -32,6 +32,8 @@ from aiocheckpoint import (
 from aiocheckpoint.incremental import (
     SplitResult,
     TreeParams,
+    _open_v2,
+    areferenced_hashes,
     encode_checkpoint_v2,
     node_children,
     record_format_version,
@@ -47,6 +49,10 @@ __all__ = ["pg_schema"]
 ROOT = Path(__file__).resolve().parents[1]
 #: Tiny nodes: a few KB of state make trees several levels deep with many shared nodes.
 SMALL = TreeParams(inline_limit=128, root_inline_limit=512, chunk_min=64, chunk_avg=256)
+# Every chunk its own blob: trees of one shape whatever their data (for counting statements).
+UNBUNDLED = TreeParams(
+    inline_limit=128, root_inline_limit=512, chunk_min=64, chunk_avg=256, bundle_chunks=1
+)
 
 
 @pytest.fixture
@@ -295,13 +301,12 @@ async def test_missing_or_damaged_blob_is_corruption_and_resume_falls_back(
         for step, damage in ((2, "DELETE FROM {b} WHERE hash = $1"), (1, None)):
             stored = await manager._storage.load("wf", step)
             assert stored is not None and record_format_version(stored.data) == 2
-            _, split = encode_checkpoint_v2(
-                await manager.get_checkpoint("wf", step),
-                manager._storage.blob_params,  # type: ignore[attr-defined]
-            )
+            # The blobs of this step's stored tree that no other step holds.
+            _meta, _digest, root = _open_v2(stored.data)
+            tree = await areferenced_hashes([root], manager._storage.fetch_blobs)  # type: ignore[attr-defined]
             others = await admin.fetch(
                 f'SELECT hash FROM "{pg_schema}".blobs WHERE refs = 1 AND hash = ANY($1)',
-                list(split.blobs),
+                list(tree),
             )
             victim = bytes(others[-1]["hash"])
             if damage is None:
@@ -489,11 +494,11 @@ async def test_a_batch_of_trees_costs_one_blob_statement_per_level(
                 data={"docs": [f"{n:02} {i:03} " * 30 for i in range(40)]}
             ),
         )
-        splits.append(encode_checkpoint_v2(cp, SMALL))
+        splits.append(encode_checkpoint_v2(cp, UNBUNDLED))
     depths = {tree_depth(split) for _, split in splits}
     assert len(depths) == 1 and min(depths) >= 3  # same shape, distinct blobs
     (depth,) = depths
-    async with store(pg_schema, blob_params=SMALL, write_concurrency=1) as storage:
+    async with store(pg_schema, blob_params=UNBUNDLED, write_concurrency=1) as storage:
         await asyncio.gather(
             *(storage.save_tree(f"wf{n}", 0, *split) for n, split in enumerate(splits))
         )

@@ -37,7 +37,7 @@ import operator
 import struct
 import zlib
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -61,6 +61,7 @@ __all__ = [
     "FORMAT_VERSION_2",
     "AsyncFetch",
     "Fetch",
+    "SplitMemory",
     "SplitResult",
     "TreeParams",
     "adecode_checkpoint_v2",
@@ -125,6 +126,12 @@ class TreeParams:
     chunk_min: int = 128
     chunk_avg: int = 1024
     chunk_max: int = 16384
+    #: Consecutive chunks are grouped into content-defined regions of ``bundle_chunks``
+    #: chunks on average and at most ``bundle_max`` bytes; a region of new data is stored
+    #: as one blob, an edited one as a blob per chunk (see :class:`SplitMemory`).
+    #: ``bundle_chunks=1`` stores every chunk on its own.
+    bundle_chunks: int = 16
+    bundle_max: int = 32768
     #: Children per index node: minimum, average and maximum.
     fanout_min: int = 4
     fanout_avg: int = 16
@@ -140,6 +147,8 @@ class TreeParams:
             raise InvalidArgumentError(f"digest_size must be 16..32, got {self.digest_size}")
         if not 0 < self.chunk_min <= self.chunk_avg <= self.chunk_max:
             raise InvalidArgumentError("need 0 < chunk_min <= chunk_avg <= chunk_max")
+        if self.bundle_chunks < 1 or self.bundle_max < self.chunk_max:
+            raise InvalidArgumentError("need bundle_chunks >= 1 and bundle_max >= chunk_max")
         if not 2 <= self.fanout_min <= self.fanout_avg <= self.fanout_max:
             raise InvalidArgumentError("need 2 <= fanout_min <= fanout_avg <= fanout_max")
         if self.inline_limit < 16 or self.root_inline_limit < 0:
@@ -166,6 +175,29 @@ def _zstd() -> Any:
     return zstandard
 
 
+class SplitMemory:
+    """What a split remembers for the next split of the same workflow's state.
+
+    Regions of chunks (see :attr:`TreeParams.bundle_chunks`) are stored as one blob while
+    their data is new and one blob per chunk once edited; the next split reads here which
+    form each region took, so that unchanged regions keep it (and their blobs are shared)
+    and edited ones are cut finer. It holds small integers (a checksum per region and two
+    per region's first and last entries), never state. Losing it costs sharing, not
+    correctness: a split without it bundles every region of several chunks.
+    """
+
+    __slots__ = ("edges", "regions")
+
+    def __init__(self) -> None:
+        #: Region fingerprint -> whether the region was stored as one blob.
+        self.regions: dict[int, bool] = {}
+        #: Boundary checksums of the first and last entries of every region.
+        self.edges: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.regions) + len(self.edges)
+
+
 @dataclass(frozen=True, slots=True)
 class SplitResult:
     """A state cut into a root and content-addressed blobs.
@@ -180,6 +212,11 @@ class SplitResult:
     blobs: dict[bytes, bytes]
     children: dict[bytes, tuple[bytes, ...]]
     root_refs: tuple[bytes, ...]
+    #: CRC-32 of the state's whole JSON text as a reader rebuilds it (what the record keeps
+    #: as ``state.text_crc32``), or None when the exact encoder ran or nothing was cut.
+    text_crc: int | None = None
+    #: What to pass as ``previous`` to the next split of the same workflow's state.
+    memory: SplitMemory | None = field(default=None, compare=False, repr=False)
 
     @property
     def referenced(self) -> frozenset[bytes]:
@@ -242,15 +279,31 @@ def _finish(work: _Work[_T]) -> _T:
 
 
 class _Splitter:
-    __slots__ = ("_budget", "_digest", "_known", "_zc", "blobs", "children", "p")
+    __slots__ = (
+        "_budget",
+        "_digest",
+        "_known",
+        "_zc",
+        "blobs",
+        "children",
+        "memory",
+        "p",
+        "previous",
+        "text_crc",
+    )
 
-    def __init__(self, params: TreeParams, known: Collection[bytes]) -> None:
+    def __init__(
+        self, params: TreeParams, known: Collection[bytes], previous: SplitMemory | None
+    ) -> None:
         self.p = params
+        self.previous = previous
+        self.memory = SplitMemory()
         self._digest = params.digest_size
         self._known = known
         self._budget = _SLICE_BYTES
         self.blobs: dict[bytes, bytes] = {}
         self.children: dict[bytes, tuple[bytes, ...]] = {}
+        self.text_crc: int | None = None
         self._zc: Any = (
             _zstd().ZstdCompressor(level=params.zstd_level) if params.compression else None
         )
@@ -297,7 +350,7 @@ class _Splitter:
 
         return _finish(self._container(list(map(len, texts)), refmap, mix, chunk, is_dict))
 
-    def encode_fast(self, value: Any, text: bytes | None) -> _Work[_Encoded]:
+    def encode_fast(self, value: Any, text: bytes | None, top: bool = False) -> _Work[_Encoded]:
         """The fast encoder, for values without non-finite floats or ints beyond 64 bits.
 
         ``text`` is ``_fast_dumps(value)``, or None when not encoded yet (the root, whose
@@ -307,13 +360,16 @@ class _Splitter:
         and then dropped: each chunk is encoded again by one orjson call over its slice of
         the container, which is what its node holds, so only one buffer per node stays
         alive (many small buffers kept alive cost several times more to allocate here).
-        Yields every ``_SLICE_BYTES`` of text.
+        Yields every ``_SLICE_BYTES`` of text. ``top`` (the root) also sets ``text_crc``,
+        chained over the element texts at hand, so the whole text is never built.
         """
         limit = self.p.inline_limit
         is_dict = type(value) is dict
         if not is_dict and type(value) is not list and type(value) is not tuple:
             if text is None:
                 text = _fast_dumps(value)
+            if top:
+                self.text_crc = zlib.crc32(text)
             if len(text) <= limit:
                 return text, _NO_REFS
             return b"null", [(0, self.value_node(text, _NO_REFS))]
@@ -322,6 +378,7 @@ class _Splitter:
         mixes: list[int] = []
         kept: dict[int, bytes] = {}  # entry texts that hold references
         refmap: dict[int, _Refs] = {}
+        whole = zlib.crc32(b"{" if is_dict else b"[") if top else 0
         for i, element in enumerate(elements):
             if is_dict:
                 key = _fast_dumps(element[0])
@@ -332,6 +389,12 @@ class _Splitter:
                 item = _fast_dumps(element)
                 crc = zlib.crc32(item)
                 size = len(item)
+            if top:
+                if i:
+                    whole = zlib.crc32(b",", whole)
+                if is_dict:
+                    whole = zlib.crc32(b":", zlib.crc32(key, whole))
+                whole = zlib.crc32(item, whole)
             if len(item) > limit:
                 inner, refs = yield from self.encode_fast(element[1] if is_dict else element, item)
                 if is_dict:
@@ -348,6 +411,8 @@ class _Splitter:
             if self._budget < 0:
                 self._budget = _SLICE_BYTES
                 yield
+        if top:
+            self.text_crc = zlib.crc32(b"}" if is_dict else b"]", whole)
 
         def chunk(start: int, end: int, head: bytes) -> _Encoded:
             if not refmap or not any(i in refmap for i in range(start, end)):
@@ -400,7 +465,11 @@ class _Splitter:
             return b"null", [(0, self._chunk_node(refmap, chunk, 0, n))]
         chunks: list[bytes] = []
         chunk_min, chunk_avg, chunk_max = p.chunk_min, p.chunk_avg, p.chunk_max
-        start = size = 0
+        bundle, bundle_max = p.bundle_chunks, p.bundle_max
+        # Chunks are grouped into regions (their ends: content-defined too, a subset of
+        # the chunk ends); a region becomes one node or one per chunk (see _region).
+        region: list[int] = [0]  # the region's chunk ends, after its start
+        start = size = region_size = 0
         for i in range(n):
             weight = lens[i] + 1
             if refmap:
@@ -408,17 +477,68 @@ class _Splitter:
                 if refs:
                     weight += _REF_WEIGHT * len(refs)
             size += weight
-            if size >= chunk_max or (size >= chunk_min and mix(i) % chunk_avg < weight):
-                chunks.append(self._chunk_node(refmap, chunk, start, i + 1))
-                start = i + 1
-                self._budget -= size
-                size = 0
+            if size < chunk_max and (size < chunk_min or mix(i) % chunk_avg >= weight):
+                continue
+            if region_size and region_size + size > bundle_max:
+                self._region(region, refmap, mix, chunk, chunks)
+                region, region_size = [start], 0
+            region.append(i + 1)
+            region_size += size
+            self._budget -= size
+            start, size = i + 1, 0
+            if bundle == 1 or region_size >= bundle_max or (mix(i) // chunk_avg) % bundle == 0:
+                self._region(region, refmap, mix, chunk, chunks)
+                region = [i + 1]
+                region_size = 0
                 if self._budget < 0:
                     self._budget = _SLICE_BYTES
                     yield
         if start < n:
-            chunks.append(self._chunk_node(refmap, chunk, start, n))
+            if region_size and region_size + size > bundle_max:
+                self._region(region, refmap, mix, chunk, chunks)
+                region = [start]
+            region.append(n)
+        if len(region) > 1:
+            self._region(region, refmap, mix, chunk, chunks)
         return b"null", [(0, self._index(chunks, _KIND_DICT if is_dict else _KIND_LIST))]
+
+    def _region(
+        self,
+        ends: list[int],
+        refmap: dict[int, _Refs],
+        mix: Callable[[int], int],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        out: list[bytes],
+    ) -> None:
+        """Append the nodes of the region of chunks ``ends[0]:ends[1]``, ... to ``out``.
+
+        A region of several chunks is one node (a *bundle*: fewer, larger nodes make a
+        large state's resume cheaper) when its data is new, and one node per chunk when it
+        is an edited version of a region the previous save of the same workflow held
+        (``memory``): a list that grows at its end, or one entry edited in place, then
+        rewrites one chunk, not the region. A region kept unchanged keeps the form it had.
+        Only the blobs' sizes and sharing depend on this, never what a reader rebuilds.
+        """
+        first, last = ends[0], ends[-1]
+        head, tail = mix(first), mix(last - 1)
+        whole = True
+        if len(ends) > 2:
+            key = hash(tuple(map(mix, range(first, last))))
+            previous = self.previous
+            if previous is not None:
+                kept = previous.regions.get(key)
+                # Not kept as it was: an edited region still starts or ends as before.
+                whole = (
+                    kept
+                    if kept is not None
+                    else head not in previous.edges and tail not in previous.edges
+                )
+            self.memory.regions[key] = whole
+        self.memory.edges.update((head, tail))
+        if whole:
+            out.append(self._chunk_node(refmap, chunk, first, last))
+        else:
+            out.extend([self._chunk_node(refmap, chunk, a, b) for a, b in itertools.pairwise(ends)])
 
     def _index(self, hashes: list[bytes], kind: int) -> bytes:
         p = self.p
@@ -554,6 +674,7 @@ def split_state(
     *,
     known: Collection[bytes] = (),
     finite: bool = False,
+    previous: SplitMemory | None = None,
 ) -> SplitResult:
     """Cut a storable value into a root and content-addressed blobs.
 
@@ -563,15 +684,23 @@ def split_state(
     Blobs whose hash is in ``known`` (already stored) are not encoded again and are left
     out of ``blobs``. ``finite=True`` promises that no float in ``data`` is NaN or infinite
     (as :func:`~aiocheckpoint.serde.storable_copy` reports), which allows a several times
-    faster encoder. Raises :class:`CheckpointSerializationError` for unstorable values.
+    faster encoder. ``previous`` is the :attr:`SplitResult.memory` of the previous split
+    of the same value's history (it changes which blobs are made, never the value).
+    Raises :class:`CheckpointSerializationError` for unstorable values.
     """
-    return _finish(_split(data, params, known, inline=True, finite=finite))
+    return _finish(_split(data, params, known, previous, inline=True, finite=finite))
 
 
 def _split(
-    data: Any, params: TreeParams, known: Collection[bytes], *, inline: bool, finite: bool
+    data: Any,
+    params: TreeParams,
+    known: Collection[bytes],
+    previous: SplitMemory | None,
+    *,
+    inline: bool,
+    finite: bool,
 ) -> _Work[SplitResult]:
-    splitter = _Splitter(params, known)
+    splitter = _Splitter(params, known, previous)
     limit = params.root_inline_limit
     small = inline and limit and not _exceeds(data, limit)
     try:
@@ -581,9 +710,9 @@ def _split(
                     body = _fast_dumps(data)
                     if len(body) <= limit:
                         return SplitResult(splitter.wrap(_LEAF + body), {}, {}, ())
-                encoded, refs = yield from splitter.encode_fast(data, None)
+                encoded, refs = yield from splitter.encode_fast(data, None, top=True)
             except TypeError:  # an int beyond 64 bits, or not storable: the exact encoder
-                splitter, finite = _Splitter(params, known), False
+                splitter, finite = _Splitter(params, known, previous), False
         if not finite:
             if small:
                 body = _dumps(data, False)  # exact: NaN, big ints stay as they are
@@ -600,6 +729,8 @@ def _split(
         splitter.blobs,
         splitter.children,
         tuple(dict.fromkeys(h for _, h in refs)),
+        splitter.text_crc,
+        splitter.memory,
     )
 
 
@@ -707,10 +838,18 @@ class _Joiner:
         self._unwrap = _Unwrapper()
         self._nodes: dict[bytes, bytes | tuple[bytes, list[bytes]]] = {}
 
-    def steps(self, root: bytes) -> _Steps[Any]:
+    def steps(self, root: bytes, text_crc: int | None = None) -> _Steps[Any]:
+        """Fetch and verify the tree under ``root``; return the parsed state.
+
+        With ``text_crc`` (the record's checksum of the whole text) the leaves, nearly all
+        of the bytes, are not hashed one by one: the rebuilt text is checked once, and only
+        a mismatch hashes every node, to name the damaged one. Nodes with references are
+        hashed either way (a few per cent of a tree).
+        """
         digest = self._digest
         unwrap = self._unwrap
         nodes = self._nodes
+        hashed = text_crc is None
         root_node = unwrap(root)
         root_refs = _node_refs(root_node, digest)
         pending = list(dict.fromkeys(root_refs))
@@ -722,29 +861,53 @@ class _Joiner:
                 raise _corrupt(f"missing blob {bytes(exc.args[0]).hex()}") from None
             is_leaf = list(map(_is_plain_leaf, stored))
             if all(is_leaf):
-                self._check_leaves(pending, stored)
+                if hashed:
+                    self._check_leaves(pending, stored)
                 nodes.update(zip(pending, stored, strict=True))
                 break  # leaves reference nothing: the tree is complete
             leaves = list(itertools.compress(pending, is_leaf))
             leaf_blobs = list(itertools.compress(stored, is_leaf))
-            self._check_leaves(leaves, leaf_blobs)
+            if hashed:
+                self._check_leaves(leaves, leaf_blobs)
             nodes.update(zip(leaves, leaf_blobs, strict=True))
             level: dict[bytes, None] = {}
             for h, blob, leaf in zip(pending, stored, is_leaf, strict=True):
                 if leaf:
                     continue
                 node = unwrap(blob)
-                if _sha256(node).digest()[:digest] != h:
+                value = node.startswith(_LEAF)
+                # Nodes that reference others are hashed whatever the text checksum says:
+                # a damaged reference must be named as such, not as the blob it misnames.
+                if (hashed or not value) and _sha256(node).digest()[:digest] != h:
                     raise _corrupt(f"blob {h.hex()} does not match its hash")
-                refs = _NO_HASHES if node.startswith(_LEAF) else _node_refs(node, digest)
+                refs = _NO_HASHES if value else _node_refs(node, digest)
                 nodes[h] = (node, refs)
                 level.update(dict.fromkeys(refs))
             pending = [h for h in level if h not in nodes]
         if not root_refs and root_node[:1] == b"V":
             return _loads(root_node[5:])  # a small state kept whole in the root
         out: list[bytes | memoryview] = []
-        self._emit(root_node, root_refs, out, 0)
-        return _loads(b"".join(out))
+        try:
+            self._emit(root_node, root_refs, out, 0)
+        except (CheckpointCorruptedError, ValueError, TypeError, KeyError, IndexError):
+            if not hashed:
+                self._check_all()  # a damaged node names itself before a malformed one
+            raise
+        text = b"".join(out)
+        del out
+        if not hashed and zlib.crc32(text) != text_crc:
+            self._check_all()
+            raise _corrupt("state text does not match its checksum")
+        return _loads(text)
+
+    def _check_all(self) -> None:
+        """Hash every node fetched so far; raise for the first that does not match."""
+        for h, node in self._nodes.items():
+            if isinstance(node, tuple):
+                if _sha256(node[0]).digest()[: self._digest] != h:
+                    raise _corrupt(f"blob {h.hex()} does not match its hash")
+            else:
+                self._check_leaves([h], [node])
 
     def _check_leaves(self, hashes: list[bytes], blobs: list[bytes]) -> None:
         """Verify uncompressed stored blobs against their hashes, in one chain of maps."""
@@ -829,16 +992,12 @@ class _Joiner:
             out.append(
                 b",".join([p if i in made else _chunk_entries(p) for i, p in enumerate(pieces)])
             )
-        else:
-            # In batches: their slices are freed (and their memory reused) at once.
-            out.append(
-                b",".join(
-                    [
-                        b",".join(map(_chunk_entries, pieces[i : i + _BATCH]))
-                        for i in range(0, len(pieces), _BATCH)
-                    ]
-                )
-            )
+        elif pieces:
+            # Views, not slices, with the commas between them, straight into ``out``: the
+            # caller's join is the only copy of the text.
+            spliced: list[bytes | memoryview] = [b","] * (2 * len(pieces) - 1)
+            spliced[::2] = map(_chunk_entries, map(_view, pieces))
+            out.extend(spliced)
         out.append(closing)
 
     def _collect(self, kind: int, refs: list[bytes], pieces: list[bytes], made: set[int]) -> None:
@@ -1015,16 +1174,19 @@ def encode_checkpoint_v2(
     *,
     known: Collection[bytes] = (),
     finite: bool = False,
+    previous: SplitMemory | None = None,
 ) -> tuple[bytes, SplitResult]:
     """Encode a checkpoint as a version-2 record plus the blobs its state needs.
 
     A checkpoint whose JSON (state included) fits in ``params.root_inline_limit`` bytes is
     stored whole in the record, with no blobs and no root (``result.root == b""``).
     Otherwise the caller must make every blob in ``result.blobs`` durable before the
-    record (see docs/incremental.md). The state must already be storable; ``finite`` is as
-    in :func:`split_state`.
+    record (see docs/incremental.md). The state must already be storable; ``finite`` and
+    ``previous`` are as in :func:`split_state`.
     """
-    return _finish(encode_v2_work(checkpoint, params, known=known, finite=finite))
+    return _finish(
+        encode_v2_work(checkpoint, params, known=known, finite=finite, previous=previous)
+    )
 
 
 def encode_v2_work(
@@ -1033,6 +1195,7 @@ def encode_v2_work(
     *,
     known: Collection[bytes] = (),
     finite: bool = False,
+    previous: SplitMemory | None = None,
 ) -> Generator[None, None, tuple[bytes, SplitResult]]:
     """:func:`encode_checkpoint_v2` as a generator that yields between slices of work.
 
@@ -1050,7 +1213,9 @@ def encode_v2_work(
         if len(meta_bytes) <= limit:
             return _record(meta_bytes, params.digest_size, b""), SplitResult(b"", {}, {}, ())
         del meta["state"]["data"]
-    split = yield from _split(data, params, known, inline=False, finite=finite)
+    split = yield from _split(data, params, known, previous, inline=False, finite=finite)
+    if split.text_crc is not None:
+        meta["state"]["text_crc32"] = split.text_crc
     return _record(_meta_bytes(meta), params.digest_size, split.root), split
 
 
@@ -1108,9 +1273,12 @@ def _decode_steps(record: bytes) -> _Steps[Checkpoint]:
     if record_format_version(record) == 1:
         return decode_checkpoint(record)
     meta, digest, root = _open_v2(record)
+    text_crc = meta["state"].pop("text_crc32", None)
+    if text_crc is not None and (type(text_crc) is not int or not 0 <= text_crc <= 0xFFFFFFFF):
+        raise _corrupt("malformed text checksum")
     if root:
         joiner = _Joiner(digest, DEFAULT_MAX_RECORD_BYTES)
-        meta["state"]["data"] = yield from joiner.steps(root)
+        meta["state"]["data"] = yield from joiner.steps(root, text_crc)
     return _build(meta)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection, Generator, Mapping
 from datetime import datetime
 from types import TracebackType
@@ -28,7 +29,13 @@ from .errors import (
     StorageClosedError,
     UnsupportedOperationError,
 )
-from .incremental import _exceeds, decode_checkpoint_v2, encode_checkpoint_v2, encode_v2_work
+from .incremental import (
+    SplitMemory,
+    _exceeds,
+    decode_checkpoint_v2,
+    encode_checkpoint_v2,
+    encode_v2_work,
+)
 from .leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from .models import (
     AgentStatus,
@@ -61,6 +68,9 @@ _PAGE = 100
 #: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
 _HELD_LONG = 0.0002
 _RETRIES = 8
+#: Bounds of the split memories kept (workflows; integers in all, ~50 bytes each).
+_MEMORY_WORKFLOWS = 1024
+_MEMORY_ENTRIES = 1_000_000
 
 
 _E = TypeVar("_E", AgentStatus, WorkflowStatus)
@@ -142,6 +152,10 @@ class CheckpointManager:
             if supports and incremental is not False
             else None
         )
+        # The last split of each recently saved workflow's state (see SplitMemory): a few
+        # integers per region of a large state, least recently saved dropped first.
+        self._memories: OrderedDict[str, SplitMemory] = OrderedDict()
+        self._memory_size = 0
         self._closed = False
 
     @property
@@ -226,21 +240,25 @@ class CheckpointManager:
         blobs = self._blobs
         if blobs is not None and _exceeds(snapshot.data, blobs.blob_params.root_inline_limit):
             # ``checkpoint`` holds private copies made above, so nothing else changes it.
+            previous = self._memories.get(workflow_id)
             if finite:
                 # ~5 ms of CPU per MB, mostly Python: a worker thread would hold the GIL
                 # against the loop for whole switch intervals (5 ms each), so the loop runs
                 # it itself in slices of ~0.1-0.2 ms (docs/incremental.md).
                 record, split = await _cooperate(
-                    encode_v2_work(checkpoint, blobs.blob_params, finite=True)
+                    encode_v2_work(checkpoint, blobs.blob_params, finite=True, previous=previous)
                 )
             else:  # NaN, infinities: the exact encoder, which does not slice
                 record, split = await anyio.to_thread.run_sync(
-                    functools.partial(encode_checkpoint_v2, checkpoint, blobs.blob_params)
+                    functools.partial(
+                        encode_checkpoint_v2, checkpoint, blobs.blob_params, previous=previous
+                    )
                 )
             if split.root:
                 await blobs.save_tree(
                     workflow_id, step, record, split, keep_last=self._max_checkpoints, fence=lease
                 )
+                self._remember(workflow_id, split.memory)
                 return checkpoint
         data = encode_checkpoint(checkpoint, finite=finite)
         if lease is None:
@@ -250,6 +268,19 @@ class CheckpointManager:
                 workflow_id, step, data, keep_last=self._max_checkpoints, fence=lease
             )
         return checkpoint
+
+    def _remember(self, workflow_id: str, memory: SplitMemory | None) -> None:
+        """Keep ``memory`` for the workflow's next split, within the cache's bounds."""
+        old = self._memories.pop(workflow_id, None)
+        if old is not None:
+            self._memory_size -= len(old)
+        if memory is None or len(memory) > _MEMORY_ENTRIES:
+            return
+        self._memories[workflow_id] = memory
+        self._memory_size += len(memory)
+        while len(self._memories) > _MEMORY_WORKFLOWS or self._memory_size > _MEMORY_ENTRIES:
+            _, dropped = self._memories.popitem(last=False)
+            self._memory_size -= len(dropped)
 
     async def get_checkpoint(self, workflow_id: str, step: int) -> Checkpoint:
         """Return one step's checkpoint; raise :class:`CheckpointNotFoundError` if absent."""
@@ -338,7 +369,11 @@ class CheckpointManager:
     async def delete_checkpoints(self, workflow_id: str, step: int | None = None) -> bool:
         """Delete one step, or every checkpoint of the workflow; return whether any existed."""
         self._check_open()
-        return await self._storage.delete(check_workflow_id(workflow_id), check_optional_step(step))
+        workflow_id = check_workflow_id(workflow_id)
+        step = check_optional_step(step)
+        if step is None:
+            self._remember(workflow_id, None)
+        return await self._storage.delete(workflow_id, step)
 
     async def get_resume_point(self, workflow_id: str) -> ResumePoint | None:
         """Where to resume a workflow: ``(step, state_snapshot, metrics)``, or None.
