@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import json
 import os
 import random
@@ -177,6 +178,49 @@ async def test_unchanged_parts_are_stored_once(tmp_path: Path) -> None:
         for step in (0, 25, 50):
             got = await manager.get_checkpoint("wf", step)
             assert got.state_snapshot.data == big_state(step)
+
+
+def stored_bytes(store: Path) -> int:
+    return sum(map(len, stored_blobs(store).values()))
+
+
+async def test_the_manager_remembers_splits_so_appends_stay_small(tmp_path: Path) -> None:
+    """Through the manager, a growing list adds about one message per save, not a region.
+
+    A large state saved at once is stored in few region-sized blobs (cheap to resume); a
+    new manager (no memory) bundles what it cannot place once, then is back to small saves.
+    """
+    store = tmp_path / "store"
+    rng = random.Random(3)
+    messages = [
+        {"id": i, "text": " ".join(str(rng.random()) for _ in range(50))} for i in range(300)
+    ]
+    message = len(json.dumps(messages[0]))
+    async with CheckpointManager(FileCheckpointStorage(store)) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "running", {"messages": messages})
+        # ~300 KB in blobs of up to 32 KiB, not ~300 of ~1 KB.
+        assert len(blob_files(store)) < 60
+        sizes = [stored_bytes(store)]
+        for step in range(1, 31):
+            messages.append({"id": 300 + step, "text": f"message {step} " * 80})
+            await manager.create_checkpoint("wf", step, "a", "running", {"messages": messages})
+            sizes.append(stored_bytes(store))
+    growth = [b - a for a, b in itertools.pairwise(sizes)]
+    # About one new chunk per append (plus index nodes), after at most one region rewrite
+    # when the first append cuts the region it lands in.
+    assert sorted(growth)[len(growth) // 2] < message + 1024, growth
+    assert sum(growth) < 30 * (message + 1024) + 32 * 1024, growth
+    async with CheckpointManager(FileCheckpointStorage(store)) as manager:
+        before = stored_bytes(store)
+        for step in range(31, 36):
+            messages.append({"id": 300 + step, "text": f"message {step} " * 80})
+            await manager.create_checkpoint("wf", step, "a", "running", {"messages": messages})
+        later = stored_bytes(store)
+        got = await manager.get_checkpoint("wf", 35)
+        assert got.state_snapshot.data == {"messages": messages}
+    # The new manager's first save re-bundles the regions the appends had cut (~35 KB
+    # here), not the whole ~330 KB list; the next four saves are small again.
+    assert later - before < 64 * 1024 < len(json.dumps(messages)) // 4
 
 
 async def test_incremental_false_writes_whole_records(tmp_path: Path) -> None:

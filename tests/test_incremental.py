@@ -544,6 +544,56 @@ def test_appends_with_memory_rewrite_about_one_chunk_per_step() -> None:
     assert join_state(split.root, store.fetch) == {"messages": messages}
 
 
+BUNDLING = TreeParams(
+    inline_limit=64, root_inline_limit=0, chunk_min=32, chunk_avg=128, bundle_chunks=3
+)
+edits = st.lists(
+    st.tuples(
+        st.sampled_from(["append", "edit", "insert", "delete", "replace"]),
+        st.integers(min_value=0, max_value=10**6),
+        text,
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(text, min_size=20, max_size=120), edits, st.booleans())
+def test_edit_sequences_with_memory_round_trip(
+    start: list[str], changes: list[tuple[str, int, str]], nested: bool
+) -> None:
+    """Any sequence of edits, each split with the previous split's memory, reads back exactly.
+
+    Memory only decides which blobs are made (bundled or per chunk), so every step must
+    decode, with the text checksum, from the blobs stored so far.
+    """
+    items: list[Any] = [{"k": i, "v": t} if nested else t for i, t in enumerate(start)]
+    store = Store()
+    previous = None
+    for kind, at, value in changes:
+        n = len(items)
+        entry: Any = {"k": -at, "v": value} if nested else value
+        if kind == "append":
+            items.append(entry)
+        elif kind == "insert":
+            items.insert(at % (n + 1), entry)
+        elif kind == "delete" and n:
+            del items[at % n]
+        elif kind == "edit" and n:
+            items[at % n] = entry
+        elif kind == "replace":
+            items = [entry, *items[1:]]
+        state = {"items": items, "n": len(items)}
+        record, split = encode_checkpoint_v2(
+            _checkpoint(state), BUNDLING, finite=True, previous=previous
+        )
+        store.add(split)
+        previous = split.memory
+        back = decode_checkpoint_v2(record, store.fetch)
+        assert back.state_snapshot.data == state
+
+
 def test_damaged_v2_records_are_reported_as_corruption() -> None:
     """Truncated, bit-flipped or mislabelled version-2 records raise CheckpointCorruptedError."""
     record, split = encode_checkpoint_v2(_checkpoint({"a": "b" * 3000}), SMALL)

@@ -330,3 +330,34 @@ async def test_a_large_shared_state_is_copied_in_slices_as_of_the_call(
         assert checkpoint.state_snapshot.version.version == 1
     data["docs"][0]["tags"].append("c")  # the returned copy is the caller's own
     assert state.to_dict()["docs"][0]["tags"] == ["a", "b"]
+
+
+async def test_split_memories_are_bounded_and_dropped_with_their_workflow(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manager keeps one split memory per recently saved workflow, within its bounds."""
+    from aiocheckpoint import manager as manager_module
+    from aiocheckpoint.storage.file import FileCheckpointStorage
+
+    monkeypatch.setattr(manager_module, "_MEMORY_WORKFLOWS", 3)
+    big = {"docs": [{"id": i, "body": f"document {i} " * 40} for i in range(300)]}
+    async with CheckpointManager(FileCheckpointStorage(tmp_path)) as manager:
+        for n in range(5):
+            await manager.create_checkpoint(f"wf{n}", 0, "a", "running", big)
+        memories = manager._memories
+        assert list(memories) == ["wf2", "wf3", "wf4"]  # least recently saved dropped
+        assert all(len(memory) > 0 for memory in memories.values())
+        await manager.create_checkpoint("wf2", 1, "a", "running", big)
+        assert list(memories) == ["wf3", "wf4", "wf2"]
+        assert await manager.delete_checkpoints("wf4")
+        assert list(memories) == ["wf3", "wf2"]
+        await manager.delete_checkpoints("wf3", 0)  # deleting a step keeps the memory
+        assert list(memories) == ["wf3", "wf2"]
+        one = len(memories["wf2"])
+        monkeypatch.setattr(manager_module, "_MEMORY_ENTRIES", one + 1)
+        await manager.create_checkpoint("wf1", 1, "a", "running", big)
+        assert list(memories) == ["wf1"]  # two would not fit
+        assert manager._memory_size == one
+        # A small state (stored whole in its record) leaves the memory as it was.
+        await manager.create_checkpoint("wf1", 2, "a", "running", {"n": 1})
+        assert list(memories) == ["wf1"]
