@@ -451,7 +451,8 @@ class _Splitter:
 
         ``lens[i]`` is element ``i``'s text length, ``refmap[i]`` its references, ``mix(i)``
         the checksum that decides boundaries, and ``chunk(start, end, head)`` the text of
-        elements ``start:end`` as a container, after ``head``.
+        elements ``start:end`` as a container, after ``head``. Chunks are grouped into
+        regions, each stored as one node or one node per chunk (:meth:`_region`).
         """
         p = self.p
         n = len(lens)
