@@ -4,7 +4,8 @@
 
 Each run creates fresh schemas and drops them. Stored size: the logical bytes
 (``sum(octet_length(data))`` of records and blobs) and the tables' on-disk size
-(``pg_total_relation_size``: heap, TOAST and indexes, after ``VACUUM``).
+(``pg_total_relation_size`` of records, blobs and their counts: heap, TOAST and indexes,
+after ``VACUUM``).
 
 (a) ``--steps`` checkpoints of a ~1 MB state in which one small key changes per step;
 (b) ``--steps`` steps of a chat state whose message list grows by one ~1 KB message;
@@ -58,12 +59,13 @@ class Schemas:
         con = await asyncpg.connect(self.dsn)
         try:
             logical = disk = full = 0
-            for table in ("checkpoints", "blobs"):
+            for table in ("checkpoints", "blobs", "blob_refs"):
                 rel = f'"{name}".{table}'
                 await con.execute(f"VACUUM {rel}")
-                logical += await con.fetchval(
-                    f"SELECT coalesce(sum(octet_length(data)), 0) FROM {rel}"
-                )
+                if table != "blob_refs":  # counts only: no data
+                    logical += await con.fetchval(
+                        f"SELECT coalesce(sum(octet_length(data)), 0) FROM {rel}"
+                    )
                 disk += await con.fetchval("SELECT pg_total_relation_size($1::regclass)", rel)
                 await con.execute(f"VACUUM FULL {rel}")
                 full += await con.fetchval("SELECT pg_total_relation_size($1::regclass)", rel)

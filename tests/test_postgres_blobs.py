@@ -74,10 +74,16 @@ async def check_counts(admin: asyncpg.Connection, schema: str) -> int:
     Returns the number of blobs stored.
     """
     records = await admin.fetch(f'SELECT data FROM "{schema}".checkpoints')
+    data_rows = await admin.fetch(f'SELECT hash FROM "{schema}".blobs')
     blobs = {
         bytes(r["hash"]): (r["refs"], bytes(r["data"]))
-        for r in await admin.fetch(f'SELECT hash, refs, data FROM "{schema}".blobs')
+        for r in await admin.fetch(
+            f'SELECT hash, refs, data FROM "{schema}".blob_refs JOIN "{schema}".blobs USING (hash)'
+        )
     }
+    # Every count has its data and every data row its count.
+    assert len(data_rows) == len(blobs)
+    assert await admin.fetchval(f'SELECT count(*) FROM "{schema}".blob_refs') == len(blobs)
     truth: Counter[bytes] = Counter()
     for row in records:
         data = bytes(row["data"])
@@ -155,14 +161,51 @@ async def test_store_at_version_2_migrates_and_reads_its_records(
         await manager.create_checkpoint("wf", 1, "a", "running", big)
         assert (await manager.get_checkpoint("wf", 1)).state_snapshot.data == big
     version = await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta')
-    assert version == str(_pg_schema.SCHEMA_VERSION) == "3"
+    assert version == str(_pg_schema.SCHEMA_VERSION) == "4"
     assert await check_counts(admin, pg_schema) > 0
+
+
+async def test_store_at_version_3_moves_its_counts_to_blob_refs(
+    pg_schema: str, admin: asyncpg.Connection
+) -> None:
+    """A version-3 store (counts in ``blobs.refs``) migrates: same counts, same checkpoints."""
+    states = [state_for(step, step) for step in range(4)]
+    async with CheckpointManager(store(pg_schema)) as manager:
+        for step, state in enumerate(states):
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+    counts = dict(await admin.fetch(f'SELECT hash, refs FROM "{pg_schema}".blob_refs'))
+    assert len(counts) > 10
+    # Put the store back in version 3's layout, counts included.
+    s = f'"{pg_schema}"'
+    for statement in (
+        f"ALTER TABLE {s}.blobs ADD COLUMN refs bigint",
+        f"UPDATE {s}.blobs b SET refs = r.refs FROM {s}.blob_refs r WHERE r.hash = b.hash",
+        f"ALTER TABLE {s}.blobs ALTER COLUMN refs SET NOT NULL",
+        f"DROP TABLE {s}.blob_refs",
+        f"UPDATE {s}.meta SET value = '3'",
+    ):
+        await admin.execute(statement)
+    async with CheckpointManager(store(pg_schema)) as manager:
+        for step, state in enumerate(states):
+            assert (await manager.get_checkpoint("wf", step)).state_snapshot.data == state
+        assert await admin.fetchval(f"SELECT value FROM {s}.meta") == "4"
+        assert dict(await admin.fetch(f"SELECT hash, refs FROM {s}.blob_refs")) == counts
+        columns = await admin.fetch(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = $1 AND table_name = 'blobs' ORDER BY ordinal_position",
+            pg_schema,
+        )
+        assert [c["column_name"] for c in columns] == ["hash", "data"]
+        # Counting goes on in the new table: a save and a delete keep every count exact.
+        await manager.create_checkpoint("wf", 4, "a", "running", state_for(4, 4))
+        assert await manager.delete_checkpoints("wf", 0)
+    await check_counts(admin, pg_schema)
 
 
 async def test_old_store_records_written_by_version_2_code_read_after_upgrade(
     pg_schema: str, admin: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Checkpoints written through the manager at schema version 2 read back at version 3."""
+    """Checkpoints written through the manager at schema version 2 read back after upgrade."""
     monkeypatch.setattr(_pg_schema, "MIGRATIONS", _pg_schema.MIGRATIONS[:2])
     monkeypatch.setattr(_pg_schema, "SCHEMA_VERSION", 2)
     states = [{"k": i} for i in range(3)]
@@ -174,7 +217,7 @@ async def test_old_store_records_written_by_version_2_code_read_after_upgrade(
         listed = await manager.list_checkpoints("wf")
         assert [c.state_snapshot.data for c in listed] == states
         assert await manager.delete_checkpoints("wf", 1)
-    assert await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta') == "3"
+    assert await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta') == "4"
 
 
 async def test_concurrent_writers_sharing_subtrees_keep_counts_exact(
@@ -305,7 +348,7 @@ async def test_missing_or_damaged_blob_is_corruption_and_resume_falls_back(
             _meta, _digest, root = _open_v2(stored.data)
             tree = await areferenced_hashes([root], manager._storage.fetch_blobs)  # type: ignore[attr-defined]
             others = await admin.fetch(
-                f'SELECT hash FROM "{pg_schema}".blobs WHERE refs = 1 AND hash = ANY($1)',
+                f'SELECT hash FROM "{pg_schema}".blob_refs WHERE refs = 1 AND hash = ANY($1)',
                 list(tree),
             )
             victim = bytes(others[-1]["hash"])

@@ -7,7 +7,8 @@ openers never race, and refuses a store whose version is newer than this code kn
 
 To change the schema, append a migration to ``MIGRATIONS``: never edit a released one.
 Migration 2 adds workflow records and leases (issue 5); migration 3 the content-addressed
-blobs of incremental checkpoints with their reference counts (issue 9).
+blobs of incremental checkpoints with their reference counts (issue 9); migration 4 moves
+the counts into a narrow table of their own (``blob_refs``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             data bytea NOT NULL
         )
         """,
+    ),
+    (
+        # The counts move to a narrow table of their own: every save updates the counts of
+        # the children of its new nodes (a list's last index node: ~16 of them), and an
+        # UPDATE writes a new version of the whole row. Next to ~1 KB of data, that left
+        # ~1 KB of dead row per count change until a vacuum (a growing chat: ~5x its size
+        # on disk, docs/incremental.md); now it is a ~60-byte row.
+        """
+        CREATE TABLE {s}.blob_refs (
+            hash bytea PRIMARY KEY CHECK (octet_length(hash) BETWEEN 16 AND 32),
+            refs bigint NOT NULL
+        )
+        """,
+        "INSERT INTO {s}.blob_refs (hash, refs) SELECT hash, refs FROM {s}.blobs",
+        "ALTER TABLE {s}.blobs DROP COLUMN refs",
     ),
 )
 
@@ -202,6 +218,7 @@ class Sql:
         t = f"{quoted}.checkpoints"
         w = f"{quoted}.workflows"
         b = f"{quoted}.blobs"
+        r = f"{quoted}.blob_refs"
         # A version-2 record's bytes, else NULL: only those reference blobs, and only they
         # are sent back when a record is replaced or deleted (its refs are then released).
         prefix = (MAGIC + bytes([2])).hex()
@@ -364,23 +381,36 @@ class Sql:
             # which the caller recognises (an existing blob has refs >= 1, so it ends > n)
             # and then adds refs for its children. Sorted input locks rows in one order; a
             # row a concurrent release is deleting is waited for, then inserted again.
+            # upsert of one level: counts added (rows created at the count sent), and the
+            # data stored for the hashes whose row was created now (its count is what was
+            # sent: an existing blob's ends above it, as no stored count is ever 0 or less
+            # once a transaction commits).
             blob_add=(
-                f"INSERT INTO {b} AS x (hash, refs, data) "
-                "SELECT h, n, d FROM unnest($1::bytea[], $2::bigint[], $3::bytea[]) AS u(h, n, d) "
-                "ORDER BY h ON CONFLICT (hash) DO UPDATE SET refs = x.refs + EXCLUDED.refs "
-                "RETURNING hash, refs"
+                "WITH u AS MATERIALIZED (SELECT * FROM "
+                "unnest($1::bytea[], $2::bigint[], $3::bytea[]) AS u(h, n, d)), "
+                f"c AS (INSERT INTO {r} AS x (hash, refs) SELECT h, n FROM u ORDER BY h "
+                "ON CONFLICT (hash) DO UPDATE SET refs = x.refs + EXCLUDED.refs "
+                "RETURNING hash, refs), "
+                f"i AS (INSERT INTO {b} (hash, data) SELECT u.h, u.d FROM u JOIN c "
+                "ON c.hash = u.h AND c.refs = u.n ORDER BY u.h ON CONFLICT (hash) DO NOTHING) "
+                "SELECT hash, refs FROM c"
             ),
             # release of one level: the data comes back only for blobs whose count reached 0,
             # whose children the caller releases next and which blob_drop then deletes.
             blob_release=(
-                f"WITH l AS MATERIALIZED (SELECT hash FROM {b} WHERE hash = ANY($1::bytea[]) "
-                "ORDER BY hash FOR NO KEY UPDATE) "
-                f"UPDATE {b} AS x SET refs = x.refs - u.n "
+                f"WITH l AS MATERIALIZED (SELECT hash FROM {r} WHERE hash = ANY($1::bytea[]) "
+                "ORDER BY hash FOR NO KEY UPDATE), "
+                f"x AS (UPDATE {r} AS x SET refs = x.refs - u.n "
                 "FROM unnest($1::bytea[], $2::bigint[]) AS u(h, n) "
                 "WHERE x.hash = u.h AND x.hash IN (SELECT hash FROM l) "
-                "RETURNING x.hash, x.refs, CASE WHEN x.refs <= 0 THEN x.data END"
+                "RETURNING x.hash, x.refs) "
+                "SELECT x.hash, x.refs, CASE WHEN x.refs <= 0 THEN coalesce(d.data, '') END "
+                f"FROM x LEFT JOIN {b} AS d ON d.hash = x.hash"
             ),
-            blob_drop=f"DELETE FROM {b} WHERE hash = ANY($1::bytea[]) AND refs <= 0",
+            blob_drop=(
+                f"WITH z AS (DELETE FROM {r} WHERE hash = ANY($1::bytea[]) AND refs <= 0 "
+                f"RETURNING hash) DELETE FROM {b} WHERE hash IN (SELECT hash FROM z)"
+            ),
             # One writer of blob counts at a time per store (all processes): a walk locks
             # rows level by level, and two walks over trees that share nodes at different
             # levels would otherwise deadlock often (each costing the server's
