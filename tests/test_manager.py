@@ -361,3 +361,29 @@ async def test_split_memories_are_bounded_and_dropped_with_their_workflow(
         # A small state (stored whole in its record) leaves the memory as it was.
         await manager.create_checkpoint("wf1", 2, "a", "running", {"n": 1})
         assert list(memories) == ["wf1"]
+
+
+async def test_large_version_1_records_are_decoded_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large record is parsed in a worker thread, a small one on the loop (no hop)."""
+    import threading
+
+    from aiocheckpoint import manager as manager_module
+
+    threads: list[bool] = []
+    decode = manager_module.decode_checkpoint
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(manager_module, "decode_checkpoint", recording)
+    big = {"text": "x" * (manager_module._DECODE_ON_LOOP + 1)}
+    async with CheckpointManager() as manager:  # in memory: version-1 records only
+        await manager.create_checkpoint("wf", 0, "a", "running", {"n": 1})
+        await manager.create_checkpoint("wf", 1, "a", "running", big)
+        assert (await manager.get_checkpoint("wf", 0)).state_snapshot.data == {"n": 1}
+        assert (await manager.get_checkpoint("wf", 1)).state_snapshot.data == big
+    assert threading.current_thread() is threading.main_thread()
+    assert threads == [True, False]
