@@ -21,9 +21,11 @@ the children's texts in at the offsets and parses the whole state with one ``jso
 A *stored* blob is one flags byte (bit 0: the rest is a zstd frame) and the node bytes.
 
 The version-2 record (see :func:`encode_checkpoint_v2`) keeps the version-1 header and
-carries the checkpoint's fields plus the root node; :func:`decode_checkpoint_v2` reads
-records of both versions. ``docs/incremental.md`` describes the format, the garbage
-collection scheme and the write ordering backends must follow.
+carries the checkpoint's fields plus the root node (and, when the fast encoder cut the
+state, the CRC-32 of its whole text, which a reader checks instead of hashing every leaf);
+:func:`decode_checkpoint_v2` reads records of both versions. ``docs/incremental.md``
+describes the format, the garbage collection scheme and the write ordering backends must
+follow.
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ _REF_WEIGHT: Final = 20  # what one reference adds to a node: hash and offset, r
 _MIX: Final = 0x9E3779B1
 
 # SHA-256 rather than BLAKE2b: with SHA-NI it hashes ~1.2 GB/s here against ~180 MB/s for
-# hashlib's BLAKE2b, and every node is hashed again on every read (docs/incremental.md).
+# hashlib's BLAKE2b, and every node is hashed on every write (and on reads of records
+# without a text checksum: docs/incremental.md).
 _sha256 = hashlib.sha256
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring
 
@@ -1302,8 +1305,10 @@ def decode_checkpoint_v2(
 ) -> Checkpoint:
     """Decode a record of format version 1 or 2, fetching blobs one tree level at a time.
 
-    Any damage -- to the record, a missing blob or a blob that fails its hash -- raises
-    :class:`CheckpointCorruptedError`, as does a record of another workflow or step.
+    Any damage -- to the record, a missing blob, a blob that fails its hash or a state text
+    that fails the record's checksum (``state.text_crc32``, which then replaces the leaves'
+    hashes) -- raises :class:`CheckpointCorruptedError`, naming the damaged blob when one
+    is, as does a record of another workflow or step.
     ``fetch`` is not called for version-1 records or states stored inline.
     """
     return _drive(_checked(_decode_steps(record), workflow_id, step), fetch)
