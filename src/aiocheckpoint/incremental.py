@@ -519,7 +519,7 @@ class _Splitter:
         A region of several chunks is one node (a *bundle*: fewer, larger nodes make a
         large state's resume cheaper) when its data is new, and one node per chunk when it
         is an edited version of a region the previous save of the same workflow held
-        (``memory``): a list that grows at its end, or one entry edited in place, then
+        (``previous``): a list that grows at its end, or one entry edited in place, then
         rewrites one chunk, not the region. A region kept unchanged keeps the form it had.
         Only the blobs' sizes and sharing depend on this, never what a reader rebuilds.
         """
