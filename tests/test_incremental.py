@@ -32,6 +32,7 @@ from aiocheckpoint.incremental import (
     node_children,
     record_format_version,
     record_root_refs,
+    recovered_memory,
     referenced_hashes,
     split_state,
 )
@@ -592,6 +593,40 @@ def test_edit_sequences_with_memory_round_trip(
         previous = split.memory
         back = decode_checkpoint_v2(record, store.fetch)
         assert back.state_snapshot.data == state
+
+
+def test_a_memory_is_recovered_from_the_first_chunks_a_store_holds() -> None:
+    """A split without memory names each region's first chunk; a store holding it means cut.
+
+    Recovering gives the same blobs as the memory the lost split would have passed on.
+    """
+    rng = random.Random(12)
+    items = [{"id": i, "text": _words(rng, 20)} for i in range(1500)]
+    store = Store()
+    split = split_state(items, finite=True)
+    store.add(split)
+    for i in (100, 700, 1400):  # three edits, each cutting the region it lands in
+        items[i]["text"] = f"edited {i}"
+        split = split_state(items, finite=True, previous=split.memory)
+        store.add(split)
+    assert split.memory is not None and not split.memory.first_chunks
+    cut = [key for key, whole in split.memory.regions.items() if not whole]
+    assert len(cut) >= 3  # an edit may move a region's end and cut its neighbour too
+    items[1400]["text"] = "edited again"
+    with_memory = split_state(items, finite=True, previous=split.memory)
+    blind = split_state(items, finite=True)
+    assert blind.memory is not None and len(blind.memory.first_chunks) > 10
+    held = set(blind.memory.first_chunks.values()) & set(store.blobs)
+    assert len(held) == len(cut)
+    recovered = recovered_memory(blind.memory, held)
+    assert recovered is not None
+    assert with_memory.memory is not None
+    assert {k for k, whole in recovered.regions.items() if not whole} == {
+        k for k, whole in with_memory.memory.regions.items() if not whole
+    }
+    again = split_state(items, finite=True, previous=recovered)
+    assert set(again.blobs) == set(with_memory.blobs)
+    assert recovered_memory(blind.memory, ()) is None  # nothing held: the split stands
 
 
 def test_damaged_v2_records_are_reported_as_corruption() -> None:

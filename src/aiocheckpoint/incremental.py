@@ -75,6 +75,7 @@ __all__ = [
     "node_children",
     "record_format_version",
     "record_root_refs",
+    "recovered_memory",
     "referenced_hashes",
     "split_state",
 ]
@@ -189,16 +190,36 @@ class SplitMemory:
     correctness: a split without it bundles every region of several chunks.
     """
 
-    __slots__ = ("edges", "regions")
+    __slots__ = ("edges", "first_chunks", "regions")
 
     def __init__(self) -> None:
         #: Region fingerprint -> whether the region was stored as one blob.
         self.regions: dict[int, bool] = {}
         #: Boundary checksums of the first and last entries of every region.
         self.edges: set[int] = set()
+        #: Filled by a split made without a previous memory: region fingerprint -> the hash
+        #: its first chunk has as a blob of its own. A store that holds that blob stored the
+        #: region cut into chunks (:func:`recovered_memory`).
+        self.first_chunks: dict[int, bytes] = {}
 
     def __len__(self) -> int:
-        return len(self.regions) + len(self.edges)
+        return len(self.regions) + len(self.edges) + len(self.first_chunks)
+
+
+def recovered_memory(memory: SplitMemory, stored: Collection[bytes]) -> SplitMemory | None:
+    """The memory a split without one should have had, given which first chunks are stored.
+
+    ``memory`` comes from a split made with ``previous=None``; ``stored`` holds the hashes
+    among its ``first_chunks`` values that the store has. A region whose first chunk is
+    stored was written cut into chunks before and is cut again; the others stay bundled.
+    None when nothing would change (no first chunk stored): the split stands as it is.
+    """
+    cut = {key for key, h in memory.first_chunks.items() if h in stored}
+    if not cut:
+        return None
+    recovered = SplitMemory()
+    recovered.regions = {key: key not in cut for key in memory.first_chunks}
+    return recovered
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,6 +559,8 @@ class _Splitter:
                     else head not in previous.edges and tail not in previous.edges
                 )
             self.memory.regions[key] = whole
+            if previous is None:
+                self.memory.first_chunks[key] = self._node_hash(refmap, chunk, first, ends[1])
         self.memory.edges.update((head, tail))
         if whole:
             out.append(self._chunk_node(refmap, chunk, first, last))
@@ -574,6 +597,20 @@ class _Splitter:
             return self.value_node(*chunk(start, end, b""))
         # No references: build the stored blob in one piece.
         return self._add(chunk(start, end, _PLAIN_LEAF)[0], _NO_HASHES)
+
+    def _node_hash(
+        self,
+        refmap: dict[int, _Refs],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        start: int,
+        end: int,
+    ) -> bytes:
+        """The hash :meth:`_chunk_node` would give elements ``start:end``, keeping nothing."""
+        if refmap and any(i in refmap for i in range(start, end)):
+            node: bytes | memoryview = _value_node(*chunk(start, end, b""))
+        else:
+            node = memoryview(chunk(start, end, _PLAIN_LEAF)[0])[1:]
+        return _sha256(node).digest()[: self._digest]
 
     def value_node(self, text: bytes, refs: _Refs) -> bytes:
         if not refs:

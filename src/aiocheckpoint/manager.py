@@ -31,10 +31,12 @@ from .errors import (
 )
 from .incremental import (
     SplitMemory,
+    SplitResult,
     _exceeds,
     decode_checkpoint_v2,
     encode_checkpoint_v2,
     encode_v2_work,
+    recovered_memory,
 )
 from .leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from .models import (
@@ -244,19 +246,16 @@ class CheckpointManager:
         if blobs is not None and _exceeds(snapshot.data, blobs.blob_params.root_inline_limit):
             # ``checkpoint`` holds private copies made above, so nothing else changes it.
             previous = self._memories.get(workflow_id)
-            if finite:
-                # ~5 ms of CPU per MB, mostly Python: a worker thread would hold the GIL
-                # against the loop for whole switch intervals (5 ms each), so the loop runs
-                # it itself in slices of ~0.1-0.2 ms (docs/incremental.md).
-                record, split = await _cooperate(
-                    encode_v2_work(checkpoint, blobs.blob_params, finite=True, previous=previous)
-                )
-            else:  # NaN, infinities: the exact encoder, which does not slice
-                record, split = await anyio.to_thread.run_sync(
-                    functools.partial(
-                        encode_checkpoint_v2, checkpoint, blobs.blob_params, previous=previous
-                    )
-                )
+            record, split = await self._encode_tree(checkpoint, finite, previous)
+            memory = split.memory
+            if previous is None and memory is not None and memory.first_chunks:
+                # No memory of this workflow's last split (a new process, or another
+                # manager saved it): the store says which regions it holds cut into
+                # chunks, and those are cut again instead of rewritten as one blob.
+                stored = await blobs.fetch_blobs(list(set(memory.first_chunks.values())))
+                recovered = recovered_memory(memory, stored)
+                if recovered is not None:
+                    record, split = await self._encode_tree(checkpoint, finite, recovered)
             if split.root:
                 await blobs.save_tree(
                     workflow_id, step, record, split, keep_last=self._max_checkpoints, fence=lease
@@ -272,12 +271,32 @@ class CheckpointManager:
             )
         return checkpoint
 
+    async def _encode_tree(
+        self, checkpoint: Checkpoint, finite: bool, previous: SplitMemory | None
+    ) -> tuple[bytes, SplitResult]:
+        """Split ``checkpoint``'s state into a version-2 record and blobs, off the hot path."""
+        params = self._blobs.blob_params  # type: ignore[union-attr]
+        if finite:
+            # ~5 ms of CPU per MB, mostly Python: a worker thread would hold the GIL
+            # against the loop for whole switch intervals (5 ms each), so the loop runs
+            # it itself in slices of ~0.1-0.2 ms (docs/incremental.md).
+            return await _cooperate(
+                encode_v2_work(checkpoint, params, finite=True, previous=previous)
+            )
+        # NaN, infinities: the exact encoder, which does not slice.
+        return await anyio.to_thread.run_sync(
+            functools.partial(encode_checkpoint_v2, checkpoint, params, previous=previous)
+        )
+
     def _remember(self, workflow_id: str, memory: SplitMemory | None) -> None:
         """Keep ``memory`` for the workflow's next split, within the cache's bounds."""
         old = self._memories.pop(workflow_id, None)
         if old is not None:
             self._memory_size -= len(old)
-        if memory is None or len(memory) > _MEMORY_ENTRIES:
+        if memory is None:
+            return
+        memory.first_chunks.clear()  # only for recovering a memory; this is one
+        if len(memory) > _MEMORY_ENTRIES:
             return
         self._memories[workflow_id] = memory
         self._memory_size += len(memory)
