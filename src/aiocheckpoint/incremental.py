@@ -560,7 +560,9 @@ class _Splitter:
                 )
             self.memory.regions[key] = whole
             if previous is None:
-                self.memory.first_chunks[key] = self._node_hash(refmap, chunk, first, ends[1])
+                self.memory.first_chunks[key] = self._chunk_node(
+                    refmap, chunk, first, ends[1], keep=False
+                )
         self.memory.edges.update((head, tail))
         if whole:
             out.append(self._chunk_node(refmap, chunk, first, last))
@@ -592,24 +594,20 @@ class _Splitter:
         chunk: Callable[[int, int, bytes], _Encoded],
         start: int,
         end: int,
+        keep: bool = True,
     ) -> bytes:
+        """The hash of the node of elements ``start:end``, kept (unless known) if ``keep``."""
         if refmap and any(i in refmap for i in range(start, end)):
-            return self.value_node(*chunk(start, end, b""))
-        # No references: build the stored blob in one piece.
-        return self._add(chunk(start, end, _PLAIN_LEAF)[0], _NO_HASHES)
-
-    def _node_hash(
-        self,
-        refmap: dict[int, _Refs],
-        chunk: Callable[[int, int, bytes], _Encoded],
-        start: int,
-        end: int,
-    ) -> bytes:
-        """The hash :meth:`_chunk_node` would give elements ``start:end``, keeping nothing."""
-        if refmap and any(i in refmap for i in range(start, end)):
-            node: bytes | memoryview = _value_node(*chunk(start, end, b""))
+            text, refs = chunk(start, end, b"")
+            if keep:
+                return self.value_node(text, refs)
+            node: bytes | memoryview = _value_node(text, refs)
         else:
-            node = memoryview(chunk(start, end, _PLAIN_LEAF)[0])[1:]
+            # No references: build the stored blob in one piece.
+            blob = chunk(start, end, _PLAIN_LEAF)[0]
+            if keep:
+                return self._add(blob, _NO_HASHES)
+            node = memoryview(blob)[1:]
         return _sha256(node).digest()[: self._digest]
 
     def value_node(self, text: bytes, refs: _Refs) -> bytes:
