@@ -855,7 +855,6 @@ _digest_of: Final = operator.methodcaller("digest")
 _chunk_opening: Final = operator.itemgetter(len(_PLAIN_LEAF))
 _last_byte: Final = operator.itemgetter(-1)
 _chunk_entries: Final = operator.itemgetter(slice(len(_PLAIN_LEAF) + 1, -1))
-_BATCH: Final = 64
 
 
 class _Joiner:

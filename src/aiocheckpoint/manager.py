@@ -6,7 +6,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -72,10 +72,10 @@ _HELD_LONG = 0.0002
 _RETRIES = 8
 #: Bounds of the split memories kept (workflows; integers in all, ~50 bytes each).
 _MEMORY_WORKFLOWS = 1024
+_MEMORY_ENTRIES = 1_000_000
 #: Version-1 records up to this size are decoded on the event loop (~0.5 ms), larger ones
 #: in a worker thread.
 _DECODE_ON_LOOP = 256 * 1024
-_MEMORY_ENTRIES = 1_000_000
 
 
 _E = TypeVar("_E", AgentStatus, WorkflowStatus)
@@ -574,22 +574,21 @@ class CheckpointManager:
 
     async def _decode(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
         data = stored.data
+        decode: Callable[[], Checkpoint]
         if len(data) > 4 and data[4] == 2:
-            # Joining a tree is CPU work (~14 ms per MB): a worker thread runs it, and each
-            # tree level's fetch hops back to the event loop.
-            return await anyio.to_thread.run_sync(
-                functools.partial(self._decode_tree, data, workflow_id, stored.step)
+            # Joining a tree is CPU work (~14 ms per MB), and each tree level's fetch hops
+            # back to the event loop.
+            decode = functools.partial(self._decode_tree, data, workflow_id, stored.step)
+        elif len(data) > _DECODE_ON_LOOP:
+            # A large version-1 record: ~2 ms of parsing per MB.
+            decode = functools.partial(
+                decode_checkpoint, data, workflow_id=workflow_id, step=stored.step
             )
-        if len(data) > _DECODE_ON_LOOP:
-            # A large version-1 record (~2 ms of parsing per MB): parsed in a worker
-            # thread, like a tree, so the loop gets the GIL back every switch interval
-            # instead of waiting for the whole parse.
-            return await anyio.to_thread.run_sync(
-                functools.partial(
-                    decode_checkpoint, data, workflow_id=workflow_id, step=stored.step
-                )
-            )
-        return decode_checkpoint(data, workflow_id=workflow_id, step=stored.step)
+        else:
+            return decode_checkpoint(data, workflow_id=workflow_id, step=stored.step)
+        # In a worker thread: the loop gets the GIL back every switch interval instead of
+        # waiting for the whole decode.
+        return await anyio.to_thread.run_sync(decode)
 
     def _decode_tree(self, data: bytes, workflow_id: str, step: int) -> Checkpoint:
         def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
