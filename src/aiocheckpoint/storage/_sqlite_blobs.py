@@ -19,8 +19,8 @@ from itertools import islice
 from typing import Final
 
 from ..incremental import SplitResult
-from ..refcounts import Rows, add_references, blob_children, missing_blob, release_references
 from . import _sqlite_records as records
+from .refcounts import Rows, add_references, blob_children, missing_blob, release_references
 
 #: Hashes per ``IN (...)`` list: well under SQLite's host-parameter limit.
 _CHUNK: Final = 500

@@ -47,9 +47,9 @@ from ..errors import (
 )
 from ..incremental import SplitResult, TreeParams
 from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
-from ..refcounts import Rows, aadd_references, arelease_references, held_root_refs, missing_blob
 from ._pg_schema import Sql, migrate, quote_schema
 from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
+from .refcounts import Rows, aadd_references, arelease_references, held_root_refs, missing_blob
 
 __all__ = ["PostgresCheckpointStorage", "WriteStats"]
 

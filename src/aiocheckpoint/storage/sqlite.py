@@ -35,7 +35,6 @@ from .._validation import check_optional_step, check_step, check_workflow_id
 from ..errors import CheckpointCorruptedError, InvalidArgumentError, StorageClosedError
 from ..incremental import SplitResult, TreeParams, record_root_refs
 from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
-from ..refcounts import held_root_refs
 from . import _sqlite_records as records
 from ._sqlite_blobs import SaveTreeOp, drain_releases, read_blobs, recount
 from ._sqlite_db import (
@@ -57,6 +56,7 @@ from ._sqlite_db import (
     read_workflows,
 )
 from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
+from .refcounts import held_root_refs
 
 __all__ = ["SQLiteCheckpointStorage"]
 

@@ -20,8 +20,8 @@ from collections import ChainMap, Counter
 from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .errors import CheckpointError, InvalidArgumentError
-from .incremental import SplitResult, node_children, record_root_refs
+from ..errors import CheckpointError, InvalidArgumentError
+from ..incremental import SplitResult, node_children, record_root_refs
 
 __all__ = [
     "AsyncRefCounts",
