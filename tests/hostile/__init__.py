@@ -1,0 +1,1 @@
+"""Hostile stores: crafted contents, planted files, other users, hostile URLs (issue #22)."""
