@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from aiocheckpoint import SharedState
-from aiocheckpoint._cli_store import open_store
+from aiocheckpoint.cli.store import open_store
 from tests.pg_support import DSN, drop_schema, new_schema_name
 
 SRC = Path(__file__).resolve().parent.parent / "src"

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from aiocheckpoint import CheckpointManager, InMemoryCheckpointStorage
-from aiocheckpoint import _cli_store as cli_store
-from aiocheckpoint._cli_diff import diff_states, format_path
 from aiocheckpoint.cli import main
+from aiocheckpoint.cli import store as cli_store
+from aiocheckpoint.cli.diff import diff_states, format_path
 
 
 def test_paths_follow_shared_state_dot_paths() -> None:

@@ -8,12 +8,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from .errors import CheckpointCorruptedError
-from .manager import CheckpointManager
-from .models import Checkpoint
-from .serde import encode_checkpoint
-from .storage.base import CheckpointStorage, StoredCheckpoint
-from .urls import open_storage
+from ..errors import CheckpointCorruptedError
+from ..manager import CheckpointManager
+from ..models import Checkpoint
+from ..serde import encode_checkpoint
+from ..storage.base import CheckpointStorage, StoredCheckpoint
+from ..urls import open_storage
 
 __all__ = [
     "EXIT_NOT_FOUND",
