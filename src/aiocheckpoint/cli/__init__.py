@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 from .output import Output
 from .parser import Command, build_parser
-from .store import EXIT_NOT_FOUND, EXIT_STORE, EXIT_USAGE, CommandError
+from .store import EXIT_NOT_FOUND, EXIT_PIPE, EXIT_STORE, EXIT_USAGE, CommandError
 
 __all__ = ["build_parser", "main"]
 
@@ -51,7 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if set_digits is not None:
             set_digits(0)
-        return asyncio.run(func(args, out))
+        status = asyncio.run(func(args, out))
+        out.out.flush()  # here, so that a closed pipe is caught below, not at exit
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
     except CommandError as exc:
         return _fail(parser, str(exc), exc.status, exc)
     except CheckpointError as exc:
@@ -64,6 +68,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if set_digits is not None:
             set_digits(digits)
+
+
+def _stdout_closed() -> int:
+    """Stop quietly when stdout's reader went away (``| head``), as Unix tools do."""
+    # Python flushes stdout once more at exit: aim it at /dev/null so that flush cannot fail.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass  # stdout has no descriptor (an in-process caller's capture): nothing to flush
+    return EXIT_PIPE
 
 
 def _fail(parser: argparse.ArgumentParser, message: str, status: int, exc: Exception) -> int:

@@ -53,7 +53,7 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
         out.note("no workflows" + (" unfinished" if args.unfinished else ""))
     else:
         out.table(
-            ["WORKFLOW", "STEPS", "LATEST", "STATUS", "LAST WRITE", "FINISHED"],
+            ["WORKFLOW", "STEPS", "LATEST", "STATUS", "LAST WRITE", "WORKFLOW STATUS"],
             [
                 [
                     printable(r["workflow_id"]),
