@@ -53,8 +53,8 @@ from collections.abc import Collection, Iterable, Iterator
 from operator import itemgetter
 from typing import Final
 
-from ..incremental import SplitResult, _open_v2, node_children, record_format_version
-from ..serde import HEADER_SIZE
+from ..format import HEADER_SIZE, SplitResult, node_children, record_format_version
+from ..format import open_record_v2 as _open_v2
 from ._filefmt import FileOps, is_missing, parse_step_name, pid_is_dead, temp_name
 
 __all__ = [

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError, StorageSchemaError
-from ..serde import MAGIC
+from ..format import MAGIC
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Sql", "migrate", "quote_schema"]
 

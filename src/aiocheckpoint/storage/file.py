@@ -53,7 +53,7 @@ from ..errors import (
     StorageSchemaError,
     UnsupportedOperationError,
 )
-from ..incremental import SplitResult, TreeParams
+from ..format import SplitResult, TreeParams
 from ..leases import Lease
 from ._fileblobs import BlobStore
 from ._filefmt import (

@@ -45,7 +45,7 @@ from ..errors import (
     StorageBackendError,
     StorageClosedError,
 )
-from ..incremental import SplitResult, TreeParams
+from ..format import SplitResult, TreeParams
 from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from ._pg_schema import Sql, migrate, quote_schema
 from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size

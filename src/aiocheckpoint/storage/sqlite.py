@@ -33,7 +33,7 @@ from typing import Any, Final, TypeVar
 
 from .._validation import check_optional_step, check_step, check_workflow_id
 from ..errors import CheckpointCorruptedError, InvalidArgumentError, StorageClosedError
-from ..incremental import SplitResult, TreeParams, record_root_refs
+from ..format import SplitResult, TreeParams, record_root_refs
 from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from . import _sqlite_records as records
 from ._sqlite_blobs import SaveTreeOp, drain_releases, read_blobs, recount
