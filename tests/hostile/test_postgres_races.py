@@ -108,6 +108,16 @@ async def check_every_checkpoint_loads(manager: CheckpointManager) -> int:
     return len(steps)
 
 
+async def check_counts_and_deadlocks(dsn: str) -> None:
+    """Once the stores are closed: every blob count is exact and the server saw no deadlock."""
+    admin = await asyncpg.connect(dsn)
+    try:
+        await check_counts(admin, "aiocheckpoint")
+    finally:
+        await admin.close()
+    assert await deadlocks_in(dsn) == 0
+
+
 async def test_deleting_a_workflow_while_incremental_saves_of_it_run_never_deadlocks(
     race_dsn: str,
 ) -> None:
@@ -139,12 +149,7 @@ async def test_deleting_a_workflow_while_incremental_saves_of_it_run_never_deadl
         )
         assert done["saves"] > 0 and done["deletes"] > 0, done
         await check_every_checkpoint_loads(plain)
-    admin = await asyncpg.connect(race_dsn)
-    try:
-        await check_counts(admin, "aiocheckpoint")
-    finally:
-        await admin.close()
-    assert await deadlocks_in(race_dsn) == 0
+    await check_counts_and_deadlocks(race_dsn)
 
 
 async def test_small_saves_replacing_large_ones_race_deletes_without_a_deadlock(
@@ -176,9 +181,4 @@ async def test_small_saves_replacing_large_ones_race_deletes_without_a_deadlock(
         )
         assert done["saves"] > 0 and done["deletes"] > 0, done
         await check_every_checkpoint_loads(large)
-    admin = await asyncpg.connect(race_dsn)
-    try:
-        await check_counts(admin, "aiocheckpoint")
-    finally:
-        await admin.close()
-    assert await deadlocks_in(race_dsn) == 0
+    await check_counts_and_deadlocks(race_dsn)
