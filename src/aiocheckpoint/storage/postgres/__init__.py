@@ -7,7 +7,7 @@ The parts, each a module:
 
 * :mod:`.store`: :class:`PostgresCheckpointStorage`, its options and argument checks;
 * :mod:`.connection`: the lazy asyncpg import, the pool (opened, and the schema migrated, on
-  first use), driver errors and retries;
+  first use), driver errors and retries; :mod:`.dsn`: the DSN and options, checked up front;
 * :mod:`.schema`: the tables and their migrations; :mod:`.sql`: every statement;
 * :mod:`.batching`: group commit, concurrent saves sharing one statement and one commit;
 * :mod:`.records`: reads and deletes of checkpoint records;

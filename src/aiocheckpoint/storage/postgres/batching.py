@@ -20,7 +20,7 @@ from typing import Any
 from ...errors import CheckpointError, LeaseLostError, StorageBackendError
 from ...format import SplitResult
 from ..refcounts import held_root_refs
-from .blobs import Blobs
+from .blobs import BlobLockBusy, Blobs
 from .connection import (
     Connection,
     Raced,
@@ -186,67 +186,13 @@ class GroupCommit:
                 item.future.set_result(None)
 
     async def _run_write(self, batch: list[Write]) -> None:
-        # A stable order makes concurrent writers (other processes too) lock rows in the same
-        # order, so two batches cannot deadlock on their records.
-        batch = sorted(batch, key=lambda w: (w.workflow_id, w.step))
-        args = (
-            [w.workflow_id for w in batch],
-            [w.step for w in batch],
-            [w.data for w in batch],
-            [w.token for w in batch],
-        )
-        keeps = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
-        trees = [w for w in batch if w.split is not None]
-        written: set[tuple[str, int]] = set()
-
-        def record(rows: list[Any], committed: bool) -> Counter[bytes]:
-            released: Counter[bytes] = Counter()
-            for row in rows:
-                written.add((row[0], row[1]))
-                if row[2] and not row[3] and not committed:
-                    # Replaced a row this statement's snapshot did not see, so its refs
-                    # (if it was version 2) were not handed back: run the batch again.
-                    raise Raced("a record was written concurrently; the batch runs again")
-                if row[4] is not None:
-                    released.update(held_root_refs(row[4]))
-            return released
-
-        async def write(con: Any) -> None:
-            written.clear()
-            if not keeps and not trees:
-                # One statement, its implicit transaction committing before it returns,
-                # unless it would replace a version-2 record (refs to release): then it
-                # writes nothing and the batch runs in a transaction below.
-                rows = await con.fetch(self._sql.upsert, *args, True)
-                if rows:
-                    record(rows, committed=True)
-                    return
-            async with con.transaction():
-                # Adds before releases: a blob shared by a replaced record and its
-                # replacement never drops to 0 in between.
-                if trees:
-                    await self._blobs.lock(con)
-                    await self._blobs.add(con, [w.split for w in trees if w.split is not None])
-                released = record(await con.fetch(self._sql.upsert, *args, False), committed=False)
-                for w in trees:
-                    if (w.workflow_id, w.step) not in written and w.split is not None:
-                        released.update(w.split.root_refs)  # stale lease: undo its adds
-                # Only workflows that got a row: a stale writer prunes nothing.
-                prune = {wf: n for wf, n in keeps.items() if any(w == wf for w, _ in written)}
-                if prune:
-                    rows = await con.fetch(self._sql.prune, list(prune), list(prune.values()))
-                    for row in rows:
-                        released.update(held_root_refs(row[0]))
-                if released and not trees:
-                    await self._blobs.lock(con)
-                await self._blobs.release(con, released.elements())
-
+        tx = _BatchTransaction(batch, self._sql, self._blobs)
         errors: tuple[type[BaseException], ...] = (*driver_errors(import_asyncpg()), Raced)
         attempt = conflicts = 0
         pool = await self._connection.pool()
         while True:
             try:
-                await on_connection(pool, write)
+                await on_connection(pool, tx.run)
                 break
             except errors as exc:
                 # The transaction is all or nothing, so after a lost deadlock running it again
@@ -254,6 +200,8 @@ class GroupCommit:
                 # did commit, the run again adds the trees' refs a second time, but its upsert
                 # then replaces the batch's own records and releases their refs: the counts
                 # come out exact either way, and the upsert and the prune are idempotent.
+                if isinstance(exc, BlobLockBusy):
+                    tx.lock_first = True
                 if conflict(exc) and conflicts < _CONFLICT_ATTEMPTS:
                     conflicts += 1
                     self._stats.retries += 1
@@ -264,17 +212,101 @@ class GroupCommit:
                     self._stats.retries += 1
                     continue
                 raise
-        self._stats.rows += len(written)
+        self._stats.rows += len(tx.written)
         self._stats.batches += 1
         self._stats.largest_batch = max(self._stats.largest_batch, len(batch))
         for item in batch:
-            if (item.workflow_id, item.step) not in written and not item.future.done():
+            if (item.workflow_id, item.step) not in tx.written and not item.future.done():
                 item.future.set_exception(
                     LeaseLostError(
                         f"lease {item.token} on workflow {item.workflow_id!r} is no longer "
                         "current; the checkpoint was not written"
                     )
                 )
+
+
+class _BatchTransaction:
+    """The statements of one batch, run (and, after a conflict, run again) on a connection.
+
+    In the transaction: the blob lock, when the batch holds trees or a run found it needed
+    the lock only after its row locks (``lock_first``); the trees' adds; the upsert; the
+    prune; the releases of what the upsert replaced and the prune removed (:mod:`.blobs`).
+    """
+
+    def __init__(self, batch: list[Write], sql: Sql, blobs: Blobs) -> None:
+        # A stable order makes concurrent writers (other processes too) lock rows in the same
+        # order, so two batches cannot deadlock on their records.
+        batch = sorted(batch, key=lambda w: (w.workflow_id, w.step))
+        self._args = (
+            [w.workflow_id for w in batch],
+            [w.step for w in batch],
+            [w.data for w in batch],
+            [w.token for w in batch],
+        )
+        self._keeps = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
+        self._splits = {(w.workflow_id, w.step): w.split for w in batch if w.split is not None}
+        self._sql = sql
+        self._blobs = blobs
+        #: The rows the last run wrote: those of a stale lease are missing.
+        self.written: set[tuple[str, int]] = set()
+        #: Take the blob lock before any row lock (set after a run found it taken too late).
+        self.lock_first = False
+
+    async def run(self, con: Any) -> None:
+        """Write the batch: in one statement if it can, else in a transaction."""
+        self.written.clear()
+        if not self._keeps and not self._splits and not self.lock_first:
+            # One statement, its implicit transaction committing before it returns, unless
+            # it would replace a version-2 record (refs to release): then it writes nothing
+            # and the batch runs in a transaction below.
+            rows = await con.fetch(self._sql.upsert, *self._args, True, [])
+            if rows:
+                self._record(rows, committed=True)
+                return
+        async with con.transaction():
+            await self._transaction(con)
+
+    async def _transaction(self, con: Any) -> None:
+        # Adds before releases: a blob shared by a replaced record and its replacement never
+        # drops to 0 in between.
+        locked = bool(self._splits) or self.lock_first
+        if locked:
+            await self._blobs.lock(con)
+        if self._splits:
+            await self._blobs.add(con, self._splits.values())
+        rows = await con.fetch(self._sql.upsert, *self._args, False, sorted(self._keeps))
+        released = self._record(rows, committed=False)
+        for key, split in self._splits.items():
+            if key not in self.written:
+                released.update(split.root_refs)  # stale lease: undo its adds
+        released.update(await self._prune(con))
+        if released and not locked:
+            await self._blobs.lock_late(con)
+        await self._blobs.release(con, released.elements())
+
+    async def _prune(self, con: Any) -> Counter[bytes]:
+        """Apply ``keep_last``; return the refs the pruned version-2 records held."""
+        # Only workflows that got a row: a stale writer prunes nothing.
+        prune = {wf: n for wf, n in self._keeps.items() if any(w == wf for w, _ in self.written)}
+        released: Counter[bytes] = Counter()
+        if prune:
+            rows = await con.fetch(self._sql.prune, list(prune), list(prune.values()))
+            for row in rows:
+                released.update(held_root_refs(row[0]))
+        return released
+
+    def _record(self, rows: list[Any], committed: bool) -> Counter[bytes]:
+        """Note the rows written; return the refs of the version-2 records they replaced."""
+        released: Counter[bytes] = Counter()
+        for row in rows:
+            self.written.add((row[0], row[1]))
+            if row[2] and not row[3] and not committed:
+                # Replaced a row this statement's snapshot did not see, so its refs (if it
+                # was version 2) were not handed back: run the batch again.
+                raise Raced("a record was written concurrently; the batch runs again")
+            if row[4] is not None:
+                released.update(held_root_refs(row[4]))
+        return released
 
 
 def _weight(item: Write) -> int:

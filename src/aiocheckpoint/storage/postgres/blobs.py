@@ -5,6 +5,13 @@ records referencing it (docs/incremental.md, section 8): the level walks are tho
 :mod:`aiocheckpoint.storage.refcounts`, shared with the SQLite store; :class:`_Levels` gives
 each level its one statement. A blob is deleted in the transaction that drops its count to
 0, so there is nothing for ``collect_garbage`` to do.
+
+**Lock order.** A transaction that changes counts holds the store's blob lock (an advisory
+lock) from before its first row lock to its commit: blob lock, then rows. A transaction that
+learns only after locking rows that it must change counts (a delete, or a save that replaced
+or pruned a version-2 record) may not wait for the lock, since its holder may be waiting for
+those rows: it tries the lock, and if it is taken, :meth:`Blobs.lock_late` raises
+:class:`BlobLockBusy`, the transaction rolls back and runs again taking the lock first.
 """
 
 from __future__ import annotations
@@ -14,10 +21,15 @@ from typing import Any
 
 from ...format import SplitResult
 from ..refcounts import Rows, aadd_references, arelease_references, held_root_refs, missing_blob
+from .connection import Raced
 from .sql import Sql
 from .stats import WriteStats
 
-__all__ = ["Blobs"]
+__all__ = ["BlobLockBusy", "Blobs"]
+
+
+class BlobLockBusy(Raced):
+    """The blob lock is taken, and this transaction holds row locks: run it again, lock first."""
 
 
 class Blobs:
@@ -29,8 +41,16 @@ class Blobs:
         self._stats = stats
 
     async def lock(self, con: Any) -> None:
-        """Serialise this transaction's blob counting with every other writer's."""
+        """Serialise this transaction's blob counting with every other writer's.
+
+        Only before the transaction's first row lock (the lock order, above).
+        """
         await con.execute(self._sql.blob_lock, self._schema)
+
+    async def lock_late(self, con: Any) -> None:
+        """Take the blob lock after row locks if it is free; else raise :class:`BlobLockBusy`."""
+        if not await con.fetchval(self._sql.blob_try_lock, self._schema):
+            raise BlobLockBusy("the blob lock is taken; the transaction runs again, lock first")
 
     async def add(self, con: Any, splits: Iterable[SplitResult]) -> None:
         """Add the references of the new trees ``splits``, inserting the blobs not stored."""

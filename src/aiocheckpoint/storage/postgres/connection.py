@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from ...errors import StorageBackendError, StorageClosedError
+from ...errors import InvalidArgumentError, StorageBackendError, StorageClosedError
 from .schema import migrate
 from .stats import WriteStats
 
@@ -37,6 +37,10 @@ __all__ = [
 T = TypeVar("T")
 
 _asyncpg: ModuleType | None = None
+
+#: What asyncpg raises, on connecting, for an argument it cannot use that the store's checks
+#: (:mod:`.dsn`) let through, such as ``command_timeout="x"``: the caller's mistake.
+_BAD_ARGUMENT = (TypeError, ValueError, OverflowError, IndexError)
 
 
 def import_asyncpg() -> ModuleType:
@@ -209,9 +213,12 @@ class Connection:
         except BaseException as exc:
             if pool is not None and self._dsn is not None:
                 pool.terminate()
+            where = f"cannot open PostgreSQL store (schema {self._schema!r})"
             if isinstance(exc, errors):
-                raise StorageBackendError(
-                    f"cannot open PostgreSQL store (schema {self._schema!r}): {describe(exc)}"
+                raise StorageBackendError(f"{where}: {describe(exc)}") from exc
+            if isinstance(exc, _BAD_ARGUMENT) and self._dsn is not None:
+                raise InvalidArgumentError(
+                    f"{where}: a connection argument: {describe(exc)}"
                 ) from exc
             raise
         return pool

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import CheckpointCorruptedError
 from ..base import StoredCheckpoint
-from .blobs import Blobs
+from .blobs import BlobLockBusy, Blobs
 from .connection import Connection
 from .sql import Sql
 
@@ -74,8 +74,10 @@ class Records:
         else:
             sql, args = self._sql.delete_step, [workflow_id, step]
 
-        async def delete(con: Any) -> bool:
+        async def delete(con: Any, lock_first: bool) -> bool:
             async with con.transaction():
+                if lock_first:
+                    await self._blobs.lock(con)
                 if step is None:
                     count, records = await con.fetchrow(sql, *args)
                     found = bool(count)
@@ -83,11 +85,18 @@ class Records:
                     rows = await con.fetch(sql, *args)
                     found, records = bool(rows), [row[0] for row in rows]
                 if records:
-                    await self._blobs.lock(con)
+                    if not lock_first:
+                        await self._blobs.lock_late(con)
                     await self._blobs.release_records(con, records)
             return found
 
-        return await self._connection.run("delete", delete, retry=False)
+        async def delete_in_lock_order(con: Any) -> bool:
+            try:
+                return await delete(con, lock_first=False)
+            except BlobLockBusy:  # rolled back: nothing was deleted yet
+                return await delete(con, lock_first=True)
+
+        return await self._connection.run("delete", delete_in_lock_order, retry=False)
 
     async def list_workflows(self) -> list[str]:
         """Every workflow id with at least one record, in code point order."""

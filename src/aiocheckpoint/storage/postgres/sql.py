@@ -42,6 +42,7 @@ class Sql:
     blob_drop: str
     blob_fetch: str
     blob_lock: str
+    blob_try_lock: str
 
     @classmethod
     def for_schema(cls, quoted: str) -> Sql:
@@ -81,13 +82,21 @@ class Sql:
                 "WITH r AS MATERIALIZED (SELECT * FROM "
                 "unnest($1::text[], $2::bigint[], $3::bytea[], $4::bigint[]) AS r(w, s, d, t)), "
                 f"rec AS (INSERT INTO {w} (workflow_id) SELECT DISTINCT w FROM r "
-                "WHERE t IS NULL ORDER BY w ON CONFLICT (workflow_id) DO NOTHING), "
+                "WHERE t IS NULL ORDER BY w ON CONFLICT (workflow_id) DO NOTHING RETURNING 1), "
                 f"held AS MATERIALIZED (SELECT workflow_id, fencing_token FROM {w} "
                 "WHERE workflow_id IN (SELECT w FROM r WHERE t IS NOT NULL) "
                 "ORDER BY workflow_id FOR SHARE), "
+                # The records of the workflows $6 names (those the batch's transaction will
+                # prune, after locking its new rows): delete_all waits for this commit before
+                # it locks any of their checkpoint rows.
+                f"kept AS MATERIALIZED (SELECT workflow_id FROM {w} "
+                "WHERE workflow_id = ANY($6::text[]) ORDER BY workflow_id FOR KEY SHARE), "
+                # ``rec`` and ``kept`` read here run before any checkpoint row is locked:
+                # records first, then checkpoint rows, the order delete_all takes them in.
                 "ok AS MATERIALIZED (SELECT r.w, r.s, r.d FROM r "
                 "LEFT JOIN held ON held.workflow_id = r.w "
-                "WHERE r.t IS NULL OR held.fencing_token = r.t), "
+                "WHERE (SELECT count(*) FROM rec) + (SELECT count(*) FROM kept) >= 0 "
+                "AND (r.t IS NULL OR held.fencing_token = r.t)), "
                 f"old AS MATERIALIZED (SELECT c.workflow_id AS w, c.step AS s, "
                 f"{v2.format(c='c.data')} AS d FROM {t} AS c JOIN ok "
                 "ON c.workflow_id = ok.w AND c.step = ok.s ORDER BY 1, 2 FOR UPDATE OF c), "
@@ -131,10 +140,14 @@ class Sql:
                 f"DELETE FROM {t} WHERE workflow_id = $1 AND step = $2 "
                 f"RETURNING {v2.format(c='data')}"
             ),
-            # The record and lease go with the checkpoints, in the same statement.
+            # The record and lease go with the checkpoints, in the same statement: the record
+            # first (``lk`` reads ``rec``), then the checkpoint rows locked in step order, the
+            # order every batch locks them in.
             delete_all=(
                 f"WITH rec AS (DELETE FROM {w} WHERE workflow_id = $1 RETURNING 1), "
-                f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 "
+                f"lk AS MATERIALIZED (SELECT step FROM {t} WHERE workflow_id = $1 "
+                "AND (SELECT count(*) FROM rec) >= 0 ORDER BY step FOR UPDATE), "
+                f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 AND step IN (SELECT step FROM lk) "
                 f"RETURNING {v2.format(c='data')} AS d) "
                 "SELECT (SELECT count(*) FROM rec) + (SELECT count(*) FROM cps), "
                 "(SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
@@ -243,6 +256,11 @@ class Sql:
             # deadlock_timeout, 1 s by default, before one is cancelled).
             blob_lock=(
                 "SELECT pg_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
+            ),
+            # The same lock, for a transaction that holds row locks already: it may not wait
+            # for it (docs/postgres-storage.md, "Lock order").
+            blob_try_lock=(
+                "SELECT pg_try_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
             ),
             blob_fetch=(
                 f"SELECT hash, data FROM {b} WHERE hash = ANY($1::bytea[]) "

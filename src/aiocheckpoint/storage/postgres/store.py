@@ -20,6 +20,7 @@ from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, chec
 from .batching import BatchLimits, GroupCommit, Write
 from .blobs import Blobs
 from .connection import Connection
+from .dsn import check_connect_options, check_dsn
 from .leases import Leases
 from .records import Records
 from .schema import quote_schema
@@ -35,7 +36,9 @@ class PostgresCheckpointStorage(BaseStorage):
     ``dsn_or_pool`` is a connection string (the storage then creates, owns and closes an
     asyncpg pool of ``min_size``..``max_size`` connections; ``connect_kwargs`` go to
     ``asyncpg.create_pool``) or an existing ``asyncpg.Pool`` (used as is, never closed).
-    Nothing connects until the first call, which also creates or migrates the schema.
+    A DSN asyncpg could not parse (host, port, query) and an option it does not take raise
+    :class:`~aiocheckpoint.InvalidArgumentError` here. Nothing connects until the first
+    call, which also creates or migrates the schema.
 
     Every operation is one primary-key lookup or range scan. ``save`` is durable when it
     returns (the row's transaction has committed). A connection lost mid-operation is
@@ -72,10 +75,16 @@ class PostgresCheckpointStorage(BaseStorage):
                 raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
         if blob_params is not None and not isinstance(blob_params, TreeParams):
             raise InvalidArgumentError("blob_params must be a TreeParams or None")
-        if not isinstance(dsn_or_pool, str) and not hasattr(dsn_or_pool, "acquire"):
+        if isinstance(dsn_or_pool, str):
+            try:
+                check_dsn(dsn_or_pool)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"bad PostgreSQL DSN: {exc}") from None
+        elif not hasattr(dsn_or_pool, "acquire"):
             raise InvalidArgumentError(
                 f"dsn_or_pool must be a DSN str or an asyncpg pool, not {type(dsn_or_pool)!r}"
             )
+        check_connect_options(connect_kwargs)
         self._params = blob_params or TreeParams()
         self._schema = schema
         self._max_record_bytes = max_record_bytes
