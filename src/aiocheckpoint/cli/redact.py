@@ -1,0 +1,60 @@
+"""Credentials kept out of everything the command prints.
+
+A store URL may carry a password (``postgresql://app:PW@host/db``, ``?password=PW``), and
+error messages quote the URL they were given, mistyped ones included. Everything the command
+prints that may hold a URL (error lines, hints, reasons) goes through :func:`redact`;
+:func:`redact_url` is the one place that decides what a URL's credentials are.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+__all__ = ["redact", "redact_url"]
+
+_HIDDEN = "***"
+
+# A URL inside a message: a quoted one (as repr() quotes it, so a password with spaces or
+# quotes stays inside), else an unquoted run of non-space characters. Either starts with a
+# scheme followed by "//" (any scheme: mistyped ones are the point) or with a store scheme.
+_START = r"(?:[A-Za-z][A-Za-z0-9+.\-]*://|(?:postgres|postgresql|sqlite|file|memory):)"
+_IN_TEXT = re.compile(rf"'({_START}[^'\n]*)'|\"({_START}[^\"\n]*)\"|({_START}\S*)")
+_SECRET_PARAM = re.compile(r"(?i)([?&;](?:password|sslpassword|passfile)=)[^&;#\s'\"]*")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (and its user, when the URL is malformed) replaced by ``***``.
+
+    A well-formed ``scheme://user:password@host`` keeps its user. When the user info cannot be
+    told apart for sure (an unparsable URL, an ``@`` outside the host part, no ``//``),
+    everything between the scheme and the last ``@`` is hidden. ``password=`` query
+    parameters are hidden too.
+    """
+    url = _SECRET_PARAM.sub(rf"\1{_HIDDEN}", url)
+    at = url.rfind("@")
+    if at < 0:
+        return url
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:
+        netloc = ""
+    start = url.find("//") + 2 if "//" in url else url.find(":") + 1
+    if netloc.count("@") and url.find(netloc) == start and start + len(netloc) > at:
+        userinfo = netloc[: netloc.rfind("@")]
+        if ":" not in userinfo:
+            return url  # a user and no password
+        user = userinfo.split(":", 1)[0]
+        return f"{url[:start]}{user}:{_HIDDEN}{url[at:]}"
+    return f"{url[:start]}{_HIDDEN}{url[at:]}"
+
+
+def redact(text: str) -> str:
+    """``text`` (a message, a command line) with every URL in it passed through redact_url."""
+
+    def one(match: re.Match[str]) -> str:
+        whole = match.group(0)
+        inner = next(g for g in match.groups() if g is not None)
+        return whole.replace(inner, redact_url(inner), 1)
+
+    return _IN_TEXT.sub(one, text)
