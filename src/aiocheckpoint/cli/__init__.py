@@ -20,8 +20,9 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
-from .output import Output
+from .output import Output, printable
 from .parser import Command, build_parser
+from .redact import redact
 from .store import EXIT_NOT_FOUND, EXIT_PIPE, EXIT_STORE, EXIT_USAGE, CommandError
 
 __all__ = ["build_parser", "main"]
@@ -44,13 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = Output(json_mode=args.json)
     func: Command = args.func
-    # Checkpoints may hold ints of any size; printing them must not hit Python's digit limit.
-    get_digits = getattr(sys, "get_int_max_str_digits", None)
-    set_digits = getattr(sys, "set_int_max_str_digits", None)
-    digits = get_digits() if get_digits is not None else None
+    # Python's limit on int <-> text conversions stays on: decoding falls back to the
+    # library's own divide-and-conquer parser, and output shortens ints too long to print.
     try:
-        if set_digits is not None:
-            set_digits(0)
         status = asyncio.run(func(args, out))
         out.out.flush()  # here, so that a closed pipe is caught below, not at exit
         return status
@@ -65,9 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"\n{parser.prog}: interrupted\n")
         return 130
-    finally:
-        if set_digits is not None:
-            set_digits(digits)
+    except Exception as exc:  # a bug or a driver's raw error: still one line, redacted
+        message = f"unexpected {type(exc).__name__}: {exc} (AIOCHECKPOINT_DEBUG=1 shows where)"
+        return _fail(parser, message, EXIT_STORE, exc)
 
 
 def _stdout_closed() -> int:
@@ -86,5 +83,5 @@ def _fail(parser: argparse.ArgumentParser, message: str, status: int, exc: Excep
     if os.environ.get("AIOCHECKPOINT_DEBUG"):
         raise exc
     first = message.splitlines()[0] if message else type(exc).__name__
-    sys.stderr.write(f"{parser.prog}: error: {first}\n")
+    sys.stderr.write(f"{parser.prog}: error: {printable(redact(first))}\n")
     return status

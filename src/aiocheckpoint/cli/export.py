@@ -1,7 +1,7 @@
 """``export``: every verified record of a store, written to a JSON-lines file.
 
 The file is written to a temporary file next to it, fsynced and renamed into place, so the
-named file is never a partial export.
+named file is never a partial export; both are private to their owner (0600).
 """
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
+import stat
 import sys
 from typing import IO, Any, Final
 
@@ -19,7 +21,7 @@ from ..leases import WorkflowRecord
 from ..manager import CheckpointManager
 from ..models import utcnow
 from .output import Output, Progress, bar
-from .store import EXIT_STORE, CommandError, open_store, read_page
+from .store import EXIT_STORE, CommandError, open_store, read_page, workflow_ids
 from .transfer import Tally, list_records, report, verified
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "cmd_export"]
@@ -29,22 +31,41 @@ EXPORT_FORMAT: Final = "aiocheckpoint-export"
 EXPORT_VERSION: Final = 1
 
 
-class _ExportFile:
-    """Lines written to a temporary file that replaces FILE only once it is complete."""
+#: An export is written to ``.FILE.tmp-PID`` next to FILE, then renamed to FILE.
+_TMP_INFIX: Final = ".tmp-"
 
-    def __init__(self, path: str) -> None:
+
+class _ExportFile:
+    """Lines written to a private temporary file that replaces FILE once it is complete.
+
+    The temporary file is created 0600 (an export holds the store's data; stores are
+    private), so FILE ends up 0600 too. An export killed mid-way leaves its temporary file
+    behind: the next export to the same FILE removes the ones whose process is gone.
+    """
+
+    def __init__(self, path: str, fh: IO[bytes], tmp: str | None) -> None:
         self._path = path
-        self._tmp: str | None = None
-        self._fh: IO[bytes]
+        self._fh = fh
+        self._tmp = tmp
+
+    @classmethod
+    async def create(cls, path: str) -> _ExportFile:
+        """The export file for ``path`` (``-``: stdout), its temporary file created."""
         if path == "-":
-            self._fh = sys.stdout.buffer
-            return
-        directory = os.path.dirname(os.path.abspath(path))
-        self._tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+            return cls(path, sys.stdout.buffer, None)
         try:
-            self._fh = open(self._tmp, "xb")  # noqa: SIM115 - closed by commit/discard
+            return await asyncio.to_thread(cls._create, path)
         except OSError as exc:
             raise CommandError(f"cannot write {path}: {exc.strerror}", EXIT_STORE) from exc
+
+    @classmethod
+    def _create(cls, path: str) -> _ExportFile:
+        directory, name = os.path.split(os.path.abspath(path))
+        _remove_stale_temporaries(directory, name)
+        tmp = os.path.join(directory, f".{name}{_TMP_INFIX}{os.getpid()}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(tmp, flags, 0o600)
+        return cls(path, os.fdopen(fd, "wb"), tmp)
 
     async def write(self, lines: list[str]) -> None:
         data = "".join(line + "\n" for line in lines).encode("utf-8")
@@ -74,6 +95,39 @@ class _ExportFile:
             self._tmp = None
 
 
+def _remove_stale_temporaries(directory: str, name: str) -> None:
+    """Remove the temporary files of exports to ``name`` whose process no longer runs.
+
+    Only regular files of this user named exactly ``.NAME.tmp-PID`` are touched. One whose
+    PID has been reused by a live process stays until a run after that process ends.
+    """
+    prefix = f".{name}{_TMP_INFIX}"
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            pid = entry.name[len(prefix) :] if entry.name.startswith(prefix) else ""
+            if not (pid.isascii() and pid.isdigit() and len(pid) <= 10) or _running(int(pid)):
+                continue
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process other than this one has id ``pid``."""
+    if pid in (0, os.getpid()):
+        return False  # our own id: a dead process had it, since we have not written yet
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    except (OverflowError, OSError):
+        return False
+    return True
+
+
 def _line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
@@ -84,9 +138,9 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
     progress = Progress(out.err)
     async with open_store(args.url, must_exist=True) as src:
         records = await list_records(src)
-        ids = sorted(set(await src.list_workflows()) | set(records))
+        ids, tally.foreign = await workflow_ids(src, records)
         tally.workflows = len(ids)
-        file = _ExportFile(args.file)
+        file = await _ExportFile.create(args.file)
         try:
             header = {
                 "format": EXPORT_FORMAT,

@@ -31,6 +31,8 @@ def _parse_line(raw: bytes) -> dict[str, Any]:
         obj = json.loads(raw)
     except ValueError as exc:
         raise _BadLine("not a JSON line") from exc
+    except RecursionError as exc:
+        raise _BadLine("nested too deeply to be an export line") from exc
     if type(obj) is not dict:
         raise _BadLine("not a JSON object")
     kind = obj.get("type")
@@ -55,7 +57,7 @@ def _read_header(fh: IO[bytes], path: str) -> None:
     first = fh.readline()
     try:
         header = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):
         header = None
     if type(header) is not dict or header.get("format") != EXPORT_FORMAT:
         raise CommandError(f"{path} is not an aiocheckpoint export (bad header line)", EXIT_STORE)
@@ -130,7 +132,17 @@ class _Importer:
                 }
             )
             return
-        self.pending[obj["step"]] = obj["record"]
+        self._add(number, workflow_id, obj["step"], obj["record"])
+
+    def _add(self, number: int, workflow_id: str, step: int, record: bytes) -> None:
+        """Queue a record; a second one for the same step meets the rule the store applies."""
+        have = self.pending.get(step)
+        if have == record:
+            self.tally.skipped += 1
+        elif have is not None and not self.sink.overwrite:
+            self.tally.conflicts.append({"line": number, "workflow_id": workflow_id, "step": step})
+        else:
+            self.pending[step] = record
 
 
 async def cmd_import(args: argparse.Namespace, out: Output) -> int:

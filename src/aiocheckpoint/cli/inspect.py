@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 from typing import Any
 
@@ -12,16 +11,19 @@ from ..errors import CheckpointNotFoundError
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import Checkpoint
-from .output import Output, Progress, compact, printable, when
+from .output import Output, Progress, compact, dumps, int_text, note_foreign, printable, when
+from .redact import redact_url
 from .store import (
     EXIT_STORE,
     CommandError,
     Record,
     Unreadable,
     decode,
+    foreign_json,
     iter_records,
     open_store,
     read_page,
+    workflow_ids,
 )
 
 __all__ = ["checkpoint_json", "cmd_history", "cmd_show", "cmd_workflows", "load_checkpoint"]
@@ -38,9 +40,10 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
                 "--unfinished needs workflow records, and this store's backend "
                 f"({type(manager.storage).__name__}) keeps none"
             )
-        ids = sorted(set(await manager.list_workflows()) | set(records))
+        ids, foreign = await workflow_ids(manager, records)
         if args.unfinished:
-            ids = [i for i in ids if records[i].status is WorkflowStatus.UNFINISHED]
+            unfinished = WorkflowStatus.UNFINISHED
+            ids = [i for i in ids if i in records and records[i].status is unfinished]
         progress = Progress(out.err)
         rows = []
         for n, workflow_id in enumerate(ids, 1):
@@ -48,8 +51,10 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
             rows.append(await _summary(manager, workflow_id, records.get(workflow_id)))
         progress.clear()
     if out.json_mode:
-        out.json({"workflows": [_public(r) for r in rows]})
-    elif not rows:
+        out.json({"workflows": [_public(r) for r in rows], **foreign_json(foreign)})
+        return 0
+    note_foreign(out, foreign)
+    if not rows:
         out.note("no workflows" + (" unfinished" if args.unfinished else ""))
     else:
         out.table(
@@ -146,7 +151,7 @@ async def cmd_history(args: argparse.Namespace, out: Output) -> int:
             [
                 "aiocheckpoint",
                 "history",
-                args.url,
+                redact_url(args.url),
                 workflow_id,
                 "--limit",
                 str(args.limit),
@@ -221,7 +226,8 @@ async def cmd_show(args: argparse.Namespace, out: Output) -> int:
         out.json(checkpoint_json(checkpoint, size))
         return 0
     version = checkpoint.state_snapshot.version
-    changed = ", ".join(version.changed_fields) or "-"
+    changed = printable(", ".join(version.changed_fields)) or "-"
+    by = printable(version.agent_id or "-")
     metrics = {
         k: v
         for k, v in checkpoint.metrics.model_dump(mode="json").items()
@@ -234,12 +240,12 @@ async def cmd_show(args: argparse.Namespace, out: Output) -> int:
         ("status", out.status(checkpoint.status.value)),
         ("time", when(checkpoint.timestamp)),
         ("size", f"{size} bytes"),
-        ("version", f"{version.version} (by {version.agent_id or '-'}; changed: {changed})"),
-        ("metrics", " ".join(f"{k}={v}" for k, v in metrics.items()) or "-"),
+        ("version", f"{int_text(version.version)} (by {by}; changed: {changed})"),
+        ("metrics", " ".join(f"{k}={compact(v)}" for k, v in metrics.items()) or "-"),
         ("metadata", compact(checkpoint.metadata) if checkpoint.metadata else "-"),
     ]
     for name, value in fields:
         out.line(f"{out.style(f'{name:<9}', 'bold')} {value}")
     out.line(out.style("state:", "bold"))
-    out.line(json.dumps(checkpoint.state_snapshot.data, ensure_ascii=False, indent=2))
+    out.line(dumps(checkpoint.state_snapshot.data, indent=2))
     return 0

@@ -10,8 +10,17 @@ from typing import Any
 from .._validation import check_workflow_id
 from ..errors import CheckpointNotFoundError
 from ..manager import CheckpointManager
-from .output import Output, Progress, bar, printable
-from .store import EXIT_PROBLEMS, CommandError, decode, iter_records, open_store, read_page
+from .output import Output, Progress, bar, note_foreign, printable
+from .store import (
+    EXIT_PROBLEMS,
+    CommandError,
+    decode,
+    foreign_json,
+    iter_records,
+    open_store,
+    read_page,
+    workflow_ids,
+)
 
 __all__ = ["cmd_prune", "cmd_rm", "cmd_verify"]
 
@@ -22,7 +31,7 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     corrupted: list[dict[str, Any]] = []
     checked = 0
     async with open_store(args.url, must_exist=True) as manager:
-        ids = await manager.list_workflows()
+        ids, foreign = await workflow_ids(manager)
         for n, workflow_id in enumerate(ids, 1):
             async for record in iter_records(manager.storage, workflow_id):
                 checked += 1
@@ -36,26 +45,26 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
                     f"{len(corrupted)} corrupted"
                 )
     progress.clear()
+    ok = not (corrupted or foreign)
     if out.json_mode:
         out.json(
             {
-                "ok": not corrupted,
+                "ok": ok,
                 "workflows": len(ids),
                 "checkpoints": checked,
                 "corrupted": corrupted,
+                **foreign_json(foreign),
             }
         )
-    else:
-        if corrupted:
-            out.table(
-                ["WORKFLOW", "STEP", "PROBLEM"],
-                [[printable(c["workflow_id"]), str(c["step"]), c["reason"]] for c in corrupted],
-            )
-        summary = (
-            f"checked {checked} checkpoints in {len(ids)} workflows: {len(corrupted)} corrupted"
-        )
-        out.line(out.style(summary, "red" if corrupted else "green"))
-    return EXIT_PROBLEMS if corrupted else 0
+        return 0 if ok else EXIT_PROBLEMS
+    problems = [[printable(c["workflow_id"]), str(c["step"]), c["reason"]] for c in corrupted]
+    problems += [[f.shown, "-", f"foreign row: {f.reason}"] for f in foreign]
+    if problems:
+        out.table(["WORKFLOW", "STEP", "PROBLEM"], problems)
+    summary = f"checked {checked} checkpoints in {len(ids)} workflows: {len(corrupted)} corrupted"
+    summary += f", {len(foreign)} foreign rows" if foreign else ""
+    out.line(out.style(summary, "green" if ok else "red"))
+    return 0 if ok else EXIT_PROBLEMS
 
 
 async def cmd_prune(args: argparse.Namespace, out: Output) -> int:
@@ -67,7 +76,8 @@ async def cmd_prune(args: argparse.Namespace, out: Output) -> int:
             if not await manager.has_checkpoint(ids[0]):
                 raise CheckpointNotFoundError(ids[0])
         else:
-            ids = await manager.list_workflows()
+            ids, foreign = await workflow_ids(manager)
+            note_foreign(out, foreign)
         for workflow_id in ids:
             deleted = await _prune_one(manager, workflow_id, args.keep, dry_run=args.dry_run)
             results.append({"workflow_id": workflow_id, "deleted": deleted})

@@ -24,11 +24,14 @@ from .store import (
     EXIT_PROBLEMS,
     EXIT_USAGE,
     CommandError,
+    Foreign,
     Record,
+    foreign_json,
     location,
     open_store,
     portable,
     read_page,
+    workflow_ids,
 )
 
 __all__ = ["Sink", "Tally", "cmd_copy", "list_records", "report", "verified"]
@@ -45,12 +48,13 @@ class Tally:
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     corrupted: list[dict[str, Any]] = field(default_factory=list)
     mismatched: list[dict[str, Any]] = field(default_factory=list)
+    foreign: list[Foreign] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """Whether nothing went wrong."""
-        return not (self.conflicts or self.corrupted or self.mismatched)
+        return not (self.conflicts or self.corrupted or self.mismatched or self.foreign)
 
     def to_json(self) -> dict[str, Any]:
         """The tally as a JSON object."""
@@ -64,6 +68,7 @@ class Tally:
             "corrupted": self.corrupted,
             "mismatched": self.mismatched,
             "notes": self.notes,
+            **foreign_json(self.foreign),
         }
 
 
@@ -82,7 +87,7 @@ class Sink:
     def __init__(self, manager: CheckpointManager, tally: Tally, *, overwrite: bool) -> None:
         self._manager = manager
         self._tally = tally
-        self._overwrite = overwrite
+        self.overwrite = overwrite
 
     async def put(self, workflow_id: str, records: dict[int, bytes]) -> None:
         """Write one workflow's records (step -> bytes), concurrently so writes can batch."""
@@ -93,7 +98,7 @@ class Sink:
             have = there.get(step)
             if isinstance(have, StoredCheckpoint) and have.data == data:
                 self._tally.skipped += 1
-            elif have is not None and not self._overwrite:
+            elif have is not None and not self.overwrite:
                 self._tally.conflicts.append({"workflow_id": workflow_id, "step": step})
             else:
                 writes.append(self._manager.storage.save(workflow_id, step, data))
@@ -143,8 +148,12 @@ def report(out: Output, tally: Tally, summary: str) -> int:
                     where = f"line {item['line']}: " if "line" in item else ""
                     wf = item.get("workflow_id")
                     what = f"{printable(wf)!s} step {item.get('step')}" if wf is not None else ""
-                    reason = f": {item['reason']}" if "reason" in item else ""
+                    reason = f": {printable(item['reason'])}" if "reason" in item else ""
                     out.line(f"  {where}{what}{reason}")
+        if tally.foreign:
+            out.line(out.style("foreign rows (not transferred):", "red"))
+            for row in tally.foreign:
+                out.line(f"  workflow id {printable(row.shown)}: {row.reason}")
         out.line(summary)
     return 0 if tally.ok else EXIT_PROBLEMS
 
@@ -170,7 +179,7 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
         if _same_store(args.src, src, args.dst, dst):
             raise CommandError("the source and destination are the same store", EXIT_USAGE)
         records = await list_records(src)
-        ids = sorted(set(await src.list_workflows()) | set(records))
+        ids, tally.foreign = await workflow_ids(src, records)
         tally.workflows = len(ids)
         sink = Sink(dst, tally, overwrite=args.overwrite)
         for n, workflow_id in enumerate(ids, 1):
