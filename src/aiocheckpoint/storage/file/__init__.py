@@ -8,7 +8,9 @@
 * :mod:`.io`: the OS calls (the ``FileOps`` seam) and the file helpers built on them;
 * :mod:`.layout`: the store's own directory and its format marker;
 * :mod:`.dirs`: workflow directories, their lock and hint; :mod:`.records`: reading and
-  writing records one save at a time; :mod:`.groupcommit`: concurrent saves written together;
+  writing records one save at a time; :mod:`.groupcommit`: concurrent saves queued for one
+  worker-thread hop; :mod:`.batch`: writing one such group; :mod:`.durability`: whether
+  ``syncfs`` is durable on this filesystem, else the fsyncs issued together;
 * :mod:`.blobs`: content-addressed blobs in pack files; :mod:`.gc`: their garbage collection.
 """
 

@@ -250,11 +250,12 @@ class WorkflowDirs:
             logger.debug("could not rewrite the latest-step hint: %s", exc)
         return top
 
-    def raise_hint(self, dfd: int, ino: int, step: int, *, durable: bool) -> None:
+    def raise_hint(self, dfd: int, ino: int, step: int, *, durable: bool) -> bool:
         """Make the hint at least ``step`` (under the lock), with one open of the file.
 
-        An untrusted hint is replaced by the exact top (a scan) or ``step`` if higher;
-        ``durable`` fsyncs it when it now names ``step``.
+        An untrusted hint is replaced by the exact top (a scan) or ``step`` if higher.
+        Returns whether it now names ``step`` as newly written: then it must be durable
+        before ``step``'s rename, and ``durable`` fsyncs it here.
         """
         fd = self.ops.open(HINT, os.O_RDWR | os.O_CREAT | OPEN_FLAGS, dir_fd=dfd)
         try:
@@ -263,7 +264,7 @@ class WorkflowDirs:
             if hint is not None and self.trusted(hint, ino):
                 top = hint.step
                 if top is not None and step <= top:
-                    return
+                    return False
             else:
                 top = max(self.steps(dfd), default=None)
             target = step if top is None or step > top else top
@@ -274,5 +275,6 @@ class WorkflowDirs:
                 os.ftruncate(fd, len(data))
             if durable and target == step:
                 self.ops.fsync(fd)
+            return target == step
         finally:
             os.close(fd)

@@ -2,9 +2,9 @@
 
 The event-loop half queues each save and hands every save queued when the writer is free
 to one worker-thread hop (at most ``_MAX_GROUP`` saves or ``_MAX_GROUP_BYTES``); the
-worker half writes the group: every temp file, the hints, one barrier, the renames, one
-more barrier (docs/file-storage.md, "The write path"). A group of one takes the single
-path of :mod:`.records`.
+worker half writes the group (:mod:`.batch`: every temp file, the hints, a barrier, the
+renames, a barrier; docs/file-storage.md, "The write path"). A group of one takes the
+single path of :mod:`.records`.
 """
 
 from __future__ import annotations
@@ -12,37 +12,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final
 
 import anyio
 
 from ...errors import StorageBackendError, StorageClosedError
-from .dirs import Replaced, WorkflowDirs
-from .format import encode_name, step_name
-from .io import DIR_FLAGS, discard, write_temp
+from .batch import Batch, SaveOp
+from .dirs import WorkflowDirs
 
-__all__ = ["GroupCommit", "SaveOp", "describe"]
+__all__ = ["GroupCommit", "SaveOp"]
 
 #: A group commit takes at most this many saves, and stops growing at this many bytes.
 _MAX_GROUP: Final = 256
 _MAX_GROUP_BYTES: Final = 64 * 1024 * 1024
 #: A finished group wakes its callers this many per event-loop iteration.
 _WAKE_SLICE: Final = 8
-#: Fewer queued saves than this take the single path (per-file fsyncs) instead of syncfs.
+#: Fewer queued saves than this take the single path (per-file fsyncs), not a group.
 _GROUP_MIN: Final = 2
-
-
-class SaveOp(NamedTuple):
-    """One save: what :meth:`FileCheckpointStorage.save` was called with."""
-
-    workflow_id: str
-    step: int
-    data: bytes
-    keep_last: int | None
 
 
 @dataclass(eq=False)
@@ -52,10 +41,6 @@ class _Pending:
     op: SaveOp
     future: asyncio.Future[None] = field(repr=False)
     taken: bool = False  # in a group commit now: it lands whole or not at all
-
-
-class _Abandon(Exception):
-    """The group's first syncfs failed: nothing is renamed, every temp file is removed."""
 
 
 class GroupCommit:
@@ -74,12 +59,15 @@ class GroupCommit:
         save_one: Callable[[SaveOp], None],
         prepare: Callable[[], None],
         after_prune: Callable[[], None],
+        *,
+        use_syncfs: bool,
     ) -> None:
         self._base = base
         self._dirs = dirs
         self._save_one = save_one
         self._prepare = prepare
         self._after_prune = after_prune
+        self._use_syncfs = use_syncfs
         self._queue: deque[_Pending] = deque()
         self._kick_due = False
         self._busy: asyncio.AbstractEventLoop | None = None  # the loop of the running group
@@ -170,7 +158,7 @@ class GroupCommit:
             if outcome is None:
                 item.future.set_result(None)
             elif isinstance(outcome, OSError):
-                error = StorageBackendError(f"{describe(item.op)} in {self._base}: {outcome}")
+                error = StorageBackendError(f"{_describe(item.op)} in {self._base}: {outcome}")
                 error.__cause__ = outcome
                 item.future.set_exception(error)
             else:
@@ -196,7 +184,8 @@ class GroupCommit:
             return [None]
         try:
             self._prepare()
-            outcomes, retry = self._save_group(ops)
+            syncfs = self._use_syncfs and self._dirs.ops.has_syncfs
+            outcomes, retry = Batch(self._dirs, ops, syncfs=syncfs).run()
         except Exception as exc:
             return [exc] * len(ops)
         for i in retry:  # the workflow's directory was replaced under us: one by one
@@ -209,111 +198,8 @@ class GroupCommit:
             self._after_prune()
         return outcomes
 
-    def _save_group(self, ops: list[SaveOp]) -> tuple[list[BaseException | None], list[int]]:
-        """Temp files, locks and hints, ``syncfs``, renames, ``syncfs``; see the docs.
 
-        Returns each op's outcome and the ops to retry one by one.
-        """
-        dirs = self._dirs
-        outcomes: list[BaseException | None] = [None] * len(ops)
-        retry: list[int] = []
-        opened: dict[str, tuple[int, int]] = {}  # name -> (dfd, inode)
-        names = [encode_name(op.workflow_id) for op in ops]
-        temps: dict[int, str] = {}  # op index -> its temp file, until renamed or discarded
-        renamed: list[int] = []
-        # Opened before any write: syncfs reports write-back errors since this open.
-        sync_fd = os.open(dirs.root, DIR_FLAGS & ~os.O_NOFOLLOW)
-        try:
-            for i, op in enumerate(ops):
-                try:
-                    entry = opened.get(names[i]) or self._group_dir(
-                        names[i], op.workflow_id, opened
-                    )
-                    if entry is None:
-                        retry.append(i)
-                        continue
-                    dirs.sweep_once(entry[0], names[i], entry[1])
-                    temps[i] = write_temp(dirs.ops, entry[0], op.data, durable=False)
-                except FileNotFoundError:
-                    retry.append(i)  # the directory was deleted after we opened it
-                except OSError as exc:
-                    outcomes[i] = exc
-            by_dir: dict[str, list[int]] = {}
-            for i in temps:
-                by_dir.setdefault(names[i], []).append(i)
-            with contextlib.ExitStack() as locks:
-                # Sorted, so that two processes' groups never wait for each other's locks.
-                for name in sorted(by_dir):
-                    dfd, ino = opened[name]
-                    try:
-                        locks.enter_context(dirs.lock(dfd, name))
-                        # Raised before the renames and made durable by the first syncfs,
-                        # as in the single path: never lower than a step on disk.
-                        high = max(ops[i].step for i in by_dir[name])
-                        dirs.raise_hint(dfd, ino, high, durable=False)
-                    except (Replaced, OSError) as exc:
-                        for i in by_dir[name]:
-                            discard(temps.pop(i), dfd)
-                            if isinstance(exc, OSError):
-                                outcomes[i] = exc
-                            else:
-                                retry.append(i)
-                if temps:
-                    try:
-                        dirs.ops.syncfs(sync_fd)  # the temp files' data and the hints
-                    except OSError as exc:
-                        for i in temps:
-                            outcomes[i] = exc
-                        raise _Abandon from exc
-                for i in sorted(temps):
-                    dfd = opened[names[i]][0]
-                    try:
-                        dirs.ops.rename(
-                            temps[i], step_name(ops[i].step), src_dir_fd=dfd, dst_dir_fd=dfd
-                        )
-                    except OSError as exc:
-                        outcomes[i] = exc
-                        continue
-                    del temps[i]
-                    renamed.append(i)
-                    keep_last = ops[i].keep_last
-                    if keep_last is not None:
-                        dirs.prune(dfd, keep_last)
-            if renamed:
-                try:
-                    dirs.ops.syncfs(sync_fd)  # the renames and the prunes
-                except OSError as exc:
-                    for i in renamed:
-                        outcomes[i] = exc
-        except _Abandon:
-            pass
-        finally:
-            for i, tmp in temps.items():
-                discard(tmp, opened[names[i]][0])
-            for dfd, _ in opened.values():
-                os.close(dfd)
-            os.close(sync_fd)
-        return outcomes, retry
-
-    def _group_dir(
-        self, name: str, workflow_id: str, opened: dict[str, tuple[int, int]]
-    ) -> tuple[int, int] | None:
-        """Open (creating it if needed) a workflow's directory for a group; None: retry."""
-        for _ in range(2):
-            dfd = self._dirs.open_dir(name)
-            if dfd is None:
-                self._dirs.create_dir(name, workflow_id)
-                continue
-            try:
-                opened[name] = (dfd, os.fstat(dfd).st_ino)
-            except BaseException:
-                os.close(dfd)
-                raise
-            return opened[name]
-        return None
-
-
-def describe(op: SaveOp) -> str:
+def _describe(op: SaveOp) -> str:
     """What failed, for an error message: "cannot save step N of workflow 'wf'"."""
     return f"cannot save step {op.step} of workflow {op.workflow_id!r}"
 

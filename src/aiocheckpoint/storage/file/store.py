@@ -39,7 +39,7 @@ from .blobs import BlobStore
 from .dirs import WorkflowDirs
 from .format import FORMAT_BLOBS, FORMAT_VERSION, encode_name
 from .gc import Collector
-from .groupcommit import GroupCommit, SaveOp, describe
+from .groupcommit import GroupCommit, SaveOp
 from .io import FileOps
 from .layout import StoreDir
 from .records import RecordFiles
@@ -66,10 +66,13 @@ class FileCheckpointStorage(BaseStorage):
     Nothing touches the disk until the first operation.
 
     Saves made while an earlier one is still being written are written together as one
-    group commit: their files, then one ``syncfs(2)``, the renames, one more ``syncfs``
-    (Linux 5.8 or later; see docs/file-storage.md). ``use_syncfs=False`` fsyncs every file
-    and directory one save at a time instead: choose it when other programs write a lot to
-    the same filesystem, since ``syncfs`` also waits for their data.
+    group commit: their files, a barrier, the renames, a barrier. A barrier is one
+    ``syncfs(2)`` where the store has established that it is durable (Linux 5.8 or later,
+    on a local filesystem whose type is on a short list: ext4, XFS, btrfs, tmpfs), and an
+    fsync of every file, then of every directory, issued together, everywhere else (FUSE,
+    network and layered filesystems; see docs/file-storage.md, "Filesystems").
+    ``use_syncfs=False`` never uses ``syncfs``: choose it when other programs write a lot
+    to the same filesystem, since ``syncfs`` also waits for their data.
 
     It is a :class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`: the manager stores
     large states as content-addressed blobs under ``blobs/`` (``compression="zstd"``
@@ -119,9 +122,13 @@ class FileCheckpointStorage(BaseStorage):
         self._collector = Collector(self._blobs)
         if not isinstance(use_syncfs, bool):
             raise InvalidArgumentError(f"use_syncfs must be a bool, got {use_syncfs!r}")
-        self._use_syncfs = use_syncfs
         self._group = GroupCommit(
-            self._base, self._dirs, self._save_op, self._ensure_store, self._after_delete
+            self._base,
+            self._dirs,
+            self._save_op,
+            self._ensure_store,
+            self._after_delete,
+            use_syncfs=use_syncfs,
         )
 
     @property
@@ -165,8 +172,9 @@ class FileCheckpointStorage(BaseStorage):
         """Durably store ``data`` as ``step``; then keep only the ``keep_last`` highest steps.
 
         Cost: one file write + two fsyncs (file, directory), or a share of a group commit's
-        two ``syncfs`` calls; with ``keep_last``, also one listing of the workflow's
-        directory and an unlink per pruned step.
+        two ``syncfs`` calls (where those are durable; else its own fsyncs, issued with the
+        group's); with ``keep_last``, also one listing of the workflow's directory and an
+        unlink per pruned step.
         """
         self._check_open()
         check_workflow_id(workflow_id)
@@ -175,9 +183,6 @@ class FileCheckpointStorage(BaseStorage):
             raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
         check_record_size(data, self._max)
         op = SaveOp(workflow_id, step, bytes(data), keep_last)
-        if not (self._use_syncfs and self._os.has_syncfs):
-            await self._run(describe(op), self._save_op, op)
-            return
         await self._group.commit(op)
 
     async def load(self, workflow_id: str, step: int | None = None) -> StoredCheckpoint | None:
