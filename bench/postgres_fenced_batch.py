@@ -19,8 +19,8 @@ import uuid
 
 import asyncpg
 
-from aiocheckpoint.storage._pg_schema import Sql
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.postgres.sql import Sql
 
 
 async def main() -> None:

@@ -31,14 +31,14 @@ from aiocheckpoint.incremental import (
     referenced_hashes,
 )
 from aiocheckpoint.incremental import _open_v2 as open_v2
-from aiocheckpoint.storage._fileblobs import (
+from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.packs import (
     MIDX,
     PACKS,
     PackDamagedError,
     decode_midx,
     read_pack_index,
 )
-from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 
 from .reliability._support import same

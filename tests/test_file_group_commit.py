@@ -18,8 +18,8 @@ import anyio
 import pytest
 
 from aiocheckpoint import CheckpointManager, InvalidArgumentError, StorageBackendError
-from aiocheckpoint.storage._filefmt import FileOps
 from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.io import FileOps
 
 from .reliability._support import dump_store
 from .reliability.test_io_faults import PlannedFault, _caused_by

@@ -8,15 +8,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from .errors import CheckpointCorruptedError
-from .manager import CheckpointManager
-from .models import Checkpoint
-from .serde import encode_checkpoint
-from .storage.base import CheckpointStorage, StoredCheckpoint
-from .urls import open_storage
+from ..errors import CheckpointCorruptedError
+from ..manager import CheckpointManager
+from ..models import Checkpoint
+from ..serde import encode_checkpoint
+from ..storage.base import CheckpointStorage, StoredCheckpoint
+from ..urls import open_storage
 
 __all__ = [
     "EXIT_NOT_FOUND",
+    "EXIT_PIPE",
     "EXIT_PROBLEMS",
     "EXIT_STORE",
     "EXIT_USAGE",
@@ -36,6 +37,9 @@ EXIT_PROBLEMS: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NOT_FOUND: Final = 3
 EXIT_STORE: Final = 4
+#: stdout was closed before the output was written (``| head``): what a shell reports for a
+#: tool stopped by SIGPIPE (128 + 13).
+EXIT_PIPE: Final = 141
 
 #: Records read per storage call when paging through a history.
 PAGE: Final = 100

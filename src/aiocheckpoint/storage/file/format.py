@@ -1,38 +1,59 @@
-"""On-disk pieces of the file store: workflow name encoding, the latest-step hint, OS calls.
+"""What the file store's files are called and what its small files hold.
 
-Kept apart from :mod:`aiocheckpoint.storage.file` so each part stays small and testable.
-See docs/file-storage.md for the format these functions implement.
+Workflow directory names (``encode_name``), step and temporary file names, the format
+marker ``aiocheckpoint.json`` and the latest-step hint (:class:`Hint`): pure functions of
+names and bytes, no I/O. docs/file-storage.md describes the format they implement.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import functools
 import hashlib
+import json
 import os
-import platform
 import struct
-import sys
 import uuid
 import zlib
-from collections.abc import Callable
 from typing import Final
 
+from ...errors import StorageSchemaError
+
 __all__ = [
+    "FORMAT_BLOBS",
+    "FORMAT_PLAIN",
+    "FORMAT_VERSION",
     "HASHED_PREFIX",
+    "HINT",
+    "ID_FILE",
+    "LOCK",
+    "MARKER",
     "MAX_PLAIN_NAME",
+    "WORKFLOWS",
     "Hint",
     "decode_name",
+    "encode_marker",
     "encode_name",
     "hashed_name",
-    "FileOps",
-    "is_missing",
+    "parse_marker",
     "parse_step_name",
     "pid_is_dead",
     "step_name",
     "temp_name",
 ]
+
+#: The newest on-disk format this version reads and writes; higher ones are refused.
+#: A store is marked format 1 until its first blob is written, then format 3 (version-2
+#: records, blobs in pack files), so that versions without pack support refuse it cleanly.
+#: Format 2 (blobs as one file each) is still read and collected; its next blob write
+#: marks it format 3.
+FORMAT_VERSION: Final = 3
+FORMAT_PLAIN: Final = 1
+FORMAT_BLOBS: Final = 2
+MARKER: Final = "aiocheckpoint.json"
+WORKFLOWS: Final = "workflows"
+LOCK: Final = "lock"
+HINT: Final = "latest"
+ID_FILE: Final = "id"
 
 #: Encoded names longer than this are replaced by a hash-derived name.
 MAX_PLAIN_NAME: Final = 200
@@ -181,96 +202,22 @@ class Hint:
         return cls(step if flags else None, dir_ino)
 
 
-def _find_syncfs() -> Callable[[int], int] | None:
-    """The C library's ``syncfs(2)`` on Linux 5.8 and later only; None elsewhere.
+def encode_marker(fmt: int) -> bytes:
+    """The bytes of ``aiocheckpoint.json`` for format ``fmt``."""
+    return json.dumps({"format": fmt}).encode() + b"\n"
 
-    Before 5.8 ``syncfs`` reported no write-back errors, so a failed write of a record
-    could go unnoticed: there the store fsyncs file by file instead.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
+
+def parse_marker(raw: bytes, path: str, base: str) -> int:
+    """The format ``aiocheckpoint.json`` names; :class:`StorageSchemaError` unless readable."""
     try:
-        version = tuple(int(p) for p in platform.release().split("-")[0].split(".")[:2])
-        if version < (5, 8):
-            return None
-        function = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError, ValueError):
-        return None
-    function.argtypes = [ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
-
-
-_SYNCFS: Final = _find_syncfs()
-
-
-class FileOps:
-    """Every OS call the write path makes, in one object so tests can inject faults.
-
-    A test replaces ``storage._os`` with a subclass whose methods raise ``OSError``
-    (ENOSPC, EIO, ...) at chosen calls.
-    """
-
-    #: Whether :meth:`syncfs` is available (Linux 5.8 or later).
-    has_syncfs: bool = _SYNCFS is not None
-
-    def open(self, path: str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
-        """``os.open``."""
-        return os.open(path, flags, mode, dir_fd=dir_fd)
-
-    def write(self, fd: int, data: memoryview) -> int:
-        """``os.write``: may write fewer bytes than given."""
-        return os.write(fd, data)
-
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
-        """``os.pwrite``."""
-        return os.pwrite(fd, data, offset)
-
-    def fsync(self, fd: int) -> None:
-        """Flush a file's data to stable storage (F_FULLFSYNC on macOS)."""
-        if sys.platform == "darwin":  # pragma: no cover - plain fsync skips the disk cache
-            import fcntl
-
-            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-        elif hasattr(os, "fdatasync"):
-            os.fdatasync(fd)
-        else:  # pragma: no cover
-            os.fsync(fd)
-
-    def fsync_dir(self, fd: int) -> None:
-        """Make a directory's entries (creates, renames, unlinks) durable."""
-        os.fsync(fd)
-
-    def syncfs(self, fd: int) -> None:
-        """Make everything written to the filesystem holding ``fd`` durable (``syncfs(2)``).
-
-        It reports write-back errors of any file of that filesystem since ``fd`` was
-        opened, so a caller opens ``fd`` before it writes the data this must cover.
-        """
-        if _SYNCFS is None:
-            raise OSError(errno.ENOSYS, "syncfs is not available here")
-        if _SYNCFS(fd) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
-
-    def rename(self, src: str, dst: str, *, src_dir_fd: int | None, dst_dir_fd: int | None) -> None:
-        """``os.rename`` (atomically replaces ``dst``)."""
-        os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
-
-    def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
-        """``os.unlink``."""
-        os.unlink(path, dir_fd=dir_fd)
-
-    def mkdir(self, path: str, mode: int = 0o700) -> None:
-        """``os.mkdir`` followed by ``chmod`` so the umask cannot widen or narrow the mode."""
-        os.mkdir(path, mode)
-        os.chmod(path, mode)
-
-    def close(self, fd: int) -> None:
-        """``os.close``."""
-        os.close(fd)
-
-
-def is_missing(exc: OSError) -> bool:
-    """Whether an OSError means "no such file or directory"."""
-    return exc.errno in (errno.ENOENT, errno.ENOTDIR)
+        fmt = json.loads(raw)["format"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StorageSchemaError(f"{path} is not an aiocheckpoint format marker") from exc
+    if type(fmt) is not int or fmt < 1:
+        raise StorageSchemaError(f"{path} names an unknown format {fmt!r}")
+    if fmt > FORMAT_VERSION:
+        raise StorageSchemaError(
+            f"{base} uses file store format {fmt}; this version of aiocheckpoint "
+            f"reads formats up to {FORMAT_VERSION} only (upgrade aiocheckpoint)"
+        )
+    return fmt
