@@ -154,7 +154,7 @@ def secure_files(path: Path) -> None:
         else:
             if mode & 0o044:
                 os.chmod(file, mode & 0o700)
-                logger.warning("made %s owner-only (its mode was %04o)", file, mode)
+                logger.info("made %s owner-only (its mode was %04o)", file, mode)
             continue
         raise StoragePermissionError(
             str(file), f"{reason}; a database shared on purpose needs allow_shared=True"
