@@ -29,10 +29,10 @@ from aiocheckpoint import (
     StateSnapshot,
     StorageBackendError,
 )
+from aiocheckpoint.format import open_record_v2 as _open_v2
 from aiocheckpoint.incremental import (
     SplitResult,
     TreeParams,
-    _open_v2,
     areferenced_hashes,
     encode_checkpoint_v2,
     node_children,

@@ -14,10 +14,10 @@ import os
 import sys
 from typing import IO, Any, Final
 
+from ..format import FORMAT_VERSION as RECORD_FORMAT
 from ..leases import WorkflowRecord
 from ..manager import CheckpointManager
 from ..models import utcnow
-from ..serde import FORMAT_VERSION as RECORD_FORMAT
 from .output import Output, Progress, bar
 from .store import EXIT_STORE, CommandError, open_store, read_page
 from .transfer import Tally, list_records, report, verified

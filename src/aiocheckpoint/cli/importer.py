@@ -11,9 +11,9 @@ import sys
 from typing import IO, Any
 
 from .._validation import check_step, check_workflow_id
+from ..codec.v1 import decode_checkpoint
 from ..errors import CheckpointCorruptedError, InvalidArgumentError
 from ..leases import WorkflowStatus
-from ..serde import decode_checkpoint
 from .export import EXPORT_FORMAT, EXPORT_VERSION
 from .output import Output, Progress
 from .store import EXIT_STORE, PAGE, CommandError, open_store

@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
+from ..codec.v1 import encode_checkpoint
 from ..errors import CheckpointCorruptedError
 from ..manager import CheckpointManager
 from ..models import Checkpoint
-from ..serde import encode_checkpoint
 from ..storage.base import CheckpointStorage, StoredCheckpoint
 from ..urls import open_storage
 

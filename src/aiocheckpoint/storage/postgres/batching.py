@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import CheckpointError, LeaseLostError, StorageBackendError
-from ...incremental import SplitResult
+from ...format import SplitResult
 from ..refcounts import held_root_refs
 from .blobs import Blobs
 from .connection import (

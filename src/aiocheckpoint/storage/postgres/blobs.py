@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ...incremental import SplitResult
+from ...format import SplitResult
 from ..refcounts import Rows, aadd_references, arelease_references, held_root_refs, missing_blob
 from .sql import Sql
 from .stats import WriteStats

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...serde import MAGIC
+from ...format import MAGIC
 
 __all__ = ["Sql"]
 

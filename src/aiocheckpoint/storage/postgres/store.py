@@ -14,7 +14,7 @@ from typing import Any
 
 from ..._validation import check_limit, check_optional_step, check_step, check_workflow_id
 from ...errors import InvalidArgumentError
-from ...incremental import SplitResult, TreeParams
+from ...format import SplitResult, TreeParams
 from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
 from .batching import BatchLimits, GroupCommit, Write

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from ..._validation import check_optional_step, check_step, check_workflow_id
 from ...errors import CheckpointCorruptedError, InvalidArgumentError
-from ...incremental import SplitResult, TreeParams, record_root_refs
+from ...format import SplitResult, TreeParams, record_root_refs
 from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
 from ..refcounts import held_root_refs

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Final
 
-from ...incremental import SplitResult
+from ...format import SplitResult
 from ..refcounts import Rows, add_references, blob_children, missing_blob, release_references
 from . import records
 from .sql import _PRUNE
