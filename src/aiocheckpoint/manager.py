@@ -336,8 +336,9 @@ class CheckpointManager:
         """Where to resume a workflow: ``(step, state_snapshot, metrics)``, or None.
 
         The step is the latest checkpoint's step + 1 when it is COMPLETED, and the same step
-        otherwise (it has to run again). If the latest checkpoint is corrupted, the newest
-        one that verifies is used instead and a warning is logged; if none verifies, the
+        otherwise (it has to run again). If the latest checkpoint is corrupted (or the
+        storage refuses it, e.g. over ``max_record_bytes``), the newest one that verifies is
+        used instead and a warning is logged; if none verifies, the
         :class:`CheckpointCorruptedError` of the latest is raised.
         """
         checkpoint = await self._latest_valid(workflow_id)
@@ -469,34 +470,59 @@ class CheckpointManager:
     async def _latest_valid(self, workflow_id: str) -> Checkpoint | None:
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
-        stored = await self._storage.load(workflow_id)
+        try:
+            stored = await self._storage.load(workflow_id)
+        except CheckpointCorruptedError as refused:  # the storage itself refused the record
+            if refused.step is None:
+                raise
+            return await self._older_valid(workflow_id, refused.step, refused)
         if stored is None:
             return None
         try:
             return await self._codec.decode(workflow_id, stored)
         except CheckpointCorruptedError as first:
-            cursor = stored.step
-            while True:
+            return await self._older_valid(workflow_id, stored.step, first)
+
+    async def _older_valid(
+        self, workflow_id: str, latest: int, first: CheckpointCorruptedError
+    ) -> Checkpoint:
+        """The newest checkpoint below ``latest`` that verifies; else ``first`` is raised.
+
+        A page the storage refuses (one record over ``max_record_bytes`` in it) is read
+        again one record at a time, and the record it names is passed over: one bad record
+        never hides the good ones below it.
+        """
+        cursor, page = latest, _PAGE
+        while True:
+            try:
                 older = await self._storage.scan(
-                    workflow_id, before=cursor, limit=_PAGE, descending=True
+                    workflow_id, before=cursor, limit=page, descending=True
                 )
-                for record in older:
-                    try:
-                        checkpoint = await self._codec.decode(workflow_id, record)
-                    except CheckpointCorruptedError:
-                        continue
-                    logger.warning(
-                        "workflow %r: latest checkpoint (step %d) is corrupted (%s); "
-                        "resuming from step %d, the newest that verifies",
-                        workflow_id,
-                        stored.step,
-                        first.reason,
-                        checkpoint.step,
-                    )
-                    return checkpoint
-                if len(older) < _PAGE:
+            except CheckpointCorruptedError as refused:
+                if page > 1:
+                    page = 1
+                    continue
+                if refused.step is None or refused.step >= cursor:
                     raise
-                cursor = older[-1].step
+                cursor = refused.step
+                continue
+            for record in older:
+                try:
+                    checkpoint = await self._codec.decode(workflow_id, record)
+                except CheckpointCorruptedError:
+                    continue
+                logger.warning(
+                    "workflow %r: latest checkpoint (step %d) is corrupted (%s); "
+                    "resuming from step %d, the newest that verifies",
+                    workflow_id,
+                    latest,
+                    first.reason,
+                    checkpoint.step,
+                )
+                return checkpoint
+            if len(older) < page:
+                raise first
+            cursor, page = older[-1].step, _PAGE
 
     async def decode_record(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
         """Verify and decode a record read from the storage (either format version).

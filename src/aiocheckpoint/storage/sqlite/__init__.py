@@ -17,12 +17,13 @@ Large states are stored incrementally
 (docs/incremental.md §8), so blobs go as the records that use them go and a crash never
 leaves a record without its blobs.
 
-The package, one module per job: :mod:`.groupcommit` (the event loop's half of the write
-queue), :mod:`.writer` (the writer thread: open, batches), :mod:`.readers` (the read
-connections and queries), :mod:`.walcheckpoint` (WAL checkpoints), :mod:`.records`
-(workflow records and leases), :mod:`.blobs` (blobs and their reference counts),
-:mod:`.schema` (versions and migrations), :mod:`.sql` (the statements on the checkpoints
-table) and :mod:`.connections` (opening the file, busy retries, error mapping).
+The package, one module per job: ``groupcommit`` (the event loop's half of the write
+queue), ``writer`` (the writer thread: open, batches), ``readers`` (the read
+connections and queries), ``walcheckpoint`` (WAL checkpoints), ``records``
+(workflow records and leases), ``blobs`` (blobs and their reference counts),
+``schema`` (versions and migrations), ``sql`` (the statements on the checkpoints
+table), ``connections`` (opening the file, busy retries, error mapping) and ``foreign``
+(rows the library could not have written).
 """
 
 from __future__ import annotations
@@ -44,12 +45,20 @@ from ..refcounts import held_root_refs
 from . import records
 from .blobs import SaveTreeOp, drain_releases, read_blobs, recount
 from .connections import BusyRetry
+from .foreign import ForeignRow
 from .groupcommit import GroupCommit
-from .readers import ReaderPool, read_exists, read_one, read_scan, read_workflows
+from .readers import (
+    ReaderPool,
+    foreign_checkpoints,
+    read_exists,
+    read_one,
+    read_scan,
+    read_workflows,
+)
 from .walcheckpoint import Checkpointer
 from .writer import DeleteOp, Op, RecordOp, SaveOp, Writer
 
-__all__ = ["SQLiteCheckpointStorage"]
+__all__ = ["ForeignRow", "SQLiteCheckpointStorage"]
 
 T = TypeVar("T")
 
@@ -71,6 +80,15 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     * ``max_batch``: the most writes committed in one transaction.
     * ``blob_params``: how large states are cut into blobs
       (:class:`~aiocheckpoint.incremental.TreeParams`; ``compression="zstd"`` compresses them).
+    * ``allow_shared``: open the file even if another user owns it, or group or others may
+      read or write it (or its -wal or -shm). By default such a file is refused with
+      :class:`~aiocheckpoint.errors.StoragePermissionError`: it may have been planted to
+      feed this process forged state or to read what it writes. For deliberately shared
+      setups only.
+
+    A ``path`` whose name starts with ``file:`` is refused
+    (:class:`~aiocheckpoint.InvalidArgumentError`): it is not a URI here, and SQLite would
+    have read it as one.
 
     ``save`` returns once its transaction is committed and fsynced. A caller cancelled while
     its write is still queued removes it (nothing is written); once its batch is committing
@@ -88,6 +106,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         readers: int = 2,
         max_batch: int = 512,
         blob_params: TreeParams | None = None,
+        allow_shared: bool = False,
     ) -> None:
         for name, value, low in (
             ("max_record_bytes", max_record_bytes, 1),
@@ -101,18 +120,22 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
             raise InvalidArgumentError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
         if blob_params is not None and not isinstance(blob_params, TreeParams):
             raise InvalidArgumentError("blob_params must be a TreeParams or None")
+        if not isinstance(allow_shared, bool):
+            raise InvalidArgumentError(f"allow_shared must be a bool, got {allow_shared!r}")
         self._params = blob_params or TreeParams()
-        self._path = Path(os.fspath(path))
+        self._path = _database_path(path)
         self._max_record_bytes = max_record_bytes
         retry = BusyRetry(busy_retries)
-        self._readers = ReaderPool(self._path, float(busy_timeout), retry)
+        # Absolute now: every connection, opened later in some thread, names the same file.
+        file = self._path.absolute()
+        self._readers = ReaderPool(file, float(busy_timeout), retry)
         self._read_threads = ThreadPoolExecutor(
             readers, thread_name_prefix="aiocheckpoint-sqlite-r"
         )
         GroupCommit.__init__(
             self,
-            Writer(self._path, float(busy_timeout), retry),
-            Checkpointer(self._path, float(busy_timeout)),
+            Writer(file, float(busy_timeout), retry, allow_shared=allow_shared),
+            Checkpointer(file, float(busy_timeout)),
             max_batch,
         )
 
@@ -257,7 +280,10 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     async def list_workflow_records(
         self, status: WorkflowStatus | None = None
     ) -> list[WorkflowRecord]:
-        """Records ordered by workflow id, optionally only those with ``status``."""
+        """Records ordered by workflow id, optionally only those with ``status``.
+
+        A row that does not make a valid record (see :meth:`foreign_rows`) is skipped.
+        """
         self._check_open()
         wanted = None if status is None else WorkflowStatus(status)
         return await self._read(lambda conn: records.read_records(conn, wanted))
@@ -332,9 +358,28 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         return await self._read(lambda conn: read_exists(conn, workflow_id, step))
 
     async def list_workflows(self) -> list[str]:
-        """Every workflow id with at least one record, sorted."""
+        """Every workflow id with at least one record, sorted.
+
+        Only valid ids (``str``): a row the library could not have written (a BLOB id in a
+        hand-edited table) is skipped and logged; :meth:`foreign_rows` lists them.
+        """
         self._check_open()
         return await self._read(read_workflows)
+
+    async def foreign_rows(self) -> list[ForeignRow]:
+        """Every row the library could not have written, in either table (a full pass).
+
+        A database edited by hand, with its ``CHECK`` constraints off, can hold workflow ids
+        that are not valid ``str`` ids, steps that are not integers, records that are not
+        blobs, or workflow records that do not parse. Reads and listings skip such rows;
+        this reports them, for verification tools.
+        """
+        self._check_open()
+
+        def both(conn: Any) -> list[ForeignRow]:
+            return foreign_checkpoints(conn) + records.foreign_records(conn)
+
+        return await self._read(both)
 
     async def _read(self, fn: Callable[[Any], T]) -> T:
         await self._ensure_open()
@@ -367,6 +412,20 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._checkpointer.close()
         self._readers.close()
         self._writer.close()
+
+
+def _database_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a ``Path``; a name SQLite would read as a URI is refused."""
+    name = os.fspath(path)
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"path must be a str or os.PathLike[str], got {path!r}")
+    file = Path(name)
+    if str(file)[:5].lower() == "file:":
+        raise InvalidArgumentError(
+            f"SQLite database path {str(file)!r} looks like a 'file:' URI; give the path itself "
+            "(sqlite:///abs/path.db or sqlite:relative/path.db)"
+        )
+    return file
 
 
 def _check_keep_last(keep_last: object) -> None:

@@ -16,7 +16,8 @@ from typing import TypeVar
 from ...errors import CheckpointCorruptedError, StorageClosedError
 from ..base import StoredCheckpoint
 from .connections import BusyRetry, backend_error, connect
-from .sql import _EXISTS_ANY, _EXISTS_STEP, _LATEST, _ONE, _SCAN, _WORKFLOWS
+from .foreign import ForeignRow, id_problem, warn_skipped
+from .sql import _ALL_ROWS, _EXISTS_ANY, _EXISTS_STEP, _LATEST, _ONE, _SCAN, _WORKFLOWS
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ class ReaderPool:
             if self._idle:
                 return self._idle.pop()
         try:
-            conn = connect(str(self.path), self.busy_timeout)
+            conn = connect(self.path, self.busy_timeout)
             conn.execute("PRAGMA query_only = ON")
         except sqlite3.Error as exc:
             raise backend_error(f"cannot open SQLite database {str(self.path)!r}", exc) from exc
@@ -130,5 +131,29 @@ def read_exists(conn: sqlite3.Connection, workflow_id: str, step: int | None) ->
 
 
 def read_workflows(conn: sqlite3.Connection) -> list[str]:
-    """Every workflow id, sorted (UTF-8 byte order is code point order)."""
-    return [row[0] for row in conn.execute(_WORKFLOWS).fetchall()]
+    """Every workflow id, sorted (UTF-8 byte order is code point order); foreign ones skipped."""
+    ids = [row[0] for row in conn.execute(_WORKFLOWS).fetchall()]
+    valid = [wf for wf in ids if id_problem(wf) is None]
+    warn_skipped("checkpoints", len(ids) - len(valid))
+    return valid
+
+
+def _row_problem(workflow_id: object, step: object, kind: str) -> str | None:
+    problem = id_problem(workflow_id)
+    if problem is not None:
+        return problem
+    if type(step) is not int or step < 0:
+        return f"step {step!r} is not an integer >= 0"
+    if kind != "blob":
+        return f"the record is stored as {kind}, not as a blob"
+    return None
+
+
+def foreign_checkpoints(conn: sqlite3.Connection) -> list[ForeignRow]:
+    """The rows of the ``checkpoints`` table that the library could not have written."""
+    foreign: list[ForeignRow] = []
+    for rowid, workflow_id, step, kind in conn.execute(_ALL_ROWS).fetchall():
+        problem = _row_problem(workflow_id, step, kind)
+        if problem is not None:
+            foreign.append(ForeignRow("checkpoints", rowid, problem))
+    return foreign

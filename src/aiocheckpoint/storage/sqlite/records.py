@@ -16,8 +16,9 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any, Final
 
-from ...errors import LeaseHeldError, LeaseLostError
+from ...errors import CheckpointCorruptedError, LeaseHeldError, LeaseLostError
 from ...leases import Lease, WorkflowRecord, WorkflowStatus
+from .foreign import ForeignRow, id_problem, warn_skipped
 
 _COLUMNS: Final = (
     "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
@@ -45,11 +46,15 @@ _RELEASE: Final = (
     "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? "
     "WHERE workflow_id = ? AND fencing_token = ?"
 )
+# Read row by row until the first workflow whose id is valid (foreign rows are passed over).
 _CLAIMABLE: Final = (
     "SELECT workflow_id FROM workflows WHERE status = 'unfinished' "
     "AND (lease_expires_at IS NULL OR lease_expires_at <= ?) "
-    "ORDER BY created_at, workflow_id LIMIT 1"
+    "ORDER BY created_at, workflow_id"
 )
+_ALL_ROWS: Final = f"SELECT rowid, {_COLUMNS} FROM workflows"
+#: What a damaged row raises when it is made into a WorkflowRecord.
+_DAMAGE: Final = (ValueError, TypeError, OverflowError, OSError)
 
 
 def _time(seconds: float) -> datetime:
@@ -57,7 +62,11 @@ def _time(seconds: float) -> datetime:
 
 
 def _record(row: Any) -> WorkflowRecord:
+    """The row as a record; one the library could not have written raises a _DAMAGE error."""
     wf, status, created, updated, finished, owner, expires, token = row
+    problem = id_problem(wf)
+    if problem is not None:
+        raise ValueError(problem)
     return WorkflowRecord(
         workflow_id=wf,
         status=WorkflowStatus(status),
@@ -68,6 +77,16 @@ def _record(row: Any) -> WorkflowRecord:
         lease_expires_at=None if expires is None else _time(expires),
         fencing_token=token,
     )
+
+
+def _checked(row: Any, workflow_id: str) -> WorkflowRecord:
+    """The row as a record; a damaged one raises CheckpointCorruptedError naming the workflow."""
+    try:
+        return _record(row)
+    except _DAMAGE as exc:
+        raise CheckpointCorruptedError(
+            f"its workflow record is damaged: {exc}", workflow_id=workflow_id
+        ) from exc
 
 
 def lost(workflow_id: str, token: int | None) -> LeaseLostError:
@@ -129,7 +148,7 @@ def set_status(
     ensure_records(conn, [workflow_id], now)
     finished = None if status is WorkflowStatus.UNFINISHED else now
     conn.execute(_SET_STATUS, (status.value, finished, now, workflow_id))
-    return _record(conn.execute(_GET, (workflow_id,)).fetchall()[0])
+    return _checked(conn.execute(_GET, (workflow_id,)).fetchall()[0], workflow_id)
 
 
 def _grant(
@@ -179,16 +198,20 @@ def release(conn: sqlite3.Connection, now: float, lease: Lease) -> None:
 
 def claim(conn: sqlite3.Connection, now: float, owner: str, ttl: float) -> Lease | None:
     """Lease the oldest unfinished workflow whose lease is free or expired, or None."""
-    rows = conn.execute(_CLAIMABLE, (now,)).fetchall()
-    if not rows:
+    cursor = conn.execute(_CLAIMABLE, (now,))
+    try:
+        workflow_id = next((wf for (wf,) in cursor if id_problem(wf) is None), None)
+    finally:
+        cursor.close()
+    if workflow_id is None:
         return None
-    return _grant(conn, now, str(rows[0][0]), owner, ttl, _next_token(conn))
+    return _grant(conn, now, workflow_id, owner, ttl, _next_token(conn))
 
 
 def read_record(conn: sqlite3.Connection, workflow_id: str) -> WorkflowRecord | None:
     """The workflow's record, or None."""
     rows = conn.execute(_GET, (workflow_id,)).fetchall()
-    return _record(rows[0]) if rows else None
+    return _checked(rows[0], workflow_id) if rows else None
 
 
 def read_records(conn: sqlite3.Connection, status: WorkflowStatus | None) -> list[WorkflowRecord]:
@@ -197,4 +220,22 @@ def read_records(conn: sqlite3.Connection, status: WorkflowStatus | None) -> lis
         rows = conn.execute(_LIST).fetchall()
     else:
         rows = conn.execute(_LIST_STATUS, (status.value,)).fetchall()
-    return [_record(row) for row in rows]
+    found: list[WorkflowRecord] = []
+    for row in rows:
+        try:
+            found.append(_record(row))
+        except _DAMAGE:
+            continue
+    warn_skipped("workflows", len(rows) - len(found))
+    return found
+
+
+def foreign_records(conn: sqlite3.Connection) -> list[ForeignRow]:
+    """The rows of the ``workflows`` table that do not make a valid record."""
+    foreign: list[ForeignRow] = []
+    for rowid, *row in conn.execute(_ALL_ROWS).fetchall():
+        try:
+            _record(row)
+        except _DAMAGE as exc:
+            foreign.append(ForeignRow("workflows", rowid, str(exc)))
+    return foreign

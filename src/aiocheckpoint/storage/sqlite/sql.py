@@ -22,13 +22,19 @@ _DELETE_STEP: Final = "DELETE FROM checkpoints WHERE workflow_id = ? AND step = 
 _DELETE_WORKFLOW: Final = "DELETE FROM checkpoints WHERE workflow_id = ?"
 # The blob is only fetched when it is small enough; length() of a blob reads no content.
 _COLUMNS: Final = "step, length(data), CASE WHEN length(data) <= ? THEN data END"
+# A step that is not an integer >= 0 (possible only in a hand-edited table, whose CHECK
+# constraints were off) makes a foreign row: the reads pass it over.
+_STEP_OK: Final = "typeof(step) = 'integer'"
 _LATEST: Final = (
-    f"SELECT {_COLUMNS} FROM checkpoints WHERE workflow_id = ? ORDER BY step DESC LIMIT 1"
+    f"SELECT {_COLUMNS} FROM checkpoints WHERE workflow_id = ? AND step >= 0 AND {_STEP_OK} "
+    "ORDER BY step DESC LIMIT 1"
 )
-_ONE: Final = f"SELECT {_COLUMNS} FROM checkpoints WHERE workflow_id = ? AND step = ?"
+_ONE: Final = (
+    f"SELECT {_COLUMNS} FROM checkpoints WHERE workflow_id = ? AND step = ? AND {_STEP_OK}"
+)
 _SCAN: Final = (
     f"SELECT {_COLUMNS} FROM checkpoints WHERE workflow_id = ? AND step > ? AND step <= ? "
-    "ORDER BY step {order} LIMIT ?"
+    f"AND {_STEP_OK} ORDER BY step {{order}} LIMIT ?"
 )
 _EXISTS_ANY: Final = "SELECT 1 FROM checkpoints WHERE workflow_id = ? LIMIT 1"
 _EXISTS_STEP: Final = "SELECT 1 FROM checkpoints WHERE workflow_id = ? AND step = ?"
@@ -42,3 +48,5 @@ _WORKFLOWS: Final = """
     )
     SELECT id FROM ids WHERE id IS NOT NULL
 """
+# Every row, for the report of foreign rows (a full pass: only verification tools call it).
+_ALL_ROWS: Final = "SELECT rowid, workflow_id, step, typeof(data) FROM checkpoints"

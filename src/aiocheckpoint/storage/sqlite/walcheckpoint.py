@@ -72,7 +72,11 @@ class Checkpointer:
         self.runs += 1
         try:
             if self.conn is None:
-                self.conn = connect(str(self.path), self.busy_timeout)
+                conn = connect(self.path, self.busy_timeout)
+                # FULL: the database file is fsynced before the WAL may start over, whatever
+                # this build's default for a new connection.
+                conn.execute("PRAGMA synchronous = FULL")
+                self.conn = conn
             result = wal_checkpoint(self.conn, "PASSIVE")
         except sqlite3.Error as exc:
             self.failures += 1

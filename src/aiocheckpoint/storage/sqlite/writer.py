@@ -21,7 +21,14 @@ from typing import Final
 from ...errors import LeaseError, StorageBackendError, StorageClosedError
 from . import records
 from .blobs import SaveTreeOp, drain_releases, save_tree
-from .connections import BusyRetry, backend_error, connect, create_private, fsync_dir
+from .connections import (
+    BusyRetry,
+    backend_error,
+    connect,
+    create_private,
+    fsync_dir,
+    secure_files,
+)
 from .schema import MIGRATIONS, Migration, migrate
 from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, _UPSERT
 from .walcheckpoint import wal_checkpoint
@@ -94,8 +101,12 @@ class Writer:
         busy_timeout: float,
         retry: BusyRetry,
         migrations: Sequence[Migration] = MIGRATIONS,
+        *,
+        allow_shared: bool = False,
     ) -> None:
         self.path = path
+        #: Open a file that another user owns or that group/others may read or write.
+        self.allow_shared = allow_shared
         self.busy_timeout = busy_timeout
         self.retry = retry
         self.migrations = migrations
@@ -113,7 +124,9 @@ class Writer:
         """Create the file if needed, switch to WAL with synchronous=FULL, migrate."""
         try:
             create_private(self.path)
-            conn = connect(str(self.path), self.busy_timeout)
+            if not self.allow_shared:
+                secure_files(self.path)
+            conn = connect(self.path, self.busy_timeout)
         except (OSError, sqlite3.Error) as exc:
             raise backend_error(f"cannot open SQLite database {str(self.path)!r}", exc) from exc
         try:
