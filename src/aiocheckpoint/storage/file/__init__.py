@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from .format import FORMAT_VERSION
+from .layout import UntrustedStoreError
 from .store import FileCheckpointStorage
 
-__all__ = ["FORMAT_VERSION", "FileCheckpointStorage"]
+__all__ = ["FORMAT_VERSION", "FileCheckpointStorage", "UntrustedStoreError"]
