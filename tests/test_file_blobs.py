@@ -25,12 +25,12 @@ from aiocheckpoint.errors import (
     InvalidArgumentError,
     StorageSchemaError,
 )
+from aiocheckpoint.format import open_record_v2 as open_v2
 from aiocheckpoint.incremental import (
     TreeParams,
     record_format_version,
     referenced_hashes,
 )
-from aiocheckpoint.incremental import _open_v2 as open_v2
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.file.packs import (
     MIDX,

@@ -336,7 +336,7 @@ async def test_split_memories_are_bounded_and_dropped_with_their_workflow(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The manager keeps one split memory per recently saved workflow, within its bounds."""
-    from aiocheckpoint import manager as manager_module
+    from aiocheckpoint.codec import memory as manager_module
     from aiocheckpoint.storage.file import FileCheckpointStorage
 
     monkeypatch.setattr(manager_module, "_MEMORY_WORKFLOWS", 3)
@@ -344,7 +344,8 @@ async def test_split_memories_are_bounded_and_dropped_with_their_workflow(
     async with CheckpointManager(FileCheckpointStorage(tmp_path)) as manager:
         for n in range(5):
             await manager.create_checkpoint(f"wf{n}", 0, "a", "running", big)
-        memories = manager._memories
+        cache = manager._codec.memory
+        memories = cache.entries
         assert list(memories) == ["wf2", "wf3", "wf4"]  # least recently saved dropped
         assert all(len(memory) > 0 for memory in memories.values())
         await manager.create_checkpoint("wf2", 1, "a", "running", big)
@@ -357,7 +358,7 @@ async def test_split_memories_are_bounded_and_dropped_with_their_workflow(
         monkeypatch.setattr(manager_module, "_MEMORY_ENTRIES", one + 1)
         await manager.create_checkpoint("wf1", 1, "a", "running", big)
         assert list(memories) == ["wf1"]  # two would not fit
-        assert manager._memory_size == one
+        assert cache.size == one
         # A small state (stored whole in its record) leaves the memory as it was.
         await manager.create_checkpoint("wf1", 2, "a", "running", {"n": 1})
         assert list(memories) == ["wf1"]
@@ -369,7 +370,7 @@ async def test_large_version_1_records_are_decoded_off_the_event_loop(
     """A large record is parsed in a worker thread, a small one on the loop (no hop)."""
     import threading
 
-    from aiocheckpoint import manager as manager_module
+    from aiocheckpoint.codec import pipeline as manager_module
 
     threads: list[bool] = []
     decode = manager_module.decode_checkpoint

@@ -29,18 +29,18 @@ from aiocheckpoint import (
     StateSnapshot,
     StorageBackendError,
 )
+from aiocheckpoint.format import open_record_v2 as _open_v2
 from aiocheckpoint.incremental import (
     SplitResult,
     TreeParams,
-    _open_v2,
     areferenced_hashes,
     encode_checkpoint_v2,
     node_children,
     record_format_version,
     record_root_refs,
 )
-from aiocheckpoint.storage import _pg_schema
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.postgres import schema as _pg_schema
 from tests._blob_child import state_for
 from tests.pg_support import DSN, pg_schema, terminate_backends
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from .errors import InvalidArgumentError, InvalidStepError, InvalidWorkflowIdError
+from .format.limits import MAX_STEP, MAX_WORKFLOW_ID_BYTES
 
-MAX_WORKFLOW_ID_BYTES: Final = 255
-#: Steps are stored as signed 64-bit integers by the database backends.
-MAX_STEP: Final = 2**63 - 1
+__all__ = [
+    "MAX_STEP",
+    "MAX_WORKFLOW_ID_BYTES",
+    "check_limit",
+    "check_optional_step",
+    "check_step",
+    "check_workflow_id",
+]
 
 
 def check_workflow_id(workflow_id: Any) -> str:

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection, Generator, Mapping
-from datetime import datetime
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
-import anyio.from_thread
 import anyio.lowlevel
-import anyio.to_thread
 from typing_extensions import Self
 
 from ._validation import (
@@ -22,6 +17,7 @@ from ._validation import (
     check_step,
     check_workflow_id,
 )
+from .codec import RecordCodec
 from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
@@ -29,27 +25,16 @@ from .errors import (
     StorageClosedError,
     UnsupportedOperationError,
 )
-from .incremental import (
-    SplitMemory,
-    SplitResult,
-    _exceeds,
-    decode_checkpoint_v2,
-    encode_checkpoint_v2,
-    encode_v2_work,
-    recovered_memory,
-)
 from .leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from .models import (
     AgentStatus,
     Checkpoint,
     ExecutionMetrics,
     StateSnapshot,
-    StateVersion,
     built,
     default_metrics,
     utcnow,
 )
-from .serde import decode_checkpoint, encode_checkpoint, storable_copy, storable_copy_work
 from .state import SharedState
 from .storage.base import (
     BlobCheckpointStorage,
@@ -70,16 +55,9 @@ _PAGE = 100
 #: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
 _HELD_LONG = 0.0002
 _RETRIES = 8
-#: Bounds of the split memories kept (workflows; integers in all, ~50 bytes each).
-_MEMORY_WORKFLOWS = 1024
-_MEMORY_ENTRIES = 1_000_000
-#: Version-1 records up to this size are decoded on the event loop (~0.5 ms), larger ones
-#: in a worker thread.
-_DECODE_ON_LOOP = 256 * 1024
 
 
 _E = TypeVar("_E", AgentStatus, WorkflowStatus)
-_R = TypeVar("_R")
 
 
 def _enum(kind: type[_E], status: Any) -> _E:
@@ -152,15 +130,13 @@ class CheckpointManager:
                 f"incremental=True needs a storage that keeps blobs; "
                 f"{type(self._storage).__name__} does not"
             )
-        self._blobs: BlobCheckpointStorage | None = (
+        blobs: BlobCheckpointStorage | None = (
             self._storage  # type: ignore[assignment]
             if supports and incremental is not False
             else None
         )
-        # The last split of each recently saved workflow's state (see SplitMemory): a few
-        # integers per region of a large state, least recently saved dropped first.
-        self._memories: OrderedDict[str, SplitMemory] = OrderedDict()
-        self._memory_size = 0
+        # Everything between a validated call and the storage: copies, encoding, decoding.
+        self._codec = RecordCodec(self._storage, blobs)
         self._closed = False
 
     @property
@@ -171,7 +147,7 @@ class CheckpointManager:
     @property
     def incremental(self) -> bool:
         """Whether large states are written as incremental (blob) checkpoints."""
-        return self._blobs is not None
+        return self._codec.blobs is not None
 
     @property
     def max_checkpoints(self) -> int | None:
@@ -211,15 +187,16 @@ class CheckpointManager:
             raise InvalidArgumentError(
                 f"metadata must be a mapping or None, not {type(metadata).__qualname__}"
             )
+        codec = self._codec
         if metadata:
-            meta, meta_finite = storable_copy(dict(metadata), "metadata")
+            meta, meta_finite = codec.copy(dict(metadata), "metadata")
         now = utcnow()
         copying = time.perf_counter()
         if isinstance(state, SharedState):
-            # Its tree is copy-on-write: taken now, copied in slices (see _shared_snapshot).
-            snapshot, finite = await _shared_snapshot(state)
+            # Its tree is copy-on-write: taken now, copied in slices (see shared_snapshot).
+            snapshot, finite = await codec.shared_snapshot(state)
         else:
-            snapshot, finite = _snapshot_of(state, now)
+            snapshot, finite = codec.snapshot(state, now)
         copied = time.perf_counter()
         finite = finite and meta_finite
         checkpoint = built(
@@ -242,27 +219,18 @@ class CheckpointManager:
             # which works on our private copy. Each writer then holds the loop for one
             # step at a time, and a round of the loop over 20 writers stays short.
             await anyio.lowlevel.checkpoint()
-        blobs = self._blobs
-        if blobs is not None and _exceeds(snapshot.data, blobs.blob_params.root_inline_limit):
+        blobs = codec.blobs
+        if blobs is not None and codec.wants_tree(checkpoint):
             # ``checkpoint`` holds private copies made above, so nothing else changes it.
-            previous = self._memories.get(workflow_id)
-            record, split = await self._encode_tree(checkpoint, finite, previous)
-            memory = split.memory
-            if previous is None and memory is not None and memory.first_chunks:
-                # No memory of this workflow's last split (a new process, or another
-                # manager saved it): the store says which regions it holds cut into
-                # chunks, and those are cut again instead of rewritten as one blob.
-                stored = await blobs.fetch_blobs(list(set(memory.first_chunks.values())))
-                recovered = recovered_memory(memory, stored)
-                if recovered is not None:
-                    record, split = await self._encode_tree(checkpoint, finite, recovered)
-            if split.root:
+            tree = await codec.encode_tree(workflow_id, checkpoint, finite)
+            if tree is not None:
+                record, split = tree
                 await blobs.save_tree(
                     workflow_id, step, record, split, keep_last=self._max_checkpoints, fence=lease
                 )
-                self._remember(workflow_id, split.memory)
+                codec.remember(workflow_id, split)
                 return checkpoint
-        data = encode_checkpoint(checkpoint, finite=finite)
+        data = codec.encode(checkpoint, finite)
         if lease is None:
             await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
         else:
@@ -271,46 +239,13 @@ class CheckpointManager:
             )
         return checkpoint
 
-    async def _encode_tree(
-        self, checkpoint: Checkpoint, finite: bool, previous: SplitMemory | None
-    ) -> tuple[bytes, SplitResult]:
-        """Split ``checkpoint``'s state into a version-2 record and blobs, off the hot path."""
-        params = self._blobs.blob_params  # type: ignore[union-attr]
-        if finite:
-            # ~5 ms of CPU per MB, mostly Python: a worker thread would hold the GIL
-            # against the loop for whole switch intervals (5 ms each), so the loop runs
-            # it itself in slices of ~0.1-0.2 ms (docs/incremental.md).
-            return await _cooperate(
-                encode_v2_work(checkpoint, params, finite=True, previous=previous)
-            )
-        # NaN, infinities: the exact encoder, which does not slice.
-        return await anyio.to_thread.run_sync(
-            functools.partial(encode_checkpoint_v2, checkpoint, params, previous=previous)
-        )
-
-    def _remember(self, workflow_id: str, memory: SplitMemory | None) -> None:
-        """Keep ``memory`` for the workflow's next split, within the cache's bounds."""
-        old = self._memories.pop(workflow_id, None)
-        if old is not None:
-            self._memory_size -= len(old)
-        if memory is None:
-            return
-        memory.first_chunks.clear()  # only for recovering a memory; this is one
-        if len(memory) > _MEMORY_ENTRIES:
-            return
-        self._memories[workflow_id] = memory
-        self._memory_size += len(memory)
-        while len(self._memories) > _MEMORY_WORKFLOWS or self._memory_size > _MEMORY_ENTRIES:
-            _, dropped = self._memories.popitem(last=False)
-            self._memory_size -= len(dropped)
-
     async def get_checkpoint(self, workflow_id: str, step: int) -> Checkpoint:
         """Return one step's checkpoint; raise :class:`CheckpointNotFoundError` if absent."""
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
         stored = await self._storage.load(workflow_id, step)
-        checkpoint = None if stored is None else await self._decode_live(workflow_id, stored)
+        checkpoint = None if stored is None else await self._codec.decode_live(workflow_id, stored)
         if checkpoint is None:
             raise CheckpointNotFoundError(workflow_id, step)
         return checkpoint
@@ -327,7 +262,7 @@ class CheckpointManager:
             stored = await self._storage.load(workflow_id)
             if stored is None:
                 return None
-            checkpoint = await self._decode_live(workflow_id, stored)
+            checkpoint = await self._codec.decode_live(workflow_id, stored)
             if checkpoint is not None:
                 return checkpoint
         raise CheckpointCorruptedError(
@@ -366,7 +301,7 @@ class CheckpointManager:
         )
         out: list[Checkpoint] = []
         for record in records:
-            checkpoint = await self._decode_live(workflow_id, record)
+            checkpoint = await self._codec.decode_live(workflow_id, record)
             if checkpoint is not None:  # None: deleted while it was being read
                 out.append(checkpoint)
         return out
@@ -394,7 +329,7 @@ class CheckpointManager:
         workflow_id = check_workflow_id(workflow_id)
         step = check_optional_step(step)
         if step is None:
-            self._remember(workflow_id, None)
+            self._codec.forget(workflow_id)
         return await self._storage.delete(workflow_id, step)
 
     async def get_resume_point(self, workflow_id: str) -> ResumePoint | None:
@@ -543,7 +478,7 @@ class CheckpointManager:
         if stored is None:
             return None
         try:
-            return await self._decode(workflow_id, stored)
+            return await self._codec.decode(workflow_id, stored)
         except CheckpointCorruptedError as first:
             return await self._older_valid(workflow_id, stored.step, first)
 
@@ -556,7 +491,7 @@ class CheckpointManager:
             older, cursor = await self._older_page(workflow_id, cursor)
             for record in older:
                 try:
-                    checkpoint = await self._decode(workflow_id, record)
+                    checkpoint = await self._codec.decode(workflow_id, record)
                 except CheckpointCorruptedError:
                     continue
                 logger.warning(
@@ -598,111 +533,11 @@ class CheckpointManager:
         a version-2 record's blobs are fetched from the storage. Raises
         :class:`~aiocheckpoint.CheckpointCorruptedError` like the reading calls do.
         """
-        return await self._decode(check_workflow_id(workflow_id), stored)
-
-    async def _decode(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
-        data = stored.data
-        decode: Callable[[], Checkpoint]
-        if len(data) > 4 and data[4] == 2:
-            # Joining a tree is CPU work (~14 ms per MB), and each tree level's fetch hops
-            # back to the event loop.
-            decode = functools.partial(self._decode_tree, data, workflow_id, stored.step)
-        elif len(data) > _DECODE_ON_LOOP:
-            # A large version-1 record: ~2 ms of parsing per MB.
-            decode = functools.partial(
-                decode_checkpoint, data, workflow_id=workflow_id, step=stored.step
-            )
-        else:
-            return decode_checkpoint(data, workflow_id=workflow_id, step=stored.step)
-        # In a worker thread: the loop gets the GIL back every switch interval instead of
-        # waiting for the whole decode.
-        return await anyio.to_thread.run_sync(decode)
-
-    def _decode_tree(self, data: bytes, workflow_id: str, step: int) -> Checkpoint:
-        def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
-            return anyio.from_thread.run(self._fetch_blobs, hashes)
-
-        return decode_checkpoint_v2(data, fetch, workflow_id=workflow_id, step=step)
-
-    async def _decode_live(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint | None:
-        """Decode ``stored``; None if a blob is missing because the record was deleted.
-
-        A record deleted after it was read may lose its blobs to garbage collection before
-        they are fetched: that is "not found", not corruption.
-        """
-        try:
-            return await self._decode(workflow_id, stored)
-        except CheckpointCorruptedError:
-            data = stored.data
-            if len(data) > 4 and data[4] == 2 and isinstance(self._storage, BlobCheckpointStorage):
-                current = await self._storage.load(workflow_id, stored.step)
-                if current is None:
-                    return None
-                if current.data != data:  # replaced meanwhile: read the new record
-                    return await self._decode(workflow_id, current)
-            raise
-
-    async def _fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
-        if isinstance(self._storage, BlobCheckpointStorage):
-            return await self._storage.fetch_blobs(hashes)
-        return {}  # a version-2 record in a store without blobs: reported as missing blobs
+        return await self._codec.decode(check_workflow_id(workflow_id), stored)
 
     def _check_open(self) -> None:
         if self._closed:
             raise StorageClosedError("CheckpointManager is closed")
-
-
-async def _cooperate(work: Generator[None, None, _R]) -> _R:
-    """Run ``work`` on the event loop, letting other callbacks run between its slices.
-
-    The first slice runs at once: work that ends within it never awaits.
-    """
-    try:
-        while True:
-            next(work)
-            await anyio.lowlevel.checkpoint()
-    except StopIteration as stop:
-        result: _R = stop.value
-        return result
-
-
-async def _shared_snapshot(state: SharedState) -> tuple[StateSnapshot, bool]:
-    """Snapshot a SharedState: its data and version as of the call, copied in slices.
-
-    The tree is taken before the first await and is never changed in place (a change
-    copies the dicts on its path into a new tree), so copying it while other tasks run,
-    even ones that change the state, still copies the state of the call. A small state
-    is copied in the first slice, without an await.
-    """
-    data, version = state._peek()
-    version = built(
-        StateVersion,
-        version=version.version,
-        timestamp=version.timestamp,
-        agent_id=version.agent_id,
-        changed_fields=list(version.changed_fields),
-    )
-    copy, finite = await _cooperate(storable_copy_work(data))
-    return built(StateSnapshot, data=copy, version=version, metadata={}), finite
-
-
-def _snapshot_of(
-    state: StateSnapshot | Mapping[str, Any], now: datetime
-) -> tuple[StateSnapshot, bool]:
-    if type(state) is dict:  # the common case first; storable_copy makes the copy
-        copy, finite = storable_copy(state)
-        version = built(StateVersion, version=0, timestamp=now, agent_id=None, changed_fields=[])
-        return built(StateSnapshot, data=copy, version=version, metadata={}), finite
-    if isinstance(state, StateSnapshot):
-        copy, finite = storable_copy(state.data)
-        meta, meta_finite = storable_copy(state.metadata, "state.metadata")
-        snapshot = built(StateSnapshot, data=copy, version=state.version, metadata=meta)
-        return snapshot, finite and meta_finite
-    if isinstance(state, Mapping):
-        return _snapshot_of(dict(state), now)
-    raise InvalidArgumentError(
-        f"state must be a SharedState, a StateSnapshot or a dict, not {type(state).__qualname__}"
-    )
 
 
 def _check_text(value: Any, name: str) -> str:

@@ -6,8 +6,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .codec.copy import json_copy
 from .models import StateSnapshot, StateVersion, utcnow
-from .serde import json_copy
 
 __all__ = ["SharedState"]
 

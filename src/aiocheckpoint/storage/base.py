@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from typing_extensions import Self
 
 from ..errors import InvalidArgumentError, StorageClosedError
+from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..leases import Lease, WorkflowRecord, WorkflowStatus
 
 if TYPE_CHECKING:
-    from ..incremental import SplitResult, TreeParams
+    from ..format.tree import SplitResult, TreeParams
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
@@ -32,11 +33,6 @@ __all__ = [
     "check_max_record_bytes",
     "check_record_size",
 ]
-
-#: Records larger than this are refused by the durable backends (file, SQLite, PostgreSQL), on
-#: write and on read, so that a damaged or hostile store cannot make a reader allocate
-#: without bound.
-DEFAULT_MAX_RECORD_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..errors import CheckpointError, InvalidArgumentError
-from ..incremental import SplitResult, node_children, record_root_refs
+from ..format import SplitResult, node_children, record_root_refs
 
 __all__ = [
     "AsyncRefCounts",

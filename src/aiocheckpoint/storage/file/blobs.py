@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable
 from operator import itemgetter
 from typing import Final
 
-from ...incremental import SplitResult
+from ...format import SplitResult
 from .format import pid_is_dead, temp_name
 from .io import FileOps, is_missing
 from .packs import (

@@ -30,8 +30,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Final
 
-from ...incremental import _open_v2, node_children, record_format_version
-from ...serde import HEADER_SIZE
+from ...format import HEADER_SIZE, node_children, record_format_version
+from ...format import open_record_v2 as _open_v2
 from .blobs import BlobStore
 from .format import parse_step_name, pid_is_dead
 from .io import DIR_FLAGS, OddEntry, open_regular, read_bounded

@@ -26,7 +26,7 @@ from ...errors import (
     StorageBackendError,
     UnsupportedOperationError,
 )
-from ...incremental import SplitResult, TreeParams
+from ...format import SplitResult, TreeParams
 from ...leases import Lease
 from ..base import (
     DEFAULT_MAX_RECORD_BYTES,

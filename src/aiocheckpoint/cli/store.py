@@ -3,32 +3,38 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from .errors import CheckpointCorruptedError
-from .manager import CheckpointManager
-from .models import Checkpoint
-from .serde import encode_checkpoint
-from .storage.base import CheckpointStorage, StoredCheckpoint
-from .urls import open_storage
+from .._validation import check_workflow_id
+from ..codec.v1 import encode_checkpoint
+from ..errors import CheckpointCorruptedError, InvalidArgumentError
+from ..manager import CheckpointManager
+from ..models import Checkpoint
+from ..storage.base import CheckpointStorage, StoredCheckpoint
+from ..urls import open_storage
+from .redact import redact
 
 __all__ = [
     "EXIT_NOT_FOUND",
+    "EXIT_PIPE",
     "EXIT_PROBLEMS",
     "EXIT_STORE",
     "EXIT_USAGE",
     "PAGE",
     "CommandError",
+    "Foreign",
     "Record",
     "Unreadable",
     "decode",
+    "foreign_json",
     "iter_records",
     "location",
     "open_store",
     "read_page",
+    "workflow_ids",
 ]
 
 #: Exit statuses (docs/cli.md lists them).
@@ -36,6 +42,9 @@ EXIT_PROBLEMS: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NOT_FOUND: Final = 3
 EXIT_STORE: Final = 4
+#: stdout was closed before the output was written (``| head``): what a shell reports for a
+#: tool stopped by SIGPIPE (128 + 13).
+EXIT_PIPE: Final = 141
 
 #: Records read per storage call when paging through a history.
 PAGE: Final = 100
@@ -59,6 +68,43 @@ class Unreadable:
 
 #: What paging yields: a stored record, or the step of one that cannot be read.
 Record: TypeAlias = "StoredCheckpoint | Unreadable"
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """A workflow id a store lists that no workflow can have: a damaged or foreign row."""
+
+    shown: str  #: repr() of what the store returned, cut to a readable length
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        """The row as a JSON object (``id`` is the repr: the value may not be text at all)."""
+        return {"id": self.shown, "reason": self.reason}
+
+
+def foreign_json(foreign: list[Foreign]) -> dict[str, list[dict[str, str]]]:
+    """``{"foreign": [...]}`` when there are foreign rows; nothing when there are none."""
+    return {"foreign": [f.to_json() for f in foreign]} if foreign else {}
+
+
+async def workflow_ids(
+    manager: CheckpointManager, records: Iterable[str] = ()
+) -> tuple[list[str], list[Foreign]]:
+    """The store's workflow ids (listed, plus ``records``), sorted, and the foreign ones.
+
+    A store damaged by hand (a bytes id in a SQLite table, a bad id file in a file store)
+    may list ids that are not valid: those are reported, never used.
+    """
+    good: set[str] = set()
+    foreign: dict[str, Foreign] = {}
+    for value in [*await manager.list_workflows(), *records]:
+        try:
+            good.add(check_workflow_id(value))
+        except InvalidArgumentError as exc:
+            shown = repr(value)
+            shown = shown if len(shown) <= 200 else shown[:199] + "…"
+            foreign.setdefault(shown, Foreign(shown, str(exc)))
+    return sorted(good), list(foreign.values())
 
 
 def _scheme(url: str) -> str:
@@ -144,7 +190,7 @@ async def read_page(
             head = await read_page(storage, workflow_id, after=after, before=bad, limit=limit)
         if limit is not None and len(head) >= limit:
             return head
-        return [*head, Unreadable(bad, exc.reason)]
+        return [*head, Unreadable(bad, redact(exc.reason))]
 
 
 async def iter_records(
@@ -168,7 +214,7 @@ async def decode(manager: CheckpointManager, workflow_id: str, record: Record) -
     try:
         return await manager.decode_record(workflow_id, record)
     except CheckpointCorruptedError as exc:
-        return exc.reason
+        return redact(exc.reason)
 
 
 async def portable(manager: CheckpointManager, workflow_id: str, record: Record) -> bytes | str:

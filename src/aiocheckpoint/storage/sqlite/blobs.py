@@ -1,6 +1,6 @@
 """Content-addressed blobs in SQLite, with reference counts: code for the database threads.
 
-The scheme is :mod:`aiocheckpoint.refcounts` (docs/incremental.md §8) over the ``blobs``
+The scheme is :mod:`aiocheckpoint.storage.refcounts` (docs/incremental.md §8) over the ``blobs``
 table of schema version 3. Every function that writes runs inside the writer's ``BEGIN
 IMMEDIATE`` transaction, so blobs, record, retention and releases commit (or vanish)
 together. Releases are driven by triggers: any statement that deletes or replaces a record
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Final
 
-from ..incremental import SplitResult
-from . import _sqlite_records as records
-from .refcounts import Rows, add_references, blob_children, missing_blob, release_references
+from ...format import SplitResult
+from ..refcounts import Rows, add_references, blob_children, missing_blob, release_references
+from . import records
+from .sql import _PRUNE
 
 #: Hashes per ``IN (...)`` list: well under SQLite's host-parameter limit.
 _CHUNK: Final = 500
@@ -64,7 +65,7 @@ def _marks(n: int) -> str:
 
 
 class BlobTable:
-    """:class:`~aiocheckpoint.refcounts.RefCounts` over the ``blobs`` table of one connection."""
+    """:class:`~aiocheckpoint.storage.refcounts.RefCounts` over one connection's ``blobs`` table."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -173,7 +174,7 @@ def recount(conn: sqlite3.Connection) -> int:
     return freed + len(doomed)
 
 
-def save_tree(conn: sqlite3.Connection, op: SaveTreeOp, prune_sql: str) -> None:
+def save_tree(conn: sqlite3.Connection, op: SaveTreeOp) -> None:
     """Apply ``op`` in the open transaction: fence, blobs and counts, record, retention.
 
     Adds come before the releases (the replaced and pruned records' references, queued by
@@ -193,7 +194,7 @@ def save_tree(conn: sqlite3.Connection, op: SaveTreeOp, prune_sql: str) -> None:
     records.ensure_records(conn, [wf], time.time())
     conn.execute(_UPSERT_TREE, (wf, op.step, op.data, encode_refs(held)))
     if op.keep_last is not None:
-        conn.execute(prune_sql, (wf, wf, op.keep_last - 1))
+        conn.execute(_PRUNE, (wf, wf, op.keep_last - 1))
 
 
 def read_blobs(

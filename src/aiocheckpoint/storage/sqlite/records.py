@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any, Final
 
-from ..errors import LeaseHeldError, LeaseLostError
-from ..leases import Lease, WorkflowRecord, WorkflowStatus
+from ...errors import LeaseHeldError, LeaseLostError
+from ...leases import Lease, WorkflowRecord, WorkflowStatus
 
 _COLUMNS: Final = (
     "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "

@@ -16,66 +16,45 @@ Large states are stored incrementally
 ``blobs`` table with reference counts kept in the same transaction as the record
 (docs/incremental.md §8), so blobs go as the records that use them go and a crash never
 leaves a record without its blobs.
+
+The package, one module per job: :mod:`.groupcommit` (the event loop's half of the write
+queue), :mod:`.writer` (the writer thread: open, batches), :mod:`.readers` (the read
+connections and queries), :mod:`.walcheckpoint` (WAL checkpoints), :mod:`.records`
+(workflow records and leases), :mod:`.blobs` (blobs and their reference counts),
+:mod:`.schema` (versions and migrations), :mod:`.sql` (the statements on the checkpoints
+table) and :mod:`.connections` (opening the file, busy retries, error mapping).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
-from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
-from .._validation import check_optional_step, check_step, check_workflow_id
-from ..errors import CheckpointCorruptedError, InvalidArgumentError, StorageClosedError
-from ..incremental import SplitResult, TreeParams, record_root_refs
-from ..leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
-from . import _sqlite_records as records
-from ._sqlite_blobs import SaveTreeOp, drain_releases, read_blobs, recount
-from ._sqlite_db import (
-    CHECKPOINT_PAGES,
-    WAL_LIMIT_PAGES,
-    BusyRetry,
-    Checkpointer,
-    CheckpointResult,
-    DeleteOp,
-    Op,
-    Outcome,
-    ReaderPool,
-    RecordOp,
-    SaveOp,
-    Writer,
-    read_exists,
-    read_one,
-    read_scan,
-    read_workflows,
-)
-from .base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
-from .refcounts import held_root_refs
+from ..._validation import check_optional_step, check_step, check_workflow_id
+from ...errors import CheckpointCorruptedError, InvalidArgumentError
+from ...format import SplitResult, TreeParams, record_root_refs
+from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
+from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
+from ..refcounts import held_root_refs
+from . import records
+from .blobs import SaveTreeOp, drain_releases, read_blobs, recount
+from .connections import BusyRetry
+from .groupcommit import GroupCommit
+from .readers import ReaderPool, read_exists, read_one, read_scan, read_workflows
+from .walcheckpoint import Checkpointer
+from .writer import DeleteOp, Op, RecordOp, SaveOp, Writer
 
 __all__ = ["SQLiteCheckpointStorage"]
 
 T = TypeVar("T")
 
-#: A batch stops growing at this many queued bytes (it always takes at least one write).
-_MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
-#: Seconds without a batch after which the writer counts as idle and the WAL is checkpointed.
-_IDLE_SECONDS: Final = 0.1
 
-
-@dataclass(eq=False)
-class _Pending:
-    op: Op
-    size: int
-    future: asyncio.Future[Any] = field(repr=False)
-
-
-class SQLiteCheckpointStorage(BaseStorage):
+class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     """Checkpoints in a SQLite database (WAL, ``synchronous=FULL``), with group commit.
 
     ``path`` is the database file; it and its parent directories are created on first use
@@ -125,26 +104,17 @@ class SQLiteCheckpointStorage(BaseStorage):
         self._params = blob_params or TreeParams()
         self._path = Path(os.fspath(path))
         self._max_record_bytes = max_record_bytes
-        self._max_batch = max_batch
         retry = BusyRetry(busy_retries)
-        self._writer = Writer(self._path, float(busy_timeout), retry)
         self._readers = ReaderPool(self._path, float(busy_timeout), retry)
-        self._write_thread = ThreadPoolExecutor(1, thread_name_prefix="aiocheckpoint-sqlite-w")
         self._read_threads = ThreadPoolExecutor(
             readers, thread_name_prefix="aiocheckpoint-sqlite-r"
         )
-        self._checkpointer = Checkpointer(self._path, float(busy_timeout))
-        self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="aiocheckpoint-sqlite-c")
-        self._checkpointing: asyncio.Future[CheckpointResult | None] | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
-        self._last_batch = 0.0  # loop.time() when the writer last took a batch
-        self._pending: deque[_Pending] = deque()
-        self._busy = False  # a batch (or the open) is in the writer thread
-        self._kick_due = False  # a _kick is scheduled for the next loop iteration
-        self._idle_waiters: list[asyncio.Future[None]] = []
-        self._opening: asyncio.Future[None] | None = None
-        self._opened = False
-        self._closing: asyncio.Task[None] | None = None
+        GroupCommit.__init__(
+            self,
+            Writer(self._path, float(busy_timeout), retry),
+            Checkpointer(self._path, float(busy_timeout)),
+            max_batch,
+        )
 
     @property
     def path(self) -> Path:
@@ -323,176 +293,6 @@ class SQLiteCheckpointStorage(BaseStorage):
         claimed: Lease | None = await self._submit(RecordOp("claim", fn), 0)
         return claimed
 
-    async def _submit(self, op: Op, size: int) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(op, size, future))
-        if not self._busy and not self._kick_due:
-            # Hand the writer what is queued one loop iteration later, not now: the other
-            # tasks running in this iteration (typically every caller woken by the last
-            # commit) then join this batch instead of waiting a whole commit behind a
-            # batch of one.
-            self._kick_due = True
-            asyncio.get_running_loop().call_soon(self._due_kick)
-        # Cancelling the caller cancels the future: a queued write is then skipped when the
-        # next batch is taken; a write already taken is committed regardless.
-        return await future
-
-    def _due_kick(self) -> None:
-        self._kick_due = False
-        self._safe_kick()
-
-    def _safe_kick(self) -> None:
-        """:meth:`_kick` from a loop callback: if it fails, fail the callers, never hang."""
-        try:
-            self._kick()
-        except Exception as exc:  # e.g. the executor was shut down
-            self._fail_pending(exc)
-
-    def _fail_pending(self, failure: BaseException) -> None:
-        for item in self._pending:
-            _settle(item.future, failure)
-        self._pending.clear()
-        self._wake_idle_waiters()
-
-    def _kick(self) -> None:
-        """Hand the queued writes to the writer thread, unless it is busy (then they wait)."""
-        if self._busy:
-            return
-        if not self._opened:
-            opening = self._start_open()
-            self._busy = True  # the writer thread is opening the database
-            opening.add_done_callback(self._open_then_kick)
-            return
-        batch = self._take_batch()
-        if not batch:
-            self._wake_idle_waiters()
-            self._maybe_checkpoint(idle=True)
-            return
-        self._last_batch = asyncio.get_running_loop().time()
-        try:
-            done = asyncio.get_running_loop().run_in_executor(
-                self._write_thread, self._writer.run_batch, [item.op for item in batch]
-            )
-        except RuntimeError as exc:  # the executor was shut down
-            self._pending.extendleft(reversed(batch))
-            raise StorageClosedError("SQLiteCheckpointStorage is closed") from exc
-        self._busy = True
-        done.add_done_callback(functools.partial(self._batch_done, batch))
-
-    def _batch_done(self, batch: list[_Pending], done: asyncio.Future[list[Outcome]]) -> None:
-        if done.cancelled():
-            outcomes: list[Any] = [StorageClosedError("the write was abandoned") for _ in batch]
-        elif (failure := done.exception()) is not None:
-            outcomes = [failure] * len(batch)  # a bug in run_batch: every caller should see it
-        else:
-            outcomes = done.result()
-        for item, outcome in zip(batch, outcomes, strict=True):
-            _settle(item.future, outcome)
-        self._maybe_checkpoint(idle=False)
-        # Take the next batch one loop iteration later, after the callers just woken have run
-        # and queued their next writes (the writer still counts as busy, so they queue rather
-        # than each starting a batch of one): one fsync then serves all of them. Callers that
-        # first await something else start a new batch through _submit's deferred kick.
-        # Pipelining half-batches against the event loop loses (docs/sqlite-storage.md).
-        asyncio.get_running_loop().call_soon(self._writer_free)
-
-    def _maybe_checkpoint(self, *, idle: bool) -> None:
-        """Start a background checkpoint when enough was committed; when idle, arm a timer.
-
-        Called only while the writer thread is not running a batch, so reading and
-        resetting its page count needs no lock.
-        """
-        writer = self._writer
-        if self._checkpointing is not None or self._closing is not None:
-            return
-        if writer.wal_pages >= CHECKPOINT_PAGES and not writer.catch_up:
-            self._start_checkpoint()
-        elif idle and writer.wal_pages > 0 and self._idle_timer is None:
-            # Not at once: between two writes of one caller the writer is idle for a moment,
-            # and a checkpoint (two fsyncs) after every commit would halve C=1's rate.
-            self._idle_timer = asyncio.get_running_loop().call_later(
-                _IDLE_SECONDS, self._idle_checkpoint
-            )
-
-    def _idle_checkpoint(self) -> None:
-        self._idle_timer = None
-        if self._busy or self._pending or self._checkpointing is not None:
-            return  # the writer's next idle moment arms the timer again
-        if self._closing is not None or self._writer.wal_pages == 0:
-            return
-        quiet = asyncio.get_running_loop().time() - self._last_batch
-        if quiet < _IDLE_SECONDS:
-            self._idle_timer = asyncio.get_running_loop().call_later(
-                _IDLE_SECONDS - quiet, self._idle_checkpoint
-            )
-            return
-        self._start_checkpoint()
-
-    def _start_checkpoint(self) -> None:
-        writer = self._writer
-        try:
-            running = asyncio.get_running_loop().run_in_executor(
-                self._checkpoint_thread, self._checkpointer.run
-            )
-        except RuntimeError:  # shut down by close(), which checkpoints itself
-            return
-        writer.wal_pages = 0
-        self._checkpointing = running
-        running.add_done_callback(self._checkpoint_done)
-
-    def _checkpoint_done(self, running: asyncio.Future[CheckpointResult | None]) -> None:
-        self._checkpointing = None
-        result = None if running.cancelled() or running.exception() else running.result()
-        if result is not None and result.log >= WAL_LIMIT_PAGES:
-            # Under a steady write load the checkpoint never catches up with the WAL's end
-            # and SQLite only starts the WAL over once it has: the writer copies the few
-            # frames committed during this checkpoint before its next batch.
-            self._writer.catch_up = True
-        elif not self._busy:
-            self._maybe_checkpoint(idle=not self._pending)
-
-    def _writer_free(self) -> None:
-        self._busy = False
-        self._safe_kick()
-
-    def _open_then_kick(self, opening: asyncio.Future[None]) -> None:
-        self._busy = False
-        failure = _failure(opening)
-        if failure is None:
-            self._safe_kick()
-            return
-        self._fail_pending(failure)
-
-    def _take_batch(self) -> list[_Pending]:
-        batch: list[_Pending] = []
-        size = 0
-        while self._pending and len(batch) < self._max_batch:
-            item = self._pending[0]
-            if item.future.done():  # its caller was cancelled while it was queued
-                self._pending.popleft()
-                continue
-            if batch and size + item.size > _MAX_BATCH_BYTES:
-                break
-            self._pending.popleft()
-            batch.append(item)
-            size += item.size
-        return batch
-
-    def _wake_idle_waiters(self) -> None:
-        waiters, self._idle_waiters = self._idle_waiters, []
-        for waiter in waiters:
-            _settle(waiter, None)
-
-    async def _flush(self) -> None:
-        """Wait until every queued write has been committed (or has failed)."""
-        while self._busy or self._pending:
-            if not self._busy:
-                self._kick()
-                continue
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._idle_waiters.append(waiter)
-            await waiter
-
     # --- reads: separate connections, never behind the write queue -----------------------
 
     async def load(self, workflow_id: str, step: int | None = None) -> StoredCheckpoint | None:
@@ -540,37 +340,7 @@ class SQLiteCheckpointStorage(BaseStorage):
         await self._ensure_open()
         return await self._in_thread(self._read_threads, self._readers.run, fn)
 
-    async def _in_thread(self, executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            future = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
-        except RuntimeError as exc:  # the executor was shut down by a concurrent close()
-            raise StorageClosedError("SQLiteCheckpointStorage is closed") from exc
-        return await future
-
     # --- lifecycle ------------------------------------------------------------------------
-
-    async def _ensure_open(self) -> None:
-        if not self._opened:
-            # Shielded: a cancelled caller must not abandon an open other callers share.
-            await asyncio.shield(self._start_open())
-
-    def _start_open(self) -> asyncio.Future[None]:
-        if self._opening is None:
-            try:
-                opening = asyncio.get_running_loop().run_in_executor(
-                    self._write_thread, self._writer.open
-                )
-            except RuntimeError as exc:  # the executor was shut down by close()
-                raise StorageClosedError("SQLiteCheckpointStorage is closed") from exc
-            opening.add_done_callback(self._open_done)
-            self._opening = opening
-        return self._opening
-
-    def _open_done(self, opening: asyncio.Future[None]) -> None:
-        if _failure(opening) is None:
-            self._opened = True
-        else:
-            self._opening = None  # the next use tries again
 
     async def close(self) -> None:
         """Commit queued writes, then close the connections; later calls raise.
@@ -583,17 +353,8 @@ class SQLiteCheckpointStorage(BaseStorage):
         await asyncio.shield(self._closing)
 
     async def _shutdown(self) -> None:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
         try:
-            await self._flush()
-            if self._opening is not None:
-                with contextlib.suppress(Exception):  # a failed open left nothing to close
-                    await asyncio.shield(self._opening)
-            if self._checkpointing is not None:
-                with contextlib.suppress(Exception):  # it logs its own failures
-                    await asyncio.shield(self._checkpointing)
+            await self._drain()
             if self._opened:
                 await self._in_thread(self._write_thread, self._close_connections)
         finally:
@@ -611,18 +372,3 @@ class SQLiteCheckpointStorage(BaseStorage):
 def _check_keep_last(keep_last: object) -> None:
     if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
         raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
-
-
-def _failure(future: asyncio.Future[Any]) -> BaseException | None:
-    if future.cancelled():
-        return StorageClosedError("opening the database was abandoned")
-    return future.exception()
-
-
-def _settle(future: asyncio.Future[Any], outcome: object) -> None:
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)

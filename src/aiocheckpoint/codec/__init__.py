@@ -1,0 +1,24 @@
+"""The record pipeline: checkpoints to stored bytes and back, one stage per module.
+
+==================  ===============================================================
+module              job
+==================  ===============================================================
+``pipeline``        :class:`RecordCodec`, the one object the manager calls
+``stages``          the value stage (and where a bytes stage goes)
+``copy``            validated JSON-able copies of states (the default value stage)
+``jsontext``        writing JSON text (reading: :mod:`aiocheckpoint.format.jsontext`)
+``v1``              version-1 records
+``split``           cutting a state into blobs
+``join``            rebuilding a state from blobs
+``v2``              version-2 records (decoding both versions)
+``memory``          what a split remembers per workflow
+``compress``        compressing blobs
+==================  ===============================================================
+
+The bytes these produce are defined in :mod:`aiocheckpoint.format`.
+"""
+
+from .pipeline import RecordCodec
+from .stages import BytesStage, ValueStage
+
+__all__ = ["BytesStage", "RecordCodec", "ValueStage"]

@@ -1,0 +1,386 @@
+"""Rebuilding a state from its root and blobs (the reading side of version-2 trees).
+
+Every blob is verified against its hash (or, with a record's text checksum, the rebuilt
+text once); a missing or mismatching blob, or a malformed node, raises
+:class:`CheckpointCorruptedError`. The code is sans-IO: one generator per read asks for
+one tree level of blobs at a time, and :func:`drive` / :func:`adrive` answer it with a
+sync or an async ``fetch``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import operator
+import struct
+import zlib
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
+from typing import Any, Final, TypeVar
+
+from ..errors import CheckpointCorruptedError
+from ..format.blob import Unwrapper
+from ..format.jsontext import loads
+from ..format.limits import DEFAULT_MAX_RECORD_BYTES
+from ..format.tree import KIND_DICT, KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
+
+__all__ = [
+    "AsyncFetch",
+    "Fetch",
+    "Joiner",
+    "Steps",
+    "adrive",
+    "ajoin_state",
+    "areferenced_hashes",
+    "drive",
+    "guard",
+    "join_state",
+    "referenced_hashes",
+]
+
+#: ``fetch(hashes) -> {hash: stored blob}``; called once per tree level. Missing keys mean
+#: missing blobs.
+Fetch = Callable[[Collection[bytes]], Mapping[bytes, bytes]]
+#: The async form of :data:`Fetch`.
+AsyncFetch = Callable[[Collection[bytes]], Awaitable[Mapping[bytes, bytes]]]
+
+_T = TypeVar("_T")
+#: A read: yields the hashes of one tree level, is sent their blobs, returns its result.
+Steps = Generator[list[bytes], Mapping[bytes, bytes], _T]
+_NO_HASHES: Final[list[bytes]] = []
+_sha256 = hashlib.sha256
+
+
+def _corrupt(reason: str) -> CheckpointCorruptedError:
+    return CheckpointCorruptedError(reason)
+
+
+# C-level callables mapped over a tree level's blobs, so that the per-blob Python work of
+# a resume is a few builtin calls rather than bytecode (docs/incremental.md, "Reading").
+_is_plain_leaf: Final = operator.methodcaller("startswith", PLAIN_LEAF)
+_view: Final[Callable[[bytes], memoryview]] = memoryview
+_after_flags: Final = operator.itemgetter(slice(1, None))
+_digest_of: Final = operator.methodcaller("digest")
+_chunk_opening: Final = operator.itemgetter(len(PLAIN_LEAF))
+_last_byte: Final = operator.itemgetter(-1)
+_chunk_entries: Final = operator.itemgetter(slice(len(PLAIN_LEAF) + 1, -1))
+
+
+class Joiner:
+    """Fetches a tree level by level, verifying every node, then parses it in one go.
+
+    The value nodes' texts are spliced together at their placeholders into one JSON
+    document that a single ``json.loads`` turns into the state: the same parse the
+    version-1 format does, plus a hash and a slice per node. An uncompressed leaf is kept
+    as its stored blob (hashed in place, sliced once when spliced), any other node as
+    ``(node, refs)``. Leaves, nearly all of a large state's nodes, are verified and
+    spliced in bulk: a level's hashes by one chain of ``map`` calls, an index node's leaf
+    chunks by one ``join``.
+    """
+
+    def __init__(self, digest: int, max_bytes: int) -> None:
+        self._digest = digest
+        self._name = operator.itemgetter(slice(0, digest))
+        self._budget = max_bytes
+        self._unwrap = Unwrapper()
+        self._nodes: dict[bytes, bytes | tuple[bytes, list[bytes]]] = {}
+
+    def steps(self, root: bytes, text_crc: int | None = None) -> Steps[Any]:
+        """Fetch and verify the tree under ``root``; return the parsed state.
+
+        With ``text_crc`` (the record's checksum of the whole text) the leaves, nearly all
+        of the bytes, are not hashed one by one: the rebuilt text is checked once, and only
+        a mismatch hashes every node, to name the damaged one. Nodes with references are
+        hashed either way (a few per cent of a tree).
+        """
+        digest = self._digest
+        unwrap = self._unwrap
+        nodes = self._nodes
+        hashed = text_crc is None
+        root_node = unwrap(root)
+        root_refs = node_refs(root_node, digest)
+        pending = list(dict.fromkeys(root_refs))
+        while pending:
+            got = yield pending
+            try:
+                stored = list(map(got.__getitem__, pending))
+            except KeyError as exc:
+                raise _corrupt(f"missing blob {bytes(exc.args[0]).hex()}") from None
+            is_leaf = list(map(_is_plain_leaf, stored))
+            if all(is_leaf):
+                if hashed:
+                    self._check_leaves(pending, stored)
+                nodes.update(zip(pending, stored, strict=True))
+                break  # leaves reference nothing: the tree is complete
+            leaves = list(itertools.compress(pending, is_leaf))
+            leaf_blobs = list(itertools.compress(stored, is_leaf))
+            if hashed:
+                self._check_leaves(leaves, leaf_blobs)
+            nodes.update(zip(leaves, leaf_blobs, strict=True))
+            level: dict[bytes, None] = {}
+            for h, blob, leaf in zip(pending, stored, is_leaf, strict=True):
+                if leaf:
+                    continue
+                node = unwrap(blob)
+                value = node.startswith(LEAF)
+                # Nodes that reference others are hashed whatever the text checksum says:
+                # a damaged reference must be named as such, not as the blob it misnames.
+                if (hashed or not value) and _sha256(node).digest()[:digest] != h:
+                    raise _corrupt(f"blob {h.hex()} does not match its hash")
+                refs = _NO_HASHES if value else node_refs(node, digest)
+                nodes[h] = (node, refs)
+                level.update(dict.fromkeys(refs))
+            pending = [h for h in level if h not in nodes]
+        if not root_refs and root_node[:1] == b"V":
+            return loads(root_node[5:])  # a small state kept whole in the root
+        out: list[bytes | memoryview] = []
+        try:
+            self._emit(root_node, root_refs, out, 0)
+        except (CheckpointCorruptedError, ValueError, TypeError, KeyError, IndexError):
+            if not hashed:
+                self._check_all()  # a damaged node names itself before a malformed one
+            raise
+        text = b"".join(out)
+        del out
+        if not hashed and zlib.crc32(text) != text_crc:
+            self._check_all()
+            raise _corrupt("state text does not match its checksum")
+        return loads(text)
+
+    def _check_all(self) -> None:
+        """Hash every node fetched so far; raise for the first that does not match."""
+        for h, node in self._nodes.items():
+            if isinstance(node, tuple):
+                if _sha256(node[0]).digest()[: self._digest] != h:
+                    raise _corrupt(f"blob {h.hex()} does not match its hash")
+            else:
+                self._check_leaves([h], [node])
+
+    def _check_leaves(self, hashes: list[bytes], blobs: list[bytes]) -> None:
+        """Verify uncompressed stored blobs against their hashes, in one chain of maps."""
+        names = list(
+            map(
+                self._name,
+                map(_digest_of, map(_sha256, map(_after_flags, map(_view, blobs)))),
+            )
+        )
+        if names != hashes:
+            for h, name in zip(hashes, names, strict=True):
+                if name != h:
+                    raise _corrupt(f"blob {h.hex()} does not match its hash")
+
+    def _spend(self, size: int) -> None:
+        self._budget -= size
+        if self._budget < 0:
+            raise _corrupt("tree expands beyond the record size limit")
+
+    def _emit(
+        self, node: bytes, refs: list[bytes], out: list[bytes | memoryview], inner: int
+    ) -> None:
+        """Append the JSON text (UTF-8) of ``node`` to ``out``.
+
+        ``inner`` is ``ord("[")`` or ``ord("{")`` when the node is a chunk of a list or dict
+        index (0 otherwise): then its brackets are left out so the chunks concatenate.
+        """
+        kind = node[0]
+        nodes = self._nodes
+        if kind != KIND_VALUE:
+            self._emit_index(kind, refs, out, inner)
+            return
+        n = len(refs)
+        base = 5 + n * (self._digest + 4)
+        end = len(node)
+        self._spend(end - base)
+        pos = base
+        if inner:
+            if end - base < 3 or node[base] != inner or node[-1] != inner + 2:  # "]" / "}"
+                raise _corrupt("chunk of the wrong kind")
+            pos, end = base + 1, end - 1
+        view = memoryview(node)
+        if n:
+            offsets = struct.unpack_from(f">{n}I", node, base - 4 * n)
+            for off, h in zip(offsets, refs, strict=True):
+                at = base + off
+                if at < pos or at + 4 > end or node[at : at + 4] != b"null":
+                    raise _corrupt("reference does not point at a placeholder")
+                out.append(view[pos:at])
+                child = nodes[h]
+                if isinstance(child, tuple):
+                    self._emit(child[0], child[1], out, 0)
+                else:  # a stored leaf, without a call
+                    self._spend(len(child) - 6)
+                    out.append(memoryview(child)[6:])
+                pos = at + 4
+        out.append(view[pos:end])
+
+    def _emit_index(
+        self, kind: int, refs: list[bytes], out: list[bytes | memoryview], inner: int
+    ) -> None:
+        """:meth:`_emit` for a list or dict index: all its leaf chunks spliced by one join."""
+        opening, closing = (b"[", b"]") if kind == KIND_LIST else (b"{", b"}")
+        if inner:  # an index node is never a chunk of another index's node
+            raise _corrupt("index node of the wrong kind")
+        pieces: list[bytes] = []
+        made: set[int] = set()
+        self._collect(kind, refs, pieces, made)
+        bracket = opening[0]
+        leaves = pieces if not made else [p for i, p in enumerate(pieces) if i not in made]
+        n = len(leaves)
+        if n:
+            if (
+                min(map(len, leaves)) <= len(PLAIN_LEAF) + 2
+                or bytes(map(_chunk_opening, leaves)).count(bracket) != n
+                or bytes(map(_last_byte, leaves)).count(bracket + 2) != n  # "]" / "}"
+            ):
+                raise _corrupt("chunk of the wrong kind")
+            self._spend(sum(map(len, leaves)) - (len(PLAIN_LEAF) + 2) * n)
+        out.append(opening)
+        if made:
+            out.append(
+                b",".join([p if i in made else _chunk_entries(p) for i, p in enumerate(pieces)])
+            )
+        elif pieces:
+            # Views, not slices, with the commas between them, straight into ``out``: the
+            # caller's join is the only copy of the text.
+            spliced: list[bytes | memoryview] = [b","] * (2 * len(pieces) - 1)
+            spliced[::2] = map(_chunk_entries, map(_view, pieces))
+            out.extend(spliced)
+        out.append(closing)
+
+    def _collect(self, kind: int, refs: list[bytes], pieces: list[bytes], made: set[int]) -> None:
+        """Append the chunks under index node ``refs`` to ``pieces``, in order.
+
+        A stored leaf chunk is appended as it is, a chunk with references as its text (its
+        position goes into ``made``); inner index nodes are descended into.
+        """
+        if not refs:
+            raise _corrupt("empty index node")
+        children = list(map(self._nodes.__getitem__, refs))
+        if tuple not in map(type, children):  # the common case: leaf chunks only
+            pieces.extend(children)  # type: ignore[arg-type]
+            return
+        for child in children:
+            if not isinstance(child, tuple):
+                pieces.append(child)
+                continue
+            node, sub = child
+            if node[0] == kind:
+                self._collect(kind, sub, pieces, made)
+            elif node[0] == KIND_VALUE:
+                text: list[bytes | memoryview] = []
+                self._emit(node, sub, text, b"[{"[kind == KIND_DICT])
+                made.add(len(pieces))
+                pieces.append(b"".join(text))
+            else:
+                raise _corrupt("index node of the wrong kind")
+
+
+def drive(steps: Steps[_T], fetch: Fetch) -> _T:
+    """Run a read to its end, answering each level's request with ``fetch``."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(fetch(request))
+    except StopIteration as stop:
+        result: _T = stop.value
+        return result
+
+
+async def adrive(steps: Steps[_T], fetch: AsyncFetch) -> _T:
+    """:func:`drive` with an async ``fetch`` (one await per tree level)."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(await fetch(request))
+    except StopIteration as stop:
+        result: _T = stop.value
+        return result
+
+
+def guard(steps: Steps[_T]) -> Steps[_T]:
+    """Map decoding failures inside ``steps`` to :class:`CheckpointCorruptedError`."""
+    try:
+        return (yield from steps)
+    except CheckpointCorruptedError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError) as exc:
+        raise _corrupt(f"undecodable node ({type(exc).__name__})") from exc
+
+
+def join_state(
+    root: bytes,
+    fetch: Fetch,
+    *,
+    digest_size: int = 16,
+    max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> Any:
+    """Rebuild the value that :func:`~aiocheckpoint.codec.split.split_state` cut up.
+
+    ``root`` is the split's root; ``fetch`` is called once per tree level with the hashes
+    of that level and returns their stored blobs. Every blob is
+    verified against its hash; a missing or mismatching blob, or a malformed node, raises
+    :class:`CheckpointCorruptedError`. The result never shares objects between positions.
+    """
+    return drive(guard(Joiner(digest_size, max_bytes).steps(root)), fetch)
+
+
+async def ajoin_state(
+    root: bytes,
+    fetch: AsyncFetch,
+    *,
+    digest_size: int = 16,
+    max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> Any:
+    """:func:`join_state` with an async ``fetch`` (one await per tree level)."""
+    return await adrive(guard(Joiner(digest_size, max_bytes).steps(root)), fetch)
+
+
+def _reference_steps(
+    roots: Collection[bytes], digest: int, skip: Collection[bytes]
+) -> Steps[set[bytes]]:
+    unwrap = Unwrapper()
+    seen: set[bytes] = set()
+    if isinstance(roots, (bytes, bytearray)):  # one root rather than a collection of them
+        roots = [bytes(roots)]
+    pending = {h for root in roots for h in node_refs(unwrap(root), digest) if h not in skip}
+    while pending:
+        got = yield list(pending)
+        seen |= pending
+        level: set[bytes] = set()
+        for h in pending:
+            stored = got.get(h)
+            if stored is None:
+                raise _corrupt(f"missing blob {h.hex()}")
+            node = unwrap(stored)
+            if _sha256(node).digest()[:digest] != h:
+                raise _corrupt(f"blob {h.hex()} does not match its hash")
+            level.update(node_refs(node, digest))
+        pending = {h for h in level if h not in seen and h not in skip}
+    return seen
+
+
+def referenced_hashes(
+    roots: Collection[bytes],
+    fetch: Fetch,
+    *,
+    digest_size: int = 16,
+    skip: Collection[bytes] = (),
+) -> set[bytes]:
+    """Every blob hash reachable from ``roots`` (the mark phase of mark-and-sweep).
+
+    ``roots`` are stored roots (or blobs: their descendants are returned); one root may be
+    passed as plain bytes. Hashes in ``skip`` (already marked) are not descended into: a
+    blob's sub-tree is immutable, so marking costs one fetch per distinct blob, not per
+    checkpoint.
+    """
+    return drive(guard(_reference_steps(roots, digest_size, skip)), fetch)
+
+
+async def areferenced_hashes(
+    roots: Collection[bytes],
+    fetch: AsyncFetch,
+    *,
+    digest_size: int = 16,
+    skip: Collection[bytes] = (),
+) -> set[bytes]:
+    """:func:`referenced_hashes` with an async ``fetch``."""
+    return await adrive(guard(_reference_steps(roots, digest_size, skip)), fetch)

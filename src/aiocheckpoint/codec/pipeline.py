@@ -1,0 +1,246 @@
+"""The record pipeline the manager calls: checkpoints to stored records, and back.
+
+:class:`RecordCodec` decides, per checkpoint, everything between a validated call and the
+storage: the value stage (:mod:`aiocheckpoint.codec.stages`), whether the state goes into a
+version-1 record or a version-2 tree of blobs, where the encoding runs (on the event loop
+in slices, or in a worker thread), the split memory of each workflow and its recovery from
+the store, and on reads which decoder runs where and how blobs are fetched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection, Generator, Mapping
+from datetime import datetime
+from typing import Any, Final, Protocol, TypeVar
+
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+
+from ..errors import CheckpointCorruptedError, InvalidArgumentError
+from ..format.tree import SplitMemory, SplitResult, TreeParams
+from ..models import Checkpoint, StateSnapshot, StateVersion, built
+from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
+from .memory import MemoryCache, recovered_memory
+from .split import exceeds
+from .stages import JSON_VALUES, ValueStage
+from .v1 import decode_checkpoint, encode_checkpoint
+from .v2 import decode_checkpoint_v2, encode_checkpoint_v2, encode_v2_work
+
+__all__ = ["RecordCodec", "cooperate"]
+
+#: Version-1 records up to this size are decoded on the event loop (~0.5 ms), larger ones
+#: in a worker thread.
+_DECODE_ON_LOOP: Final = 256 * 1024
+
+_R = TypeVar("_R")
+
+
+class _Shared(Protocol):
+    """A :class:`~aiocheckpoint.SharedState`, as far as snapshots need it."""
+
+    def _peek(self) -> tuple[dict[str, Any], StateVersion]: ...
+
+
+class RecordCodec:
+    """Encodes checkpoints for one storage and decodes what it returns.
+
+    ``blobs`` is the storage when it should receive large states as version-2 trees (the
+    manager's ``incremental``), else None: then every record is version 1. Reads decode
+    both versions whatever ``blobs`` is, fetching blobs from ``storage`` when it keeps them.
+    """
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        blobs: BlobCheckpointStorage | None,
+        values: ValueStage = JSON_VALUES,
+    ) -> None:
+        self._storage = storage
+        #: The storage that receives version-2 trees, or None.
+        self.blobs = blobs
+        self._values = values
+        self._copy = values.copy
+        #: The last split of each recently saved workflow's state.
+        self.memory = MemoryCache()
+
+    # --- the value stage ----------------------------------------------------------------
+
+    def copy(self, value: Any, path: str) -> tuple[Any, bool]:
+        """The value stage's copy of ``value``, and whether its floats are all finite."""
+        return self._copy(value, path)
+
+    def snapshot(
+        self, state: StateSnapshot | Mapping[str, Any], now: datetime
+    ) -> tuple[StateSnapshot, bool]:
+        """A snapshot holding a copy of ``state`` (a dict, a mapping or a StateSnapshot)."""
+        copy = self._copy
+        if type(state) is dict:  # the common case first; the copy is made here
+            data, finite = copy(state, "state")
+            version = built(
+                StateVersion, version=0, timestamp=now, agent_id=None, changed_fields=[]
+            )
+            return built(StateSnapshot, data=data, version=version, metadata={}), finite
+        if isinstance(state, StateSnapshot):
+            data, finite = copy(state.data, "state")
+            meta, meta_finite = copy(state.metadata, "state.metadata")
+            snapshot = built(StateSnapshot, data=data, version=state.version, metadata=meta)
+            return snapshot, finite and meta_finite
+        if isinstance(state, Mapping):
+            return self.snapshot(dict(state), now)
+        raise InvalidArgumentError(
+            "state must be a SharedState, a StateSnapshot or a dict, "
+            f"not {type(state).__qualname__}"
+        )
+
+    async def shared_snapshot(self, state: _Shared) -> tuple[StateSnapshot, bool]:
+        """Snapshot a SharedState: its data and version as of the call, copied in slices.
+
+        The tree is taken before the first await and is never changed in place (a change
+        copies the dicts on its path into a new tree), so copying it while other tasks run,
+        even ones that change the state, still copies the state of the call. A small state
+        is copied in the first slice, without an await.
+        """
+        data, version = state._peek()
+        version = built(
+            StateVersion,
+            version=version.version,
+            timestamp=version.timestamp,
+            agent_id=version.agent_id,
+            changed_fields=list(version.changed_fields),
+        )
+        copy, finite = await cooperate(self._values.copy_work(data, "state"))
+        return built(StateSnapshot, data=copy, version=version, metadata={}), finite
+
+    # --- encoding -----------------------------------------------------------------------
+
+    def wants_tree(self, checkpoint: Checkpoint) -> bool:
+        """Whether the checkpoint's state is large enough to try a version-2 tree."""
+        blobs = self.blobs
+        return blobs is not None and exceeds(
+            checkpoint.state_snapshot.data, blobs.blob_params.root_inline_limit
+        )
+
+    async def encode_tree(
+        self, workflow_id: str, checkpoint: Checkpoint, finite: bool
+    ) -> tuple[bytes, SplitResult] | None:
+        """The version-2 record and blobs for :meth:`BlobCheckpointStorage.save_tree`.
+
+        None when the checkpoint fits in a record after all (then :meth:`encode` it).
+        ``checkpoint`` must hold private copies (nothing else may change it meanwhile), and
+        ``finite`` say whether its floats are all finite. Hand the result's split to
+        :meth:`remember` once it is stored.
+        """
+        blobs = self.blobs
+        if blobs is None:
+            return None
+        params = blobs.blob_params
+        previous = self.memory.get(workflow_id)
+        record, split = await _encode_tree(checkpoint, finite, params, previous)
+        memory = split.memory
+        if previous is None and memory is not None and memory.first_chunks:
+            # No memory of this workflow's last split (a new process, or another manager
+            # saved it): the store says which regions it holds cut into chunks, and those
+            # are cut again instead of rewritten as one blob.
+            stored = await blobs.fetch_blobs(list(set(memory.first_chunks.values())))
+            recovered = recovered_memory(memory, stored)
+            if recovered is not None:
+                record, split = await _encode_tree(checkpoint, finite, params, recovered)
+        return (record, split) if split.root else None
+
+    def remember(self, workflow_id: str, split: SplitResult) -> None:
+        """Keep a stored split's memory for the workflow's next save."""
+        self.memory.remember(workflow_id, split.memory)
+
+    def forget(self, workflow_id: str) -> None:
+        """Drop the workflow's split memory (its checkpoints are gone)."""
+        self.memory.remember(workflow_id, None)
+
+    def encode(self, checkpoint: Checkpoint, finite: bool) -> bytes:
+        """The version-1 record of ``checkpoint`` (``finite`` as in :meth:`encode_tree`)."""
+        return encode_checkpoint(checkpoint, finite=finite)
+
+    # --- decoding -----------------------------------------------------------------------
+
+    async def decode(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
+        """Verify and decode a stored record of either version.
+
+        Raises :class:`~aiocheckpoint.CheckpointCorruptedError` for any damage.
+        """
+        data = stored.data
+        decode: Callable[[], Checkpoint]
+        if len(data) > 4 and data[4] == 2:
+            # Joining a tree is CPU work (~14 ms per MB), and each tree level's fetch hops
+            # back to the event loop.
+            decode = functools.partial(self._decode_tree, data, workflow_id, stored.step)
+        elif len(data) > _DECODE_ON_LOOP:
+            # A large version-1 record: ~2 ms of parsing per MB.
+            decode = functools.partial(
+                decode_checkpoint, data, workflow_id=workflow_id, step=stored.step
+            )
+        else:
+            checkpoint = decode_checkpoint(data, workflow_id=workflow_id, step=stored.step)
+            return self._values.restore(checkpoint)
+        # In a worker thread: the loop gets the GIL back every switch interval instead of
+        # waiting for the whole decode.
+        return self._values.restore(await anyio.to_thread.run_sync(decode))
+
+    async def decode_live(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint | None:
+        """:meth:`decode`; None if a blob is missing because the record was deleted.
+
+        A record deleted after it was read may lose its blobs to garbage collection before
+        they are fetched: that is "not found", not corruption.
+        """
+        try:
+            return await self.decode(workflow_id, stored)
+        except CheckpointCorruptedError:
+            data = stored.data
+            storage = self._storage
+            if len(data) > 4 and data[4] == 2 and isinstance(storage, BlobCheckpointStorage):
+                current = await storage.load(workflow_id, stored.step)
+                if current is None:
+                    return None
+                if current.data != data:  # replaced meanwhile: read the new record
+                    return await self.decode(workflow_id, current)
+            raise
+
+    def _decode_tree(self, data: bytes, workflow_id: str, step: int) -> Checkpoint:
+        def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+            return anyio.from_thread.run(self._fetch_blobs, hashes)
+
+        return decode_checkpoint_v2(data, fetch, workflow_id=workflow_id, step=step)
+
+    async def _fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        if isinstance(self._storage, BlobCheckpointStorage):
+            return await self._storage.fetch_blobs(hashes)
+        return {}  # a version-2 record in a store without blobs: reported as missing blobs
+
+
+async def _encode_tree(
+    checkpoint: Checkpoint, finite: bool, params: TreeParams, previous: SplitMemory | None
+) -> tuple[bytes, SplitResult]:
+    """Split ``checkpoint``'s state into a version-2 record and blobs, off the hot path."""
+    if finite:
+        # ~5 ms of CPU per MB, mostly Python: a worker thread would hold the GIL against
+        # the loop for whole switch intervals (5 ms each), so the loop runs it itself in
+        # slices of ~0.1-0.2 ms (docs/incremental.md).
+        return await cooperate(encode_v2_work(checkpoint, params, finite=True, previous=previous))
+    # NaN, infinities: the exact encoder, which does not slice.
+    return await anyio.to_thread.run_sync(
+        functools.partial(encode_checkpoint_v2, checkpoint, params, previous=previous)
+    )
+
+
+async def cooperate(work: Generator[None, None, _R]) -> _R:
+    """Run ``work`` on the event loop, letting other callbacks run between its slices.
+
+    The first slice runs at once: work that ends within it never awaits.
+    """
+    try:
+        while True:
+            next(work)
+            await anyio.lowlevel.checkpoint()
+    except StopIteration as stop:
+        result: _R = stop.value
+        return result

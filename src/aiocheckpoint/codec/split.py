@@ -1,0 +1,579 @@
+"""Cutting a storable state into a root and content-addressed blobs (the writing side).
+
+The node format is :mod:`aiocheckpoint.format.tree`'s. Unchanged sub-trees hash to the same
+blobs, so a store that keeps each blob once pays only for what changed between checkpoints.
+Long lists and dicts are cut at content-defined boundaries and indexed hierarchically, so
+that appending to a list rewrites its last chunk and O(log n) small index nodes. Two
+encoders produce the same nodes: the exact one (any storable value) and the fast one
+(orjson per sub-tree, for values without non-finite floats or ints beyond 64 bits), which
+yields between slices of work so that an event loop can run it (``docs/incremental.md``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import math
+import struct
+import zlib
+from collections.abc import Callable, Collection, Generator
+from typing import Any, Final, TypeVar
+
+import orjson
+
+from ..errors import CheckpointSerializationError
+from ..format.jsontext import BIG_INT_BITS
+from ..format.tree import (
+    COUNT,
+    DEFAULT_PARAMS,
+    KIND_DICT,
+    KIND_LIST,
+    LEAF,
+    PLAIN_LEAF,
+    SplitMemory,
+    SplitResult,
+    TreeParams,
+)
+from .compress import Compressor
+from .jsontext import dumps, int_to_decimal
+
+__all__ = ["exceeds", "finish", "split_state", "split_work"]
+
+_T = TypeVar("_T")
+_Refs = list[tuple[int, bytes]]
+_NO_REFS: Final[_Refs] = []
+_NO_HASHES: Final[list[bytes]] = []
+_REF_WEIGHT: Final = 20  # what one reference adds to a node: hash and offset, roughly
+_MIX: Final = 0x9E3779B1
+
+# SHA-256 rather than BLAKE2b: with SHA-NI it hashes ~1.2 GB/s here against ~180 MB/s for
+# hashlib's BLAKE2b, and every node is hashed on every write (and on reads of records
+# without a text checksum: docs/incremental.md).
+_sha256 = hashlib.sha256
+_encode_str: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def _scalar_text(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        return _encode_str(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return str(value) if value.bit_length() <= BIG_INT_BITS else int_to_decimal(value)
+    if kind is float:
+        if value != value:
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return float.__repr__(value)
+    if value is None:
+        return "null"
+    raise CheckpointSerializationError(
+        "state", f"values of type {kind.__qualname__} are not storable (use to_storable first)"
+    )
+
+
+# A value (or a container's entry, ``"key":value``) encoded: its UTF-8 JSON text and the
+# references inside it as (byte offset of the ``null`` placeholder, hash).
+_Encoded = tuple[bytes, _Refs]
+# A split step: yields (nothing) between slices of work, returns its result.
+_Work = Generator[None, None, _T]
+
+# How many bytes of JSON text a cooperative split handles between two yields: ~0.1-0.2 ms of
+# CPU here (docs/incremental.md, "Where the split runs").
+_SLICE_BYTES: Final = 32 * 1024
+
+# orjson, refusing what it would encode differently from the exact encoder: values of
+# other types raise TypeError (as do ints beyond 64 bits), and the caller falls back to it.
+_fast_dumps: Final = functools.partial(
+    orjson.dumps,
+    option=orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS,
+)
+
+
+def finish(work: _Work[_T]) -> _T:
+    """Run split work to its end in one go."""
+    try:
+        while True:
+            next(work)
+    except StopIteration as stop:
+        result: _T = stop.value
+        return result
+
+
+class _Splitter:
+    __slots__ = (
+        "_budget",
+        "_compress",
+        "_digest",
+        "_known",
+        "_wrap",
+        "blobs",
+        "children",
+        "memory",
+        "p",
+        "previous",
+        "text_crc",
+    )
+
+    def __init__(
+        self, params: TreeParams, known: Collection[bytes], previous: SplitMemory | None
+    ) -> None:
+        self.p = params
+        self.previous = previous
+        self.memory = SplitMemory()
+        self._digest = params.digest_size
+        self._known = known
+        self._budget = _SLICE_BYTES
+        self.blobs: dict[bytes, bytes] = {}
+        self.children: dict[bytes, tuple[bytes, ...]] = {}
+        self.text_crc: int | None = None
+        compressor = Compressor(params)
+        self._compress = compressor.active
+        self._wrap = compressor.wrap
+
+    def encode(self, value: Any) -> _Encoded:
+        """The exact encoder: any storable value (NaN, infinities, ints of any size)."""
+        kind = type(value)
+        if kind is dict:
+            if not value:
+                return b"{}", _NO_REFS
+            texts: list[bytes] = []
+            refmap: dict[int, _Refs] = {}
+            for key, item in value.items():
+                head = (_encode_str(key) + ":").encode()
+                text, refs = self.encode(item)
+                if refs:
+                    shift = len(head)
+                    refmap[len(texts)] = [(off + shift, h) for off, h in refs]
+                texts.append(head + text)
+            return self._kept(texts, refmap, True)
+        if kind is list:
+            if not value:
+                return b"[]", _NO_REFS
+            texts, refmap = [], {}
+            for item in value:
+                text, refs = self.encode(item)
+                if refs:
+                    refmap[len(texts)] = refs
+                texts.append(text)
+            return self._kept(texts, refmap, False)
+        text = _scalar_text(value).encode()
+        if len(text) > self.p.inline_limit:
+            return b"null", [(0, self.value_node(text, _NO_REFS))]
+        return text, _NO_REFS
+
+    def _kept(self, texts: list[bytes], refmap: dict[int, _Refs], is_dict: bool) -> _Encoded:
+        """A container whose element texts are all at hand (the exact encoder's)."""
+
+        def chunk(start: int, end: int, head: bytes) -> _Encoded:
+            return _join_entries(texts, refmap, start, end, is_dict, head)
+
+        def mix(i: int) -> int:
+            return _mix(zlib.crc32(texts[i]), refmap.get(i))
+
+        return finish(self._container(list(map(len, texts)), refmap, mix, chunk, is_dict))
+
+    def encode_fast(self, value: Any, text: bytes | None, top: bool = False) -> _Work[_Encoded]:
+        """The fast encoder, for values without non-finite floats or ints beyond 64 bits.
+
+        ``text`` is ``_fast_dumps(value)``, or None when not encoded yet (the root, whose
+        whole encoding would be thrown away). Every sub-tree that fits is encoded by one
+        orjson call, so the Python-level work is per element of a large container, not per
+        value. An element's own text is only measured and checksummed (for the boundaries)
+        and then dropped: each chunk is encoded again by one orjson call over its slice of
+        the container, which is what its node holds, so only one buffer per node stays
+        alive (many small buffers kept alive cost several times more to allocate here).
+        Yields every ``_SLICE_BYTES`` of text. ``top`` (the root) also sets ``text_crc``,
+        chained over the element texts at hand, so the whole text is never built.
+        """
+        limit = self.p.inline_limit
+        is_dict = type(value) is dict
+        if not is_dict and type(value) is not list and type(value) is not tuple:
+            if text is None:
+                text = _fast_dumps(value)
+            if top:
+                self.text_crc = zlib.crc32(text)
+            if len(text) <= limit:
+                return text, _NO_REFS
+            return b"null", [(0, self.value_node(text, _NO_REFS))]
+        elements: list[Any] = list(value.items()) if is_dict else list(value)
+        lens: list[int] = []
+        mixes: list[int] = []
+        kept: dict[int, bytes] = {}  # entry texts that hold references
+        refmap: dict[int, _Refs] = {}
+        whole = zlib.crc32(b"{" if is_dict else b"[") if top else 0
+        for i, element in enumerate(elements):
+            if is_dict:
+                key = _fast_dumps(element[0])
+                item = _fast_dumps(element[1])
+                crc = zlib.crc32(item, zlib.crc32(b":", zlib.crc32(key)))
+                size = len(key) + 1 + len(item)
+            else:
+                item = _fast_dumps(element)
+                crc = zlib.crc32(item)
+                size = len(item)
+            if top:
+                if i:
+                    whole = zlib.crc32(b",", whole)
+                if is_dict:
+                    whole = zlib.crc32(b":", zlib.crc32(key, whole))
+                whole = zlib.crc32(item, whole)
+            if len(item) > limit:
+                inner, refs = yield from self.encode_fast(element[1] if is_dict else element, item)
+                if is_dict:
+                    shift = len(key) + 1
+                    refs = [(off + shift, h) for off, h in refs]
+                    inner = b"".join((key, b":", inner))
+                refmap[i] = refs
+                kept[i] = inner
+                crc = zlib.crc32(inner)
+                size = len(inner)
+            lens.append(size)
+            mixes.append(_mix(crc, refmap.get(i)))
+            self._budget -= size
+            if self._budget < 0:
+                self._budget = _SLICE_BYTES
+                yield
+        if top:
+            self.text_crc = zlib.crc32(b"}" if is_dict else b"]", whole)
+
+        def chunk(start: int, end: int, head: bytes) -> _Encoded:
+            if not refmap or not any(i in refmap for i in range(start, end)):
+                part = elements[start:end]
+                return b"".join((head, _fast_dumps(dict(part) if is_dict else part))), _NO_REFS
+            texts: list[bytes] = []
+            for i in range(start, end):
+                entry = kept.get(i)
+                if entry is None:
+                    entry = (
+                        b"".join((_fast_dumps(elements[i][0]), b":", _fast_dumps(elements[i][1])))
+                        if is_dict
+                        else _fast_dumps(elements[i])
+                    )
+                texts.append(entry)
+            return _join_entries(
+                texts,
+                {i - start: r for i, r in refmap.items() if start <= i < end},
+                0,
+                end - start,
+                is_dict,
+                head,
+            )
+
+        return (yield from self._container(lens, refmap, mixes.__getitem__, chunk, is_dict))
+
+    def _container(
+        self,
+        lens: list[int],
+        refmap: dict[int, _Refs],
+        mix: Callable[[int], int],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        is_dict: bool,
+    ) -> _Work[_Encoded]:
+        """Encode a container of ``len(lens)`` elements: inline, one node, or chunked.
+
+        ``lens[i]`` is element ``i``'s text length, ``refmap[i]`` its references, ``mix(i)``
+        the checksum that decides boundaries, and ``chunk(start, end, head)`` the text of
+        elements ``start:end`` as a container, after ``head``. Chunks are grouped into
+        regions, each stored as one node or one node per chunk (:meth:`_region`).
+        """
+        p = self.p
+        n = len(lens)
+        # What the container costs in a node: its text plus what its references take.
+        size = n + 1 + sum(lens) + _REF_WEIGHT * sum(map(len, refmap.values()))
+        if size <= p.inline_limit:
+            return chunk(0, n, b"")
+        if size <= 2 * p.chunk_avg:
+            # Too small to be worth cutting: one node. A container that grows past this
+            # is cut once; from then on its boundaries are stable.
+            return b"null", [(0, self._chunk_node(refmap, chunk, 0, n))]
+        chunks: list[bytes] = []
+        chunk_min, chunk_avg, chunk_max = p.chunk_min, p.chunk_avg, p.chunk_max
+        bundle, bundle_max = p.bundle_chunks, p.bundle_max
+        # Chunks are grouped into regions (their ends: content-defined too, a subset of
+        # the chunk ends); a region becomes one node or one per chunk (see _region).
+        region: list[int] = [0]  # the region's chunk ends, after its start
+        start = size = region_size = 0
+        for i in range(n):
+            weight = lens[i] + 1
+            if refmap:
+                refs = refmap.get(i)
+                if refs:
+                    weight += _REF_WEIGHT * len(refs)
+            size += weight
+            if size < chunk_max and (size < chunk_min or mix(i) % chunk_avg >= weight):
+                continue
+            if region_size and region_size + size > bundle_max:
+                self._region(region, refmap, mix, chunk, chunks)
+                region, region_size = [start], 0
+            region.append(i + 1)
+            region_size += size
+            self._budget -= size
+            start, size = i + 1, 0
+            if bundle == 1 or region_size >= bundle_max or (mix(i) // chunk_avg) % bundle == 0:
+                self._region(region, refmap, mix, chunk, chunks)
+                region = [i + 1]
+                region_size = 0
+                if self._budget < 0:
+                    self._budget = _SLICE_BYTES
+                    yield
+        if start < n:
+            if region_size and region_size + size > bundle_max:
+                self._region(region, refmap, mix, chunk, chunks)
+                region = [start]
+            region.append(n)
+        if len(region) > 1:
+            self._region(region, refmap, mix, chunk, chunks)
+        return b"null", [(0, self._index(chunks, KIND_DICT if is_dict else KIND_LIST))]
+
+    def _region(
+        self,
+        ends: list[int],
+        refmap: dict[int, _Refs],
+        mix: Callable[[int], int],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        out: list[bytes],
+    ) -> None:
+        """Append the nodes of the region of chunks ``ends[0]:ends[1]``, ... to ``out``.
+
+        A region of several chunks is one node (a *bundle*: fewer, larger nodes make a
+        large state's resume cheaper) when its data is new, and one node per chunk when it
+        is an edited version of a region the previous save of the same workflow held
+        (``previous``): a list that grows at its end, or one entry edited in place, then
+        rewrites one chunk, not the region. A region kept unchanged keeps the form it had.
+        Only the blobs' sizes and sharing depend on this, never what a reader rebuilds.
+        """
+        first, last = ends[0], ends[-1]
+        head, tail = mix(first), mix(last - 1)
+        whole = True
+        if len(ends) > 2:
+            key = hash(tuple(map(mix, range(first, last))))
+            previous = self.previous
+            if previous is not None:
+                kept = previous.regions.get(key)
+                # Not kept as it was: an edited region still starts or ends as before.
+                whole = (
+                    kept
+                    if kept is not None
+                    else head not in previous.edges and tail not in previous.edges
+                )
+            self.memory.regions[key] = whole
+            if previous is None:
+                self.memory.first_chunks[key] = self._chunk_node(
+                    refmap, chunk, first, ends[1], keep=False
+                )
+        self.memory.edges.update((head, tail))
+        if whole:
+            out.append(self._chunk_node(refmap, chunk, first, last))
+        else:
+            out.extend([self._chunk_node(refmap, chunk, a, b) for a, b in itertools.pairwise(ends)])
+
+    def _index(self, hashes: list[bytes], kind: int) -> bytes:
+        p = self.p
+        head = bytes((0, kind))
+        while len(hashes) > 1:
+            groups: list[list[bytes]] = []
+            current: list[bytes] = []
+            for h in hashes:
+                current.append(h)
+                n = len(current)
+                if n >= p.fanout_max or (
+                    n >= p.fanout_min and int.from_bytes(h[-4:], "big") % p.fanout_avg == 0
+                ):
+                    groups.append(current)
+                    current = []
+            if current:
+                groups.append(current)
+            hashes = [g[0] if len(g) == 1 else self._add(head + b"".join(g), g) for g in groups]
+        return hashes[0]
+
+    def _chunk_node(
+        self,
+        refmap: dict[int, _Refs],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        start: int,
+        end: int,
+        keep: bool = True,
+    ) -> bytes:
+        """The hash of the node of elements ``start:end``, kept (unless known) if ``keep``."""
+        if refmap and any(i in refmap for i in range(start, end)):
+            text, refs = chunk(start, end, b"")
+            if keep:
+                return self.value_node(text, refs)
+            node: bytes | memoryview = _value_node(text, refs)
+        else:
+            # No references: build the stored blob in one piece.
+            blob = chunk(start, end, PLAIN_LEAF)[0]
+            if keep:
+                return self._add(blob, _NO_HASHES)
+            node = memoryview(blob)[1:]
+        return _sha256(node).digest()[: self._digest]
+
+    def value_node(self, text: bytes, refs: _Refs) -> bytes:
+        if not refs:
+            return self._add(b"".join((PLAIN_LEAF, text)), _NO_HASHES)
+        return self._add(b"\x00" + _value_node(text, refs), [h for _, h in refs])
+
+    def _add(self, blob: bytes, hashes: list[bytes]) -> bytes:
+        """Name ``blob`` (a zero flags byte + a node) and keep it unless it is known."""
+        node = memoryview(blob)[1:]
+        h = _sha256(node).digest()[: self._digest]
+        if h not in self.children:
+            self.children[h] = tuple(dict.fromkeys(hashes)) if hashes else ()
+            if h not in self._known:
+                self.blobs[h] = self._wrap(node) if self._compress else blob
+        return h
+
+    def wrap(self, node: bytes | memoryview) -> bytes:
+        """The stored blob of ``node`` (compressed if the parameters say so)."""
+        return self._wrap(node)
+
+
+def _value_node(data: bytes, refs: _Refs) -> bytes:
+    n = len(refs)
+    if not n:
+        return LEAF + data
+    return b"".join(
+        (
+            b"V",
+            COUNT.pack(n),
+            *[h for _, h in refs],
+            struct.pack(f">{n}I", *[off for off, _ in refs]),
+            data,
+        )
+    )
+
+
+def _mix(crc: int, refs: _Refs | None) -> int:
+    """The boundary checksum of an element: CRC-32 of its text (``crc``) and child hashes."""
+    if refs:
+        for _, h in refs:
+            crc = zlib.crc32(h, crc)
+    return ((crc * _MIX) & 0xFFFFFFFF) >> 8
+
+
+def _join_entries(
+    texts: list[bytes],
+    refmap: dict[int, _Refs] | None,
+    start: int,
+    end: int,
+    is_dict: bool,
+    head: bytes = b"",
+) -> _Encoded:
+    """The container text of ``texts[start:end]`` (after ``head``) and its references."""
+    opening, closing = (b"{", b"}") if is_dict else (b"[", b"]")
+    body = texts[start] if end - start == 1 else b",".join(texts[start:end])
+    if not refmap:
+        return b"".join((head, opening, body, closing)), _NO_REFS
+    refs: _Refs = []
+    pos = 1
+    for i in range(start, end):
+        sub = refmap.get(i)
+        if sub:
+            refs.extend([(pos + off, h) for off, h in sub])
+        pos += len(texts[i]) + 1
+    return b"".join((head, opening, body, closing)), refs
+
+
+def exceeds(value: Any, limit: int) -> bool:
+    """Whether the JSON text of ``value`` is surely longer than ``limit`` characters.
+
+    Counts a lower bound and stops as soon as it passes ``limit``, so that a large state
+    is not encoded whole just to learn that it does not fit in the root.
+    """
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            total += len(item) + 2
+        elif kind is dict:
+            total += 1 + 3 * len(item)
+            for key in item:
+                total += len(key)
+            stack.extend(item.values())
+        elif kind is list:
+            total += 1 + len(item)
+            stack.extend(item)
+        else:
+            total += 1
+        if total > limit:
+            return True
+    return False
+
+
+def split_state(
+    data: Any,
+    params: TreeParams = DEFAULT_PARAMS,
+    *,
+    known: Collection[bytes] = (),
+    finite: bool = False,
+    previous: SplitMemory | None = None,
+) -> SplitResult:
+    """Cut a storable value into a root and content-addressed blobs.
+
+    ``data`` must be what :func:`~aiocheckpoint.codec.copy.to_storable` returns. Values whose
+    encoding is longer than ``params.inline_limit`` become blobs; a value whose whole
+    encoding fits in ``params.root_inline_limit`` bytes is kept in the root with no blobs.
+    Blobs whose hash is in ``known`` (already stored) are not encoded again and are left
+    out of ``blobs``. ``finite=True`` promises that no float in ``data`` is NaN or infinite
+    (as :func:`~aiocheckpoint.codec.copy.storable_copy` reports), which allows a several times
+    faster encoder. ``previous`` is the :attr:`SplitResult.memory` of the previous split
+    of the same value's history (it changes which blobs are made, never the value).
+    Raises :class:`CheckpointSerializationError` for unstorable values.
+    """
+    return finish(split_work(data, params, known, previous, inline=True, finite=finite))
+
+
+def split_work(
+    data: Any,
+    params: TreeParams,
+    known: Collection[bytes],
+    previous: SplitMemory | None,
+    *,
+    inline: bool,
+    finite: bool,
+) -> _Work[SplitResult]:
+    """:func:`split_state` as a generator that yields between slices of work.
+
+    ``inline=False`` never keeps the state in the root (the version-2 record does that).
+    """
+    splitter = _Splitter(params, known, previous)
+    limit = params.root_inline_limit
+    small = inline and limit and not exceeds(data, limit)
+    try:
+        if finite:
+            try:
+                if small:
+                    body = _fast_dumps(data)
+                    if len(body) <= limit:
+                        return SplitResult(splitter.wrap(LEAF + body), {}, {}, ())
+                encoded, refs = yield from splitter.encode_fast(data, None, top=True)
+            except TypeError:  # an int beyond 64 bits, or not storable: the exact encoder
+                splitter, finite = _Splitter(params, known, previous), False
+        if not finite:
+            if small:
+                body = dumps(data, False)  # exact: NaN, big ints stay as they are
+                if len(body) <= limit:
+                    return SplitResult(splitter.wrap(LEAF + body), {}, {}, ())
+            encoded, refs = splitter.encode(data)
+        root = _value_node(encoded, refs)
+    except (ValueError, TypeError, RecursionError) as exc:
+        if isinstance(exc, CheckpointSerializationError):
+            raise
+        raise CheckpointSerializationError("state", str(exc)) from exc
+    return SplitResult(
+        splitter.wrap(root),
+        splitter.blobs,
+        splitter.children,
+        tuple(dict.fromkeys(h for _, h in refs)),
+        splitter.text_crc,
+        splitter.memory,
+    )

@@ -1,0 +1,23 @@
+"""The limits a writer keeps, which readers and backends rely on too."""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "MAX_DEPTH",
+    "MAX_STEP",
+    "MAX_WORKFLOW_ID_BYTES",
+]
+
+#: Records larger than this are refused by the durable backends (file, SQLite, PostgreSQL), on
+#: write and on read, so that a damaged or hostile store cannot make a reader allocate
+#: without bound.
+DEFAULT_MAX_RECORD_BYTES: Final = 512 * 1024 * 1024
+#: How deeply containers may nest in a state or its metadata (the top-level one is depth 0).
+MAX_DEPTH: Final = 200
+#: Workflow ids are non-empty ``str`` of at most this many UTF-8 bytes.
+MAX_WORKFLOW_ID_BYTES: Final = 255
+#: Steps are stored as signed 64-bit integers by the database backends.
+MAX_STEP: Final = 2**63 - 1
