@@ -336,9 +336,8 @@ class CheckpointManager:
         """Where to resume a workflow: ``(step, state_snapshot, metrics)``, or None.
 
         The step is the latest checkpoint's step + 1 when it is COMPLETED, and the same step
-        otherwise (it has to run again). If the latest checkpoint is corrupted (or the
-        storage refuses it, e.g. over ``max_record_bytes``), the newest one that verifies is
-        used instead and a warning is logged; if none verifies, the
+        otherwise (it has to run again). If the latest checkpoint is corrupted, the newest
+        one that verifies is used instead and a warning is logged; if none verifies, the
         :class:`CheckpointCorruptedError` of the latest is raised.
         """
         checkpoint = await self._latest_valid(workflow_id)
@@ -472,10 +471,10 @@ class CheckpointManager:
         workflow_id = check_workflow_id(workflow_id)
         try:
             stored = await self._storage.load(workflow_id)
-        except CheckpointCorruptedError as refused:  # the storage itself refused the record
-            if refused.step is None:
+        except CheckpointCorruptedError as first:  # the storage refused the latest record
+            if first.step is None:
                 raise
-            return await self._older_valid(workflow_id, refused.step, refused)
+            return await self._older_valid(workflow_id, first.step, first)
         if stored is None:
             return None
         try:
@@ -486,26 +485,10 @@ class CheckpointManager:
     async def _older_valid(
         self, workflow_id: str, latest: int, first: CheckpointCorruptedError
     ) -> Checkpoint:
-        """The newest checkpoint below ``latest`` that verifies; else ``first`` is raised.
-
-        A page the storage refuses (one record over ``max_record_bytes`` in it) is read
-        again one record at a time, and the record it names is passed over: one bad record
-        never hides the good ones below it.
-        """
-        cursor, page = latest, _PAGE
-        while True:
-            try:
-                older = await self._storage.scan(
-                    workflow_id, before=cursor, limit=page, descending=True
-                )
-            except CheckpointCorruptedError as refused:
-                if page > 1:
-                    page = 1
-                    continue
-                if refused.step is None or refused.step >= cursor:
-                    raise
-                cursor = refused.step
-                continue
+        """The newest checkpoint below ``latest`` that verifies; else raise ``first``."""
+        cursor: int | None = latest
+        while cursor is not None:
+            older, cursor = await self._older_page(workflow_id, cursor)
             for record in older:
                 try:
                     checkpoint = await self._codec.decode(workflow_id, record)
@@ -520,9 +503,28 @@ class CheckpointManager:
                     checkpoint.step,
                 )
                 return checkpoint
-            if len(older) < page:
-                raise first
-            cursor, page = older[-1].step, _PAGE
+        raise first
+
+    async def _older_page(
+        self, workflow_id: str, cursor: int
+    ) -> tuple[list[StoredCheckpoint], int | None]:
+        """Records below ``cursor``, newest first, and the cursor of the next page (or None).
+
+        A record the storage itself refuses (over its size limit, not a file) is skipped:
+        the page then ends above it and the next one starts below it.
+        """
+        low: int | None = None
+        while True:
+            try:
+                page = await self._storage.scan(
+                    workflow_id, after=low, before=cursor, limit=_PAGE, descending=True
+                )
+            except CheckpointCorruptedError as bad:
+                if bad.step is None or bad.step >= cursor or (low is not None and bad.step <= low):
+                    raise
+                low = bad.step
+                continue
+            return page, page[-1].step if len(page) == _PAGE else low
 
     async def decode_record(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
         """Verify and decode a record read from the storage (either format version).

@@ -14,6 +14,7 @@ from ..errors import CheckpointCorruptedError, InvalidArgumentError
 from ..manager import CheckpointManager
 from ..models import Checkpoint
 from ..storage.base import CheckpointStorage, StoredCheckpoint
+from ..storage.sqlite import SQLiteCheckpointStorage
 from ..urls import open_storage
 from .redact import redact
 
@@ -93,10 +94,12 @@ async def workflow_ids(
     """The store's workflow ids (listed, plus ``records``), sorted, and the foreign ones.
 
     A store damaged by hand (a bytes id in a SQLite table, a bad id file in a file store)
-    may list ids that are not valid: those are reported, never used.
+    may list ids that are not valid: those are reported, never used. A SQLite store lists
+    only valid ids and names its damaged rows itself (``foreign_rows``): those are reported
+    by table and rowid.
     """
     good: set[str] = set()
-    foreign: dict[str, Foreign] = {}
+    foreign = {f.shown: f for f in await _stored_foreign(manager)}
     for value in [*await manager.list_workflows(), *records]:
         try:
             good.add(check_workflow_id(value))
@@ -105,6 +108,15 @@ async def workflow_ids(
             shown = shown if len(shown) <= 200 else shown[:199] + "…"
             foreign.setdefault(shown, Foreign(shown, str(exc)))
     return sorted(good), list(foreign.values())
+
+
+async def _stored_foreign(manager: CheckpointManager) -> list[Foreign]:
+    """The damaged rows a store reports itself (the SQLite store does), as Foreign rows."""
+    storage = manager.storage
+    if not isinstance(storage, SQLiteCheckpointStorage):
+        return []
+    rows = await storage.foreign_rows()
+    return [Foreign(f"{row.table} rowid {row.rowid}", row.reason) for row in rows]
 
 
 def _scheme(url: str) -> str:

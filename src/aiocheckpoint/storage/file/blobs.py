@@ -208,6 +208,11 @@ class BlobStore:
                     raise
         return None
 
+    @property
+    def max_bytes(self) -> int:
+        """The largest blob (and record) this store reads."""
+        return self._max
+
     def indexes(self) -> dict[str, Index]:
         """The cached index of every pack known (a copy; {} for an unreadable pack)."""
         with self._lock:

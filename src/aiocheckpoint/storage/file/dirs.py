@@ -15,10 +15,13 @@ import fcntl
 import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from typing import Final
 
+from ..._validation import check_workflow_id
+from ...errors import InvalidWorkflowIdError
 from .format import (
     HASHED_PREFIX,
     HINT,
@@ -26,7 +29,7 @@ from .format import (
     LOCK,
     Hint,
     decode_name,
-    hashed_name,
+    encode_name,
     parse_step_name,
     pid_is_dead,
     step_name,
@@ -36,11 +39,14 @@ from .io import (
     DIR_FLAGS,
     NEW_FLAGS,
     OPEN_FLAGS,
+    READ_FLAGS,
     FileOps,
+    discard,
     fsync_path,
     fsynced_file,
     is_missing,
     read_small,
+    write_temp,
 )
 
 __all__ = ["RETRIES", "Replaced", "WorkflowDirs"]
@@ -113,14 +119,16 @@ class WorkflowDirs:
     def lock(self, dfd: int, name: str) -> Iterator[None]:
         """Hold the workflow's flock; raise :class:`Replaced` if the directory moved."""
         try:
-            fd = self.ops.open(LOCK, os.O_RDWR | os.O_CREAT | OPEN_FLAGS, dir_fd=dfd)
+            fd = self.ops.open(
+                LOCK, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS, dir_fd=dfd
+            )
         except OSError as exc:
             if is_missing(exc):
                 # delete(workflow) removed the directory while we held its fd: start over.
                 raise Replaced from exc
             if exc.errno not in (errno.EROFS, errno.EACCES):
                 raise
-            fd = os.open(LOCK, os.O_RDONLY | OPEN_FLAGS, dir_fd=dfd)  # flock needs no write
+            fd = os.open(LOCK, READ_FLAGS, dir_fd=dfd)  # flock needs no write
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             # delete(workflow) renames the directory away under this lock; a waiter that
@@ -156,12 +164,12 @@ class WorkflowDirs:
         raw = read_small(ID_FILE, dfd, 1024)
         if raw is None:
             return None
-        if hashed_name(raw) != name:
-            return None  # not ours, or damaged: never guess an id
         try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
+            workflow_id = check_workflow_id(raw.decode("utf-8"))
+        except (UnicodeDecodeError, InvalidWorkflowIdError):
+            return None  # not ours, or damaged: never guess an id
+        # Only the canonical spelling counts: the hash of a short id is not where it lives.
+        return workflow_id if encode_name(workflow_id) == name else None
 
     # --- temporary files and removal --------------------------------------------------
 
@@ -223,7 +231,10 @@ class WorkflowDirs:
     def write_hint(self, dfd: int, step: int | None, ino: int, *, durable: bool) -> None:
         """Overwrite the hint in place with ``step`` (fsynced if ``durable``)."""
         data = Hint(step, ino).pack()
-        fd = self.ops.open(HINT, os.O_WRONLY | os.O_CREAT | OPEN_FLAGS, dir_fd=dfd)
+        fd = self._open_hint(dfd, os.O_WRONLY)
+        if fd is None:
+            self._replace_hint(dfd, data, durable=durable)
+            return
         try:
             if self.ops.pwrite(fd, data, 0) != len(data):
                 raise OSError(errno.EIO, "short write to the latest-step hint")
@@ -257,7 +268,11 @@ class WorkflowDirs:
         Returns whether it now names ``step`` as newly written: then it must be durable
         before ``step``'s rename, and ``durable`` fsyncs it here.
         """
-        fd = self.ops.open(HINT, os.O_RDWR | os.O_CREAT | OPEN_FLAGS, dir_fd=dfd)
+        fd = self._open_hint(dfd, os.O_RDWR)
+        if fd is None:
+            target = _at_least(step, max(self.steps(dfd), default=None))
+            self._replace_hint(dfd, Hint(target, ino).pack(), durable=durable and target == step)
+            return target == step
         try:
             raw = os.pread(fd, Hint.SIZE + 1, 0)
             hint = Hint.unpack(raw)
@@ -267,7 +282,7 @@ class WorkflowDirs:
                     return False
             else:
                 top = max(self.steps(dfd), default=None)
-            target = step if top is None or step > top else top
+            target = _at_least(step, top)
             data = Hint(target, ino).pack()
             if self.ops.pwrite(fd, data, 0) != len(data):
                 raise OSError(errno.EIO, "short write to the latest-step hint")
@@ -278,3 +293,40 @@ class WorkflowDirs:
             return target == step
         finally:
             os.close(fd)
+
+    def _open_hint(self, dfd: int, access: int) -> int | None:
+        """Open ``latest`` to write it (creating it); None if it is not a regular file.
+
+        Non-blocking, so a FIFO planted there cannot hang the writer.
+        """
+        flags = access | os.O_CREAT | os.O_NONBLOCK | OPEN_FLAGS
+        try:
+            fd = self.ops.open(HINT, flags, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink, a FIFO, a socket
+                return None
+            raise
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not regular:
+            os.close(fd)
+            return None
+        return fd
+
+    def _replace_hint(self, dfd: int, data: bytes, *, durable: bool) -> None:
+        """Put a new hint file in place of a ``latest`` that is not a regular file."""
+        logger.warning("replacing %r in %s: it is not a regular file", HINT, self.root)
+        tmp = write_temp(self.ops, dfd, data, durable=durable)
+        try:
+            self.ops.rename(tmp, HINT, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            discard(tmp, dfd)
+            raise
+
+
+def _at_least(step: int, top: int | None) -> int:
+    """What a hint raised to ``step`` names when the highest step on disk is ``top``."""
+    return step if top is None or step > top else top

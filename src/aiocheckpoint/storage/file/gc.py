@@ -34,7 +34,7 @@ from ...format import HEADER_SIZE, node_children, record_format_version
 from ...format import open_record_v2 as _open_v2
 from .blobs import BlobStore
 from .format import parse_step_name, pid_is_dead
-from .io import is_missing
+from .io import DIR_FLAGS, OddEntry, open_regular, read_bounded
 from .packs import GC_LOCK, TRASH, Index, pack_base
 
 __all__ = ["Collector"]
@@ -49,6 +49,7 @@ _MERGE_MIN: Final = 16
 #: A sweep copies at most about this many bytes into one new pack.
 _BATCH: Final = 64 << 20
 _OPEN: Final = os.O_CLOEXEC | os.O_NOFOLLOW
+_NONBLOCK: Final = _OPEN | os.O_NONBLOCK  # a FIFO planted as gc.lock cannot hang a sweep
 #: A pack to rewrite: its name, its number of blobs, its marked ``(hash, offset, length)``.
 _Rewrite = tuple[str, int, list[tuple[bytes, int, int]]]
 
@@ -73,7 +74,7 @@ class Collector:
         except FileNotFoundError:
             pass
         with contextlib.suppress(FileNotFoundError):  # no blobs/ yet: nothing to collect
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | _OPEN, 0o600))
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | _NONBLOCK, 0o600))
             return time.time()
         return None
 
@@ -85,7 +86,7 @@ class Collector:
         """
         if not os.path.isdir(self.dir):
             return 0
-        fd = os.open(os.path.join(self.dir, GC_LOCK), os.O_RDWR | os.O_CREAT | _OPEN, 0o600)
+        fd = os.open(os.path.join(self.dir, GC_LOCK), os.O_RDWR | os.O_CREAT | _NONBLOCK, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -96,7 +97,7 @@ class Collector:
             self.blobs.remove_stale_temps()
             old = [(h, shard) for h, (shard, mtime) in self._list(t0) if mtime < cutoff]
             old_packs = self._list_packs(cutoff)
-            marked = self._mark(_roots(workflows_dir))
+            marked = self._mark(_roots(workflows_dir, self.blobs.max_bytes))
             freed = self._sweep([(h, shard) for h, shard in old if h not in marked], cutoff)
             freed += self._sweep_packs(old_packs, marked, cutoff)
             os.utime(fd)
@@ -280,8 +281,12 @@ class Collector:
         return freed
 
 
-def _roots(workflows_dir: str) -> Iterator[tuple[int, bytes]]:
-    """``(digest size, root)`` of every version-2 record under ``workflows_dir``."""
+def _roots(workflows_dir: str, limit: int) -> Iterator[tuple[int, bytes]]:
+    """``(digest size, root)`` of every version-2 record under ``workflows_dir``.
+
+    Records are read as ``load`` reads them (non-blocking, regular files of at most
+    ``limit`` bytes); anything else at a step's path is reported and skipped.
+    """
     try:
         names = os.listdir(workflows_dir)
     except FileNotFoundError:
@@ -289,35 +294,49 @@ def _roots(workflows_dir: str) -> Iterator[tuple[int, bytes]]:
     for name in names:
         if name.startswith("."):
             continue  # being created or deleted
-        path = os.path.join(workflows_dir, name)
         try:
-            steps = [n for n in os.listdir(path) if parse_step_name(n) is not None]
+            dfd = os.open(os.path.join(workflows_dir, name), DIR_FLAGS)
         except OSError:
-            continue
-        for step in steps:
-            record = _read_record(os.path.join(path, step))
-            if record is None:
-                continue
+            continue  # not a directory (or gone): no records of ours
+        try:
             try:
-                if record_format_version(record) != 2:
-                    continue
-                _meta, digest, root = _open_v2(record)
-            except Exception as exc:  # unreadable: nothing to keep alive for it
-                logger.warning("GC: skipping unreadable record %s: %s", path, exc)
+                steps = [n for n in os.listdir(dfd) if parse_step_name(n) is not None]
+            except OSError:
                 continue
-            if root:
-                yield digest, root
+            for step in steps:
+                yield from _root_of(dfd, step, limit, f"{name}/{step}")
+        finally:
+            os.close(dfd)
 
 
-def _read_record(path: str) -> bytes | None:
-    """A version-2 record's bytes; None for version-1 records (read no further) or none."""
+def _root_of(dfd: int, name: str, limit: int, where: str) -> Iterator[tuple[int, bytes]]:
     try:
-        with open(path, "rb") as f:
-            head = f.read(HEADER_SIZE)
-            if len(head) < HEADER_SIZE or head[4] != 2:
-                return None
-            return head + f.read()
-    except OSError as exc:
-        if is_missing(exc):
+        record = _read_v2(dfd, name, limit)
+    except OddEntry as exc:
+        logger.warning("GC: skipping %s: %s", where, exc)
+        return
+    if record is None:
+        return
+    try:
+        if record_format_version(record) != 2:
+            return
+        _meta, digest, root = _open_v2(record)
+    except Exception as exc:  # unreadable: nothing to keep alive for it
+        logger.warning("GC: skipping unreadable record %s: %s", where, exc)
+        return
+    if root:
+        yield digest, root
+
+
+def _read_v2(dfd: int, name: str, limit: int) -> bytes | None:
+    """A version-2 record's bytes; None for version-1 records (read no further) or none."""
+    fd = open_regular(name, dfd)
+    if fd is None:
+        return None
+    try:
+        head = os.read(fd, HEADER_SIZE)
+        if len(head) < HEADER_SIZE or head[4] != 2:
             return None
-        raise
+        return read_bounded(fd, limit, head=head)
+    finally:
+        os.close(fd)

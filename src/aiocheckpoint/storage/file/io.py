@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import platform
+import stat
 import sys
 from collections.abc import Callable
 from typing import Final
@@ -24,19 +25,24 @@ __all__ = [
     "OPEN_FLAGS",
     "READ_FLAGS",
     "FileOps",
+    "OddEntry",
     "discard",
     "fsync_path",
     "fsynced_file",
     "is_missing",
+    "open_regular",
+    "read_bounded",
     "read_small",
     "write_temp",
 ]
 
 logger = logging.getLogger("aiocheckpoint")
 
-OPEN_FLAGS: Final = os.O_CLOEXEC | os.O_NOFOLLOW
+#: On every open: never through a symlink, never a device as controlling terminal.
+OPEN_FLAGS: Final = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY
 DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS
-READ_FLAGS: Final = os.O_RDONLY | OPEN_FLAGS
+#: Every read of a store file: never through a symlink, never waiting for a FIFO's writer.
+READ_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK | OPEN_FLAGS
 NEW_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS
 
 
@@ -184,14 +190,80 @@ def fsync_path(ops: FileOps, directory: str) -> None:
         os.close(dfd)
 
 
-def read_small(name: str, dfd: int, limit: int) -> bytes | None:
-    """Read at most ``limit`` bytes of a small file in ``dfd``; None if it does not exist."""
+class OddEntry(Exception):
+    """A store path holds something other than the regular file the store put there.
+
+    A FIFO, socket, device, directory or symlink, or a file over the size limit: the
+    message says which. Callers report it (a typed error, or a warning) and skip it.
+    """
+
+
+def open_regular(name: str, dfd: int | None) -> int | None:
+    """Open store file ``name`` for reading; None if it does not exist.
+
+    Non-blocking (a FIFO does not wait for a writer) and never through a symlink; raises
+    :class:`OddEntry` unless it is a regular file.
+    """
     try:
         fd = os.open(name, READ_FLAGS, dir_fd=dfd)
     except OSError as exc:
         if is_missing(exc):
             return None
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):
+            raise OddEntry("not a regular file (a symlink, socket or device)") from exc
         raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OddEntry(f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'special')})")
+    return fd
+
+
+_KINDS: Final = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFLNK: "a symlink",
+}
+
+
+def read_bounded(fd: int, limit: int, *, head: bytes = b"") -> bytes:
+    """The rest of the regular file open as ``fd`` after ``head``, if at most ``limit`` bytes.
+
+    Raises :class:`OddEntry` when the file is (or grows) larger than ``limit``: nothing
+    larger is ever read into memory, however large a (sparse) file claims to be.
+    """
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise OddEntry(f"file is {size} bytes, over max_record_bytes={limit}")
+    chunks = [head]
+    total = len(head)
+    while chunk := os.read(fd, max(size - total, 0) + 1):
+        total += len(chunk)
+        if total > limit:
+            raise OddEntry(f"file grew over max_record_bytes={limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_small(name: str, dfd: int, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of a small store file in ``dfd``.
+
+    None if it does not exist or is not a regular file (logged: an odd entry is skipped).
+    """
+    try:
+        fd = open_regular(name, dfd)
+    except OddEntry as exc:
+        logger.warning("ignoring %r: %s", name, exc)
+        return None
+    if fd is None:
+        return None
     try:
         return os.read(fd, limit)
     finally:

@@ -8,14 +8,22 @@ fsync. Concurrent saves are grouped by :mod:`.groupcommit`, which falls back to 
 from __future__ import annotations
 
 import os
-import stat
 import time
 
 from ...errors import CheckpointCorruptedError, StorageBackendError
 from ..base import StoredCheckpoint
 from .dirs import RETRIES, Replaced, WorkflowDirs
 from .format import encode_name, parse_step_name, step_name, temp_name
-from .io import READ_FLAGS, FileOps, discard, fsync_path, is_missing, write_temp
+from .io import (
+    FileOps,
+    OddEntry,
+    discard,
+    fsync_path,
+    is_missing,
+    open_regular,
+    read_bounded,
+    write_temp,
+)
 
 __all__ = ["RecordFiles"]
 
@@ -76,37 +84,21 @@ class RecordFiles:
                 discard(tmp, dfd)
 
     def read_step(self, dfd: int, workflow_id: str, step: int) -> StoredCheckpoint | None:
-        """Read one step file of ``dfd`` (bounded by ``max``); None if it does not exist."""
+        """Read one step file of ``dfd`` (bounded by ``max``); None if it does not exist.
+
+        Anything but a regular file of at most ``max`` bytes at the step's path raises
+        :class:`CheckpointCorruptedError` naming the step, without being read.
+        """
         try:
-            fd = os.open(step_name(step), READ_FLAGS, dir_fd=dfd)
-        except OSError as exc:
-            if is_missing(exc):
+            fd = open_regular(step_name(step), dfd)
+            if fd is None:
                 return None
-            raise
+        except OddEntry as exc:
+            raise CheckpointCorruptedError(str(exc), workflow_id=workflow_id, step=step) from None
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise CheckpointCorruptedError(
-                    "not a regular file", workflow_id=workflow_id, step=step
-                )
-            if info.st_size > self.max:
-                raise CheckpointCorruptedError(
-                    f"file is {info.st_size} bytes, over max_record_bytes={self.max}",
-                    workflow_id=workflow_id,
-                    step=step,
-                )
-            chunks: list[bytes] = []
-            total = 0
-            while chunk := os.read(fd, max(info.st_size - total, 0) + 1):
-                total += len(chunk)
-                if total > self.max:
-                    raise CheckpointCorruptedError(
-                        f"file grew over max_record_bytes={self.max}",
-                        workflow_id=workflow_id,
-                        step=step,
-                    )
-                chunks.append(chunk)
-            return StoredCheckpoint(step, b"".join(chunks))
+            return StoredCheckpoint(step, read_bounded(fd, self.max))
+        except OddEntry as exc:
+            raise CheckpointCorruptedError(str(exc), workflow_id=workflow_id, step=step) from None
         finally:
             os.close(fd)
 

@@ -74,6 +74,14 @@ class FileCheckpointStorage(BaseStorage):
     ``use_syncfs=False`` never uses ``syncfs``: choose it when other programs write a lot
     to the same filesystem, since ``syncfs`` also waits for their data.
 
+    The store's directory must belong to the current user and be writable by no one else
+    (else its first operation raises
+    :class:`~aiocheckpoint.errors.StoragePermissionError`): another user could plant
+    forged records in it. ``allow_shared=True`` lifts that check for a directory shared
+    on purpose. Every file of the store is opened without following symlinks and without
+    blocking; anything but a regular file where the store expects one is reported, never
+    waited on (docs/file-storage.md, "A store that holds anything").
+
     It is a :class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`: the manager stores
     large states as content-addressed blobs under ``blobs/`` (``compression="zstd"``
     compresses them; ``blob_params`` sets every cutting parameter). Blobs no record
@@ -94,6 +102,7 @@ class FileCheckpointStorage(BaseStorage):
         blob_grace_seconds: float = 3600.0,
         gc_interval: float | None = 3600.0,
         use_syncfs: bool = True,
+        allow_shared: bool = False,
     ) -> None:
         check_max_record_bytes(max_record_bytes)
         for name, value in (
@@ -111,7 +120,11 @@ class FileCheckpointStorage(BaseStorage):
         self._gc_interval = None if gc_interval is None else float(gc_interval)
         self._max = max_record_bytes
         ops = FileOps()
-        self._layout = StoreDir(os.path.abspath(os.fspath(base_dir)), ops)
+        for flag, given in (("use_syncfs", use_syncfs), ("allow_shared", allow_shared)):
+            if not isinstance(given, bool):
+                raise InvalidArgumentError(f"{flag} must be a bool, got {given!r}")
+        base = os.path.abspath(os.fspath(base_dir))
+        self._layout = StoreDir(base, ops, allow_shared=allow_shared)
         self._base = self._layout.base
         self._root = self._layout.root
         self._dirs = WorkflowDirs(self._root, ops, float(stale_temp_seconds))
@@ -120,8 +133,6 @@ class FileCheckpointStorage(BaseStorage):
             self._base, ops, float(blob_grace_seconds), max_record_bytes, float(stale_temp_seconds)
         )
         self._collector = Collector(self._blobs)
-        if not isinstance(use_syncfs, bool):
-            raise InvalidArgumentError(f"use_syncfs must be a bool, got {use_syncfs!r}")
         self._group = GroupCommit(
             self._base,
             self._dirs,
