@@ -226,8 +226,8 @@ class Output:
         self.out.write(text + "\n")
 
     def note(self, text: str) -> None:
-        """Write one line to stderr (hints and warnings that are not the result)."""
-        self.err.write(text + "\n")
+        """Write one line to stderr (hints and warnings that are not the result), escaped."""
+        self.err.write(printable(text) + "\n")
         self.err.flush()
 
     def json(self, value: Any) -> None:
