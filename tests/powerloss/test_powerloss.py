@@ -1,0 +1,76 @@
+"""Power cuts at random moments (LazyFS): no acknowledged checkpoint is lost or corrupted.
+
+Each configuration runs a writer process (one task cycling a small, a small-with-retention
+and a large incremental workflow, or 50 concurrent tasks with a workflow each), cuts the
+power under it at random moments and checks after every cut that the store opens, that
+every acknowledged checkpoint retention allows is there and verifies, that no workflow's
+latest is behind its last acknowledged step and that every visible record is whole (see
+harness.py). ``AIOCHECKPOINT_POWERLOSS_CUTS=N`` sets every configuration's cut count;
+``AIOCHECKPOINT_SOAK=1`` multiplies it by ten.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import RESULTS
+from .harness import Config, Trials
+
+TARGET = "tests.powerloss.targets:Aiocheckpoint"
+#: Garbage collection every 0.2 s (and the writer calls it every 0.1 s); blobs older than
+#: 2 s are fair game, so the blobs that retention frees in one run go in the next ones.
+FILE_OPTIONS: dict[str, Any] = {"gc_interval": 0.2, "blob_grace_seconds": 2.0}
+
+
+def _cuts(default: int) -> int:
+    named = os.environ.get("AIOCHECKPOINT_POWERLOSS_CUTS")
+    if named:
+        return int(named)
+    return default * 10 if os.environ.get("AIOCHECKPOINT_SOAK") == "1" else default
+
+
+def _file(name: str, tasks: int, use_syncfs: bool, cuts: int) -> Config:
+    storage = {**FILE_OPTIONS, "use_syncfs": use_syncfs}
+    return Config(name, TARGET, {"backend": "file", "storage": storage}, tasks, _cuts(cuts))
+
+
+def _sqlite(name: str, tasks: int, cuts: int) -> Config:
+    return Config(name, TARGET, {"backend": "sqlite"}, tasks, _cuts(cuts))
+
+
+CONFIGS = [
+    pytest.param(_file("file, 1 writer, group commit on", 1, True, 70), id="file-1"),
+    pytest.param(_file("file, 1 writer, use_syncfs=False", 1, False, 70), id="file-1-nosyncfs"),
+    pytest.param(
+        _file("file, 50 writers, group commit on", 50, True, 70),
+        id="file-50",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="issue 23: the group commit's syncfs does not make data durable on FUSE "
+            "(LazyFS); acknowledged checkpoints come back as 0-byte records. Remove this "
+            "marker once the file store's fix (per-file fsyncs off its syncfs allow-list) lands.",
+        ),
+    ),
+    pytest.param(_file("file, 50 writers, use_syncfs=False", 50, False, 70), id="file-50-nosyncfs"),
+    pytest.param(_sqlite("sqlite, 1 writer", 1, 100), id="sqlite-1"),
+    pytest.param(_sqlite("sqlite, 50 writers", 50, 100), id="sqlite-50"),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_power_cuts_lose_no_acknowledged_checkpoint(
+    config: Config, lazyfs_binary: Path, tmp_path: Path
+) -> None:
+    """After every cut: the store opens, every acknowledged checkpoint retention allows is
+    present and verifies, latest is not behind, and nothing visible is half-written."""
+    result = Trials(config, lazyfs_binary, tmp_path, seed=20261201).run(stop_at_failure=True)
+    RESULTS.append(result)
+    assert result.failures == 0, "\n".join([result.summary(), *result.examples()])
+    assert result.cuts >= config.cuts
+    # The cuts interrupted writers that had acknowledged work, and the checks looked at it.
+    assert result.acknowledged > result.cuts
+    assert result.checked > result.cuts
