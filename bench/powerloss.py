@@ -1,6 +1,6 @@
 """Durability under power cuts: the power-loss suite's trials on our stores and the peers'.
 
-    python bench/powerloss.py [--cuts N] [--only NAME,...] [--markdown FILE]
+    python bench/powerloss.py [--cuts N] [--only SYSTEM,...] [--markdown FILE]
 
 Runs the trials of tests/powerloss (LazyFS, built on first use; root and /dev/fuse needed)
 on each system: a writer process saving small and large states, cut at random moments;
@@ -186,14 +186,16 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cuts", type=int, default=40, help="cuts per system (default 40)")
-    parser.add_argument("--only", action="append", default=[], help="system names, a,b,...")
+    parser.add_argument(
+        "--only", action="append", default=[], help="systems (ours-file, lg-sqlite, ...), a,b,..."
+    )
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     args = parser.parse_args()
     only = {n.strip() for chunk in args.only for n in chunk.split(",") if n.strip()}
     binary = build()
     rows = []
     for config in configs(args.cuts):
-        if only and config.name.split(",")[0] not in only and config.name not in only:
+        if only and config.name.split(",")[0] not in only:
             continue
         with tempfile.TemporaryDirectory(prefix="aiocp-powerloss-bench") as workdir:
             result = Trials(config, binary, Path(workdir), seed=20261201).run()

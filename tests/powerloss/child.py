@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import faulthandler
 import importlib
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -145,6 +147,7 @@ def run_job(job: dict[str, Any]) -> int:
     errfile = os.open(job["errfile"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(errfile, 1)
     os.dup2(errfile, 2)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks, if the parent asks
     try:
         if job["kind"] == "write":
             asyncio.run(_write(job))

@@ -41,6 +41,8 @@ from .workload import STRIDE, Ledger, workflows
 
 #: How the writer's exit code says why it stopped on its own (see child.run_job).
 _LAZYFS_EXIT = 4
+#: A writer gets this long to start and acknowledge its first save (it takes well under 1 s).
+_FIRST_ACK_SECONDS = 20
 
 
 class HarnessError(Exception):
@@ -125,6 +127,7 @@ class Zygote:
             env={**os.environ, "PYTHONPATH": path},
         )
         self.buffer = b""
+        self.child: int | None = None  # the child running now
 
     def _line(self, timeout: float) -> str | None:
         assert self.proc.stdout is not None
@@ -149,7 +152,8 @@ class Zygote:
         line = self._line(60)
         if line is None or not line.startswith("PID "):
             raise HarnessError(f"the zygote said {line!r}")
-        return int(line.split()[1])
+        self.child = int(line.split()[1])
+        return self.child
 
     def wait(self, timeout: float) -> int | None:
         """The last child's wait status, or None if it has not ended within ``timeout``."""
@@ -158,6 +162,7 @@ class Zygote:
             return None
         if not line.startswith("EXIT "):
             raise HarnessError(f"the zygote said {line!r}")
+        self.child = None
         return int(line.split()[1])
 
     def __enter__(self) -> Zygote:
@@ -167,6 +172,9 @@ class Zygote:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         assert self.proc.stdin is not None
+        if self.child is not None:  # the trials stopped half-way: no orphan writer
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child, signal.SIGKILL)
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         try:
@@ -241,6 +249,20 @@ def _stopped(pid: int) -> bool:
     return True
 
 
+def _fuse_waits(pid: int) -> list[str]:
+    """The kernel functions where threads of ``pid`` wait for a FUSE request's answer."""
+    waits: list[str] = []
+    tids: list[str] = []
+    with contextlib.suppress(FileNotFoundError):
+        tids = os.listdir(f"/proc/{pid}/task")
+    for tid in tids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            wchan = Path(f"/proc/{pid}/task/{tid}/wchan").read_text()
+            if wchan.startswith("fuse") or "request_wait_answer" in wchan:
+                waits.append(wchan)
+    return waits
+
+
 class Trials:
     """The trials of one configuration on one LazyFS under ``workdir``."""
 
@@ -254,6 +276,7 @@ class Trials:
         self.flows = workflows(config.tasks, config.retention)
         self.ledger = Ledger({wf.name: wf.keep for wf in self.flows})
         self.exit: int | None = None  # the writer's wait status, once it ended
+        self.stores = 0  # stores started so far (their steps start at 0 again)
 
     def run(self, stop_at_failure: bool = False) -> Result:
         """Make ``config.cuts`` cuts, each checked; return what they found.
@@ -290,6 +313,7 @@ class Trials:
 
     def _fresh_store(self) -> None:
         self.fs.wipe()
+        self.stores += 1
         self.ledger = Ledger({wf.name: wf.keep for wf in self.flows})
 
     def _mount(self) -> None:
@@ -317,7 +341,7 @@ class Trials:
         pid = self.zygote.start(self._job("write", run=run, acks=str(pipe.path)))
         chosen = True
         try:
-            self._let_run(pipe)
+            self._let_run(pid, pipe)
         except _Unchosen:
             chosen = False
         chosen = self._cut(pid, pipe) and chosen
@@ -346,13 +370,24 @@ class Trials:
             **more,
         }
 
-    def _let_run(self, pipe: AckPipe) -> None:
+    def _stalled(self, pid: int) -> None:
+        """The writer made no progress: a hung LazyFS (a cut) or a stuck store (a failure)."""
+        waits = _fuse_waits(pid)
+        if waits:
+            self.fs.kill(f"LazyFS hung: the writer waited in {waits} for {_FIRST_ACK_SECONDS} s")
+            raise _Unchosen
+        os.kill(pid, signal.SIGUSR1)  # the writer prints its threads' stacks (faulthandler)
+        time.sleep(1)
+        stacks = (self.workdir / "write.err").read_text(errors="replace")[-6000:]
+        raise HarnessError(f"the writer did nothing for {_FIRST_ACK_SECONDS} s:\n{stacks}")
+
+    def _let_run(self, pid: int, pipe: AckPipe) -> None:
         """Let the writer run to the chosen moment; raise _Unchosen if LazyFS cuts first."""
         early = self.ledger.acks and self.rng.random() < self.config.early
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + _FIRST_ACK_SECONDS
         while not (pipe.ready if early else pipe.acks):
             if time.monotonic() > deadline:
-                raise HarnessError("the writer was not ready or acknowledged nothing in 60 s")
+                self._stalled(pid)
             self._pump(pipe, time.monotonic() + 0.005)
         if early:  # in its first saves, while the store recovers from the last cut
             self._pump(pipe, time.monotonic() + self.rng.uniform(0, 0.05))
@@ -383,7 +418,11 @@ class Trials:
                     break
                 time.sleep(0.001)
         pipe.pump(0)
-        if self.fs.alive():
+        if not self.fs.alive():
+            if clean:  # not killed above: it died by itself
+                self.fs.kill(f"LazyFS died under the writer ({self.fs.tail()[-200:]})")
+            clean = False
+        else:
             try:
                 usage = self.fs.cache_usage()
                 self.fs.clear_cache()
@@ -395,9 +434,6 @@ class Trials:
                 if usage >= 100:  # writes went straight through: the cut proved less
                     self.result.lazyfs.append("cache full at the cut")
                     clean = False
-        else:
-            self.fs.kill(f"LazyFS died under the writer ({self.fs.tail()[-200:]})")
-            clean = False
         if self.exit is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -439,7 +475,7 @@ class Trials:
     def _found(self, kind: str, problem: str) -> None:
         """Count a problem once: a checkpoint's loss is found again by later checks."""
         if kind in ("lost", "corrupt", "torn"):
-            key = problem.split(": ", 1)[0]
+            key = f"store {self.stores}: {problem.split(': ', 1)[0]}"
         else:  # "behind" and errors are counted per check
             key = f"check {self.result.cuts + self.result.unchosen}: {problem}"
         self.result.problems.setdefault(kind, {}).setdefault(key, problem)

@@ -214,6 +214,8 @@ class LazyFS:
 
     def unmount(self, timeout: float = 15.0) -> None:
         """Unmount cleanly, or kill the daemon and unmount lazily if that does not work."""
+        if self.proc is None and not mounted(self.mount_dir):
+            return  # killed already
         if not self.alive():
             self.kill("died before the unmount")
             return

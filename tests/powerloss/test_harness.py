@@ -37,8 +37,8 @@ class _KillLazyFSOnce(Trials):
 
     killed = False
 
-    def _let_run(self, pipe: object) -> None:
-        super()._let_run(pipe)  # type: ignore[arg-type]
+    def _let_run(self, pid: int, pipe: object) -> None:
+        super()._let_run(pid, pipe)  # type: ignore[arg-type]
         if not self.killed and self.fs.proc is not None:
             self.killed = True
             self.fs.proc.send_signal(signal.SIGKILL)
