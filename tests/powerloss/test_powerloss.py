@@ -12,13 +12,15 @@ harness.py). ``AIOCHECKPOINT_POWERLOSS_CUTS=N`` sets every configuration's cut c
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import RESULTS
-from .harness import Config, Trials
+from .harness import Config, Result, Trials
 
 TARGET = "tests.powerloss.targets:Aiocheckpoint"
 #: Garbage collection every 0.2 s (and the writer calls it every 0.1 s); blobs older than
@@ -42,32 +44,64 @@ def _sqlite(name: str, tasks: int, cuts: int) -> Config:
     return Config(name, TARGET, {"backend": "sqlite"}, tasks, _cuts(cuts))
 
 
-CONFIGS = [
-    pytest.param(_file("file, 1 writer, group commit on", 1, True, 70), id="file-1"),
-    pytest.param(_file("file, 1 writer, use_syncfs=False", 1, False, 70), id="file-1-nosyncfs"),
-    pytest.param(
-        _file("file, 50 writers, group commit on", 50, True, 70),
-        id="file-50",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="issue 23: the group commit's syncfs does not make data durable on FUSE "
-            "(LazyFS); acknowledged checkpoints come back as 0-byte records. Remove this "
-            "marker once the file store's fix (per-file fsyncs off its syncfs allow-list) lands.",
-        ),
+CONFIGS: dict[str, Config] = {
+    "file-1": _file("file, 1 writer, group commit on", 1, True, 70),
+    "file-1-nosyncfs": _file("file, 1 writer, use_syncfs=False", 1, False, 70),
+    "file-50": _file("file, 50 writers, group commit on", 50, True, 70),
+    "file-50-nosyncfs": _file("file, 50 writers, use_syncfs=False", 50, False, 70),
+    "sqlite-1": _sqlite("sqlite, 1 writer", 1, 100),
+    "sqlite-50": _sqlite("sqlite, 50 writers", 50, 100),
+}
+MARKS = {
+    "file-50": pytest.mark.xfail(
+        strict=True,
+        reason="issue 23: the group commit's syncfs does not make data durable on FUSE "
+        "(LazyFS); acknowledged checkpoints come back as 0-byte records. Remove this "
+        "marker once the file store's fix (per-file fsyncs off its syncfs allow-list) lands.",
     ),
-    pytest.param(_file("file, 50 writers, use_syncfs=False", 50, False, 70), id="file-50-nosyncfs"),
-    pytest.param(_sqlite("sqlite, 1 writer", 1, 100), id="sqlite-1"),
-    pytest.param(_sqlite("sqlite, 50 writers", 50, 100), id="sqlite-50"),
-]
+}
+#: Configurations run side by side (each has its own LazyFS): a trial mostly waits.
+JOBS = int(os.environ.get("AIOCHECKPOINT_POWERLOSS_JOBS", "2"))
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+def _selected(session: pytest.Session) -> list[str]:
+    """The configurations whose tests this session runs, the longest first."""
+    keys = {
+        item.callspec.params["key"]
+        for item in session.items
+        if isinstance(item, pytest.Function) and item.originalname == _TEST
+    }
+    return sorted(keys, key=lambda k: -CONFIGS[k].cuts * (CONFIGS[k].tasks + 20))
+
+
+@pytest.fixture(scope="session")
+def trials(
+    request: pytest.FixtureRequest, lazyfs_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[Result]]]:
+    """Every selected configuration's trials, started at once, ``JOBS`` at a time."""
+    with ThreadPoolExecutor(JOBS, thread_name_prefix="powerloss") as pool:
+        futures = {
+            key: pool.submit(
+                Trials(CONFIGS[key], lazyfs_binary, tmp_path_factory.mktemp(key), 20261201).run,
+                stop_at_failure=True,
+            )
+            for key in _selected(request.session)
+        }
+        yield futures
+        for future in futures.values():
+            future.cancel()
+
+
+_TEST = "test_power_cuts_lose_no_acknowledged_checkpoint"
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=MARKS.get(k, ())) for k in CONFIGS])
 def test_power_cuts_lose_no_acknowledged_checkpoint(
-    config: Config, lazyfs_binary: Path, tmp_path: Path
+    key: str, trials: dict[str, Future[Result]]
 ) -> None:
     """After every cut: the store opens, every acknowledged checkpoint retention allows is
     present and verifies, latest is not behind, and nothing visible is half-written."""
-    result = Trials(config, lazyfs_binary, tmp_path, seed=20261201).run(stop_at_failure=True)
+    config, result = CONFIGS[key], trials[key].result()
     RESULTS.append(result)
     assert result.failures == 0, "\n".join([result.summary(), *result.examples()])
     assert result.cuts >= config.cuts
