@@ -24,3 +24,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Print each configuration's cuts, acknowledged and lost checkpoints."""
     for result in RESULTS:
         terminalreporter.write_line(f"power loss: {result.summary()}")
+        if result.lazyfs:
+            terminalreporter.write_line(f"    LazyFS failures: {result.lazyfs_failures()}")

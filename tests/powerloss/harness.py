@@ -20,10 +20,12 @@ of time or attempts before reaching the target.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
 import random
+import re
 import select
 import shutil
 import signal
@@ -107,6 +109,11 @@ class Result:
             + f", {len(self.lazyfs)} LazyFS failures, cache peak {self.cache_peak:.0f}%, "
             f"{self.seconds:.0f} s"
         )
+
+    def lazyfs_failures(self) -> str:
+        """What went wrong with LazyFS, by kind (the start of each message)."""
+        kinds = collections.Counter(why.split(":")[0] for why in self.lazyfs)
+        return ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()))
 
     def examples(self, n: int = 8) -> list[str]:
         """A few of the problems, for an assertion message."""
@@ -405,46 +412,59 @@ class Trials:
                 raise _Unchosen  # it stopped on its own: see _writer_exit
 
     def _cut(self, pid: int, pipe: AckPipe) -> bool:
-        """Stop the writer, cut the power, kill the writer; False if LazyFS failed."""
-        clean = True
-        if self.exit is None:
-            with contextlib.suppress(ProcessLookupError):  # it ended, unreported yet
-                os.kill(pid, signal.SIGSTOP)
-            deadline = time.monotonic() + 10
-            while not _stopped(pid):
-                if time.monotonic() > deadline:
-                    self.fs.kill("the writer hung in a LazyFS call")  # the cut
-                    clean = False
-                    break
-                time.sleep(0.001)
+        """Stop the writer, cut the power, kill the writer; False if LazyFS failed instead."""
+        clean = self._stop(pid)
         pipe.pump(0)
-        if not self.fs.alive():
-            if clean:  # not killed above: it died by itself
-                self.fs.kill(f"LazyFS died under the writer ({self.fs.tail()[-200:]})")
-            clean = False
-        else:
-            try:
-                usage = self.fs.cache_usage()
-                self.fs.clear_cache()
-            except LazyFSFault as exc:
-                self.fs.kill(f"clear-cache failed: {exc}")
-                clean = False
-            else:
-                self.result.cache_peak = max(self.result.cache_peak, usage)
-                if usage >= 100:  # writes went straight through: the cut proved less
-                    self.result.lazyfs.append("cache full at the cut")
-                    clean = False
-        if self.exit is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            self.exit = self.zygote.wait(30)
-            if self.exit is None:
-                self.fs.kill("the killed writer hung in a LazyFS call")
-                self.exit = self.zygote.wait(30)
-            if self.exit is None:
-                raise HarnessError("the writer survived SIGKILL and a dead LazyFS")
+        clean = self._clear_cache(clean) and clean
+        self._kill(pid)
         pipe.drain(30)
         return clean
+
+    def _stop(self, pid: int) -> bool:
+        """SIGSTOP the writer and wait until no thread of it runs; False if LazyFS hung."""
+        if self.exit is not None:
+            return True
+        with contextlib.suppress(ProcessLookupError):  # it ended, unreported yet
+            os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not _stopped(pid):
+            if time.monotonic() > deadline:  # a thread waits for LazyFS's answer
+                self.fs.kill("the writer hung in a LazyFS call")  # the cut
+                return False
+            time.sleep(0.001)
+        return True
+
+    def _clear_cache(self, alive_before: bool) -> bool:
+        """The cut: clear LazyFS's cache; False if LazyFS had died or fails to."""
+        if not self.fs.alive():
+            if alive_before:  # not killed by _stop: it died by itself
+                code = self.fs.proc.poll() if self.fs.proc else None
+                self.fs.kill(f"LazyFS died under the writer (exit {code}): {self.fs.tail()[-200:]}")
+            return False
+        try:
+            usage = self.fs.cache_usage()
+            self.fs.clear_cache()
+        except LazyFSFault as exc:
+            self.fs.kill(f"clear-cache failed: {exc}")
+            return False
+        self.result.cache_peak = max(self.result.cache_peak, usage)
+        if usage >= 100:  # writes went straight through: the cut proved less
+            self.result.lazyfs.append("cache full at the cut")
+            return False
+        return True
+
+    def _kill(self, pid: int) -> None:
+        """SIGKILL the (stopped) writer and collect its wait status."""
+        if self.exit is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self.exit = self.zygote.wait(30)
+        if self.exit is None:
+            self.fs.kill("the killed writer hung in a LazyFS call")
+            self.exit = self.zygote.wait(30)
+        if self.exit is None:
+            raise HarnessError("the writer survived SIGKILL and a dead LazyFS")
 
     def _writer_exit(self) -> None:
         """A writer that stopped on its own failed: through LazyFS (a cut) or not (a bug)."""
@@ -454,7 +474,9 @@ class Trials:
             return
         why = (self.workdir / "write.err").read_text(errors="replace")[-2000:]
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _LAZYFS_EXIT:
-            self.result.lazyfs.append(f"writer got a LazyFS error: {why.splitlines()[-1:]}")
+            found = re.search(r"\[Errno \d+\] ([^:'\"]+)", why)
+            label = found.group(1) if found else "an error"
+            self.result.lazyfs.append(f"the writer got '{label}' from LazyFS: {why[-300:]}")
             return
         self._found("error", f"the writer failed on its own ({status}): {why}")
 
