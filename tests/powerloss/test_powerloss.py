@@ -6,7 +6,8 @@ power under it at random moments and checks after every cut that the store opens
 every acknowledged checkpoint retention allows is there and verifies, that no workflow's
 latest is behind its last acknowledged step and that every visible record is whole (see
 harness.py). ``AIOCHECKPOINT_POWERLOSS_CUTS=N`` sets every configuration's cut count;
-``AIOCHECKPOINT_SOAK=1`` multiplies it by ten.
+``AIOCHECKPOINT_SOAK=1`` multiplies it by ten; ``AIOCHECKPOINT_POWERLOSS_JOBS`` (2) is how
+many configurations run side by side.
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ def _sqlite(name: str, tasks: int, cuts: int) -> Config:
     return Config(name, TARGET, {"backend": "sqlite"}, tasks, _cuts(cuts))
 
 
+#: The longest first: they start first, and each test waits only for its own.
 CONFIGS: dict[str, Config] = {
-    "file-1": _file("file, 1 writer, group commit on", 1, True, 70),
-    "file-1-nosyncfs": _file("file, 1 writer, use_syncfs=False", 1, False, 70),
-    "file-50": _file("file, 50 writers, group commit on", 50, True, 70),
-    "file-50-nosyncfs": _file("file, 50 writers, use_syncfs=False", 50, False, 70),
-    "sqlite-1": _sqlite("sqlite, 1 writer", 1, 100),
     "sqlite-50": _sqlite("sqlite, 50 writers", 50, 100),
+    "file-50-nosyncfs": _file("file, 50 writers, use_syncfs=False", 50, False, 70),
+    "file-50": _file("file, 50 writers, group commit on", 50, True, 70),
+    "sqlite-1": _sqlite("sqlite, 1 writer", 1, 100),
+    "file-1-nosyncfs": _file("file, 1 writer, use_syncfs=False", 1, False, 70),
+    "file-1": _file("file, 1 writer, group commit on", 1, True, 70),
 }
 MARKS = {
     "file-50": pytest.mark.xfail(
@@ -65,13 +67,13 @@ JOBS = int(os.environ.get("AIOCHECKPOINT_POWERLOSS_JOBS", "2"))
 
 
 def _selected(session: pytest.Session) -> list[str]:
-    """The configurations whose tests this session runs, the longest first."""
+    """The configurations whose tests this session runs, in the order of CONFIGS."""
     keys = {
         item.callspec.params["key"]
         for item in session.items
         if isinstance(item, pytest.Function) and item.originalname == _TEST
     }
-    return sorted(keys, key=lambda k: -CONFIGS[k].cuts * (CONFIGS[k].tasks + 20))
+    return [key for key in CONFIGS if key in keys]
 
 
 @pytest.fixture(scope="session")
