@@ -34,7 +34,7 @@ from .workload import STRIDE, States, Workflow, digest, workflows
 
 #: OS errors that LazyFS itself causes (a dead or confused daemon), not the store.
 LAZYFS_ERRNOS = frozenset({errno.ESTALE, errno.ENOTCONN, errno.ECONNABORTED})
-#: Workflows checked at once: their reads overlap in LazyFS's threads.
+#: Workflows checked at once: their reads overlap in the store's worker threads.
 CONCURRENT_CHECKS = 16
 
 
