@@ -366,16 +366,17 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 async def test_cli_workflows_export_copy_survive_a_blob_workflow_id(tmp_path: Path) -> None:
     """The command line's workflows, export and copy over a store with a BLOB workflow id
-    (once a raw TypeError) finish with no traceback and carry only the real workflow."""
+    (once a raw TypeError) finish with no traceback and carry only the real workflow; export
+    and copy count the damaged rows as problems (exit status 1), workflows notes them."""
     db = await damaged_store(tmp_path, ["blob id"])
     url = f"sqlite:{db}"
     listed = run_cli("workflows", url, "--json")
     assert listed.returncode == 0, listed.stderr
     assert [w["workflow_id"] for w in json.loads(listed.stdout)["workflows"]] == [WF]
     exported = run_cli("export", url, str(tmp_path / "dump.jsonl"))
-    assert exported.returncode == 0, exported.stderr
+    assert exported.returncode == 1, exported.stderr
     copied = run_cli("copy", url, f"sqlite:{tmp_path / 'copy.db'}")
-    assert copied.returncode == 0, copied.stderr
+    assert copied.returncode == 1, copied.stderr
     for result in (listed, exported, copied):
         assert "Traceback" not in result.stderr and "TypeError" not in result.stderr
     async with SQLiteCheckpointStorage(tmp_path / "copy.db") as copy:
