@@ -21,7 +21,7 @@ from ..errors import CheckpointCorruptedError
 from ..format.blob import Unwrapper
 from ..format.jsontext import loads
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
-from ..format.tree import KIND_DICT, KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
+from ..format.tree import KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
 
 __all__ = [
     "AsyncFetch",
@@ -75,13 +75,19 @@ class Joiner:
     ``(node, refs)``. Leaves, nearly all of a large state's nodes, are verified and
     spliced in bulk: a level's hashes by one chain of ``map`` calls, an index node's leaf
     chunks by one ``join``.
+
+    ``max_bytes`` bounds what one read may hold, whatever the store contains: the nodes
+    fetched (decompressed) and, separately, the rebuilt text, counted byte by byte as it
+    is spliced, so that a tree referencing one sub-tree many times ("billion laughs") is
+    refused at the limit with :class:`CheckpointCorruptedError`. Every reference splices
+    at least one byte (empty values are refused), so the time is bounded by the limit too.
     """
 
     def __init__(self, digest: int, max_bytes: int) -> None:
         self._digest = digest
         self._name = operator.itemgetter(slice(0, digest))
-        self._budget = max_bytes
-        self._unwrap = Unwrapper()
+        self._max = max_bytes
+        self._unwrap = Unwrapper(max_bytes)
         self._nodes: dict[bytes, bytes | tuple[bytes, list[bytes]]] = {}
 
     def steps(self, root: bytes, text_crc: int | None = None) -> Steps[Any]:
@@ -107,12 +113,14 @@ class Joiner:
                 raise _corrupt(f"missing blob {bytes(exc.args[0]).hex()}") from None
             is_leaf = list(map(_is_plain_leaf, stored))
             if all(is_leaf):
+                unwrap.spend(sum(map(len, stored)) - len(stored))
                 if hashed:
                     self._check_leaves(pending, stored)
                 nodes.update(zip(pending, stored, strict=True))
                 break  # leaves reference nothing: the tree is complete
             leaves = list(itertools.compress(pending, is_leaf))
             leaf_blobs = list(itertools.compress(stored, is_leaf))
+            unwrap.spend(sum(map(len, leaf_blobs)) - len(leaf_blobs))
             if hashed:
                 self._check_leaves(leaves, leaf_blobs)
             nodes.update(zip(leaves, leaf_blobs, strict=True))
@@ -132,15 +140,13 @@ class Joiner:
             pending = [h for h in level if h not in nodes]
         if not root_refs and root_node[:1] == b"V":
             return loads(root_node[5:])  # a small state kept whole in the root
-        out: list[bytes | memoryview] = []
+        text = bytearray()
         try:
-            self._emit(root_node, root_refs, out, 0)
+            self._emit(root_node, root_refs, text, 0)
         except (CheckpointCorruptedError, ValueError, TypeError, KeyError, IndexError):
             if not hashed:
                 self._check_all()  # a damaged node names itself before a malformed one
             raise
-        text = b"".join(out)
-        del out
         if not hashed and zlib.crc32(text) != text_crc:
             self._check_all()
             raise _corrupt("state text does not match its checksum")
@@ -168,15 +174,13 @@ class Joiner:
                 if name != h:
                     raise _corrupt(f"blob {h.hex()} does not match its hash")
 
-    def _spend(self, size: int) -> None:
-        self._budget -= size
-        if self._budget < 0:
+    def _check_room(self, text: bytearray, more: int = 0) -> None:
+        """Refuse a text that is, or would be with ``more`` bytes, over the limit."""
+        if len(text) + more > self._max:
             raise _corrupt("tree expands beyond the record size limit")
 
-    def _emit(
-        self, node: bytes, refs: list[bytes], out: list[bytes | memoryview], inner: int
-    ) -> None:
-        """Append the JSON text (UTF-8) of ``node`` to ``out``.
+    def _emit(self, node: bytes, refs: list[bytes], text: bytearray, inner: int) -> None:
+        """Append the JSON text (UTF-8) of ``node`` to ``text``.
 
         ``inner`` is ``ord("[")`` or ``ord("{")`` when the node is a chunk of a list or dict
         index (0 otherwise): then its brackets are left out so the chunks concatenate.
@@ -184,17 +188,18 @@ class Joiner:
         kind = node[0]
         nodes = self._nodes
         if kind != KIND_VALUE:
-            self._emit_index(kind, refs, out, inner)
+            self._emit_index(kind, refs, text, inner)
             return
         n = len(refs)
         base = 5 + n * (self._digest + 4)
         end = len(node)
-        self._spend(end - base)
         pos = base
         if inner:
             if end - base < 3 or node[base] != inner or node[-1] != inner + 2:  # "]" / "}"
                 raise _corrupt("chunk of the wrong kind")
             pos, end = base + 1, end - 1
+        elif end <= base:
+            raise _corrupt("empty value node")
         view = memoryview(node)
         if n:
             offsets = struct.unpack_from(f">{n}I", node, base - 4 * n)
@@ -202,28 +207,29 @@ class Joiner:
                 at = base + off
                 if at < pos or at + 4 > end or node[at : at + 4] != b"null":
                     raise _corrupt("reference does not point at a placeholder")
-                out.append(view[pos:at])
+                text += view[pos:at]
                 child = nodes[h]
                 if isinstance(child, tuple):
-                    self._emit(child[0], child[1], out, 0)
-                else:  # a stored leaf, without a call
-                    self._spend(len(child) - 6)
-                    out.append(memoryview(child)[6:])
+                    self._emit(child[0], child[1], text, 0)
+                elif len(child) > len(PLAIN_LEAF):  # a stored leaf, without a call
+                    self._check_room(text, len(child))
+                    text += memoryview(child)[6:]
+                else:
+                    raise _corrupt("empty value node")
                 pos = at + 4
-        out.append(view[pos:end])
+        self._check_room(text, end - pos)
+        text += view[pos:end]
 
-    def _emit_index(
-        self, kind: int, refs: list[bytes], out: list[bytes | memoryview], inner: int
-    ) -> None:
+    def _emit_index(self, kind: int, refs: list[bytes], text: bytearray, inner: int) -> None:
         """:meth:`_emit` for a list or dict index: all its leaf chunks spliced by one join."""
         opening, closing = (b"[", b"]") if kind == KIND_LIST else (b"{", b"}")
         if inner:  # an index node is never a chunk of another index's node
             raise _corrupt("index node of the wrong kind")
-        pieces: list[bytes] = []
-        made: set[int] = set()
-        self._collect(kind, refs, pieces, made)
+        pieces: list[bytes | tuple[bytes, list[bytes]]] = []
+        # Each chunk adds at least one byte and a comma: more chunks than that cannot fit.
+        self._collect(kind, refs, pieces, (self._max - len(text)) // 2)
         bracket = opening[0]
-        leaves = pieces if not made else [p for i, p in enumerate(pieces) if i not in made]
+        leaves = [p for p in pieces if not isinstance(p, tuple)]
         n = len(leaves)
         if n:
             if (
@@ -232,46 +238,49 @@ class Joiner:
                 or bytes(map(_last_byte, leaves)).count(bracket + 2) != n  # "]" / "}"
             ):
                 raise _corrupt("chunk of the wrong kind")
-            self._spend(sum(map(len, leaves)) - (len(PLAIN_LEAF) + 2) * n)
-        out.append(opening)
-        if made:
-            out.append(
-                b",".join([p if i in made else _chunk_entries(p) for i, p in enumerate(pieces)])
-            )
-        elif pieces:
-            # Views, not slices, with the commas between them, straight into ``out``: the
-            # caller's join is the only copy of the text.
-            spliced: list[bytes | memoryview] = [b","] * (2 * len(pieces) - 1)
-            spliced[::2] = map(_chunk_entries, map(_view, pieces))
-            out.extend(spliced)
-        out.append(closing)
+            self._check_room(text, sum(map(len, leaves)) - (len(PLAIN_LEAF) + 1) * n + 1)
+        text += opening
+        if n == len(pieces):
+            text += b",".join(map(_chunk_entries, map(_view, leaves)))
+        else:
+            for i, piece in enumerate(pieces):
+                if i:
+                    text += b","
+                if isinstance(piece, tuple):
+                    self._emit(piece[0], piece[1], text, bracket)
+                else:
+                    text += _chunk_entries(_view(piece))
+        self._check_room(text, 1)
+        text += closing
 
-    def _collect(self, kind: int, refs: list[bytes], pieces: list[bytes], made: set[int]) -> None:
+    def _collect(
+        self,
+        kind: int,
+        refs: list[bytes],
+        pieces: list[bytes | tuple[bytes, list[bytes]]],
+        most: int,
+    ) -> None:
         """Append the chunks under index node ``refs`` to ``pieces``, in order.
 
-        A stored leaf chunk is appended as it is, a chunk with references as its text (its
-        position goes into ``made``); inner index nodes are descended into.
+        A stored leaf chunk is appended as it is, a chunk with references as its
+        ``(node, refs)``; inner index nodes are descended into. More than ``most`` chunks
+        are refused.
         """
         if not refs:
             raise _corrupt("empty index node")
         children = list(map(self._nodes.__getitem__, refs))
         if tuple not in map(type, children):  # the common case: leaf chunks only
-            pieces.extend(children)  # type: ignore[arg-type]
-            return
-        for child in children:
-            if not isinstance(child, tuple):
-                pieces.append(child)
-                continue
-            node, sub = child
-            if node[0] == kind:
-                self._collect(kind, sub, pieces, made)
-            elif node[0] == KIND_VALUE:
-                text: list[bytes | memoryview] = []
-                self._emit(node, sub, text, b"[{"[kind == KIND_DICT])
-                made.add(len(pieces))
-                pieces.append(b"".join(text))
-            else:
-                raise _corrupt("index node of the wrong kind")
+            pieces.extend(children)
+        else:
+            for child in children:
+                if isinstance(child, tuple) and child[0][0] == kind:
+                    self._collect(kind, child[1], pieces, most)
+                elif isinstance(child, tuple) and child[0][0] != KIND_VALUE:
+                    raise _corrupt("index node of the wrong kind")
+                else:
+                    pieces.append(child)
+        if len(pieces) > most:
+            raise _corrupt("tree expands beyond the record size limit")
 
 
 def drive(steps: Steps[_T], fetch: Fetch) -> _T:

@@ -19,6 +19,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from ..errors import CheckpointCorruptedError, InvalidArgumentError
+from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.tree import SplitMemory, SplitResult, TreeParams
 from ..models import Checkpoint, StateSnapshot, StateVersion, built
 from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
@@ -49,6 +50,8 @@ class RecordCodec:
     ``blobs`` is the storage when it should receive large states as version-2 trees (the
     manager's ``incremental``), else None: then every record is version 1. Reads decode
     both versions whatever ``blobs`` is, fetching blobs from ``storage`` when it keeps them.
+    The storage's ``max_record_bytes`` (when it has one) bounds a tree as it bounds a
+    record: the text of its state and its nodes, on write and on read.
     """
 
     def __init__(
@@ -60,6 +63,8 @@ class RecordCodec:
         self._storage = storage
         #: The storage that receives version-2 trees, or None.
         self.blobs = blobs
+        #: The most a record's tree may hold (its nodes; its state's text).
+        self.max_bytes = _record_limit(storage)
         self._values = values
         self._copy = values.copy
         #: The last split of each recently saved workflow's state.
@@ -137,7 +142,8 @@ class RecordCodec:
             return None
         params = blobs.blob_params
         previous = self.memory.get(workflow_id)
-        record, split = await _encode_tree(checkpoint, finite, params, previous)
+        limit = self.max_bytes
+        record, split = await _encode_tree(checkpoint, finite, params, previous, limit)
         memory = split.memory
         if previous is None and memory is not None and memory.first_chunks:
             # No memory of this workflow's last split (a new process, or another manager
@@ -146,7 +152,7 @@ class RecordCodec:
             stored = await blobs.fetch_blobs(list(set(memory.first_chunks.values())))
             recovered = recovered_memory(memory, stored)
             if recovered is not None:
-                record, split = await _encode_tree(checkpoint, finite, params, recovered)
+                record, split = await _encode_tree(checkpoint, finite, params, recovered, limit)
         return (record, split) if split.root else None
 
     def remember(self, workflow_id: str, split: SplitResult) -> None:
@@ -209,7 +215,9 @@ class RecordCodec:
         def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
             return anyio.from_thread.run(self._fetch_blobs, hashes)
 
-        return decode_checkpoint_v2(data, fetch, workflow_id=workflow_id, step=step)
+        return decode_checkpoint_v2(
+            data, fetch, workflow_id=workflow_id, step=step, max_bytes=self.max_bytes
+        )
 
     async def _fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
         if isinstance(self._storage, BlobCheckpointStorage):
@@ -218,18 +226,32 @@ class RecordCodec:
 
 
 async def _encode_tree(
-    checkpoint: Checkpoint, finite: bool, params: TreeParams, previous: SplitMemory | None
+    checkpoint: Checkpoint,
+    finite: bool,
+    params: TreeParams,
+    previous: SplitMemory | None,
+    max_bytes: int,
 ) -> tuple[bytes, SplitResult]:
     """Split ``checkpoint``'s state into a version-2 record and blobs, off the hot path."""
     if finite:
         # ~5 ms of CPU per MB, mostly Python: a worker thread would hold the GIL against
         # the loop for whole switch intervals (5 ms each), so the loop runs it itself in
         # slices of ~0.1-0.2 ms (docs/incremental.md).
-        return await cooperate(encode_v2_work(checkpoint, params, finite=True, previous=previous))
+        return await cooperate(
+            encode_v2_work(checkpoint, params, finite=True, previous=previous, max_bytes=max_bytes)
+        )
     # NaN, infinities: the exact encoder, which does not slice.
     return await anyio.to_thread.run_sync(
-        functools.partial(encode_checkpoint_v2, checkpoint, params, previous=previous)
+        functools.partial(
+            encode_checkpoint_v2, checkpoint, params, previous=previous, max_bytes=max_bytes
+        )
     )
+
+
+def _record_limit(storage: CheckpointStorage) -> int:
+    """The storage's ``max_record_bytes``, or the default for one that does not say."""
+    limit = getattr(storage, "max_record_bytes", None)
+    return limit if type(limit) is int and limit > 0 else DEFAULT_MAX_RECORD_BYTES
 
 
 async def cooperate(work: Generator[None, None, _R]) -> _R:

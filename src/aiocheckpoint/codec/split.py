@@ -116,8 +116,10 @@ class _Splitter:
         "blobs",
         "children",
         "memory",
+        "node_bytes",
         "p",
         "previous",
+        "sizes",
         "text_crc",
     )
 
@@ -133,6 +135,10 @@ class _Splitter:
         self.blobs: dict[bytes, bytes] = {}
         self.children: dict[bytes, tuple[bytes, ...]] = {}
         self.text_crc: int | None = None
+        # What a reader will hold: each node's text once spliced (by hash), and the bytes
+        # of all the distinct nodes (see Joiner: it refuses more than the store's limit).
+        self.sizes: dict[bytes, int] = {}
+        self.node_bytes = 0
         compressor = Compressor(params)
         self._compress = compressor.active
         self._wrap = compressor.wrap
@@ -390,8 +396,13 @@ class _Splitter:
                     current = []
             if current:
                 groups.append(current)
-            hashes = [g[0] if len(g) == 1 else self._add(head + b"".join(g), g) for g in groups]
+            hashes = [g[0] if len(g) == 1 else self._index_node(head, g) for g in groups]
         return hashes[0]
+
+    def _index_node(self, head: bytes, hashes: list[bytes]) -> bytes:
+        """An index node over ``hashes``: its text is theirs without their brackets."""
+        size = sum(map(self.sizes.__getitem__, hashes)) - len(hashes) + 1
+        return self._add(head + b"".join(hashes), hashes, size)
 
     def _chunk_node(
         self,
@@ -411,21 +422,31 @@ class _Splitter:
             # No references: build the stored blob in one piece.
             blob = chunk(start, end, PLAIN_LEAF)[0]
             if keep:
-                return self._add(blob, _NO_HASHES)
+                return self._add(blob, _NO_HASHES, len(blob) - len(PLAIN_LEAF))
             node = memoryview(blob)[1:]
         return _sha256(node).digest()[: self._digest]
 
     def value_node(self, text: bytes, refs: _Refs) -> bytes:
         if not refs:
-            return self._add(b"".join((PLAIN_LEAF, text)), _NO_HASHES)
-        return self._add(b"\x00" + _value_node(text, refs), [h for _, h in refs])
+            return self._add(b"".join((PLAIN_LEAF, text)), _NO_HASHES, len(text))
+        hashes = [h for _, h in refs]
+        return self._add(b"\x00" + _value_node(text, refs), hashes, self.spliced(text, hashes))
 
-    def _add(self, blob: bytes, hashes: list[bytes]) -> bytes:
-        """Name ``blob`` (a zero flags byte + a node) and keep it unless it is known."""
+    def spliced(self, text: bytes, hashes: list[bytes]) -> int:
+        """The length of ``text`` once its references' texts replace their placeholders."""
+        return len(text) - 4 * len(hashes) + sum(map(self.sizes.__getitem__, hashes))
+
+    def _add(self, blob: bytes, hashes: list[bytes], size: int) -> bytes:
+        """Name ``blob`` (a zero flags byte + a node) and keep it unless it is known.
+
+        ``size`` is the length of the node's text once its references are spliced in.
+        """
         node = memoryview(blob)[1:]
         h = _sha256(node).digest()[: self._digest]
         if h not in self.children:
             self.children[h] = tuple(dict.fromkeys(hashes)) if hashes else ()
+            self.sizes[h] = size
+            self.node_bytes += len(node)
             if h not in self._known:
                 self.blobs[h] = self._wrap(node) if self._compress else blob
         return h
@@ -516,6 +537,7 @@ def split_state(
     known: Collection[bytes] = (),
     finite: bool = False,
     previous: SplitMemory | None = None,
+    max_bytes: int | None = None,
 ) -> SplitResult:
     """Cut a storable value into a root and content-addressed blobs.
 
@@ -527,9 +549,13 @@ def split_state(
     (as :func:`~aiocheckpoint.codec.copy.storable_copy` reports), which allows a several times
     faster encoder. ``previous`` is the :attr:`SplitResult.memory` of the previous split
     of the same value's history (it changes which blobs are made, never the value).
-    Raises :class:`CheckpointSerializationError` for unstorable values.
+    Raises :class:`CheckpointSerializationError` for unstorable values, and for a value
+    whose text, or whose tree's nodes together, would be longer than ``max_bytes`` (what a
+    reader with that limit refuses: :func:`~aiocheckpoint.codec.join.join_state`).
     """
-    return finish(split_work(data, params, known, previous, inline=True, finite=finite))
+    return finish(
+        split_work(data, params, known, previous, inline=True, finite=finite, max_bytes=max_bytes)
+    )
 
 
 def split_work(
@@ -540,6 +566,7 @@ def split_work(
     *,
     inline: bool,
     finite: bool,
+    max_bytes: int | None = None,
 ) -> _Work[SplitResult]:
     """:func:`split_state` as a generator that yields between slices of work.
 
@@ -554,7 +581,7 @@ def split_work(
                 if small:
                     body = _fast_dumps(data)
                     if len(body) <= limit:
-                        return SplitResult(splitter.wrap(LEAF + body), {}, {}, ())
+                        return _inline_root(splitter, body, max_bytes)
                 encoded, refs = yield from splitter.encode_fast(data, None, top=True)
             except TypeError:  # an int beyond 64 bits, or not storable: the exact encoder
                 splitter, finite = _Splitter(params, known, previous), False
@@ -562,13 +589,15 @@ def split_work(
             if small:
                 body = dumps(data, False)  # exact: NaN, big ints stay as they are
                 if len(body) <= limit:
-                    return SplitResult(splitter.wrap(LEAF + body), {}, {}, ())
+                    return _inline_root(splitter, body, max_bytes)
             encoded, refs = splitter.encode(data)
         root = _value_node(encoded, refs)
     except (ValueError, TypeError, RecursionError) as exc:
         if isinstance(exc, CheckpointSerializationError):
             raise
         raise CheckpointSerializationError("state", str(exc)) from exc
+    hashes = [h for _, h in refs]
+    _check_size(splitter.spliced(encoded, hashes), splitter.node_bytes + len(root), max_bytes)
     return SplitResult(
         splitter.wrap(root),
         splitter.blobs,
@@ -577,3 +606,19 @@ def split_work(
         splitter.text_crc,
         splitter.memory,
     )
+
+
+def _inline_root(splitter: _Splitter, text: bytes, max_bytes: int | None) -> SplitResult:
+    """A state kept whole in the root: a value node without references."""
+    _check_size(len(text), len(LEAF) + len(text), max_bytes)
+    return SplitResult(splitter.wrap(LEAF + text), {}, {}, ())
+
+
+def _check_size(text: int, nodes: int, max_bytes: int | None) -> None:
+    """Refuse a state a reader with a limit of ``max_bytes`` could not read back."""
+    if max_bytes is not None and max(text, nodes) > max_bytes:
+        raise CheckpointSerializationError(
+            "state",
+            f"its text is {text} bytes (its tree's nodes {nodes}), over this store's "
+            f"max_record_bytes ({max_bytes})",
+        )

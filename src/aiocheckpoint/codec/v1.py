@@ -17,12 +17,14 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from ..errors import CheckpointCorruptedError, CheckpointSerializationError
+from .._validation import check_step, check_workflow_id
+from ..errors import CheckpointCorruptedError, CheckpointSerializationError, InvalidArgumentError
 from ..format.header import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, read_header
 from ..format.jsontext import loads
 from ..models import Checkpoint
 from .copy import child_path
 from .jsontext import dumps
+from .verify import check_depth, may_nest_deeply
 
 __all__ = ["build_checkpoint", "check_owner", "decode_checkpoint", "encode_checkpoint"]
 
@@ -152,8 +154,8 @@ def decode_checkpoint(
             )
         if zlib.crc32(body) != crc:
             raise CheckpointCorruptedError("checksum mismatch")
-        obj = loads(bytes(body))
-        checkpoint = build_checkpoint(obj)
+        text = bytes(body)
+        checkpoint = build_checkpoint(loads(text), nested=may_nest_deeply(text))
     except CheckpointCorruptedError as exc:
         raise CheckpointCorruptedError(exc.reason, workflow_id=workflow_id, step=step) from exc
     except (ValueError, TypeError, KeyError, RecursionError) as exc:
@@ -181,11 +183,24 @@ def check_owner(checkpoint: Checkpoint, workflow_id: str | None, step: int | Non
     return checkpoint
 
 
-def build_checkpoint(obj: Any) -> Checkpoint:
-    """The checkpoint a decoded record body describes (its fields validated)."""
+def build_checkpoint(obj: Any, *, nested: bool = True) -> Checkpoint:
+    """The checkpoint a decoded record body describes (its fields validated).
+
+    What the writer refuses is corruption here too: an invalid workflow id or step, and
+    (unless ``nested`` is False: the text has too few brackets) values nested too deeply.
+    """
     if type(obj) is not dict:
         raise CheckpointCorruptedError("body is not a JSON object")
     state = obj["state"]
+    try:
+        check_workflow_id(obj["workflow_id"])
+        check_step(obj["step"])
+    except InvalidArgumentError as exc:
+        raise CheckpointCorruptedError(f"the record holds an invalid id: {exc}") from None
+    if nested:
+        check_depth(state["data"], "state")
+        check_depth(obj["metadata"], "metadata")
+        check_depth(state["metadata"], "state.metadata")
     try:
         return Checkpoint.model_validate(
             {

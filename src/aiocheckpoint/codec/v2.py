@@ -75,16 +75,21 @@ def encode_checkpoint_v2(
     known: Collection[bytes] = (),
     finite: bool = False,
     previous: SplitMemory | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[bytes, SplitResult]:
     """Encode a checkpoint as a version-2 record plus the blobs its state needs.
 
     A checkpoint whose JSON (state included) fits in ``params.root_inline_limit`` bytes is
     stored whole in the record, with no blobs and no root (``result.root == b""``).
     Otherwise the caller must make every blob in ``result.blobs`` durable before the
-    record (see docs/incremental.md). The state must already be storable; ``finite`` and
-    ``previous`` are as in :func:`~aiocheckpoint.codec.split.split_state`.
+    record (see docs/incremental.md). The state must already be storable; ``finite``,
+    ``previous`` and ``max_bytes`` are as in :func:`~aiocheckpoint.codec.split.split_state`.
     """
-    return finish(encode_v2_work(checkpoint, params, known=known, finite=finite, previous=previous))
+    return finish(
+        encode_v2_work(
+            checkpoint, params, known=known, finite=finite, previous=previous, max_bytes=max_bytes
+        )
+    )
 
 
 def encode_v2_work(
@@ -94,6 +99,7 @@ def encode_v2_work(
     known: Collection[bytes] = (),
     finite: bool = False,
     previous: SplitMemory | None = None,
+    max_bytes: int | None = None,
 ) -> Generator[None, None, tuple[bytes, SplitResult]]:
     """:func:`encode_checkpoint_v2` as a generator that yields between slices of work.
 
@@ -111,13 +117,15 @@ def encode_v2_work(
         if len(meta_bytes) <= limit:
             return _record(meta_bytes, params.digest_size, b""), SplitResult(b"", {}, {}, ())
         del meta["state"]["data"]
-    split = yield from split_work(data, params, known, previous, inline=False, finite=finite)
+    split = yield from split_work(
+        data, params, known, previous, inline=False, finite=finite, max_bytes=max_bytes
+    )
     if split.text_crc is not None:
         meta["state"]["text_crc32"] = split.text_crc
     return _record(_meta_bytes(meta), params.digest_size, split.root), split
 
 
-def _decode_steps(record: bytes) -> Steps[Checkpoint]:
+def _decode_steps(record: bytes, max_bytes: int) -> Steps[Checkpoint]:
     if record_format_version(record) == 1:
         return decode_checkpoint(record)
     meta, digest, root = open_record_v2(record)
@@ -125,7 +133,7 @@ def _decode_steps(record: bytes) -> Steps[Checkpoint]:
     if text_crc is not None and (type(text_crc) is not int or not 0 <= text_crc <= 0xFFFFFFFF):
         raise _corrupt("malformed text checksum")
     if root:
-        joiner = Joiner(digest, DEFAULT_MAX_RECORD_BYTES)
+        joiner = Joiner(digest, max_bytes)
         meta["state"]["data"] = yield from joiner.steps(root, text_crc)
     return build_checkpoint(meta)
 
@@ -146,16 +154,18 @@ def decode_checkpoint_v2(
     *,
     workflow_id: str | None = None,
     step: int | None = None,
+    max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> Checkpoint:
     """Decode a record of format version 1 or 2, fetching blobs one tree level at a time.
 
     Any damage -- to the record, a missing blob, a blob that fails its hash or a state text
     that fails the record's checksum (``state.text_crc32``, which then replaces the leaves'
     hashes) -- raises :class:`CheckpointCorruptedError`, naming the damaged blob when one
-    is, as does a record of another workflow or step.
+    is, as does a record of another workflow or step, and a tree whose nodes or whose
+    rebuilt text would be longer than ``max_bytes`` (the store's ``max_record_bytes``).
     ``fetch`` is not called for version-1 records or states stored inline.
     """
-    return drive(_checked(_decode_steps(record), workflow_id, step), fetch)
+    return drive(_checked(_decode_steps(record, max_bytes), workflow_id, step), fetch)
 
 
 async def adecode_checkpoint_v2(
@@ -164,6 +174,7 @@ async def adecode_checkpoint_v2(
     *,
     workflow_id: str | None = None,
     step: int | None = None,
+    max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> Checkpoint:
     """:func:`decode_checkpoint_v2` with an async ``fetch`` (one await per tree level)."""
-    return await adrive(_checked(_decode_steps(record), workflow_id, step), fetch)
+    return await adrive(_checked(_decode_steps(record, max_bytes), workflow_id, step), fetch)

@@ -3,19 +3,26 @@
 Records are UTF-8 JSON as Python's ``json`` module writes it with ``ensure_ascii=False``:
 ``NaN``/``Infinity``/``-Infinity`` stand for the non-finite floats, and ints are written in
 full whatever their size (Python refuses to convert ints of more than 4300 digits by
-default; these functions do not). The writing side is :mod:`aiocheckpoint.codec.jsontext`.
+default; these functions do not). Writers never store a string that is not valid Unicode
+(a lone surrogate), so :func:`loads` refuses one, raw or escaped. The writing side is
+:mod:`aiocheckpoint.codec.jsontext`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
+
+from ..errors import CheckpointCorruptedError
 
 __all__ = ["BIG_INT_BITS", "decimal_to_int", "is_digit_limit", "loads"]
 
 #: Ints up to this bit length convert to and from text with ``int``/``str`` directly (the
 #: interpreter's digit limit never applies below it).
 BIG_INT_BITS: Final = 14_000
+# An escaped surrogate, or something that looks like one (an escaped backslash before "u").
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def decimal_to_int(text: str) -> int:
@@ -36,10 +43,39 @@ def is_digit_limit(exc: ValueError) -> bool:
 
 
 def loads(body: bytes | bytearray) -> Any:
-    """Parse JSON text, ints of any length included."""
+    """Parse UTF-8 JSON text, ints of any length included.
+
+    Text that is not UTF-8 (raw surrogates included) raises ``UnicodeDecodeError``; a
+    string holding an escaped lone surrogate raises :class:`CheckpointCorruptedError`.
+    """
+    text = body.decode("utf-8")  # what json.loads would do, but strict
     try:
-        return json.loads(body)
+        value = json.loads(text)
     except ValueError as exc:
         if not is_digit_limit(exc):
             raise
-    return json.loads(body, parse_int=decimal_to_int)
+        value = json.loads(text, parse_int=decimal_to_int)
+    # A backslash is found at memchr speed; most texts have none, and escapes of
+    # surrogates are rarer still: only then is every string looked at.
+    if b"\\" in body and _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(value):
+        raise CheckpointCorruptedError("a string holds a lone surrogate (not valid Unicode)")
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string in a parsed value, keys included, is not valid Unicode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            stack.extend(item)
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif kind is str and not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False

@@ -255,6 +255,17 @@ class BaseStorage:
     """Lifecycle helpers shared by the bundled backends: ``async with`` and the closed check."""
 
     _closed: bool = False
+    #: Backends set their own limit here (or override :attr:`max_record_bytes`).
+    _max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest record this store writes or reads.
+
+        The manager bounds a version-2 record's tree by it too (the state's text and the
+        blobs a read holds), so that a store's contents cannot make a reader allocate more.
+        """
+        return self._max_record_bytes
 
     @property
     def closed(self) -> bool:
