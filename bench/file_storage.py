@@ -18,8 +18,8 @@ from pathlib import Path
 import anyio
 
 from aiocheckpoint import CheckpointManager, InMemoryCheckpointStorage
-from aiocheckpoint.storage._filefmt import step_name
 from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.format import step_name
 
 
 def fmt(seconds: float) -> str:

@@ -49,8 +49,8 @@ from aiocheckpoint.models import (  # noqa: E402
     utcnow,
 )
 from aiocheckpoint.serde import encode_checkpoint, storable_copy  # noqa: E402
-from aiocheckpoint.storage import _sqlite_db  # noqa: E402
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage  # noqa: E402
+from aiocheckpoint.storage.sqlite import writer as sqlite_writer  # noqa: E402
 from bench.data import small_state  # noqa: E402
 from bench.workloads import _timed_writes  # noqa: E402
 
@@ -161,7 +161,7 @@ class _WriterProbe:
         self.sizes: collections.Counter[int] = collections.Counter()
         self.phases: dict[str, list[float]] = collections.defaultdict(list)
         self.last_end: float | None = None
-        writer = _sqlite_db.Writer
+        writer = sqlite_writer.Writer
         self._saved = {
             name: writer.__dict__[name]
             for name in ("run_batch", "_begin", "_commit", "_apply_all", "_checkpoint")
@@ -205,7 +205,7 @@ class _WriterProbe:
 
     def close(self) -> None:
         for name, value in self._saved.items():
-            setattr(_sqlite_db.Writer, name, value)
+            setattr(sqlite_writer.Writer, name, value)
 
 
 async def loops(seconds: float, root: Path) -> None:

@@ -19,8 +19,8 @@ import uuid
 
 import asyncpg
 
-from aiocheckpoint.storage._pg_schema import Sql
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.postgres.sql import Sql
 
 
 async def main() -> None:
@@ -48,8 +48,8 @@ async def main() -> None:
             for i in range(args.rounds):
                 for name, sql, extra, offset in (
                     ("v1", v1, [], 0),
-                    ("v2 unfenced", v2, [[None] * rows], 10**6),
-                    ("v2 fenced", v2, [[0] * rows], 2 * 10**6),  # records have token 0
+                    ("v2 unfenced", v2, [[None] * rows, True, []], 10**6),
+                    ("v2 fenced", v2, [[0] * rows, True, []], 2 * 10**6),  # records have token 0
                 ):
                     started = time.perf_counter()
                     await con.execute(sql, wfs, [i + offset] * rows, data, *extra)

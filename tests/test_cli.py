@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from aiocheckpoint import SharedState
-from aiocheckpoint._cli_store import open_store
+from aiocheckpoint.cli.store import open_store
 from tests.pg_support import DSN, drop_schema, new_schema_name
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -689,3 +689,35 @@ async def test_commands_read_and_copy_incremental_checkpoints(tmp_path: Path) ->
     async with CheckpointManager(open_storage(f"sqlite:{dst}")) as manager:
         got = await manager.get_checkpoint("big", 2)
         assert got.state_snapshot.data == {**big, "n": 2}
+
+
+async def test_a_closed_pipe_ends_the_command_quietly(new_store: NewStore) -> None:
+    """`aiocheckpoint workflows URL | head -2`: when the reader closes the pipe early the
+    command stops with status 141 and prints nothing on stderr (no BrokenPipeError)."""
+    url = new_store("sqlite")
+    async with open_store(url, must_exist=False) as manager:
+        for i in range(300):  # ~80 KB of table: more than a pipe buffers, so a write must fail
+            await manager.create_checkpoint(f"wf-{i:03d}-" + "x" * 240, 0, "a", "completed", {})
+    code, head, err = read_two_lines_then_close("workflows", url)
+    assert code == 141
+    assert head[0].startswith(b"WORKFLOW") and head[1].startswith(b"wf-000-")
+    assert err == b""
+
+
+def read_two_lines_then_close(*args: str) -> tuple[int, list[bytes], bytes]:
+    """Run the command with stdout a pipe, read two lines, close the pipe (as `| head -2`
+    does); return the exit status, the two lines and everything written on stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "AIOCHECKPOINT_DEBUG"}
+    env["PYTHONPATH"] = str(SRC)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aiocheckpoint", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    head = [proc.stdout.readline() for _ in range(2)]
+    proc.stdout.close()
+    err = proc.stderr.read()
+    return proc.wait(timeout=120), head, err

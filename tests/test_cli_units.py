@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from aiocheckpoint import CheckpointManager, InMemoryCheckpointStorage
-from aiocheckpoint import _cli_store as cli_store
-from aiocheckpoint._cli_diff import diff_states, format_path
-from aiocheckpoint.cli import main
+from aiocheckpoint.cli import build_parser, main
+from aiocheckpoint.cli import store as cli_store
+from aiocheckpoint.cli.diff import diff_states, format_path
 
 
 def test_paths_follow_shared_state_dot_paths() -> None:
@@ -176,3 +178,83 @@ def test_huge_ints_print_in_show_and_diff(
     )
     assert code == 0
     assert out.startswith("~ n: 1 -> " + digits[:50])
+
+
+def test_workflows_table_names_the_workflow_status_column(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table's last column holds the workflow record's status (finished, failed,
+    unfinished), and its header says so: it is not a yes/no "finished" column."""
+    store = asyncio.run(_store_with_records())
+    code, out, _ = _run(monkeypatch, capsys, ["workflows", "memory://"], store)
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.endswith("WORKFLOW STATUS")
+    column = header.index("WORKFLOW STATUS")
+    assert {row.split()[0]: row[column:] for row in rows} == {
+        "broken": "failed",
+        "done": "finished",
+        "going": "unfinished",
+        "queued": "unfinished",
+    }
+
+
+_DOC_VALUES = {
+    "URL": "memory://",
+    "SRC_URL": "sqlite:a.db",
+    "DST_URL": "sqlite:b.db",
+    "WORKFLOW": "wf",
+    "STEP": "3",
+    "STEP_A": "1",
+    "STEP_B": "2",
+    "N": "5",
+    "FILE.jsonl": "f.jsonl",
+}
+
+
+def _doc_synopses() -> list[str]:
+    """Every command synopsis in docs/cli.md: the `### \\`...\\`` headings of its commands."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text("utf-8")
+    synopses = []
+    for heading in re.findall(r"^### (.+)$", text, flags=re.MULTILINE):
+        synopses += re.findall(r"`([^`]+)`", heading)
+    return synopses
+
+
+def _doc_examples() -> list[list[str]]:
+    """Every `$ aiocheckpoint ...` command line in docs/cli.md's console examples."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text("utf-8")
+    lines = re.findall(r"^\$ aiocheckpoint (.+)$", text, flags=re.MULTILINE)
+    return [shlex.split(line.split("<")[0], comments=True) for line in lines]
+
+
+def _variants(synopsis: str) -> list[list[str]]:
+    """The synopsis with each subset of its `[optional]` parts, placeholders filled in."""
+    optional = re.findall(r"\[([^\]]+)\]", synopsis)
+    variants = []
+    for mask in range(2 ** len(optional)):
+        text = synopsis
+        for i, part in enumerate(optional):
+            text = text.replace(f"[{part}]", part if mask >> i & 1 else "", 1)
+        variants.append([_DOC_VALUES.get(word, word) for word in text.split()])
+    return variants
+
+
+def test_every_synopsis_in_the_docs_parses() -> None:
+    """Each command synopsis in docs/cli.md (every combination of its optional parts) and
+    each example command line parses with the real parser; `prune URL --keep N WORKFLOW`
+    takes the workflow."""
+    synopses = _doc_synopses()
+    commands = {"workflows", "history", "show", "diff", "verify", "prune", "rm", "copy"}
+    assert {s.split()[0] for s in synopses} == commands | {"export", "import"}
+    parser = build_parser()
+    for synopsis in synopses:
+        for argv in _variants(synopsis):
+            args = parser.parse_args(argv)
+            assert args.command == argv[0], argv
+    examples = [argv for argv in _doc_examples() if argv != ["--help"]]
+    assert len(examples) >= 10
+    for argv in examples:
+        assert parser.parse_args(argv).command == argv[0], argv
+    late = parser.parse_args(["prune", "memory://", "--keep", "5", "wf"])
+    assert (late.workflow, late.keep) == ("wf", 5)

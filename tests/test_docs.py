@@ -3,28 +3,40 @@
 A block fenced ```python (or ```py, with or without attributes such as ``title="x.py"``) is
 executed as a script in its own subprocess, with an empty temporary directory as the working
 directory, and must exit with status 0 without printing a traceback or an "was never awaited"
-warning. Blocks that must not run (an error transcript, a shell command, a pytest module) use
-another fence: ```pycon, ```text, ```bash, ```toml.
+warning. A block that leaves files behind must run again over them (a reader re-runs an
+example). A block that uses PostgreSQL reads ``AIOCHECKPOINT_PG_DSN``, gets a database of its
+own, and must leave no schema in it. Blocks that must not run (an error transcript, a shell
+command, a pytest module) use another fence: ```pycon, ```text, ```bash, ```toml.
 """
 
 from __future__ import annotations
 
+import asyncio
 import html
 import os
 import re
 import subprocess
 import sys
 import unicodedata
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import pytest
+
+from aiocheckpoint.storage.postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
 RUNNABLE = {"python", "py"}
 TIMEOUT_SECONDS = 120
+PG_DSN_VARIABLE = "AIOCHECKPOINT_PG_DSN"
+PG_DSN = os.environ.get(PG_DSN_VARIABLE, "postgresql://postgres@127.0.0.1:5432/test")
 
 _OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*)$")
 _LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
@@ -104,13 +116,29 @@ def test_extractor_handles_indented_and_long_fences(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("block", RUNNABLE_BLOCKS, ids=lambda b: b.where)
 def test_code_block_runs(block: Block, tmp_path: Path) -> None:
-    """This ```python block of the docs runs as a script and exits cleanly."""
+    """This ```python block runs as a script, and again over the files or database it used.
+
+    One that uses PostgreSQL must leave no schema behind in the database it was given.
+    """
     script = tmp_path / "example.py"
     script.write_text(block.code, encoding="utf-8")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     work = tmp_path / "cwd"
     work.mkdir()
+    with _database_for(block) as dsn:
+        if dsn is not None:
+            env[PG_DSN_VARIABLE] = dsn
+        _run_block(block, script, work, env, "")
+        if dsn is not None or any(work.iterdir()):
+            # Within a lease's TTL too: a reader runs an example again at once.
+            _run_block(block, script, work, env, " (run again over what it left)")
+        if dsn is not None:
+            left = asyncio.run(_schemas(dsn))
+            assert left == [], f"{block.where} left schemas behind: {left}"
+
+
+def _run_block(block: Block, script: Path, work: Path, env: dict[str, str], run: str) -> None:
     try:
         result = subprocess.run(
             [sys.executable, str(script)],
@@ -121,7 +149,7 @@ def test_code_block_runs(block: Block, tmp_path: Path) -> None:
             timeout=TIMEOUT_SECONDS,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail(f"{block.where} did not finish within {TIMEOUT_SECONDS}s:\n{block.code}")
+        pytest.fail(f"{block.where}{run} did not finish within {TIMEOUT_SECONDS}s:\n{block.code}")
     problems = []
     if result.returncode != 0:
         problems.append(f"exit status {result.returncode}")
@@ -130,10 +158,54 @@ def test_code_block_runs(block: Block, tmp_path: Path) -> None:
             problems.append(f"{marker!r} on stderr")
     if problems:
         pytest.fail(
-            f"{block.where}: {', '.join(problems)}\n--- code ---\n{block.code}"
+            f"{block.where}{run}: {', '.join(problems)}\n--- code ---\n{block.code}"
             f"--- stdout ---\n{result.stdout}--- stderr ---\n{result.stderr}",
             pytrace=False,
         )
+
+
+@contextmanager
+def _database_for(block: Block) -> Iterator[str | None]:
+    """A fresh database for a block that uses PostgreSQL (its DSN), dropped after; else None."""
+    if PG_DSN_VARIABLE not in block.code:
+        assert "postgresql://" not in block.code, f"{block.where}: read {PG_DSN_VARIABLE}"
+        yield None
+        return
+    name = f"aiocp_docs_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield urlunsplit(urlsplit(PG_DSN)._replace(path=f"/{name}"))
+    finally:
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _admin(statement: str) -> None:
+    con = await asyncpg.connect(PG_DSN)
+    try:
+        await con.execute(statement)
+    finally:
+        await con.close()
+
+
+async def _schemas(dsn: str) -> list[str]:
+    """The schemas of a database other than those every database has."""
+    con = await asyncpg.connect(dsn)
+    try:
+        rows = await con.fetch(
+            "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' "
+            "AND nspname NOT IN ('public', 'information_schema') ORDER BY 1"
+        )
+    finally:
+        await con.close()
+    return [row[0] for row in rows]
+
+
+def test_postgres_page_shows_the_current_schema_version() -> None:
+    """docs/postgres-storage.md's schema listing gives the version a new store is created at."""
+    page = (DOCS / "postgres-storage.md").read_text(encoding="utf-8")
+    shown = re.findall(r"\('schema_version', '(\d+)'\)", page)
+    assert shown == [str(PG_SCHEMA_VERSION)]
+    assert f"-- version {PG_SCHEMA_VERSION}:" in page
 
 
 # As Python-Markdown reads an ATX heading: no space is needed after the #s, and a closing

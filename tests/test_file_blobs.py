@@ -31,14 +31,14 @@ from aiocheckpoint.incremental import (
     record_format_version,
     referenced_hashes,
 )
-from aiocheckpoint.storage._fileblobs import (
+from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.packs import (
     MIDX,
     PACKS,
     PackDamagedError,
     decode_midx,
     read_pack_index,
 )
-from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 
 from .reliability._support import same

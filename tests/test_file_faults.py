@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from aiocheckpoint import CheckpointManager, StorageBackendError
-from aiocheckpoint.storage._filefmt import FileOps
 from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.io import FileOps
 
 
 class FaultyOps(FileOps):

@@ -18,8 +18,8 @@ import anyio
 import pytest
 
 from aiocheckpoint import CheckpointManager, InvalidArgumentError, StorageBackendError
-from aiocheckpoint.storage._filefmt import FileOps
 from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.io import FileOps
 
 from .reliability._support import dump_store
 from .reliability.test_io_faults import PlannedFault, _caused_by
@@ -303,6 +303,23 @@ async def test_every_fault_in_a_group_is_typed_and_harmless(
     """Each call of each OS function in a group of four saves, failed with EIO: the saves it
     hits raise a StorageBackendError chaining it, the others land, records outside the group
     are unchanged, no temporary file remains, and the store works once the fault is gone."""
+    await group_fault_scenario(tmp_path, method, sticky)
+
+
+@pytest.mark.parametrize("sticky", [False, True], ids=["once", "from-then-on"])
+@pytest.mark.parametrize("method", [m for m in GROUP_CALLS if m != "syncfs"])
+async def test_every_fault_in_a_group_with_fsync_barriers_is_typed_and_harmless(
+    tmp_path: Path, method: str, sticky: bool
+) -> None:
+    """The same with ``use_syncfs=False``: the group's barriers are fsyncs of every temp file
+    and raised hint, then of every directory, issued together from several threads."""
+    await group_fault_scenario(tmp_path, method, sticky, use_syncfs=False)
+
+
+async def group_fault_scenario(
+    tmp_path: Path, method: str, sticky: bool, *, use_syncfs: bool = True
+) -> None:
+    """Fail each call of ``method`` in turn (once, or from then on) in a group of four saves."""
     fired = 0
     nth = 1
     while True:
@@ -312,7 +329,7 @@ async def test_every_fault_in_a_group_is_typed_and_harmless(
                 for step in (0, 1):
                     await setup.save(wf, step, b"old %s %d" % (wf.encode(), step))
             before = await dump_store(setup)
-        store = FileCheckpointStorage(root)
+        store = FileCheckpointStorage(root, use_syncfs=use_syncfs)
         fault = PlannedFault(method, nth, errno.EIO, sticky)
         store._os = fault
         new = {(wf, s): b"new %s %d" % (wf.encode(), s) for wf, s, _ in GROUP_SAVES}

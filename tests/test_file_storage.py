@@ -24,7 +24,8 @@ from aiocheckpoint import (
     StorageSchemaError,
     open_storage,
 )
-from aiocheckpoint.storage._filefmt import (
+from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.format import (
     MAX_PLAIN_NAME,
     Hint,
     decode_name,
@@ -33,7 +34,6 @@ from aiocheckpoint.storage._filefmt import (
     step_name,
     temp_name,
 )
-from aiocheckpoint.storage.file import FileCheckpointStorage
 
 ids = st.text(
     st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1

@@ -22,11 +22,11 @@ from aiocheckpoint import (
     StorageBackendError,
     WorkflowStatus,
 )
-from aiocheckpoint.storage._pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
-from aiocheckpoint.storage._sqlite_schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from aiocheckpoint.storage.base import WorkflowStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.storage.sqlite.schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from tests.pg_support import DSN, pg_schema, terminate_backends
 
 __all__ = ["pg_schema"]

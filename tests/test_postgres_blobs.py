@@ -39,8 +39,8 @@ from aiocheckpoint.incremental import (
     record_format_version,
     record_root_refs,
 )
-from aiocheckpoint.storage import _pg_schema
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.postgres import schema as _pg_schema
 from tests._blob_child import state_for
 from tests.pg_support import DSN, pg_schema, terminate_backends
 

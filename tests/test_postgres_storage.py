@@ -21,8 +21,9 @@ from aiocheckpoint import (
     StorageBackendError,
     StorageSchemaError,
 )
-from aiocheckpoint.storage import _pg_schema
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.postgres import schema as _pg_schema
+from aiocheckpoint.storage.postgres.sql import Sql
 from tests.pg_support import DSN, pg_schema, terminate_backends
 
 __all__ = ["pg_schema"]
@@ -312,7 +313,7 @@ async def test_queries_use_the_primary_key_index(pg_schema: str, admin: asyncpg.
         "SELECT 'wf' || (i % 1000), i, '\\x00'::bytea FROM generate_series(0, 19999) i"
     )
     await admin.execute(f"ANALYZE {table}")
-    sql = _pg_schema.Sql.for_schema(f'"{pg_schema}"')
+    sql = Sql.for_schema(f'"{pg_schema}"')
     for query, args in [
         (sql.latest, ("wf7", 100)),
         (sql.at_step, ("wf7", 7, 100)),
@@ -544,7 +545,7 @@ async def test_owned_pool_commits_synchronously(pg_schema: str) -> None:
     app = app_name()
     async with store(pg_schema, server_settings={"application_name": app}) as storage:
         await storage.save("wf", 0, b"x")
-        pool = storage._pool
+        pool = await storage._connection.pool()
         assert await pool.fetchval("SHOW synchronous_commit") == "on"
         assert await pool.fetchval("SHOW application_name") == app
 

@@ -29,8 +29,8 @@ from aiocheckpoint import (
 )
 from aiocheckpoint.incremental import encode_checkpoint_v2, node_children, record_format_version
 from aiocheckpoint.serde import encode_checkpoint
-from aiocheckpoint.storage._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.storage.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from tests._sqlite_blob_check import check_refcounts
 from tests._sqlite_blob_check import sql as _sql
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from aiocheckpoint.storage import _sqlite_db as sqldb
 from aiocheckpoint.storage.base import StoredCheckpoint
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.storage.sqlite import walcheckpoint as sqldb
 
 RECORD = 64 * 1024  # 16 pages: the WAL grows fast with few commits
 PAGE = 4096

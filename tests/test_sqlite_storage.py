@@ -23,14 +23,14 @@ from aiocheckpoint import (
     StorageSchemaError,
     open_storage,
 )
-from aiocheckpoint.storage import _sqlite_db as sqldb
-from aiocheckpoint.storage._sqlite_schema import (
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.storage.sqlite import sql as sqldb
+from aiocheckpoint.storage.sqlite.schema import (
     APPLICATION_ID,
     MIGRATIONS,
     SCHEMA_VERSION,
     Migration,
 )
-from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     ├── StorageClosedError            the storage (or manager) was used after close()
     ├── StorageSchemaError            a store written by a newer, unknown version
     ├── StorageBackendError           the backend failed (OSError, sqlite3.Error, ...)
+    │   └── StoragePermissionError    the store's files belong to another user or are shared
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     └── LeaseError
         ├── LeaseHeldError            another live owner holds the workflow's lease
@@ -36,6 +37,7 @@ __all__ = [
     "LeaseLostError",
     "StorageBackendError",
     "StorageClosedError",
+    "StoragePermissionError",
     "StorageSchemaError",
     "UnsupportedOperationError",
 ]
@@ -107,6 +109,20 @@ class StorageSchemaError(CheckpointError):
 
 class StorageBackendError(CheckpointError):
     """The storage backend failed; the driver's or OS's exception is the ``__cause__``."""
+
+
+class StoragePermissionError(StorageBackendError):
+    """The store's files are not private to the current user; the store was not opened.
+
+    A file owned by another user, or readable or writable by group or others, may have been
+    planted to feed this process forged state or to read what it writes. ``path`` names the
+    file. Backends that raise it take an explicit opt-out for deliberately shared setups.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"refusing to open {path!r}: {reason}")
 
 
 class UnsupportedOperationError(CheckpointError, NotImplementedError):

@@ -469,34 +469,62 @@ class CheckpointManager:
     async def _latest_valid(self, workflow_id: str) -> Checkpoint | None:
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
-        stored = await self._storage.load(workflow_id)
+        try:
+            stored = await self._storage.load(workflow_id)
+        except CheckpointCorruptedError as first:  # the storage refused the latest record
+            if first.step is None:
+                raise
+            return await self._older_valid(workflow_id, first.step, first)
         if stored is None:
             return None
         try:
             return await self._codec.decode(workflow_id, stored)
         except CheckpointCorruptedError as first:
-            cursor = stored.step
-            while True:
-                older = await self._storage.scan(
-                    workflow_id, before=cursor, limit=_PAGE, descending=True
+            return await self._older_valid(workflow_id, stored.step, first)
+
+    async def _older_valid(
+        self, workflow_id: str, latest: int, first: CheckpointCorruptedError
+    ) -> Checkpoint:
+        """The newest checkpoint below ``latest`` that verifies; else raise ``first``."""
+        cursor: int | None = latest
+        while cursor is not None:
+            older, cursor = await self._older_page(workflow_id, cursor)
+            for record in older:
+                try:
+                    checkpoint = await self._codec.decode(workflow_id, record)
+                except CheckpointCorruptedError:
+                    continue
+                logger.warning(
+                    "workflow %r: latest checkpoint (step %d) is corrupted (%s); "
+                    "resuming from step %d, the newest that verifies",
+                    workflow_id,
+                    latest,
+                    first.reason,
+                    checkpoint.step,
                 )
-                for record in older:
-                    try:
-                        checkpoint = await self._codec.decode(workflow_id, record)
-                    except CheckpointCorruptedError:
-                        continue
-                    logger.warning(
-                        "workflow %r: latest checkpoint (step %d) is corrupted (%s); "
-                        "resuming from step %d, the newest that verifies",
-                        workflow_id,
-                        stored.step,
-                        first.reason,
-                        checkpoint.step,
-                    )
-                    return checkpoint
-                if len(older) < _PAGE:
+                return checkpoint
+        raise first
+
+    async def _older_page(
+        self, workflow_id: str, cursor: int
+    ) -> tuple[list[StoredCheckpoint], int | None]:
+        """Records below ``cursor``, newest first, and the cursor of the next page (or None).
+
+        A record the storage itself refuses (over its size limit, not a file) is skipped:
+        the page then ends above it and the next one starts below it.
+        """
+        low: int | None = None
+        while True:
+            try:
+                page = await self._storage.scan(
+                    workflow_id, after=low, before=cursor, limit=_PAGE, descending=True
+                )
+            except CheckpointCorruptedError as bad:
+                if bad.step is None or bad.step >= cursor or (low is not None and bad.step <= low):
                     raise
-                cursor = older[-1].step
+                low = bad.step
+                continue
+            return page, page[-1].step if len(page) == _PAGE else low
 
     async def decode_record(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
         """Verify and decode a record read from the storage (either format version).

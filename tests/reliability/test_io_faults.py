@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from aiocheckpoint import CheckpointError, CheckpointManager, CheckpointStorage
-from aiocheckpoint.storage._filefmt import FileOps
 from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.io import FileOps
 
 from ._support import SOAK, TALLY, Dump, decode_stored, dump_store
 from .conftest import BACKENDS, Backend

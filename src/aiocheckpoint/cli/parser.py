@@ -1,0 +1,145 @@
+"""The argument parser of the ``aiocheckpoint`` command: every command and its arguments."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, NoReturn
+
+from .. import __version__
+from .diff import cmd_diff
+from .export import cmd_export
+from .importer import cmd_import
+from .inspect import cmd_history, cmd_show, cmd_workflows
+from .maintain import cmd_prune, cmd_rm, cmd_verify
+from .output import Output
+from .store import EXIT_USAGE
+from .transfer import cmd_copy
+
+__all__ = ["Command", "build_parser"]
+
+#: A command: its parsed arguments and where to write, to its exit status.
+Command = Callable[[argparse.Namespace, Output], Coroutine[Any, Any, int]]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _CommandParser(_Parser):
+    """A command's parser: options may come before, between or after its positionals.
+
+    Plain argparse stops filling positionals at the first option, so it refuses
+    ``prune URL --keep 5 WORKFLOW``; intermixed parsing takes them in any order.
+    """
+
+    _inner = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        if self._inner:  # the two passes intermixed parsing makes (Python < 3.12)
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
+def _step(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a step number: {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"a step is between 0 and 2**63 - 1, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``aiocheckpoint`` command."""
+    parser = _Parser(
+        prog="aiocheckpoint",
+        description="Inspect and maintain aiocheckpoint stores. A store is named by a URL: "
+        "memory://, file:///abs/dir, file:rel/dir, sqlite:///abs/path.db, sqlite:rel/path.db "
+        "or postgresql://user@host:port/db[?schema=NAME].",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    common = _CommandParser(add_help=False)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser
+    )
+
+    def command(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("workflows", cmd_workflows, "list workflows: steps, latest step, last write")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("--unfinished", action="store_true", help="only unfinished workflows")
+
+    p = command("history", cmd_history, "a workflow's checkpoints, newest first, paged")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW")
+    p.add_argument("--limit", type=_positive, default=20, help="checkpoints per page (20)")
+    p.add_argument("--before", type=_step, help="only steps below this one (the next page)")
+
+    p = command("show", cmd_show, "one checkpoint (the latest by default)")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW")
+    p.add_argument("step", metavar="STEP", type=_step, nargs="?")
+
+    p = command("diff", cmd_diff, "what changed in the state between two steps")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW")
+    p.add_argument("step_a", metavar="STEP_A", type=_step)
+    p.add_argument("step_b", metavar="STEP_B", type=_step)
+
+    p = command("verify", cmd_verify, "decode and check every checkpoint; exit 1 if corrupted")
+    p.add_argument("url", metavar="URL")
+
+    p = command("prune", cmd_prune, "keep only the newest N checkpoints of each workflow")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW", nargs="?")
+    p.add_argument("--keep", type=_positive, required=True, metavar="N")
+    p.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+
+    p = command("rm", cmd_rm, "delete one checkpoint, or a whole workflow")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW")
+    p.add_argument("step", metavar="STEP", type=_step, nargs="?")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask before deleting")
+
+    p = command("copy", cmd_copy, "copy every checkpoint into another store (resumable)")
+    p.add_argument("src", metavar="SRC_URL")
+    p.add_argument("dst", metavar="DST_URL")
+    p.add_argument("--overwrite", action="store_true", help="replace differing records")
+
+    p = command("export", cmd_export, "write a store to a JSON-lines file ('-': stdout)")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("file", metavar="FILE.jsonl")
+
+    p = command("import", cmd_import, "load a JSON-lines export into a store ('-': stdin)")
+    p.add_argument("file", metavar="FILE.jsonl")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("--overwrite", action="store_true", help="replace differing records")
+    return parser

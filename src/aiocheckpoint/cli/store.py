@@ -1,0 +1,244 @@
+"""Opening stores for the command line and reading their raw records page by page."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+from .._validation import check_workflow_id
+from ..codec.v1 import encode_checkpoint
+from ..errors import CheckpointCorruptedError, InvalidArgumentError
+from ..manager import CheckpointManager
+from ..models import Checkpoint
+from ..storage.base import CheckpointStorage, StoredCheckpoint
+from ..storage.sqlite import SQLiteCheckpointStorage
+from ..urls import open_storage
+from .redact import redact
+
+__all__ = [
+    "EXIT_NOT_FOUND",
+    "EXIT_PIPE",
+    "EXIT_PROBLEMS",
+    "EXIT_STORE",
+    "EXIT_USAGE",
+    "PAGE",
+    "CommandError",
+    "Foreign",
+    "Record",
+    "Unreadable",
+    "decode",
+    "foreign_json",
+    "iter_records",
+    "location",
+    "open_store",
+    "read_page",
+    "workflow_ids",
+]
+
+#: Exit statuses (docs/cli.md lists them).
+EXIT_PROBLEMS: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_NOT_FOUND: Final = 3
+EXIT_STORE: Final = 4
+#: stdout was closed before the output was written (``| head``): what a shell reports for a
+#: tool stopped by SIGPIPE (128 + 13).
+EXIT_PIPE: Final = 141
+
+#: Records read per storage call when paging through a history.
+PAGE: Final = 100
+
+
+class CommandError(Exception):
+    """A failure to report as one line on stderr, with the exit status to end with."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A record the storage refused to hand over (for example one over its size limit)."""
+
+    step: int
+    reason: str
+
+
+#: What paging yields: a stored record, or the step of one that cannot be read.
+Record: TypeAlias = "StoredCheckpoint | Unreadable"
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """A workflow id a store lists that no workflow can have: a damaged or foreign row."""
+
+    shown: str  #: repr() of what the store returned, cut to a readable length
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        """The row as a JSON object (``id`` is the repr: the value may not be text at all)."""
+        return {"id": self.shown, "reason": self.reason}
+
+
+def foreign_json(foreign: list[Foreign]) -> dict[str, list[dict[str, str]]]:
+    """``{"foreign": [...]}`` when there are foreign rows; nothing when there are none."""
+    return {"foreign": [f.to_json() for f in foreign]} if foreign else {}
+
+
+async def workflow_ids(
+    manager: CheckpointManager, records: Iterable[str] = ()
+) -> tuple[list[str], list[Foreign]]:
+    """The store's workflow ids (listed, plus ``records``), sorted, and the foreign ones.
+
+    A store damaged by hand (a bytes id in a SQLite table, a bad id file in a file store)
+    may list ids that are not valid: those are reported, never used. A SQLite store lists
+    only valid ids and names its damaged rows itself (``foreign_rows``): those are reported
+    by table and rowid.
+    """
+    good: set[str] = set()
+    foreign = {f.shown: f for f in await _stored_foreign(manager)}
+    for value in [*await manager.list_workflows(), *records]:
+        try:
+            good.add(check_workflow_id(value))
+        except InvalidArgumentError as exc:
+            shown = repr(value)
+            shown = shown if len(shown) <= 200 else shown[:199] + "…"
+            foreign.setdefault(shown, Foreign(shown, str(exc)))
+    return sorted(good), list(foreign.values())
+
+
+async def _stored_foreign(manager: CheckpointManager) -> list[Foreign]:
+    """The damaged rows a store reports itself (the SQLite store does), as Foreign rows."""
+    storage = manager.storage
+    if not isinstance(storage, SQLiteCheckpointStorage):
+        return []
+    rows = await storage.foreign_rows()
+    return [Foreign(f"{row.table} rowid {row.rowid}", row.reason) for row in rows]
+
+
+def _scheme(url: str) -> str:
+    return url.split(":", 1)[0].lower() if ":" in url else ""
+
+
+def location(url: str, storage: CheckpointStorage) -> str | None:
+    """The local path a ``file:`` or ``sqlite:`` store lives at (None for the others)."""
+    scheme = _scheme(url)
+    if scheme == "file":
+        return str(getattr(storage, "base_dir"))  # noqa: B009 - only FileCheckpointStorage
+    if scheme == "sqlite":
+        return str(getattr(storage, "path"))  # noqa: B009 - only SQLiteCheckpointStorage
+    return None
+
+
+def _check_exists(url: str, storage: CheckpointStorage) -> None:
+    path = location(url, storage)
+    if path is None:
+        return
+    if _scheme(url) == "file":
+        if not os.path.exists(path):
+            raise CommandError(f"no file store at {path} (from {url!r})", EXIT_NOT_FOUND)
+        if not os.path.isdir(path):
+            raise CommandError(f"{path} is not a directory, so not a file store", EXIT_USAGE)
+    else:
+        if not os.path.exists(path):
+            raise CommandError(f"no SQLite database at {path} (from {url!r})", EXIT_NOT_FOUND)
+        if os.path.isdir(path):
+            raise CommandError(f"{path} is a directory, not a SQLite database", EXIT_USAGE)
+
+
+@asynccontextmanager
+async def open_store(url: str, *, must_exist: bool) -> AsyncIterator[CheckpointManager]:
+    """A manager over the store ``url`` names, closed on exit.
+
+    With ``must_exist`` a ``file:`` or ``sqlite:`` store that is not there is an error,
+    rather than an empty store silently created by a command that only reads.
+    """
+    storage = open_storage(url)
+    if must_exist:
+        _check_exists(url, storage)
+    manager = CheckpointManager(storage)
+    try:
+        yield manager
+    finally:
+        await manager.close()
+
+
+def _inside(step: int, after: int | None, before: int | None) -> bool:
+    return (after is None or step > after) and (before is None or step < before)
+
+
+async def read_page(
+    storage: CheckpointStorage,
+    workflow_id: str,
+    *,
+    after: int | None = None,
+    before: int | None = None,
+    limit: int | None = PAGE,
+    descending: bool = False,
+) -> list[Record]:
+    """One ``scan`` page, with records the storage refuses to read reported as Unreadable.
+
+    A backend refuses a whole page when one record in it is unreadable; the records on the
+    near side of that step are fetched again, so no readable record is ever skipped.
+    """
+    try:
+        return list(
+            await storage.scan(
+                workflow_id, after=after, before=before, limit=limit, descending=descending
+            )
+        )
+    except CheckpointCorruptedError as exc:
+        bad = exc.step
+        if bad is None or not _inside(bad, after, before):
+            raise
+        if descending:
+            head = await read_page(
+                storage, workflow_id, after=bad, before=before, limit=limit, descending=True
+            )
+        else:
+            head = await read_page(storage, workflow_id, after=after, before=bad, limit=limit)
+        if limit is not None and len(head) >= limit:
+            return head
+        return [*head, Unreadable(bad, redact(exc.reason))]
+
+
+async def iter_records(
+    storage: CheckpointStorage, workflow_id: str, *, before: int | None = None
+) -> AsyncIterator[Record]:
+    """Every record of a workflow in step order (below ``before``), one page per call."""
+    cursor: int | None = None
+    while True:
+        page = await read_page(storage, workflow_id, after=cursor, before=before)
+        if not page:
+            return
+        for record in page:
+            yield record
+        cursor = page[-1].step
+
+
+async def decode(manager: CheckpointManager, workflow_id: str, record: Record) -> Checkpoint | str:
+    """The record's checkpoint, or the reason it is corrupted."""
+    if isinstance(record, Unreadable):
+        return record.reason
+    try:
+        return await manager.decode_record(workflow_id, record)
+    except CheckpointCorruptedError as exc:
+        return redact(exc.reason)
+
+
+async def portable(manager: CheckpointManager, workflow_id: str, record: Record) -> bytes | str:
+    """The record's bytes in a form any store can take, or the reason it is corrupted.
+
+    Version-1 records are returned as they are. An incremental (version-2) record needs its
+    blobs, which another store does not have: it is re-encoded as the equivalent version-1
+    record of the same checkpoint.
+    """
+    result = await decode(manager, workflow_id, record)
+    if isinstance(result, str) or isinstance(record, Unreadable):
+        return str(result)
+    if len(record.data) > 4 and record.data[4] == 1:
+        return record.data
+    return encode_checkpoint(result)

@@ -1,0 +1,225 @@
+"""Writing one group commit of the file store, in its worker thread.
+
+Order (docs/file-storage.md, "The group commit"): each save's temp file, without fsync;
+every workflow's lock, in name order, and its hint raised; **barrier 1** (the temp files'
+data and the raised hints durable); the renames, in submission order, with retention; the
+locks released; **barrier 2** (the renames and unlinks durable). A barrier is one
+``syncfs(2)`` where that is known to be durable (:mod:`.durability`), else an fsync of each
+temp file and raised hint (barrier 1) and of each directory (barrier 2), issued together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from .dirs import Replaced, WorkflowDirs
+from .durability import fsync_in, run_all, syncfs_is_durable
+from .format import HINT, encode_name, step_name
+from .io import DIR_FLAGS, discard, write_temp
+
+__all__ = ["Batch", "SaveOp"]
+
+
+class SaveOp(NamedTuple):
+    """One save: what :meth:`~aiocheckpoint.storage.file.FileCheckpointStorage.save` was given."""
+
+    workflow_id: str
+    step: int
+    data: bytes
+    keep_last: int | None
+
+
+class _Abandon(Exception):
+    """The group's first syncfs failed: nothing is renamed, every temp file is removed."""
+
+
+class _Dir(NamedTuple):
+    fd: int
+    ino: int
+    dev: int
+
+
+class Batch:
+    """One group's writes and outcomes, from its temp files to its barriers.
+
+    ``syncfs`` says whether the store allows ``syncfs`` barriers (``use_syncfs`` and a
+    kernel whose ``syncfs`` reports errors). The group uses them only if ``workflows/`` is
+    on a filesystem where ``syncfs`` is known to be durable and every workflow directory
+    of the group is on that same filesystem (no mount point inside the store); else it
+    fsyncs file by file.
+    """
+
+    def __init__(self, dirs: WorkflowDirs, saves: list[SaveOp], *, syncfs: bool) -> None:
+        self.dirs = dirs
+        self.saves = saves
+        self.names = [encode_name(s.workflow_id) for s in saves]
+        self.outcomes: list[BaseException | None] = [None] * len(saves)
+        self.retry: list[int] = []
+        self._syncfs = syncfs
+        self._opened: dict[str, _Dir] = {}
+        self._temps: dict[int, str] = {}  # save index -> its temp file, until renamed
+        self._hinted: list[str] = []  # directories whose hint now names a step of the group
+        self._renamed: list[int] = []
+
+    def run(self) -> tuple[list[BaseException | None], list[int]]:
+        """Write the group; each save's error (or None), and the saves to redo one by one.
+
+        A save is redone alone when its directory was replaced under the group.
+        """
+        # Opened before any write: syncfs reports write-back errors since this open.
+        sync_fd = os.open(self.dirs.root, DIR_FLAGS & ~os.O_NOFOLLOW)
+        try:
+            self._write_temps()
+            self._syncfs = self._syncfs and self._syncfs_durable(sync_fd)
+            with contextlib.ExitStack() as locks:
+                self._raise_hints(locks)
+                self._data_barrier(sync_fd)
+                self._rename_all()
+            self._entries_barrier(sync_fd)
+        except _Abandon:
+            pass
+        finally:
+            for i, tmp in self._temps.items():
+                discard(tmp, self._dfd(i))
+            for entry in self._opened.values():
+                os.close(entry.fd)
+            os.close(sync_fd)
+        return self.outcomes, self.retry
+
+    # --- the steps --------------------------------------------------------------------
+
+    def _syncfs_durable(self, sync_fd: int) -> bool:
+        if not syncfs_is_durable(sync_fd):
+            return False
+        root_dev = os.fstat(sync_fd).st_dev
+        return all(d.dev == root_dev for d in self._opened.values())
+
+    def _write_temps(self) -> None:
+        dirs = self.dirs
+        for i, save in enumerate(self.saves):
+            try:
+                entry = self._opened.get(self.names[i]) or self._open(i)
+                if entry is None:
+                    self.retry.append(i)
+                    continue
+                dirs.sweep_once(entry.fd, self.names[i], entry.ino)
+                self._temps[i] = write_temp(dirs.ops, entry.fd, save.data, durable=False)
+            except FileNotFoundError:
+                self.retry.append(i)  # the directory was deleted after we opened it
+            except OSError as exc:
+                self.outcomes[i] = exc
+
+    def _open(self, i: int) -> _Dir | None:
+        """Open (creating it if needed) save ``i``'s workflow directory; None: retry."""
+        name = self.names[i]
+        for _ in range(2):
+            dfd = self.dirs.open_dir(name)
+            if dfd is None:
+                self.dirs.create_dir(name, self.saves[i].workflow_id)
+                continue
+            try:
+                info = os.fstat(dfd)
+            except BaseException:
+                os.close(dfd)
+                raise
+            self._opened[name] = _Dir(dfd, info.st_ino, info.st_dev)
+            return self._opened[name]
+        return None
+
+    def _by_dir(self, indexes: Iterable[int]) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for i in indexes:
+            out.setdefault(self.names[i], []).append(i)
+        return out
+
+    def _raise_hints(self, locks: contextlib.ExitStack) -> None:
+        # Sorted, so that two processes' groups never wait for each other's locks.
+        for name, members in sorted(self._by_dir(self._temps).items()):
+            entry = self._opened[name]
+            try:
+                locks.enter_context(self.dirs.lock(entry.fd, name))
+                # Raised before the renames and made durable by the first barrier, as in
+                # the single path: never lower than a step on disk.
+                high = max(self.saves[i].step for i in members)
+                if self.dirs.raise_hint(entry.fd, entry.ino, high, durable=False):
+                    self._hinted.append(name)
+            except (Replaced, OSError) as exc:
+                for i in members:
+                    discard(self._temps.pop(i), entry.fd)
+                    if isinstance(exc, OSError):
+                        self.outcomes[i] = exc
+                    else:
+                        self.retry.append(i)
+
+    def _rename_all(self) -> None:
+        dirs = self.dirs
+        for i in sorted(self._temps):
+            dfd = self._dfd(i)
+            try:
+                dirs.ops.rename(
+                    self._temps[i], step_name(self.saves[i].step), src_dir_fd=dfd, dst_dir_fd=dfd
+                )
+            except OSError as exc:
+                self.outcomes[i] = exc
+                continue
+            del self._temps[i]
+            self._renamed.append(i)
+            keep_last = self.saves[i].keep_last
+            if keep_last is not None:
+                dirs.prune(dfd, keep_last)
+
+    # --- the barriers -----------------------------------------------------------------
+
+    def _data_barrier(self, sync_fd: int) -> None:
+        """Make the temp files' data and the raised hints durable; failures fail saves."""
+        if not self._temps:
+            return
+        if self._syncfs:
+            try:
+                self.dirs.ops.syncfs(sync_fd)
+            except OSError as exc:
+                for i in self._temps:
+                    self.outcomes[i] = exc
+                raise _Abandon from exc
+            return
+        fsync = self.dirs.ops.fsync
+        temps = list(self._temps.items())
+        calls = [functools.partial(fsync_in, fsync, self._dfd(i), tmp) for i, tmp in temps]
+        hints = [self._opened[name].fd for name in self._hinted]
+        calls += [functools.partial(fsync_in, fsync, dfd, HINT) for dfd in hints]
+        results = run_all(calls)
+        failed = {
+            i: e for (i, _), e in zip(temps, results[: len(temps)], strict=True) if e is not None
+        }
+        by_dir = self._by_dir(self._temps)
+        for name, error in zip(self._hinted, results[len(temps) :], strict=True):
+            if error is not None:  # the hint may not be durable: none of its saves is
+                failed.update((i, error) for i in by_dir.get(name, ()) if i not in failed)
+        for i, error in failed.items():
+            self.outcomes[i] = error
+            discard(self._temps.pop(i), self._dfd(i))
+
+    def _entries_barrier(self, sync_fd: int) -> None:
+        """Make the renames (and retention's unlinks) durable; failures fail their saves."""
+        if not self._renamed:
+            return
+        if self._syncfs:
+            try:
+                self.dirs.ops.syncfs(sync_fd)
+            except OSError as exc:
+                for i in self._renamed:
+                    self.outcomes[i] = exc
+            return
+        by_dir = self._by_dir(self._renamed)
+        fsync_dir = self.dirs.ops.fsync_dir
+        results = run_all([functools.partial(fsync_dir, self._opened[n].fd) for n in by_dir])
+        for members, error in zip(by_dir.values(), results, strict=True):
+            for i in members if error is not None else ():
+                self.outcomes[i] = error
+
+    def _dfd(self, i: int) -> int:
+        return self._opened[self.names[i]].fd

@@ -1,0 +1,422 @@
+"""FileCheckpointStorage: the public class of the file store (its API and argument checks).
+
+Each public method checks its arguments on the event loop and makes exactly one hop to a
+worker thread, where the parts of this package do the work: :mod:`.layout` (the store's
+directory), :mod:`.records` and :mod:`.dirs` (the workflows' records), :mod:`.groupcommit`
+(concurrent saves), :mod:`.blobs` and :mod:`.gc` (content-addressed blobs). So a save's
+write, fsync, rename and directory fsync run together and a cancelled caller still waits for
+them: the record lands whole or not at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import TypeVar
+
+import anyio.to_thread
+
+from ..._validation import check_optional_step, check_step, check_workflow_id
+from ...errors import (
+    CheckpointCorruptedError,
+    InvalidArgumentError,
+    StorageBackendError,
+    UnsupportedOperationError,
+)
+from ...format import SplitResult, TreeParams
+from ...leases import Lease
+from ..base import (
+    DEFAULT_MAX_RECORD_BYTES,
+    BaseStorage,
+    StoredCheckpoint,
+    check_max_record_bytes,
+    check_record_size,
+)
+from .blobs import BlobStore
+from .dirs import WorkflowDirs
+from .format import FORMAT_BLOBS, FORMAT_VERSION, encode_name
+from .gc import Collector
+from .groupcommit import GroupCommit, SaveOp
+from .io import FileOps
+from .layout import StoreDir
+from .records import RecordFiles
+
+__all__ = ["FileCheckpointStorage"]
+
+logger = logging.getLogger("aiocheckpoint")
+
+_T = TypeVar("_T")
+
+
+class FileCheckpointStorage(BaseStorage):
+    """Checkpoints as files under ``base_dir``: durable, atomic, safe for many processes.
+
+    A save writes a uniquely named temporary file, fsyncs it, renames it over
+    ``<step>.ckpt`` and fsyncs the directory before it returns, so a returned save
+    survives ``kill -9`` and power loss. Workflow ids of any text map to directory names
+    reversibly and collision-free. Files are created 0600 and directories 0700.
+
+    ``max_record_bytes`` bounds records on write (larger ones raise
+    :class:`~aiocheckpoint.CheckpointSerializationError`) and on read (larger files raise
+    :class:`~aiocheckpoint.CheckpointCorruptedError`). Temporary files of crashed writers
+    are removed when their process is gone or they are older than ``stale_temp_seconds``.
+    Nothing touches the disk until the first operation.
+
+    Saves made while an earlier one is still being written are written together as one
+    group commit: their files, a barrier, the renames, a barrier. A barrier is one
+    ``syncfs(2)`` where the store has established that it is durable (Linux 5.8 or later,
+    on a local filesystem whose type is on a short list: ext4, XFS, btrfs, tmpfs), and an
+    fsync of every file, then of every directory, issued together, everywhere else (FUSE,
+    network and layered filesystems; see docs/file-storage.md, "Filesystems").
+    ``use_syncfs=False`` never uses ``syncfs``: choose it when other programs write a lot
+    to the same filesystem, since ``syncfs`` also waits for their data.
+
+    The store's directory must belong to the current user and be writable by no one else
+    (else its first operation raises
+    :class:`~aiocheckpoint.errors.StoragePermissionError`): another user could plant
+    forged records in it. ``allow_shared=True`` lifts that check for a directory shared
+    on purpose. Every file of the store is opened without following symlinks and without
+    blocking; anything but a regular file where the store expects one is reported, never
+    waited on (docs/file-storage.md, "A store that holds anything").
+
+    It is a :class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`: the manager stores
+    large states as content-addressed blobs under ``blobs/`` (``compression="zstd"``
+    compresses them; ``blob_params`` sets every cutting parameter). Blobs no record
+    references are deleted by :meth:`collect_garbage`, which also runs after retention or
+    deletes once ``gc_interval`` seconds have passed since the last collection (``None``:
+    only when called). A blob younger than ``blob_grace_seconds`` is never deleted; it must
+    exceed the longest save and the longest read (see docs/file-storage.md).
+    """
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        *,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        stale_temp_seconds: float = 3600.0,
+        compression: str | None = None,
+        blob_params: TreeParams | None = None,
+        blob_grace_seconds: float = 3600.0,
+        gc_interval: float | None = 3600.0,
+        use_syncfs: bool = True,
+        allow_shared: bool = False,
+    ) -> None:
+        check_max_record_bytes(max_record_bytes)
+        for name, value in (
+            ("stale_temp_seconds", stale_temp_seconds),
+            ("blob_grace_seconds", blob_grace_seconds),
+            ("gc_interval", 1.0 if gc_interval is None else gc_interval),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise InvalidArgumentError(f"{name} must be a positive number, got {value!r}")
+        if blob_params is not None and not isinstance(blob_params, TreeParams):
+            raise InvalidArgumentError("blob_params must be a TreeParams or None")
+        if blob_params is not None and compression is not None:
+            raise InvalidArgumentError("pass compression inside blob_params, not both")
+        self._params = blob_params or TreeParams(compression=compression)
+        self._gc_interval = None if gc_interval is None else float(gc_interval)
+        self._max = max_record_bytes
+        ops = FileOps()
+        for flag, given in (("use_syncfs", use_syncfs), ("allow_shared", allow_shared)):
+            if not isinstance(given, bool):
+                raise InvalidArgumentError(f"{flag} must be a bool, got {given!r}")
+        base = os.path.abspath(os.fspath(base_dir))
+        self._layout = StoreDir(base, ops, allow_shared=allow_shared)
+        self._base = self._layout.base
+        self._root = self._layout.root
+        self._dirs = WorkflowDirs(self._root, ops, float(stale_temp_seconds))
+        self._records = RecordFiles(self._dirs, max_record_bytes)
+        self._blobs = BlobStore(
+            self._base, ops, float(blob_grace_seconds), max_record_bytes, float(stale_temp_seconds)
+        )
+        self._collector = Collector(self._blobs)
+        self._group = GroupCommit(
+            self._base,
+            self._dirs,
+            self._save_op,
+            self._ensure_store,
+            self._after_delete,
+            use_syncfs=use_syncfs,
+        )
+
+    @property
+    def _os(self) -> FileOps:
+        """The OS-call seam every part uses; tests assign a fault-injecting one."""
+        return self._layout.ops
+
+    @_os.setter
+    def _os(self, ops: FileOps) -> None:
+        self._layout.ops = self._dirs.ops = self._blobs.ops = ops
+
+    @property
+    def base_dir(self) -> str:
+        """The absolute path of the store's directory."""
+        return self._base
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest record this store writes or reads."""
+        return self._max
+
+    @property
+    def blob_params(self) -> TreeParams:
+        """How this store cuts states into blobs (``compression`` chooses zstd)."""
+        return self._params
+
+    @property
+    def blob_dir(self) -> str:
+        """The directory of the content-addressed blobs (it may not exist yet)."""
+        return self._blobs.dir
+
+    def workflow_dir(self, workflow_id: str) -> str:
+        """The directory that holds ``workflow_id``'s files (it may not exist yet)."""
+        return os.path.join(self._root, encode_name(check_workflow_id(workflow_id)))
+
+    # --- the protocol -----------------------------------------------------------------
+
+    async def save(
+        self, workflow_id: str, step: int, data: bytes, *, keep_last: int | None = None
+    ) -> None:
+        """Durably store ``data`` as ``step``; then keep only the ``keep_last`` highest steps.
+
+        Cost: one file write + two fsyncs (file, directory), or a share of a group commit's
+        two ``syncfs`` calls (where those are durable; else its own fsyncs, issued with the
+        group's); with ``keep_last``, also one listing of the workflow's directory and an
+        unlink per pruned step.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_step(step)
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+        check_record_size(data, self._max)
+        op = SaveOp(workflow_id, step, bytes(data), keep_last)
+        await self._group.commit(op)
+
+    async def load(self, workflow_id: str, step: int | None = None) -> StoredCheckpoint | None:
+        """Return one step's record (the highest when ``step`` is None), or None.
+
+        Cost: one file read; the latest is found through the ``latest`` hint, not a listing
+        (one listing per workflow after a reboot or when the hint is stale).
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_optional_step(step)
+        return await self._run(
+            f"cannot load workflow {workflow_id!r}", self._load, workflow_id, step
+        )
+
+    async def scan(
+        self,
+        workflow_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        limit: int | None = None,
+        descending: bool = False,
+    ) -> list[StoredCheckpoint]:
+        """Return records with ``after < step < before`` in step order, at most ``limit``.
+
+        Cost: one listing of the workflow's directory (names only) plus one read per
+        returned record.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_optional_step(after, "after")
+        check_optional_step(before, "before")
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise InvalidArgumentError(f"limit must be an int >= 1 or None, got {limit!r}")
+        return await self._run(
+            f"cannot scan workflow {workflow_id!r}",
+            self._scan,
+            workflow_id,
+            after,
+            before,
+            limit,
+            descending,
+        )
+
+    async def exists(self, workflow_id: str, step: int | None = None) -> bool:
+        """Whether the step (or any step) is stored. Cost: a stat or two."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_optional_step(step)
+        return await self._run(
+            f"cannot check workflow {workflow_id!r}", self._exists, workflow_id, step
+        )
+
+    async def delete(self, workflow_id: str, step: int | None = None) -> bool:
+        """Delete one step (unlink + directory fsync) or the whole workflow directory."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_optional_step(step)
+        what = f"cannot delete workflow {workflow_id!r}"
+        if step is None:
+            return await self._run(what, self._then_gc, self._delete_workflow, workflow_id)
+        return await self._run(what, self._then_gc, self._delete_step, workflow_id, step)
+
+    async def list_workflows(self) -> list[str]:
+        """Every workflow id with at least one record, sorted.
+
+        Cost: one listing of ``workflows/`` and a short directory read per workflow.
+        """
+        self._check_open()
+        return await self._run("cannot list workflows", self._list_workflows)
+
+    async def save_tree(
+        self,
+        workflow_id: str,
+        step: int,
+        record: bytes,
+        split: SplitResult,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Durably store ``split``'s blobs, then ``record`` as ``step`` (as in :meth:`save`).
+
+        The new blobs go into one pack file (one write, fsync, rename and directory
+        fsync); blobs already stored cost a ``stat`` of their pack (none while this
+        process has seen it within half the grace period). The record is written only
+        after all of them are durable.
+        """
+        self._check_open()
+        if fence is not None:
+            raise UnsupportedOperationError("FileCheckpointStorage keeps no leases")
+        check_workflow_id(workflow_id)
+        check_step(step)
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+        check_record_size(record, self._max)
+        for blob in split.blobs.values():
+            check_record_size(blob, self._max)
+        await self._run(
+            f"cannot save step {step} of workflow {workflow_id!r}",
+            self._save_tree,
+            workflow_id,
+            step,
+            bytes(record),
+            split,
+            keep_last,
+        )
+
+    async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        """Return the stored blobs among ``hashes`` (one thread hop, a few reads per pack)."""
+        self._check_open()
+        return await self._run("cannot read blobs", self._fetch, list(hashes))
+
+    async def collect_garbage(self, *, grace: float | None = None) -> int:
+        """Delete blobs no record references; return how many were deleted.
+
+        Mark-and-sweep: reads every version-2 record and the blobs they reach, then
+        deletes unreferenced blobs older than ``grace`` seconds (default: the store's
+        ``blob_grace_seconds``). Waits for a sweep running in another process to finish
+        first. Safe while other processes save: see docs/file-storage.md.
+        """
+        self._check_open()
+        if grace is not None and (
+            isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0
+        ):
+            raise InvalidArgumentError(f"grace must be a number >= 0, got {grace!r}")
+        chosen = self._blobs.grace if grace is None else float(grace)
+        freed = await self._run("cannot collect garbage", self._collect, chosen, True)
+        return freed or 0
+
+    async def close(self) -> None:
+        """Finish the queued saves; later calls raise."""
+        self._closed = True
+        await self._group.drain()
+
+    async def _run(self, what: str, fn: Callable[..., _T], *args: object) -> _T:
+        self._check_open()
+        try:
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+        except OSError as exc:
+            raise StorageBackendError(f"{what} in {self._base}: {exc}") from exc
+
+    # --- the worker-thread halves of the public methods -------------------------------
+
+    def _ensure_store(self) -> None:
+        layout = self._layout
+        if layout.ready:
+            return
+        layout.create()
+        if layout.format >= FORMAT_BLOBS:
+            self._blobs.remove_stale_temps()
+        layout.ready = True
+
+    def _save_op(self, op: SaveOp) -> None:
+        self._ensure_store()
+        self._records.save(*op)
+        if self._dirs.pruned:
+            self._dirs.pruned = False
+            self._after_delete()
+
+    def _save_tree(
+        self, workflow_id: str, step: int, record: bytes, split: SplitResult, keep_last: int | None
+    ) -> None:
+        self._ensure_store()
+        if self._layout.format < FORMAT_VERSION:
+            self._layout.mark(FORMAT_VERSION)
+        self._blobs.put(split)  # durable before the record that references them
+        self._save_op(SaveOp(workflow_id, step, record, keep_last))
+
+    def _fetch(self, hashes: list[bytes]) -> dict[bytes, bytes]:
+        self._layout.check_marker()
+        return self._blobs.fetch(hashes)
+
+    def _collect(self, grace: float, wait: bool) -> int | None:
+        self._layout.check_marker()
+        return self._collector.collect(self._root, grace, wait=wait)
+
+    def _then_gc(self, fn: Callable[..., bool], *args: object) -> bool:
+        deleted = fn(*args)
+        if deleted:
+            self._after_delete()
+        return deleted
+
+    def _after_delete(self) -> None:
+        """Sweep if records went and no sweep ran for ``gc_interval`` (housekeeping)."""
+        if self._gc_interval is None or self._layout.format < FORMAT_BLOBS:
+            return
+        try:
+            last = self._collector.last_collection()
+            if last is None or time.time() - last < self._gc_interval:
+                return
+            self._collect(self._blobs.grace, False)
+        except (OSError, CheckpointCorruptedError) as exc:
+            logger.warning("garbage collection of blobs failed: %s", exc)
+
+    def _load(self, workflow_id: str, step: int | None) -> StoredCheckpoint | None:
+        self._layout.check_marker()
+        return self._records.load(workflow_id, step)
+
+    def _scan(
+        self,
+        workflow_id: str,
+        after: int | None,
+        before: int | None,
+        limit: int | None,
+        descending: bool,
+    ) -> list[StoredCheckpoint]:
+        self._layout.check_marker()
+        return self._records.scan(workflow_id, after, before, limit, descending)
+
+    def _exists(self, workflow_id: str, step: int | None) -> bool:
+        self._layout.check_marker()
+        return self._records.exists(workflow_id, step)
+
+    def _delete_step(self, workflow_id: str, step: int) -> bool:
+        self._layout.check_marker()
+        return self._records.delete_step(workflow_id, step)
+
+    def _delete_workflow(self, workflow_id: str) -> bool:
+        self._layout.check_marker()
+        return self._records.delete_workflow(workflow_id)
+
+    def _list_workflows(self) -> list[str]:
+        self._layout.check_marker()
+        return self._records.list_workflows()

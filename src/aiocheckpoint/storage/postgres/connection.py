@@ -1,0 +1,224 @@
+"""The PostgreSQL store's connections: asyncpg imported lazily, the pool, driver errors, retries.
+
+asyncpg is an optional dependency (``pip install aiocheckpoint[postgres]``): it is imported
+the first time a store is used, never when this package is imported, and its absence is a
+:class:`~aiocheckpoint.StorageBackendError` naming the extra.
+
+:class:`Connection` opens the pool on the first call (and creates or migrates the schema,
+:mod:`.schema`), runs each operation on a pooled connection, discards connections that died,
+and retries an idempotent operation after a lost connection or a lost deadlock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+from collections.abc import Awaitable, Callable
+from types import ModuleType
+from typing import Any, TypeVar
+
+from ...errors import InvalidArgumentError, StorageBackendError, StorageClosedError
+from .schema import migrate
+from .stats import WriteStats
+
+__all__ = [
+    "Connection",
+    "Raced",
+    "conflict",
+    "connection_lost",
+    "describe",
+    "driver_errors",
+    "import_asyncpg",
+    "is_transient",
+    "on_connection",
+]
+
+T = TypeVar("T")
+
+_asyncpg: ModuleType | None = None
+
+#: What asyncpg raises, on connecting, for an argument it cannot use that the store's checks
+#: (:mod:`.dsn`) let through, such as ``command_timeout="x"``: the caller's mistake.
+_BAD_ARGUMENT = (TypeError, ValueError, OverflowError, IndexError)
+
+
+def import_asyncpg() -> ModuleType:
+    """asyncpg, imported now if it was not yet; :class:`StorageBackendError` without it."""
+    global _asyncpg
+    if _asyncpg is None:
+        try:
+            _asyncpg = importlib.import_module("asyncpg")
+        except ImportError as exc:
+            raise StorageBackendError(
+                "PostgresCheckpointStorage needs asyncpg, which is not installed: "
+                "pip install 'aiocheckpoint[postgres]'"
+            ) from exc
+    return _asyncpg
+
+
+def driver_errors(pg: ModuleType) -> tuple[type[BaseException], ...]:
+    """The exceptions that mean the driver, the network or the server failed a call."""
+    return (
+        pg.PostgresError,
+        pg.InterfaceError,
+        pg.InternalClientError,
+        OSError,
+        asyncio.TimeoutError,
+    )
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is dead or its protocol state is unusable."""
+    if isinstance(exc, (OSError, asyncio.TimeoutError)):
+        return True
+    state = getattr(exc, "sqlstate", None) or ""
+    if state.startswith(("08", "57P")):
+        return True
+    pg = _asyncpg
+    if pg is None:
+        return False
+    # asyncpg can be left in a confused protocol state by a server-side termination
+    # (MagicStack/asyncpg#1069): such a connection must be discarded, like a dead one.
+    if isinstance(exc, pg.InternalClientError):
+        return True
+    if isinstance(exc, pg.InterfaceError):
+        text = str(exc).lower()
+        return "connection" in text and "closed" in text
+    return False
+
+
+class Raced(Exception):
+    """A record appeared after the batch statement's snapshot: run the transaction again."""
+
+
+def conflict(exc: BaseException) -> bool:
+    """A deadlock or serialization failure, or a race the batch detected: retry it whole."""
+    return isinstance(exc, Raced) or getattr(exc, "sqlstate", None) in ("40001", "40P01")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether running the same idempotent operation again may well succeed."""
+    if connection_lost(exc) or conflict(exc):
+        return True
+    pg = _asyncpg
+    # A concurrent ALTER TABLE invalidated a cached statement; asyncpg has dropped it.
+    return pg is not None and isinstance(exc, pg.InvalidCachedStatementError)
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of a driver error, for the messages of the errors it becomes."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def on_connection(pool: Any, op: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``op`` on a connection of ``pool``; a connection found dead is not handed back."""
+    async with pool.acquire() as con:
+        try:
+            return await op(con)
+        except Exception as exc:
+            if connection_lost(exc):
+                # If asyncpg already saw it close, it has detached it from the proxy and
+                # terminate() raises; the original error is the one to report (and retry on).
+                with contextlib.suppress(Exception):
+                    con.terminate()
+            raise
+
+
+class Connection:
+    """A store's pool: opened on first use, its schema migrated, its calls retried.
+
+    ``dsn_or_pool`` is a DSN (the pool is created with ``pool_options``, owned and closed
+    here) or an asyncpg pool (used as is, never closed). ``check_open`` raises when the store
+    (named ``owner`` in errors) is closed; a failed open is retried by the next call.
+    """
+
+    def __init__(
+        self,
+        dsn_or_pool: Any,
+        *,
+        schema: str,
+        quoted: str,
+        pool_options: dict[str, Any],
+        retries: int,
+        stats: WriteStats,
+        owner: str,
+        check_open: Callable[[], None],
+    ) -> None:
+        self._dsn: str | None = dsn_or_pool if isinstance(dsn_or_pool, str) else None
+        self._given_pool: Any = None if self._dsn is not None else dsn_or_pool
+        self._schema = schema
+        self._quoted = quoted
+        self._pool_options = pool_options
+        self._retries = retries
+        self._stats = stats
+        self._owner = owner
+        self._check_open = check_open
+        self._pool: Any = None
+        self._closed = False
+        self._open_lock = asyncio.Lock()
+
+    @property
+    def retries(self) -> int:
+        """How many times an idempotent call is run again after a lost connection."""
+        return self._retries
+
+    async def pool(self) -> Any:
+        """The open pool; the first call opens it and creates or migrates the schema."""
+        pool = self._pool
+        if pool is not None:
+            return pool
+        async with self._open_lock:
+            self._check_open()
+            if self._pool is None:
+                self._pool = await self._open()
+            return self._pool
+
+    async def run(self, what: str, op: Callable[[Any], Awaitable[T]], *, retry: bool = True) -> T:
+        """Run ``op`` on a pooled connection; map driver errors; retry a lost connection."""
+        pool = await self.pool()
+        errors = driver_errors(import_asyncpg())
+        attempt = 0
+        while True:
+            try:
+                return await on_connection(pool, op)
+            except errors as exc:
+                if self._closed and self._pool is None:
+                    raise StorageClosedError(f"{self._owner} is closed") from exc
+                if retry and attempt < self._retries and is_transient(exc):
+                    attempt += 1
+                    self._stats.retries += 1
+                    continue
+                raise StorageBackendError(f"PostgreSQL {what} failed: {describe(exc)}") from exc
+
+    async def close(self) -> None:
+        """Close the pool if this store created it; later calls raise ``StorageClosedError``."""
+        self._closed = True
+        async with self._open_lock:
+            pool, self._pool = self._pool, None
+            if pool is not None and self._dsn is not None:
+                await pool.close()
+
+    async def _open(self) -> Any:
+        pg = import_asyncpg()
+        errors = driver_errors(pg)
+        pool: Any = None
+        try:
+            if self._dsn is None:
+                pool = self._given_pool
+            else:
+                pool = await pg.create_pool(self._dsn, **self._pool_options)
+            async with pool.acquire() as con:
+                await migrate(con, self._quoted, self._schema)
+        except BaseException as exc:
+            if pool is not None and self._dsn is not None:
+                pool.terminate()
+            where = f"cannot open PostgreSQL store (schema {self._schema!r})"
+            if isinstance(exc, errors):
+                raise StorageBackendError(f"{where}: {describe(exc)}") from exc
+            if isinstance(exc, _BAD_ARGUMENT) and self._dsn is not None:
+                raise InvalidArgumentError(
+                    f"{where}: a connection argument: {describe(exc)}"
+                ) from exc
+            raise
+        return pool

@@ -1,0 +1,116 @@
+"""Workflow records and leases in PostgreSQL (:class:`~aiocheckpoint.WorkflowStorage`).
+
+They live in the ``workflows`` table; lease expiry is judged by the server's clock (``now()``)
+and fencing tokens come from one sequence per store. A fenced save rides in the group commit
+(:mod:`.batching`): its token is compared with the record's, locked ``FOR SHARE``, in the
+batch statement. See docs/leases.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import LeaseHeldError, LeaseLostError
+from ...leases import Lease, WorkflowRecord, WorkflowStatus
+from .connection import Connection
+from .sql import Sql
+
+__all__ = ["Leases"]
+
+
+class Leases:
+    """The lease and workflow-record statements of one store; arguments are checked already."""
+
+    def __init__(self, connection: Connection, sql: Sql) -> None:
+        self._connection = connection
+        self._sql = sql
+
+    async def set_status(
+        self, workflow_id: str, status: WorkflowStatus, token: int | None, lease: Lease | None
+    ) -> WorkflowRecord:
+        """Create or update the record with ``status``; only if ``token`` is current, if given."""
+        args: list[object] = [workflow_id, status.value]
+        sql = self._sql.status_upsert
+        if token is not None:
+            sql = self._sql.status_fenced
+            args.append(token)
+        run = self._connection.run
+        row = await run("set_workflow_status", lambda con: con.fetchrow(sql, *args))
+        if row is None:
+            raise lost(workflow_id, lease)
+        return _workflow_record(row)
+
+    async def get(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow's record, or None."""
+        sql = self._sql.get_record
+        row = await self._connection.run("get_workflow", lambda con: con.fetchrow(sql, workflow_id))
+        return None if row is None else _workflow_record(row)
+
+    async def records(self, status: WorkflowStatus | None) -> list[WorkflowRecord]:
+        """Records ordered by workflow id, optionally only those with ``status``."""
+        value = None if status is None else status.value
+        sql = self._sql.list_records
+        run = self._connection.run
+        rows = await run("list_workflow_records", lambda con: con.fetch(sql, value))
+        return [_workflow_record(row) for row in rows]
+
+    async def acquire(self, workflow_id: str, owner: str, ttl: float) -> Lease:
+        """Grant the lease if free, expired or ``owner``'s already; not retried (see the store)."""
+
+        async def grant(con: Any) -> Any:
+            for _ in range(3):
+                row = await con.fetchrow(self._sql.acquire, workflow_id, owner, ttl)
+                if row is not None:
+                    return row
+                held = await con.fetchrow(self._sql.holder, workflow_id)
+                if held is not None and held[0] is not None and not held[2]:
+                    raise LeaseHeldError(
+                        f"workflow {workflow_id!r} is leased by {held[0]!r} until {held[1]}"
+                    )
+                # Released or expired between the two statements: try again.
+            raise LeaseHeldError(f"workflow {workflow_id!r} is contended; try again")
+
+        row = await self._connection.run("acquire_lease", grant, retry=False)
+        return Lease(workflow_id=workflow_id, owner=owner, token=row[0], expires_at=row[1], ttl=ttl)
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        """Extend a lease whose token is still current to ``ttl`` seconds from now."""
+        sql, args = self._sql.renew, [lease.workflow_id, lease.token, lease.owner, ttl]
+        expires = await self._connection.run("renew_lease", lambda con: con.fetchval(sql, *args))
+        if expires is None:
+            raise lost(lease.workflow_id, lease)
+        return lease.model_copy(update={"expires_at": expires, "ttl": ttl})
+
+    async def release(self, lease: Lease) -> None:
+        """Free a current lease; a stale one is ignored."""
+        sql, args = self._sql.release, [lease.workflow_id, lease.token]
+        await self._connection.run("release_lease", lambda con: con.execute(sql, *args))
+
+    async def claim(self, owner: str, ttl: float) -> Lease | None:
+        """Lease the oldest unfinished workflow whose lease is free or expired, or None."""
+        sql = self._sql.claim
+        row = await self._connection.run(
+            "claim_next_workflow", lambda con: con.fetchrow(sql, owner, ttl), retry=False
+        )
+        if row is None:
+            return None
+        return Lease(workflow_id=row[0], owner=owner, token=row[1], expires_at=row[2], ttl=ttl)
+
+
+def lost(workflow_id: str, lease: Lease | None) -> LeaseLostError:
+    """The error of a write under a lease that is no longer current."""
+    token = "?" if lease is None else lease.token
+    return LeaseLostError(f"lease {token} on workflow {workflow_id!r} is no longer current")
+
+
+def _workflow_record(row: Any) -> WorkflowRecord:
+    return WorkflowRecord(
+        workflow_id=row[0],
+        status=WorkflowStatus(row[1]),
+        created_at=row[2],
+        updated_at=row[3],
+        finished_at=row[4],
+        lease_owner=row[5],
+        lease_expires_at=row[6],
+        fencing_token=row[7],
+    )

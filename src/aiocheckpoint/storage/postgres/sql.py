@@ -1,0 +1,269 @@
+"""Every statement the PostgreSQL store runs, bound to one schema; all values are parameters.
+
+The schema name is the only identifier spliced into the text, and :func:`.schema.quote_schema`
+has validated and quoted it. The tables are those of :mod:`.schema`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...format import MAGIC
+
+__all__ = ["Sql"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sql:
+    """Every statement the backend runs, bound to one schema. All values are parameters."""
+
+    upsert: str
+    prune: str
+    latest: str
+    at_step: str
+    scan_asc: str
+    scan_desc: str
+    exists_any: str
+    exists_step: str
+    delete_step: str
+    delete_all: str
+    workflows: str
+    status_upsert: str
+    status_fenced: str
+    get_record: str
+    list_records: str
+    acquire: str
+    holder: str
+    renew: str
+    release: str
+    claim: str
+    blob_add: str
+    blob_release: str
+    blob_drop: str
+    blob_fetch: str
+    blob_lock: str
+    blob_try_lock: str
+
+    @classmethod
+    def for_schema(cls, quoted: str) -> Sql:
+        """Build the statements for the quoted schema name."""
+        t = f"{quoted}.checkpoints"
+        w = f"{quoted}.workflows"
+        b = f"{quoted}.blobs"
+        r = f"{quoted}.blob_refs"
+        # A version-2 record's bytes, else NULL: only those reference blobs, and only they
+        # are sent back when a record is replaced or deleted (its refs are then released).
+        prefix = (MAGIC + bytes([2])).hex()
+        v2 = f"CASE WHEN substring({{c}} FROM 1 FOR 5) = '\\x{prefix}'::bytea THEN {{c}} END"
+        record = (
+            "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
+            "lease_expires_at, fencing_token"
+        )
+        expiry = "now() + make_interval(secs => {ttl})"
+        finished = "CASE WHEN $2 = 'unfinished' THEN NULL ELSE now() END"
+        # $n of the size cap: the row's length is checked before its bytes are sent.
+        capped = "step, octet_length(data), CASE WHEN octet_length(data) <= {cap} THEN data END"
+        scan = (
+            f"SELECT {capped.format(cap='$5')} FROM {t} "
+            "WHERE workflow_id = $1 AND step > $2 AND step <= $3 ORDER BY step {order} LIMIT $4"
+        )
+        return cls(
+            # One statement per batch: create missing records for unfenced rows, lock the
+            # records of fenced rows FOR SHARE (a takeover's UPDATE then waits for this
+            # commit, and a takeover that committed first is seen: FOR SHARE reads the latest
+            # row version), and insert only rows that are unfenced or carry the current
+            # token. ``old`` locks the rows about to be replaced and hands back the version-2
+            # ones, whose refs the caller releases in the same transaction; with $5 (no
+            # transaction around this statement) nothing is written when one would be
+            # replaced, and the caller runs the batch again in a transaction. RETURNING names
+            # the rows written (the others had stale leases); ``replaced`` without ``seen``
+            # means a row appeared after this statement's snapshot: the caller retries.
+            upsert=(
+                "WITH r AS MATERIALIZED (SELECT * FROM "
+                "unnest($1::text[], $2::bigint[], $3::bytea[], $4::bigint[]) AS r(w, s, d, t)), "
+                f"rec AS (INSERT INTO {w} (workflow_id) SELECT DISTINCT w FROM r "
+                "WHERE t IS NULL ORDER BY w ON CONFLICT (workflow_id) DO NOTHING RETURNING 1), "
+                f"held AS MATERIALIZED (SELECT workflow_id, fencing_token FROM {w} "
+                "WHERE workflow_id IN (SELECT w FROM r WHERE t IS NOT NULL) "
+                "ORDER BY workflow_id FOR SHARE), "
+                # The records of the workflows $6 names (those the batch's transaction will
+                # prune, after locking its new rows): delete_all waits for this commit before
+                # it locks any of their checkpoint rows.
+                f"kept AS MATERIALIZED (SELECT workflow_id FROM {w} "
+                "WHERE workflow_id = ANY($6::text[]) ORDER BY workflow_id FOR KEY SHARE), "
+                # ``rec`` and ``kept`` read here run before any checkpoint row is locked:
+                # records first, then checkpoint rows, the order delete_all takes them in.
+                "ok AS MATERIALIZED (SELECT r.w, r.s, r.d FROM r "
+                "LEFT JOIN held ON held.workflow_id = r.w "
+                "WHERE (SELECT count(*) FROM rec) + (SELECT count(*) FROM kept) >= 0 "
+                "AND (r.t IS NULL OR held.fencing_token = r.t)), "
+                f"old AS MATERIALIZED (SELECT c.workflow_id AS w, c.step AS s, "
+                f"{v2.format(c='c.data')} AS d FROM {t} AS c JOIN ok "
+                "ON c.workflow_id = ok.w AND c.step = ok.s ORDER BY 1, 2 FOR UPDATE OF c), "
+                # Joining ``o`` makes ``old`` lock its rows before the first insert: read
+                # after, it would skip the rows this statement has just updated.
+                f"ins AS (INSERT INTO {t} (workflow_id, step, data) SELECT w, s, d FROM ok "
+                "CROSS JOIN (SELECT coalesce(bool_or(d IS NOT NULL), false) AS v2 FROM old) AS o "
+                "WHERE NOT ($5::boolean AND o.v2) "
+                "ON CONFLICT (workflow_id, step) DO UPDATE "
+                "SET data = EXCLUDED.data, created_at = EXCLUDED.created_at "
+                "RETURNING workflow_id, step, xmax::text <> '0' AS replaced) "
+                "SELECT ins.workflow_id, ins.step, ins.replaced, old.w IS NOT NULL, old.d "
+                "FROM ins LEFT JOIN old ON old.w = ins.workflow_id AND old.s = ins.step"
+            ),
+            # For each (workflow, keep) pair: the keep-th highest step is the lowest kept;
+            # a workflow with fewer rows yields no cut and loses nothing. MATERIALIZED makes
+            # the cut one index probe per workflow, not one per deleted row.
+            prune=(
+                f"WITH cut AS MATERIALIZED ("
+                f"SELECT r.w, k.step FROM unnest($1::text[], $2::bigint[]) AS r(w, n) "
+                f"CROSS JOIN LATERAL (SELECT step FROM {t} WHERE workflow_id = r.w "
+                f"ORDER BY step DESC OFFSET r.n - 1 LIMIT 1) AS k) "
+                f", gone AS (DELETE FROM {t} AS c USING cut "
+                "WHERE c.workflow_id = cut.w AND c.step < cut.step "
+                f"RETURNING {v2.format(c='c.data')} AS d) "
+                "SELECT d FROM gone WHERE d IS NOT NULL"
+            ),
+            latest=(
+                f"SELECT {capped.format(cap='$2')} FROM {t} "
+                "WHERE workflow_id = $1 ORDER BY step DESC LIMIT 1"
+            ),
+            at_step=(
+                f"SELECT {capped.format(cap='$3')} FROM {t} WHERE workflow_id = $1 AND step = $2"
+            ),
+            scan_asc=scan.format(order="ASC"),
+            scan_desc=scan.format(order="DESC"),
+            exists_any=f"SELECT EXISTS (SELECT 1 FROM {t} WHERE workflow_id = $1)",
+            exists_step=f"SELECT EXISTS (SELECT 1 FROM {t} WHERE workflow_id = $1 AND step = $2)",
+            # Deletes hand back the version-2 records they removed, to release their refs.
+            delete_step=(
+                f"DELETE FROM {t} WHERE workflow_id = $1 AND step = $2 "
+                f"RETURNING {v2.format(c='data')}"
+            ),
+            # The record and lease go with the checkpoints, in the same statement: the record
+            # first (``lk`` reads ``rec``), then the checkpoint rows locked in step order, the
+            # order every batch locks them in.
+            delete_all=(
+                f"WITH rec AS (DELETE FROM {w} WHERE workflow_id = $1 RETURNING 1), "
+                f"lk AS MATERIALIZED (SELECT step FROM {t} WHERE workflow_id = $1 "
+                "AND (SELECT count(*) FROM rec) >= 0 ORDER BY step FOR UPDATE), "
+                f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 AND step IN (SELECT step FROM lk) "
+                f"RETURNING {v2.format(c='data')} AS d) "
+                "SELECT (SELECT count(*) FROM rec) + (SELECT count(*) FROM cps), "
+                "(SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
+            ),
+            # A loose index scan: one PK probe per distinct workflow, not a scan of every row.
+            workflows=(
+                f"WITH RECURSIVE w(id) AS ("
+                f"(SELECT workflow_id FROM {t} ORDER BY workflow_id LIMIT 1) "
+                f"UNION ALL SELECT (SELECT workflow_id FROM {t} WHERE workflow_id > w.id "
+                f"ORDER BY workflow_id LIMIT 1) FROM w WHERE w.id IS NOT NULL) "
+                "SELECT id FROM w WHERE id IS NOT NULL"
+            ),
+            status_upsert=(
+                f"INSERT INTO {w} AS x (workflow_id, status, finished_at) "
+                f"VALUES ($1, $2, {finished}) ON CONFLICT (workflow_id) DO UPDATE "
+                "SET status = EXCLUDED.status, finished_at = EXCLUDED.finished_at, "
+                f"updated_at = now() RETURNING {record}"
+            ),
+            status_fenced=(
+                f"UPDATE {w} SET status = $2, finished_at = {finished}, updated_at = now() "
+                f"WHERE workflow_id = $1 AND fencing_token = $3 RETURNING {record}"
+            ),
+            get_record=f"SELECT {record} FROM {w} WHERE workflow_id = $1",
+            list_records=(
+                f"SELECT {record} FROM {w} WHERE $1::text IS NULL OR status = $1 "
+                "ORDER BY workflow_id"
+            ),
+            # Granted when free, expired or already the same owner's; a grant always takes
+            # a new token. No row back: another live owner holds it.
+            acquire=(
+                f"INSERT INTO {w} AS x (workflow_id, lease_owner, lease_expires_at, "
+                f"fencing_token) VALUES ($1, $2, {expiry.format(ttl='$3')}, "
+                f"nextval('{quoted}.fencing')) ON CONFLICT (workflow_id) DO UPDATE "
+                "SET lease_owner = EXCLUDED.lease_owner, "
+                "lease_expires_at = EXCLUDED.lease_expires_at, "
+                "fencing_token = EXCLUDED.fencing_token, updated_at = now() "
+                "WHERE x.lease_owner IS NULL OR x.lease_expires_at <= now() "
+                "OR x.lease_owner = EXCLUDED.lease_owner "
+                "RETURNING fencing_token, lease_expires_at"
+            ),
+            holder=(
+                f"SELECT lease_owner, lease_expires_at, lease_expires_at <= now() FROM {w} "
+                "WHERE workflow_id = $1"
+            ),
+            # Only the token matters: an expired lease nobody took over is still current.
+            renew=(
+                f"UPDATE {w} SET lease_owner = $3, lease_expires_at = {expiry.format(ttl='$4')}, "
+                "updated_at = now() WHERE workflow_id = $1 AND fencing_token = $2 "
+                "RETURNING lease_expires_at"
+            ),
+            release=(
+                f"UPDATE {w} SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now() "
+                "WHERE workflow_id = $1 AND fencing_token = $2"
+            ),
+            # SKIP LOCKED: concurrent claimers each lock a different candidate row instead of
+            # queueing on the same one; the row is rechecked after locking.
+            claim=(
+                f"UPDATE {w} AS x SET lease_owner = $1, "
+                f"lease_expires_at = {expiry.format(ttl='$2')}, "
+                f"fencing_token = nextval('{quoted}.fencing'), updated_at = now() "
+                f"FROM (SELECT workflow_id FROM {w} WHERE status = 'unfinished' "
+                "AND (lease_expires_at IS NULL OR lease_expires_at <= now()) "
+                "ORDER BY created_at, workflow_id LIMIT 1 FOR UPDATE SKIP LOCKED) AS c "
+                "WHERE x.workflow_id = c.workflow_id "
+                "RETURNING x.workflow_id, x.fencing_token, x.lease_expires_at"
+            ),
+            # add_ref of one tree level (section 8 of docs/incremental.md), for many hashes
+            # at once: $2 is how many new referrers each hash gets. A blob that exists gets
+            # refs + n (its sub-tree is counted already); a missing one is inserted with n,
+            # which the caller recognises (an existing blob has refs >= 1, so it ends > n)
+            # and then adds refs for its children. Sorted input locks rows in one order; a
+            # row a concurrent release is deleting is waited for, then inserted again.
+            # upsert of one level: counts added (rows created at the count sent), and the
+            # data stored for the hashes whose row was created now (its count is what was
+            # sent: an existing blob's ends above it, as no stored count is ever 0 or less
+            # once a transaction commits).
+            blob_add=(
+                "WITH u AS MATERIALIZED (SELECT * FROM "
+                "unnest($1::bytea[], $2::bigint[], $3::bytea[]) AS u(h, n, d)), "
+                f"c AS (INSERT INTO {r} AS x (hash, refs) SELECT h, n FROM u ORDER BY h "
+                "ON CONFLICT (hash) DO UPDATE SET refs = x.refs + EXCLUDED.refs "
+                "RETURNING hash, refs), "
+                f"i AS (INSERT INTO {b} (hash, data) SELECT u.h, u.d FROM u JOIN c "
+                "ON c.hash = u.h AND c.refs = u.n ORDER BY u.h ON CONFLICT (hash) DO NOTHING) "
+                "SELECT hash, refs FROM c"
+            ),
+            # release of one level: the data comes back only for blobs whose count reached 0,
+            # whose children the caller releases next and which blob_drop then deletes.
+            blob_release=(
+                f"WITH l AS MATERIALIZED (SELECT hash FROM {r} WHERE hash = ANY($1::bytea[]) "
+                "ORDER BY hash FOR NO KEY UPDATE), "
+                f"x AS (UPDATE {r} AS x SET refs = x.refs - u.n "
+                "FROM unnest($1::bytea[], $2::bigint[]) AS u(h, n) "
+                "WHERE x.hash = u.h AND x.hash IN (SELECT hash FROM l) "
+                "RETURNING x.hash, x.refs) "
+                "SELECT x.hash, x.refs, CASE WHEN x.refs <= 0 THEN coalesce(d.data, '') END "
+                f"FROM x LEFT JOIN {b} AS d ON d.hash = x.hash"
+            ),
+            blob_drop=(
+                f"WITH z AS (DELETE FROM {r} WHERE hash = ANY($1::bytea[]) AND refs <= 0 "
+                f"RETURNING hash) DELETE FROM {b} WHERE hash IN (SELECT hash FROM z)"
+            ),
+            # One writer of blob counts at a time per store (all processes): a walk locks
+            # rows level by level, and two walks over trees that share nodes at different
+            # levels would otherwise deadlock often (each costing the server's
+            # deadlock_timeout, 1 s by default, before one is cancelled).
+            blob_lock=(
+                "SELECT pg_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
+            ),
+            # The same lock, for a transaction that holds row locks already: it may not wait
+            # for it (docs/postgres-storage.md, "Lock order").
+            blob_try_lock=(
+                "SELECT pg_try_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
+            ),
+            blob_fetch=(
+                f"SELECT hash, data FROM {b} WHERE hash = ANY($1::bytea[]) "
+                "AND octet_length(data) <= $2"
+            ),
+        )

@@ -1,0 +1,333 @@
+"""The PostgreSQL store's public class: its options, the storage protocol, argument checks.
+
+The work is done by the package's parts: :mod:`.connection` (the pool, retries),
+:mod:`.batching` (group commit of saves), :mod:`.records` (reads and deletes),
+:mod:`.blobs` (reference counts of incremental checkpoints), :mod:`.leases` (workflow
+records and leases), over the tables of :mod:`.schema` and the statements of :mod:`.sql`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from ..._validation import check_limit, check_optional_step, check_step, check_workflow_id
+from ...errors import InvalidArgumentError
+from ...format import SplitResult, TreeParams
+from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
+from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
+from .batching import BatchLimits, GroupCommit, Write
+from .blobs import Blobs
+from .connection import Connection
+from .dsn import check_connect_options, check_dsn
+from .leases import Leases
+from .records import Records
+from .schema import quote_schema
+from .sql import Sql
+from .stats import WriteStats
+
+__all__ = ["PostgresCheckpointStorage"]
+
+
+class PostgresCheckpointStorage(BaseStorage):
+    """Stores checkpoint records in PostgreSQL, in one table of its own schema.
+
+    ``dsn_or_pool`` is a connection string (the storage then creates, owns and closes an
+    asyncpg pool of ``min_size``..``max_size`` connections; ``connect_kwargs`` go to
+    ``asyncpg.create_pool``) or an existing ``asyncpg.Pool`` (used as is, never closed).
+    A DSN asyncpg could not parse (host, port, query) and an option it does not take raise
+    :class:`~aiocheckpoint.InvalidArgumentError` here. Nothing connects until the first
+    call, which also creates or migrates the schema.
+
+    Every operation is one primary-key lookup or range scan. ``save`` is durable when it
+    returns (the row's transaction has committed). A connection lost mid-operation is
+    retried up to ``retries`` times on a fresh connection for idempotent calls (save, load,
+    scan, exists, list_workflows); otherwise it raises :class:`StorageBackendError`.
+    """
+
+    def __init__(
+        self,
+        dsn_or_pool: Any,
+        *,
+        schema: str = "aiocheckpoint",
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        min_size: int = 1,
+        max_size: int = 10,
+        write_concurrency: int = 2,
+        max_batch_rows: int = 500,
+        max_batch_bytes: int = 16 * 1024 * 1024,
+        retries: int = 2,
+        blob_params: TreeParams | None = None,
+        **connect_kwargs: Any,
+    ) -> None:
+        quoted = quote_schema(schema)
+        for name, value, low in (
+            ("max_record_bytes", max_record_bytes, 1),
+            ("min_size", min_size, 0),
+            ("max_size", max_size, 1),
+            ("write_concurrency", write_concurrency, 1),
+            ("max_batch_rows", max_batch_rows, 1),
+            ("max_batch_bytes", max_batch_bytes, 1),
+            ("retries", retries, 0),
+        ):
+            if type(value) is not int or value < low:
+                raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+        if blob_params is not None and not isinstance(blob_params, TreeParams):
+            raise InvalidArgumentError("blob_params must be a TreeParams or None")
+        if isinstance(dsn_or_pool, str):
+            try:
+                check_dsn(dsn_or_pool)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"bad PostgreSQL DSN: {exc}") from None
+        elif not hasattr(dsn_or_pool, "acquire"):
+            raise InvalidArgumentError(
+                f"dsn_or_pool must be a DSN str or an asyncpg pool, not {type(dsn_or_pool)!r}"
+            )
+        check_connect_options(connect_kwargs)
+        self._params = blob_params or TreeParams()
+        self._schema = schema
+        self._max_record_bytes = max_record_bytes
+        self.stats = WriteStats()
+        settings = {"synchronous_commit": "on", **connect_kwargs.pop("server_settings", {})}
+        pool_options = {
+            "min_size": min_size,
+            "max_size": max_size,
+            # Durability must not depend on the server's default: a commit returns only
+            # after its WAL record is flushed, unless the caller explicitly asks otherwise.
+            "server_settings": settings,
+            **connect_kwargs,
+        }
+        self._connection = Connection(
+            dsn_or_pool,
+            schema=schema,
+            quoted=quoted,
+            pool_options=pool_options,
+            retries=retries,
+            stats=self.stats,
+            owner=type(self).__name__,
+            check_open=self._check_open,
+        )
+        sql = Sql.for_schema(quoted)
+        blobs = Blobs(sql, schema, self.stats)
+        self._records = Records(self._connection, sql, blobs, max_record_bytes)
+        self._leases = Leases(self._connection, sql)
+        limits = BatchLimits(write_concurrency, max_batch_rows, max_batch_bytes)
+        self._group_commit = GroupCommit(self._connection, sql, blobs, self.stats, limits)
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding this store's tables."""
+        return self._schema
+
+    @property
+    def blob_params(self) -> TreeParams:
+        """How this store cuts large states into blobs (the ``blob_params`` option)."""
+        return self._params
+
+    # --- the protocol -------------------------------------------------------------------
+
+    async def save(
+        self,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store ``data`` as ``step``; with ``keep_last`` prune older steps in the same commit.
+
+        Returns once the row is committed. Cancelled while still queued, the row is not
+        written; cancelled once its batch is in flight, the batch completes whole. The
+        workflow gets an UNFINISHED record if it has none. With ``fence``, the row is written
+        only if ``fence.token`` is the workflow's current fencing token; otherwise this call
+        (and only this one in its batch) raises :class:`~aiocheckpoint.LeaseLostError`.
+        """
+        self._check_open()
+        self._check_write(workflow_id, step, keep_last)
+        data = _bytes("data", data)
+        check_record_size(data, self._max_record_bytes)
+        await self._enqueue(workflow_id, step, data, keep_last, fence, None)
+
+    async def save_tree(
+        self,
+        workflow_id: str,
+        step: int,
+        record: bytes,
+        split: SplitResult,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store ``split``'s blobs and the version-2 ``record`` in one transaction.
+
+        Queued and batched like :meth:`save` (same cancellation, fencing and retention
+        behaviour). In the batch's transaction, each tree level costs one statement for all
+        the batch's trees: blobs already stored get one more reference and are not
+        descended into, missing ones are inserted. The refs of a record this replaces or
+        ``keep_last`` prunes are released after, in the same transaction.
+        """
+        self._check_open()
+        self._check_write(workflow_id, step, keep_last)
+        if not isinstance(split, SplitResult):
+            raise InvalidArgumentError(f"split must be a SplitResult, not {type(split).__name__}")
+        record = _bytes("record", record)
+        check_record_size(record, self._max_record_bytes)
+        for blob in split.blobs.values():
+            check_record_size(blob, self._max_record_bytes)
+        await self._enqueue(workflow_id, step, record, keep_last, fence, split)
+
+    async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        """Return the stored blobs among ``hashes``: one indexed statement.
+
+        A blob over ``max_record_bytes`` is left out (the reader reports it as missing).
+        """
+        self._check_open()
+        if any(not isinstance(h, (bytes, bytearray, memoryview)) for h in hashes):
+            raise InvalidArgumentError("fetch_blobs takes a collection of bytes hashes")
+        return await self._records.fetch_blobs([bytes(h) for h in hashes])
+
+    async def collect_garbage(self) -> int:
+        """Return 0: a blob is deleted in the transaction that drops its last reference."""
+        self._check_open()
+        return 0
+
+    async def load(self, workflow_id: str, step: int | None = None) -> StoredCheckpoint | None:
+        """Return one step's record (the highest when ``step`` is None), or None."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._records.load(workflow_id, None if step is None else check_step(step))
+
+    async def scan(
+        self,
+        workflow_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        limit: int | None = None,
+        descending: bool = False,
+    ) -> list[StoredCheckpoint]:
+        """Return records with ``after < step < before`` in step order, at most ``limit``."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        after = check_optional_step(after, "after")
+        before = check_optional_step(before, "before")
+        limit = check_limit(limit)
+        return await self._records.scan(workflow_id, after, before, limit, descending)
+
+    async def exists(self, workflow_id: str, step: int | None = None) -> bool:
+        """Whether the step (or any step) is stored."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._records.exists(workflow_id, None if step is None else check_step(step))
+
+    async def delete(self, workflow_id: str, step: int | None = None) -> bool:
+        """Delete one step, or the whole workflow; return whether anything was deleted.
+
+        Not retried after a lost connection (the answer would be unreliable): that raises
+        :class:`StorageBackendError`, and the delete may or may not have committed.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._records.delete(workflow_id, None if step is None else check_step(step))
+
+    async def list_workflows(self) -> list[str]:
+        """Every workflow id with at least one record, in code point order."""
+        self._check_open()
+        return await self._records.list_workflows()
+
+    # --- workflow records and leases (WorkflowStorage) ----------------------------------
+
+    async def set_workflow_status(
+        self, workflow_id: str, status: WorkflowStatus, *, fence: Lease | None = None
+    ) -> WorkflowRecord:
+        """Create or update the workflow's record with ``status`` (fenced by ``fence``)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        status = WorkflowStatus(status)
+        token = None if fence is None else fence_token(fence, workflow_id)
+        return await self._leases.set_status(workflow_id, status, token, fence)
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow's record, or None."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._leases.get(workflow_id)
+
+    async def list_workflow_records(
+        self, status: WorkflowStatus | None = None
+    ) -> list[WorkflowRecord]:
+        """Records ordered by workflow id (code point order), optionally only ``status``."""
+        self._check_open()
+        return await self._leases.records(None if status is None else WorkflowStatus(status))
+
+    async def acquire_lease(self, workflow_id: str, owner: str, ttl: float) -> Lease:
+        """Grant the lease if it is free, expired or already ``owner``'s (a new token).
+
+        Not retried after a lost connection (a grant may have committed): that raises
+        :class:`StorageBackendError`; acquiring again as the same owner is safe.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._leases.acquire(workflow_id, owner, check_ttl(ttl))
+
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+        """Extend a lease whose token is still current to ``ttl`` seconds from now."""
+        self._check_open()
+        return await self._leases.renew(lease, check_ttl(ttl))
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Free a current lease; a stale one is ignored."""
+        self._check_open()
+        await self._leases.release(lease)
+
+    async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
+        """Lease the oldest unfinished workflow whose lease is free or expired, or None.
+
+        ``FOR UPDATE SKIP LOCKED``: concurrent claimers (in any process) get distinct
+        workflows. Not retried after a lost connection (a claim may have committed; its
+        lease then simply expires).
+        """
+        self._check_open()
+        return await self._leases.claim(owner, check_ttl(ttl))
+
+    async def close(self) -> None:
+        """Wait for queued and in-flight writes, then close the pool if this storage owns it."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._group_commit.drain()
+        await self._connection.close()
+
+    # --- internals ----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_write(workflow_id: str, step: int, keep_last: int | None) -> None:
+        check_workflow_id(workflow_id)
+        check_step(step)
+        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+
+    async def _enqueue(
+        self,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        keep_last: int | None,
+        fence: Lease | None,
+        split: SplitResult | None,
+    ) -> None:
+        token = None if fence is None else fence_token(fence, workflow_id)
+        await self._connection.pool()
+        self._check_open()
+        future = asyncio.get_running_loop().create_future()
+        await self._group_commit.write(
+            Write(workflow_id, step, data, keep_last, token, future, split)
+        )
+
+
+def _bytes(name: str, value: object) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"{name} must be bytes, not {type(value).__qualname__}")
+    return bytes(value)

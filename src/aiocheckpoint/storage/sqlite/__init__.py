@@ -1,0 +1,433 @@
+"""SQLiteCheckpointStorage: every workflow's checkpoints in one SQLite database file.
+
+The embedded default backend. Writes go through one writer thread that commits queued
+writes together (group commit: one transaction and one fsync for many callers); reads run
+on separate connections in their own threads, so they never wait behind the write queue.
+See ``docs/sqlite-storage.md`` for the schema, the durability setting and the design.
+
+Workflow records and leases (:class:`~aiocheckpoint.storage.base.WorkflowStorage`) live in a
+``workflows`` table. Lease operations run in the writer thread's ``BEGIN IMMEDIATE``
+transactions, so SQLite's single write lock makes claims atomic across processes; expiry is
+judged by this host's clock (``time.time()``). A fenced save is checked in its batch's
+transaction, and a stale one fails only its own caller. See docs/leases.md.
+
+Large states are stored incrementally
+(:class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`): content-addressed blobs in a
+``blobs`` table with reference counts kept in the same transaction as the record
+(docs/incremental.md §8), so blobs go as the records that use them go and a crash never
+leaves a record without its blobs.
+
+The package, one module per job: ``groupcommit`` (the event loop's half of the write
+queue), ``writer`` (the writer thread: open, batches), ``readers`` (the read
+connections and queries), ``walcheckpoint`` (WAL checkpoints), ``records``
+(workflow records and leases), ``blobs`` (blobs and their reference counts),
+``schema`` (versions and migrations), ``sql`` (the statements on the checkpoints
+table), ``connections`` (opening the file, busy retries, error mapping) and ``foreign``
+(rows the library could not have written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..._validation import check_optional_step, check_step, check_workflow_id
+from ...errors import CheckpointCorruptedError, InvalidArgumentError
+from ...format import SplitResult, TreeParams, record_root_refs
+from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
+from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
+from ..refcounts import held_root_refs
+from . import records
+from .blobs import SaveTreeOp, drain_releases, read_blobs, recount
+from .connections import BusyRetry
+from .foreign import ForeignRow
+from .groupcommit import GroupCommit
+from .readers import (
+    ReaderPool,
+    foreign_checkpoints,
+    read_exists,
+    read_one,
+    read_scan,
+    read_workflows,
+)
+from .walcheckpoint import Checkpointer
+from .writer import DeleteOp, Op, RecordOp, SaveOp, Writer
+
+__all__ = ["ForeignRow", "SQLiteCheckpointStorage"]
+
+T = TypeVar("T")
+
+
+class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
+    """Checkpoints in a SQLite database (WAL, ``synchronous=FULL``), with group commit.
+
+    ``path`` is the database file; it and its parent directories are created on first use
+    (a new file is owner-only, 0600, and so are its -wal and -shm files). Nothing touches
+    the disk before the first operation (or :meth:`open`).
+
+    * ``max_record_bytes``: larger records are refused on save
+      (:class:`~aiocheckpoint.InvalidArgumentError`) and on read
+      (:class:`~aiocheckpoint.CheckpointCorruptedError`, without fetching the blob).
+    * ``busy_timeout``: seconds SQLite waits for another process's lock before each retry;
+      ``busy_retries`` more attempts follow with backoff before the call fails with
+      :class:`~aiocheckpoint.StorageBackendError`.
+    * ``readers``: threads (each with its own connection) serving reads.
+    * ``max_batch``: the most writes committed in one transaction.
+    * ``blob_params``: how large states are cut into blobs
+      (:class:`~aiocheckpoint.incremental.TreeParams`; ``compression="zstd"`` compresses them).
+    * ``allow_shared``: open the file even if another user owns it, or group or others may
+      read or write it (or its -wal or -shm). By default such a file is refused with
+      :class:`~aiocheckpoint.errors.StoragePermissionError`: it may have been planted to
+      feed this process forged state or to read what it writes. For deliberately shared
+      setups only.
+
+    A ``path`` whose name starts with ``file:`` is refused
+    (:class:`~aiocheckpoint.InvalidArgumentError`): it is not a URI here, and SQLite would
+    have read it as one.
+
+    ``save`` returns once its transaction is committed and fsynced. A caller cancelled while
+    its write is still queued removes it (nothing is written); once its batch is committing
+    the write lands whole and the caller sees the cancellation. :meth:`close` commits
+    queued writes before closing.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        busy_timeout: float = 5.0,
+        busy_retries: int = 10,
+        readers: int = 2,
+        max_batch: int = 512,
+        blob_params: TreeParams | None = None,
+        allow_shared: bool = False,
+    ) -> None:
+        for name, value, low in (
+            ("max_record_bytes", max_record_bytes, 1),
+            ("busy_retries", busy_retries, 0),
+            ("readers", readers, 1),
+            ("max_batch", max_batch, 1),
+        ):
+            if type(value) is not int or value < low:
+                raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+        if not isinstance(busy_timeout, (int, float)) or busy_timeout < 0:
+            raise InvalidArgumentError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
+        if blob_params is not None and not isinstance(blob_params, TreeParams):
+            raise InvalidArgumentError("blob_params must be a TreeParams or None")
+        if not isinstance(allow_shared, bool):
+            raise InvalidArgumentError(f"allow_shared must be a bool, got {allow_shared!r}")
+        self._params = blob_params or TreeParams()
+        self._path = _database_path(path)
+        self._max_record_bytes = max_record_bytes
+        retry = BusyRetry(busy_retries)
+        # Absolute now: every connection, opened later in some thread, names the same file.
+        file = self._path.absolute()
+        self._readers = ReaderPool(file, float(busy_timeout), retry)
+        self._read_threads = ThreadPoolExecutor(
+            readers, thread_name_prefix="aiocheckpoint-sqlite-r"
+        )
+        GroupCommit.__init__(
+            self,
+            Writer(file, float(busy_timeout), retry, allow_shared=allow_shared),
+            Checkpointer(file, float(busy_timeout)),
+            max_batch,
+        )
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    @property
+    def blob_params(self) -> TreeParams:
+        """How this store cuts large states into blobs."""
+        return self._params
+
+    async def open(self) -> None:
+        """Open the database now (create, configure, migrate); first use does it anyway."""
+        self._check_open()
+        await self._ensure_open()
+
+    # --- writes: queued, committed in batches by one writer ------------------------------
+
+    async def save(
+        self,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store ``data`` as ``step``, then keep the ``keep_last`` highest steps, atomically.
+
+        The workflow gets an UNFINISHED record if it has none. With ``fence``, the write
+        happens only if ``fence.token`` is the workflow's current fencing token; otherwise
+        this call (and no other in its batch) raises :class:`~aiocheckpoint.LeaseLostError`.
+        """
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        step = check_step(step)
+        _check_keep_last(keep_last)
+        data = bytes(data)
+        check_record_size(data, self._max_record_bytes)
+        token = None if fence is None else fence_token(fence, workflow_id)
+        refs = held_root_refs(data)
+        if refs:  # a version-2 record given whole (the blobs it names must be stored already)
+            op: Op = SaveTreeOp(workflow_id, step, data, refs, None, keep_last, token)
+        else:
+            op = SaveOp(workflow_id, step, data, keep_last, token)
+        await self._submit(op, len(data))
+
+    # --- blobs (BlobCheckpointStorage) ----------------------------------------------------
+
+    async def save_tree(
+        self,
+        workflow_id: str,
+        step: int,
+        record: bytes,
+        split: SplitResult,
+        *,
+        keep_last: int | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store ``split``'s new blobs, count references, store ``record``: one transaction.
+
+        Goes through the same group commit as :meth:`save`, with the same ``keep_last``,
+        ``fence`` and per-caller failure. Raises :class:`~aiocheckpoint.InvalidArgumentError`
+        if ``record`` does not reference exactly ``split.root_refs``, or if a blob is neither
+        stored nor in ``split.blobs`` (a split made with a stale ``known``); nothing is
+        written then.
+        """
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        step = check_step(step)
+        _check_keep_last(keep_last)
+        if not isinstance(split, SplitResult):
+            raise InvalidArgumentError(f"split must be a SplitResult, not {type(split).__name__}")
+        record = bytes(record)
+        check_record_size(record, self._max_record_bytes)
+        try:
+            refs = record_root_refs(record)
+        except CheckpointCorruptedError as exc:
+            raise InvalidArgumentError(f"record is not a valid version-2 record: {exc}") from exc
+        if refs != split.root_refs:
+            raise InvalidArgumentError("record does not reference the root of split")
+        token = None if fence is None else fence_token(fence, workflow_id)
+        size = len(record) + sum(len(blob) for blob in split.blobs.values())
+        op = SaveTreeOp(workflow_id, step, record, refs, split, keep_last, token)
+        await self._submit(op, size)
+
+    async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+        """Return the stored blobs among ``hashes`` (a read connection, off the event loop)."""
+        self._check_open()
+        wanted = list(dict.fromkeys(bytes(h) for h in hashes))
+        limit = self._max_record_bytes
+        return await self._read(lambda conn: read_blobs(conn, wanted, limit))
+
+    async def collect_garbage(self, *, full: bool = False) -> int:
+        """Free blobs whose records were removed behind the store's back; usually 0.
+
+        Blobs go in the transaction that removes their last record, so there is normally
+        nothing to collect. A record deleted by other means (a ``DELETE`` in the sqlite3
+        shell) queues its references through a trigger; they are released by the next
+        write, or here. ``full=True`` also recomputes every count from the records and
+        deletes the blobs no record reaches: the repair after a blob was deleted or damaged
+        by hand (its children could not be released). It reads every reachable blob while
+        holding the write lock.
+        """
+        self._check_open()
+        fn = recount if full else drain_releases
+        freed: int = await self._submit(
+            RecordOp("garbage collection", lambda conn, _now: fn(conn)), 0
+        )
+        return freed
+
+    async def delete(self, workflow_id: str, step: int | None = None) -> bool:
+        """Delete one step, or the whole workflow; return whether anything was deleted."""
+        self._check_open()
+        op = DeleteOp(check_workflow_id(workflow_id), check_optional_step(step))
+        return bool(await self._submit(op, 0))
+
+    # --- workflow records and leases (WorkflowStorage) ------------------------------------
+
+    async def set_workflow_status(
+        self, workflow_id: str, status: WorkflowStatus, *, fence: Lease | None = None
+    ) -> WorkflowRecord:
+        """Create or update the workflow's record with ``status`` (fenced by ``fence``)."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        status = WorkflowStatus(status)
+        token = None if fence is None else fence_token(fence, workflow_id)
+        fn = functools.partial(
+            records.set_status, workflow_id=workflow_id, status=status, token=token
+        )
+        result: WorkflowRecord = await self._submit(RecordOp("status change", fn), 0)
+        return result
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow's record, or None."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        return await self._read(lambda conn: records.read_record(conn, workflow_id))
+
+    async def list_workflow_records(
+        self, status: WorkflowStatus | None = None
+    ) -> list[WorkflowRecord]:
+        """Records ordered by workflow id, optionally only those with ``status``.
+
+        A row that does not make a valid record (see :meth:`foreign_rows`) is skipped.
+        """
+        self._check_open()
+        wanted = None if status is None else WorkflowStatus(status)
+        return await self._read(lambda conn: records.read_records(conn, wanted))
+
+    async def acquire_lease(self, workflow_id: str, owner: str, ttl: float) -> Lease:
+        """Grant the lease if it is free, expired or already ``owner``'s (a new token)."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        fn = functools.partial(
+            records.acquire, workflow_id=workflow_id, owner=owner, ttl=check_ttl(ttl)
+        )
+        lease: Lease = await self._submit(RecordOp("lease acquisition", fn), 0)
+        return lease
+
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+        """Extend a lease whose token is still current to ``ttl`` seconds from now."""
+        self._check_open()
+        fn = functools.partial(records.renew, lease=lease, ttl=check_ttl(ttl))
+        renewed: Lease = await self._submit(RecordOp("lease renewal", fn), 0)
+        return renewed
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Free a current lease; a stale one is ignored."""
+        self._check_open()
+        await self._submit(
+            RecordOp("lease release", functools.partial(records.release, lease=lease)), 0
+        )
+
+    async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
+        """Lease the oldest unfinished workflow whose lease is free or expired, or None."""
+        self._check_open()
+        fn = functools.partial(records.claim, owner=owner, ttl=check_ttl(ttl))
+        claimed: Lease | None = await self._submit(RecordOp("claim", fn), 0)
+        return claimed
+
+    # --- reads: separate connections, never behind the write queue -----------------------
+
+    async def load(self, workflow_id: str, step: int | None = None) -> StoredCheckpoint | None:
+        """Return one step's record (the highest step when ``step`` is None), or None."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        step = check_optional_step(step)
+        limit = self._max_record_bytes
+        return await self._read(lambda conn: read_one(conn, workflow_id, step, limit))
+
+    async def scan(
+        self,
+        workflow_id: str,
+        *,
+        after: int | None = None,
+        before: int | None = None,
+        limit: int | None = None,
+        descending: bool = False,
+    ) -> list[StoredCheckpoint]:
+        """Return records with ``after < step < before``, ordered by step, at most ``limit``."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        after = check_optional_step(after, "after")
+        before = check_optional_step(before, "before")
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise InvalidArgumentError(f"limit must be an int >= 0 or None, got {limit!r}")
+        max_bytes = self._max_record_bytes
+        return await self._read(
+            lambda conn: read_scan(conn, workflow_id, after, before, limit, descending, max_bytes)
+        )
+
+    async def exists(self, workflow_id: str, step: int | None = None) -> bool:
+        """Whether the step (or any step, when ``step`` is None) is stored."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        step = check_optional_step(step)
+        return await self._read(lambda conn: read_exists(conn, workflow_id, step))
+
+    async def list_workflows(self) -> list[str]:
+        """Every workflow id with at least one record, sorted.
+
+        Only valid ids (``str``): a row the library could not have written (a BLOB id in a
+        hand-edited table) is skipped and logged; :meth:`foreign_rows` lists them.
+        """
+        self._check_open()
+        return await self._read(read_workflows)
+
+    async def foreign_rows(self) -> list[ForeignRow]:
+        """Every row the library could not have written, in either table (a full pass).
+
+        A database edited by hand, with its ``CHECK`` constraints off, can hold workflow ids
+        that are not valid ``str`` ids, steps that are not integers, records that are not
+        blobs, or workflow records that do not parse. Reads and listings skip such rows;
+        this reports them, for verification tools.
+        """
+        self._check_open()
+
+        def both(conn: Any) -> list[ForeignRow]:
+            return foreign_checkpoints(conn) + records.foreign_records(conn)
+
+        return await self._read(both)
+
+    async def _read(self, fn: Callable[[Any], T]) -> T:
+        await self._ensure_open()
+        return await self._in_thread(self._read_threads, self._readers.run, fn)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Commit queued writes, then close the connections; later calls raise.
+
+        Calling it again waits for the first close to finish.
+        """
+        self._closed = True
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(self._shutdown())
+        await asyncio.shield(self._closing)
+
+    async def _shutdown(self) -> None:
+        try:
+            await self._drain()
+            if self._opened:
+                await self._in_thread(self._write_thread, self._close_connections)
+        finally:
+            self._write_thread.shutdown(wait=False)
+            self._read_threads.shutdown(wait=False)
+            self._checkpoint_thread.shutdown(wait=False)
+
+    def _close_connections(self) -> None:
+        # Readers first, so the writer is the last connection and checkpoints the WAL.
+        self._checkpointer.close()
+        self._readers.close()
+        self._writer.close()
+
+
+def _database_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a ``Path``; a name SQLite would read as a URI is refused."""
+    name = os.fspath(path)
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"path must be a str or os.PathLike[str], got {path!r}")
+    file = Path(name)
+    if str(file)[:5].lower() == "file:":
+        raise InvalidArgumentError(
+            f"SQLite database path {str(file)!r} looks like a 'file:' URI; give the path itself "
+            "(sqlite:///abs/path.db or sqlite:relative/path.db)"
+        )
+    return file
+
+
+def _check_keep_last(keep_last: object) -> None:
+    if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+        raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")

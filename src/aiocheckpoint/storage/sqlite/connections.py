@@ -1,0 +1,161 @@
+"""Opening the database file: its private creation, connections, busy retries, error mapping.
+
+Code for the database threads only. Every connection (the writer's, the readers', the
+checkpointer's) comes from :func:`connect`; every ``sqlite3.Error`` leaves the package as a
+:class:`~aiocheckpoint.StorageBackendError` made by :func:`backend_error`.
+
+SQLite is only ever given a ``file:`` URI that :func:`database_uri` builds from the absolute
+path: this SQLite build (``SQLITE_USE_URI``) reads a plain name starting with ``file:`` as a
+URI even when the caller asks for none, so the name ``file:/abs/p.db`` would open
+``/abs/p.db`` while the library created and checked ``./file:/abs/p.db``, and ``:memory:``
+would open a database that is not on disk at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sqlite3
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, TypeVar
+from urllib.parse import quote
+
+from ...errors import StorageBackendError, StoragePermissionError
+
+T = TypeVar("T")
+
+logger = logging.getLogger("aiocheckpoint")
+
+_SQLITE_BUSY: Final = 5
+_SQLITE_LOCKED: Final = 6
+
+
+def is_busy(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` is SQLITE_BUSY or SQLITE_LOCKED (any extended code), worth a retry."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    message = str(exc).lower()
+    return "locked" in message or "busy" in message
+
+
+def backend_error(message: str, exc: BaseException) -> StorageBackendError:
+    """A :class:`StorageBackendError` with ``exc`` chained as its cause."""
+    err = StorageBackendError(f"{message}: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+class BusyRetry:
+    """Run a callable, retrying on SQLITE_BUSY/LOCKED with jittered exponential backoff."""
+
+    def __init__(self, retries: int, base: float = 0.005, cap: float = 0.5) -> None:
+        self.retries = retries
+        self.base = base
+        self.cap = cap
+
+    def __call__(self, fn: Callable[[], T]) -> T:
+        """Return ``fn()``; a busy error is retried up to ``retries`` times, then raised."""
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if attempt >= self.retries or not is_busy(exc):
+                    raise
+            delay = min(self.cap, self.base * 2**attempt)
+            time.sleep(delay * (0.5 + random.random()))
+            attempt += 1
+
+
+def database_uri(path: Path) -> str:
+    """The ``file:`` URI of ``path``, absolute, with every special byte percent-escaped.
+
+    Every byte but ``/`` and the unreserved ones is escaped, so no part of the name reads as
+    a URI parameter (``?mode=...``) or a fragment.
+    """
+    return "file://" + quote(os.fsencode(path.absolute()), safe="/")
+
+
+def _text(value: bytes) -> str:
+    # TEXT that is not UTF-8 (written by hand) decodes with surrogates instead of failing the
+    # whole query: the id checks then report the one row as foreign.
+    return value.decode("utf-8", "surrogateescape")
+
+
+def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    """An autocommit connection to the database file ``path``, usable from one thread at a time."""
+    conn = sqlite3.connect(
+        database_uri(path),
+        timeout=busy_timeout,
+        isolation_level=None,
+        check_same_thread=False,
+        uri=True,
+    )
+    conn.text_factory = _text
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    return conn
+
+
+def create_private(path: Path) -> bool:
+    """Create an empty database file readable by its owner only; False if it existed.
+
+    SQLite gives the -wal and -shm files the database file's permission bits.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the directory entries of the database and its WAL file durable."""
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def secure_files(path: Path) -> None:
+    """Refuse the database file, or its -wal or -shm, if another user could have planted it.
+
+    Each of them that exists as a regular file must be owned by this process's effective
+    user and grant group and others no write permission; otherwise
+    :class:`~aiocheckpoint.errors.StoragePermissionError` names it (its content may be
+    forged). One of ours that group or others may only read is made owner-only before
+    anything is written to it, as a new file is. Other kinds of entries are left to SQLite,
+    which refuses them itself.
+    """
+    if not hasattr(os, "geteuid"):
+        return  # no POSIX owners: nothing to check
+    uid = os.geteuid()
+    for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            info = os.stat(file)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid != uid:
+            reason = f"it is owned by uid {info.st_uid}, not by this process's uid {uid}"
+        elif mode & 0o022:
+            reason = f"its mode {mode:04o} lets group or others write it"
+        else:
+            if mode & 0o044:
+                os.chmod(file, mode & 0o700)
+                logger.info("made %s owner-only (its mode was %04o)", file, mode)
+            continue
+        raise StoragePermissionError(
+            str(file), f"{reason}; a database shared on purpose needs allow_shared=True"
+        )

@@ -1,0 +1,318 @@
+"""The writer: the one write connection, and the batch of writes it commits per call.
+
+Code for the writer thread only; nothing here touches the event loop. :class:`Writer`
+opens the database (creates it private, WAL, ``synchronous=FULL``, migrations) and commits
+a whole batch of operations per call (one thread hop and one fsync per batch). The event
+loop's half of the group commit (the queue, when a batch is taken) is
+:mod:`~aiocheckpoint.storage.sqlite.groupcommit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from ...errors import LeaseError, StorageBackendError, StorageClosedError
+from . import records
+from .blobs import SaveTreeOp, drain_releases, save_tree
+from .connections import (
+    BusyRetry,
+    backend_error,
+    connect,
+    create_private,
+    fsync_dir,
+    secure_files,
+)
+from .schema import MIGRATIONS, Migration, migrate
+from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, _UPSERT
+from .walcheckpoint import wal_checkpoint
+
+logger = logging.getLogger("aiocheckpoint")
+
+_PAGE_SIZE: Final = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class SaveOp:
+    """Store ``data`` as ``step``, then keep the ``keep_last`` highest steps.
+
+    With ``token`` (a lease's fencing token), only if it is the workflow's current one.
+    """
+
+    workflow_id: str
+    step: int
+    data: bytes
+    keep_last: int | None
+    token: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOp:
+    """Delete one step, or the whole workflow when ``step`` is None."""
+
+    workflow_id: str
+    step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOp:
+    """Run ``fn(conn, now)`` in the write transaction (workflow records and leases).
+
+    ``fn`` may raise a :class:`~aiocheckpoint.LeaseError` only before it writes anything.
+    """
+
+    what: str
+    fn: Callable[[sqlite3.Connection, float], object]
+
+
+Op = SaveOp | DeleteOp | RecordOp | SaveTreeOp
+
+
+def _estimate_pages(ops: Sequence[Op]) -> int:
+    # The WAL frames a batch adds, roughly: its bytes plus a few index/record pages per op.
+    size = 0
+    for op in ops:
+        if isinstance(op, SaveOp | SaveTreeOp):
+            size += len(op.data)
+            if isinstance(op, SaveTreeOp) and op.split is not None:
+                size += sum(len(blob) for blob in op.split.blobs.values())
+    return size // _PAGE_SIZE + 2 * len(ops)
+
+
+#: What a batch returns per operation: its result or the exception it raised.
+Outcome = object
+
+
+class Writer:
+    """The single write connection and the group-commit batch it runs.
+
+    Used from one thread only (the writer executor), so it needs no lock.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        busy_timeout: float,
+        retry: BusyRetry,
+        migrations: Sequence[Migration] = MIGRATIONS,
+        *,
+        allow_shared: bool = False,
+    ) -> None:
+        self.path = path
+        #: Open a file that another user owns or that group/others may read or write.
+        self.allow_shared = allow_shared
+        self.busy_timeout = busy_timeout
+        self.retry = retry
+        self.migrations = migrations
+        self.conn: sqlite3.Connection | None = None
+        #: Transactions committed by this writer (group commit shows as commits < writes).
+        self.commits = 0
+        #: Estimated WAL pages committed since a checkpoint last started (read by the loop).
+        self.wal_pages = 0
+        #: Set from the event loop: finish a checkpoint before the next batch (WAL bound).
+        self.catch_up = False
+        #: Checkpoints this writer ran itself (catch-ups; the last one at close included).
+        self.checkpoints = 0
+
+    def open(self) -> None:
+        """Create the file if needed, switch to WAL with synchronous=FULL, migrate."""
+        try:
+            create_private(self.path)
+            if not self.allow_shared:
+                secure_files(self.path)
+            conn = connect(self.path, self.busy_timeout)
+        except (OSError, sqlite3.Error) as exc:
+            raise backend_error(f"cannot open SQLite database {str(self.path)!r}", exc) from exc
+        try:
+            mode = self.retry(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchall())
+            if mode[0][0].lower() != "wal":
+                raise StorageBackendError(
+                    f"SQLite database {str(self.path)!r} cannot use WAL mode (got {mode[0][0]})"
+                )
+            # FULL: every commit fsyncs the WAL, so a committed checkpoint survives power loss.
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA journal_size_limit = 67108864")
+            # Checkpoints run beside the commits (Checkpointer) or between two batches
+            # (catch_up), never inside a COMMIT: docs/sqlite-storage.md "WAL checkpoints".
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+            self.retry(lambda: migrate(conn, self.migrations))
+            fsync_dir(self.path.parent)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise backend_error(f"cannot open SQLite database {str(self.path)!r}", exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+        self.conn = conn
+
+    def close(self) -> None:
+        """Checkpoint and truncate the WAL if no other connection is in the way, then close.
+
+        The truncation does not wait: a reader in another process leaves the WAL as it is
+        (the last connection to close, in whichever process, checkpoints it then).
+        """
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.execute("PRAGMA busy_timeout = 0")
+                self._checkpoint(conn, "TRUNCATE")
+                conn.close()
+            except sqlite3.Error as exc:
+                raise backend_error("closing the SQLite database failed", exc) from exc
+
+    def run_batch(self, ops: Sequence[Op]) -> list[Outcome]:
+        """Commit every op in one transaction; return one outcome per op, in order.
+
+        Fast path: all ops in one ``BEGIN IMMEDIATE ... COMMIT`` (one fsync). If any op or
+        the commit fails, the transaction is rolled back and each op is retried in its own
+        transaction, so one bad write fails only its own caller.
+        """
+        conn = self.conn
+        if conn is None:
+            raise StorageClosedError("SQLiteCheckpointStorage is closed")
+        if self.catch_up:
+            self.catch_up = False
+            self._checkpoint(conn, "PASSIVE")
+        try:
+            self._begin(conn)
+        except sqlite3.Error as exc:
+            # One exception object per caller: a shared one would collect their tracebacks.
+            return [backend_error("SQLite could not start a write transaction", exc) for _ in ops]
+        try:
+            results = self._apply_all(conn, ops)
+            drain_releases(conn)
+            self._commit(conn)
+        except Exception as exc:
+            _rollback(conn)
+            if len(ops) == 1:
+                return [_outcome_error(ops[0], exc)]
+        else:
+            self.commits += 1
+            self.wal_pages += _estimate_pages(ops)
+            return results
+        return [self._run_alone(conn, op) for op in ops]
+
+    def _run_alone(self, conn: sqlite3.Connection, op: Op) -> Outcome:
+        try:
+            self._begin(conn)
+            result = self._apply(conn, op)
+            drain_releases(conn)
+            self._commit(conn)
+        except Exception as exc:
+            _rollback(conn)
+            return _outcome_error(op, exc)
+        self.commits += 1
+        self.wal_pages += _estimate_pages([op])
+        return result
+
+    def _checkpoint(self, conn: sqlite3.Connection, mode: str) -> None:
+        """A checkpoint outside any transaction; failing one never fails a write."""
+        try:
+            result = wal_checkpoint(conn, mode)
+        except sqlite3.Error as exc:
+            logger.warning("SQLite WAL checkpoint (%s) of %s failed: %s", mode, self.path, exc)
+            return
+        self.checkpoints += 1
+        if result.busy:
+            logger.debug("SQLite WAL checkpoint (%s) of %s was busy", mode, self.path)
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        # IMMEDIATE takes the write lock up front: a deferred transaction that upgrades
+        # later can fail with SQLITE_BUSY_SNAPSHOT without consulting the busy handler.
+        self.retry(lambda: conn.execute("BEGIN IMMEDIATE"))
+
+    def _commit(self, conn: sqlite3.Connection) -> None:
+        self.retry(lambda: conn.execute("COMMIT"))
+
+    @classmethod
+    def _apply_all(cls, conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
+        """Apply ops in order; a run of saves sharing one keep_last goes through executemany.
+
+        Keeping the top N steps is idempotent (top_N(top_N(A) | {x}) == top_N(A | {x})), so
+        pruning once after a run of saves with the same N leaves what pruning after each one
+        would. executemany loops in C, which keeps this thread off the GIL the event loop
+        needs.
+        """
+        results: list[Outcome] = []
+        start = 0
+        while start < len(ops):
+            op = ops[start]
+            if not isinstance(op, SaveOp):
+                try:
+                    results.append(cls._apply(conn, op))
+                except LeaseError as exc:  # refused before writing: only this caller fails
+                    results.append(exc)
+                start += 1
+                continue
+            run = [op]
+            for other in ops[start + 1 :]:
+                if not isinstance(other, SaveOp) or other.keep_last != op.keep_last:
+                    break
+                run.append(other)
+            results.extend(cls._save_run(conn, run))
+            start += len(run)
+        return results
+
+    @staticmethod
+    def _save_run(conn: sqlite3.Connection, run: Sequence[SaveOp]) -> list[Outcome]:
+        """Write a run of saves sharing one keep_last; a stale fence fails only its op."""
+        fenced = [o.workflow_id for o in run if o.token is not None]
+        tokens = records.current_tokens(conn, fenced) if fenced else {}
+        outcomes: list[Outcome] = [
+            None
+            if o.token is None or tokens.get(o.workflow_id) == o.token
+            # One exception object per caller: a shared one would collect their tracebacks.
+            else records.lost(o.workflow_id, o.token)
+            for o in run
+        ]
+        ok = [o for o, outcome in zip(run, outcomes, strict=True) if outcome is None]
+        records.ensure_records(conn, (o.workflow_id for o in ok), time.time())
+        conn.executemany(_UPSERT, [(o.workflow_id, o.step, o.data) for o in ok])
+        keep_last = run[0].keep_last
+        if keep_last is not None:
+            workflows = dict.fromkeys(o.workflow_id for o in ok)
+            conn.executemany(_PRUNE, [(wf, wf, keep_last - 1) for wf in workflows])
+        return outcomes
+
+    @classmethod
+    def _apply(cls, conn: sqlite3.Connection, op: Op) -> Outcome:
+        if isinstance(op, RecordOp):
+            return op.fn(conn, time.time())
+        if isinstance(op, SaveTreeOp):
+            save_tree(conn, op)
+            return None
+        wf = op.workflow_id
+        if isinstance(op, SaveOp):
+            outcome = cls._save_run(conn, [op])[0]
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return None
+        if op.step is None:
+            # The record and lease go with the checkpoints, in the same transaction.
+            gone = conn.execute(records.DELETE_RECORD, (wf,)).rowcount > 0
+            return conn.execute(_DELETE_WORKFLOW, (wf,)).rowcount > 0 or gone
+        return conn.execute(_DELETE_STEP, (wf, op.step)).rowcount > 0
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        # If even ROLLBACK fails the transaction is gone anyway; the next BEGIN will tell.
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def _outcome_error(op: Op, exc: Exception) -> BaseException:
+    if not isinstance(exc, sqlite3.Error):
+        return exc
+    if isinstance(op, RecordOp):
+        return backend_error(f"SQLite {op.what} failed", exc)
+    kind = "delete" if isinstance(op, DeleteOp) else "save"
+    step = "" if op.step is None else f" step {op.step}"
+    return backend_error(f"SQLite {kind} of workflow {op.workflow_id!r}{step} failed", exc)

@@ -1,0 +1,1 @@
+"""The power-loss suite: checkpoint stores under simulated power cuts (LazyFS)."""

@@ -1,0 +1,176 @@
+"""The systems a power-loss trial writes to and then checks, behind one small interface.
+
+A target is named ``"module:Class"`` so that a writer process can build it; it is made with
+the directory it lives in (on the LazyFS mount) and a JSON-ready dict of options. Besides
+aiocheckpoint's stores, ``RenameWithoutFsync`` is a deliberately unsafe writer that the
+harness must catch; the peers of the bench (LangGraph, the seed) are in bench/powerloss.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .workload import digest
+
+#: What ``records`` and ``load`` give for one step: the state's digest, or "!" + why it
+#: does not verify.
+Outcome = str
+
+
+def warm() -> None:
+    """Import what the writers use before the zygote forks them (stores open lazily)."""
+    from aiocheckpoint import open_storage
+
+    for url in ("file:/nonexistent", "sqlite:/nonexistent.db"):
+        open_storage(url)
+
+
+class Target:
+    """One store under trial. Reads return digests so the parent can compare them."""
+
+    def __init__(self, path: Path, options: dict[str, Any]) -> None:
+        self.path = path
+        self.options = options
+
+    async def open(self) -> None:
+        """Open (or create) the store."""
+
+    async def save(self, wf: str, step: int, state: dict[str, Any], keep: int | None) -> None:
+        """Save durably; return only when the system says the checkpoint is stored."""
+        raise NotImplementedError
+
+    async def collect(self) -> None:
+        """One round of the system's garbage collection, if it has one."""
+
+    async def workflows(self) -> list[str]:
+        """Every workflow with a visible record."""
+        raise NotImplementedError
+
+    async def records(self, wf: str, since: int) -> dict[int, Outcome]:
+        """Every visible step from ``since`` on, with its outcome."""
+        raise NotImplementedError
+
+    async def load(self, wf: str, step: int) -> Outcome | None:
+        """One step's outcome, or None if it is not there."""
+        raise NotImplementedError
+
+    async def latest(self, wf: str) -> int | None:
+        """Where a restarted workflow would resume from: the step of its latest record."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Release everything."""
+
+
+class Aiocheckpoint(Target):
+    """``CheckpointManager`` over ``open_storage``: options ``backend`` ("file" or "sqlite")
+    and ``storage`` (the store's constructor options)."""
+
+    async def open(self) -> None:
+        from aiocheckpoint import CheckpointManager, open_storage
+
+        backend = self.options["backend"]
+        url = f"file:{self.path / 'store'}" if backend == "file" else f"sqlite:{self.path}/store.db"
+        self.storage = open_storage(url, **self.options.get("storage", {}))
+        self.managers: dict[int | None, CheckpointManager] = {}
+        self.reader = self.manager(None)
+
+    def manager(self, keep: int | None) -> Any:
+        """The manager that applies retention ``keep`` (one per value, one storage)."""
+        from aiocheckpoint import CheckpointManager
+
+        if keep not in self.managers:
+            self.managers[keep] = CheckpointManager(self.storage, max_checkpoints=keep)
+        return self.managers[keep]
+
+    async def save(self, wf: str, step: int, state: dict[str, Any], keep: int | None) -> None:
+        await self.manager(keep).create_checkpoint(wf, step, "powerloss", "completed", state)
+
+    async def collect(self) -> None:
+        await self.storage.collect_garbage()
+
+    async def workflows(self) -> list[str]:
+        return list(await self.reader.list_workflows())
+
+    async def records(self, wf: str, since: int) -> dict[int, Outcome]:
+        from aiocheckpoint import CheckpointCorruptedError
+
+        out: dict[int, Outcome] = {}
+        for stored in await self.storage.scan(wf, after=since - 1 if since else None):
+            try:
+                checkpoint = await self.reader.decode_record(wf, stored)
+            except CheckpointCorruptedError as exc:
+                out[stored.step] = f"!{exc}"
+            else:
+                out[stored.step] = digest(checkpoint.state_snapshot.data)
+        return out
+
+    async def load(self, wf: str, step: int) -> Outcome | None:
+        from aiocheckpoint import CheckpointCorruptedError, CheckpointNotFoundError
+
+        try:
+            checkpoint = await self.reader.get_checkpoint(wf, step)
+        except CheckpointNotFoundError:
+            return None
+        except CheckpointCorruptedError as exc:
+            return f"!{exc}"
+        return digest(checkpoint.state_snapshot.data)
+
+    async def latest(self, wf: str) -> int | None:
+        latest = await self.reader.get_latest_checkpoint(wf)
+        resume = await self.reader.get_resume_point(wf)
+        if latest is None or resume is None:
+            return None
+        return min(latest.step, resume[0] - 1)  # saved COMPLETED: resume at the next step
+
+    async def close(self) -> None:
+        await self.reader.close()
+
+
+class RenameWithoutFsync(Target):
+    """Deliberately unsafe: a JSON file per step, written and renamed into place without
+    any fsync (what the seed's file store does). The harness must catch it losing data."""
+
+    def _dir(self, wf: str) -> Path:
+        return self.path / "unsafe" / wf
+
+    def _save(self, wf: str, step: int, state: dict[str, Any]) -> None:
+        directory = self._dir(wf)
+        directory.mkdir(parents=True, exist_ok=True)
+        temp = directory / f".{step}.tmp"
+        temp.write_text(json.dumps(state))
+        os.rename(temp, directory / f"{step}.json")
+
+    async def save(self, wf: str, step: int, state: dict[str, Any], keep: int | None) -> None:
+        await asyncio.to_thread(self._save, wf, step, state)
+
+    async def workflows(self) -> list[str]:
+        root = self.path / "unsafe"
+        return sorted(os.listdir(root)) if root.is_dir() else []
+
+    def _steps(self, wf: str) -> list[int]:
+        return sorted(int(n[:-5]) for n in os.listdir(self._dir(wf)) if n.endswith(".json"))
+
+    def _outcome(self, wf: str, step: int) -> Outcome | None:
+        try:
+            text = (self._dir(wf) / f"{step}.json").read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            return digest(json.loads(text))
+        except ValueError as exc:
+            return f"!{exc}"
+
+    async def records(self, wf: str, since: int) -> dict[int, Outcome]:
+        return {s: o for s in self._steps(wf) if s >= since and (o := self._outcome(wf, s))}
+
+    async def load(self, wf: str, step: int) -> Outcome | None:
+        return self._outcome(wf, step)
+
+    async def latest(self, wf: str) -> int | None:
+        steps = self._steps(wf)
+        return steps[-1] if steps else None

@@ -1,0 +1,197 @@
+"""Which barrier the file store's group commit uses, on real filesystems (issue #23).
+
+``syncfs`` only where the filesystem's type (``fstatfs``) is on the store's list; fsyncs of
+every file and directory everywhere else. The filesystems are real mounts made here (the
+tests run as root, as in CI): tmpfs, a loop-mounted ext4 image, overlayfs (a layered
+filesystem, like FUSE and network filesystems not on the list), and /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.durability import (
+    SYNCFS_DURABLE,
+    filesystem_name,
+    filesystem_type,
+    syncfs_is_durable,
+)
+from aiocheckpoint.storage.file.io import FileOps
+
+
+def mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def umount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    """A tmpfs, a loop-mounted ext4 image and an overlayfs, each empty, under tmp_path."""
+    points = {name: tmp_path / name for name in ("tmpfs", "ext4", "overlay")}
+    for point in points.values():
+        point.mkdir()
+    layers = {name: tmp_path / name for name in ("lower", "upper", "work")}
+    for layer in layers.values():
+        layer.mkdir()
+    image = tmp_path / "ext4.img"
+    with image.open("wb") as f:
+        f.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+    mounted: list[Path] = []
+    try:
+        mount("-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(points["tmpfs"]))
+        mounted.append(points["tmpfs"])
+        mount("-o", "loop", str(image), str(points["ext4"]))
+        mounted.append(points["ext4"])
+        lower, upper, work = (layers[n] for n in ("lower", "upper", "work"))
+        options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+        mount("-t", "overlay", "overlay", "-o", options, str(points["overlay"]))
+        mounted.append(points["overlay"])
+        yield points
+    finally:
+        for point in reversed(mounted):
+            umount(point)
+
+
+def statfs_type(path: Path) -> int:
+    """``f_type`` as coreutils' ``stat -f`` reads it from statfs(2)."""
+    out = subprocess.run(["stat", "-f", "-c", "%t", str(path)], check=True, capture_output=True)
+    return int(out.stdout.decode().strip(), 16)
+
+
+def type_of(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return filesystem_type(fd)
+    finally:
+        os.close(fd)
+
+
+def durable_here(path: Path) -> bool:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return syncfs_is_durable(fd)
+    finally:
+        os.close(fd)
+
+
+def test_the_filesystem_type_is_what_statfs_reports(
+    mounts: dict[str, Path], tmp_path: Path
+) -> None:
+    """The store reads the same f_type as stat(1) on every kind of mount here."""
+    paths = [*mounts.values(), tmp_path, Path("/proc")]
+    for path in paths:
+        assert type_of(path) == statfs_type(path), path
+    assert {filesystem_name(type_of(p)) for p in mounts.values()} == {"tmpfs", "ext4", "overlayfs"}
+
+
+def test_syncfs_is_trusted_on_listed_filesystems_only(mounts: dict[str, Path]) -> None:
+    """tmpfs and ext4 are on the list; overlayfs and procfs are not (nor FUSE, 0x65735546)."""
+    assert durable_here(mounts["tmpfs"])
+    assert durable_here(mounts["ext4"])
+    assert not durable_here(mounts["overlay"])
+    assert not durable_here(Path("/proc"))
+    assert 0x65735546 not in SYNCFS_DURABLE  # FUSE: LazyFS lost syncfs'd groups
+
+
+class CallLog(FileOps):
+    """Records the durability-relevant calls (from every thread) and makes them."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self._lock = threading.Lock()
+
+    def _log(self, name: str) -> None:
+        with self._lock:
+            self.calls.append(name)
+
+    def fsync(self, fd: int) -> None:
+        super().fsync(fd)
+        self._log("fsync")
+
+    def fsync_dir(self, fd: int) -> None:
+        super().fsync_dir(fd)
+        self._log("fsync_dir")
+
+    def syncfs(self, fd: int) -> None:
+        super().syncfs(fd)
+        self._log("syncfs")
+
+    def rename(self, src: str, dst: str, *, src_dir_fd: int | None, dst_dir_fd: int | None) -> None:
+        super().rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        self._log("rename")
+
+
+async def group_of_eight(base: Path, **options: bool) -> list[str]:
+    """Eight workflows saved at once (one group, directories made beforehand): its calls."""
+    store = FileCheckpointStorage(base, **options)
+    for i in range(8):
+        await store.save(f"wf-{i}", 0, b"zero")
+    log = CallLog()
+    store._os = log
+    await asyncio.gather(*(store.save(f"wf-{i}", 1, b"one %d" % i) for i in range(8)))
+    for i in range(8):
+        got = await store.load(f"wf-{i}")
+        assert got is not None and (got.step, got.data) == (1, b"one %d" % i)
+    await store.close()
+    return log.calls
+
+
+def assert_fsync_barriers(calls: list[str]) -> None:
+    """Every temp file and hint fsynced, then the renames, then every directory fsynced."""
+    assert "syncfs" not in calls
+    first_rename = calls.index("rename")
+    assert calls[:first_rename] == ["fsync"] * 16  # 8 temp files and 8 raised hints
+    assert calls[first_rename:] == ["rename"] * 8 + ["fsync_dir"] * 8
+
+
+async def test_a_group_on_overlayfs_fsyncs_every_file_then_every_directory(
+    mounts: dict[str, Path],
+) -> None:
+    """On a filesystem not on the list, a group's barriers are fsyncs, in the safe order."""
+    assert_fsync_barriers(await group_of_eight(mounts["overlay"] / "store"))
+
+
+async def test_a_group_on_a_listed_filesystem_uses_two_syncfs(mounts: dict[str, Path]) -> None:
+    """On a listed filesystem (a loop-mounted ext4, a tmpfs) a group costs two syncfs."""
+    for kind in ("ext4", "tmpfs"):
+        calls = await group_of_eight(mounts[kind] / "store")
+        assert calls == ["syncfs"] + ["rename"] * 8 + ["syncfs"], kind
+
+
+async def test_use_syncfs_false_groups_with_fsync_barriers(tmp_path: Path) -> None:
+    """use_syncfs=False forbids syncfs even on ext4; saves still group, with fsyncs."""
+    assert_fsync_barriers(await group_of_eight(tmp_path / "store", use_syncfs=False))
+
+
+async def test_a_workflow_directory_on_another_filesystem_makes_its_group_fsync(
+    mounts: dict[str, Path],
+) -> None:
+    """syncfs covers one filesystem: a group touching a workflow directory that is a mount
+    point inside the store (here a tmpfs over one workflow's directory) fsyncs instead."""
+    base = mounts["ext4"] / "store"
+    store = FileCheckpointStorage(base)
+    await store.save("wf-3", 0, b"zero")
+    inner = Path(store.workflow_dir("wf-3"))
+    saved = base / "saved"
+    shutil.copytree(inner, saved)
+    mount("-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(inner))
+    try:
+        for entry in saved.iterdir():
+            shutil.copy2(entry, inner / entry.name)
+        assert_fsync_barriers(await group_of_eight(base))
+    finally:
+        umount(inner)
+    await store.close()
