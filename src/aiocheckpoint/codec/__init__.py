@@ -13,6 +13,7 @@ module              job
 ``v2``              version-2 records (decoding both versions)
 ``memory``          what a split remembers per workflow
 ``compress``        compressing blobs
+``verify``          the writer's limits, applied to what is read
 ==================  ===============================================================
 
 The bytes these produce are defined in :mod:`aiocheckpoint.format`.
