@@ -1,11 +1,12 @@
 """Writing one group commit of the file store, in its worker thread.
 
-Order (docs/file-storage.md, "The group commit"): each save's temp file, without fsync;
-every workflow's lock, in name order, and its hint raised; **barrier 1** (the temp files'
-data and the raised hints durable); the renames, in submission order, with retention; the
-locks released; **barrier 2** (the renames and unlinks durable). A barrier is one
-``syncfs(2)`` where that is known to be durable (:mod:`.durability`), else an fsync of each
-temp file and raised hint (barrier 1) and of each directory (barrier 2), issued together.
+Order (docs/file-storage.md, "The group commit"): every save's temp file, written at once
+on several threads; every workflow's lock, in name order, and its hint raised; **barrier
+1** (the temp files' data and the raised hints durable); the renames, in submission order,
+with retention; the locks released; **barrier 2** (the renames and unlinks durable). A
+barrier is one ``syncfs(2)`` where that is known to be durable (:mod:`.durability`); else
+each temp file is fsynced as it is written, barrier 1 fsyncs the raised hints and barrier 2
+every directory, issued together.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class Batch:
         # Opened before any write: syncfs reports write-back errors since this open.
         sync_fd = os.open(self.dirs.root, DIR_FLAGS & ~os.O_NOFOLLOW)
         try:
-            self._write_temps()
+            ready = self._open_dirs()
             self._syncfs = self._syncfs and self._syncfs_durable(sync_fd)
+            self._write_temps(ready)
             with contextlib.ExitStack() as locks:
                 self._raise_hints(locks)
                 self._data_barrier(sync_fd)
@@ -98,20 +100,39 @@ class Batch:
         root_dev = os.fstat(sync_fd).st_dev
         return all(d.dev == root_dev for d in self._opened.values())
 
-    def _write_temps(self) -> None:
-        dirs = self.dirs
-        for i, save in enumerate(self.saves):
+    def _open_dirs(self) -> list[int]:
+        """Open (or create) every save's workflow directory; the saves ready to be written."""
+        ready = []
+        for i in range(len(self.saves)):
             try:
                 entry = self._opened.get(self.names[i]) or self._open(i)
                 if entry is None:
                     self.retry.append(i)
                     continue
-                dirs.sweep_once(entry.fd, self.names[i], entry.ino)
-                self._temps[i] = write_temp(dirs.ops, entry.fd, save.data, durable=False)
+                self.dirs.sweep_once(entry.fd, self.names[i], entry.ino)
             except FileNotFoundError:
                 self.retry.append(i)  # the directory was deleted after we opened it
+                continue
             except OSError as exc:
                 self.outcomes[i] = exc
+                continue
+            ready.append(i)
+        return ready
+
+    def _write_temps(self, ready: list[int]) -> None:
+        """Write the temp files of ``ready`` saves, all at once; fsynced unless by ``syncfs``."""
+        durable = not self._syncfs
+
+        def write(i: int) -> None:
+            data = self.saves[i].data
+            self._temps[i] = write_temp(self.dirs.ops, self._dfd(i), data, durable=durable)
+
+        results = run_all([functools.partial(write, i) for i in ready])
+        for i, error in zip(ready, results, strict=True):
+            if isinstance(error, FileNotFoundError):
+                self.retry.append(i)  # the directory was deleted after we opened it
+            elif error is not None:
+                self.outcomes[i] = error
 
     def _open(self, i: int) -> _Dir | None:
         """Open (creating it if needed) save ``i``'s workflow directory; None: retry."""
@@ -186,22 +207,15 @@ class Batch:
                     self.outcomes[i] = exc
                 raise _Abandon from exc
             return
+        # The temp files were fsynced as they were written: the raised hints remain.
         fsync = self.dirs.ops.fsync
-        temps = list(self._temps.items())
-        calls = [functools.partial(fsync_in, fsync, self._dfd(i), tmp) for i, tmp in temps]
         hints = [self._opened[name].fd for name in self._hinted]
-        calls += [functools.partial(fsync_in, fsync, dfd, HINT) for dfd in hints]
-        results = run_all(calls)
-        failed = {
-            i: e for (i, _), e in zip(temps, results[: len(temps)], strict=True) if e is not None
-        }
+        results = run_all([functools.partial(fsync_in, fsync, dfd, HINT) for dfd in hints])
         by_dir = self._by_dir(self._temps)
-        for name, error in zip(self._hinted, results[len(temps) :], strict=True):
-            if error is not None:  # the hint may not be durable: none of its saves is
-                failed.update((i, error) for i in by_dir.get(name, ()) if i not in failed)
-        for i, error in failed.items():
-            self.outcomes[i] = error
-            discard(self._temps.pop(i), self._dfd(i))
+        for name, error in zip(self._hinted, results, strict=True):
+            for i in by_dir.get(name, ()) if error is not None else ():
+                self.outcomes[i] = error  # the hint may not be durable: nor is any of its saves
+                discard(self._temps.pop(i), self._dfd(i))
 
     def _entries_barrier(self, sync_fd: int) -> None:
         """Make the renames (and retention's unlinks) durable; failures fail their saves."""
