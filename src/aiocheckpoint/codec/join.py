@@ -326,7 +326,8 @@ def join_state(
 
     ``root`` is the split's root; ``fetch`` is called once per tree level with the hashes
     of that level and returns their stored blobs. Every blob is
-    verified against its hash; a missing or mismatching blob, or a malformed node, raises
+    verified against its hash; a missing or mismatching blob, a malformed node, or a tree
+    whose nodes or text would be longer than ``max_bytes`` raises
     :class:`CheckpointCorruptedError`. The result never shares objects between positions.
     """
     return drive(guard(Joiner(digest_size, max_bytes).steps(root)), fetch)
