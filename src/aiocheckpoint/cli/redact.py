@@ -15,14 +15,12 @@ from ..urls import redacted
 
 __all__ = ["redact", "redact_url"]
 
-_HIDDEN = "***"
 
 # A URL inside a message: a quoted one (as repr() quotes it, so a password with spaces or
 # quotes stays inside), else an unquoted run of non-space characters. Either starts with a
 # scheme followed by "//" (any scheme: mistyped ones are the point) or with a store scheme.
 _START = r"(?:[A-Za-z][A-Za-z0-9+.\-]*://|(?:postgres|postgresql|sqlite|file|memory):)"
 _IN_TEXT = re.compile(rf"'({_START}[^'\n]*)'|\"({_START}[^\"\n]*)\"|({_START}\S*)")
-_SECRET_PARAM = re.compile(r"(?i)([?&;](?:password|sslpassword|passfile)=)[^&;#\s'\"]*")
 
 
 def redact_url(url: str) -> str:
