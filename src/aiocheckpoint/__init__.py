@@ -6,11 +6,13 @@ This module is the map of the public API: everything in ``__all__`` is supported
 
 from typing import TYPE_CHECKING, Any
 
+from .codec import TaggedValue, TypeRegistry
 from .errors import (
     CheckpointCorruptedError,
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointSerializationError,
+    CheckpointTypeError,
     InvalidArgumentError,
     InvalidStepError,
     InvalidWorkflowIdError,
@@ -20,6 +22,8 @@ from .errors import (
     StorageBackendError,
     StorageClosedError,
     StorageSchemaError,
+    TypeVersionError,
+    UnknownTypeError,
     UnsupportedOperationError,
 )
 from .leases import Lease, WorkflowRecord, WorkflowStatus
@@ -71,6 +75,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointSerializationError",
     "CheckpointStorage",
+    "CheckpointTypeError",
     "ExecutionMetrics",
     "FileCheckpointStorage",
     "InMemoryCheckpointStorage",
@@ -92,6 +97,10 @@ __all__ = [
     "StorageClosedError",
     "StorageSchemaError",
     "StoredCheckpoint",
+    "TaggedValue",
+    "TypeRegistry",
+    "TypeVersionError",
+    "UnknownTypeError",
     "UnsupportedOperationError",
     "WorkflowRecord",
     "WorkflowStatus",

@@ -6,6 +6,9 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     ├── CheckpointNotFoundError       a requested step does not exist
     ├── CheckpointCorruptedError      stored bytes fail to decode or verify
     ├── CheckpointSerializationError  a state that cannot be stored (nothing is written)
+    ├── CheckpointTypeError           a stored typed value this registry cannot read
+    │   ├── UnknownTypeError          its type name is not registered
+    │   └── TypeVersionError          written by a newer version, or no upgrade from its own
     ├── InvalidArgumentError          a bad argument (also a ValueError)
     │   ├── InvalidWorkflowIdError    not a non-empty str of <= 255 UTF-8 bytes without NUL
     │   └── InvalidStepError          not an int in [0, 2**63)
@@ -29,6 +32,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointSerializationError",
+    "CheckpointTypeError",
     "InvalidArgumentError",
     "InvalidStepError",
     "InvalidWorkflowIdError",
@@ -39,6 +43,8 @@ __all__ = [
     "StorageClosedError",
     "StoragePermissionError",
     "StorageSchemaError",
+    "TypeVersionError",
+    "UnknownTypeError",
     "UnsupportedOperationError",
 ]
 
@@ -85,6 +91,29 @@ class CheckpointSerializationError(CheckpointError, TypeError):
         self.path = path
         self.reason = reason
         super().__init__(f"cannot store {path}: {reason}")
+
+
+class CheckpointTypeError(CheckpointError, TypeError):
+    """A stored typed value cannot be read back with the manager's type registry.
+
+    ``path`` names the value (``state.messages[3]``), ``type_name`` its registered name.
+    Nothing is constructed; read with ``raw=True`` to get it as a
+    :class:`~aiocheckpoint.TaggedValue` instead.
+    """
+
+    def __init__(self, path: str, type_name: str, reason: str) -> None:
+        self.path = path
+        self.type_name = type_name
+        self.reason = reason
+        super().__init__(f"cannot read {path} (type {type_name!r}): {reason}")
+
+
+class UnknownTypeError(CheckpointTypeError):
+    """A stored value names a type that is not registered (nothing is imported)."""
+
+
+class TypeVersionError(CheckpointTypeError):
+    """A stored value's type version is newer than the registry's, or cannot be upgraded."""
 
 
 class InvalidArgumentError(CheckpointError, ValueError):

@@ -17,7 +17,8 @@ from ._validation import (
     check_step,
     check_workflow_id,
 )
-from .codec import RecordCodec
+from .codec import RecordCodec, TypedValues, TypeRegistry
+from .codec.stages import DEFAULT_VALUES, View
 from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
@@ -48,8 +49,28 @@ __all__ = ["CheckpointManager", "ResumePoint"]
 
 logger = logging.getLogger("aiocheckpoint")
 
-#: ``(resume_step, state_snapshot, metrics)`` as returned by ``get_resume_point``.
-ResumePoint = tuple[int, StateSnapshot, ExecutionMetrics]
+
+class ResumePoint(tuple[int, StateSnapshot, ExecutionMetrics]):
+    """``(resume_step, state_snapshot, metrics)`` as returned by ``get_resume_point``.
+
+    A 3-tuple (unpack it as one), which also names the application version that wrote the
+    checkpoint: :attr:`app_version`, None if its manager was given none.
+    """
+
+    app_version: str | None
+
+    def __new__(
+        cls,
+        step: int,
+        state_snapshot: StateSnapshot,
+        metrics: ExecutionMetrics,
+        app_version: str | None = None,
+    ) -> ResumePoint:
+        """The resume point; ``app_version`` is the writer's application version."""
+        point = super().__new__(cls, (step, state_snapshot, metrics))
+        point.app_version = app_version
+        return point
+
 
 _PAGE = 100
 #: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
@@ -102,6 +123,10 @@ class CheckpointManager:
     storage that supports it. Small states are always written as version-1 records, and
     every read path decodes both versions, whatever this option says.
 
+    ``types`` is the :class:`~aiocheckpoint.TypeRegistry` of the classes states may hold
+    besides the standard types (``docs/serialization.md``); ``app_version``, when given, is
+    recorded in every checkpoint and handed back by :meth:`get_resume_point`.
+
     Use it as ``async with CheckpointManager(storage) as manager:`` or call :meth:`close`.
     """
 
@@ -111,6 +136,8 @@ class CheckpointManager:
         *,
         max_checkpoints: int | None = None,
         incremental: bool | None = None,
+        types: TypeRegistry | None = None,
+        app_version: str | None = None,
     ) -> None:
         if max_checkpoints is not None and (
             type(max_checkpoints) is not int or max_checkpoints < 1
@@ -135,14 +162,26 @@ class CheckpointManager:
             if supports and incremental is not False
             else None
         )
+        if types is not None and not isinstance(types, TypeRegistry):
+            raise InvalidArgumentError(f"types must be a TypeRegistry, not {types!r}")
+        if app_version is not None:
+            _check_text(app_version, "app_version")
+        self._app_version = app_version
+        self._types = types
+        values = DEFAULT_VALUES if types is None else TypedValues(types)
         # Everything between a validated call and the storage: copies, encoding, decoding.
-        self._codec = RecordCodec(self._storage, blobs)
+        self._codec = RecordCodec(self._storage, blobs, values)
         self._closed = False
 
     @property
     def storage(self) -> CheckpointStorage:
         """The storage backend."""
         return self._storage
+
+    @property
+    def types(self) -> TypeRegistry | None:
+        """The registry of the classes this manager stores and reads back, if given one."""
+        return self._types
 
     @property
     def incremental(self) -> bool:
@@ -209,6 +248,7 @@ class CheckpointManager:
             metrics=_metrics_copy(metrics),
             timestamp=now,
             metadata=meta,
+            app_version=self._app_version,
         )
         if lease is not None:
             fence_token(lease, workflow_id)
@@ -229,7 +269,7 @@ class CheckpointManager:
                     workflow_id, step, record, split, keep_last=self._max_checkpoints, fence=lease
                 )
                 codec.remember(workflow_id, split)
-                return checkpoint
+                return codec.returned(checkpoint, None)
         data = codec.encode(checkpoint, finite)
         if lease is None:
             await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
@@ -237,15 +277,23 @@ class CheckpointManager:
             await self._workflow_storage().save(
                 workflow_id, step, data, keep_last=self._max_checkpoints, fence=lease
             )
-        return checkpoint
+        return codec.returned(checkpoint, data)
 
-    async def get_checkpoint(self, workflow_id: str, step: int) -> Checkpoint:
-        """Return one step's checkpoint; raise :class:`CheckpointNotFoundError` if absent."""
+    async def get_checkpoint(self, workflow_id: str, step: int, *, raw: bool = False) -> Checkpoint:
+        """Return one step's checkpoint; raise :class:`CheckpointNotFoundError` if absent.
+
+        With ``raw=True`` a stored value whose type is not registered (or was written by a
+        newer version) comes back as a :class:`~aiocheckpoint.TaggedValue` instead of
+        raising a :class:`~aiocheckpoint.CheckpointTypeError`.
+        """
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
         stored = await self._storage.load(workflow_id, step)
-        checkpoint = None if stored is None else await self._codec.decode_live(workflow_id, stored)
+        view: View = "raw" if raw else "typed"
+        checkpoint = (
+            None if stored is None else await self._codec.decode_live(workflow_id, stored, view)
+        )
         if checkpoint is None:
             raise CheckpointNotFoundError(workflow_id, step)
         return checkpoint
@@ -338,7 +386,8 @@ class CheckpointManager:
         The step is the latest checkpoint's step + 1 when it is COMPLETED, and the same step
         otherwise (it has to run again). If the latest checkpoint is corrupted, the newest
         one that verifies is used instead and a warning is logged; if none verifies, the
-        :class:`CheckpointCorruptedError` of the latest is raised.
+        :class:`CheckpointCorruptedError` of the latest is raised. The result's
+        ``app_version`` names the application version that wrote the checkpoint.
         """
         checkpoint = await self._latest_valid(workflow_id)
         if checkpoint is None:
@@ -346,7 +395,9 @@ class CheckpointManager:
         step = (
             checkpoint.step + 1 if checkpoint.status is AgentStatus.COMPLETED else checkpoint.step
         )
-        return step, checkpoint.state_snapshot, checkpoint.metrics
+        return ResumePoint(
+            step, checkpoint.state_snapshot, checkpoint.metrics, checkpoint.app_version
+        )
 
     async def list_workflows(self, status: WorkflowStatus | str | None = None) -> list[str]:
         """Every workflow id that has at least one checkpoint, sorted.
@@ -526,14 +577,18 @@ class CheckpointManager:
                 continue
             return page, page[-1].step if len(page) == _PAGE else low
 
-    async def decode_record(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
+    async def decode_record(
+        self, workflow_id: str, stored: StoredCheckpoint, *, view: View = "typed"
+    ) -> Checkpoint:
         """Verify and decode a record read from the storage (either format version).
 
         For tools that read records through the storage protocol (the command line does):
         a version-2 record's blobs are fetched from the storage. Raises
         :class:`~aiocheckpoint.CheckpointCorruptedError` like the reading calls do.
+        ``view="stored"`` leaves values in their tagged JSON form (no class is needed),
+        ``"raw"`` reads unregistered types as :class:`~aiocheckpoint.TaggedValue`.
         """
-        return await self._codec.decode(check_workflow_id(workflow_id), stored)
+        return await self._codec.decode(check_workflow_id(workflow_id), stored, view)
 
     def _check_open(self) -> None:
         if self._closed:

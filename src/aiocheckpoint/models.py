@@ -120,3 +120,5 @@ class Checkpoint(BaseModel):
     metrics: ExecutionMetrics = Field(default_factory=ExecutionMetrics)
     timestamp: datetime = Field(default_factory=utcnow)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    #: The application version that wrote it (``CheckpointManager(app_version=...)``).
+    app_version: str | None = None

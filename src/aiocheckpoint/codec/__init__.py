@@ -5,7 +5,10 @@ module              job
 ==================  ===============================================================
 ``pipeline``        :class:`RecordCodec`, the one object the manager calls
 ``stages``          the value stage (and where a bytes stage goes)
-``copy``            validated JSON-able copies of states (the default value stage)
+``registry``        the registered types (``TypeRegistry``) and raw values (``TaggedValue``)
+``typed``           typed values <-> their tagged JSON form
+``copy``            validated copies of states in the tagged form (the fast path)
+``paths``           how errors name a value's path
 ``jsontext``        writing JSON text (reading: :mod:`aiocheckpoint.format.jsontext`)
 ``v1``              version-1 records
 ``split``           cutting a state into blobs
@@ -20,6 +23,14 @@ The bytes these produce are defined in :mod:`aiocheckpoint.format`.
 """
 
 from .pipeline import RecordCodec
-from .stages import BytesStage, ValueStage
+from .registry import TaggedValue, TypeRegistry
+from .stages import BytesStage, TypedValues, ValueStage
 
-__all__ = ["BytesStage", "RecordCodec", "ValueStage"]
+__all__ = [
+    "BytesStage",
+    "RecordCodec",
+    "TaggedValue",
+    "TypeRegistry",
+    "TypedValues",
+    "ValueStage",
+]

@@ -1,13 +1,15 @@
-"""The value stage's default: a validated, independent, JSON-compatible copy of a value.
+"""The value stage's copy: a validated, independent copy of a value in the tagged JSON form.
 
 What can be stored
 ------------------
-dicts with ``str`` keys, lists, tuples (stored as lists), ``str``, ``int`` of any size,
-``float`` (NaN and infinities included), ``bool`` and ``None`` round-trip exactly, key order
-included. Pydantic models, ``datetime``/``date``/``time`` and ``UUID`` are accepted and stored
-as their JSON form (a model comes back as a dict, the others as ISO strings or the UUID's
-string). Anything else -- sets, bytes, non-``str`` keys, enums, other objects, cycles, or
-nesting deeper than :data:`~aiocheckpoint.format.limits.MAX_DEPTH` -- raises
+dicts, lists, ``str``, ``int`` of any size, ``float`` (NaN and infinities included),
+``bool`` and ``None`` are stored as JSON, key order included; the standard types
+(``datetime``, ``date``, ``time``, ``timedelta``, ``UUID``, ``Decimal``, ``bytes``,
+``bytearray``, ``tuple``, ``set``, ``frozenset``, dicts with non-``str`` keys) and the
+classes of the manager's :class:`~aiocheckpoint.TypeRegistry` are stored tagged
+(:mod:`aiocheckpoint.format.tags`), and each comes back as itself. Anything else -- an
+unregistered class, a cycle, nesting deeper than
+:data:`~aiocheckpoint.format.limits.MAX_DEPTH` -- raises
 :class:`CheckpointSerializationError` naming the offending path, and nothing is written.
 
 The copy is taken before the first await of ``create_checkpoint``: later changes by the
@@ -17,16 +19,15 @@ finite, which lets the encoders use orjson.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Generator
-from datetime import date, datetime, time
 from time import perf_counter
 from typing import Any, Final
 
-from pydantic import BaseModel
-
-from ..errors import CheckpointSerializationError
 from ..format.limits import MAX_DEPTH
+from ..format.tags import TAG_START, TUPLE
+from .paths import child_path
+from .registry import EMPTY, TypeRegistry
+from .typed import SCALARS, Encoder
 
 __all__ = [
     "child_path",
@@ -35,82 +36,6 @@ __all__ = [
     "storable_copy_work",
     "to_storable",
 ]
-
-_IDENTIFIER_CHARS: Final = frozenset(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
-)
-
-
-def child_path(path: str, key: str | int) -> str:
-    """The path of ``key`` in the container at ``path`` (as error messages name it)."""
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if key and not key[0].isdigit() and set(key) <= _IDENTIFIER_CHARS:
-        return f"{path}.{key}"
-    return f"{path}[{key!r}]"
-
-
-class _Walker:
-    """Validates a value and returns a fresh JSON-compatible copy of it."""
-
-    __slots__ = ("_active", "nonfinite")
-
-    def __init__(self) -> None:
-        self._active: set[int] = set()
-        self.nonfinite = False
-
-    def walk(self, value: Any, path: str, depth: int) -> Any:
-        kind = type(value)
-        if kind is str:
-            return _checked_text(value, path)
-        if kind is bool or value is None:
-            return value
-        if kind is int:
-            return value
-        if kind is float:
-            self.nonfinite = self.nonfinite or value - value != 0.0
-            return value
-        if depth >= MAX_DEPTH:
-            raise CheckpointSerializationError(path, f"nesting deeper than {MAX_DEPTH} levels")
-        if kind is dict or kind is list or kind is tuple:
-            return self._container(value, path, depth)
-        if isinstance(value, BaseModel):
-            try:
-                dumped = value.model_dump(mode="json")
-            except Exception as exc:
-                raise CheckpointSerializationError(
-                    path,
-                    f"model_dump() of {kind.__qualname__} raised {type(exc).__qualname__}",
-                ) from exc
-            return self.walk(dumped, path, depth)
-        if isinstance(value, (datetime, date, time)):
-            return value.isoformat()
-        if isinstance(value, uuid.UUID):
-            return str(value)
-        raise CheckpointSerializationError(
-            path, f"values of type {kind.__qualname__} are not JSON-compatible"
-        )
-
-    def _container(self, value: Any, path: str, depth: int) -> Any:
-        marker = id(value)
-        if marker in self._active:
-            raise CheckpointSerializationError(path, "the value contains itself (a cycle)")
-        self._active.add(marker)
-        try:
-            if type(value) is dict:
-                out: dict[str, Any] = {}
-                for key, item in value.items():
-                    if type(key) is not str:
-                        raise CheckpointSerializationError(
-                            f"{path}[{_safe_repr(key)}]",
-                            f"dict keys must be str, not {type(key).__qualname__}",
-                        )
-                    child = child_path(path, key)
-                    out[_checked_text(key, child)] = self.walk(item, child, depth + 1)
-                return out
-            return [self.walk(item, child_path(path, i), depth + 1) for i, item in enumerate(value)]
-        finally:
-            self._active.discard(marker)
 
 
 class _Unstorable(Exception):
@@ -121,8 +46,9 @@ _PLAIN: Final = frozenset({str, int, bool, type(None)})
 
 
 def _fast_copy(value: Any, depth: int, nonfinite: list[float]) -> Any:
-    # The hot path: plain JSON data, no paths kept, no cycle set (a cycle ends at the depth
-    # limit). Anything unusual bails out to _Walker, which finds and names the problem.
+    # The hot path: plain JSON data, tuples and the scalar standard types, no paths kept,
+    # no cycle set (a cycle ends at the depth limit). Anything unusual bails out to the
+    # Encoder, which finds and names the problem.
     kind = type(value)
     if kind in _PLAIN:
         return value
@@ -130,8 +56,13 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float]) -> Any:
         if value - value != 0.0:  # NaN or an infinity
             nonfinite.append(value)
         return value
-    if depth >= MAX_DEPTH:
+    if depth >= MAX_DEPTH - 1:
         raise _Unstorable
+    scalar = SCALARS.get(kind)
+    if scalar is not None:
+        return {scalar[0]: scalar[1](value)}
+    if kind is tuple:
+        return {TUPLE: _fast_copy(list(value), depth + 1, nonfinite)}
     depth += 1
     if kind is dict:
         out = {}
@@ -147,8 +78,10 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float]) -> Any:
                 out[key] = item
             else:
                 out[key] = _fast_copy(item, depth, nonfinite)
+        if len(out) == 1 and key[:1] == TAG_START:  # would read as a tag: escaped
+            raise _Unstorable
         return out
-    if kind is list or kind is tuple:
+    if kind is list:
         # Copy first (in C), then replace the containers by their copies; scalars stay.
         items = list(value)
         for index, item in enumerate(items):
@@ -164,14 +97,14 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float]) -> Any:
     raise _Unstorable
 
 
-def storable_copy(value: Any, path: str = "state") -> tuple[Any, bool]:
+def storable_copy(value: Any, path: str = "state", types: TypeRegistry = EMPTY) -> tuple[Any, bool]:
     """Like :func:`to_storable`, also telling whether every float in it is finite."""
     nonfinite: list[float] = []
     try:
         return _fast_copy(value, 0, nonfinite), not nonfinite
     except (_Unstorable, RecursionError):
-        walker = _Walker()
-        return walker.walk(value, path, 0), not walker.nonfinite
+        encoder = Encoder(types)
+        return encoder.walk(value, path, 0), not encoder.nonfinite
 
 
 #: How long (seconds of work) :func:`storable_copy_work` goes between two yields.
@@ -180,7 +113,9 @@ _COPY_BATCH: Final = 16  # elements copied between two looks at the clock
 _CONTAINERS: Final = (dict, list)
 
 
-def storable_copy_work(value: Any, path: str = "state") -> Generator[None, None, tuple[Any, bool]]:
+def storable_copy_work(
+    value: Any, path: str = "state", types: TypeRegistry = EMPTY
+) -> Generator[None, None, tuple[Any, bool]]:
     """:func:`storable_copy` as a generator that yields every ~0.15 ms of work.
 
     Only for a value that nobody changes until the generator is done (a ``SharedState``
@@ -195,12 +130,12 @@ def storable_copy_work(value: Any, path: str = "state") -> Generator[None, None,
     if len(items) <= _COPY_BATCH and not any(
         type(item) in _CONTAINERS and len(item) > _COPY_BATCH for item in items
     ):
-        return storable_copy(value, path)  # nothing to slice: one piece, no generator work
+        return storable_copy(value, path, types)  # nothing to slice: one piece, no generator work
     nonfinite: list[float] = []
     try:
         copied = yield from _fast_copy_work(value, 0, nonfinite, [perf_counter()])
     except (_Unstorable, RecursionError):
-        return storable_copy(value, path)
+        return storable_copy(value, path, types)
     return copied, not nonfinite
 
 
@@ -230,32 +165,12 @@ def _fast_copy_work(
     return dict(zip(keys, copies, strict=True))
 
 
-def _checked_text(text: str, path: str) -> str:
-    """Return ``text`` if it can be stored as UTF-8 (no lone surrogates), else raise."""
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise CheckpointSerializationError(
-                path, "the string is not valid Unicode (it holds a lone surrogate)"
-            ) from exc
-    return text
-
-
-def _safe_repr(value: object) -> str:
-    """``repr(value)``, or a stand-in when the object's ``__repr__`` raises."""
-    try:
-        return repr(value)
-    except Exception:
-        return f"<{type(value).__qualname__} object>"
-
-
-def to_storable(value: Any, path: str = "state") -> Any:
-    """Return a validated, independent JSON-compatible copy of ``value``.
+def to_storable(value: Any, path: str = "state", types: TypeRegistry = EMPTY) -> Any:
+    """Return a validated, independent copy of ``value`` in the tagged JSON form.
 
     Raises :class:`CheckpointSerializationError` naming the first offending path.
     """
-    return storable_copy(value, path)[0]
+    return storable_copy(value, path, types)[0]
 
 
 def json_copy(value: Any) -> Any:

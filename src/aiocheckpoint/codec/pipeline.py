@@ -25,7 +25,7 @@ from ..models import Checkpoint, StateSnapshot, StateVersion, built
 from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
 from .memory import MemoryCache, recovered_memory
 from .split import exceeds
-from .stages import JSON_VALUES, ValueStage
+from .stages import DEFAULT_VALUES, ValueStage, View
 from .v1 import decode_checkpoint, encode_checkpoint
 from .v2 import decode_checkpoint_v2, encode_checkpoint_v2, encode_v2_work
 
@@ -58,7 +58,7 @@ class RecordCodec:
         self,
         storage: CheckpointStorage,
         blobs: BlobCheckpointStorage | None,
-        values: ValueStage = JSON_VALUES,
+        values: ValueStage = DEFAULT_VALUES,
     ) -> None:
         self._storage = storage
         #: The storage that receives version-2 trees, or None.
@@ -75,6 +75,26 @@ class RecordCodec:
     def copy(self, value: Any, path: str) -> tuple[Any, bool]:
         """The value stage's copy of ``value``, and whether its floats are all finite."""
         return self._copy(value, path)
+
+    def encode_value(self, value: Any, path: str) -> tuple[Any, bool]:
+        """One value in the stored (JSON-able) form, and whether its floats are finite.
+
+        For records of their own (effect results): :meth:`decode_value` reads it back.
+        Raises :class:`~aiocheckpoint.CheckpointSerializationError` naming ``path``.
+        """
+        return self._copy(value, path)
+
+    def decode_value(self, data: Any, path: str, view: View = "typed") -> Any:
+        """A value back from what :meth:`encode_value` returned (after a JSON round trip)."""
+        return self._values.decode_value(data, path, view)
+
+    def returned(self, checkpoint: Checkpoint, record: bytes | None) -> Checkpoint:
+        """The checkpoint ``create_checkpoint`` returns: its values as callers passed them.
+
+        ``record`` is the version-1 record just written, or None after a tree. A
+        :class:`~aiocheckpoint.TaggedValue` written comes back as itself.
+        """
+        return self._values.restore(checkpoint, record, "raw")
 
     def snapshot(
         self, state: StateSnapshot | Mapping[str, Any], now: datetime
@@ -169,12 +189,17 @@ class RecordCodec:
 
     # --- decoding -----------------------------------------------------------------------
 
-    async def decode(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
-        """Verify and decode a stored record of either version.
+    async def decode(
+        self, workflow_id: str, stored: StoredCheckpoint, view: View = "typed"
+    ) -> Checkpoint:
+        """Verify and decode a stored record of either version; ``view`` as in :data:`View`.
 
-        Raises :class:`~aiocheckpoint.CheckpointCorruptedError` for any damage.
+        Raises :class:`~aiocheckpoint.CheckpointCorruptedError` for any damage, and
+        :class:`~aiocheckpoint.CheckpointTypeError` for a typed value ``view`` cannot give.
         """
         data = stored.data
+        # A version-1 record holds all the values' text: without a tag in it, no walk.
+        text = data if len(data) > 4 and data[4] == 1 else None
         decode: Callable[[], Checkpoint]
         if len(data) > 4 and data[4] == 2:
             # Joining a tree is CPU work (~14 ms per MB), and each tree level's fetch hops
@@ -187,19 +212,22 @@ class RecordCodec:
             )
         else:
             checkpoint = decode_checkpoint(data, workflow_id=workflow_id, step=stored.step)
-            return self._values.restore(checkpoint)
+            return self._values.restore(checkpoint, text, view)
         # In a worker thread: the loop gets the GIL back every switch interval instead of
         # waiting for the whole decode.
-        return self._values.restore(await anyio.to_thread.run_sync(decode))
+        restore = self._values.restore
+        return await anyio.to_thread.run_sync(lambda: restore(decode(), text, view))
 
-    async def decode_live(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint | None:
+    async def decode_live(
+        self, workflow_id: str, stored: StoredCheckpoint, view: View = "typed"
+    ) -> Checkpoint | None:
         """:meth:`decode`; None if a blob is missing because the record was deleted.
 
         A record deleted after it was read may lose its blobs to garbage collection before
         they are fetched: that is "not found", not corruption.
         """
         try:
-            return await self.decode(workflow_id, stored)
+            return await self.decode(workflow_id, stored, view)
         except CheckpointCorruptedError:
             data = stored.data
             storage = self._storage
@@ -208,7 +236,7 @@ class RecordCodec:
                 if current is None:
                     return None
                 if current.data != data:  # replaced meanwhile: read the new record
-                    return await self.decode(workflow_id, current)
+                    return await self.decode(workflow_id, current, view)
             raise
 
     def _decode_tree(self, data: bytes, workflow_id: str, step: int) -> Checkpoint:

@@ -3,7 +3,8 @@
 The header is :mod:`aiocheckpoint.format.header`'s (version 1, flags 0). The body is one
 JSON object with the keys ``workflow_id``, ``step``, ``agent_id``, ``status``,
 ``timestamp``, ``metrics``, ``metadata`` and ``state`` (``data``, ``version``,
-``metadata``). Nothing in a record is ever unpickled or evaluated.
+``metadata``), and ``app_version`` when the writer had one. Values are in the tagged form
+of :mod:`aiocheckpoint.format.tags`. Nothing in a record is ever unpickled or evaluated.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _body(checkpoint: Checkpoint, time_: Callable[[datetime], datetime | str]) -
     start = metrics.get("start_time")
     if start is not None:
         metrics["start_time"] = time_(start)
-    return {
+    body: dict[str, Any] = {
         "workflow_id": checkpoint.workflow_id,
         "step": checkpoint.step,
         "agent_id": checkpoint.agent_id,
@@ -99,6 +100,9 @@ def _body(checkpoint: Checkpoint, time_: Callable[[datetime], datetime | str]) -
             "metadata": snapshot.metadata,
         },
     }
+    if checkpoint.app_version is not None:
+        body["app_version"] = checkpoint.app_version
+    return body
 
 
 def _bad_text_path(checkpoint: Checkpoint) -> str:
@@ -211,6 +215,7 @@ def build_checkpoint(obj: Any, *, nested: bool = True) -> Checkpoint:
                 "timestamp": obj["timestamp"],
                 "metrics": obj["metrics"],
                 "metadata": obj["metadata"],
+                "app_version": obj.get("app_version"),
                 "state_snapshot": {
                     "data": state["data"],
                     "version": state["version"],

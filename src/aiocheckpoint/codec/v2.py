@@ -41,7 +41,7 @@ def _corrupt(reason: str) -> CheckpointCorruptedError:
 
 
 def _meta(checkpoint: Checkpoint) -> dict[str, Any]:
-    return {
+    meta: dict[str, Any] = {
         "workflow_id": checkpoint.workflow_id,
         "step": checkpoint.step,
         "agent_id": checkpoint.agent_id,
@@ -54,6 +54,9 @@ def _meta(checkpoint: Checkpoint) -> dict[str, Any]:
             "metadata": checkpoint.state_snapshot.metadata,
         },
     }
+    if checkpoint.app_version is not None:
+        meta["app_version"] = checkpoint.app_version
+    return meta
 
 
 def _record(meta_bytes: bytes, digest: int, root: bytes) -> bytes:

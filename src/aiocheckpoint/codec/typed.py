@@ -1,0 +1,356 @@
+"""Typed values <-> their tagged JSON form (:mod:`aiocheckpoint.format.tags`).
+
+:class:`Encoder` is the value stage's full walk: it validates a value, names the path of
+anything it cannot store, and returns a fresh JSON-able copy in which every standard type
+and every registered type is tagged (:mod:`aiocheckpoint.codec.copy` runs a faster walk
+first and falls back to it). :class:`Decoder` turns decoded JSON back into the values: it
+constructs only the standard types and the registry's classes, through their normal
+validation, and refuses any tag it does not know.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import decimal
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import date, datetime, time, timedelta
+from typing import Any, Final
+
+from pydantic_core import to_jsonable_python
+
+from ..errors import (
+    CheckpointCorruptedError,
+    CheckpointSerializationError,
+    CheckpointTypeError,
+    TypeVersionError,
+    UnknownTypeError,
+)
+from ..format import tags
+from ..format.limits import MAX_DEPTH
+from .paths import checked_text, child_path, safe_repr
+from .registry import TaggedValue, TypeEntry, TypeRegistry
+
+__all__ = ["SCALARS", "Decoder", "Encoder", "has_tags"]
+
+
+def _b64(value: bytes | bytearray) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _timedelta(value: timedelta) -> list[int]:
+    return [value.days, value.seconds, value.microseconds]
+
+
+def _iso(value: date | time) -> str:
+    return value.isoformat()
+
+
+#: The standard types stored as one tag over a scalar: their tag and their data.
+SCALARS: Final[dict[type, tuple[str, Callable[[Any], Any]]]] = {
+    datetime: (tags.DATETIME, _iso),
+    date: (tags.DATE, _iso),
+    time: (tags.TIME, _iso),
+    timedelta: (tags.TIMEDELTA, _timedelta),
+    uuid.UUID: (tags.UUID, lambda value: value.hex),
+    decimal.Decimal: (tags.DECIMAL, str),
+    bytes: (tags.BYTES, _b64),
+    bytearray: (tags.BYTEARRAY, _b64),
+}
+_COLLECTIONS: Final[dict[type, str]] = {
+    tuple: tags.TUPLE,
+    set: tags.SET,
+    frozenset: tags.FROZENSET,
+}
+
+
+def _ordered(items: Iterable[Any]) -> list[Any]:
+    """A set's items in a stable order where they compare (unchanged sets dedupe)."""
+    try:
+        return sorted(items)
+    except TypeError:
+        return list(items)
+
+
+def needs_map(value: dict[Any, Any]) -> bool:
+    """Whether a dict must be stored as ``$map``: a non-str key, or it would read as a tag."""
+    if len(value) == 1:
+        key = next(iter(value))
+        return type(key) is not str or key[:1] == tags.TAG_START
+    return not all(type(key) is str for key in value)
+
+
+class Encoder:
+    """Validates a value and returns a fresh copy of it in the tagged JSON form."""
+
+    __slots__ = ("_active", "_lenient", "_types", "nonfinite")
+
+    def __init__(self, types: TypeRegistry) -> None:
+        self._types = types
+        self._active: set[int] = set()
+        self._lenient = False  # inside a pydantic model's dump
+        self.nonfinite = False
+
+    def walk(self, value: Any, path: str, depth: int) -> Any:
+        """The tagged JSON form of ``value`` at ``path``, a container at ``depth``."""
+        kind = type(value)
+        if kind is str:
+            return checked_text(value, path)
+        if kind is bool or value is None or kind is int:
+            return value
+        if kind is float:
+            self.nonfinite = self.nonfinite or value - value != 0.0
+            return value
+        scalar = SCALARS.get(kind)
+        if scalar is not None:
+            _room(path, depth + 1)
+            return {scalar[0]: scalar[1](value)}
+        if kind is dict or kind is list:
+            return self._container(value, path, depth)
+        tag = _COLLECTIONS.get(kind)
+        if tag is not None:
+            _room(path, depth)
+            items = value if kind is tuple else _ordered(value)
+            return {tag: self._container(list(items), path, depth + 1)}
+        return self._typed(value, path, depth)
+
+    def _typed(self, value: Any, path: str, depth: int) -> Any:
+        kind = type(value)
+        entry = self._types.by_class(kind)
+        if entry is not None:
+            return self._entry(entry, value, path, depth)
+        if kind is TaggedValue:
+            _room(path, depth + 1)
+            data = self.walk(value.data, path, depth + 2)
+            return {tags.TYPED: [value.type_name, value.version, data]}
+        if self._lenient:  # the model's own JSON form, which its validation reads back
+            return self.walk(_jsonable(value, path), path, depth)
+        raise CheckpointSerializationError(
+            path,
+            f"{kind.__module__}.{kind.__qualname__} is not a registered type "
+            "(register it with TypeRegistry.register and pass types= to the manager)",
+        )
+
+    def _entry(self, entry: TypeEntry, value: Any, path: str, depth: int) -> Any:
+        _room(path, depth + 1)
+        marker = id(value)
+        if marker in self._active:
+            raise CheckpointSerializationError(path, "the value contains itself (a cycle)")
+        self._active.add(marker)
+        lenient = self._lenient
+        self._lenient = lenient or entry.model
+        try:
+            dumped = entry.dump(value)
+            return {tags.TYPED: [entry.name, entry.version, self.walk(dumped, path, depth + 2)]}
+        except CheckpointSerializationError:
+            raise
+        except Exception as exc:
+            raise CheckpointSerializationError(
+                path, f"dumping {entry.name} raised {type(exc).__qualname__}: {exc}"
+            ) from exc
+        finally:
+            self._lenient = lenient
+            self._active.discard(marker)
+
+    def _container(self, value: Any, path: str, depth: int) -> Any:
+        _room(path, depth)
+        marker = id(value)
+        if marker in self._active:
+            raise CheckpointSerializationError(path, "the value contains itself (a cycle)")
+        self._active.add(marker)
+        try:
+            if type(value) is not dict:
+                walk = self.walk
+                return [walk(item, child_path(path, i), depth + 1) for i, item in enumerate(value)]
+            if needs_map(value):
+                return {tags.MAP: self._pairs(value, path, depth)}
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                child = child_path(path, key)
+                out[checked_text(key, child)] = self.walk(item, child, depth + 1)
+            return out
+        finally:
+            self._active.discard(marker)
+
+    def _pairs(self, value: dict[Any, Any], path: str, depth: int) -> list[list[Any]]:
+        # {"$map": [[key, value], ...]}: the pairs sit two levels below the dict.
+        _room(path, depth + 2)
+        pairs = []
+        for key, item in value.items():
+            where = f"{path}[{safe_repr(key)}]"
+            pairs.append([self.walk(key, where, depth + 3), self.walk(item, where, depth + 3)])
+        return pairs
+
+
+def _room(path: str, depth: int) -> None:
+    """Refuse a container the stored form would nest at ``depth`` >= the limit."""
+    if depth >= MAX_DEPTH:
+        raise CheckpointSerializationError(path, f"nesting deeper than {MAX_DEPTH} levels")
+
+
+def _jsonable(value: Any, path: str) -> Any:
+    try:
+        return to_jsonable_python(value)
+    except Exception as exc:
+        raise CheckpointSerializationError(
+            path, f"values of type {type(value).__qualname__} are not storable"
+        ) from exc
+
+
+def has_tags(text: bytes | bytearray | memoryview) -> bool:
+    """Whether compact JSON text may hold a tag (it does unless this is False)."""
+    return tags.MARK in text
+
+
+#: A path as the decoder carries it: (parent, key), formatted only for an error.
+_Path = tuple[Any, Any]
+
+
+def _format(path: _Path | str) -> str:
+    keys: list[Any] = []
+    while type(path) is tuple:
+        path, key = path
+        keys.append(key)
+    text = str(path)
+    for key in reversed(keys):
+        text = child_path(text, key) if type(key) in (str, int) else f"{text}[{key}]"
+    return text
+
+
+class Decoder:
+    """Turns decoded JSON values back into the values they stand for.
+
+    Dicts and lists are changed in place (they are the decoder's own fresh values).
+    A stored type the registry lacks raises :class:`~aiocheckpoint.UnknownTypeError`, or
+    comes back as a :class:`TaggedValue` when ``raw`` is true.
+    """
+
+    __slots__ = ("_raw", "_types")
+
+    def __init__(self, types: TypeRegistry, raw: bool) -> None:
+        self._types = types
+        self._raw = raw or types.raw
+
+    def value(self, value: Any, path: _Path | str) -> Any:
+        """The value ``value`` (decoded JSON at ``path``) stands for."""
+        kind = type(value)
+        if kind is dict:
+            if len(value) == 1:
+                key = next(iter(value))
+                if key[:1] == tags.TAG_START:
+                    return self._tag(key, value[key], path)
+            for key, item in value.items():
+                if type(item) is dict or type(item) is list:
+                    value[key] = self.value(item, (path, key))
+        elif kind is list:
+            for index, item in enumerate(value):
+                if type(item) is dict or type(item) is list:
+                    value[index] = self.value(item, (path, index))
+        return value
+
+    def _tag(self, tag: str, data: Any, path: _Path | str) -> Any:
+        reader = _READERS.get(tag)
+        try:
+            if reader is not None:
+                return reader(self, data, path)
+            if tag == tags.TYPED:
+                return self._typed(data, path)
+        except (CheckpointTypeError, CheckpointCorruptedError):
+            raise
+        except (ValueError, TypeError, ArithmeticError, binascii.Error, KeyError) as exc:
+            raise CheckpointCorruptedError(
+                f"{_format(path)}: malformed {tag} value ({type(exc).__name__})"
+            ) from None
+        raise CheckpointCorruptedError(f"{_format(path)}: unknown tag {tag!r}")
+
+    def _items(self, data: Any, path: _Path | str) -> list[Any]:
+        if type(data) is not list:
+            raise TypeError("not an array")
+        return [self.value(item, (path, index)) for index, item in enumerate(data)]
+
+    def _map(self, data: Any, path: _Path | str) -> dict[Any, Any]:
+        out = {}
+        for pair in self._items(data, path):
+            if type(pair) is not list or len(pair) != 2:
+                raise TypeError("not a [key, value] pair")
+            key, item = pair
+            out[key] = item
+        return out
+
+    def _typed(self, data: Any, path: _Path | str) -> Any:
+        if type(data) is not list or len(data) != 3:
+            raise TypeError("not [name, version, data]")
+        name, version, stored = data
+        if type(name) is not str or type(version) is not int or version < 1:
+            raise TypeError("not [name, version, data]")
+        entry = self._types.by_name(name)
+        if entry is None and not self._raw:
+            raise UnknownTypeError(_format(path), name, "the type is not registered")
+        stored = self.value(stored, path)
+        if entry is None or (version > entry.version and self._raw):
+            return TaggedValue(name, version, stored)
+        return _loaded(entry, version, stored, _format(path))
+
+
+def _loaded(entry: TypeEntry, version: int, data: Any, path: str) -> Any:
+    """Upgrade stored ``data`` of ``version`` to the entry's version, then load it."""
+    if version > entry.version:
+        raise TypeVersionError(
+            path,
+            entry.name,
+            f"written by version {version}; this registry knows up to {entry.version}",
+        )
+    try:
+        for step in range(version, entry.version):
+            upgrade = entry.upgrade.get(step)
+            if upgrade is None:
+                raise TypeVersionError(path, entry.name, f"no upgrade from version {step}")
+            data = upgrade(data)
+        return entry.load(data)
+    except CheckpointTypeError:
+        raise
+    except Exception as exc:
+        raise CheckpointTypeError(
+            path, entry.name, f"{type(exc).__qualname__} while loading it: {exc}"
+        ) from exc
+
+
+def _text(data: Any) -> str:
+    if type(data) is not str:
+        raise TypeError("not a string")
+    return data
+
+
+def _bytes(data: Any) -> bytes:
+    return base64.b64decode(_text(data), validate=True)
+
+
+def _delta(data: Any) -> timedelta:
+    if type(data) is not list or len(data) != 3 or any(type(part) is not int for part in data):
+        raise TypeError("not [days, seconds, microseconds]")
+    return timedelta(days=data[0], seconds=data[1], microseconds=data[2])
+
+
+def _uuid(data: Any) -> uuid.UUID:
+    text = _text(data)
+    if len(text) != 32:
+        raise ValueError("not 32 hex digits")
+    return uuid.UUID(hex=text)
+
+
+_Reader = Callable[[Decoder, Any, "_Path | str"], Any]
+_READERS: Final[dict[str, _Reader]] = {
+    tags.DATETIME: lambda _d, data, _p: datetime.fromisoformat(_text(data)),
+    tags.DATE: lambda _d, data, _p: date.fromisoformat(_text(data)),
+    tags.TIME: lambda _d, data, _p: time.fromisoformat(_text(data)),
+    tags.TIMEDELTA: lambda _d, data, _p: _delta(data),
+    tags.UUID: lambda _d, data, _p: _uuid(data),
+    tags.DECIMAL: lambda _d, data, _p: decimal.Decimal(_text(data)),
+    tags.BYTES: lambda _d, data, _p: _bytes(data),
+    tags.BYTEARRAY: lambda _d, data, _p: bytearray(_bytes(data)),
+    tags.TUPLE: lambda d, data, p: tuple(d._items(data, p)),
+    tags.SET: lambda d, data, p: set(d._items(data, p)),
+    tags.FROZENSET: lambda d, data, p: frozenset(d._items(data, p)),
+    tags.MAP: lambda d, data, p: d._map(data, p),
+}
