@@ -39,6 +39,11 @@ EXPECTED = {
     "WorkflowStorage",
     "__version__",
     "open_storage",
+    "CheckpointTypeError",
+    "TaggedValue",
+    "TypeRegistry",
+    "TypeVersionError",
+    "UnknownTypeError",
 }
 
 

@@ -77,8 +77,9 @@ def test_nan_and_infinities_round_trip() -> None:
     assert back["ninf"] == -math.inf
 
 
-def test_documented_conversions() -> None:
-    """Tuples become lists; models, datetimes and UUIDs become their JSON forms."""
+def test_standard_types_are_tagged_and_models_need_registering() -> None:
+    """Tuples, datetimes and UUIDs are stored tagged (no conversion); an unregistered model
+    is refused, naming its path."""
 
     class Item(BaseModel):
         name: str
@@ -86,20 +87,15 @@ def test_documented_conversions() -> None:
 
     moment = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     ident = uuid.UUID(int=5)
-    data = {
-        "tuple": (1, (2, 3)),
-        "model": Item(name="n", when=moment),
-        "dt": moment,
-        "d": date(2026, 1, 2),
-        "id": ident,
-    }
+    data = {"tuple": (1, (2, 3)), "dt": moment, "d": date(2026, 1, 2), "id": ident}
     assert _round_trip(data) == {
-        "tuple": [1, [2, 3]],
-        "model": {"name": "n", "when": "2026-01-02T03:04:05Z"},
-        "dt": moment.isoformat(),
-        "d": "2026-01-02",
-        "id": str(ident),
+        "tuple": {"$tup": [1, {"$tup": [2, 3]}]},
+        "dt": {"$dt": moment.isoformat()},
+        "d": {"$date": "2026-01-02"},
+        "id": {"$uuid": ident.hex},
     }
+    with pytest.raises(CheckpointSerializationError, match=r"state\.model: .*Item is not a reg"):
+        to_storable({"model": Item(name="n", when=moment)})
 
 
 class Color(Enum):
@@ -113,18 +109,17 @@ class Weird:
 @pytest.mark.parametrize(
     ("value", "path"),
     [
-        ({"plan": {"items": [0, 1, 2, {1, 2}]}}, "state.plan.items[3]"),
-        ({"k": b"bytes"}, "state.k"),
-        ({"k": {1: "x"}}, "state.k[1]"),
-        ({"k": {(1, 2): "x"}}, "state.k[(1, 2)]"),
+        ({"plan": {"items": [0, 1, 2, {Weird()}]}}, "state.plan.items[3][0]"),
+        ({"k": {1: Weird()}}, "state.k[1]"),
+        ({"k": {(1, 2): Weird()}}, "state.k[(1, 2)]"),
         ({"odd key": [Weird()]}, "state['odd key'][0]"),
         ({"c": Color.RED}, "state.c"),
-        ({"f": frozenset()}, "state.f"),
+        ({"f": (1, Weird())}, "state.f[1]"),
         ({"n": [None, object()]}, "state.n[1]"),
     ],
 )
 def test_unstorable_values_name_their_path(value: dict[str, Any], path: str) -> None:
-    """Values outside the JSON model raise CheckpointSerializationError naming the path."""
+    """Unregistered classes raise CheckpointSerializationError naming the path."""
     with pytest.raises(CheckpointSerializationError) as info:
         to_storable(value)
     assert info.value.path == path
@@ -277,10 +272,10 @@ def test_the_sliced_copy_yields_on_large_values_and_is_independent() -> None:
 @pytest.mark.parametrize(
     ("value", "path"),
     [
-        ({"docs": [{"id": i} for i in range(100)] + [{"bad": {1, 2}}]}, "state.docs[100].bad"),
+        ({"docs": [{"id": i} for i in range(100)] + [{"bad": Weird()}]}, "state.docs[100].bad"),
         ({"docs": [{"c": _Color.RED}] * 40}, "state.docs[0].c"),
-        ({"docs": [{1: "x"}] * 40}, "state.docs[0][1]"),
-        ({str(i): i for i in range(50)} | {"x": b"raw"}, "state.x"),
+        ({"docs": [{1: Weird()}] * 40}, "state.docs[0][1]"),
+        ({str(i): i for i in range(50)} | {"x": Weird()}, "state.x"),
     ],
 )
 def test_the_sliced_copy_names_what_is_unstorable(value: Any, path: str) -> None:
