@@ -91,6 +91,8 @@ class ResumableWorkflow:
         self.is_resumed = False
         self.resume_step = 0
         self.current_step = 0
+        #: The application version that wrote the checkpoint resumed from (None if none).
+        self.resumed_app_version: str | None = None
 
     async def try_resume(self) -> int:
         """Restore state and metrics from the last checkpoint; return the step to run next.
@@ -103,6 +105,7 @@ class ResumableWorkflow:
         step, snapshot, metrics = point
         self.state = SharedState.from_snapshot(snapshot)
         self.metrics = metrics
+        self.resumed_app_version = point.app_version
         self.is_resumed = True
         self.resume_step = self.current_step = step
         return step

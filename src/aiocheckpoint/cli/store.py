@@ -220,11 +220,15 @@ async def iter_records(
 
 
 async def decode(manager: CheckpointManager, workflow_id: str, record: Record) -> Checkpoint | str:
-    """The record's checkpoint, or the reason it is corrupted."""
+    """The record's checkpoint, or the reason it is corrupted.
+
+    Values stay in the tagged JSON form records hold (``{"$dt": "..."}``): the command line
+    never needs the application's classes, and what it prints, copies or exports is exact.
+    """
     if isinstance(record, Unreadable):
         return record.reason
     try:
-        return await manager.decode_record(workflow_id, record)
+        return await manager.decode_record(workflow_id, record, view="stored")
     except CheckpointCorruptedError as exc:
         return redact(exc.reason)
 
