@@ -1,0 +1,367 @@
+"""Typed state: standard and registered types round-trip as themselves, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import decimal
+import enum
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from pydantic import BaseModel, field_validator
+
+from aiocheckpoint import (
+    CheckpointCorruptedError,
+    CheckpointManager,
+    CheckpointSerializationError,
+    CheckpointTypeError,
+    InMemoryCheckpointStorage,
+    InvalidArgumentError,
+    ResumableWorkflow,
+    TaggedValue,
+    TypeRegistry,
+    TypeVersionError,
+    UnknownTypeError,
+    open_storage,
+)
+from aiocheckpoint.codec.v1 import encode_checkpoint
+from aiocheckpoint.models import Checkpoint, StateSnapshot
+from tests.pg_support import DSN, drop_schema, new_schema_name
+from tests.typed_values import same, states
+
+MOMENT = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+
+
+class Role(enum.Enum):
+    USER = "user"
+    TOOL = "tool"
+
+
+class Message(BaseModel):
+    role: Role
+    text: str
+    at: datetime
+    payload: bytes = b""
+    tags: frozenset[str] = frozenset()
+
+
+@dataclasses.dataclass
+class Plan:
+    steps: tuple[str, ...]
+    due: datetime
+    done: set[int] = dataclasses.field(default_factory=set)
+
+
+def registry() -> TypeRegistry:
+    types = TypeRegistry()
+    types.register(Message, name="Message")
+    types.register(Role, name="Role")
+    types.register(Plan, name="Plan")
+    return types
+
+
+def rich_state() -> dict[str, Any]:
+    return {
+        "message": Message(role=Role.TOOL, text="hi", at=MOMENT, payload=b"\x00\xff"),
+        "history": [Message(role=Role.USER, text=str(i), at=MOMENT) for i in range(3)],
+        "plan": Plan(steps=("a", "b"), due=MOMENT, done={1, 2}),
+        "role": Role.USER,
+        "naive": datetime(2020, 2, 29, 23, 59, 59, 999999),
+        "amount": decimal.Decimal("-1.2300"),
+        "id": uuid.UUID(int=7),
+        "key": {(1, "a"): b"x", 2: frozenset({3})},
+        "tag-like": {"$dt": "not a date"},
+    }
+
+
+BACKENDS = ["memory", "file", "sqlite", "postgres"]
+
+
+@pytest.fixture(params=BACKENDS)
+async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh store of each backend (memory: the empty string)."""
+    kind = request.param
+    if kind == "postgres":
+        schema = new_schema_name()
+        yield f"{DSN}?schema={schema}"
+        await drop_schema(schema)
+        return
+    yield {"memory": "", "file": f"file:{tmp_path}/files", "sqlite": f"sqlite:{tmp_path}/c.db"}[
+        kind
+    ]
+
+
+def _manager(url: str, memory: InMemoryCheckpointStorage, **options: Any) -> CheckpointManager:
+    storage = memory if not url else open_storage(url)
+    return CheckpointManager(storage, **options)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(state=states)
+async def test_random_values_round_trip_exactly_on_every_backend(
+    store_url: str, state: dict[str, Any]
+) -> None:
+    """Random nested standard values come back with their types and values, metadata too."""
+    memory = InMemoryCheckpointStorage()
+    manager = _manager(store_url, memory)
+    try:
+        await manager.create_checkpoint("wf", 0, "a", "completed", state, metadata={"m": state})
+        back = await manager.get_checkpoint("wf", 0)
+    finally:
+        await manager.close()
+    assert same(state, back.state_snapshot.data)
+    assert same({"m": state}, back.metadata)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(state=states)
+async def test_random_values_round_trip_through_the_incremental_format(
+    tmp_path_factory: pytest.TempPathFactory, state: dict[str, Any]
+) -> None:
+    """A state over the inline limit goes into a tree of blobs and still comes back exactly."""
+    padded = {"pad": ["x" * 100] * 200, "typed": state}
+    storage = open_storage(f"file:{tmp_path_factory.mktemp('tree')}")
+    async with CheckpointManager(storage, incremental=True) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "completed", padded)
+        stored = await storage.load("wf", 0)
+        assert stored is not None and stored.data[4] == 2  # a version-2 record
+        back = await manager.get_checkpoint("wf", 0)
+    assert same(padded, back.state_snapshot.data)
+
+
+async def test_registered_types_round_trip_on_every_backend(store_url: str) -> None:
+    """Models, dataclasses and enums come back as instances of their classes; resume too."""
+    memory = InMemoryCheckpointStorage()
+    state = rich_state()
+    async with _manager(store_url, memory, types=registry(), app_version="2026.12.1") as manager:
+        returned = await manager.create_checkpoint("wf", 0, "a", "running", state)
+        assert returned.state_snapshot.data == state
+        point = await manager.get_resume_point("wf")
+    assert point is not None
+    step, snapshot, _ = point
+    assert (step, point.app_version) == (0, "2026.12.1")
+    assert snapshot.data == state
+    assert type(snapshot.data["history"][0]) is Message
+    assert type(snapshot.data["plan"].steps) is tuple
+
+
+async def test_a_workflow_resumes_with_typed_state() -> None:
+    """SharedState keeps typed values through get/set, history, restore and a resume."""
+    storage = InMemoryCheckpointStorage()
+    manager = CheckpointManager(storage, types=registry(), app_version="1")
+    async with ResumableWorkflow("wf", manager) as wf:
+        wf.state.set("r", Message(role=Role.USER, text="x", at=MOMENT))
+        wf.state.set("when", MOMENT)
+        wf.state.merge({"ids": {uuid.UUID(int=1)}})
+        wf.state.set("when", MOMENT + timedelta(days=1))
+        wf.state.restore(wf.state.version - 1)
+        await wf.checkpoint(0, "a", "completed")
+    async with ResumableWorkflow("wf", manager) as wf:
+        assert wf.is_resumed and wf.resumed_app_version == "1"
+        assert wf.state.get("r").at == MOMENT
+        assert wf.state.get("when") == MOMENT
+        assert wf.state.get("ids") == {uuid.UUID(int=1)}
+        assert isinstance(wf.state.snapshot().data["r"], Message)
+
+
+async def test_unregistered_class_on_write_names_path_and_class_and_writes_nothing() -> None:
+    """A model the registry lacks is refused before anything is stored."""
+    storage = InMemoryCheckpointStorage()
+    manager = CheckpointManager(storage)
+    message = Message(role=Role.USER, text="x", at=MOMENT)
+    with pytest.raises(CheckpointSerializationError) as info:
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"m": [1, message]})
+    assert info.value.path == "state.m[1]"
+    assert "test_typed.Message" in str(info.value)
+    with pytest.raises(CheckpointSerializationError, match=r"metadata\.r"):
+        await manager.create_checkpoint("wf", 0, "a", "completed", {}, metadata={"r": Role.USER})
+    assert await storage.load("wf") is None
+
+
+async def test_unregistered_type_on_read_raises_or_reads_raw() -> None:
+    """Without the class: a typed error naming path and type, or TaggedValues on request."""
+    storage = InMemoryCheckpointStorage()
+    writer = CheckpointManager(storage, types=registry())
+    await writer.create_checkpoint("wf", 0, "a", "completed", {"r": [Role.USER]})
+    reader = CheckpointManager(storage)
+    with pytest.raises(UnknownTypeError) as info:
+        await reader.get_checkpoint("wf", 0)
+    assert (info.value.path, info.value.type_name) == ("state.r[0]", "Role")
+    raw = await reader.get_checkpoint("wf", 0, raw=True)
+    assert raw.state_snapshot.data == {"r": [TaggedValue("Role", 1, "user")]}
+    # A raw value written back is the same stored value: a reader with the class gets it.
+    await reader.create_checkpoint("wf", 1, "a", "completed", raw.state_snapshot.data)
+    again = CheckpointManager(storage, types=registry())
+    assert (await again.get_checkpoint("wf", 1)).state_snapshot.data == {"r": [Role.USER]}
+    lenient = CheckpointManager(storage, types=TypeRegistry(raw=True))
+    assert (await lenient.get_checkpoint("wf", 0)).state_snapshot.data == raw.state_snapshot.data
+
+
+@dataclasses.dataclass
+class Contact:
+    name: str
+    email: str
+    verified: bool
+
+
+async def test_a_version_upgrade_runs_on_older_data() -> None:
+    """Data written by version 1 is upgraded step by step when version 3 reads it."""
+    storage = InMemoryCheckpointStorage()
+    old = TypeRegistry()
+    old.register(Contact, name="Contact", encode=lambda c: [c.name], decode=lambda d: d)
+    writer = CheckpointManager(storage, types=old)
+    await writer.create_checkpoint("wf", 0, "a", "completed", {"c": Contact("x", "", False)})
+    new = TypeRegistry()
+    new.register(
+        Contact,
+        name="Contact",
+        version=3,
+        upgrade={
+            1: lambda data: {"name": data[0], "email": "?"},
+            2: lambda data: {**data, "verified": False},
+        },
+    )
+    manager = CheckpointManager(storage, types=new)
+    contact = (await manager.get_checkpoint("wf", 0)).state_snapshot.data["c"]
+    assert contact == Contact("x", "?", False)
+
+
+async def test_data_of_a_newer_version_is_a_typed_error() -> None:
+    """A registry at version 1 refuses data written at version 2 (raw reads keep it)."""
+    storage = InMemoryCheckpointStorage()
+    newer = TypeRegistry()
+    newer.register(Role, name="Role", version=2, upgrade={1: lambda data: data})
+    writer = CheckpointManager(storage, types=newer)
+    await writer.create_checkpoint("wf", 0, "a", "completed", {"r": Role.USER})
+    with pytest.raises(TypeVersionError, match="version 2"):
+        await CheckpointManager(storage, types=registry()).get_checkpoint("wf", 0)
+    raw = await CheckpointManager(storage, types=registry()).get_checkpoint("wf", 0, raw=True)
+    assert raw.state_snapshot.data == {"r": TaggedValue("Role", 2, "user")}
+    missing = TypeRegistry()
+    missing.register(Role, name="Role", version=3, upgrade={1: lambda data: data})
+    with pytest.raises(TypeVersionError, match="no upgrade from version 2"):
+        await CheckpointManager(storage, types=missing).get_checkpoint("wf", 0)
+
+
+def _crafted(data: dict[str, Any]) -> bytes:
+    """A version-1 record holding ``data`` as it is: no value stage runs (a hostile writer)."""
+    snapshot = StateSnapshot(data=data)
+    return encode_checkpoint(
+        Checkpoint(
+            workflow_id="wf", step=0, agent_id="a", status="completed", state_snapshot=snapshot
+        )
+    )
+
+
+class Guarded(BaseModel):
+    n: int
+
+    @field_validator("n")
+    @classmethod
+    def small(cls, value: int) -> int:
+        if value > 10:
+            raise ValueError("too big")
+        return value
+
+
+@pytest.mark.parametrize("name", ["os.system", "subprocess.Popen", "not.registered.Class"])
+async def test_a_hostile_record_constructs_nothing(name: str) -> None:
+    """A record naming any unregistered type imports and constructs nothing."""
+    storage = InMemoryCheckpointStorage()
+    await storage.save("wf", 0, _crafted({"x": {"$": [name, 1, ["echo", "owned"]]}}))
+    modules = set(sys.modules)
+    with pytest.raises(UnknownTypeError, match=name):
+        await CheckpointManager(storage, types=registry()).get_checkpoint("wf", 0)
+    raw = await CheckpointManager(storage).get_checkpoint("wf", 0, raw=True)
+    assert raw.state_snapshot.data == {"x": TaggedValue(name, 1, ["echo", "owned"])}
+    assert set(sys.modules) == modules
+
+
+async def test_registered_models_are_built_only_through_their_validation() -> None:
+    """Stored data that fails a model's validators raises a typed error, constructs nothing."""
+    storage = InMemoryCheckpointStorage()
+    await storage.save("wf", 0, _crafted({"g": {"$": ["Guarded", 1, {"n": 11}]}}))
+    types = TypeRegistry()
+    types.register(Guarded, name="Guarded")
+    with pytest.raises(CheckpointTypeError, match="too big") as info:
+        await CheckpointManager(storage, types=types).get_checkpoint("wf", 0)
+    assert info.value.path == "state.g"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"$nope": 1},
+        {"$dt": 5},
+        {"$uuid": "zz"},
+        {"$b": "@@@"},
+        {"$": ["Role", 0, "user"]},
+        {"$map": [[[1], 2]]},
+        {"$tup": "abc"},
+    ],
+)
+async def test_malformed_tags_are_corruption(value: dict[str, Any]) -> None:
+    """An unknown or malformed tag is a corrupted record, never a guess."""
+    storage = InMemoryCheckpointStorage()
+    await storage.save("wf", 0, _crafted({"x": value}))
+    with pytest.raises(CheckpointCorruptedError):
+        await CheckpointManager(storage, types=registry()).get_checkpoint("wf", 0)
+
+
+def test_registration_is_checked() -> None:
+    """Only classes, unique names, versions >= 1 and upgrades of earlier versions."""
+    types = registry()
+    with pytest.raises(InvalidArgumentError):
+        types.register(Role, name="Other")  # already registered
+    with pytest.raises(InvalidArgumentError):
+        types.register(Guarded, name="Message")  # name taken
+    with pytest.raises(InvalidArgumentError):
+        types.register(object)  # neither model, dataclass nor enum, and no functions
+    with pytest.raises(InvalidArgumentError):
+        types.register(Guarded, version=2, upgrade={2: lambda d: d})
+    with pytest.raises(InvalidArgumentError):
+        types.register(Guarded, version=0)
+    assert types.register(Guarded) is Guarded
+    assert types.by_name(f"{__name__}.Guarded") is not None
+
+
+def test_the_cli_reads_and_copies_typed_stores_without_the_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """show, diff, export, import and copy run without the classes and keep values exact."""
+    from aiocheckpoint.cli import main
+
+    src, dst, dst2 = (f"file:{tmp_path}/{name}" for name in ("src", "dst", "dst2"))
+    state = rich_state() | {"pad": ["y" * 100] * 200}  # a tree in the incremental store
+
+    async def write() -> None:
+        async with CheckpointManager(open_storage(src), types=registry()) as manager:
+            await manager.create_checkpoint("wf", 0, "a", "completed", state)
+            await manager.create_checkpoint("wf", 1, "a", "completed", {**state, "id": 5})
+
+    async def read(url: str) -> list[dict[str, Any]]:
+        async with CheckpointManager(open_storage(url), types=registry()) as manager:
+            return [c.state_snapshot.data for c in await manager.list_checkpoints("wf")]
+
+    asyncio.run(write())
+    backup = tmp_path / "backup.jsonl"
+    assert main(["show", src, "wf", "0", "--json"]) == 0
+    assert '"$dt": "2026-01-02T03:04:05.678901+05:30"' in capsys.readouterr().out
+    assert main(["diff", src, "wf", "0", "1", "--json"]) == 0
+    assert '"$uuid"' in capsys.readouterr().out
+    assert main(["export", src, str(backup)]) == 0
+    assert main(["import", str(backup), dst]) == 0
+    assert main(["copy", src, dst2]) == 0
+    for url in (dst, dst2):
+        assert asyncio.run(read(url)) == [state, {**state, "id": 5}]
