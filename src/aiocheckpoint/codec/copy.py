@@ -24,9 +24,9 @@ from time import perf_counter
 from typing import Any, Final
 
 from ..format.limits import MAX_DEPTH
-from ..format.tags import TAG_START, TUPLE
+from ..format.tags import TAG_START, TUPLE, TYPED
 from .paths import child_path
-from .registry import EMPTY, TypeRegistry
+from .registry import EMPTY, TypeEntry, TypeRegistry
 from .typed import SCALARS, Encoder
 
 __all__ = [
@@ -43,12 +43,14 @@ class _Unstorable(Exception):
 
 
 _PLAIN: Final = frozenset({str, int, bool, type(None)})
+_LAST_DEPTH: Final = MAX_DEPTH - 1  # a tag's data sits one level below it
+_Types = dict[type, TypeEntry]
 
 
-def _fast_copy(value: Any, depth: int, nonfinite: list[float]) -> Any:
-    # The hot path: plain JSON data, tuples and the scalar standard types, no paths kept,
-    # no cycle set (a cycle ends at the depth limit). Anything unusual bails out to the
-    # Encoder, which finds and names the problem.
+def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) -> Any:
+    # The hot path: plain JSON data, the standard types and registered ones, no paths
+    # kept, no cycle set (a cycle ends at the depth limit). Anything unusual bails out to
+    # the Encoder, which finds and names the problem.
     kind = type(value)
     if kind in _PLAIN:
         return value
@@ -56,16 +58,11 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float]) -> Any:
         if value - value != 0.0:  # NaN or an infinity
             nonfinite.append(value)
         return value
-    if depth >= MAX_DEPTH - 1:
+    if depth >= _LAST_DEPTH:
         raise _Unstorable
-    scalar = SCALARS.get(kind)
-    if scalar is not None:
-        return {scalar[0]: scalar[1](value)}
-    if kind is tuple:
-        return {TUPLE: _fast_copy(list(value), depth + 1, nonfinite)}
-    depth += 1
     if kind is dict:
         out = {}
+        depth += 1
         for key, item in value.items():
             if type(key) is not str:
                 raise _Unstorable
@@ -77,13 +74,14 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float]) -> Any:
                     nonfinite.append(item)
                 out[key] = item
             else:
-                out[key] = _fast_copy(item, depth, nonfinite)
+                out[key] = _fast_copy(item, depth, nonfinite, types)
         if len(out) == 1 and key[:1] == TAG_START:  # would read as a tag: escaped
             raise _Unstorable
         return out
     if kind is list:
         # Copy first (in C), then replace the containers by their copies; scalars stay.
         items = list(value)
+        depth += 1
         for index, item in enumerate(items):
             kind = type(item)
             if kind in _PLAIN:
@@ -92,16 +90,33 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float]) -> Any:
                 if item - item != 0.0:
                     nonfinite.append(item)
             else:
-                items[index] = _fast_copy(item, depth, nonfinite)
+                items[index] = _fast_copy(item, depth, nonfinite, types)
         return items
-    raise _Unstorable
+    return _fast_tagged(value, depth, nonfinite, types)
+
+
+def _fast_tagged(value: Any, depth: int, nonfinite: list[float], types: _Types) -> Any:
+    kind = type(value)
+    scalar = SCALARS.get(kind)
+    if scalar is not None:
+        return {scalar[0]: scalar[1](value)}
+    if kind is tuple:
+        return {TUPLE: _fast_copy(list(value), depth + 1, nonfinite, types)}
+    entry = types.get(kind)
+    if entry is None:
+        raise _Unstorable
+    try:
+        dumped = entry.dump(value)
+    except Exception:
+        raise _Unstorable from None
+    return {TYPED: [entry.name, entry.version, _fast_copy(dumped, depth + 2, nonfinite, types)]}
 
 
 def storable_copy(value: Any, path: str = "state", types: TypeRegistry = EMPTY) -> tuple[Any, bool]:
     """Like :func:`to_storable`, also telling whether every float in it is finite."""
     nonfinite: list[float] = []
     try:
-        return _fast_copy(value, 0, nonfinite), not nonfinite
+        return _fast_copy(value, 0, nonfinite, types.classes), not nonfinite
     except (_Unstorable, RecursionError):
         encoder = Encoder(types)
         return encoder.walk(value, path, 0), not encoder.nonfinite
@@ -133,27 +148,27 @@ def storable_copy_work(
         return storable_copy(value, path, types)  # nothing to slice: one piece, no generator work
     nonfinite: list[float] = []
     try:
-        copied = yield from _fast_copy_work(value, 0, nonfinite, [perf_counter()])
+        copied = yield from _fast_copy_work(value, 0, nonfinite, [perf_counter()], types.classes)
     except (_Unstorable, RecursionError):
         return storable_copy(value, path, types)
     return copied, not nonfinite
 
 
 def _fast_copy_work(
-    value: Any, depth: int, nonfinite: list[float], last: list[float]
+    value: Any, depth: int, nonfinite: list[float], last: list[float], types: _Types
 ) -> Generator[None, None, Any]:
     kind = type(value)
     if (kind is not dict and kind is not list) or (depth and len(value) <= _COPY_BATCH):
-        return _fast_copy(value, depth, nonfinite)
+        return _fast_copy(value, depth, nonfinite, types)
     keys = list(value) if kind is dict else None
     items = list(value.values()) if kind is dict else value
     copies: list[Any] = []
     for start in range(0, len(items), _COPY_BATCH):
         for item in items[start : start + _COPY_BATCH]:
             if depth == 0 and type(item) in (dict, list) and len(item) > _COPY_BATCH:
-                copies.append((yield from _fast_copy_work(item, 1, nonfinite, last)))
+                copies.append((yield from _fast_copy_work(item, 1, nonfinite, last, types)))
             else:
-                copies.append(_fast_copy(item, depth + 1, nonfinite))
+                copies.append(_fast_copy(item, depth + 1, nonfinite, types))
         now = perf_counter()
         if now - last[0] > _COPY_SLICE:
             yield

@@ -20,6 +20,7 @@ import anyio.to_thread
 
 from ..errors import CheckpointCorruptedError, InvalidArgumentError
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
+from ..format.tags import MARK
 from ..format.tree import SplitMemory, SplitResult, TreeParams
 from ..models import Checkpoint, StateSnapshot, StateVersion, built
 from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
@@ -94,6 +95,8 @@ class RecordCodec:
         ``record`` is the version-1 record just written, or None after a tree. A
         :class:`~aiocheckpoint.TaggedValue` written comes back as itself.
         """
+        if record is not None and MARK not in record:
+            return checkpoint  # the common case: plain JSON, nothing to restore
         return self._values.restore(checkpoint, record, "raw")
 
     def snapshot(

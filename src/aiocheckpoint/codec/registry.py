@@ -62,7 +62,8 @@ class TypeRegistry:
 
     def __init__(self, *, raw: bool = False) -> None:
         self.raw = raw
-        self._by_class: dict[type, TypeEntry] = {}
+        #: Each registered class's entry (read it; change it only through register()).
+        self.classes: dict[type, TypeEntry] = {}
         self._by_name: dict[str, TypeEntry] = {}
 
     def register(
@@ -95,22 +96,22 @@ class TypeRegistry:
             raise InvalidArgumentError(
                 f"upgrade maps versions 1..{version - 1} to functions, got {sorted(steps)!r}"
             )
-        if cls in self._by_class or name in self._by_name:
+        if cls in self.classes or name in self._by_name:
             raise InvalidArgumentError(f"{cls.__qualname__} or the name {name!r} is registered")
         entry = _entry(cls, name, version, steps, encode, decode)
-        self._by_class[cls] = self._by_name[name] = entry
+        self.classes[cls] = self._by_name[name] = entry
         return cls
 
     def by_class(self, cls: type) -> TypeEntry | None:
         """The entry of exactly ``cls`` (a subclass is not its base), or None."""
-        return self._by_class.get(cls)
+        return self.classes.get(cls)
 
     def by_name(self, name: str) -> TypeEntry | None:
         """The entry registered under ``name``, or None."""
         return self._by_name.get(name)
 
     def __contains__(self, cls: object) -> bool:
-        return cls in self._by_class
+        return cls in self.classes
 
     def __repr__(self) -> str:
         return f"TypeRegistry({sorted(self._by_name)!r})"
@@ -149,7 +150,7 @@ def _dataclass_dump(value: Any) -> dict[str, Any]:
 
 
 def _enum_value(value: enum.Enum) -> Any:
-    return value.value
+    return value._value_
 
 
 def _keywords(cls: type) -> Callable[[Any], Any]:

@@ -290,14 +290,19 @@ class Decoder:
         stored = self.value(stored, path)
         if entry is None or (version > entry.version and self._raw):
             return TaggedValue(name, version, stored)
-        return _loaded(entry, version, stored, _format(path))
+        return _loaded(entry, version, stored, path)
 
 
-def _loaded(entry: TypeEntry, version: int, data: Any, path: str) -> Any:
+def _loaded(entry: TypeEntry, version: int, data: Any, path: _Path | str) -> Any:
     """Upgrade stored ``data`` of ``version`` to the entry's version, then load it."""
+    if version == entry.version:  # the common case first
+        try:
+            return entry.load(data)
+        except Exception as exc:
+            raise _load_error(entry, exc, path) from exc
     if version > entry.version:
         raise TypeVersionError(
-            path,
+            _format(path),
             entry.name,
             f"written by version {version}; this registry knows up to {entry.version}",
         )
@@ -305,15 +310,18 @@ def _loaded(entry: TypeEntry, version: int, data: Any, path: str) -> Any:
         for step in range(version, entry.version):
             upgrade = entry.upgrade.get(step)
             if upgrade is None:
-                raise TypeVersionError(path, entry.name, f"no upgrade from version {step}")
+                raise TypeVersionError(_format(path), entry.name, f"no upgrade from version {step}")
             data = upgrade(data)
         return entry.load(data)
     except CheckpointTypeError:
         raise
     except Exception as exc:
-        raise CheckpointTypeError(
-            path, entry.name, f"{type(exc).__qualname__} while loading it: {exc}"
-        ) from exc
+        raise _load_error(entry, exc, path) from exc
+
+
+def _load_error(entry: TypeEntry, exc: Exception, path: _Path | str) -> CheckpointTypeError:
+    reason = f"{type(exc).__qualname__} while loading it: {exc}"
+    return CheckpointTypeError(_format(path), entry.name, reason)
 
 
 def _text(data: Any) -> str:
