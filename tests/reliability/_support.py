@@ -102,15 +102,6 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def as_stored(value: Any) -> Any:
-    """What a JSON-compatible value comes back as: tuples become lists, the rest is unchanged."""
-    if type(value) is dict:
-        return {k: as_stored(v) for k, v in value.items()}
-    if type(value) in (list, tuple):
-        return [as_stored(v) for v in value]
-    return value
-
-
 def digest(value: Any) -> str:
     """A stable digest of a JSON-compatible value (NaN-safe)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"))
