@@ -1,8 +1,8 @@
 """What typed state costs: the plain hot path before/after, and 100 pydantic messages.
 
 Not a test: it prints one JSON line per figure, then the ratios. Every figure is the best of
-several runs of ``time.thread_time()`` (the best: noise only adds), and each comparison alternates its rows in the same
-run, so a loaded machine slows both sides alike.
+several runs of ``time.thread_time()`` (noise only adds), and each comparison alternates its
+rows in the same run, so a loaded machine slows both sides alike.
 
 * ``plain``: ``create_checkpoint`` of the ~1 KB bench state (plain JSON) on a memory storage
   whose ``save`` returns at once, and ``get_checkpoint`` of it, for the checkout given by

@@ -147,7 +147,7 @@ async def test_unstorable_state_writes_nothing(manager: CheckpointManager) -> No
     """A state that cannot be stored raises before anything is written; the old step stays."""
     await manager.create_checkpoint("wf", 0, "a", "completed", {"ok": True})
     with pytest.raises(CheckpointSerializationError, match=r"state\.plan\.items\[1\]"):
-        await manager.create_checkpoint("wf", 0, "a", "completed", {"plan": {"items": [1, {object()}]}})
+        await manager.create_checkpoint("wf", 0, "a", "failed", {"plan": {"items": [1, object()]}})
     with pytest.raises(CheckpointSerializationError, match=r"metadata\.x"):
         await manager.create_checkpoint("wf", 1, "a", "completed", {}, metadata={"x": object()})
     assert [c.step for c in await manager.list_checkpoints("wf")] == [0]
