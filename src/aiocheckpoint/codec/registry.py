@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
@@ -64,7 +65,8 @@ class TypeRegistry:
         self.raw = raw
         #: Each registered class's entry (read it; change it only through register()).
         self.classes: dict[type, TypeEntry] = {}
-        self._by_name: dict[str, TypeEntry] = {}
+        #: Each registered name's entry (read it; change it only through register()).
+        self.names: dict[str, TypeEntry] = {}
 
     def register(
         self,
@@ -96,10 +98,10 @@ class TypeRegistry:
             raise InvalidArgumentError(
                 f"upgrade maps versions 1..{version - 1} to functions, got {sorted(steps)!r}"
             )
-        if cls in self.classes or name in self._by_name:
+        if cls in self.classes or name in self.names:
             raise InvalidArgumentError(f"{cls.__qualname__} or the name {name!r} is registered")
         entry = _entry(cls, name, version, steps, encode, decode)
-        self.classes[cls] = self._by_name[name] = entry
+        self.classes[cls] = self.names[name] = entry
         return cls
 
     def by_class(self, cls: type) -> TypeEntry | None:
@@ -108,13 +110,13 @@ class TypeRegistry:
 
     def by_name(self, name: str) -> TypeEntry | None:
         """The entry registered under ``name``, or None."""
-        return self._by_name.get(name)
+        return self.names.get(name)
 
     def __contains__(self, cls: object) -> bool:
         return cls in self.classes
 
     def __repr__(self) -> str:
-        return f"TypeRegistry({sorted(self._by_name)!r})"
+        return f"TypeRegistry({sorted(self.names)!r})"
 
 
 def _entry(
@@ -134,7 +136,7 @@ def _entry(
     if dataclasses.is_dataclass(cls):
         return TypeEntry(cls, name, version, upgrade, _dataclass_dump, _keywords(cls))
     if issubclass(cls, enum.Enum):
-        return TypeEntry(cls, name, version, upgrade, _enum_value, cls)
+        return TypeEntry(cls, name, version, upgrade, _enum_value, _member(cls))
     raise InvalidArgumentError(
         f"{cls.__qualname__} is not a pydantic model, dataclass or enum: "
         "register it with encode= and decode= functions"
@@ -149,8 +151,20 @@ def _dataclass_dump(value: Any) -> dict[str, Any]:
     return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
 
 
-def _enum_value(value: enum.Enum) -> Any:
-    return value._value_
+_enum_value: Final = operator.attrgetter("_value_")
+
+
+def _member(cls: type[enum.Enum]) -> Callable[[Any], Any]:
+    """Load an enum member from its value: a dict lookup, else ``cls(value)``."""
+    members = cls._value2member_map_
+
+    def load(value: Any) -> Any:
+        try:
+            return members[value]
+        except (KeyError, TypeError):  # an unhashable or an aliased value: the slow path
+            return cls(value)
+
+    return load
 
 
 def _keywords(cls: type) -> Callable[[Any], Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import decimal
+import operator
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import date, datetime, time, timedelta
@@ -43,17 +44,13 @@ def _timedelta(value: timedelta) -> list[int]:
     return [value.days, value.seconds, value.microseconds]
 
 
-def _iso(value: date | time) -> str:
-    return value.isoformat()
-
-
 #: The standard types stored as one tag over a scalar: their tag and their data.
 SCALARS: Final[dict[type, tuple[str, Callable[[Any], Any]]]] = {
-    datetime: (tags.DATETIME, _iso),
-    date: (tags.DATE, _iso),
-    time: (tags.TIME, _iso),
+    datetime: (tags.DATETIME, datetime.isoformat),
+    date: (tags.DATE, date.isoformat),
+    time: (tags.TIME, time.isoformat),
     timedelta: (tags.TIMEDELTA, _timedelta),
-    uuid.UUID: (tags.UUID, lambda value: value.hex),
+    uuid.UUID: (tags.UUID, operator.attrgetter("hex")),
     decimal.Decimal: (tags.DECIMAL, str),
     bytes: (tags.BYTES, _b64),
     bytearray: (tags.BYTEARRAY, _b64),
@@ -218,6 +215,9 @@ def _format(path: _Path | str) -> str:
     return text
 
 
+_WALKED: Final = frozenset((dict, list))
+
+
 class Decoder:
     """Turns decoded JSON values back into the values they stand for.
 
@@ -226,10 +226,10 @@ class Decoder:
     comes back as a :class:`TaggedValue` when ``raw`` is true.
     """
 
-    __slots__ = ("_raw", "_types")
+    __slots__ = ("_names", "_raw")
 
     def __init__(self, types: TypeRegistry, raw: bool) -> None:
-        self._types = types
+        self._names = types.names
         self._raw = raw or types.raw
 
     def value(self, value: Any, path: _Path | str) -> Any:
@@ -240,22 +240,29 @@ class Decoder:
                 key = next(iter(value))
                 if key[:1] == tags.TAG_START:
                     return self._tag(key, value[key], path)
+            walk = self.value
             for key, item in value.items():
-                if type(item) is dict or type(item) is list:
-                    value[key] = self.value(item, (path, key))
+                if type(item) in _WALKED:
+                    value[key] = walk(item, (path, key))
         elif kind is list:
+            walk = self.value
             for index, item in enumerate(value):
-                if type(item) is dict or type(item) is list:
-                    value[index] = self.value(item, (path, index))
+                if type(item) in _WALKED:
+                    value[index] = walk(item, (path, index))
         return value
 
     def _tag(self, tag: str, data: Any, path: _Path | str) -> Any:
-        reader = _READERS.get(tag)
+        scalar = _SCALAR_READERS.get(tag)
         try:
-            if reader is not None:
-                return reader(self, data, path)
+            if scalar is not None:
+                return scalar(data)
             if tag == tags.TYPED:
                 return self._typed(data, path)
+            collection = _COLLECTIONS_READ.get(tag)
+            if collection is not None:
+                return collection(self._items(data, path))
+            if tag == tags.MAP:
+                return self._map(data, path)
         except (CheckpointTypeError, CheckpointCorruptedError):
             raise
         except (ValueError, TypeError, ArithmeticError, binascii.Error, KeyError) as exc:
@@ -284,7 +291,7 @@ class Decoder:
         name, version, stored = data
         if type(name) is not str or type(version) is not int or version < 1:
             raise TypeError("not [name, version, data]")
-        entry = self._types.by_name(name)
+        entry = self._names.get(name)
         if entry is None and not self._raw:
             raise UnknownTypeError(_format(path), name, "the type is not registered")
         stored = self.value(stored, path)
@@ -347,18 +354,23 @@ def _uuid(data: Any) -> uuid.UUID:
     return uuid.UUID(hex=text)
 
 
-_Reader = Callable[[Decoder, Any, "_Path | str"], Any]
-_READERS: Final[dict[str, _Reader]] = {
-    tags.DATETIME: lambda _d, data, _p: datetime.fromisoformat(_text(data)),
-    tags.DATE: lambda _d, data, _p: date.fromisoformat(_text(data)),
-    tags.TIME: lambda _d, data, _p: time.fromisoformat(_text(data)),
-    tags.TIMEDELTA: lambda _d, data, _p: _delta(data),
-    tags.UUID: lambda _d, data, _p: _uuid(data),
-    tags.DECIMAL: lambda _d, data, _p: decimal.Decimal(_text(data)),
-    tags.BYTES: lambda _d, data, _p: _bytes(data),
-    tags.BYTEARRAY: lambda _d, data, _p: bytearray(_bytes(data)),
-    tags.TUPLE: lambda d, data, p: tuple(d._items(data, p)),
-    tags.SET: lambda d, data, p: set(d._items(data, p)),
-    tags.FROZENSET: lambda d, data, p: frozenset(d._items(data, p)),
-    tags.MAP: lambda d, data, p: d._map(data, p),
+def _decimal(data: Any) -> decimal.Decimal:
+    return decimal.Decimal(_text(data))
+
+
+#: The tags over a scalar and how each is read (a non-str raises TypeError: corruption).
+_SCALAR_READERS: Final[dict[str, Callable[[Any], Any]]] = {
+    tags.DATETIME: datetime.fromisoformat,
+    tags.DATE: date.fromisoformat,
+    tags.TIME: time.fromisoformat,
+    tags.TIMEDELTA: _delta,
+    tags.UUID: _uuid,
+    tags.DECIMAL: _decimal,
+    tags.BYTES: _bytes,
+    tags.BYTEARRAY: lambda data: bytearray(_bytes(data)),
+}
+_COLLECTIONS_READ: Final[dict[str, Callable[[list[Any]], Any]]] = {
+    tags.TUPLE: tuple,
+    tags.SET: set,
+    tags.FROZENSET: frozenset,
 }
