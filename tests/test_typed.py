@@ -166,6 +166,7 @@ async def test_a_workflow_resumes_with_typed_state() -> None:
         wf.state.set("r", Message(role=Role.USER, text="x", at=MOMENT))
         wf.state.set("when", MOMENT)
         wf.state.merge({"ids": {uuid.UUID(int=1)}})
+        wf.state.set("many", {f"k{i}": (i, MOMENT) for i in range(100)})  # copied in slices
         wf.state.set("when", MOMENT + timedelta(days=1))
         wf.state.restore(wf.state.version - 1)
         await wf.checkpoint(0, "a", "completed")
@@ -174,6 +175,7 @@ async def test_a_workflow_resumes_with_typed_state() -> None:
         assert wf.state.get("r").at == MOMENT
         assert wf.state.get("when") == MOMENT
         assert wf.state.get("ids") == {uuid.UUID(int=1)}
+        assert wf.state.get("many.k99") == (99, MOMENT)
         assert isinstance(wf.state.snapshot().data["r"], Message)
 
 
@@ -427,3 +429,22 @@ def test_random_values_survive_export_import_and_copy(
         back = asyncio.run(read(url))
         assert same(state, back.state_snapshot.data)
         assert same({"s": state}, back.metadata)
+
+
+@pytest.mark.parametrize(("kind", "deepest"), [("tuple", 99), ("set", 99), ("map", 66)])
+async def test_typed_nesting_up_to_the_limit_round_trips_and_beyond_is_refused(
+    kind: str, deepest: int
+) -> None:
+    """Tags count as levels of the stored JSON: the writer refuses what a reader would."""
+
+    def nest(levels: int) -> Any:
+        value: Any = "x"
+        for _ in range(levels):
+            value = {"tuple": (value,), "set": frozenset([value]), "map": {1: value}}[kind]
+        return value
+
+    manager = CheckpointManager()
+    await manager.create_checkpoint("wf", 0, "a", "completed", {"v": nest(deepest)})
+    assert (await manager.get_checkpoint("wf", 0)).state_snapshot.data == {"v": nest(deepest)}
+    with pytest.raises(CheckpointSerializationError, match="nesting deeper"):
+        await manager.create_checkpoint("wf", 1, "a", "completed", {"v": nest(deepest + 1)})
