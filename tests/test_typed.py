@@ -440,7 +440,10 @@ async def test_typed_nesting_up_to_the_limit_round_trips_and_beyond_is_refused(
     def nest(levels: int) -> Any:
         value: Any = "x"
         for _ in range(levels):
-            value = {"tuple": (value,), "set": frozenset([value]), "map": {1: value}}[kind]
+            if kind == "map":
+                value = {1: value}
+            else:
+                value = (value,) if kind == "tuple" else frozenset([value])
         return value
 
     manager = CheckpointManager()
