@@ -2,7 +2,8 @@
 
 A façade kept for its documented names; the code lives in the record pipeline:
 
-* what can be stored, and the validated copy: :mod:`aiocheckpoint.codec.copy`;
+* what can be stored, and the validated copy: :mod:`aiocheckpoint.codec.copy` (typed
+  values: :mod:`aiocheckpoint.codec.typed`, their tags :mod:`aiocheckpoint.format.tags`);
 * version-1 records (a 20-byte header, then the whole checkpoint as JSON):
   :mod:`aiocheckpoint.codec.v1`, with the header in :mod:`aiocheckpoint.format.header`;
 * the nesting limit: :mod:`aiocheckpoint.format.limits`.

@@ -1,4 +1,6 @@
-"""What stored bytes look like: record headers, version-2 trees, blobs and limits.
+"""What stored bytes look like: record headers, version-2 trees, blobs, limits and tags.
+
+The tags of typed values are in :mod:`aiocheckpoint.format.tags`.
 
 Shared by the record pipeline (:mod:`aiocheckpoint.codec`), which turns checkpoints into
 these bytes and back, and by the storage backends, which read just enough of them to keep
