@@ -451,3 +451,28 @@ async def test_typed_nesting_up_to_the_limit_round_trips_and_beyond_is_refused(
     assert (await manager.get_checkpoint("wf", 0)).state_snapshot.data == {"v": nest(deepest)}
     with pytest.raises(CheckpointSerializationError, match="nesting deeper"):
         await manager.create_checkpoint("wf", 1, "a", "completed", {"v": nest(deepest + 1)})
+
+
+class Fragile:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+@pytest.mark.parametrize("size", [10, 20_000])  # a version-1 record, and a tree
+async def test_a_value_that_would_not_read_back_is_refused_before_writing(
+    tmp_path: Path, size: int
+) -> None:
+    """An encode/decode pair that fails on its own data is found before anything is stored."""
+
+    def decode(data: Any) -> Fragile:
+        raise ValueError(f"cannot rebuild {data!r}")
+
+    types = TypeRegistry()
+    types.register(Fragile, name="Fragile", encode=lambda f: f.n, decode=decode)
+    storage = open_storage(f"file:{tmp_path}/store")
+    async with CheckpointManager(storage, types=types) as manager:
+        state = {"pad": "x" * size, "f": [Fragile(3)]}
+        with pytest.raises(CheckpointSerializationError, match="would not read back") as info:
+            await manager.create_checkpoint("wf", 0, "a", "completed", state)
+        assert info.value.path == "state.f[0]"
+        assert not await manager.has_checkpoint("wf")

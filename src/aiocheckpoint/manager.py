@@ -265,19 +265,21 @@ class CheckpointManager:
             tree = await codec.encode_tree(workflow_id, checkpoint, finite)
             if tree is not None:
                 record, split = tree
+                returned = await codec.returned_tree(checkpoint)
                 await blobs.save_tree(
                     workflow_id, step, record, split, keep_last=self._max_checkpoints, fence=lease
                 )
                 codec.remember(workflow_id, split)
-                return codec.returned(checkpoint, None)
+                return returned
         data = codec.encode(checkpoint, finite)
+        returned = codec.returned(checkpoint, data)  # before the save: it may refuse a value
         if lease is None:
             await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
         else:
             await self._workflow_storage().save(
                 workflow_id, step, data, keep_last=self._max_checkpoints, fence=lease
             )
-        return codec.returned(checkpoint, data)
+        return returned
 
     async def get_checkpoint(self, workflow_id: str, step: int, *, raw: bool = False) -> Checkpoint:
         """Return one step's checkpoint; raise :class:`CheckpointNotFoundError` if absent.

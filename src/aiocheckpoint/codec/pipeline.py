@@ -18,7 +18,12 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..errors import CheckpointCorruptedError, InvalidArgumentError
+from ..errors import (
+    CheckpointCorruptedError,
+    CheckpointSerializationError,
+    CheckpointTypeError,
+    InvalidArgumentError,
+)
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.tags import MARK
 from ..format.tree import SplitMemory, SplitResult, TreeParams
@@ -89,15 +94,29 @@ class RecordCodec:
         """A value back from what :meth:`encode_value` returned (after a JSON round trip)."""
         return self._values.decode_value(data, path, view)
 
-    def returned(self, checkpoint: Checkpoint, record: bytes | None) -> Checkpoint:
+    def returned(self, checkpoint: Checkpoint, record: bytes) -> Checkpoint:
         """The checkpoint ``create_checkpoint`` returns: its values as callers passed them.
 
-        ``record`` is the version-1 record just written, or None after a tree. A
-        :class:`~aiocheckpoint.TaggedValue` written comes back as itself.
+        Call it with the version-1 ``record`` just encoded, before storing it: a value that
+        would not read back (a registered class refusing its own data) raises
+        :class:`~aiocheckpoint.CheckpointSerializationError` while nothing is written. A
+        :class:`~aiocheckpoint.TaggedValue` comes back as itself. ``checkpoint``'s values
+        are restored in place (they are the private copy, already encoded).
         """
-        if record is not None and MARK not in record:
+        if MARK not in record:
             return checkpoint  # the common case: plain JSON, nothing to restore
-        return self._values.restore(checkpoint, record, "raw")
+        return self._restored(checkpoint, record)
+
+    async def returned_tree(self, checkpoint: Checkpoint) -> Checkpoint:
+        """:meth:`returned` for a checkpoint just encoded as a tree, in a worker thread."""
+        return await anyio.to_thread.run_sync(self._restored, checkpoint, None)
+
+    def _restored(self, checkpoint: Checkpoint, record: bytes | None) -> Checkpoint:
+        try:
+            return self._values.restore(checkpoint, record, "raw")
+        except CheckpointTypeError as exc:
+            reason = f"it would not read back as {exc.type_name}: {exc.reason}"
+            raise CheckpointSerializationError(exc.path, reason) from exc
 
     def snapshot(
         self, state: StateSnapshot | Mapping[str, Any], now: datetime
