@@ -476,3 +476,12 @@ async def test_a_value_that_would_not_read_back_is_refused_before_writing(
             await manager.create_checkpoint("wf", 0, "a", "completed", state)
         assert info.value.path == "state.f[0]"
         assert not await manager.has_checkpoint("wf")
+
+
+@pytest.mark.parametrize("bad", [TaggedValue("", 1, None), TaggedValue("X", 0, None)])
+async def test_a_malformed_tagged_value_is_refused_on_write(bad: TaggedValue) -> None:
+    """A TaggedValue the reader would refuse as corrupted is refused before writing."""
+    manager = CheckpointManager()
+    with pytest.raises(CheckpointSerializationError, match="TaggedValue needs") as info:
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"t": [bad]})
+    assert info.value.path == "state.t[0]"

@@ -24,10 +24,10 @@ from time import perf_counter
 from typing import Any, Final
 
 from ..format.limits import MAX_DEPTH
-from ..format.tags import TAG_START, TUPLE, TYPED
+from ..format.tags import TAG_START, TYPED
 from .paths import child_path
 from .registry import EMPTY, TypeEntry, TypeRegistry
-from .typed import SCALARS, Encoder
+from .typed import COLLECTIONS, SCALARS, Encoder, ordered
 
 __all__ = [
     "child_path",
@@ -100,8 +100,10 @@ def _fast_tagged(value: Any, depth: int, nonfinite: list[float], types: _Types) 
     scalar = SCALARS.get(kind)
     if scalar is not None:
         return {scalar[0]: scalar[1](value)}
-    if kind is tuple:
-        return {TUPLE: _fast_copy(list(value), depth + 1, nonfinite, types)}
+    tag = COLLECTIONS.get(kind)
+    if tag is not None:
+        items = list(value) if kind is tuple else ordered(value)
+        return {tag: _fast_copy(items, depth + 1, nonfinite, types)}
     entry = types.get(kind)
     if entry is None:
         raise _Unstorable

@@ -33,7 +33,7 @@ from ..format.limits import MAX_DEPTH
 from .paths import checked_text, child_path, safe_repr
 from .registry import TaggedValue, TypeEntry, TypeRegistry
 
-__all__ = ["SCALARS", "Decoder", "Encoder", "has_tags"]
+__all__ = ["COLLECTIONS", "SCALARS", "Decoder", "Encoder", "has_tags", "needs_map", "ordered"]
 
 
 def _b64(value: bytes | bytearray) -> str:
@@ -55,14 +55,15 @@ SCALARS: Final[dict[type, tuple[str, Callable[[Any], Any]]]] = {
     bytes: (tags.BYTES, _b64),
     bytearray: (tags.BYTEARRAY, _b64),
 }
-_COLLECTIONS: Final[dict[type, str]] = {
+#: The standard collections stored as one tag over an array of their items.
+COLLECTIONS: Final[dict[type, str]] = {
     tuple: tags.TUPLE,
     set: tags.SET,
     frozenset: tags.FROZENSET,
 }
 
 
-def _ordered(items: Iterable[Any]) -> list[Any]:
+def ordered(items: Iterable[Any]) -> list[Any]:
     """A set's items in a stable order where they compare (unchanged sets dedupe)."""
     try:
         return sorted(items)
@@ -105,10 +106,10 @@ class Encoder:
             return {scalar[0]: scalar[1](value)}
         if kind is dict or kind is list:
             return self._container(value, path, depth)
-        tag = _COLLECTIONS.get(kind)
+        tag = COLLECTIONS.get(kind)
         if tag is not None:
             _room(path, depth)
-            items = value if kind is tuple else _ordered(value)
+            items = value if kind is tuple else ordered(value)
             return {tag: self._container(list(items), path, depth + 1)}
         return self._typed(value, path, depth)
 
@@ -118,9 +119,7 @@ class Encoder:
         if entry is not None:
             return self._entry(entry, value, path, depth)
         if kind is TaggedValue:
-            _room(path, depth + 1)
-            data = self.walk(value.data, path, depth + 2)
-            return {tags.TYPED: [value.type_name, value.version, data]}
+            return self._tagged(value, path, depth)
         if self._lenient:  # the model's own JSON form, which its validation reads back
             return self.walk(_jsonable(value, path), path, depth)
         raise CheckpointSerializationError(
@@ -128,6 +127,15 @@ class Encoder:
             f"{kind.__module__}.{kind.__qualname__} is not a registered type "
             "(register it with TypeRegistry.register and pass types= to the manager)",
         )
+
+    def _tagged(self, value: TaggedValue, path: str, depth: int) -> Any:
+        name, version = value.type_name, value.version
+        if type(name) is not str or not name or type(version) is not int or version < 1:
+            raise CheckpointSerializationError(
+                path, "a TaggedValue needs a non-empty str type_name and an int version >= 1"
+            )
+        _room(path, depth + 1)
+        return {tags.TYPED: [name, version, self.walk(value.data, path, depth + 2)]}
 
     def _entry(self, entry: TypeEntry, value: Any, path: str, depth: int) -> Any:
         _room(path, depth + 1)
