@@ -485,3 +485,17 @@ async def test_a_malformed_tagged_value_is_refused_on_write(bad: TaggedValue) ->
     with pytest.raises(CheckpointSerializationError, match="TaggedValue needs") as info:
         await manager.create_checkpoint("wf", 0, "a", "completed", {"t": [bad]})
     assert info.value.path == "state.t[0]"
+
+
+async def test_states_with_odd_top_level_keys_round_trip_and_a_crafted_top_level_tag_is_not() -> (
+    None
+):
+    """A state whose own keys are not str reads back; a record whose state is a tag does not."""
+    manager = CheckpointManager()
+    await manager.create_checkpoint("wf", 0, "a", "completed", {1: "x"}, metadata={"$k": 1})
+    back = await manager.get_checkpoint("wf", 0)
+    assert (back.state_snapshot.data, back.metadata) == ({1: "x"}, {"$k": 1})
+    storage = InMemoryCheckpointStorage()
+    await storage.save("wf", 0, _crafted({"$tup": [1]}))
+    with pytest.raises(CheckpointCorruptedError, match="state is not an object"):
+        await CheckpointManager(storage).get_checkpoint("wf", 0)

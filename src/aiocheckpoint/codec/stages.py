@@ -137,10 +137,10 @@ def _probe(checkpoint: Checkpoint) -> bytes | None:
 
 
 def _mapping(decoder: Decoder, data: dict[str, Any], path: str) -> dict[str, Any]:
-    """A decoded state or metadata dict, which must still be a dict with str keys."""
+    """A decoded state or metadata dict, which must still be a dict (a crafted tag is not)."""
     value = decoder.value(data, path)
-    if type(value) is not dict or not all(type(key) is str for key in value):
-        raise CheckpointCorruptedError(f"{path} is not an object with string keys")
+    if type(value) is not dict:
+        raise CheckpointCorruptedError(f"{path} is not an object")
     return value
 
 
