@@ -487,9 +487,7 @@ async def test_a_malformed_tagged_value_is_refused_on_write(bad: TaggedValue) ->
     assert info.value.path == "state.t[0]"
 
 
-async def test_states_with_odd_top_level_keys_round_trip_and_a_crafted_top_level_tag_is_not() -> (
-    None
-):
+async def test_odd_top_level_keys_read_back_and_a_top_level_tag_is_corruption() -> None:
     """A state whose own keys are not str reads back; a record whose state is a tag does not."""
     manager = CheckpointManager()
     await manager.create_checkpoint("wf", 0, "a", "completed", {1: "x"}, metadata={"$k": 1})
