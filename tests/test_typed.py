@@ -86,18 +86,22 @@ def rich_state() -> dict[str, Any]:
 BACKENDS = ["memory", "file", "sqlite", "postgres"]
 
 
-@pytest.fixture(params=BACKENDS)
-async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A fresh store of each backend (memory: the empty string)."""
-    kind = request.param
+async def _fresh_url(kind: str, tmp_path: Path) -> AsyncIterator[str]:
+    """The URL of a fresh store of ``kind`` (memory: the empty string)."""
     if kind == "postgres":
         schema = new_schema_name()
         yield f"{DSN}?schema={schema}"
         await drop_schema(schema)
         return
-    yield {"memory": "", "file": f"file:{tmp_path}/files", "sqlite": f"sqlite:{tmp_path}/c.db"}[
-        kind
-    ]
+    urls = {"memory": "", "file": f"file:{tmp_path}/files", "sqlite": f"sqlite:{tmp_path}/c.db"}
+    yield urls[kind]
+
+
+@pytest.fixture(params=BACKENDS)
+async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh store of each backend."""
+    async for url in _fresh_url(request.param, tmp_path):
+        yield url
 
 
 def _manager(url: str, memory: InMemoryCheckpointStorage, **options: Any) -> CheckpointManager:
@@ -106,7 +110,7 @@ def _manager(url: str, memory: InMemoryCheckpointStorage, **options: Any) -> Che
 
 
 @settings(
-    max_examples=25,
+    max_examples=15,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -126,14 +130,25 @@ async def test_random_values_round_trip_exactly_on_every_backend(
     assert same({"m": state}, back.metadata)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.fixture(params=["file", "sqlite", "postgres"])
+async def tree_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh store of each backend that keeps blobs (incremental checkpoints)."""
+    async for url in _fresh_url(request.param, tmp_path):
+        yield url
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(state=states)
 async def test_random_values_round_trip_through_the_incremental_format(
-    tmp_path_factory: pytest.TempPathFactory, state: dict[str, Any]
+    tree_url: str, state: dict[str, Any]
 ) -> None:
     """A state over the inline limit goes into a tree of blobs and still comes back exactly."""
     padded = {"pad": ["x" * 100] * 200, "typed": state}
-    storage = open_storage(f"file:{tmp_path_factory.mktemp('tree')}")
+    storage = open_storage(tree_url)
     async with CheckpointManager(storage, incremental=True) as manager:
         await manager.create_checkpoint("wf", 0, "a", "completed", padded)
         stored = await storage.load("wf", 0)
