@@ -512,3 +512,19 @@ async def test_odd_top_level_keys_read_back_and_a_top_level_tag_is_corruption() 
     await storage.save("wf", 0, _crafted({"$tup": [1]}))
     with pytest.raises(CheckpointCorruptedError, match="state is not an object"):
         await CheckpointManager(storage).get_checkpoint("wf", 0)
+
+
+def test_one_value_through_the_managers_value_stage() -> None:
+    """encode_value/decode_value: what effect results use, with the manager's registry."""
+    from aiocheckpoint.format.jsontext import loads
+
+    manager = CheckpointManager(types=registry())
+    codec = manager._codec
+    value = {"r": Role.TOOL, "at": MOMENT, "ids": (uuid.UUID(int=3),)}
+    data, finite = codec.encode_value(value, "effect")
+    assert finite
+    assert codec.decode_value(loads(orjson.dumps(data)), "effect") == value
+    with pytest.raises(CheckpointSerializationError, match=r"effect\.x"):
+        codec.encode_value({"x": object()}, "effect")
+    stored = CheckpointManager()._codec.decode_value(loads(orjson.dumps(data)), "effect", "raw")
+    assert stored["r"] == TaggedValue("Role", 1, "tool")
