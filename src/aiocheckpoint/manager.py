@@ -176,20 +176,12 @@ class CheckpointManager:
         current one.
         """
         self._check_open()
-        workflow_id = check_workflow_id(workflow_id)
-        step = check_step(step)
-        _check_text(agent_id, "agent_id")
         # Everything the caller owns is copied before the first await (a SharedState's
         # tree is copy-on-write, so only it may be copied while other tasks run).
-        meta: dict[str, Any] = {}
-        meta_finite = True
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise InvalidArgumentError(
-                f"metadata must be a mapping or None, not {type(metadata).__qualname__}"
-            )
+        workflow_id, step, agent_status, meta, meta_finite = self._check_arguments(
+            workflow_id, step, agent_id, status, metadata
+        )
         codec = self._codec
-        if metadata:
-            meta, meta_finite = codec.copy(dict(metadata), "metadata")
         now = utcnow()
         copying = time.perf_counter()
         if isinstance(state, SharedState):
@@ -204,7 +196,7 @@ class CheckpointManager:
             workflow_id=workflow_id,
             step=step,
             agent_id=agent_id,
-            status=_status(status),
+            status=agent_status,
             state_snapshot=snapshot,
             metrics=_metrics_copy(metrics),
             timestamp=now,
@@ -238,6 +230,31 @@ class CheckpointManager:
                 workflow_id, step, data, keep_last=self._max_checkpoints, fence=lease
             )
         return checkpoint
+
+    def _check_arguments(
+        self,
+        workflow_id: Any,
+        step: Any,
+        agent_id: Any,
+        status: Any,
+        metadata: Any,
+    ) -> tuple[str, int, AgentStatus, dict[str, Any], bool]:
+        """Check a checkpoint's arguments; return them normalized, with a copy of ``metadata``.
+
+        Also what ``ResumableWorkflow.step`` calls on entry, before the step's body runs.
+        """
+        workflow_id = check_workflow_id(workflow_id)
+        step = check_step(step)
+        _check_text(agent_id, "agent_id")
+        agent_status = _status(status)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise InvalidArgumentError(
+                f"metadata must be a mapping or None, not {type(metadata).__qualname__}"
+            )
+        if not metadata:
+            return workflow_id, step, agent_status, {}, True
+        meta, finite = self._codec.copy(dict(metadata), "metadata")
+        return workflow_id, step, agent_status, meta, finite
 
     async def get_checkpoint(self, workflow_id: str, step: int) -> Checkpoint:
         """Return one step's checkpoint; raise :class:`CheckpointNotFoundError` if absent."""
