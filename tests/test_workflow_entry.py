@@ -16,27 +16,18 @@ from aiocheckpoint import (
     InvalidArgumentError,
     ResumableWorkflow,
 )
-from aiocheckpoint.storage.file import FileCheckpointStorage
-from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
-from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
-from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
-from tests.pg_support import DSN, pg_schema
+from tests.backend_support import ALL, make_storage
+from tests.pg_support import pg_schema
 
 __all__ = ["pg_schema"]
 
 
-@pytest.fixture(params=["memory", "file", "sqlite", "postgres"])
+@pytest.fixture(params=ALL)
 async def manager(
     request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
 ) -> AsyncIterator[CheckpointManager]:
     """A manager on each backend."""
-    storages: dict[str, Any] = {
-        "memory": InMemoryCheckpointStorage,
-        "file": lambda: FileCheckpointStorage(tmp_path / "store"),
-        "sqlite": lambda: SQLiteCheckpointStorage(tmp_path / "store.db"),
-        "postgres": lambda: PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=2),
-    }
-    async with CheckpointManager(storages[request.param]()) as opened:
+    async with CheckpointManager(make_storage(request.param, tmp_path, pg_schema)) as opened:
         yield opened
 
 

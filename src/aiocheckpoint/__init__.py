@@ -21,6 +21,8 @@ from .errors import (
     StorageClosedError,
     StorageSchemaError,
     UnsupportedOperationError,
+    WorkflowBusyError,
+    WorkflowExistsError,
 )
 from .leases import Lease, WorkflowRecord, WorkflowStatus
 from .manager import CheckpointManager, ResumePoint
@@ -93,6 +95,8 @@ __all__ = [
     "StorageSchemaError",
     "StoredCheckpoint",
     "UnsupportedOperationError",
+    "WorkflowBusyError",
+    "WorkflowExistsError",
     "WorkflowRecord",
     "WorkflowStatus",
     "WorkflowStorage",

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import anyio.lowlevel
 from typing_extensions import Self
 
+from ._holders import LocalHolders
 from ._validation import (
     check_limit,
     check_optional_step,
@@ -22,8 +23,10 @@ from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
     InvalidArgumentError,
+    LeaseLostError,
     StorageClosedError,
     UnsupportedOperationError,
+    WorkflowBusyError,
 )
 from .leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from .models import (
@@ -55,6 +58,8 @@ _PAGE = 100
 #: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
 _HELD_LONG = 0.0002
 _RETRIES = 8
+#: The leases held in this process, shared by every manager.
+_HOLDERS = LocalHolders()
 
 
 _E = TypeVar("_E", AgentStatus, WorkflowStatus)
@@ -138,6 +143,8 @@ class CheckpointManager:
         # Everything between a validated call and the storage: copies, encoding, decoding.
         self._codec = RecordCodec(self._storage, blobs)
         self._closed = False
+        #: Workflows an active ResumableWorkflow block (or a fork) drives: one at a time.
+        self._drivers: set[str] = set()
 
     @property
     def storage(self) -> CheckpointStorage:
@@ -429,19 +436,35 @@ class CheckpointManager:
         Raises :class:`~aiocheckpoint.LeaseHeldError` while another owner's lease is live.
         """
         self._check_open()
-        return await self._workflow_storage().acquire_lease(
-            check_workflow_id(workflow_id), _check_owner(owner), check_ttl(ttl)
-        )
+        workflow_id, owner = check_workflow_id(workflow_id), _check_owner(owner)
+        ttl, storage = check_ttl(ttl), self._workflow_storage()
+        # One owner name never holds a lease twice at once in this process (see _holders).
+        _HOLDERS.reserve(storage, workflow_id, owner)
+        try:
+            lease = await storage.acquire_lease(workflow_id, owner, ttl)
+        except BaseException:
+            _HOLDERS.cancel(storage, workflow_id, owner)
+            raise
+        _HOLDERS.granted(storage, lease)
+        return lease
 
     async def renew_lease(self, lease: Lease, ttl: float = 30.0) -> Lease:
         """Extend a lease to ``ttl`` seconds from now; ``LeaseLostError`` if taken over."""
         self._check_open()
-        return await self._workflow_storage().renew_lease(lease, check_ttl(ttl))
+        storage = self._workflow_storage()
+        try:
+            renewed = await storage.renew_lease(lease, check_ttl(ttl))
+        except LeaseLostError:
+            _HOLDERS.dropped(storage, lease)
+            raise
+        _HOLDERS.renewed(storage, renewed)
+        return renewed
 
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up; releasing a lease that was taken over does nothing."""
         self._check_open()
         await self._workflow_storage().release_lease(lease)
+        _HOLDERS.dropped(self._storage, lease)
 
     async def claim_workflow(self, owner: str, ttl: float = 30.0) -> Lease | None:
         """Lease the next unfinished workflow whose lease is free or expired, or return None.
@@ -449,9 +472,21 @@ class CheckpointManager:
         Claims are atomic: concurrent runners never get the same workflow.
         """
         self._check_open()
-        return await self._workflow_storage().claim_next_workflow(
+        lease = await self._workflow_storage().claim_next_workflow(
             _check_owner(owner), check_ttl(ttl)
         )
+        if lease is not None:
+            _HOLDERS.granted(self._storage, lease)
+        return lease
+
+    def _drive(self, workflow_id: str) -> None:
+        """Become the one driver of ``workflow_id``; WorkflowBusyError if it has one."""
+        if workflow_id in self._drivers:
+            raise WorkflowBusyError(workflow_id)
+        self._drivers.add(workflow_id)
+
+    def _undrive(self, workflow_id: str) -> None:
+        self._drivers.discard(workflow_id)
 
     def supports_workflow_records(self) -> bool:
         """Whether the storage keeps workflow records and leases."""

@@ -215,14 +215,19 @@ class ResumableWorkflow:
 
     async def __aenter__(self) -> Self:
         manager = self.checkpoint_manager
-        if self.lease is None and self._lease_owner is not None:
-            self.lease = await manager.acquire_lease(
-                self.workflow_id, self._lease_owner, self._lease_ttl
-            )
+        # One driver per workflow and manager: a second block would run every step again.
+        manager._drive(self.workflow_id)
         try:
+            if self.lease is None and self._lease_owner is not None:
+                self.lease = await manager.acquire_lease(
+                    self.workflow_id, self._lease_owner, self._lease_ttl
+                )
             await self.try_resume()
         except BaseException:
-            await self._release()
+            try:
+                await self._release()
+            finally:
+                manager._undrive(self.workflow_id)
             raise
         if self.lease is not None:
             self._renewer = asyncio.get_running_loop().create_task(
@@ -236,6 +241,12 @@ class ResumableWorkflow:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        try:
+            await self._leave(exc)
+        finally:
+            self.checkpoint_manager._undrive(self.workflow_id)
+
+    async def _leave(self, exc: BaseException | None) -> None:
         await self._stop_renewing()
         if self._lost is not None:
             current = asyncio.current_task()
