@@ -4,8 +4,6 @@ granted a live lease twice in one process, and a lost lease logs one warning."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import anyio
 import pytest
@@ -19,34 +17,15 @@ from aiocheckpoint import (
     WorkflowBusyError,
 )
 from aiocheckpoint.storage.base import CheckpointStorage
-from tests.backend_support import ALL, WITH_RECORDS, make_storage
-from tests.pg_support import pg_schema
+from tests.backend_support import any_storage, leasing_storage, pg_schema
 
-__all__ = ["pg_schema"]
-
-
-@pytest.fixture(params=ALL)
-async def storage(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
-) -> AsyncIterator[CheckpointStorage]:
-    """A storage of each backend."""
-    async with make_storage(request.param, tmp_path, pg_schema) as store:
-        yield store
+__all__ = ["any_storage", "leasing_storage", "pg_schema"]
 
 
-@pytest.fixture(params=WITH_RECORDS)
-async def leasing(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
-) -> AsyncIterator[CheckpointStorage]:
-    """A storage of each backend with leases."""
-    async with make_storage(request.param, tmp_path, pg_schema) as store:
-        yield store
-
-
-async def test_second_block_for_one_workflow_is_refused(storage: CheckpointStorage) -> None:
+async def test_second_block_for_one_workflow_is_refused(any_storage: CheckpointStorage) -> None:
     """While a block drives a workflow, a second block on the same manager raises
     WorkflowBusyError naming it, without running anything; afterwards a block may enter."""
-    manager = CheckpointManager(storage)
+    manager = CheckpointManager(any_storage)
     runs: list[str] = []
     async with ResumableWorkflow("wf", manager) as first:
         with pytest.raises(WorkflowBusyError, match="'wf'") as refused:
@@ -63,9 +42,9 @@ async def test_second_block_for_one_workflow_is_refused(storage: CheckpointStora
         assert again.resume_step == 1
 
 
-async def test_concurrent_blocks_run_each_step_once(storage: CheckpointStorage) -> None:
+async def test_concurrent_blocks_run_each_step_once(any_storage: CheckpointStorage) -> None:
     """Two tasks entering blocks for one workflow at once: exactly one drives it."""
-    manager = CheckpointManager(storage)
+    manager = CheckpointManager(any_storage)
     runs: list[int] = []
     refused: list[WorkflowBusyError] = []
 
@@ -88,9 +67,9 @@ async def test_concurrent_blocks_run_each_step_once(storage: CheckpointStorage) 
     assert len(refused) == 1
 
 
-async def test_a_failed_entry_frees_the_workflow(leasing: CheckpointStorage) -> None:
+async def test_a_failed_entry_frees_the_workflow(leasing_storage: CheckpointStorage) -> None:
     """A block whose entry fails (its lease is held elsewhere) leaves no driver behind."""
-    manager = CheckpointManager(leasing)
+    manager = CheckpointManager(leasing_storage)
     other = await manager.acquire_lease("wf", "elsewhere", ttl=30)
     with pytest.raises(LeaseHeldError):
         async with ResumableWorkflow("wf", manager, lease_owner="me"):
@@ -100,10 +79,12 @@ async def test_a_failed_entry_frees_the_workflow(leasing: CheckpointStorage) -> 
         await wf.checkpoint(0, "a", AgentStatus.COMPLETED)
 
 
-async def test_one_owner_is_not_granted_a_live_lease_twice(leasing: CheckpointStorage) -> None:
+async def test_one_owner_is_not_granted_a_live_lease_twice(
+    leasing_storage: CheckpointStorage,
+) -> None:
     """acquire_lease by an owner already holding the live lease in this process is refused,
     so the first holder keeps its token; after release the owner may acquire again."""
-    manager = CheckpointManager(leasing)
+    manager = CheckpointManager(leasing_storage)
     lease = await manager.acquire_lease("wf", "runner-1", ttl=30)
     with pytest.raises(LeaseHeldError, match="runner-1"):
         await manager.acquire_lease("wf", "runner-1", ttl=30)
@@ -113,10 +94,12 @@ async def test_one_owner_is_not_granted_a_live_lease_twice(leasing: CheckpointSt
     assert again.token > lease.token
 
 
-async def test_two_managers_on_one_storage_share_the_holders(leasing: CheckpointStorage) -> None:
+async def test_two_managers_on_one_storage_share_the_holders(
+    leasing_storage: CheckpointStorage,
+) -> None:
     """Blocks with one lease_owner on two managers of one storage: the second is refused and
     the first still writes under its lease."""
-    first, second = CheckpointManager(leasing), CheckpointManager(leasing)
+    first, second = CheckpointManager(leasing_storage), CheckpointManager(leasing_storage)
     async with ResumableWorkflow("wf", first, lease_owner="runner-1") as wf:
         with pytest.raises(LeaseHeldError):
             async with ResumableWorkflow("wf", second, lease_owner="runner-1"):
@@ -125,10 +108,10 @@ async def test_two_managers_on_one_storage_share_the_holders(leasing: Checkpoint
     assert (await first.get_checkpoint("wf", 0)).agent_id == "a"
 
 
-async def test_an_owner_takes_back_its_expired_lease(leasing: CheckpointStorage) -> None:
+async def test_an_owner_takes_back_its_expired_lease(leasing_storage: CheckpointStorage) -> None:
     """A lease nobody renewed within its TTL is no longer live here: the owner (a restarted
     runner) may take it back, and the old grant is fenced out."""
-    manager = CheckpointManager(leasing)
+    manager = CheckpointManager(leasing_storage)
     old = await manager.acquire_lease("wf", "runner-1", ttl=0.2)
     await anyio.sleep(0.3)
     new = await manager.acquire_lease("wf", "runner-1", ttl=30)
@@ -138,11 +121,11 @@ async def test_an_owner_takes_back_its_expired_lease(leasing: CheckpointStorage)
 
 
 async def test_stale_runner_logs_one_warning(
-    leasing: CheckpointStorage, caplog: pytest.LogCaptureFixture
+    leasing_storage: CheckpointStorage, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A runner whose write is refused because its lease was taken over logs one WARNING,
     without a traceback, and no ERROR."""
-    manager = CheckpointManager(leasing)
+    manager = CheckpointManager(leasing_storage)
     stale = await manager.acquire_lease("wf", "runner-a", ttl=0.2)
     caplog.set_level(logging.WARNING, logger="aiocheckpoint")
     with pytest.raises(LeaseLostError):

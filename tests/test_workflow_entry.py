@@ -3,8 +3,6 @@ fails leaves no trace in the state: on every backend."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,19 +14,16 @@ from aiocheckpoint import (
     InvalidArgumentError,
     ResumableWorkflow,
 )
-from tests.backend_support import ALL, make_storage
-from tests.pg_support import pg_schema
+from aiocheckpoint.storage.base import CheckpointStorage
+from tests.backend_support import any_storage, pg_schema
 
-__all__ = ["pg_schema"]
+__all__ = ["any_storage", "pg_schema"]
 
 
-@pytest.fixture(params=ALL)
-async def manager(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
-) -> AsyncIterator[CheckpointManager]:
+@pytest.fixture
+async def manager(any_storage: CheckpointStorage) -> CheckpointManager:
     """A manager on each backend."""
-    async with CheckpointManager(make_storage(request.param, tmp_path, pg_schema)) as opened:
-        yield opened
+    return CheckpointManager(any_storage)
 
 
 BAD_STEP_ARGUMENTS: list[dict[str, Any]] = [
