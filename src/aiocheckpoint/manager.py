@@ -19,6 +19,7 @@ from ._validation import (
     check_workflow_id,
 )
 from .codec import RecordCodec
+from .codec.fork import fork_tree
 from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
@@ -27,6 +28,7 @@ from .errors import (
     StorageClosedError,
     UnsupportedOperationError,
     WorkflowBusyError,
+    WorkflowExistsError,
 )
 from .leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from .models import (
@@ -371,6 +373,67 @@ class CheckpointManager:
             checkpoint.step + 1 if checkpoint.status is AgentStatus.COMPLETED else checkpoint.step
         )
         return step, checkpoint.state_snapshot, checkpoint.metrics
+
+    async def fork_workflow(self, source_id: str, step: int, new_id: str) -> int:
+        """Make ``new_id`` a copy of ``source_id``'s history up to ``step``; return the count.
+
+        The new workflow gets the source's checkpoints with steps ``<= step`` (at most
+        ``max_checkpoints`` of them, the newest), with their timestamps, metadata, metrics and
+        states, so it resumes where the source stood after ``step``: "what if the agent had
+        answered differently", or a debugging copy. On stores with content-addressed blobs a
+        large state is not copied: the fork's records share the source's blobs (only its
+        records are written), and deleting the source later keeps what the fork uses.
+
+        Raises :class:`~aiocheckpoint.CheckpointNotFoundError` if the source or that step is
+        not stored, :class:`~aiocheckpoint.WorkflowExistsError` if ``new_id`` already has
+        checkpoints or a workflow record, and :class:`~aiocheckpoint.InvalidWorkflowIdError`
+        / :class:`~aiocheckpoint.InvalidStepError` for bad ids and steps; then nothing is
+        written. The step is written first, so a fork interrupted part way resumes from the
+        right step with part of the history. The fork is UNFINISHED on backends with
+        workflow records.
+        """
+        self._check_open()
+        source_id, new_id = check_workflow_id(source_id), check_workflow_id(new_id)
+        step = check_step(step)
+        self._drive(new_id)  # no block of this manager starts it while it is being copied
+        try:
+            return await self._fork(source_id, step, new_id)
+        finally:
+            self._undrive(new_id)
+
+    async def _fork(self, source_id: str, step: int, new_id: str) -> int:
+        storage = self._storage
+        if await storage.exists(new_id) or (
+            isinstance(storage, WorkflowStorage) and await storage.get_workflow(new_id)
+        ):
+            raise WorkflowExistsError(new_id)
+        if not await storage.exists(source_id, step):
+            raise CheckpointNotFoundError(
+                source_id, step if await storage.exists(source_id) else None
+            )
+        limit = self._max_checkpoints
+        copied, cursor = 0, step + 1
+        while limit is None or copied < limit:
+            size = _PAGE if limit is None else min(_PAGE, limit - copied)
+            page = await storage.scan(source_id, before=cursor, limit=size, descending=True)
+            if not page:
+                break
+            for record in page:
+                await self._fork_record(source_id, record, new_id)
+            copied += len(page)
+            cursor = page[-1].step
+        return copied
+
+    async def _fork_record(self, source_id: str, record: StoredCheckpoint, new_id: str) -> None:
+        storage, keep = self._storage, self._max_checkpoints
+        if isinstance(storage, BlobCheckpointStorage):
+            tree = await fork_tree(storage, record.data, new_id)
+            if tree is not None:
+                await storage.save_tree(new_id, record.step, tree[0], tree[1], keep_last=keep)
+                return
+        checkpoint = await self._codec.decode(source_id, record)
+        data = self._codec.encode(checkpoint.model_copy(update={"workflow_id": new_id}), False)
+        await storage.save(new_id, record.step, data, keep_last=keep)
 
     async def list_workflows(self, status: WorkflowStatus | str | None = None) -> list[str]:
         """Every workflow id that has at least one checkpoint, sorted.
