@@ -303,6 +303,23 @@ async def test_rm_deletes_a_step_or_a_workflow(store: str) -> None:
     assert len(remaining) == 11
 
 
+async def test_fork_makes_a_workflow_from_a_history(store: str) -> None:
+    """`fork` copies the history up to a step under a new id; bad requests change nothing."""
+    done = cli("fork", store, "alpha", "5", "alpha-what-if")
+    assert done.code == 0, done.err
+    assert "6 checkpoints" in done.out
+    stored = await raw(store)
+    assert sorted(s for wf, s in stored if wf == "alpha-what-if") == list(range(6))
+    async with open_store(store, must_exist=True) as manager:
+        point = await manager.get_resume_point("alpha-what-if")
+        assert point is not None and point[0] == 6
+    assert "already exists" in cli("fork", store, "alpha", "5", ODD).error_line()
+    assert cli("fork", store, "alpha", "5", ODD).code == 2
+    assert cli("fork", store, "alpha", "99", "other").code == 3
+    assert cli("fork", store, "nope", "0", "other").code == 3
+    assert await raw(store) == stored
+
+
 async def test_rm_refuses_without_a_terminal(new_store: NewStore) -> None:
     """Without --yes and with no terminal to ask on, `rm` refuses and deletes nothing."""
     url = new_store("file")
@@ -590,6 +607,7 @@ async def test_progress_only_on_a_terminal(new_store: NewStore) -> None:
         ["verify", "{url}"],
         ["prune", "{url}", "--keep", "20"],
         ["rm", "{url}", "alpha", "0"],
+        ["fork", "{url}", "alpha", "3", "alpha-2"],
         ["copy", "{url}", "{url2}"],
         ["export", "{url}", "{file}"],
         ["import", "{file0}", "{url2}"],

@@ -245,7 +245,7 @@ def test_every_synopsis_in_the_docs_parses() -> None:
     each example command line parses with the real parser; `prune URL --keep N WORKFLOW`
     takes the workflow."""
     synopses = _doc_synopses()
-    commands = {"workflows", "history", "show", "diff", "verify", "prune", "rm", "copy"}
+    commands = {"workflows", "history", "show", "diff", "verify", "prune", "rm", "fork", "copy"}
     assert {s.split()[0] for s in synopses} == commands | {"export", "import"}
     parser = build_parser()
     for synopsis in synopses:

@@ -45,8 +45,8 @@ def test_snapshot_version_is_not_an_alias_of_the_history() -> None:
     state = SharedState()
     state.set("a", 1)
     state.snapshot().version.changed_fields.append("not a change")
-    state.get_history()[0].changed_fields.append("nor this")
-    assert state.get_history()[0].changed_fields == ["a"]
+    state.get_versions()[0].changed_fields.append("nor this")
+    assert state.get_versions()[0].changed_fields == ["a"]
 
 
 def test_empty_update_and_merge_make_no_version() -> None:

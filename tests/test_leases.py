@@ -10,6 +10,7 @@ from aiocheckpoint import (
     LeaseLostError,
     ResumableWorkflow,
     UnsupportedOperationError,
+    WorkflowBusyError,
     WorkflowStatus,
 )
 from aiocheckpoint.storage.base import BaseStorage
@@ -45,8 +46,13 @@ async def test_lease_owner_acquires_fences_and_releases() -> None:
             assert wf.lease is not None
             with pytest.raises(LeaseHeldError):
                 await manager.acquire_lease("wf", "runner-2")
-            with pytest.raises(LeaseHeldError):
+            with pytest.raises(WorkflowBusyError):  # one driver per workflow and manager
                 async with ResumableWorkflow("wf", manager, lease_owner="runner-2"):
+                    pass
+            with pytest.raises(LeaseHeldError):
+                async with ResumableWorkflow(
+                    "wf", CheckpointManager(manager.storage), lease_owner="runner-2"
+                ):
                     pass
             await wf.checkpoint(0, "a", AgentStatus.COMPLETED)
         record = await manager.get_workflow("wf")

@@ -34,6 +34,8 @@ EXPECTED = {
     "StorageSchemaError",
     "StoredCheckpoint",
     "UnsupportedOperationError",
+    "WorkflowBusyError",
+    "WorkflowExistsError",
     "WorkflowRecord",
     "WorkflowStatus",
     "WorkflowStorage",

@@ -24,8 +24,8 @@ def test_dot_paths_get_and_set() -> None:
     assert state.get("research.missing", "dflt") == "dflt"
     assert state.get("research.results.deeper") is None
     assert state.version == 1
-    assert state.get_history(1)[0].agent_id == "researcher"
-    assert state.get_history(1)[0].changed_fields == ["research.results"]
+    assert state.get_versions(1)[0].agent_id == "researcher"
+    assert state.get_versions(1)[0].changed_fields == ["research.results"]
 
 
 def test_values_in_and_out_are_copies() -> None:
@@ -103,8 +103,8 @@ def test_history_and_restore() -> None:
     state = SharedState({"n": 0})
     for n in range(1, 4):
         state.set("n", n)
-    assert [v.version for v in state.get_history()] == [3, 2, 1, 0]
-    assert [v.version for v in state.get_history(limit=2)] == [3, 2]
+    assert [v.version for v in state.get_versions()] == [3, 2, 1, 0]
+    assert [v.version for v in state.get_versions(limit=2)] == [3, 2]
     state.restore(1)
     assert state.get("n") == 1
     assert state.version == 4
@@ -117,7 +117,7 @@ def test_history_is_bounded() -> None:
     state = SharedState(max_history=3)
     for n in range(10):
         state.set("n", n)
-    assert [v.version for v in state.get_history()] == [10, 9, 8]
+    assert [v.version for v in state.get_versions()] == [10, 9, 8]
     with pytest.raises(ValueError, match="history"):
         state.restore(2)
 
@@ -165,3 +165,32 @@ def test_arbitrary_values_are_kept_in_memory() -> None:
     state.set("s", value)
     assert state.get("s") == {1, 2}
     assert state.get("s") is not value
+
+
+def test_get_history_returns_snapshots_newest_first() -> None:
+    """As in the seed: get_history gives StateSnapshots (data and version), newest first."""
+    state = SharedState({"n": 0})
+    for n in range(1, 4):
+        state.set("n", n, agent_id="counter")
+    history = state.get_history(limit=3)
+    assert [type(s).__name__ for s in history] == ["StateSnapshot"] * 3
+    assert [(s.data, s.version.version) for s in history] == [
+        ({"n": 3}, 3),
+        ({"n": 2}, 2),
+        ({"n": 1}, 1),
+    ]
+    assert history[0].version.agent_id == "counter"
+    history[0].data["n"] = 99
+    assert state.get_history(1)[0].data == {"n": 3}
+    assert len(state.get_history()) == 4
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True])
+def test_history_limits_are_checked(limit: Any) -> None:
+    """A history limit that is not an int >= 1 (or None) raises InvalidArgumentError."""
+    from aiocheckpoint import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="limit"):
+        SharedState().get_history(limit)
+    with pytest.raises(InvalidArgumentError, match="limit"):
+        SharedState().get_versions(limit)

@@ -25,6 +25,8 @@ from .errors import (
     TypeVersionError,
     UnknownTypeError,
     UnsupportedOperationError,
+    WorkflowBusyError,
+    WorkflowExistsError,
 )
 from .leases import Lease, WorkflowRecord, WorkflowStatus
 from .manager import CheckpointManager, ResumePoint
@@ -102,6 +104,8 @@ __all__ = [
     "TypeVersionError",
     "UnknownTypeError",
     "UnsupportedOperationError",
+    "WorkflowBusyError",
+    "WorkflowExistsError",
     "WorkflowRecord",
     "WorkflowStatus",
     "WorkflowStorage",

@@ -11,12 +11,14 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     │   └── TypeVersionError          written by a newer version, or no upgrade from its own
     ├── InvalidArgumentError          a bad argument (also a ValueError)
     │   ├── InvalidWorkflowIdError    not a non-empty str of <= 255 UTF-8 bytes without NUL
-    │   └── InvalidStepError          not an int in [0, 2**63)
+    │   ├── InvalidStepError          not an int in [0, 2**63)
+    │   └── WorkflowExistsError       a new workflow's id is taken (fork_workflow)
     ├── StorageClosedError            the storage (or manager) was used after close()
     ├── StorageSchemaError            a store written by a newer, unknown version
     ├── StorageBackendError           the backend failed (OSError, sqlite3.Error, ...)
     │   └── StoragePermissionError    the store's files belong to another user or are shared
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
+    ├── WorkflowBusyError             a second driver for a workflow this manager drives
     └── LeaseError
         ├── LeaseHeldError            another live owner holds the workflow's lease
         └── LeaseLostError            the lease expired or was taken over (fencing)
@@ -46,6 +48,8 @@ __all__ = [
     "TypeVersionError",
     "UnknownTypeError",
     "UnsupportedOperationError",
+    "WorkflowBusyError",
+    "WorkflowExistsError",
 ]
 
 
@@ -126,6 +130,28 @@ class InvalidWorkflowIdError(InvalidArgumentError):
 
 class InvalidStepError(InvalidArgumentError):
     """A step is not an int in ``[0, 2**63)`` (``bool`` is refused)."""
+
+
+class WorkflowExistsError(InvalidArgumentError):
+    """A workflow that must be new (the target of a fork) already has checkpoints or a record."""
+
+    def __init__(self, workflow_id: str) -> None:
+        self.workflow_id = workflow_id
+        super().__init__(f"workflow {workflow_id!r} already exists")
+
+
+class WorkflowBusyError(CheckpointError):
+    """A ``ResumableWorkflow`` block already drives this workflow on this manager.
+
+    Two drivers would run every step twice; the second is refused while the first is active.
+    """
+
+    def __init__(self, workflow_id: str) -> None:
+        self.workflow_id = workflow_id
+        super().__init__(
+            f"workflow {workflow_id!r} is already driven by an active ResumableWorkflow "
+            "block on this manager"
+        )
 
 
 class StorageClosedError(CheckpointError):

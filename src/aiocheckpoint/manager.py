@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import anyio.lowlevel
 from typing_extensions import Self
 
+from ._holders import LocalHolders
 from ._validation import (
     check_limit,
     check_optional_step,
@@ -18,13 +19,17 @@ from ._validation import (
     check_workflow_id,
 )
 from .codec import RecordCodec, TypedValues, TypeRegistry
+from .codec.fork import fork_tree
 from .codec.stages import DEFAULT_VALUES, View
 from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
     InvalidArgumentError,
+    LeaseLostError,
     StorageClosedError,
     UnsupportedOperationError,
+    WorkflowBusyError,
+    WorkflowExistsError,
 )
 from .leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from .models import (
@@ -76,6 +81,8 @@ _PAGE = 100
 #: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
 _HELD_LONG = 0.0002
 _RETRIES = 8
+#: The leases held in this process, shared by every manager.
+_HOLDERS = LocalHolders()
 
 
 _E = TypeVar("_E", AgentStatus, WorkflowStatus)
@@ -172,6 +179,8 @@ class CheckpointManager:
         # Everything between a validated call and the storage: copies, encoding, decoding.
         self._codec = RecordCodec(self._storage, blobs, values)
         self._closed = False
+        #: Workflows an active ResumableWorkflow block (or a fork) drives: one at a time.
+        self._drivers: set[str] = set()
 
     @property
     def storage(self) -> CheckpointStorage:
@@ -215,20 +224,12 @@ class CheckpointManager:
         current one.
         """
         self._check_open()
-        workflow_id = check_workflow_id(workflow_id)
-        step = check_step(step)
-        _check_text(agent_id, "agent_id")
         # Everything the caller owns is copied before the first await (a SharedState's
         # tree is copy-on-write, so only it may be copied while other tasks run).
-        meta: dict[str, Any] = {}
-        meta_finite = True
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise InvalidArgumentError(
-                f"metadata must be a mapping or None, not {type(metadata).__qualname__}"
-            )
+        workflow_id, step, agent_status, meta, meta_finite = self._check_arguments(
+            workflow_id, step, agent_id, status, metadata
+        )
         codec = self._codec
-        if metadata:
-            meta, meta_finite = codec.copy(dict(metadata), "metadata")
         now = utcnow()
         copying = time.perf_counter()
         if isinstance(state, SharedState):
@@ -243,7 +244,7 @@ class CheckpointManager:
             workflow_id=workflow_id,
             step=step,
             agent_id=agent_id,
-            status=_status(status),
+            status=agent_status,
             state_snapshot=snapshot,
             metrics=_metrics_copy(metrics),
             timestamp=now,
@@ -280,6 +281,31 @@ class CheckpointManager:
                 workflow_id, step, data, keep_last=self._max_checkpoints, fence=lease
             )
         return returned
+
+    def _check_arguments(
+        self,
+        workflow_id: Any,
+        step: Any,
+        agent_id: Any,
+        status: Any,
+        metadata: Any,
+    ) -> tuple[str, int, AgentStatus, dict[str, Any], bool]:
+        """Check a checkpoint's arguments; return them normalized, with a copy of ``metadata``.
+
+        Also what ``ResumableWorkflow.step`` calls on entry, before the step's body runs.
+        """
+        workflow_id = check_workflow_id(workflow_id)
+        step = check_step(step)
+        _check_text(agent_id, "agent_id")
+        agent_status = _status(status)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise InvalidArgumentError(
+                f"metadata must be a mapping or None, not {type(metadata).__qualname__}"
+            )
+        if not metadata:
+            return workflow_id, step, agent_status, {}, True
+        meta, finite = self._codec.copy(dict(metadata), "metadata")
+        return workflow_id, step, agent_status, meta, finite
 
     async def get_checkpoint(self, workflow_id: str, step: int, *, raw: bool = False) -> Checkpoint:
         """Return one step's checkpoint; raise :class:`CheckpointNotFoundError` if absent.
@@ -401,6 +427,67 @@ class CheckpointManager:
             step, checkpoint.state_snapshot, checkpoint.metrics, checkpoint.app_version
         )
 
+    async def fork_workflow(self, source_id: str, step: int, new_id: str) -> int:
+        """Make ``new_id`` a copy of ``source_id``'s history up to ``step``; return the count.
+
+        The new workflow gets the source's checkpoints with steps ``<= step`` (at most
+        ``max_checkpoints`` of them, the newest), with their timestamps, metadata, metrics and
+        states, so it resumes where the source stood after ``step``: "what if the agent had
+        answered differently", or a debugging copy. On stores with content-addressed blobs a
+        large state is not copied: the fork's records share the source's blobs (only its
+        records are written), and deleting the source later keeps what the fork uses.
+
+        Raises :class:`~aiocheckpoint.CheckpointNotFoundError` if the source or that step is
+        not stored, :class:`~aiocheckpoint.WorkflowExistsError` if ``new_id`` already has
+        checkpoints or a workflow record, and :class:`~aiocheckpoint.InvalidWorkflowIdError`
+        / :class:`~aiocheckpoint.InvalidStepError` for bad ids and steps; then nothing is
+        written. The step is written first, so a fork interrupted part way resumes from the
+        right step with part of the history. The fork is UNFINISHED on backends with
+        workflow records.
+        """
+        self._check_open()
+        source_id, new_id = check_workflow_id(source_id), check_workflow_id(new_id)
+        step = check_step(step)
+        self._drive(new_id)  # no block of this manager starts it while it is being copied
+        try:
+            return await self._fork(source_id, step, new_id)
+        finally:
+            self._undrive(new_id)
+
+    async def _fork(self, source_id: str, step: int, new_id: str) -> int:
+        storage = self._storage
+        if await storage.exists(new_id) or (
+            isinstance(storage, WorkflowStorage) and await storage.get_workflow(new_id)
+        ):
+            raise WorkflowExistsError(new_id)
+        if not await storage.exists(source_id, step):
+            raise CheckpointNotFoundError(
+                source_id, step if await storage.exists(source_id) else None
+            )
+        limit = self._max_checkpoints
+        copied, cursor = 0, step + 1
+        while limit is None or copied < limit:
+            size = _PAGE if limit is None else min(_PAGE, limit - copied)
+            page = await storage.scan(source_id, before=cursor, limit=size, descending=True)
+            if not page:
+                break
+            for record in page:
+                await self._fork_record(source_id, record, new_id)
+            copied += len(page)
+            cursor = page[-1].step
+        return copied
+
+    async def _fork_record(self, source_id: str, record: StoredCheckpoint, new_id: str) -> None:
+        storage, keep = self._storage, self._max_checkpoints
+        if isinstance(storage, BlobCheckpointStorage):
+            tree = await fork_tree(storage, record.data, new_id)
+            if tree is not None:
+                await storage.save_tree(new_id, record.step, tree[0], tree[1], keep_last=keep)
+                return
+        checkpoint = await self._codec.decode(source_id, record)
+        data = self._codec.encode(checkpoint.model_copy(update={"workflow_id": new_id}), False)
+        await storage.save(new_id, record.step, data, keep_last=keep)
+
     async def list_workflows(self, status: WorkflowStatus | str | None = None) -> list[str]:
         """Every workflow id that has at least one checkpoint, sorted.
 
@@ -465,19 +552,35 @@ class CheckpointManager:
         Raises :class:`~aiocheckpoint.LeaseHeldError` while another owner's lease is live.
         """
         self._check_open()
-        return await self._workflow_storage().acquire_lease(
-            check_workflow_id(workflow_id), _check_owner(owner), check_ttl(ttl)
-        )
+        workflow_id, owner = check_workflow_id(workflow_id), _check_owner(owner)
+        ttl, storage = check_ttl(ttl), self._workflow_storage()
+        # One owner name never holds a lease twice at once in this process (see _holders).
+        _HOLDERS.reserve(storage, workflow_id, owner)
+        try:
+            lease = await storage.acquire_lease(workflow_id, owner, ttl)
+        except BaseException:
+            _HOLDERS.cancel(storage, workflow_id, owner)
+            raise
+        _HOLDERS.granted(storage, lease)
+        return lease
 
     async def renew_lease(self, lease: Lease, ttl: float = 30.0) -> Lease:
         """Extend a lease to ``ttl`` seconds from now; ``LeaseLostError`` if taken over."""
         self._check_open()
-        return await self._workflow_storage().renew_lease(lease, check_ttl(ttl))
+        storage = self._workflow_storage()
+        try:
+            renewed = await storage.renew_lease(lease, check_ttl(ttl))
+        except LeaseLostError:
+            _HOLDERS.dropped(storage, lease)
+            raise
+        _HOLDERS.renewed(storage, renewed)
+        return renewed
 
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up; releasing a lease that was taken over does nothing."""
         self._check_open()
         await self._workflow_storage().release_lease(lease)
+        _HOLDERS.dropped(self._storage, lease)
 
     async def claim_workflow(self, owner: str, ttl: float = 30.0) -> Lease | None:
         """Lease the next unfinished workflow whose lease is free or expired, or return None.
@@ -485,9 +588,21 @@ class CheckpointManager:
         Claims are atomic: concurrent runners never get the same workflow.
         """
         self._check_open()
-        return await self._workflow_storage().claim_next_workflow(
+        lease = await self._workflow_storage().claim_next_workflow(
             _check_owner(owner), check_ttl(ttl)
         )
+        if lease is not None:
+            _HOLDERS.granted(self._storage, lease)
+        return lease
+
+    def _drive(self, workflow_id: str) -> None:
+        """Become the one driver of ``workflow_id``; WorkflowBusyError if it has one."""
+        if workflow_id in self._drivers:
+            raise WorkflowBusyError(workflow_id)
+        self._drivers.add(workflow_id)
+
+    def _undrive(self, workflow_id: str) -> None:
+        self._drivers.discard(workflow_id)
 
     def supports_workflow_records(self) -> bool:
         """Whether the storage keeps workflow records and leases."""

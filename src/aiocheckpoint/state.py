@@ -6,6 +6,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ._validation import check_limit
 from .codec.copy import json_copy
 from .models import StateSnapshot, StateVersion, utcnow
 
@@ -135,10 +136,27 @@ class SharedState:
             metadata=json_copy(dict(metadata or {})),
         )
 
-    def get_history(self, limit: int | None = None) -> list[StateVersion]:
-        """The recorded versions, most recent first (at most ``limit``)."""
-        versions = [_copy_version(entry[0]) for entry in reversed(self._history)]
-        return versions if limit is None else versions[:limit]
+    def get_history(self, limit: int | None = None) -> list[StateSnapshot]:
+        """Snapshots of the recorded versions (data and version), most recent first.
+
+        At most ``limit`` of them (an int >= 1, or None for the whole bounded history);
+        each is an independent copy, as from :meth:`snapshot`. :meth:`get_versions` lists
+        the versions alone, without copying any data.
+        """
+        entries = self._newest(limit)
+        return [
+            StateSnapshot(data=json_copy(data), version=_copy_version(version))
+            for version, data in entries
+        ]
+
+    def get_versions(self, limit: int | None = None) -> list[StateVersion]:
+        """The recorded versions, most recent first (at most ``limit``), without their data."""
+        return [_copy_version(version) for version, _data in self._newest(limit)]
+
+    def _newest(self, limit: int | None) -> list[tuple[StateVersion, dict[str, Any]]]:
+        count = check_limit(limit)
+        entries = list(reversed(self._history))
+        return entries if count is None else entries[:count]
 
     def restore(self, version: int, agent_id: str | None = None) -> None:
         """Go back to the data of an earlier ``version``; this is itself a new version.

@@ -14,9 +14,9 @@ import anyio
 from typing_extensions import Self
 
 from ._validation import check_step, check_workflow_id
-from .errors import LeaseError, LeaseLostError
-from .leases import Lease, WorkflowStatus
-from .manager import CheckpointManager
+from .errors import InvalidArgumentError, LeaseError, LeaseLostError
+from .leases import Lease, WorkflowStatus, check_ttl
+from .manager import CheckpointManager, _check_owner
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, utcnow
 from .state import SharedState
 
@@ -77,6 +77,7 @@ class ResumableWorkflow:
         lease_ttl: float | None = None,
     ) -> None:
         self.workflow_id = check_workflow_id(workflow_id)
+        _check_arguments(checkpoint_manager, initial_state, lease_owner, lease, lease_ttl)
         if lease is not None and lease.workflow_id != self.workflow_id:
             raise LeaseLostError(f"the lease is for workflow {lease.workflow_id!r}")
         self.checkpoint_manager = checkpoint_manager
@@ -144,7 +145,11 @@ class ResumableWorkflow:
         Metrics are updated first: ``elapsed_seconds`` grows by the block's duration and
         ``total_steps`` by one for a completed step.
         """
-        check_step(step)
+        # Every argument is checked (and the metadata copied) before the body runs: a bad
+        # one must fail before the body's side effects, not after them.
+        _, step, _, meta, _ = self.checkpoint_manager._check_arguments(
+            self.workflow_id, step, agent_id, AgentStatus.COMPLETED, metadata
+        )
         self.current_step = step
         state = self.state
         before = state._mark()
@@ -154,23 +159,49 @@ class ResumableWorkflow:
         except Exception as exc:
             self.metrics.elapsed_seconds += time.monotonic() - started
             self._roll_back(state, before)
-            error = {"type": type(exc).__qualname__, "message": str(exc)}
-            try:
-                await self.checkpoint(
-                    step, agent_id, AgentStatus.FAILED, {**(metadata or {}), "error": error}
-                )
-            except Exception:
-                logger.exception(
-                    "workflow %r: could not record the failure of step %d", self.workflow_id, step
-                )
+            await self._record_failure(step, agent_id, meta, exc)
             raise
         except BaseException:
             # Cancellation, KeyboardInterrupt: nothing is recorded.
             self._roll_back(state, before)
             raise
         self.metrics.elapsed_seconds += time.monotonic() - started
+        await self._complete(step, agent_id, meta, state, before)
+
+    async def _complete(
+        self,
+        step: int,
+        agent_id: str,
+        meta: dict[str, Any],
+        state: SharedState,
+        before: tuple[Any, Any],
+    ) -> None:
         self.metrics.total_steps += 1
-        await self.checkpoint(step, agent_id, AgentStatus.COMPLETED, metadata)
+        try:
+            await self.checkpoint(step, agent_id, AgentStatus.COMPLETED, meta)
+        except BaseException as exc:
+            # Not stored, so not completed: all or nothing, as for a failing body (a state
+            # value that cannot be stored must not stay in the state for the retry).
+            self.metrics.total_steps -= 1
+            self._roll_back(state, before)
+            if isinstance(exc, Exception) and not isinstance(exc, LeaseError):
+                await self._record_failure(step, agent_id, meta, exc)
+            raise
+
+    async def _record_failure(
+        self, step: int, agent_id: str, meta: dict[str, Any], exc: Exception
+    ) -> None:
+        if isinstance(exc, LeaseError):
+            return  # another runner owns the workflow now: nothing of ours may be written
+        error = {"type": type(exc).__qualname__, "message": str(exc)}
+        try:
+            await self.checkpoint(step, agent_id, AgentStatus.FAILED, {**meta, "error": error})
+        except LeaseError:
+            pass  # reported once, when the block exits (see _mark)
+        except Exception:
+            logger.exception(
+                "workflow %r: could not record the failure of step %d", self.workflow_id, step
+            )
 
     def _roll_back(self, state: SharedState, before: tuple[Any, Any]) -> None:
         # A step is all or nothing: a failed or cancelled step leaves the state as it found
@@ -187,14 +218,19 @@ class ResumableWorkflow:
 
     async def __aenter__(self) -> Self:
         manager = self.checkpoint_manager
-        if self.lease is None and self._lease_owner is not None:
-            self.lease = await manager.acquire_lease(
-                self.workflow_id, self._lease_owner, self._lease_ttl
-            )
+        # One driver per workflow and manager: a second block would run every step again.
+        manager._drive(self.workflow_id)
         try:
+            if self.lease is None and self._lease_owner is not None:
+                self.lease = await manager.acquire_lease(
+                    self.workflow_id, self._lease_owner, self._lease_ttl
+                )
             await self.try_resume()
         except BaseException:
-            await self._release()
+            try:
+                await self._release()
+            finally:
+                manager._undrive(self.workflow_id)
             raise
         if self.lease is not None:
             self._renewer = asyncio.get_running_loop().create_task(
@@ -208,6 +244,12 @@ class ResumableWorkflow:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        try:
+            await self._leave(exc)
+        finally:
+            self.checkpoint_manager._undrive(self.workflow_id)
+
+    async def _leave(self, exc: BaseException | None) -> None:
         await self._stop_renewing()
         if self._lost is not None:
             current = asyncio.current_task()
@@ -227,6 +269,13 @@ class ResumableWorkflow:
     async def _mark(self, status: WorkflowStatus) -> None:
         try:
             await self.checkpoint_manager.mark_workflow(self.workflow_id, status, lease=self.lease)
+        except LeaseError as exc:
+            # Expected when a runner stalls past its lease: one line, no traceback.
+            logger.warning(
+                "workflow %r: lease lost (%s); another runner drives it now", self.workflow_id, exc
+            )
+            if status is WorkflowStatus.FINISHED:
+                raise
         except Exception:
             logger.exception("workflow %r: could not mark it %s", self.workflow_id, status)
             if status is WorkflowStatus.FINISHED:
@@ -251,7 +300,7 @@ class ResumableWorkflow:
             try:
                 self.lease = await self.checkpoint_manager.renew_lease(self.lease, self._lease_ttl)
             except LeaseError as exc:
-                logger.error("workflow %r: lease lost (%s); cancelling", self.workflow_id, exc)
+                logger.warning("workflow %r: lease lost (%s); cancelling", self.workflow_id, exc)
                 self._lost = exc
                 if host is not None:
                     host.cancel()
@@ -266,3 +315,25 @@ class ResumableWorkflow:
         if renewer is not None:
             renewer.cancel()
             await asyncio.wait([renewer])
+
+
+def _check_arguments(
+    manager: Any, initial_state: Any, lease_owner: Any, lease: Any, lease_ttl: Any
+) -> None:
+    """Refuse a bad constructor argument with InvalidArgumentError, before anything runs."""
+    if not isinstance(manager, CheckpointManager):
+        raise InvalidArgumentError(
+            f"checkpoint_manager must be a CheckpointManager, not {type(manager).__qualname__}"
+        )
+    if initial_state is not None and not isinstance(initial_state, Mapping):
+        raise InvalidArgumentError(
+            f"initial_state must be a mapping or None, not {type(initial_state).__qualname__}"
+        )
+    if lease is not None and not isinstance(lease, Lease):
+        raise InvalidArgumentError(f"lease must be a Lease or None, not {type(lease).__qualname__}")
+    if lease_owner is not None:
+        if lease is not None:
+            raise InvalidArgumentError("pass lease_owner or lease, not both")
+        _check_owner(lease_owner)
+    if lease_ttl is not None:
+        check_ttl(lease_ttl)

@@ -1,4 +1,4 @@
-"""Maintaining a store: ``verify``, ``prune`` and ``rm``."""
+"""Maintaining a store: ``verify``, ``prune``, ``rm`` and ``fork``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from .store import (
     workflow_ids,
 )
 
-__all__ = ["cmd_prune", "cmd_rm", "cmd_verify"]
+__all__ = ["cmd_fork", "cmd_prune", "cmd_rm", "cmd_verify"]
 
 
 async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
@@ -147,3 +147,24 @@ async def _confirm(out: Output, workflow_id: str, latest: int) -> bool:
     out.err.flush()
     answer = await asyncio.to_thread(sys.stdin.readline)
     return answer.strip().lower() in ("y", "yes")
+
+
+async def cmd_fork(args: argparse.Namespace, out: Output) -> int:
+    """Copy a workflow's history up to a step into a new workflow (blobs are shared)."""
+    async with open_store(args.url, must_exist=True) as manager:
+        copied = await manager.fork_workflow(args.source, args.step, args.new_id)
+    if out.json_mode:
+        out.json(
+            {
+                "source": args.source,
+                "step": args.step,
+                "workflow_id": args.new_id,
+                "checkpoints": copied,
+            }
+        )
+        return 0
+    out.line(
+        f"forked {printable(args.source)} at step {args.step} into {printable(args.new_id)} "
+        f"({copied} checkpoints)"
+    )
+    return 0

@@ -11,7 +11,7 @@ from .diff import cmd_diff
 from .export import cmd_export
 from .importer import cmd_import
 from .inspect import cmd_history, cmd_show, cmd_workflows
-from .maintain import cmd_prune, cmd_rm, cmd_verify
+from .maintain import cmd_fork, cmd_prune, cmd_rm, cmd_verify
 from .output import Output
 from .store import EXIT_USAGE
 from .transfer import cmd_copy
@@ -128,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workflow", metavar="WORKFLOW")
     p.add_argument("step", metavar="STEP", type=_step, nargs="?")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask before deleting")
+
+    p = command("fork", cmd_fork, "a new workflow from another's history up to a step")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("source", metavar="SOURCE")
+    p.add_argument("step", metavar="STEP", type=_step)
+    p.add_argument("new_id", metavar="NEW_ID")
 
     p = command("copy", cmd_copy, "copy every checkpoint into another store (resumable)")
     p.add_argument("src", metavar="SRC_URL")

@@ -33,6 +33,7 @@ __all__ = [
     "decode_checkpoint_v2",
     "encode_checkpoint_v2",
     "encode_v2_work",
+    "rehomed_record",
 ]
 
 
@@ -62,6 +63,11 @@ def _meta(checkpoint: Checkpoint) -> dict[str, Any]:
 def _record(meta_bytes: bytes, digest: int, root: bytes) -> bytes:
     body = b"".join((V2_PREFIX.pack(len(meta_bytes), digest), meta_bytes, root))
     return HEADER.pack(MAGIC, FORMAT_VERSION_2, 0, 0, len(body), zlib.crc32(body)) + body
+
+
+def rehomed_record(meta: dict[str, Any], digest: int, root: bytes, workflow_id: str) -> bytes:
+    """A version-2 record of ``meta`` (from :func:`open_record_v2`) for ``workflow_id``."""
+    return _record(_meta_bytes({**meta, "workflow_id": workflow_id}), digest, root)
 
 
 def _meta_bytes(meta: dict[str, Any]) -> bytes:

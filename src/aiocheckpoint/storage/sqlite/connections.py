@@ -18,6 +18,7 @@ import os
 import random
 import sqlite3
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +125,31 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: The database files whose directory entry this process made durable: (device, inode) ->
+#: the file's ctime then. One entry per database file, whatever the number of opens.
+_DURABLE: dict[tuple[int, int], int] = {}
+_DURABLE_LOCK = threading.Lock()
+
+
+def fsync_dir_once(path: Path) -> None:
+    """Make database ``path``'s directory entry durable, once per file and process.
+
+    Opening a database this process already made durable skips the directory fsync, the
+    largest cost of an open (a manager per request opens it every time). A file replaced
+    meanwhile (deleted and created again, renamed over) has a new inode or ctime and is
+    fsynced again. The WAL file's entry is SQLite's own: it fsyncs the directory at the
+    first sync of a WAL file it created.
+    """
+    info = os.stat(path)
+    key, ctime = (info.st_dev, info.st_ino), info.st_ctime_ns
+    with _DURABLE_LOCK:
+        if _DURABLE.get(key) == ctime:
+            return
+    fsync_dir(path.parent)
+    with _DURABLE_LOCK:
+        _DURABLE[key] = ctime
 
 
 def secure_files(path: Path) -> None:

@@ -26,7 +26,7 @@ from .connections import (
     backend_error,
     connect,
     create_private,
-    fsync_dir,
+    fsync_dir_once,
     secure_files,
 )
 from .schema import MIGRATIONS, Migration, migrate
@@ -143,7 +143,7 @@ class Writer:
             # (catch_up), never inside a COMMIT: docs/sqlite-storage.md "WAL checkpoints".
             conn.execute("PRAGMA wal_autocheckpoint = 0")
             self.retry(lambda: migrate(conn, self.migrations))
-            fsync_dir(self.path.parent)
+            fsync_dir_once(self.path)
         except sqlite3.Error as exc:
             conn.close()
             raise backend_error(f"cannot open SQLite database {str(self.path)!r}", exc) from exc

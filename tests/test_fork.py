@@ -1,0 +1,157 @@
+"""fork_workflow: a new workflow with the source's history up to a step, ready to resume, on
+every backend; on stores with blobs it shares the state's blobs and survives the source."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from aiocheckpoint import (
+    AgentStatus,
+    CheckpointManager,
+    CheckpointNotFoundError,
+    ExecutionMetrics,
+    InvalidStepError,
+    InvalidWorkflowIdError,
+    ResumableWorkflow,
+    WorkflowBusyError,
+    WorkflowExistsError,
+)
+from aiocheckpoint.storage.base import BlobCheckpointStorage, CheckpointStorage, WorkflowStorage
+from tests.backend_support import any_storage, blob_storage, pg_schema
+
+__all__ = ["any_storage", "blob_storage", "pg_schema"]
+
+
+async def _history(manager: CheckpointManager, steps: int, state: Any = None) -> None:
+    for n in range(steps):
+        await manager.create_checkpoint(
+            "src",
+            n,
+            f"agent-{n}",
+            "completed",
+            state if state is not None else {"n": n},
+            metrics=ExecutionMetrics(total_steps=n + 1, elapsed_seconds=n / 2),
+            metadata={"answer": f"a{n}"},
+        )
+
+
+async def test_fork_copies_the_history_up_to_a_step(any_storage: CheckpointStorage) -> None:
+    """The fork holds steps 0..step with the source's timestamps, metadata, metrics and
+    states; it resumes after step; the source is unchanged."""
+    manager = CheckpointManager(any_storage)
+    await _history(manager, 5)
+    assert await manager.fork_workflow("src", 2, "what-if") == 3
+    source = await manager.list_checkpoints("src")
+    fork = await manager.list_checkpoints("what-if")
+    assert [c.step for c in fork] == [0, 1, 2]
+    for ours, theirs in zip(fork, source, strict=False):
+        assert ours.workflow_id == "what-if"
+        assert ours.model_dump(exclude={"workflow_id"}) == theirs.model_dump(
+            exclude={"workflow_id"}
+        )
+    assert len(source) == 5
+    async with ResumableWorkflow("what-if", manager) as wf:
+        assert wf.resume_step == 3
+        assert wf.state.to_dict() == {"n": 2}
+        assert wf.metrics.total_steps == 3
+        async with wf.step(3, agent_id="other-answer"):
+            wf.state.set("n", 30)
+    assert (await manager.get_checkpoint("src", 3)).state_snapshot.data == {"n": 3}
+
+
+async def test_fork_at_a_failed_step_reruns_it(any_storage: CheckpointStorage) -> None:
+    """Forking at a FAILED step resumes at that step, as the source would."""
+    manager = CheckpointManager(any_storage)
+    await _history(manager, 2)
+    await manager.create_checkpoint("src", 2, "x", AgentStatus.FAILED, {"n": 1})
+    await manager.fork_workflow("src", 2, "retry")
+    point = await manager.get_resume_point("retry")
+    assert point is not None and point[0] == 2
+
+
+async def test_fork_errors_write_nothing(any_storage: CheckpointStorage) -> None:
+    """A missing source or step, a taken id or a bad id raise typed errors; nothing is written."""
+    manager = CheckpointManager(any_storage)
+    await _history(manager, 2)
+    with pytest.raises(CheckpointNotFoundError) as missing:
+        await manager.fork_workflow("nope", 0, "new")
+    assert missing.value.step is None
+    with pytest.raises(CheckpointNotFoundError) as no_step:
+        await manager.fork_workflow("src", 7, "new")
+    assert no_step.value.step == 7
+    with pytest.raises(WorkflowExistsError, match="'src'"):
+        await manager.fork_workflow("src", 1, "src")
+    with pytest.raises(InvalidWorkflowIdError):
+        await manager.fork_workflow("src", 1, "")
+    with pytest.raises(InvalidWorkflowIdError):
+        await manager.fork_workflow("bad\x00id", 1, "new")
+    with pytest.raises(InvalidStepError):
+        await manager.fork_workflow("src", -1, "new")
+    assert await manager.list_workflows() == ["src"]
+    if isinstance(any_storage, WorkflowStorage):
+        await manager.register_workflow("registered")
+        with pytest.raises(WorkflowExistsError):
+            await manager.fork_workflow("src", 1, "registered")
+        assert not await manager.has_checkpoint("registered")
+
+
+async def test_fork_keeps_max_checkpoints(any_storage: CheckpointStorage) -> None:
+    """With max_checkpoints=N the fork gets the newest N steps up to the fork point."""
+    manager = CheckpointManager(any_storage, max_checkpoints=2)
+    await _history(manager, 2)
+    await manager.create_checkpoint("src", 2, "a", "completed", {"n": 2})
+    await manager.create_checkpoint("src", 3, "a", "completed", {"n": 3})
+    assert await manager.fork_workflow("src", 3, "copy") == 2
+    assert [c.step for c in await manager.list_checkpoints("copy")] == [2, 3]
+
+
+async def test_fork_into_a_driven_workflow_is_refused(any_storage: CheckpointStorage) -> None:
+    """While a block of this manager drives the new id, a fork into it is refused."""
+    manager = CheckpointManager(any_storage)
+    await _history(manager, 1)
+    async with ResumableWorkflow("busy", manager):
+        with pytest.raises(WorkflowBusyError):
+            await manager.fork_workflow("src", 0, "busy")
+
+
+def _large_state() -> dict[str, Any]:
+    rng = random.Random(7)
+    return {"docs": [{"id": i, "text": f"{rng.random():.17f}" * 8} for i in range(4000)]}
+
+
+async def test_fork_shares_blobs_and_outlives_the_source(blob_storage: CheckpointStorage) -> None:
+    """On stores with blobs a fork writes no blob; after the source is deleted and garbage
+    is collected, the fork still reads its whole state."""
+    assert isinstance(blob_storage, BlobCheckpointStorage)
+    manager = CheckpointManager(blob_storage, incremental=True)
+    state = _large_state()
+    await _history(manager, 2, state)
+    saved: list[int] = []
+    real_save_tree = blob_storage.save_tree
+
+    async def counting(*args: Any, **kwargs: Any) -> None:
+        handed = set(args[3].blobs)
+        stored = await blob_storage.fetch_blobs(handed)
+        saved.append(len(handed - set(stored)))  # blobs that would be new
+        await real_save_tree(*args, **kwargs)
+
+    blob_storage.save_tree = counting  # type: ignore[method-assign]
+    try:
+        assert await manager.fork_workflow("src", 1, "fork") == 2
+    finally:
+        del blob_storage.save_tree
+    assert saved == [0, 0]
+    await manager.delete_checkpoints("src")
+    if hasattr(blob_storage, "base_dir"):  # the file store: mark and sweep, no grace
+        await blob_storage.collect_garbage(grace=0)  # type: ignore[call-arg]
+    else:
+        await blob_storage.collect_garbage()
+    fork = await manager.get_checkpoint("fork", 1)
+    assert fork.state_snapshot.data == state
+    assert (await manager.get_checkpoint("fork", 0)).state_snapshot.data == state
+    await manager.delete_checkpoints("fork")
+    if hasattr(blob_storage, "base_dir"):
+        assert await blob_storage.collect_garbage(grace=0) > 0  # type: ignore[call-arg]
