@@ -35,6 +35,8 @@ EXPECTED = {
     "StoredCheckpoint",
     "UnsupportedOperationError",
     "WorkflowRecord",
+    "Page",
+    "RetryPolicy",
     "WorkflowStatus",
     "WorkflowStorage",
     "__version__",

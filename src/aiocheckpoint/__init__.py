@@ -22,7 +22,7 @@ from .errors import (
     StorageSchemaError,
     UnsupportedOperationError,
 )
-from .leases import Lease, WorkflowRecord, WorkflowStatus
+from .leases import Lease, Page, RetryPolicy, WorkflowRecord, WorkflowStatus
 from .manager import CheckpointManager, ResumePoint
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, StateVersion
 from .state import SharedState
@@ -81,9 +81,11 @@ __all__ = [
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
+    "Page",
     "PostgresCheckpointStorage",
     "ResumableWorkflow",
     "ResumePoint",
+    "RetryPolicy",
     "SQLiteCheckpointStorage",
     "SharedState",
     "StateSnapshot",

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InvalidArgumentError, LeaseLostError
 
@@ -68,6 +68,12 @@ class RetryPolicy(BaseModel):
     backoff_factor: float = Field(default=2.0, ge=1, le=100)
     max_backoff: float = Field(default=300.0, ge=0, le=10**7)
     retry_on: tuple[str, ...] = ()
+
+    def __init__(self, **fields: Any) -> None:
+        try:
+            super().__init__(**fields)
+        except ValidationError as exc:
+            raise InvalidArgumentError(f"invalid RetryPolicy: {exc}") from None
 
     @field_validator("retry_on", mode="before")
     @classmethod

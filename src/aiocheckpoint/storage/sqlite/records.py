@@ -330,6 +330,11 @@ def read_records(conn: sqlite3.Connection, status: WorkflowStatus | None) -> lis
         rows = conn.execute(_LIST).fetchall()
     else:
         rows = conn.execute(_LIST_STATUS, (status.value,)).fetchall()
+    return _valid_records(rows)
+
+
+def _valid_records(rows: list[Any]) -> list[WorkflowRecord]:
+    """The rows as records; one that is not valid is skipped (and logged)."""
     found: list[WorkflowRecord] = []
     for row in rows:
         try:
@@ -352,15 +357,7 @@ def query_records(conn: sqlite3.Connection, query: WorkflowQuery) -> list[Workfl
     """One page of the records passing ``query`` (see :func:`query_sql`)."""
     columns = [c.strip() for c in _COLUMNS.split(",")]
     sql, args = query_sql(query, columns, "workflows", "workflow_metadata", _placeholder, _seconds)
-    rows = conn.execute(sql, args).fetchall()
-    found: list[WorkflowRecord] = []
-    for row in rows:
-        try:
-            found.append(_record(row))
-        except _DAMAGE:
-            continue
-    warn_skipped("workflows", len(rows) - len(found))
-    return found
+    return _valid_records(conn.execute(sql, args).fetchall())
 
 
 def foreign_records(conn: sqlite3.Connection) -> list[ForeignRow]:
