@@ -22,12 +22,14 @@ from aiocheckpoint import (
     SQLiteCheckpointStorage,
     WorkflowStatus,
 )
+from aiocheckpoint.cli.store import open_store
 from aiocheckpoint.storage.postgres import schema as _pg_schema
 from aiocheckpoint.storage.queries import WorkflowQuery, metadata_pairs, query_sql
 from aiocheckpoint.storage.sqlite.schema import MIGRATIONS, migrate
 from tests.pg_support import DSN, pg_schema
+from tests.test_cli import NewStore, cli, new_store
 
-__all__ = ["pg_schema"]
+__all__ = ["new_store", "pg_schema"]
 
 
 @pytest.fixture
@@ -144,3 +146,36 @@ async def test_bad_listing_arguments_are_typed_errors() -> None:
         ):
             with pytest.raises(InvalidArgumentError):
                 await manager.list_workflow_records(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_cli_workflows_filters_and_pages(new_store: NewStore, kind: str) -> None:
+    """``workflows --status --meta --limit`` pages through the records with a cursor."""
+    url = new_store(kind)
+    async with open_store(url, must_exist=False) as manager:
+        for n in range(5):
+            tenant = "a" if n != 2 else "b"
+            await manager.register_workflow(f"wf-{n}", metadata={"tenant": tenant, "n": n})
+        await manager.mark_workflow("wf-4", "finished")
+    first = cli("workflows", url, "--status", "unfinished", "--meta", "tenant=a", "--limit", "2")
+    assert first.code == 0, first.err
+    assert "wf-0" in first.out and "wf-1" in first.out and "wf-3" not in first.out
+    assert "more: aiocheckpoint workflows" in first.err and "--cursor" in first.err
+    page = cli("workflows", url, "--status", "unfinished", "--meta", "tenant=a", "--json")
+    got = page.json()
+    assert isinstance(got, dict)
+    assert [w["workflow_id"] for w in got["workflows"]] == ["wf-0", "wf-1", "wf-3"]
+    assert got["next_cursor"] is None
+    args = ["workflows", url, "--meta", "n=1", "--limit", "1", "--json"]
+    one = cli(*args).json()
+    assert isinstance(one, dict) and [w["workflow_id"] for w in one["workflows"]] == ["wf-1"]
+    rest = cli(*args, "--cursor", one["next_cursor"]).json()
+    assert isinstance(rest, dict) and rest["workflows"] == [] and rest["next_cursor"] is None
+    assert "cursor" in cli("workflows", url, "--cursor", "junk").error_line()
+
+
+def test_cli_filters_need_workflow_records(new_store: NewStore) -> None:
+    """The file store keeps no workflow records: a filter is a clear error."""
+    url = new_store("file")
+    Path(url.removeprefix("file:")).mkdir()
+    assert "workflow records" in cli("workflows", url, "--status", "paused").error_line()
