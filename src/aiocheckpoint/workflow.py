@@ -15,7 +15,7 @@ from typing_extensions import Self
 
 from ._validation import check_step, check_workflow_id
 from .errors import InvalidArgumentError, LeaseError, LeaseLostError
-from .leases import Lease, RetryPolicy, WorkflowStatus
+from .leases import Lease, RetryPolicy, WorkflowRecord, WorkflowStatus
 from .manager import CheckpointManager
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, utcnow
 from .state import SharedState
@@ -263,8 +263,7 @@ class ResumableWorkflow:
         try:
             await self.try_resume()
             if manager.supports_workflow_records():
-                record = await manager.register_workflow(self.workflow_id, metadata=self._metadata)
-                self.resume_input = record.resume_input
+                await self._read_record()
         except BaseException:
             await self._release()
             raise
@@ -273,6 +272,16 @@ class ResumableWorkflow:
                 self._renew_forever(asyncio.current_task())
             )
         return self
+
+    async def _read_record(self) -> None:
+        """Store the metadata (a write only when given); read the resume input."""
+        manager = self.checkpoint_manager
+        record: WorkflowRecord | None
+        if self._metadata is not None:
+            record = await manager.register_workflow(self.workflow_id, metadata=self._metadata)
+        else:
+            record = await manager.get_workflow(self.workflow_id)
+        self.resume_input = None if record is None else record.resume_input
 
     async def __aexit__(
         self,
