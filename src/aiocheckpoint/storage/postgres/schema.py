@@ -103,18 +103,25 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE {s}.workflows DROP CONSTRAINT IF EXISTS workflows_status_check",
         "ALTER TABLE {s}.workflows ADD CONSTRAINT workflows_status_check "
         "CHECK (status IN ('unfinished', 'finished', 'failed', 'paused'))",
-        "ALTER TABLE {s}.workflows ADD COLUMN metadata text NOT NULL DEFAULT '{{}}', "
-        "ADD COLUMN latest_step bigint, ADD COLUMN latest_agent_id text, "
-        'ADD COLUMN latest_agent_status text COLLATE "C", '
-        "ADD COLUMN attempts integer NOT NULL DEFAULT 0, ADD COLUMN last_error text, "
-        "ADD COLUMN retry_at timestamptz, ADD COLUMN resume_input text",
+        # IF NOT EXISTS: a store put back to an older version by hand (as the tests do)
+        # migrates again cleanly.
+        "ALTER TABLE {s}.workflows "
+        "ADD COLUMN IF NOT EXISTS metadata text NOT NULL DEFAULT '{{}}', "
+        "ADD COLUMN IF NOT EXISTS latest_step bigint, "
+        "ADD COLUMN IF NOT EXISTS latest_agent_id text, "
+        'ADD COLUMN IF NOT EXISTS latest_agent_status text COLLATE "C", '
+        "ADD COLUMN IF NOT EXISTS attempts integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN IF NOT EXISTS last_error text, "
+        "ADD COLUMN IF NOT EXISTS retry_at timestamptz, "
+        "ADD COLUMN IF NOT EXISTS resume_input text",
         # Pages of a listing filtered by status or by the latest step's agent status.
-        "CREATE INDEX workflows_status ON {s}.workflows (status, workflow_id)",
-        "CREATE INDEX workflows_agent_status ON {s}.workflows (latest_agent_status, workflow_id)",
+        "CREATE INDEX IF NOT EXISTS workflows_status ON {s}.workflows (status, workflow_id)",
+        "CREATE INDEX IF NOT EXISTS workflows_agent_status "
+        "ON {s}.workflows (latest_agent_status, workflow_id)",
         # One row per top-level metadata key (value: canonical JSON text), so that a filter
         # on a key walks an index in workflow id order; it goes with its workflow.
         """
-        CREATE TABLE {s}.workflow_metadata (
+        CREATE TABLE IF NOT EXISTS {s}.workflow_metadata (
             workflow_id text COLLATE "C" NOT NULL
                 REFERENCES {s}.workflows (workflow_id) ON DELETE CASCADE,
             key text COLLATE "C" NOT NULL,
@@ -122,7 +129,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (workflow_id, key)
         )
         """,
-        "CREATE INDEX workflow_metadata_value ON {s}.workflow_metadata (key, value, workflow_id)",
+        "CREATE INDEX IF NOT EXISTS workflow_metadata_value "
+        "ON {s}.workflow_metadata (key, value, workflow_id)",
     ),
 )
 

@@ -44,7 +44,7 @@ logger = logging.getLogger("aiocheckpoint")
 
 _PAGE_SIZE: Final = 4096
 #: What a record operation raises before it writes anything: only its caller fails.
-_REFUSALS: Final = (LeaseError, InvalidArgumentError, CheckpointNotFoundError)
+_REFUSALS: Final = (InvalidArgumentError, CheckpointNotFoundError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,8 +257,12 @@ class Writer:
             if not isinstance(op, SaveOp):
                 try:
                     results.append(cls._apply(conn, op))
-                except _REFUSALS as exc:  # refused before writing: only this caller fails
+                except LeaseError as exc:  # refused before writing: only this caller fails
                     results.append(exc)
+                except _REFUSALS as exc:
+                    if not isinstance(op, RecordOp):
+                        raise  # a save may have written part: the batch reruns op by op
+                    results.append(exc)  # record ops refuse before writing
                 start += 1
                 continue
             run = [op]
