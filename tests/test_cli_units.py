@@ -209,6 +209,8 @@ _DOC_VALUES = {
     "STEP_B": "2",
     "N": "5",
     "FILE.jsonl": "f.jsonl",
+    "TIME": "2026-01-31T12:00:00Z",
+    "KEY=VALUE": "tenant=acme",
 }
 
 

@@ -29,6 +29,7 @@ from aiocheckpoint import (
     StateSnapshot,
     StorageBackendError,
 )
+from aiocheckpoint.codec.v1 import encode_checkpoint
 from aiocheckpoint.format import open_record_v2 as _open_v2
 from aiocheckpoint.incremental import (
     SplitResult,
@@ -151,7 +152,12 @@ async def test_store_at_version_2_migrates_and_reads_its_records(
     monkeypatch.setattr(_pg_schema, "MIGRATIONS", _pg_schema.MIGRATIONS[:2])
     monkeypatch.setattr(_pg_schema, "SCHEMA_VERSION", 2)
     async with CheckpointManager(store(pg_schema)) as old:
-        await old._storage.save("wf", 0, b"raw record")
+        await old._storage.list_workflows()  # creates the version-2 schema
+    # Written as version-2 code wrote it (today's statements name later columns).
+    await admin.execute(
+        f'INSERT INTO "{pg_schema}".checkpoints (workflow_id, step, data) '
+        "VALUES ('wf', 0, 'raw record'::bytea)"
+    )
     assert await admin.fetchval(f"SELECT to_regclass('\"{pg_schema}\".blobs')") is None
     monkeypatch.undo()
     big = {"text": "x" * 20_000, "items": list(range(2_000))}
@@ -161,7 +167,7 @@ async def test_store_at_version_2_migrates_and_reads_its_records(
         await manager.create_checkpoint("wf", 1, "a", "running", big)
         assert (await manager.get_checkpoint("wf", 1)).state_snapshot.data == big
     version = await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta')
-    assert version == str(_pg_schema.SCHEMA_VERSION) == "4"
+    assert version == str(_pg_schema.SCHEMA_VERSION)
     assert await check_counts(admin, pg_schema) > 0
 
 
@@ -188,7 +194,7 @@ async def test_store_at_version_3_moves_its_counts_to_blob_refs(
     async with CheckpointManager(store(pg_schema)) as manager:
         for step, state in enumerate(states):
             assert (await manager.get_checkpoint("wf", step)).state_snapshot.data == state
-        assert await admin.fetchval(f"SELECT value FROM {s}.meta") == "4"
+        assert await admin.fetchval(f"SELECT value FROM {s}.meta") == str(_pg_schema.SCHEMA_VERSION)
         assert dict(await admin.fetch(f"SELECT hash, refs FROM {s}.blob_refs")) == counts
         columns = await admin.fetch(
             "SELECT column_name FROM information_schema.columns "
@@ -210,14 +216,30 @@ async def test_old_store_records_written_by_version_2_code_read_after_upgrade(
     monkeypatch.setattr(_pg_schema, "SCHEMA_VERSION", 2)
     states = [{"k": i} for i in range(3)]
     async with CheckpointManager(store(pg_schema), incremental=False) as manager:
+        await manager.list_workflows()  # creates the version-2 schema
         for i, state in enumerate(states):
-            await manager.create_checkpoint("wf", i, "a", "completed", state)
+            # The records version-2 code wrote (today's statements name later columns).
+            cp = Checkpoint(
+                workflow_id="wf",
+                step=i,
+                agent_id="a",
+                status=AgentStatus.COMPLETED,
+                state_snapshot=StateSnapshot(data=state),
+            )
+            await admin.execute(
+                f'INSERT INTO "{pg_schema}".checkpoints (workflow_id, step, data) '
+                "VALUES ($1, $2, $3)",
+                "wf",
+                i,
+                encode_checkpoint(cp),
+            )
     monkeypatch.undo()
     async with CheckpointManager(store(pg_schema)) as manager:
         listed = await manager.list_checkpoints("wf")
         assert [c.state_snapshot.data for c in listed] == states
         assert await manager.delete_checkpoints("wf", 1)
-    assert await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta') == "4"
+    version = await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta')
+    assert version == str(_pg_schema.SCHEMA_VERSION)
 
 
 async def test_concurrent_writers_sharing_subtrees_keep_counts_exact(

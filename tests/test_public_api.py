@@ -37,6 +37,8 @@ EXPECTED = {
     "WorkflowBusyError",
     "WorkflowExistsError",
     "WorkflowRecord",
+    "Page",
+    "RetryPolicy",
     "WorkflowStatus",
     "WorkflowStorage",
     "__version__",

@@ -28,7 +28,7 @@ from .errors import (
     WorkflowBusyError,
     WorkflowExistsError,
 )
-from .leases import Lease, WorkflowRecord, WorkflowStatus
+from .leases import Lease, Page, RetryPolicy, WorkflowRecord, WorkflowStatus
 from .manager import CheckpointManager, ResumePoint
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, StateVersion
 from .state import SharedState
@@ -88,9 +88,11 @@ __all__ = [
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
+    "Page",
     "PostgresCheckpointStorage",
     "ResumableWorkflow",
     "ResumePoint",
+    "RetryPolicy",
     "SQLiteCheckpointStorage",
     "SharedState",
     "StateSnapshot",

@@ -15,12 +15,25 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InvalidArgumentError, LeaseLostError
 
-__all__ = ["Lease", "WorkflowRecord", "WorkflowStatus", "check_ttl", "fence_token"]
+__all__ = [
+    "Lease",
+    "Page",
+    "RetryPolicy",
+    "WorkflowRecord",
+    "WorkflowStatus",
+    "check_ttl",
+    "fence_token",
+]
+
+_T = TypeVar("_T")
+#: The most attempts a retry policy may allow (its delays travel with every failure).
+MAX_ATTEMPTS = 1000
 
 
 class WorkflowStatus(str, Enum):
@@ -29,9 +42,61 @@ class WorkflowStatus(str, Enum):
     UNFINISHED = "unfinished"
     FINISHED = "finished"
     FAILED = "failed"
+    #: Waiting for :meth:`~aiocheckpoint.CheckpointManager.resume_workflow` (a human, an
+    #: event, a budget): never claimed by runners.
+    PAUSED = "paused"
 
     def __str__(self) -> str:
         return self.value
+
+
+class RetryPolicy(BaseModel):
+    """How a runner pool retries a workflow whose run failed.
+
+    A run that fails with a retryable error puts the workflow back in the pool
+    (``unfinished``) until ``max_attempts`` runs have failed; runners cannot claim it before
+    its backoff has elapsed (by the storage's clock). The delay before retry ``n`` (1-based)
+    is ``backoff * backoff_factor ** (n - 1)``, at most ``max_backoff`` seconds.
+    ``retry_on`` names the retryable exception types (a type or its ``__qualname__``; a
+    subclass of a named type counts too); empty means every :class:`Exception`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS, strict=True)
+    backoff: float = Field(default=1.0, ge=0, le=10**7)
+    backoff_factor: float = Field(default=2.0, ge=1, le=100)
+    max_backoff: float = Field(default=300.0, ge=0, le=10**7)
+    retry_on: tuple[str, ...] = ()
+
+    def __init__(self, **fields: Any) -> None:
+        try:
+            super().__init__(**fields)
+        except ValidationError as exc:
+            raise InvalidArgumentError(f"invalid RetryPolicy: {exc}") from None
+
+    @field_validator("retry_on", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        if isinstance(value, (str, type)):
+            value = (value,)
+        if isinstance(value, (list, tuple)):
+            return tuple(v.__qualname__ if isinstance(v, type) else v for v in value)
+        return value
+
+    def delays(self) -> list[float]:
+        """The delay before each retry: ``max_attempts - 1`` of them."""
+        return [
+            min(self.backoff * self.backoff_factor**n, self.max_backoff)
+            for n in range(self.max_attempts - 1)
+        ]
+
+    def retryable(self, error: BaseException) -> bool:
+        """Whether a run that raised ``error`` may be retried."""
+        if not isinstance(error, Exception):
+            return False
+        names = {c.__qualname__ for c in type(error).__mro__}
+        return not self.retry_on or not names.isdisjoint(self.retry_on)
 
 
 class Lease(BaseModel):
@@ -49,10 +114,22 @@ class Lease(BaseModel):
     token: int
     expires_at: datetime
     ttl: float
+    #: The pool's retry policy, when the lease came from ``claim_workflow(retry=...)``.
+    retry: RetryPolicy | None = None
 
 
 class WorkflowRecord(BaseModel):
-    """A workflow's status, timestamps and current lease (if any)."""
+    """A workflow's status, timestamps, current lease (if any), metadata and progress.
+
+    ``metadata`` is what the workflow was registered with (tenant, user, kind...);
+    ``latest_step``, ``latest_agent_id`` and ``latest_agent_status`` describe its
+    highest checkpoint, kept up to date by every save in the same transaction.
+    ``attempts`` counts the runs that failed, ``last_error`` is the latest failure
+    (``{"type": ..., "message": ...}``) and ``retry_at`` is when a workflow waiting to be
+    retried may be claimed again. ``resume_input`` is what
+    :meth:`~aiocheckpoint.CheckpointManager.resume_workflow` delivered to the next run,
+    until that run writes its first checkpoint.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -64,6 +141,24 @@ class WorkflowRecord(BaseModel):
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     fencing_token: int = 0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    latest_step: int | None = None
+    latest_agent_id: str | None = None
+    latest_agent_status: str | None = None
+    attempts: int = 0
+    last_error: dict[str, str] | None = None
+    retry_at: datetime | None = None
+    resume_input: Any = None
+
+
+class Page(list[_T], Generic[_T]):
+    """One page of a listing: a list, plus the cursor of the next page (None: the last)."""
+
+    next_cursor: str | None
+
+    def __init__(self, items: Any = (), next_cursor: str | None = None) -> None:
+        super().__init__(items)
+        self.next_cursor = next_cursor
 
 
 def check_ttl(ttl: object) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -31,7 +32,15 @@ from .errors import (
     WorkflowBusyError,
     WorkflowExistsError,
 )
-from .leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
+from .leases import (
+    Lease,
+    Page,
+    RetryPolicy,
+    WorkflowRecord,
+    WorkflowStatus,
+    check_ttl,
+    fence_token,
+)
 from .models import (
     AgentStatus,
     Checkpoint,
@@ -49,6 +58,7 @@ from .storage.base import (
     WorkflowStorage,
 )
 from .storage.memory import InMemoryCheckpointStorage
+from .storage.queries import StepInfo, build_query, encode_cursor, json_text
 
 __all__ = ["CheckpointManager", "ResumePoint"]
 
@@ -178,6 +188,7 @@ class CheckpointManager:
         values = DEFAULT_VALUES if types is None else TypedValues(types)
         # Everything between a validated call and the storage: copies, encoding, decoding.
         self._codec = RecordCodec(self._storage, blobs, values)
+        self._keeps_records = isinstance(self._storage, WorkflowStorage)
         self._closed = False
         #: Workflows an active ResumableWorkflow block (or a fork) drives: one at a time.
         self._drivers: set[str] = set()
@@ -254,6 +265,8 @@ class CheckpointManager:
         if lease is not None:
             fence_token(lease, workflow_id)
             self._workflow_storage()
+        # What the workflow's record says of its latest step (stores with records only).
+        info = StepInfo(agent_id, checkpoint.status.value) if self._keeps_records else None
         if copied - copying > _HELD_LONG:
             # A large state's copy (which must happen before any await: the caller may
             # change the state afterwards) held the loop: let it run before the encoding,
@@ -268,17 +281,31 @@ class CheckpointManager:
                 record, split = tree
                 returned = await codec.returned_tree(checkpoint)
                 await blobs.save_tree(
-                    workflow_id, step, record, split, keep_last=self._max_checkpoints, fence=lease
+                    workflow_id,
+                    step,
+                    record,
+                    split,
+                    keep_last=self._max_checkpoints,
+                    fence=lease,
+                    step_info=info,
                 )
                 codec.remember(workflow_id, split)
                 return returned
         data = codec.encode(checkpoint, finite)
         returned = codec.returned(checkpoint, data)  # before the save: it may refuse a value
-        if lease is None:
+        if info is None:
             await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
         else:
-            await self._workflow_storage().save(
-                workflow_id, step, data, keep_last=self._max_checkpoints, fence=lease
+            # Known to be a WorkflowStorage (_keeps_records): a protocol isinstance check
+            # here would cost the hot path ~10 us per checkpoint.
+            records: WorkflowStorage = self._storage  # type: ignore[assignment]
+            await records.save(
+                workflow_id,
+                step,
+                data,
+                keep_last=self._max_checkpoints,
+                fence=lease,
+                step_info=info,
             )
         return returned
 
@@ -488,19 +515,39 @@ class CheckpointManager:
         data = self._codec.encode(checkpoint.model_copy(update={"workflow_id": new_id}), False)
         await storage.save(new_id, record.step, data, keep_last=keep)
 
-    async def list_workflows(self, status: WorkflowStatus | str | None = None) -> list[str]:
+    async def list_workflows(
+        self,
+        status: WorkflowStatus | str | None = None,
+        *,
+        agent_status: AgentStatus | str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> list[str]:
         """Every workflow id that has at least one checkpoint, sorted.
 
         With ``status`` (for example ``"unfinished"``, what a runner resumes after a
-        restart), the ids of the workflow records with that status instead; this needs a
+        restart, or ``"paused"``, what waits for a human) or any other filter of
+        :meth:`list_workflow_records`, the ids of the matching workflow records instead
+        (a :class:`~aiocheckpoint.Page`, whose ``next_cursor`` continues it); this needs a
         backend with workflow records.
         """
         self._check_open()
-        if status is None:
+        filters = (agent_status, metadata, updated_after, updated_before, limit, cursor)
+        if status is None and all(f is None for f in filters):
             return await self._storage.list_workflows()
-        wanted = _workflow_status(status)
-        records = await self._workflow_storage().list_workflow_records(wanted)
-        return [record.workflow_id for record in records]
+        page = await self.list_workflow_records(
+            status,
+            agent_status=agent_status,
+            metadata=metadata,
+            updated_after=updated_after,
+            updated_before=updated_before,
+            limit=limit,
+            cursor=cursor,
+        )
+        return Page([record.workflow_id for record in page], page.next_cursor)
 
     # --- workflow records and leases --------------------------------------------------
 
@@ -510,25 +557,92 @@ class CheckpointManager:
         return await self._workflow_storage().get_workflow(check_workflow_id(workflow_id))
 
     async def list_workflow_records(
-        self, status: WorkflowStatus | str | None = None
-    ) -> list[WorkflowRecord]:
-        """Workflow records ordered by id, optionally only those with ``status``."""
+        self,
+        status: WorkflowStatus | str | None = None,
+        *,
+        agent_status: AgentStatus | str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[WorkflowRecord]:
+        """Workflow records ordered by id, filtered, one page at a time.
+
+        Filters (all optional, combined with AND): the workflow ``status``; the
+        ``agent_status`` of its latest step (e.g. ``"blocked"``); ``metadata`` equality on
+        each given top-level key; ``updated_after`` / ``updated_before`` (exclusive,
+        aware datetimes). ``limit`` (1-10,000) caps the page; pass the returned page's
+        ``next_cursor`` as ``cursor`` for the next one (None: it was the last). On SQLite
+        and PostgreSQL a page filtered by status, agent status or a metadata key is an
+        index walk: it costs about the page, however many workflows the store holds.
+        """
         self._check_open()
         wanted = None if status is None else _workflow_status(status)
-        return await self._workflow_storage().list_workflow_records(wanted)
+        agent = None if agent_status is None else _status(agent_status).value
+        query = build_query(wanted, agent, metadata, (updated_after, updated_before), limit, cursor)
+        records = await self._workflow_storage().query_workflow_records(query)
+        full = limit is not None and len(records) == limit
+        return Page(records, encode_cursor(records[-1].workflow_id) if full else None)
 
-    async def register_workflow(self, workflow_id: str) -> WorkflowRecord:
+    async def register_workflow(
+        self, workflow_id: str, *, metadata: Mapping[str, Any] | None = None
+    ) -> WorkflowRecord:
         """Create an UNFINISHED record for a workflow that has none; return its record.
 
         Runners can then claim it with :meth:`claim_workflow` before any checkpoint exists.
+        ``metadata`` (a JSON object: tenant, user, kind...) replaces the record's metadata,
+        which :meth:`list_workflow_records` filters on.
         """
         self._check_open()
         storage = self._workflow_storage()
         workflow_id = check_workflow_id(workflow_id)
-        record = await storage.get_workflow(workflow_id)
-        if record is not None:
-            return record
-        return await storage.set_workflow_status(workflow_id, WorkflowStatus.UNFINISHED)
+        meta = None if metadata is None else _metadata_text(metadata)
+        return await storage.register_workflow(workflow_id, metadata=meta)
+
+    async def resume_workflow(self, workflow_id: str, input: Any = None) -> WorkflowRecord:
+        """Make a PAUSED workflow claimable again, delivering ``input`` to its next run.
+
+        ``input`` (any JSON value) is stored with the workflow record in the same
+        transaction that makes it UNFINISHED, so it survives a crash before the next run;
+        that run reads it as :attr:`ResumableWorkflow.resume_input`, and it is cleared by
+        the first checkpoint the run writes. A workflow that is not paused raises
+        :class:`~aiocheckpoint.InvalidArgumentError`; an unknown one
+        :class:`~aiocheckpoint.CheckpointNotFoundError`.
+        """
+        self._check_open()
+        storage = self._workflow_storage()
+        workflow_id = check_workflow_id(workflow_id)
+        return await storage.resume_workflow(workflow_id, json_text(input, "resume input"))
+
+    async def record_failure(
+        self,
+        workflow_id: str,
+        error: BaseException,
+        *,
+        retry: RetryPolicy | None = None,
+        lease: Lease | None = None,
+    ) -> WorkflowRecord:
+        """Count a failed run of the workflow and store its error (``type`` and ``message``).
+
+        With a ``retry`` policy that finds ``error`` retryable and attempts left, the
+        workflow goes back to UNFINISHED and no runner can claim it before the policy's
+        backoff has elapsed (by the storage's clock); otherwise it is FAILED, with the final
+        error on its record. ``ResumableWorkflow`` calls this when its block raises.
+        """
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        if not isinstance(error, BaseException):
+            raise InvalidArgumentError(f"error must be an exception, not {type(error).__name__}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgumentError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+        if lease is not None:
+            fence_token(lease, workflow_id)
+        text = json_text(_error_fields(error), "error")
+        delays = tuple(retry.delays()) if retry is not None and retry.retryable(error) else ()
+        return await self._workflow_storage().record_failure(
+            workflow_id, text, retry_delays=delays, fence=lease
+        )
 
     async def mark_workflow(
         self,
@@ -582,18 +696,26 @@ class CheckpointManager:
         await self._workflow_storage().release_lease(lease)
         _HOLDERS.dropped(self._storage, lease)
 
-    async def claim_workflow(self, owner: str, ttl: float = 30.0) -> Lease | None:
+    async def claim_workflow(
+        self, owner: str, ttl: float = 30.0, *, retry: RetryPolicy | None = None
+    ) -> Lease | None:
         """Lease the next unfinished workflow whose lease is free or expired, or return None.
 
-        Claims are atomic: concurrent runners never get the same workflow.
+        Claims are atomic: concurrent runners never get the same workflow. Paused workflows
+        and those whose retry backoff has not elapsed are never handed out. ``retry`` is the
+        pool's :class:`~aiocheckpoint.RetryPolicy`: it travels with the lease, and a
+        ``ResumableWorkflow`` driving it retries a failed run by it.
         """
         self._check_open()
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgumentError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
         lease = await self._workflow_storage().claim_next_workflow(
             _check_owner(owner), check_ttl(ttl)
         )
-        if lease is not None:
-            _HOLDERS.granted(self._storage, lease)
-        return lease
+        if lease is None:
+            return None
+        _HOLDERS.granted(self._storage, lease)
+        return lease if retry is None else lease.model_copy(update={"retry": retry})
 
     def _drive(self, workflow_id: str) -> None:
         """Become the one driver of ``workflow_id``; WorkflowBusyError if it has one."""
@@ -727,6 +849,19 @@ def _check_owner(value: Any) -> str:
     if not owner or len(owner.encode("utf-8")) > 255:
         raise InvalidArgumentError("a lease owner must be a non-empty str of at most 255 bytes")
     return owner
+
+
+def _metadata_text(metadata: Any) -> str:
+    if not isinstance(metadata, Mapping):
+        raise InvalidArgumentError(f"metadata must be a mapping, not {type(metadata).__qualname__}")
+    if not all(isinstance(key, str) for key in metadata):
+        raise InvalidArgumentError("metadata keys must be str")
+    return json_text(dict(metadata), "metadata")
+
+
+def _error_fields(error: BaseException) -> dict[str, str]:
+    # Bounded: a huge message must not make every record read large.
+    return {"type": type(error).__qualname__, "message": str(error)[:4000]}
 
 
 def _metrics_copy(metrics: ExecutionMetrics | None) -> ExecutionMetrics:

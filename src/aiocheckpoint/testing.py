@@ -27,6 +27,7 @@ over 600 lines), so that a backend's tests import everything from one place.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any, ClassVar
 
 import anyio
@@ -38,6 +39,7 @@ from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
     CheckpointSerializationError,
+    InvalidArgumentError,
     InvalidStepError,
     InvalidWorkflowIdError,
     LeaseHeldError,
@@ -45,15 +47,17 @@ from .errors import (
     StorageClosedError,
 )
 from .format.header import record_format_version
-from .leases import Lease, WorkflowStatus
+from .leases import Lease, RetryPolicy, WorkflowStatus
 from .manager import CheckpointManager
-from .models import AgentStatus
+from .models import AgentStatus, utcnow
 from .storage.base import BlobCheckpointStorage, CheckpointStorage, WorkflowStorage
+from .workflow import ResumableWorkflow
 
 __all__ = [
     "BlobStorageConformance",
     "PersistentStorageConformance",
     "StorageConformance",
+    "WorkflowLifecycleConformance",
     "WorkflowStorageConformance",
 ]
 
@@ -377,7 +381,270 @@ class PersistentStorageConformance:
             await other.close()
 
 
-class WorkflowStorageConformance:
+class _Boom(RuntimeError):
+    pass
+
+
+def _manager(storage: WorkflowStorage) -> CheckpointManager:
+    return CheckpointManager(storage)
+
+
+class WorkflowLifecycleConformance:
+    """Pausing, retries, metadata and filtered pages of workflow records (issue 15).
+
+    Part of :class:`WorkflowStorageConformance`; it runs through the public API.
+    """
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_pause_ends_the_block_paused_and_resume_delivers_input(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """pause() ends the block PAUSED; runners skip it until resume_workflow(input)."""
+        manager = _manager(storage)
+        async with ResumableWorkflow("wf", manager) as wf:
+            async with wf.step(0, agent_id="draft"):
+                wf.state.set("draft", "hello")
+            async with wf.step(1, agent_id="send"):
+                wf.state.set("sent", True)  # rolled back: the step has not run
+                await wf.pause("approve the draft", data={"draft": "hello"})
+            raise AssertionError("pause() returns only by leaving the block")
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.PAUSED
+        latest = await manager.get_latest_checkpoint("wf")
+        assert latest is not None
+        assert (latest.step, latest.status, latest.agent_id) == (1, AgentStatus.BLOCKED, "send")
+        assert latest.metadata["pause"] == {
+            "reason": "approve the draft",
+            "data": {"draft": "hello"},
+        }
+        assert "sent" not in latest.state_snapshot.data
+        assert await manager.list_workflows(status="paused") == ["wf"]
+        assert await manager.claim_workflow("runner") is None
+        resumed = await manager.resume_workflow("wf", input={"approved": True})
+        assert resumed.status is WorkflowStatus.UNFINISHED
+        assert resumed.resume_input == {"approved": True}
+        lease = await manager.claim_workflow("runner")
+        assert lease is not None and lease.workflow_id == "wf"
+        async with ResumableWorkflow("wf", manager, lease=lease) as wf:
+            assert wf.resume_input == {"approved": True}
+            assert wf.resume_step == 1
+            async with wf.step(1, agent_id="send"):
+                wf.state.set("sent", True)
+            after = await manager.get_workflow("wf")
+            assert after is not None and after.resume_input is None  # consumed by the step
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.FINISHED
+
+    async def test_pause_outside_a_step_blocks_the_next_step(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Between steps, pause() records BLOCKED at the step that comes next."""
+        manager = _manager(storage)
+        async with ResumableWorkflow("wf", manager) as wf:
+            async with wf.step(0, agent_id="a"):
+                pass
+            await wf.pause("budget exhausted")
+        latest = await manager.get_latest_checkpoint("wf")
+        assert latest is not None and (latest.step, latest.status) == (1, AgentStatus.BLOCKED)
+        point = await manager.get_resume_point("wf")
+        assert point is not None and point[0] == 1
+
+    async def test_blocked_checkpoint_or_early_return_is_not_finished(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A last BLOCKED checkpoint or an early return ends PAUSED; a whole run FINISHED.
+
+        An early return: the block leaves before step ``steps - 1`` completed.
+        """
+        manager = _manager(storage)
+        async with ResumableWorkflow("blocked", manager) as wf:
+            await wf.checkpoint(0, "agent", AgentStatus.BLOCKED)
+        async with (
+            ResumableWorkflow("early", manager, steps=3) as wf,
+            wf.step(0, agent_id="a"),
+        ):
+            pass
+        async with ResumableWorkflow("whole", manager, steps=2) as wf:
+            for n in range(2):
+                async with wf.step(n, agent_id="a"):
+                    pass
+        async with ResumableWorkflow("running", manager) as wf:
+            await wf.checkpoint(0, "agent", AgentStatus.RUNNING)
+        statuses = {r.workflow_id: r.status for r in await manager.list_workflow_records()}
+        assert statuses == {
+            "blocked": WorkflowStatus.PAUSED,
+            "early": WorkflowStatus.PAUSED,
+            "whole": WorkflowStatus.FINISHED,
+            "running": WorkflowStatus.UNFINISHED,
+        }
+
+    async def test_cancelled_block_stays_unfinished(self, storage: WorkflowStorage) -> None:
+        """A deadline or a TaskGroup sibling's failure leaves the workflow UNFINISHED."""
+        manager = _manager(storage)
+        stepped = anyio.Event()
+        with anyio.move_on_after(30) as deadline:
+            async with ResumableWorkflow("deadline", manager) as wf:
+                async with wf.step(0, agent_id="a"):
+                    pass
+                deadline.deadline = anyio.current_time()  # the deadline passes here
+                await anyio.sleep(30)
+
+        async def sibling() -> None:
+            await stepped.wait()
+            raise _Boom("sibling failed")
+
+        async def driver() -> None:
+            async with ResumableWorkflow("group", manager) as wf:
+                async with wf.step(0, agent_id="a"):
+                    pass
+                stepped.set()
+                await anyio.sleep(30)
+
+        caught: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sibling)
+                tg.start_soon(driver)
+        except Exception as exc:  # the task group's ExceptionGroup, holding _Boom
+            caught = exc
+        assert any(isinstance(e, _Boom) for e in getattr(caught, "exceptions", ()))
+        for workflow_id in ("deadline", "group"):
+            record = await manager.get_workflow(workflow_id)
+            assert record is not None and record.status is WorkflowStatus.UNFINISHED
+
+    async def test_resume_refuses_what_is_not_paused(self, storage: WorkflowStorage) -> None:
+        """resume_workflow: unknown workflow, or one that is not paused, is a typed error."""
+        manager = _manager(storage)
+        with pytest.raises(CheckpointNotFoundError):
+            await manager.resume_workflow("nobody")
+        await manager.register_workflow("wf")
+        with pytest.raises(InvalidArgumentError):
+            await manager.resume_workflow("wf", input=1)
+        await manager.mark_workflow("wf", "paused")
+        with pytest.raises(InvalidArgumentError):
+            await manager.resume_workflow("wf", input=float("nan"))
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.PAUSED
+
+    async def test_failed_run_is_retried_after_backoff_then_gives_up(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A retryable failure goes back to the pool after the backoff; the last one is final."""
+        manager = _manager(storage)
+        policy = RetryPolicy(max_attempts=2, backoff=0.3)
+        await manager.register_workflow("wf")
+        lease = await manager.claim_workflow("runner", retry=policy)
+        assert lease is not None and lease.retry == policy
+        with pytest.raises(_Boom):
+            async with ResumableWorkflow("wf", manager, lease=lease):
+                raise _Boom("first")
+        record = await manager.get_workflow("wf")
+        assert record is not None
+        assert (record.status, record.attempts) == (WorkflowStatus.UNFINISHED, 1)
+        assert record.retry_at is not None and record.retry_at > record.updated_at
+        assert await manager.claim_workflow("runner", retry=policy) is None  # backoff
+        await anyio.sleep(0.45)
+        lease = await manager.claim_workflow("runner", retry=policy)
+        assert lease is not None
+        with pytest.raises(_Boom):
+            async with ResumableWorkflow("wf", manager, lease=lease):
+                raise _Boom("second")
+        record = await manager.get_workflow("wf")
+        assert record is not None
+        assert (record.status, record.attempts) == (WorkflowStatus.FAILED, 2)
+        assert record.last_error == {"type": "_Boom", "message": "second"}
+        assert await manager.claim_workflow("runner", retry=policy) is None
+
+    async def test_non_retryable_error_fails_at_once(self, storage: WorkflowStorage) -> None:
+        """An error the policy does not name fails the workflow on the first attempt."""
+        manager = _manager(storage)
+        policy = RetryPolicy(max_attempts=5, backoff=0, retry_on=("KeyError",))
+        with pytest.raises(ValueError, match="bad input"):
+            async with ResumableWorkflow("wf", manager, retry=policy):
+                raise ValueError("bad input")
+        record = await manager.get_workflow("wf")
+        assert record is not None
+        assert (record.status, record.attempts) == (WorkflowStatus.FAILED, 1)
+        with pytest.raises(KeyError):
+            async with ResumableWorkflow("other", manager, retry=policy):
+                raise KeyError("flaky")
+        record = await manager.get_workflow("other")
+        assert record is not None and record.status is WorkflowStatus.UNFINISHED
+
+    async def test_record_names_latest_step_agent_and_status(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Each save updates the latest step, its agent and agent status; it never goes back."""
+        manager = _manager(storage)
+        await manager.create_checkpoint("wf", 0, "planner", "completed", {})
+        await manager.create_checkpoint("wf", 2, "writer", "blocked", {})
+        await manager.create_checkpoint("wf", 1, "late", "completed", {})
+        record = await manager.get_workflow("wf")
+        assert record is not None
+        assert (record.latest_step, record.latest_agent_id, record.latest_agent_status) == (
+            2,
+            "writer",
+            "blocked",
+        )
+        assert await manager.list_workflows(agent_status="blocked") == ["wf"]
+        assert await manager.list_workflows(agent_status=AgentStatus.COMPLETED) == []
+
+    async def test_filters_and_pages(self, storage: WorkflowStorage) -> None:
+        """Status, metadata and time filters combine; pages with cursors cover every match."""
+        manager = _manager(storage)
+        for n in range(24):
+            meta = {"tenant": f"t{n % 3}", "kind": "chat" if n % 2 else "batch"}
+            await manager.register_workflow(f"wf-{n:02}", metadata=meta)
+        for n in range(0, 24, 4):
+            await manager.mark_workflow(f"wf-{n:02}", "finished")
+        middle = utcnow()
+        await anyio.sleep(0.01)
+        await manager.mark_workflow("wf-23", "failed")
+        wanted = [
+            f"wf-{n:02}" for n in range(24) if n % 3 == 1 and n % 4 and n != 23
+        ]  # tenant t1, unfinished
+        pages: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await manager.list_workflow_records(
+                "unfinished", metadata={"tenant": "t1"}, limit=2, cursor=cursor
+            )
+            pages += [r.workflow_id for r in page]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert pages == wanted
+        both = await manager.list_workflows(metadata={"tenant": "t1", "kind": "chat"})
+        assert both == [f"wf-{n:02}" for n in range(24) if n % 3 == 1 and n % 2]
+        assert await manager.list_workflows(updated_after=middle) == ["wf-23"]
+        early = await manager.list_workflows(updated_before=middle, metadata={"tenant": "t2"})
+        assert "wf-23" not in early and len(early) == 7
+        record = await manager.get_workflow("wf-05")
+        assert record is not None and record.metadata == {"tenant": "t2", "kind": "chat"}
+        with pytest.raises(InvalidArgumentError):
+            await manager.list_workflows(cursor="not a cursor")
+        with pytest.raises(InvalidArgumentError):
+            await manager.register_workflow("bad", metadata={"x": object()})
+        assert await manager.get_workflow("bad") is None
+
+    async def test_metadata_is_replaced_and_goes_with_the_workflow(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Registering again replaces metadata; deleting the workflow drops it from filters."""
+        manager = _manager(storage)
+        await manager.register_workflow("wf", metadata={"tenant": "a"})
+        async with ResumableWorkflow("wf", manager, metadata={"tenant": "b"}):
+            pass
+        assert await manager.list_workflows(metadata={"tenant": "a"}) == []
+        assert await manager.list_workflows(metadata={"tenant": "b"}) == ["wf"]
+        assert await manager.delete_checkpoints("wf")
+        await manager.register_workflow("wf")
+        assert await manager.list_workflows(metadata={"tenant": "b"}) == []
+        assert await manager.list_workflows(updated_after=utcnow() - timedelta(hours=1)) == ["wf"]
+
+
+class WorkflowStorageConformance(WorkflowLifecycleConformance):
     """What backends with workflow records and leases must show (``WorkflowStorage``)."""
 
     pytestmark: ClassVar = [pytest.mark.asyncio]

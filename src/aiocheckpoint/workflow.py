@@ -8,14 +8,14 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 from typing_extensions import Self
 
 from ._validation import check_step, check_workflow_id
 from .errors import InvalidArgumentError, LeaseError, LeaseLostError
-from .leases import Lease, WorkflowStatus, check_ttl
+from .leases import Lease, RetryPolicy, WorkflowRecord, WorkflowStatus, check_ttl
 from .manager import CheckpointManager, _check_owner
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, utcnow
 from .state import SharedState
@@ -26,6 +26,19 @@ logger = logging.getLogger("aiocheckpoint")
 
 _RELEASE_TIMEOUT = 5.0
 _DEFAULT_TTL = 30.0
+
+
+class _Paused(BaseException):
+    """Raised by :meth:`ResumableWorkflow.pause` to leave the block; suppressed on exit.
+
+    A ``BaseException``, like ``GeneratorExit``: an ``except Exception`` in the block does
+    not swallow it.
+    """
+
+    def __init__(self, metadata: dict[str, Any], agent_id: str | None) -> None:
+        super().__init__("workflow paused")
+        self.metadata = metadata
+        self.agent_id = agent_id
 
 
 class ResumableWorkflow:
@@ -53,8 +66,18 @@ class ResumableWorkflow:
                 await agent.run(wf.state)
 
     On backends with workflow records (in-memory, SQLite, PostgreSQL), leaving the
-    ``async with`` block normally marks the workflow FINISHED, and leaving it with an
-    exception marks it FAILED; a cancellation leaves it UNFINISHED.
+    ``async with`` block normally marks the workflow FINISHED, unless the last checkpoint
+    the block wrote is BLOCKED (then it is PAUSED, as after :meth:`pause`), or RUNNING,
+    PENDING or FAILED (then it stays UNFINISHED), or ``steps`` was given and step
+    ``steps - 1`` has not completed (an early return: PAUSED, logged). Leaving it with an
+    exception records a failed run (:meth:`CheckpointManager.record_failure`: retried by
+    ``retry``, or by the pool's policy that came with the lease, else FAILED). A
+    cancellation (a deadline, a TaskGroup sibling's failure) leaves it UNFINISHED.
+
+    ``metadata`` (a JSON object: tenant, user, kind...) is stored on the workflow's record
+    on entry, for :meth:`CheckpointManager.list_workflow_records` to filter on.
+    :attr:`resume_input` is what :meth:`CheckpointManager.resume_workflow` delivered to
+    this run (None if nothing).
 
     Leases: pass ``lease_owner`` to acquire the workflow's lease on entry (raising
     :class:`~aiocheckpoint.LeaseHeldError` if another live owner holds it), or ``lease`` to
@@ -75,9 +98,24 @@ class ResumableWorkflow:
         lease_owner: str | None = None,
         lease: Lease | None = None,
         lease_ttl: float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        steps: int | None = None,
     ) -> None:
         self.workflow_id = check_workflow_id(workflow_id)
         _check_arguments(checkpoint_manager, initial_state, lease_owner, lease, lease_ttl)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgumentError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise InvalidArgumentError("metadata must be a mapping or None")
+        self._metadata = None if metadata is None else dict(metadata)
+        # Per workflow first, else the pool's (claim_workflow(retry=...)).
+        self._retry = retry if retry is not None else (lease.retry if lease else None)
+        self._steps = None if steps is None else check_step(steps, "steps")
+        self._last_status: AgentStatus | None = None
+        self._in_step = False
+        #: The input :meth:`CheckpointManager.resume_workflow` delivered to this run.
+        self.resume_input: Any = None
         if lease is not None and lease.workflow_id != self.workflow_id:
             raise LeaseLostError(f"the lease is for workflow {lease.workflow_id!r}")
         self.checkpoint_manager = checkpoint_manager
@@ -134,7 +172,32 @@ class ResumableWorkflow:
             lease=self.lease,
         )
         self.current_step = step
+        self._last_status = checkpoint.status
         return checkpoint
+
+    async def pause(
+        self, reason: str, data: Any = None, *, agent_id: str | None = None
+    ) -> NoReturn:
+        """Stop here, without finishing the workflow, until it is resumed.
+
+        Writes a BLOCKED checkpoint whose metadata is ``{"pause": {"reason": reason,
+        "data": data}}`` (inside a :meth:`step` block: that step, with the state rolled
+        back to its start; outside: the step that comes next), then leaves the
+        ``async with`` block, which marks the workflow PAUSED. Runners never claim it
+        until :meth:`CheckpointManager.resume_workflow`; the next run resumes at the
+        paused step, with :attr:`resume_input` set. Call it from the block's own task.
+        """
+        if not isinstance(reason, str):
+            raise InvalidArgumentError(f"reason must be str, not {type(reason).__qualname__}")
+        pause = {"pause": {"reason": reason, "data": data}}
+        if not self._in_step:
+            step = (
+                self.current_step + 1
+                if self._last_status is AgentStatus.COMPLETED
+                else (self.current_step)
+            )
+            await self.checkpoint(step, agent_id or "workflow", AgentStatus.BLOCKED, pause)
+        raise _Paused(pause, agent_id)
 
     @asynccontextmanager
     async def step(
@@ -154,8 +217,15 @@ class ResumableWorkflow:
         state = self.state
         before = state._mark()
         started = time.monotonic()
+        self._in_step = True
         try:
             yield self
+        except _Paused as paused:
+            self._in_step = False
+            self._roll_back(state, before)
+            info = {**(metadata or {}), **paused.metadata}
+            await self.checkpoint(step, paused.agent_id or agent_id, AgentStatus.BLOCKED, info)
+            raise
         except Exception as exc:
             self.metrics.elapsed_seconds += time.monotonic() - started
             self._roll_back(state, before)
@@ -165,6 +235,8 @@ class ResumableWorkflow:
             # Cancellation, KeyboardInterrupt: nothing is recorded.
             self._roll_back(state, before)
             raise
+        finally:
+            self._in_step = False
         self.metrics.elapsed_seconds += time.monotonic() - started
         await self._complete(step, agent_id, meta, state, before)
 
@@ -226,6 +298,8 @@ class ResumableWorkflow:
                     self.workflow_id, self._lease_owner, self._lease_ttl
                 )
             await self.try_resume()
+            if manager.supports_workflow_records():
+                await self._read_record()
         except BaseException:
             try:
                 await self._release()
@@ -237,6 +311,16 @@ class ResumableWorkflow:
                 self._renew_forever(asyncio.current_task())
             )
         return self
+
+    async def _read_record(self) -> None:
+        """Store the metadata (a write only when given); read the resume input."""
+        manager = self.checkpoint_manager
+        record: WorkflowRecord | None
+        if self._metadata is not None:
+            record = await manager.register_workflow(self.workflow_id, metadata=self._metadata)
+        else:
+            record = await manager.get_workflow(self.workflow_id)
+        self.resume_input = None if record is None else record.resume_input
 
     async def __aexit__(
         self,
@@ -257,18 +341,43 @@ class ResumableWorkflow:
             if cancelled and current is not None and hasattr(current, "uncancel"):
                 current.uncancel()  # the cancellation was ours (Python 3.11+ counts them)
             raise LeaseLostError(str(self._lost)) from (exc or self._lost)
+        paused = isinstance(exc, _Paused)
         try:
             if self.checkpoint_manager.supports_workflow_records():
-                if exc is None:
-                    await self._mark(WorkflowStatus.FINISHED)
+                if exc is None or paused:
+                    await self._mark(self._exit_status())
                 elif isinstance(exc, Exception):
-                    await self._mark(WorkflowStatus.FAILED)
+                    await self._mark(WorkflowStatus.FAILED, exc)
         finally:
             await self._release()
+        return paused  # type: ignore[return-value]  # suppresses the pause, nothing else
 
-    async def _mark(self, status: WorkflowStatus) -> None:
+    def _exit_status(self) -> WorkflowStatus:
+        """What a normal exit makes of the workflow (see the class docstring)."""
+        last = self._last_status
+        if last is AgentStatus.BLOCKED:
+            return WorkflowStatus.PAUSED
+        if last not in (None, AgentStatus.COMPLETED):
+            return WorkflowStatus.UNFINISHED
+        done = self.current_step + 1 if last is not None else self.resume_step
+        if self._steps is not None and done < self._steps:
+            logger.warning(
+                "workflow %r: the block returned before step %d completed; marking it paused",
+                self.workflow_id,
+                self._steps - 1,
+            )
+            return WorkflowStatus.PAUSED
+        return WorkflowStatus.FINISHED
+
+    async def _mark(self, status: WorkflowStatus, error: Exception | None = None) -> None:
+        manager = self.checkpoint_manager
         try:
-            await self.checkpoint_manager.mark_workflow(self.workflow_id, status, lease=self.lease)
+            if error is None:
+                await manager.mark_workflow(self.workflow_id, status, lease=self.lease)
+            else:
+                await manager.record_failure(
+                    self.workflow_id, error, retry=self._retry, lease=self.lease
+                )
         except LeaseError as exc:
             # Expected when a runner stalls past its lease: one line, no traceback.
             logger.warning(

@@ -12,6 +12,7 @@ from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import Checkpoint
 from .output import Output, Progress, compact, dumps, int_text, note_foreign, printable, when
+from .query import cmd_query, wants_query
 from .redact import redact_url
 from .store import (
     EXIT_STORE,
@@ -31,6 +32,8 @@ __all__ = ["checkpoint_json", "cmd_history", "cmd_show", "cmd_workflows", "load_
 
 async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
     """Table of workflows: steps, latest step and status, last write, finished or not."""
+    if wants_query(args):
+        return await cmd_query(args, out)
     async with open_store(args.url, must_exist=True) as manager:
         records: dict[str, WorkflowRecord] = {}
         if manager.supports_workflow_records():

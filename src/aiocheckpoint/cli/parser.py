@@ -13,6 +13,7 @@ from .importer import cmd_import
 from .inspect import cmd_history, cmd_show, cmd_workflows
 from .maintain import cmd_fork, cmd_prune, cmd_rm, cmd_verify
 from .output import Output
+from .query import meta_pair, moment
 from .store import EXIT_USAGE
 from .transfer import cmd_copy
 
@@ -96,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("workflows", cmd_workflows, "list workflows: steps, latest step, last write")
     p.add_argument("url", metavar="URL")
     p.add_argument("--unfinished", action="store_true", help="only unfinished workflows")
+    p.add_argument("--status", help="only this workflow status (a query of the records)")
+    p.add_argument("--agent-status", help="only workflows whose latest step has this status")
+    p.add_argument(
+        "--meta", type=meta_pair, action="append", metavar="KEY=VALUE", help="metadata equals"
+    )
+    p.add_argument("--updated-after", type=moment, metavar="TIME", help="updated after (ISO)")
+    p.add_argument("--updated-before", type=moment, metavar="TIME", help="updated before (ISO)")
+    p.add_argument("--limit", type=_positive, help="workflows per page (50 with a filter)")
+    p.add_argument("--cursor", help="the page after this cursor (printed by the last page)")
 
     p = command("history", cmd_history, "a workflow's checkpoints, newest first, paged")
     p.add_argument("url", metavar="URL")

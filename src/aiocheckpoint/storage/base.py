@@ -19,6 +19,7 @@ from typing_extensions import Self
 from ..errors import InvalidArgumentError, StorageClosedError
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..leases import Lease, WorkflowRecord, WorkflowStatus
+from .queries import StepInfo, WorkflowQuery
 
 if TYPE_CHECKING:
     from ..format.tree import SplitResult, TreeParams
@@ -28,7 +29,9 @@ __all__ = [
     "BaseStorage",
     "BlobCheckpointStorage",
     "CheckpointStorage",
+    "StepInfo",
     "StoredCheckpoint",
+    "WorkflowQuery",
     "WorkflowStorage",
     "check_max_record_bytes",
     "check_record_size",
@@ -131,9 +134,26 @@ class WorkflowStorage(CheckpointStorage, Protocol):
       as long as nobody took it over); otherwise ``LeaseLostError``.
     * ``release_lease`` frees a lease whose token is current; a stale lease is ignored.
     * ``claim_next_workflow`` atomically grants the lease of one UNFINISHED workflow whose
-      lease is free or expired (oldest record first), or returns None. Concurrent claimers
-      never get the same workflow.
-    * Expiry is judged by the storage's clock (the database server's, where there is one).
+      lease is free or expired and whose ``retry_at`` (if any) has passed (oldest record
+      first), or returns None. Concurrent claimers never get the same workflow. PAUSED,
+      FINISHED and FAILED workflows are never claimed.
+    * Expiry and backoff are judged by the storage's clock (the database server's, where
+      there is one).
+    * ``save(..., step_info=info)`` (and ``save_tree``) also sets the record's
+      ``latest_step``, ``latest_agent_id`` and ``latest_agent_status`` when ``step`` is at
+      least its ``latest_step``, sets ``updated_at``, and clears ``resume_input``: all in the
+      write's transaction.
+    * ``register_workflow`` creates an UNFINISHED record when there is none and, with
+      ``metadata``, replaces the record's metadata. ``resume_workflow`` turns a PAUSED
+      workflow UNFINISHED and stores ``resume_input`` (JSON text) with it; any other status
+      raises :class:`~aiocheckpoint.InvalidArgumentError`, no record
+      :class:`~aiocheckpoint.CheckpointNotFoundError`.
+    * ``record_failure`` counts a failed run (``attempts + 1``) and stores its error; while
+      ``attempts <= len(retry_delays)`` the workflow goes back to UNFINISHED with
+      ``retry_at = now + retry_delays[attempts - 1]``, else it is FAILED.
+    * ``query_workflow_records`` returns the records that pass a :class:`WorkflowQuery`,
+      ordered by workflow id, at most ``limit``; a filter on status, agent status or one
+      metadata key costs about the page, not the number of workflows (databases index it).
     """
 
     async def save(
@@ -144,8 +164,34 @@ class WorkflowStorage(CheckpointStorage, Protocol):
         *,
         keep_last: int | None = None,
         fence: Lease | None = None,
+        step_info: StepInfo | None = None,
     ) -> None:
         """Store a record, as in :class:`CheckpointStorage`, optionally fenced by a lease."""
+        ...
+
+    async def register_workflow(
+        self, workflow_id: str, *, metadata: str | None = None
+    ) -> WorkflowRecord:
+        """Create the record if missing; with ``metadata`` (JSON text of an object), set it."""
+        ...
+
+    async def resume_workflow(self, workflow_id: str, resume_input: str) -> WorkflowRecord:
+        """Make a PAUSED workflow claimable, with ``resume_input`` (JSON text) for its next run."""
+        ...
+
+    async def record_failure(
+        self,
+        workflow_id: str,
+        error: str,
+        *,
+        retry_delays: tuple[float, ...] = (),
+        fence: Lease | None = None,
+    ) -> WorkflowRecord:
+        """Count a failed run, store ``error`` (JSON text): retry it later, or mark it FAILED."""
+        ...
+
+    async def query_workflow_records(self, query: WorkflowQuery) -> list[WorkflowRecord]:
+        """The records passing ``query``, ordered by workflow id, at most ``query.limit``."""
         ...
 
     async def set_workflow_status(
@@ -219,11 +265,13 @@ class BlobCheckpointStorage(CheckpointStorage, Protocol):
         *,
         keep_last: int | None = None,
         fence: Lease | None = None,
+        step_info: StepInfo | None = None,
     ) -> None:
         """Store ``split``'s blobs, then the version-2 ``record`` that references them.
 
-        ``fence`` is for stores that are also :class:`WorkflowStorage` (as in its
-        ``save``); others raise :class:`~aiocheckpoint.UnsupportedOperationError` for it.
+        ``fence`` and ``step_info`` are for stores that are also :class:`WorkflowStorage`
+        (as in its ``save``); others ignore ``step_info`` and raise
+        :class:`~aiocheckpoint.UnsupportedOperationError` for ``fence``.
         """
         ...
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import bisect
+import json
 from datetime import datetime, timedelta
+from typing import Any
 
 import anyio.lowlevel
 
-from ..errors import LeaseHeldError, LeaseLostError
+from ..errors import CheckpointNotFoundError, InvalidArgumentError, LeaseHeldError, LeaseLostError
 from ..leases import Lease, WorkflowRecord, WorkflowStatus
 from ..models import utcnow
 from .base import (
@@ -17,6 +19,7 @@ from .base import (
     check_max_record_bytes,
     check_record_size,
 )
+from .queries import StepInfo, WorkflowQuery, failure_update, matches
 
 __all__ = ["InMemoryCheckpointStorage"]
 
@@ -51,6 +54,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         *,
         keep_last: int | None = None,
         fence: Lease | None = None,
+        step_info: StepInfo | None = None,
     ) -> None:
         """Store ``data`` as ``step``; keep only the ``keep_last`` highest steps if given."""
         # Yield once, as a real store would, so that a loop of saves cannot starve other tasks.
@@ -58,7 +62,9 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._check_open()
         check_record_size(data, self._max_record_bytes)
         self._check_fence(workflow_id, fence)
-        self._ensure_record(workflow_id)
+        record = self._ensure_record(workflow_id)
+        if step_info is not None:
+            self._note_step(record, step, step_info)
         wf = self._workflows.setdefault(workflow_id, _Workflow())
         if step not in wf.records:
             bisect.insort(wf.steps, step)
@@ -145,20 +151,82 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._check_open()
         self._check_fence(workflow_id, fence)
         now = utcnow()
-        record = self._ensure_record(workflow_id).model_copy(
-            update={
-                "status": status,
-                "updated_at": now,
-                "finished_at": None if status is WorkflowStatus.UNFINISHED else now,
-            }
+        ends = status in (WorkflowStatus.FINISHED, WorkflowStatus.FAILED)
+        return self._update(
+            self._ensure_record(workflow_id),
+            status=status,
+            updated_at=now,
+            finished_at=now if ends else None,
+            retry_at=None,
         )
-        self._records[workflow_id] = record
-        return record
 
     async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or None."""
         self._check_open()
         return self._records.get(workflow_id)
+
+    async def register_workflow(
+        self, workflow_id: str, *, metadata: str | None = None
+    ) -> WorkflowRecord:
+        """Create the record if missing; with ``metadata`` (JSON text), replace its metadata."""
+        self._check_open()
+        record = self._ensure_record(workflow_id)
+        if metadata is not None:
+            record = self._update(record, metadata=json.loads(metadata))
+        return record
+
+    async def resume_workflow(self, workflow_id: str, resume_input: str) -> WorkflowRecord:
+        """Make a PAUSED workflow UNFINISHED, holding ``resume_input`` for its next run."""
+        self._check_open()
+        record = self._records.get(workflow_id)
+        if record is None:
+            raise CheckpointNotFoundError(workflow_id)
+        if record.status is not WorkflowStatus.PAUSED:
+            raise InvalidArgumentError(
+                f"workflow {workflow_id!r} is {record.status}, not paused: nothing to resume"
+            )
+        return self._update(
+            record,
+            status=WorkflowStatus.UNFINISHED,
+            finished_at=None,
+            retry_at=None,
+            resume_input=json.loads(resume_input),
+        )
+
+    async def record_failure(
+        self,
+        workflow_id: str,
+        error: str,
+        *,
+        retry_delays: tuple[float, ...] = (),
+        fence: Lease | None = None,
+    ) -> WorkflowRecord:
+        """Count a failed run and store ``error``; retry it after a delay, or mark it FAILED."""
+        self._check_open()
+        self._check_fence(workflow_id, fence)
+        record = self._ensure_record(workflow_id)
+        status, delay = failure_update(record.attempts, retry_delays)
+        now = utcnow()
+        return self._update(
+            record,
+            status=status,
+            attempts=record.attempts + 1,
+            last_error=json.loads(error),
+            finished_at=now if delay is None else None,
+            retry_at=None if delay is None else now + timedelta(seconds=delay),
+        )
+
+    async def query_workflow_records(self, query: WorkflowQuery) -> list[WorkflowRecord]:
+        """The records passing ``query``, ordered by workflow id (a pass over every record)."""
+        self._check_open()
+        found: list[WorkflowRecord] = []
+        for workflow_id in sorted(self._records):
+            if query.limit is not None and len(found) >= query.limit:
+                break
+            record = self._records[workflow_id]
+            if matches(record, query):
+                found.append(record)
+        return found
 
     async def list_workflow_records(
         self, status: WorkflowStatus | None = None
@@ -205,7 +273,9 @@ class InMemoryCheckpointStorage(BaseStorage):
         free = [
             r
             for r in self._records.values()
-            if r.status is WorkflowStatus.UNFINISHED and (r.lease_owner is None or _expired(r, now))
+            if r.status is WorkflowStatus.UNFINISHED
+            and (r.lease_owner is None or _expired(r, now))
+            and (r.retry_at is None or r.retry_at <= now)
         ]
         if not free:
             return None
@@ -224,6 +294,23 @@ class InMemoryCheckpointStorage(BaseStorage):
             )
             self._records[workflow_id] = record
         return record
+
+    def _update(self, record: WorkflowRecord, **changes: Any) -> WorkflowRecord:
+        record = record.model_copy(update={"updated_at": utcnow(), **changes})
+        self._records[record.workflow_id] = record
+        return record
+
+    def _note_step(self, record: WorkflowRecord, step: int, info: StepInfo) -> None:
+        if record.latest_step is None or step >= record.latest_step:
+            self._update(
+                record,
+                latest_step=step,
+                latest_agent_id=info.agent_id,
+                latest_agent_status=info.agent_status,
+                resume_input=None,
+            )
+        else:
+            self._update(record, resume_input=None)
 
     def _current(self, lease: Lease) -> WorkflowRecord:
         record = self._records.get(lease.workflow_id)

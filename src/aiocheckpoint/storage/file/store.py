@@ -275,8 +275,11 @@ class FileCheckpointStorage(BaseStorage):
         *,
         keep_last: int | None = None,
         fence: Lease | None = None,
+        step_info: object = None,
     ) -> None:
         """Durably store ``split``'s blobs, then ``record`` as ``step`` (as in :meth:`save`).
+
+        ``step_info`` is ignored: this store keeps no workflow records.
 
         The new blobs go into one pack file (one write, fsync, rename and directory
         fsync); blobs already stored cost a ``stat`` of their pack (none while this

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...errors import CheckpointError, LeaseLostError, StorageBackendError
 from ...format import SplitResult
+from ..queries import StepInfo
 from ..refcounts import held_root_refs
 from .blobs import BlobLockBusy, Blobs
 from .connection import (
@@ -52,6 +53,7 @@ class Write:
     token: int | None
     future: asyncio.Future[None] = field(repr=False)
     split: SplitResult | None = field(default=None, repr=False)
+    step_info: StepInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,11 @@ class _BatchTransaction:
             [w.data for w in batch],
             [w.token for w in batch],
         )
+        # $7 and $8 of the upsert: the agent and agent status of each row (None: not told).
+        self._infos = (
+            [None if w.step_info is None else w.step_info.agent_id for w in batch],
+            [None if w.step_info is None else w.step_info.agent_status for w in batch],
+        )
         self._keeps = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
         self._splits = {(w.workflow_id, w.step): w.split for w in batch if w.split is not None}
         self._sql = sql
@@ -259,7 +266,7 @@ class _BatchTransaction:
             # One statement, its implicit transaction committing before it returns, unless
             # it would replace a version-2 record (refs to release): then it writes nothing
             # and the batch runs in a transaction below.
-            rows = await con.fetch(self._sql.upsert, *self._args, True, [])
+            rows = await con.fetch(self._sql.upsert, *self._args, True, [], *self._infos)
             if rows:
                 self._record(rows, committed=True)
                 return
@@ -274,7 +281,9 @@ class _BatchTransaction:
             await self._blobs.lock(con)
         if self._splits:
             await self._blobs.add(con, self._splits.values())
-        rows = await con.fetch(self._sql.upsert, *self._args, False, sorted(self._keeps))
+        rows = await con.fetch(
+            self._sql.upsert, *self._args, False, sorted(self._keeps), *self._infos
+        )
         released = self._record(rows, committed=False)
         for key, split in self._splits.items():
             if key not in self.written:

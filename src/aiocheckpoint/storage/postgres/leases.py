@@ -8,12 +8,20 @@ batch statement. See docs/leases.md.
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from typing import Any
 
-from ...errors import LeaseHeldError, LeaseLostError
+from ...errors import (
+    CheckpointNotFoundError,
+    InvalidArgumentError,
+    LeaseHeldError,
+    LeaseLostError,
+)
 from ...leases import Lease, WorkflowRecord, WorkflowStatus
+from ..queries import WorkflowQuery, metadata_pairs, query_sql
 from .connection import Connection
-from .sql import Sql
+from .sql import RECORD_COLUMNS, Sql
 
 __all__ = ["Leases"]
 
@@ -52,6 +60,72 @@ class Leases:
         sql = self._sql.list_records
         run = self._connection.run
         rows = await run("list_workflow_records", lambda con: con.fetch(sql, value))
+        return [_workflow_record(row) for row in rows]
+
+    async def register(self, workflow_id: str, metadata: str | None) -> WorkflowRecord:
+        """Create the record if missing; with ``metadata``, replace it and its index rows."""
+        sql = self._sql
+        pairs = [] if metadata is None else metadata_pairs(json.loads(metadata))
+
+        async def upsert(con: Any) -> Any:
+            async with con.transaction():
+                row = await con.fetchrow(sql.register, workflow_id, metadata)
+                if metadata is not None:
+                    await con.execute(sql.metadata_drop, workflow_id)
+                    keys, values = [k for k, _ in pairs], [v for _, v in pairs]
+                    await con.execute(sql.metadata_add, workflow_id, keys, values)
+                return row
+
+        return _workflow_record(await self._connection.run("register_workflow", upsert))
+
+    async def resume(self, workflow_id: str, resume_input: str) -> WorkflowRecord:
+        """Make a PAUSED workflow UNFINISHED with ``resume_input``; refuse any other status."""
+        sql = self._sql.resume
+        run = self._connection.run
+        row = await run("resume_workflow", lambda con: con.fetchrow(sql, workflow_id, resume_input))
+        if row is not None:
+            return _workflow_record(row)
+        record = await self.get(workflow_id)
+        if record is None:
+            raise CheckpointNotFoundError(workflow_id)
+        raise InvalidArgumentError(
+            f"workflow {workflow_id!r} is {record.status}, not paused: nothing to resume"
+        )
+
+    async def fail(
+        self,
+        workflow_id: str,
+        error: str,
+        delays: tuple[float, ...],
+        token: int | None,
+        lease: Lease | None,
+    ) -> WorkflowRecord:
+        """Count a failed run: back to UNFINISHED with a retry time, or FAILED."""
+        sql = self._sql
+
+        async def update(con: Any) -> Any:
+            async with con.transaction():
+                if token is None:
+                    await con.execute(sql.ensure, workflow_id)
+                return await con.fetchrow(sql.fail, workflow_id, error, list(delays), token)
+
+        # Not retried after a lost connection: it may have counted the attempt already.
+        row = await self._connection.run("record_failure", update, retry=False)
+        if row is None:
+            raise lost(workflow_id, lease)
+        return _workflow_record(row)
+
+    async def query(self, query: WorkflowQuery) -> list[WorkflowRecord]:
+        """One page of the records passing ``query``: one indexed statement."""
+        sql, args = query_sql(
+            query,
+            RECORD_COLUMNS,
+            self._sql.workflows_table,
+            self._sql.metadata_table,
+            _placeholder,
+            _same,
+        )
+        rows = await self._connection.run("query_workflows", lambda con: con.fetch(sql, *args))
         return [_workflow_record(row) for row in rows]
 
     async def acquire(self, workflow_id: str, owner: str, ttl: float) -> Lease:
@@ -113,4 +187,20 @@ def _workflow_record(row: Any) -> WorkflowRecord:
         lease_owner=row[5],
         lease_expires_at=row[6],
         fencing_token=row[7],
+        metadata=json.loads(row[8]),
+        latest_step=row[9],
+        latest_agent_id=row[10],
+        latest_agent_status=row[11],
+        attempts=row[12],
+        last_error=None if row[13] is None else json.loads(row[13]),
+        retry_at=row[14],
+        resume_input=None if row[15] is None else json.loads(row[15]),
     )
+
+
+def _placeholder(n: int) -> str:
+    return f"${n}"
+
+
+def _same(moment: datetime) -> datetime:
+    return moment

@@ -8,7 +8,9 @@ openers never race, and refuses a store whose version is newer than this code kn
 To change the schema, append a migration to ``MIGRATIONS``: never edit a released one.
 Migration 2 adds workflow records and leases (issue 5); migration 3 the content-addressed
 blobs of incremental checkpoints with their reference counts (issue 9); migration 4 moves
-the counts into a narrow table of their own (``blob_refs``).
+the counts into a narrow table of their own (``blob_refs``); migration 5 adds the ``paused``
+status, retries, metadata and the latest step to workflow records, with the indexes their
+queries walk (issue 15).
 """
 
 from __future__ import annotations
@@ -93,6 +95,42 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "INSERT INTO {s}.blob_refs (hash, refs) SELECT hash, refs FROM {s}.blobs",
         "ALTER TABLE {s}.blobs DROP COLUMN refs",
+    ),
+    (
+        # Workflow lifecycle and queries (issue 15): the paused status, retries (attempts,
+        # the last error, when a retry may be claimed), the input of a resumed run, the
+        # metadata a workflow was registered with and its latest step.
+        "ALTER TABLE {s}.workflows DROP CONSTRAINT IF EXISTS workflows_status_check",
+        "ALTER TABLE {s}.workflows ADD CONSTRAINT workflows_status_check "
+        "CHECK (status IN ('unfinished', 'finished', 'failed', 'paused'))",
+        # IF NOT EXISTS: a store put back to an older version by hand (as the tests do)
+        # migrates again cleanly.
+        "ALTER TABLE {s}.workflows "
+        "ADD COLUMN IF NOT EXISTS metadata text NOT NULL DEFAULT '{{}}', "
+        "ADD COLUMN IF NOT EXISTS latest_step bigint, "
+        "ADD COLUMN IF NOT EXISTS latest_agent_id text, "
+        'ADD COLUMN IF NOT EXISTS latest_agent_status text COLLATE "C", '
+        "ADD COLUMN IF NOT EXISTS attempts integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN IF NOT EXISTS last_error text, "
+        "ADD COLUMN IF NOT EXISTS retry_at timestamptz, "
+        "ADD COLUMN IF NOT EXISTS resume_input text",
+        # Pages of a listing filtered by status or by the latest step's agent status.
+        "CREATE INDEX IF NOT EXISTS workflows_status ON {s}.workflows (status, workflow_id)",
+        "CREATE INDEX IF NOT EXISTS workflows_agent_status "
+        "ON {s}.workflows (latest_agent_status, workflow_id)",
+        # One row per top-level metadata key (value: canonical JSON text), so that a filter
+        # on a key walks an index in workflow id order; it goes with its workflow.
+        """
+        CREATE TABLE IF NOT EXISTS {s}.workflow_metadata (
+            workflow_id text COLLATE "C" NOT NULL
+                REFERENCES {s}.workflows (workflow_id) ON DELETE CASCADE,
+            key text COLLATE "C" NOT NULL,
+            value text COLLATE "C" NOT NULL,
+            PRIMARY KEY (workflow_id, key)
+        )
+        """,
+        "CREATE INDEX IF NOT EXISTS workflow_metadata_value "
+        "ON {s}.workflow_metadata (key, value, workflow_id)",
     ),
 )
 

@@ -10,13 +10,35 @@ from dataclasses import dataclass
 
 from ...format import MAGIC
 
-__all__ = ["Sql"]
+__all__ = ["RECORD_COLUMNS", "Sql"]
+
+#: The columns of a workflow record, in the order :func:`.leases.workflow_record` reads them.
+RECORD_COLUMNS = (
+    "workflow_id",
+    "status",
+    "created_at",
+    "updated_at",
+    "finished_at",
+    "lease_owner",
+    "lease_expires_at",
+    "fencing_token",
+    "metadata",
+    "latest_step",
+    "latest_agent_id",
+    "latest_agent_status",
+    "attempts",
+    "last_error",
+    "retry_at",
+    "resume_input",
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Sql:
     """Every statement the backend runs, bound to one schema. All values are parameters."""
 
+    workflows_table: str
+    metadata_table: str
     upsert: str
     prune: str
     latest: str
@@ -37,6 +59,12 @@ class Sql:
     renew: str
     release: str
     claim: str
+    register: str
+    metadata_drop: str
+    metadata_add: str
+    resume: str
+    ensure: str
+    fail: str
     blob_add: str
     blob_release: str
     blob_drop: str
@@ -55,12 +83,11 @@ class Sql:
         # are sent back when a record is replaced or deleted (its refs are then released).
         prefix = (MAGIC + bytes([2])).hex()
         v2 = f"CASE WHEN substring({{c}} FROM 1 FOR 5) = '\\x{prefix}'::bytea THEN {{c}} END"
-        record = (
-            "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
-            "lease_expires_at, fencing_token"
-        )
+        record = ", ".join(RECORD_COLUMNS)
         expiry = "now() + make_interval(secs => {ttl})"
-        finished = "CASE WHEN $2 = 'unfinished' THEN NULL ELSE now() END"
+        finished = "CASE WHEN $2 IN ('finished', 'failed') THEN now() END"
+        # After failed run attempts + 1: retried while the delays ($3) last, else FAILED.
+        retried = "x.attempts + 1 <= cardinality($3::float8[])"
         # $n of the size cap: the row's length is checked before its bytes are sent.
         capped = "step, octet_length(data), CASE WHEN octet_length(data) <= {cap} THEN data END"
         scan = (
@@ -68,6 +95,8 @@ class Sql:
             "WHERE workflow_id = $1 AND step > $2 AND step <= $3 ORDER BY step {order} LIMIT $4"
         )
         return cls(
+            workflows_table=w,
+            metadata_table=f"{quoted}.workflow_metadata",
             # One statement per batch: create missing records for unfenced rows, lock the
             # records of fenced rows FOR SHARE (a takeover's UPDATE then waits for this
             # commit, and a takeover that committed first is seen: FOR SHARE reads the latest
@@ -80,9 +109,14 @@ class Sql:
             # means a row appeared after this statement's snapshot: the caller retries.
             upsert=(
                 "WITH r AS MATERIALIZED (SELECT * FROM "
-                "unnest($1::text[], $2::bigint[], $3::bytea[], $4::bigint[]) AS r(w, s, d, t)), "
-                f"rec AS (INSERT INTO {w} (workflow_id) SELECT DISTINCT w FROM r "
-                "WHERE t IS NULL ORDER BY w ON CONFLICT (workflow_id) DO NOTHING RETURNING 1), "
+                "unnest($1::text[], $2::bigint[], $3::bytea[], $4::bigint[], $7::text[], "
+                "$8::text[]) AS r(w, s, d, t, a, st)), "
+                # A new record starts with its latest step; existing ones are moved by ``lat``.
+                f"rec AS (INSERT INTO {w} (workflow_id, latest_step, latest_agent_id, "
+                "latest_agent_status) SELECT DISTINCT ON (w) w, "
+                "CASE WHEN a IS NOT NULL THEN s END, a, st FROM r WHERE t IS NULL "
+                "ORDER BY w, a IS NOT NULL DESC, s DESC "
+                "ON CONFLICT (workflow_id) DO NOTHING RETURNING 1), "
                 f"held AS MATERIALIZED (SELECT workflow_id, fencing_token FROM {w} "
                 "WHERE workflow_id IN (SELECT w FROM r WHERE t IS NOT NULL) "
                 "ORDER BY workflow_id FOR SHARE), "
@@ -91,11 +125,24 @@ class Sql:
                 # it locks any of their checkpoint rows.
                 f"kept AS MATERIALIZED (SELECT workflow_id FROM {w} "
                 "WHERE workflow_id = ANY($6::text[]) ORDER BY workflow_id FOR KEY SHARE), "
-                # ``rec`` and ``kept`` read here run before any checkpoint row is locked:
-                # records first, then checkpoint rows, the order delete_all takes them in.
+                # The latest step of the records that existed (same rows as ``ok``): it only
+                # moves forward, and any checkpoint consumes the resume input.
+                f"lat AS (UPDATE {w} AS x SET updated_at = now(), resume_input = NULL, "
+                "latest_agent_id = CASE WHEN u.s >= coalesce(x.latest_step, -1) THEN u.a "
+                "ELSE x.latest_agent_id END, "
+                "latest_agent_status = CASE WHEN u.s >= coalesce(x.latest_step, -1) THEN u.st "
+                "ELSE x.latest_agent_status END, "
+                "latest_step = greatest(u.s, x.latest_step) "
+                "FROM (SELECT DISTINCT ON (r.w) r.w, r.s, r.a, r.st FROM r "
+                "LEFT JOIN held ON held.workflow_id = r.w WHERE r.a IS NOT NULL "
+                "AND (r.t IS NULL OR held.fencing_token = r.t) ORDER BY r.w, r.s DESC) AS u "
+                "WHERE x.workflow_id = u.w RETURNING 1), "
+                # ``rec``, ``kept`` and ``lat`` read here run before any checkpoint row is
+                # locked: records first, then checkpoint rows, the order delete_all takes.
                 "ok AS MATERIALIZED (SELECT r.w, r.s, r.d FROM r "
                 "LEFT JOIN held ON held.workflow_id = r.w "
-                "WHERE (SELECT count(*) FROM rec) + (SELECT count(*) FROM kept) >= 0 "
+                "WHERE (SELECT count(*) FROM rec) + (SELECT count(*) FROM kept) "
+                "+ (SELECT count(*) FROM lat) >= 0 "
                 "AND (r.t IS NULL OR held.fencing_token = r.t)), "
                 f"old AS MATERIALIZED (SELECT c.workflow_id AS w, c.step AS s, "
                 f"{v2.format(c='c.data')} AS d FROM {t} AS c JOIN ok "
@@ -164,11 +211,11 @@ class Sql:
                 f"INSERT INTO {w} AS x (workflow_id, status, finished_at) "
                 f"VALUES ($1, $2, {finished}) ON CONFLICT (workflow_id) DO UPDATE "
                 "SET status = EXCLUDED.status, finished_at = EXCLUDED.finished_at, "
-                f"updated_at = now() RETURNING {record}"
+                f"updated_at = now(), retry_at = NULL RETURNING {record}"
             ),
             status_fenced=(
-                f"UPDATE {w} SET status = $2, finished_at = {finished}, updated_at = now() "
-                f"WHERE workflow_id = $1 AND fencing_token = $3 RETURNING {record}"
+                f"UPDATE {w} SET status = $2, finished_at = {finished}, updated_at = now(), "
+                f"retry_at = NULL WHERE workflow_id = $1 AND fencing_token = $3 RETURNING {record}"
             ),
             get_record=f"SELECT {record} FROM {w} WHERE workflow_id = $1",
             list_records=(
@@ -210,9 +257,36 @@ class Sql:
                 f"fencing_token = nextval('{quoted}.fencing'), updated_at = now() "
                 f"FROM (SELECT workflow_id FROM {w} WHERE status = 'unfinished' "
                 "AND (lease_expires_at IS NULL OR lease_expires_at <= now()) "
+                "AND (retry_at IS NULL OR retry_at <= now()) "
                 "ORDER BY created_at, workflow_id LIMIT 1 FOR UPDATE SKIP LOCKED) AS c "
                 "WHERE x.workflow_id = c.workflow_id "
                 "RETURNING x.workflow_id, x.fencing_token, x.lease_expires_at"
+            ),
+            register=(
+                f"INSERT INTO {w} AS x (workflow_id, metadata) VALUES ($1, coalesce($2, '{{}}')) "
+                "ON CONFLICT (workflow_id) DO UPDATE SET metadata = coalesce($2, x.metadata), "
+                "updated_at = CASE WHEN $2 IS NULL THEN x.updated_at ELSE now() END "
+                f"RETURNING {record}"
+            ),
+            metadata_drop=f"DELETE FROM {quoted}.workflow_metadata WHERE workflow_id = $1",
+            metadata_add=(
+                f"INSERT INTO {quoted}.workflow_metadata (workflow_id, key, value) "
+                "SELECT $1, k, v FROM unnest($2::text[], $3::text[]) AS m(k, v)"
+            ),
+            resume=(
+                f"UPDATE {w} SET status = 'unfinished', finished_at = NULL, retry_at = NULL, "
+                "resume_input = $2, updated_at = now() WHERE workflow_id = $1 "
+                f"AND status = 'paused' RETURNING {record}"
+            ),
+            ensure=f"INSERT INTO {w} (workflow_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            fail=(
+                f"UPDATE {w} AS x SET attempts = x.attempts + 1, last_error = $2, "
+                f"status = CASE WHEN {retried} THEN 'unfinished' ELSE 'failed' END, "
+                f"retry_at = CASE WHEN {retried} THEN now() + "
+                "make_interval(secs => ($3::float8[])[x.attempts + 1]) END, "
+                f"finished_at = CASE WHEN {retried} THEN NULL ELSE now() END, "
+                "updated_at = now() WHERE x.workflow_id = $1 "
+                f"AND ($4::bigint IS NULL OR x.fencing_token = $4) RETURNING {record}"
             ),
             # add_ref of one tree level (section 8 of docs/incremental.md), for many hashes
             # at once: $2 is how many new referrers each hash gets. A blob that exists gets

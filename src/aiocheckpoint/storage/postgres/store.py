@@ -17,6 +17,7 @@ from ...errors import InvalidArgumentError
 from ...format import SplitResult, TreeParams
 from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
+from ..queries import StepInfo, WorkflowQuery
 from .batching import BatchLimits, GroupCommit, Write
 from .blobs import Blobs
 from .connection import Connection
@@ -135,6 +136,7 @@ class PostgresCheckpointStorage(BaseStorage):
         *,
         keep_last: int | None = None,
         fence: Lease | None = None,
+        step_info: StepInfo | None = None,
     ) -> None:
         """Store ``data`` as ``step``; with ``keep_last`` prune older steps in the same commit.
 
@@ -148,7 +150,7 @@ class PostgresCheckpointStorage(BaseStorage):
         self._check_write(workflow_id, step, keep_last)
         data = _bytes("data", data)
         check_record_size(data, self._max_record_bytes)
-        await self._enqueue(workflow_id, step, data, keep_last, fence, None)
+        await self._enqueue(workflow_id, step, data, keep_last, fence, None, step_info)
 
     async def save_tree(
         self,
@@ -159,6 +161,7 @@ class PostgresCheckpointStorage(BaseStorage):
         *,
         keep_last: int | None = None,
         fence: Lease | None = None,
+        step_info: StepInfo | None = None,
     ) -> None:
         """Store ``split``'s blobs and the version-2 ``record`` in one transaction.
 
@@ -176,7 +179,7 @@ class PostgresCheckpointStorage(BaseStorage):
         check_record_size(record, self._max_record_bytes)
         for blob in split.blobs.values():
             check_record_size(blob, self._max_record_bytes)
-        await self._enqueue(workflow_id, step, record, keep_last, fence, split)
+        await self._enqueue(workflow_id, step, record, keep_last, fence, split, step_info)
 
     async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
         """Return the stored blobs among ``hashes``: one indexed statement.
@@ -262,6 +265,39 @@ class PostgresCheckpointStorage(BaseStorage):
         self._check_open()
         return await self._leases.records(None if status is None else WorkflowStatus(status))
 
+    async def register_workflow(
+        self, workflow_id: str, *, metadata: str | None = None
+    ) -> WorkflowRecord:
+        """Create the record if missing; with ``metadata`` (JSON text), replace its metadata."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._leases.register(workflow_id, metadata)
+
+    async def resume_workflow(self, workflow_id: str, resume_input: str) -> WorkflowRecord:
+        """Make a PAUSED workflow UNFINISHED, holding ``resume_input`` for its next run."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._leases.resume(workflow_id, resume_input)
+
+    async def record_failure(
+        self,
+        workflow_id: str,
+        error: str,
+        *,
+        retry_delays: tuple[float, ...] = (),
+        fence: Lease | None = None,
+    ) -> WorkflowRecord:
+        """Count a failed run and store ``error``; retry it after a delay, or mark it FAILED."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        token = None if fence is None else fence_token(fence, workflow_id)
+        return await self._leases.fail(workflow_id, error, tuple(retry_delays), token, fence)
+
+    async def query_workflow_records(self, query: WorkflowQuery) -> list[WorkflowRecord]:
+        """The records passing ``query``, ordered by workflow id: one indexed statement."""
+        self._check_open()
+        return await self._leases.query(query)
+
     async def acquire_lease(self, workflow_id: str, owner: str, ttl: float) -> Lease:
         """Grant the lease if it is free, expired or already ``owner``'s (a new token).
 
@@ -317,13 +353,14 @@ class PostgresCheckpointStorage(BaseStorage):
         keep_last: int | None,
         fence: Lease | None,
         split: SplitResult | None,
+        step_info: StepInfo | None,
     ) -> None:
         token = None if fence is None else fence_token(fence, workflow_id)
         await self._connection.pool()
         self._check_open()
         future = asyncio.get_running_loop().create_future()
         await self._group_commit.write(
-            Write(workflow_id, step, data, keep_last, token, future, split)
+            Write(workflow_id, step, data, keep_last, token, future, split, step_info)
         )
 
 

@@ -41,6 +41,7 @@ from ...errors import CheckpointCorruptedError, InvalidArgumentError
 from ...format import SplitResult, TreeParams, record_root_refs
 from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
+from ..queries import StepInfo, WorkflowQuery
 from ..refcounts import held_root_refs
 from . import records
 from .blobs import SaveTreeOp, drain_releases, read_blobs, recount
@@ -164,6 +165,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         *,
         keep_last: int | None = None,
         fence: Lease | None = None,
+        step_info: StepInfo | None = None,
     ) -> None:
         """Store ``data`` as ``step``, then keep the ``keep_last`` highest steps, atomically.
 
@@ -180,9 +182,9 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         token = None if fence is None else fence_token(fence, workflow_id)
         refs = held_root_refs(data)
         if refs:  # a version-2 record given whole (the blobs it names must be stored already)
-            op: Op = SaveTreeOp(workflow_id, step, data, refs, None, keep_last, token)
+            op: Op = SaveTreeOp(workflow_id, step, data, refs, None, keep_last, token, step_info)
         else:
-            op = SaveOp(workflow_id, step, data, keep_last, token)
+            op = SaveOp(workflow_id, step, data, keep_last, token, step_info)
         await self._submit(op, len(data))
 
     # --- blobs (BlobCheckpointStorage) ----------------------------------------------------
@@ -196,6 +198,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         *,
         keep_last: int | None = None,
         fence: Lease | None = None,
+        step_info: StepInfo | None = None,
     ) -> None:
         """Store ``split``'s new blobs, count references, store ``record``: one transaction.
 
@@ -221,7 +224,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
             raise InvalidArgumentError("record does not reference the root of split")
         token = None if fence is None else fence_token(fence, workflow_id)
         size = len(record) + sum(len(blob) for blob in split.blobs.values())
-        op = SaveTreeOp(workflow_id, step, record, refs, split, keep_last, token)
+        op = SaveTreeOp(workflow_id, step, record, refs, split, keep_last, token, step_info)
         await self._submit(op, size)
 
     async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
@@ -287,6 +290,54 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._check_open()
         wanted = None if status is None else WorkflowStatus(status)
         return await self._read(lambda conn: records.read_records(conn, wanted))
+
+    async def register_workflow(
+        self, workflow_id: str, *, metadata: str | None = None
+    ) -> WorkflowRecord:
+        """Create the record if missing; with ``metadata`` (JSON text), replace its metadata."""
+        self._check_open()
+        fn = functools.partial(
+            records.register, workflow_id=check_workflow_id(workflow_id), metadata=metadata
+        )
+        return await self._record_op("registration", fn)
+
+    async def resume_workflow(self, workflow_id: str, resume_input: str) -> WorkflowRecord:
+        """Make a PAUSED workflow UNFINISHED, holding ``resume_input`` for its next run."""
+        self._check_open()
+        fn = functools.partial(
+            records.resume, workflow_id=check_workflow_id(workflow_id), resume_input=resume_input
+        )
+        return await self._record_op("resume", fn)
+
+    async def record_failure(
+        self,
+        workflow_id: str,
+        error: str,
+        *,
+        retry_delays: tuple[float, ...] = (),
+        fence: Lease | None = None,
+    ) -> WorkflowRecord:
+        """Count a failed run and store ``error``; retry it after a delay, or mark it FAILED."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        token = None if fence is None else fence_token(fence, workflow_id)
+        fn = functools.partial(
+            records.fail,
+            workflow_id=workflow_id,
+            error=error,
+            delays=tuple(retry_delays),
+            token=token,
+        )
+        return await self._record_op("failure", fn)
+
+    async def query_workflow_records(self, query: WorkflowQuery) -> list[WorkflowRecord]:
+        """The records passing ``query``, ordered by workflow id (indexed: see ``records``)."""
+        self._check_open()
+        return await self._read(lambda conn: records.query_records(conn, query))
+
+    async def _record_op(self, what: str, fn: Callable[..., WorkflowRecord]) -> WorkflowRecord:
+        result: WorkflowRecord = await self._submit(RecordOp(what, fn), 0)
+        return result
 
     async def acquire_lease(self, workflow_id: str, owner: str, ttl: float) -> Lease:
         """Grant the lease if it is free, expired or already ``owner``'s (a new token)."""

@@ -19,6 +19,7 @@ from itertools import islice
 from typing import Final
 
 from ...format import SplitResult
+from ..queries import StepInfo
 from ..refcounts import Rows, add_references, blob_children, missing_blob, release_references
 from . import records
 from .sql import _PRUNE
@@ -52,6 +53,7 @@ class SaveTreeOp:
     split: SplitResult | None
     keep_last: int | None
     token: int | None = None
+    step_info: StepInfo | None = None
 
 
 def _chunks(items: Sequence[bytes]) -> Iterable[Sequence[bytes]]:
@@ -191,8 +193,11 @@ def save_tree(conn: sqlite3.Connection, op: SaveTreeOp) -> None:
     elif op.root_refs:
         missing = set(table.add(dict.fromkeys(op.root_refs, 1)))
         held = [h for h in op.root_refs if h not in missing]
-    records.ensure_records(conn, [wf], time.time())
+    now = time.time()
+    records.ensure_records(conn, [wf], now)
     conn.execute(_UPSERT_TREE, (wf, op.step, op.data, encode_refs(held)))
+    if op.step_info is not None:
+        records.note_steps(conn, now, [(wf, op.step, op.step_info)])
     if op.keep_last is not None:
         conn.execute(_PRUNE, (wf, wf, op.keep_last - 1))
 

@@ -11,18 +11,27 @@ report the refusal to its caller and still commit the rest of the batch.
 from __future__ import annotations
 
 import functools
+import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any, Final
 
-from ...errors import CheckpointCorruptedError, LeaseHeldError, LeaseLostError
+from ...errors import (
+    CheckpointCorruptedError,
+    CheckpointNotFoundError,
+    InvalidArgumentError,
+    LeaseHeldError,
+    LeaseLostError,
+)
 from ...leases import Lease, WorkflowRecord, WorkflowStatus
+from ..queries import StepInfo, WorkflowQuery, failure_update, metadata_pairs, query_sql
 from .foreign import ForeignRow, id_problem, warn_skipped
 
 _COLUMNS: Final = (
     "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
-    "lease_expires_at, fencing_token"
+    "lease_expires_at, fencing_token, metadata, latest_step, latest_agent_id, "
+    "latest_agent_status, attempts, last_error, retry_at, resume_input"
 )
 #: ensure_records() creates at most this many records per statement.
 _ENSURE_CHUNK: Final = 64
@@ -35,7 +44,27 @@ _GET: Final = f"SELECT {_COLUMNS} FROM workflows WHERE workflow_id = ?"
 _LIST: Final = f"SELECT {_COLUMNS} FROM workflows ORDER BY workflow_id"
 _LIST_STATUS: Final = f"SELECT {_COLUMNS} FROM workflows WHERE status = ? ORDER BY workflow_id"
 _SET_STATUS: Final = (
-    "UPDATE workflows SET status = ?, finished_at = ?, updated_at = ? WHERE workflow_id = ?"
+    "UPDATE workflows SET status = ?, finished_at = ?, updated_at = ?, retry_at = NULL "
+    "WHERE workflow_id = ?"
+)
+# The latest step moves only forward; any checkpoint consumes the resume input.
+_NOTE_STEP: Final = (
+    "UPDATE workflows SET updated_at = ?1, resume_input = NULL, "
+    "latest_agent_id = CASE WHEN ?3 >= coalesce(latest_step, -1) THEN ?4 ELSE latest_agent_id END, "
+    "latest_agent_status = CASE WHEN ?3 >= coalesce(latest_step, -1) THEN ?5 "
+    "ELSE latest_agent_status END, "
+    "latest_step = max(?3, coalesce(latest_step, -1)) WHERE workflow_id = ?2"
+)
+_SET_METADATA: Final = "UPDATE workflows SET metadata = ?, updated_at = ? WHERE workflow_id = ?"
+_DROP_METADATA: Final = "DELETE FROM workflow_metadata WHERE workflow_id = ?"
+_ADD_METADATA: Final = "INSERT INTO workflow_metadata (workflow_id, key, value) VALUES (?, ?, ?)"
+_RESUME: Final = (
+    "UPDATE workflows SET status = 'unfinished', finished_at = NULL, retry_at = NULL, "
+    "resume_input = ?, updated_at = ? WHERE workflow_id = ?"
+)
+_FAIL: Final = (
+    "UPDATE workflows SET status = ?, attempts = attempts + 1, last_error = ?, "
+    "finished_at = ?, retry_at = ?, updated_at = ? WHERE workflow_id = ?"
 )
 _GRANT: Final = (
     "UPDATE workflows SET lease_owner = ?, lease_expires_at = ?, fencing_token = ?, "
@@ -49,10 +78,12 @@ _RELEASE: Final = (
 # Read row by row until the first workflow whose id is valid (foreign rows are passed over).
 _CLAIMABLE: Final = (
     "SELECT workflow_id FROM workflows WHERE status = 'unfinished' "
-    "AND (lease_expires_at IS NULL OR lease_expires_at <= ?) "
+    "AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) "
+    "AND (retry_at IS NULL OR retry_at <= ?1) "
     "ORDER BY created_at, workflow_id"
 )
 _ALL_ROWS: Final = f"SELECT rowid, {_COLUMNS} FROM workflows"
+_ATTEMPTS: Final = "SELECT attempts FROM workflows WHERE workflow_id = ?"
 #: What a damaged row raises when it is made into a WorkflowRecord.
 _DAMAGE: Final = (ValueError, TypeError, OverflowError, OSError)
 
@@ -63,7 +94,8 @@ def _time(seconds: float) -> datetime:
 
 def _record(row: Any) -> WorkflowRecord:
     """The row as a record; one the library could not have written raises a _DAMAGE error."""
-    wf, status, created, updated, finished, owner, expires, token = row
+    wf, status, created, updated, finished, owner, expires, token, *more = row
+    meta, step, agent, agent_status, attempts, error, retry_at, resume_input = more
     problem = id_problem(wf)
     if problem is not None:
         raise ValueError(problem)
@@ -72,11 +104,23 @@ def _record(row: Any) -> WorkflowRecord:
         status=WorkflowStatus(status),
         created_at=_time(created),
         updated_at=_time(updated),
-        finished_at=None if finished is None else _time(finished),
+        finished_at=_maybe_time(finished),
         lease_owner=owner,
-        lease_expires_at=None if expires is None else _time(expires),
+        lease_expires_at=_maybe_time(expires),
         fencing_token=token,
+        metadata=json.loads(meta),
+        latest_step=step,
+        latest_agent_id=agent,
+        latest_agent_status=agent_status,
+        attempts=attempts,
+        last_error=None if error is None else json.loads(error),
+        retry_at=_maybe_time(retry_at),
+        resume_input=None if resume_input is None else json.loads(resume_input),
     )
+
+
+def _maybe_time(seconds: float | None) -> datetime | None:
+    return None if seconds is None else _time(seconds)
 
 
 def _checked(row: Any, workflow_id: str) -> WorkflowRecord:
@@ -146,9 +190,75 @@ def set_status(
     if token is not None:
         _check_token(conn, workflow_id, token)
     ensure_records(conn, [workflow_id], now)
-    finished = None if status is WorkflowStatus.UNFINISHED else now
-    conn.execute(_SET_STATUS, (status.value, finished, now, workflow_id))
+    ends = status in (WorkflowStatus.FINISHED, WorkflowStatus.FAILED)
+    conn.execute(_SET_STATUS, (status.value, now if ends else None, now, workflow_id))
+    return _read_back(conn, workflow_id)
+
+
+def _read_back(conn: sqlite3.Connection, workflow_id: str) -> WorkflowRecord:
     return _checked(conn.execute(_GET, (workflow_id,)).fetchall()[0], workflow_id)
+
+
+def note_steps(
+    conn: sqlite3.Connection, now: float, steps: Sequence[tuple[str, int, StepInfo]]
+) -> None:
+    """Move each workflow's latest step forward (in the save's transaction)."""
+    conn.executemany(
+        _NOTE_STEP, [(now, wf, step, i.agent_id, i.agent_status) for wf, step, i in steps]
+    )
+
+
+def register(
+    conn: sqlite3.Connection, now: float, workflow_id: str, metadata: str | None
+) -> WorkflowRecord:
+    """Create the record if missing; with ``metadata``, replace it and its index rows."""
+    ensure_records(conn, [workflow_id], now)
+    if metadata is not None:
+        conn.execute(_SET_METADATA, (metadata, now, workflow_id))
+        conn.execute(_DROP_METADATA, (workflow_id,))
+        pairs = metadata_rows(workflow_id, metadata)
+        conn.executemany(_ADD_METADATA, pairs)
+    return _read_back(conn, workflow_id)
+
+
+def metadata_rows(workflow_id: str, metadata: str) -> list[tuple[str, str, str]]:
+    """The index rows of a metadata object given as JSON text."""
+    return [(workflow_id, k, v) for k, v in metadata_pairs(json.loads(metadata))]
+
+
+def resume(
+    conn: sqlite3.Connection, now: float, workflow_id: str, resume_input: str
+) -> WorkflowRecord:
+    """Make a PAUSED workflow UNFINISHED with ``resume_input``; refuse any other status."""
+    record = read_record(conn, workflow_id)
+    if record is None:
+        raise CheckpointNotFoundError(workflow_id)
+    if record.status is not WorkflowStatus.PAUSED:
+        raise InvalidArgumentError(
+            f"workflow {workflow_id!r} is {record.status}, not paused: nothing to resume"
+        )
+    conn.execute(_RESUME, (resume_input, now, workflow_id))
+    return _read_back(conn, workflow_id)
+
+
+def fail(
+    conn: sqlite3.Connection,
+    now: float,
+    workflow_id: str,
+    error: str,
+    delays: tuple[float, ...],
+    token: int | None,
+) -> WorkflowRecord:
+    """Count a failed run: back to UNFINISHED with a retry time, or FAILED."""
+    if token is not None:
+        _check_token(conn, workflow_id, token)
+    ensure_records(conn, [workflow_id], now)
+    attempts = int(conn.execute(_ATTEMPTS, (workflow_id,)).fetchall()[0][0])
+    status, delay = failure_update(attempts, delays)
+    retry_at = None if delay is None else now + delay
+    finished = now if delay is None else None
+    conn.execute(_FAIL, (status.value, error, finished, retry_at, now, workflow_id))
+    return _read_back(conn, workflow_id)
 
 
 def _grant(
@@ -220,6 +330,11 @@ def read_records(conn: sqlite3.Connection, status: WorkflowStatus | None) -> lis
         rows = conn.execute(_LIST).fetchall()
     else:
         rows = conn.execute(_LIST_STATUS, (status.value,)).fetchall()
+    return _valid_records(rows)
+
+
+def _valid_records(rows: list[Any]) -> list[WorkflowRecord]:
+    """The rows as records; one that is not valid is skipped (and logged)."""
     found: list[WorkflowRecord] = []
     for row in rows:
         try:
@@ -228,6 +343,21 @@ def read_records(conn: sqlite3.Connection, status: WorkflowStatus | None) -> lis
             continue
     warn_skipped("workflows", len(rows) - len(found))
     return found
+
+
+def _placeholder(_: int) -> str:
+    return "?"
+
+
+def _seconds(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def query_records(conn: sqlite3.Connection, query: WorkflowQuery) -> list[WorkflowRecord]:
+    """One page of the records passing ``query`` (see :func:`query_sql`)."""
+    columns = [c.strip() for c in _COLUMNS.split(",")]
+    sql, args = query_sql(query, columns, "workflows", "workflow_metadata", _placeholder, _seconds)
+    return _valid_records(conn.execute(sql, args).fetchall())
 
 
 def foreign_records(conn: sqlite3.Connection) -> list[ForeignRow]:

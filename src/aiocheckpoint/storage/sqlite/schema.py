@@ -5,7 +5,8 @@ aiocheckpoint database with ``PRAGMA application_id``. Opening runs every migrat
 the recorded version, in order, inside one ``BEGIN IMMEDIATE`` transaction (SQLite DDL is
 transactional), so a crash or a concurrent opener never sees a half-migrated schema. Version 2
 adds workflow records and leases; version 3 adds content-addressed blobs with reference
-counts (``docs/sqlite-storage.md``).
+counts (``docs/sqlite-storage.md``); version 4 the ``paused`` status, retries, metadata and
+the latest step on workflow records, with the indexes their queries walk.
 """
 
 from __future__ import annotations
@@ -127,6 +128,63 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             CREATE TRIGGER checkpoints_release_on_update AFTER UPDATE ON checkpoints
             WHEN old.refs IS NOT NULL
             BEGIN INSERT INTO blob_releases (refs) VALUES (old.refs); END
+            """,
+        ),
+    ),
+    Migration(
+        4,
+        "workflows: paused status, attempts and retry time, metadata, latest step; indexes",
+        (
+            # A CHECK constraint cannot be altered: the table is rebuilt with the new status.
+            """
+            CREATE TABLE workflows_v4 (
+                workflow_id         TEXT    PRIMARY KEY NOT NULL
+                                    CHECK (typeof(workflow_id) = 'text'),
+                status              TEXT    NOT NULL DEFAULT 'unfinished'
+                                    CHECK (status IN ('unfinished', 'finished', 'failed',
+                                                      'paused')),
+                created_at          REAL    NOT NULL,
+                updated_at          REAL    NOT NULL,
+                finished_at         REAL,
+                lease_owner         TEXT,
+                lease_expires_at    REAL,
+                fencing_token       INTEGER NOT NULL DEFAULT 0,
+                metadata            TEXT    NOT NULL DEFAULT '{}',
+                latest_step         INTEGER,
+                latest_agent_id     TEXT,
+                latest_agent_status TEXT,
+                attempts            INTEGER NOT NULL DEFAULT 0,
+                last_error          TEXT,
+                retry_at            REAL,
+                resume_input        TEXT,
+                CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL))
+            )
+            """,
+            "INSERT INTO workflows_v4 (workflow_id, status, created_at, updated_at, finished_at, "
+            "lease_owner, lease_expires_at, fencing_token) SELECT workflow_id, status, "
+            "created_at, updated_at, finished_at, lease_owner, lease_expires_at, fencing_token "
+            "FROM workflows",
+            "DROP TABLE workflows",
+            "ALTER TABLE workflows_v4 RENAME TO workflows",
+            "CREATE INDEX workflows_claimable ON workflows (created_at, workflow_id) "
+            "WHERE status = 'unfinished'",
+            # Pages of a listing filtered by status or by the latest step's agent status.
+            "CREATE INDEX workflows_status ON workflows (status, workflow_id)",
+            "CREATE INDEX workflows_agent_status ON workflows (latest_agent_status, workflow_id)",
+            # One row per top-level metadata key (value: canonical JSON text), so that a
+            # filter on a key walks an index in workflow id order.
+            """
+            CREATE TABLE workflow_metadata (
+                workflow_id TEXT NOT NULL,
+                key         TEXT NOT NULL,
+                value       TEXT NOT NULL,
+                PRIMARY KEY (workflow_id, key)
+            ) WITHOUT ROWID
+            """,
+            "CREATE INDEX workflow_metadata_value ON workflow_metadata (key, value, workflow_id)",
+            """
+            CREATE TRIGGER workflows_metadata_on_delete AFTER DELETE ON workflows
+            BEGIN DELETE FROM workflow_metadata WHERE workflow_id = old.workflow_id; END
             """,
         ),
     ),

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ...errors import LeaseError, StorageBackendError, StorageClosedError
+from ...errors import (
+    CheckpointNotFoundError,
+    InvalidArgumentError,
+    LeaseError,
+    StorageBackendError,
+    StorageClosedError,
+)
+from ..queries import StepInfo
 from . import records
 from .blobs import SaveTreeOp, drain_releases, save_tree
 from .connections import (
@@ -36,6 +43,8 @@ from .walcheckpoint import wal_checkpoint
 logger = logging.getLogger("aiocheckpoint")
 
 _PAGE_SIZE: Final = 4096
+#: What a record operation raises before it writes anything: only its caller fails.
+_REFUSALS: Final = (InvalidArgumentError, CheckpointNotFoundError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,7 @@ class SaveOp:
     data: bytes
     keep_last: int | None
     token: int | None = None
+    step_info: StepInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +259,10 @@ class Writer:
                     results.append(cls._apply(conn, op))
                 except LeaseError as exc:  # refused before writing: only this caller fails
                     results.append(exc)
+                except _REFUSALS as exc:
+                    if not isinstance(op, RecordOp):
+                        raise  # a save may have written part: the batch reruns op by op
+                    results.append(exc)  # record ops refuse before writing
                 start += 1
                 continue
             run = [op]
@@ -273,8 +287,12 @@ class Writer:
             for o in run
         ]
         ok = [o for o, outcome in zip(run, outcomes, strict=True) if outcome is None]
-        records.ensure_records(conn, (o.workflow_id for o in ok), time.time())
+        now = time.time()
+        records.ensure_records(conn, (o.workflow_id for o in ok), now)
         conn.executemany(_UPSERT, [(o.workflow_id, o.step, o.data) for o in ok])
+        noted = [(o.workflow_id, o.step, o.step_info) for o in ok if o.step_info is not None]
+        if noted:
+            records.note_steps(conn, now, noted)
         keep_last = run[0].keep_last
         if keep_last is not None:
             workflows = dict.fromkeys(o.workflow_id for o in ok)

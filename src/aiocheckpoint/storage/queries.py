@@ -1,0 +1,223 @@
+"""What the workflow-record backends share: step facts, queries, JSON text of record fields.
+
+A save tells a :class:`~aiocheckpoint.storage.base.WorkflowStorage` the step's agent and
+agent status (:class:`StepInfo`), so that the workflow's record names its latest step
+without anyone decoding the record. :class:`WorkflowQuery` is one page of a filtered
+listing; every backend orders it by workflow id and indexes metadata as one row per
+top-level key, whose value is the key's canonical JSON text (:func:`metadata_pairs`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from .._validation import check_workflow_id
+from ..errors import InvalidArgumentError, InvalidWorkflowIdError
+from ..leases import WorkflowRecord, WorkflowStatus
+
+__all__ = [
+    "MAX_FILTER_KEYS",
+    "MAX_PAGE",
+    "StepInfo",
+    "WorkflowQuery",
+    "build_query",
+    "encode_cursor",
+    "failure_update",
+    "json_text",
+    "matches",
+    "metadata_pairs",
+    "query_sql",
+]
+
+#: The most records one page may hold.
+MAX_PAGE: Final = 10_000
+#: The most metadata keys one query may filter on.
+MAX_FILTER_KEYS: Final = 8
+#: The largest metadata, resume input or error, as JSON text.
+MAX_FIELD_BYTES: Final = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """The agent and agent status of a saved step, for the workflow's record."""
+
+    agent_id: str
+    agent_status: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowQuery:
+    """A filter over workflow records, and one page of the result (ordered by workflow id).
+
+    ``metadata`` holds canonical JSON texts (:func:`metadata_pairs`); ``after`` is the last
+    workflow id of the previous page (exclusive); ``limit`` None means every match.
+    """
+
+    status: WorkflowStatus | None = None
+    agent_status: str | None = None
+    metadata: tuple[tuple[str, str], ...] = ()
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    after: str | None = None
+    limit: int | None = None
+
+
+def build_query(
+    status: WorkflowStatus | None,
+    agent_status: str | None,
+    metadata: Mapping[str, Any] | None,
+    updated: tuple[datetime | None, datetime | None],
+    limit: int | None,
+    cursor: str | None,
+) -> WorkflowQuery:
+    """Check a listing's filters (statuses already checked) and make its query."""
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise InvalidArgumentError(f"metadata must be a mapping, not {type(metadata).__qualname__}")
+    if metadata is not None and not all(isinstance(k, str) for k in metadata):
+        raise InvalidArgumentError("metadata keys must be str")
+    pairs = metadata_pairs(metadata or {})
+    if len(pairs) > MAX_FILTER_KEYS:
+        raise InvalidArgumentError(f"filter on at most {MAX_FILTER_KEYS} metadata keys")
+    for moment in updated:
+        if moment is not None and (not isinstance(moment, datetime) or moment.tzinfo is None):
+            raise InvalidArgumentError(f"updated_after/before must be aware datetimes: {moment!r}")
+    if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_PAGE):
+        raise InvalidArgumentError(f"limit must be an int in 1..{MAX_PAGE} or None: {limit!r}")
+    return WorkflowQuery(
+        status=status,
+        agent_status=agent_status,
+        metadata=pairs,
+        updated_after=updated[0],
+        updated_before=updated[1],
+        after=None if cursor is None else decode_cursor(cursor),
+        limit=limit,
+    )
+
+
+def encode_cursor(last_workflow_id: str) -> str:
+    """The opaque cursor of the page that follows ``last_workflow_id``."""
+    text = json.dumps({"after": last_workflow_id}, ensure_ascii=False)
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: object) -> str:
+    """The workflow id a cursor continues after; a cursor we did not make is refused."""
+    if not isinstance(cursor, str) or len(cursor) > 1024:
+        raise InvalidArgumentError(f"not a workflow listing cursor: {cursor!r}")
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        after = json.loads(raw.decode("utf-8"))["after"]
+        return check_workflow_id(after)
+    except (binascii.Error, ValueError, KeyError, TypeError, InvalidWorkflowIdError):
+        raise InvalidArgumentError(f"not a workflow listing cursor: {cursor!r}") from None
+
+
+def json_text(value: Any, what: str) -> str:
+    """``value`` as canonical JSON text (sorted keys), or InvalidArgumentError."""
+    try:
+        text = json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidArgumentError(
+            f"{what} must be JSON (str keys, finite numbers): {exc}"
+        ) from None
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FIELD_BYTES:
+        raise InvalidArgumentError(f"{what} is over {MAX_FIELD_BYTES} bytes as JSON")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{what} holds a lone surrogate") from None
+    return text
+
+
+def metadata_pairs(metadata: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Each top-level key of ``metadata`` with its value's canonical JSON text, sorted."""
+    return tuple(sorted((key, json_text(value, "metadata")) for key, value in metadata.items()))
+
+
+def matches(record: WorkflowRecord, query: WorkflowQuery) -> bool:
+    """Whether ``record`` passes ``query``'s filters (for stores that filter in Python)."""
+    if query.after is not None and record.workflow_id <= query.after:
+        return False
+    if query.status is not None and record.status is not query.status:
+        return False
+    if query.agent_status is not None and record.latest_agent_status != query.agent_status:
+        return False
+    if query.updated_after is not None and record.updated_at <= query.updated_after:
+        return False
+    if query.updated_before is not None and record.updated_at >= query.updated_before:
+        return False
+    have = dict(metadata_pairs(record.metadata)) if query.metadata else {}
+    return all(have.get(key) == value for key, value in query.metadata)
+
+
+def failure_update(attempts: int, delays: Sequence[float]) -> tuple[WorkflowStatus, float | None]:
+    """After failed run number ``attempts + 1``: the new status and the retry delay (or None)."""
+    failed = attempts + 1
+    if failed <= len(delays):
+        delay = delays[failed - 1]
+        return WorkflowStatus.UNFINISHED, delay if math.isfinite(delay) else 0.0
+    return WorkflowStatus.FAILED, None
+
+
+def query_sql(
+    query: WorkflowQuery,
+    columns: Sequence[str],
+    table: str,
+    metadata_table: str,
+    mark: Callable[[int], str],
+    moment: Callable[[datetime], Any],
+) -> tuple[str, list[Any]]:
+    """The SELECT of ``query`` for a database: one join per metadata key, ordered by id.
+
+    ``mark(n)`` spells the n-th (1-based) parameter, ``moment`` converts a time to the
+    database's representation. With a metadata filter the first key's index rows
+    (``key, value, workflow_id``) drive the walk in workflow id order; otherwise the
+    ``(status, workflow_id)`` or ``(latest_agent_status, workflow_id)`` index does, or the
+    primary key: a page costs about its own size, not the number of workflows.
+    """
+    args: list[Any] = []
+
+    def bind(value: Any) -> str:
+        args.append(value)
+        return mark(len(args))
+
+    joins = [
+        f"JOIN {metadata_table} AS m{n} ON m{n}.workflow_id = w.workflow_id "
+        f"AND m{n}.key = {bind(key)} AND m{n}.value = {bind(value)}"
+        for n, (key, value) in enumerate(query.metadata)
+    ]
+    order = "m0.workflow_id" if query.metadata else "w.workflow_id"
+    where = [
+        f"{clause} {bind(value)}"
+        for clause, value in (
+            ("w.status =", None if query.status is None else query.status.value),
+            ("w.latest_agent_status =", query.agent_status),
+            (
+                "w.updated_at >",
+                None if query.updated_after is None else moment(query.updated_after),
+            ),
+            (
+                "w.updated_at <",
+                None if query.updated_before is None else moment(query.updated_before),
+            ),
+            (f"{order} >", query.after),
+        )
+        if value is not None
+    ]
+    selected = ", ".join(f"w.{c}" for c in columns)
+    sql = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY {order}"
+    if query.limit is not None:
+        sql += f" LIMIT {bind(query.limit)}"
+    return sql, args
