@@ -1,0 +1,172 @@
+"""LangGraph checkpoints and pending writes as aiocheckpoint states (JSON documents).
+
+Values go through the saver's LangGraph serializer and are stored as its typed bytes,
+``[type, base64]``, exactly as it produced them. A list channel (LangGraph's messages) is
+stored element by element, so that aiocheckpoint's content-addressed blobs share the
+unchanged elements between checkpoints: a growing list costs what was appended, not the
+whole list again (``docs/langgraph.md``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from langgraph.checkpoint.base import WRITES_IDX_MAP, Checkpoint, writes_sort_key
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from ...errors import CheckpointCorruptedError
+
+__all__ = [
+    "ChannelCache",
+    "Write",
+    "checkpoint_state",
+    "decode_checkpoint",
+    "decode_writes",
+    "merge_writes",
+    "pending_writes",
+    "typed",
+    "untyped",
+]
+
+#: One stored write: task id, index, channel, typed value, task path.
+Write = tuple[str, int, str, list[str], str]
+#: The encoded values of one namespace's last checkpoint: channel -> (version, encoded).
+ChannelCache = dict[str, tuple[Any, Any]]
+
+_ITEMS: Final = "items"
+
+
+def typed(serde: SerializerProtocol, value: Any) -> list[str]:
+    """``value`` through the serializer, as the JSON pair ``[type, base64 bytes]``."""
+    kind, data = serde.dumps_typed(value)
+    return [kind, base64.b64encode(data).decode("ascii")]
+
+
+def untyped(serde: SerializerProtocol, item: Any) -> Any:
+    """The value of a ``[type, base64 bytes]`` pair; a malformed pair is corruption."""
+    if not (
+        isinstance(item, list)
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and isinstance(item[1], str)
+    ):
+        raise CheckpointCorruptedError(f"a stored LangGraph value is malformed: {item!r:.80}")
+    try:
+        data = base64.b64decode(item[1], validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise CheckpointCorruptedError("a stored LangGraph value is not base64") from exc
+    return serde.loads_typed((item[0], data))
+
+
+def _channel(serde: SerializerProtocol, value: Any) -> Any:
+    if type(value) is list:
+        return {_ITEMS: [typed(serde, item) for item in value]}
+    return typed(serde, value)
+
+
+def _unchannel(serde: SerializerProtocol, stored: Any) -> Any:
+    if isinstance(stored, dict):
+        items = stored.get(_ITEMS)
+        if len(stored) != 1 or not isinstance(items, list):
+            raise CheckpointCorruptedError("a stored LangGraph list channel is malformed")
+        return [untyped(serde, item) for item in items]
+    return untyped(serde, stored)
+
+
+def checkpoint_state(
+    serde: SerializerProtocol,
+    checkpoint: Checkpoint,
+    metadata: Mapping[str, Any],
+    previous: ChannelCache,
+) -> tuple[dict[str, Any], ChannelCache]:
+    """The state stored for one checkpoint, and its encoded channels for the next one.
+
+    ``previous`` must be the encoded channels of this checkpoint's parent: a channel whose
+    version is the parent's is unchanged (LangGraph bumps a channel's version whenever its
+    value changes), so its encoding is reused rather than serialized again.
+    """
+    rest = {key: value for key, value in checkpoint.items() if key != "channel_values"}
+    versions = checkpoint.get("channel_versions", {})
+    values: dict[str, Any] = {}
+    fresh: ChannelCache = {}
+    for channel, value in checkpoint.get("channel_values", {}).items():
+        version = versions.get(channel)
+        known = previous.get(channel)
+        if version is not None and known is not None and known[0] == version:
+            values[channel] = known[1]
+        else:
+            values[channel] = _channel(serde, value)
+        fresh[channel] = (version, values[channel])
+    state = {
+        "checkpoint": typed(serde, rest),
+        "metadata": typed(serde, dict(metadata)),
+        "values": values,
+    }
+    return state, fresh
+
+
+def _field(state: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = state.get(name)
+    if not isinstance(value, kind):
+        raise CheckpointCorruptedError(f"a stored LangGraph checkpoint has no valid {name!r}")
+    return value
+
+
+def decode_checkpoint(
+    serde: SerializerProtocol, state: Mapping[str, Any]
+) -> tuple[Checkpoint, dict[str, Any]]:
+    """The checkpoint (with its channel values) and metadata of a stored state."""
+    checkpoint = untyped(serde, _field(state, "checkpoint", list))
+    metadata = untyped(serde, _field(state, "metadata", list))
+    if not isinstance(checkpoint, dict) or not isinstance(metadata, dict):
+        raise CheckpointCorruptedError("a stored LangGraph checkpoint is not a mapping")
+    values = _field(state, "values", dict)
+    checkpoint["channel_values"] = {
+        channel: _unchannel(serde, stored) for channel, stored in values.items()
+    }
+    return checkpoint, metadata  # type: ignore[return-value]
+
+
+def decode_writes(state: Mapping[str, Any]) -> list[Write]:
+    """The stored writes of a writes state, checked for shape."""
+    writes = _field(state, "writes", list)
+    out: list[Write] = []
+    for write in writes:
+        if not (isinstance(write, list) and len(write) == 5 and type(write[1]) is int):
+            raise CheckpointCorruptedError("a stored LangGraph write is malformed")
+        task_id, idx, channel, value, path = write
+        if not (isinstance(task_id, str) and isinstance(channel, str) and isinstance(path, str)):
+            raise CheckpointCorruptedError("a stored LangGraph write is malformed")
+        out.append((task_id, idx, channel, value, path))
+    return out
+
+
+def merge_writes(
+    serde: SerializerProtocol,
+    stored: Sequence[Write],
+    writes: Sequence[tuple[str, Any]],
+    task_id: str,
+    task_path: str,
+) -> list[Write]:
+    """``stored`` plus one task's new writes, as LangGraph's own savers merge them.
+
+    A regular write whose ``(task_id, index)`` is already stored is ignored (a retried
+    task writes the same thing); the special writes (errors, interrupts, resumes) replace.
+    """
+    merged = {(write[0], write[1]): write for write in stored}
+    for index, (channel, value) in enumerate(writes):
+        idx = WRITES_IDX_MAP.get(channel, index)
+        if idx >= 0 and (task_id, idx) in merged:
+            continue
+        merged[(task_id, idx)] = (task_id, idx, channel, typed(serde, value), task_path)
+    return sorted(merged.values(), key=lambda w: writes_sort_key(w[4], w[0], w[1]))
+
+
+def pending_writes(
+    serde: SerializerProtocol, stored: Sequence[Write]
+) -> list[tuple[str, str, Any]]:
+    """LangGraph's ``pending_writes`` of a checkpoint: ``(task_id, channel, value)``."""
+    return [(task_id, channel, untyped(serde, value)) for task_id, _, channel, value, _ in stored]

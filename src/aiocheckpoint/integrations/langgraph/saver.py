@@ -1,0 +1,457 @@
+"""``AioCheckpointSaver``: a LangGraph checkpointer over any aiocheckpoint store."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import anyio
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from typing_extensions import Self
+
+from ...errors import InvalidArgumentError
+from ...manager import CheckpointManager
+from ...storage.base import CheckpointStorage
+from ...urls import open_storage
+from . import keys, records
+from .leases import ThreadLeases, default_owner
+from .store import Pair, ThreadStore
+
+__all__ = ["AioCheckpointSaver"]
+
+_T = TypeVar("_T")
+_LOCKS: Final = 64
+_CACHED_THREADS: Final = 4096
+
+
+def _target(config: RunnableConfig) -> tuple[str, str, str | None]:
+    conf = config.get("configurable") or {}
+    if conf.get("thread_id") is None:
+        raise InvalidArgumentError("the config has no configurable.thread_id")
+    checkpoint_id = conf.get("checkpoint_id")
+    return str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")), checkpoint_id
+
+
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
+class AioCheckpointSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer that stores threads in an aiocheckpoint store.
+
+    ``storage`` is any aiocheckpoint storage (memory, file, SQLite, PostgreSQL); use
+    :meth:`from_url` to open one by URL. Use it as ``async with AioCheckpointSaver(...)
+    as saver:`` (or call :meth:`aclose`): closing releases the leases it holds and closes
+    a storage it opened itself (``from_url``) or was given with ``close_storage=True``.
+
+    Options (``docs/langgraph.md``): ``single_writer`` fences each thread's writes with a
+    lease (``lease_ttl`` seconds, renewed as it writes), so a second saver writing the
+    same thread gets :class:`~aiocheckpoint.LeaseHeldError`; ``max_checkpoints`` keeps
+    only the newest N checkpoints of each thread namespace; ``serde`` is LangGraph's
+    serializer (its default when None).
+
+    The sync methods (``invoke`` and ``stream`` use them) work from any thread other than
+    the one running the event loop the saver was opened on; from inside that loop use
+    the async methods (``ainvoke``, ``astream``).
+    """
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        *,
+        serde: SerializerProtocol | None = None,
+        single_writer: bool = False,
+        lease_ttl: float = 30.0,
+        max_checkpoints: int | None = None,
+        close_storage: bool = False,
+    ) -> None:
+        super().__init__(serde=serde)
+        if max_checkpoints is not None and (
+            type(max_checkpoints) is not int or max_checkpoints < 1
+        ):
+            raise InvalidArgumentError(
+                f"max_checkpoints must be an int >= 1 or None, got {max_checkpoints!r}"
+            )
+        self.manager = CheckpointManager(storage)
+        self._store = ThreadStore(self.manager)
+        self._leases = (
+            ThreadLeases(self.manager, default_owner(), lease_ttl) if single_writer else None
+        )
+        self._max_checkpoints = max_checkpoints
+        self._close_storage = close_storage
+        self._locks = [anyio.Lock() for _ in range(_LOCKS)]
+        self._channels: OrderedDict[str, tuple[str, records.ChannelCache]] = OrderedDict()
+        self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, storage_options: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Self:
+        """A saver over the store ``url`` names (``aiocheckpoint.open_storage``'s forms).
+
+        The saver owns that store and closes it on :meth:`aclose`.
+        """
+        storage = open_storage(url, **(storage_options or {}))
+        return cls(storage, close_storage=True, **kwargs)
+
+    async def __aenter__(self) -> Self:
+        self._bind()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release the leases held and close the storage if this saver owns it."""
+        if self._leases is not None:
+            await self._leases.release_all()
+        if self._close_storage:
+            await self.manager.close()
+
+    def _bind(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Versions as LangGraph's own savers make them: a counter and a random part."""
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+    # -- writing --------------------------------------------------------------------
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint; return the config that names it."""
+        self._bind()
+        thread_id, ns, parent_id = _target(config)
+        workflow_id = keys.workflow_id(thread_id, ns)
+        step = keys.checkpoint_step(checkpoint["id"])
+        previous = self._channels.get(workflow_id)
+        parent_channels = previous[1] if previous and previous[0] == parent_id else {}
+        state, channels = records.checkpoint_state(
+            self.serde, checkpoint, get_checkpoint_metadata(config, metadata), parent_channels
+        )
+        info = {
+            "thread_id": thread_id,
+            "checkpoint_ns": ns,
+            "checkpoint_id": checkpoint["id"],
+            "parent_checkpoint_id": parent_id,
+        }
+        lease = await self._fence(workflow_id, thread_id)
+        await self._store.save(workflow_id, step, state, info, lease)
+        self._remember(self._channels, workflow_id, (checkpoint["id"], channels))
+        await self._retain(workflow_id, step)
+        return _config(thread_id, ns, checkpoint["id"])
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store the writes of one task for the checkpoint ``config`` names."""
+        self._bind()
+        thread_id, ns, checkpoint_id = _target(config)
+        if checkpoint_id is None:
+            raise InvalidArgumentError("put_writes needs a config with a checkpoint_id")
+        workflow_id = keys.workflow_id(thread_id, ns)
+        step = keys.writes_step(checkpoint_id)
+        async with self._locks[hash((workflow_id, step)) % _LOCKS]:
+            stored = await self._store.load_writes(workflow_id, step)
+            old = [] if stored is None else records.decode_writes(stored.state_snapshot.data)
+            merged = records.merge_writes(self.serde, old, writes, task_id, task_path)
+            info = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
+            lease = await self._fence(workflow_id, thread_id)
+            await self._store.save(workflow_id, step, {"writes": merged}, info, lease)
+
+    async def _fence(self, workflow_id: str, thread_id: str) -> Any:
+        if self._leases is None:
+            return None
+        return await self._leases.fence(workflow_id, thread_id)
+
+    @staticmethod
+    def _remember(cache: OrderedDict[str, Any], key: str, value: Any) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > _CACHED_THREADS:
+            cache.popitem(last=False)
+
+    async def _retain(self, workflow_id: str, step: int) -> None:
+        if self._max_checkpoints is None:
+            return
+        steps = self._recent.get(workflow_id)
+        if steps is None:
+            steps = sorted(await self._store.checkpoint_steps(workflow_id))
+        elif step not in steps:
+            steps = sorted([*steps, step])
+        while len(steps) > self._max_checkpoints:
+            old = steps.pop(0)
+            await self._store.delete(workflow_id, old)
+            await self._store.delete(workflow_id, old + 1)
+        self._remember(self._recent, workflow_id, steps)
+
+    # -- reading --------------------------------------------------------------------
+
+    def _tuple(self, pair: Pair) -> CheckpointTuple:
+        info = pair.checkpoint.metadata
+        checkpoint, metadata = records.decode_checkpoint(
+            self.serde, pair.checkpoint.state_snapshot.data
+        )
+        thread_id, ns = str(info.get("thread_id")), str(info.get("checkpoint_ns", ""))
+        parent = info.get("parent_checkpoint_id")
+        writes = (
+            [] if pair.writes is None else records.decode_writes(pair.writes.state_snapshot.data)
+        )
+        return CheckpointTuple(
+            config=_config(thread_id, ns, checkpoint["id"]),
+            checkpoint=checkpoint,
+            metadata=metadata,  # type: ignore[arg-type]
+            parent_config=None if parent is None else _config(thread_id, ns, str(parent)),
+            pending_writes=records.pending_writes(self.serde, writes),
+        )
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint ``config`` names (the thread's latest without a checkpoint_id)."""
+        self._bind()
+        thread_id, ns, checkpoint_id = _target(config)
+        workflow_id = keys.workflow_id(thread_id, ns)
+        step = None if checkpoint_id is None else keys.checkpoint_step(checkpoint_id)
+        pair = await self._store.load_pair(workflow_id, step)
+        if pair is None:
+            return None
+        found = self._tuple(pair)
+        if checkpoint_id is not None and found.checkpoint["id"] != checkpoint_id:
+            return None
+        return found
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Checkpoints newest first: of a thread (and namespace), or of every thread.
+
+        ``filter`` keeps those whose metadata has every given key with the given value;
+        ``before`` keeps those older than the checkpoint it names; ``limit`` caps the count.
+        """
+        self._bind()
+        if limit is not None and limit <= 0:
+            return
+        bound = None
+        if before is not None:
+            before_id = _target(before)[2]
+            bound = None if before_id is None else keys.checkpoint_step(before_id)
+        wanted_id = None if config is None else _target(config)[2]
+        count = 0
+        for workflow_id in await self._list_targets(config):
+            async for pair in self._store.pairs(workflow_id, before=bound):
+                found = self._tuple(pair)
+                if wanted_id is not None and found.checkpoint["id"] != wanted_id:
+                    continue
+                if filter and any(found.metadata.get(k) != v for k, v in filter.items()):
+                    continue
+                yield found
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+
+    async def _list_targets(self, config: RunnableConfig | None) -> list[str]:
+        if config is None:
+            return await self._store.all_workflows()
+        thread_id, ns, _ = _target(config)
+        if "checkpoint_ns" in (config.get("configurable") or {}):
+            return [keys.workflow_id(thread_id, ns)]
+        return await self._store.thread_workflows(thread_id)
+
+    # -- maintenance ----------------------------------------------------------------
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint and write of a thread, in every namespace."""
+        self._bind()
+        for workflow_id in await self._store.thread_workflows(str(thread_id)):
+            await self._drop(workflow_id)
+
+    async def _drop(self, workflow_id: str) -> None:
+        await self._store.delete(workflow_id)
+        self._channels.pop(workflow_id, None)
+        self._recent.pop(workflow_id, None)
+        if self._leases is not None:
+            self._leases.forget(workflow_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) whose metadata has one of ``run_ids``.
+
+        This reads every LangGraph checkpoint in the store once.
+        """
+        self._bind()
+        runs = set(run_ids)
+        if not runs:
+            return
+        for workflow_id in await self._store.all_workflows():
+            doomed = [
+                pair.checkpoint.step
+                async for pair in self._store.pairs(workflow_id, before=None)
+                if self._tuple(pair).metadata.get("run_id") in runs
+            ]
+            for step in doomed:
+                await self._store.delete(workflow_id, step)
+                await self._store.delete(workflow_id, step + 1)
+            self._channels.pop(workflow_id, None)
+            self._recent.pop(workflow_id, None)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and write of one thread to another thread id."""
+        self._bind()
+        target = str(target_thread_id)
+        for workflow_id in await self._store.thread_workflows(str(source_thread_id)):
+            async for pair in self._store.pairs(workflow_id, before=None):
+                await self._copy(pair, target)
+
+    async def _copy(self, pair: Pair, target: str) -> None:
+        for record in (pair.checkpoint, pair.writes):
+            if record is None:
+                continue
+            info = {**record.metadata, "thread_id": target}
+            workflow_id = keys.workflow_id(target, str(info.get("checkpoint_ns", "")))
+            lease = await self._fence(workflow_id, target)
+            await self._store.save(
+                workflow_id, record.step, record.state_snapshot.data, info, lease
+            )
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune threads, by ``strategy``.
+
+        ``"keep_latest"`` keeps each namespace's newest checkpoint (with its writes),
+        ``"delete"`` deletes the threads.
+        """
+        self._bind()
+        if strategy not in ("keep_latest", "delete"):
+            raise InvalidArgumentError(f"unknown prune strategy {strategy!r}")
+        for thread_id in thread_ids:
+            for workflow_id in await self._store.thread_workflows(str(thread_id)):
+                if strategy == "delete":
+                    await self._drop(workflow_id)
+                else:
+                    await self._keep_latest(workflow_id)
+
+    async def _keep_latest(self, workflow_id: str) -> None:
+        steps = await self._store.checkpoint_steps(workflow_id)
+        for step in steps[1:]:
+            await self._store.delete(workflow_id, step)
+            await self._store.delete(workflow_id, step + 1)
+        self._recent.pop(workflow_id, None)
+
+    # -- the sync API -----------------------------------------------------------------
+
+    def _run(self, work: Callable[[], Awaitable[_T]]) -> _T:
+        loop = self._loop
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or loop.is_closed():
+            raise InvalidArgumentError(
+                "AioCheckpointSaver's sync methods need the saver opened on a running event "
+                "loop (async with); call them from another thread"
+            )
+        if running is loop:
+            raise InvalidArgumentError(
+                "AioCheckpointSaver's sync methods cannot run inside the saver's own event "
+                "loop: use the async methods (ainvoke, astream) there, or call the sync ones "
+                "from another thread"
+            )
+
+        async def call() -> _T:
+            return await work()
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result()
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Sync :meth:`aget_tuple` (from a thread other than the saver's loop)."""
+        return self._run(lambda: self.aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Sync :meth:`alist` (from a thread other than the saver's loop)."""
+
+        async def collect() -> list[CheckpointTuple]:
+            found = self.alist(config, filter=filter, before=before, limit=limit)
+            return [item async for item in found]
+
+        return iter(self._run(collect))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Sync :meth:`aput` (from a thread other than the saver's loop)."""
+        return self._run(lambda: self.aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Sync :meth:`aput_writes` (from a thread other than the saver's loop)."""
+        self._run(lambda: self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Sync :meth:`adelete_thread`."""
+        self._run(lambda: self.adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Sync :meth:`adelete_for_runs`."""
+        self._run(lambda: self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Sync :meth:`acopy_thread`."""
+        self._run(lambda: self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Sync :meth:`aprune`."""
+        self._run(lambda: self.aprune(thread_ids, strategy=strategy))
