@@ -7,6 +7,7 @@ resumed with ``Command(resume=...)``) and a summarising subgraph that interrupts
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
@@ -117,3 +118,39 @@ def snapshot_view(snapshot: Any) -> dict[str, Any]:
         "interrupts": [i.value for task in snapshot.tasks for i in task.interrupts],
         "has_parent": snapshot.parent_config is not None,
     }
+
+
+class LoopState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    count: int
+
+
+def loop_graph(checkpointer: Any, *, steps: int, pause: float = 0.0, report: Any = None) -> Any:
+    """A node that runs ``steps`` times, each time appending a ~1 KB message.
+
+    ``pause`` seconds are spent in each step (the process tests kill or race it there);
+    ``report(count)`` is called as each step starts.
+    """
+
+    def work(state: LoopState) -> dict[str, Any]:
+        count = state.get("count", 0)
+        if report is not None:
+            report(count)
+        if pause:
+            time.sleep(pause)
+        text = f"step {count}: " + "x" * 1000
+        return {"messages": [AIMessage(text, id=f"m-{count}")], "count": count + 1}
+
+    def again(state: LoopState) -> str:
+        return "work" if state["count"] < steps else END
+
+    graph = StateGraph(LoopState)
+    graph.add_node("work", work)
+    graph.add_edge(START, "work")
+    graph.add_conditional_edges("work", again, ["work", END])
+    return graph.compile(checkpointer=checkpointer)
+
+
+def loop_input() -> dict[str, Any]:
+    """The first input of a loop thread."""
+    return {"messages": [HumanMessage("go", id="go")], "count": 0}

@@ -41,12 +41,14 @@ async def scenario(checkpointer: Any) -> dict[str, Any]:
     out["final"] = values_view(await graph.ainvoke(resume("ok"), THREAD))
     out["history"] = await history(graph, THREAD)
     out["namespaces"] = sorted(
-        {t.config["configurable"]["checkpoint_ns"].split(":")[0] async for t in checkpointer.alist(
-            {"configurable": {"thread_id": "thread-1"}}
-        )}
+        {
+            t.config["configurable"]["checkpoint_ns"].split(":")[0]
+            async for t in checkpointer.alist({"configurable": {"thread_id": "thread-1"}})
+        }
     )
     # Time travel: run again from the older, interrupted checkpoint.
-    older = [s async for s in graph.aget_state_history(THREAD) if s.next == ("approve",)][0]
+    paused = [s async for s in graph.aget_state_history(THREAD) if s.next == ("approve",)]
+    older = paused[0]
     out["replayed"] = values_view(await graph.ainvoke(resume("no"), older.config))
     # A fork: edit an older checkpoint's state and continue from the edit.
     forked = await graph.aupdate_state(

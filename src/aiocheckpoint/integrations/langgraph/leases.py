@@ -15,6 +15,8 @@ import socket
 import time
 import uuid
 
+import anyio
+
 from ...errors import LeaseHeldError, UnsupportedOperationError
 from ...leases import Lease
 from ...manager import CheckpointManager
@@ -40,9 +42,19 @@ class ThreadLeases:
         self._owner = owner
         self._ttl = ttl
         self._held: dict[str, tuple[Lease, float]] = {}
+        # Taking or renewing a lease again bumps its token: a checkpoint and a task's
+        # writes arriving together must not both do it.
+        self._lock = anyio.Lock()
 
     async def fence(self, workflow_id: str, thread_id: str) -> Lease:
         """The current lease of ``workflow_id``: taken, or renewed when half spent."""
+        held = self._held.get(workflow_id)
+        if held is not None and time.monotonic() < held[1]:
+            return held[0]
+        async with self._lock:
+            return await self._refresh(workflow_id, thread_id)
+
+    async def _refresh(self, workflow_id: str, thread_id: str) -> Lease:
         held = self._held.get(workflow_id)
         now = time.monotonic()
         if held is not None and now < held[1]:
