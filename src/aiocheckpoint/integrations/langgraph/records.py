@@ -33,8 +33,10 @@ __all__ = [
 
 #: One stored write: task id, index, channel, typed value, task path.
 Write = tuple[str, int, str, list[str], str]
-#: The encoded values of one namespace's last checkpoint: channel -> (version, encoded).
-ChannelCache = dict[str, tuple[Any, Any]]
+#: The encoded values of one namespace's last checkpoint: channel -> (version, encoded,
+#: value). The value is kept so that a list's items can be recognised (by identity) in the
+#: next checkpoint's list.
+ChannelCache = dict[str, tuple[Any, Any, Any]]
 
 _ITEMS: Final = "items"
 
@@ -61,10 +63,16 @@ def untyped(serde: SerializerProtocol, item: Any) -> Any:
     return serde.loads_typed((item[0], data))
 
 
-def _channel(serde: SerializerProtocol, value: Any) -> Any:
-    if type(value) is list:
-        return {_ITEMS: [typed(serde, item) for item in value]}
-    return typed(serde, value)
+def _channel(serde: SerializerProtocol, value: Any, known: tuple[Any, Any, Any] | None) -> Any:
+    if type(value) is not list:
+        return typed(serde, value)
+    # An item that is the very object stored in the parent's list is reused as encoded
+    # then: LangGraph's reducers (add_messages) build a new list around the same items.
+    # Its id is stable because ``known`` keeps the parent's list alive.
+    reuse: dict[int, Any] = {}
+    if known is not None and type(known[2]) is list and isinstance(known[1], dict):
+        reuse = {id(item): code for item, code in zip(known[2], known[1][_ITEMS], strict=True)}
+    return {_ITEMS: [reuse.get(id(item)) or typed(serde, item) for item in value]}
 
 
 def _unchannel(serde: SerializerProtocol, stored: Any) -> Any:
@@ -86,7 +94,8 @@ def checkpoint_state(
 
     ``previous`` must be the encoded channels of this checkpoint's parent: a channel whose
     version is the parent's is unchanged (LangGraph bumps a channel's version whenever its
-    value changes), so its encoding is reused rather than serialized again.
+    value changes), so its encoding is reused rather than serialized again; so is each
+    list item that is the same object as one in the parent's list.
     """
     rest = {key: value for key, value in checkpoint.items() if key != "channel_values"}
     versions = checkpoint.get("channel_versions", {})
@@ -98,8 +107,8 @@ def checkpoint_state(
         if version is not None and known is not None and known[0] == version:
             values[channel] = known[1]
         else:
-            values[channel] = _channel(serde, value)
-        fresh[channel] = (version, values[channel])
+            values[channel] = _channel(serde, value, known)
+        fresh[channel] = (version, values[channel], value)
     state = {
         "checkpoint": typed(serde, rest),
         "metadata": typed(serde, dict(metadata)),

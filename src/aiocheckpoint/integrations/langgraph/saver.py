@@ -102,6 +102,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         self._channels: OrderedDict[str, tuple[str, records.ChannelCache]] = OrderedDict()
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
 
     @classmethod
     def from_url(
@@ -127,7 +128,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Release the leases held and close the storage if this saver owns it."""
+        """Release the leases held and close the storage if this saver owns it (once)."""
+        if self._closed:
+            return
+        self._closed = True
         if self._leases is not None:
             await self._leases.release_all()
         if self._close_storage:
