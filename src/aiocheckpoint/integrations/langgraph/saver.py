@@ -101,6 +101,9 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         self._locks = [anyio.Lock() for _ in range(_LOCKS)]
         self._channels: OrderedDict[str, tuple[str, records.ChannelCache]] = OrderedDict()
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        # The writes this saver last stored per checkpoint (none for one it just created):
+        # a task's writes are merged without reading them back.
+        self._writes: OrderedDict[tuple[str, int], list[records.Write]] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -171,6 +174,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             "checkpoint_id": checkpoint["id"],
             "parent_checkpoint_id": parent_id,
         }
+        if (workflow_id, step + 1) not in self._writes:
+            # A new checkpoint has no writes (LangGraph stores each checkpoint id once); its
+            # tasks' writes may arrive while it is being saved.
+            self._remember(self._writes, (workflow_id, step + 1), [])
         lease = await self._fence(workflow_id, thread_id)
         await self._store.save(workflow_id, step, state, info, lease)
         self._remember(self._channels, workflow_id, (checkpoint["id"], channels))
@@ -192,12 +199,16 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         workflow_id = keys.workflow_id(thread_id, ns)
         step = keys.writes_step(checkpoint_id)
         async with self._locks[hash((workflow_id, step)) % _LOCKS]:
-            stored = await self._store.load_writes(workflow_id, step)
-            old = [] if stored is None else records.decode_writes(stored.state_snapshot.data)
+            old = self._writes.get((workflow_id, step))
+            if old is None:
+                stored = await self._store.load_writes(workflow_id, step)
+                old = [] if stored is None else records.decode_writes(stored.state_snapshot.data)
             merged = records.merge_writes(self.serde, old, writes, task_id, task_path)
             info = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
             lease = await self._fence(workflow_id, thread_id)
+            self._writes.pop((workflow_id, step), None)  # unknown again if the save fails
             await self._store.save(workflow_id, step, {"writes": merged}, info, lease)
+            self._remember(self._writes, (workflow_id, step), merged)
 
     async def _fence(self, workflow_id: str, thread_id: str) -> Any:
         if self._leases is None:
@@ -205,7 +216,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         return await self._leases.fence(workflow_id, thread_id)
 
     @staticmethod
-    def _remember(cache: OrderedDict[str, Any], key: str, value: Any) -> None:
+    def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
         cache[key] = value
         cache.move_to_end(key)
         while len(cache) > _CACHED_THREADS:
@@ -311,8 +322,13 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def _drop(self, workflow_id: str) -> None:
         await self._store.delete(workflow_id)
+        self._forget(workflow_id)
+
+    def _forget(self, workflow_id: str) -> None:
         self._channels.pop(workflow_id, None)
         self._recent.pop(workflow_id, None)
+        for key in [key for key in self._writes if key[0] == workflow_id]:
+            del self._writes[key]
         if self._leases is not None:
             self._leases.forget(workflow_id)
 
@@ -334,8 +350,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             for step in doomed:
                 await self._store.delete(workflow_id, step)
                 await self._store.delete(workflow_id, step + 1)
-            self._channels.pop(workflow_id, None)
-            self._recent.pop(workflow_id, None)
+            self._forget(workflow_id)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of one thread to another thread id."""
@@ -355,6 +370,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             await self._store.save(
                 workflow_id, record.step, record.state_snapshot.data, info, lease
             )
+            self._forget(workflow_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads, by ``strategy``.
@@ -377,7 +393,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         for step in steps[1:]:
             await self._store.delete(workflow_id, step)
             await self._store.delete(workflow_id, step + 1)
-        self._recent.pop(workflow_id, None)
+        self._forget(workflow_id)
 
     # -- the sync API -----------------------------------------------------------------
 
