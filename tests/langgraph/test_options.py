@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import asyncpg
 import pytest
 from langgraph.checkpoint.conformance.test_utils import (
@@ -171,3 +172,23 @@ async def test_verify_and_copy_work_on_langgraph_stores(
         assert [t.checkpoint async for t in copied.alist(LOOP)] == expected
         final = await graph.ainvoke(None, LOOP)  # the copy is a live thread: it runs on
     assert final["count"] == 5
+
+
+async def test_prune_idle_deletes_only_threads_idle_in_every_namespace(
+    saver_factory: SaverFactory,
+) -> None:
+    async with saver_factory(thread_ttl=0.5) as saver:
+        await put(saver, "idle")
+        await put(saver, "mixed")
+        await anyio.sleep(0.7)
+        cp = generate_checkpoint()
+        await saver.aput(generate_config("mixed", checkpoint_ns="child:1"), cp, {}, {})
+        await put(saver, "fresh")
+        assert await saver.aprune_idle() == ["idle"]
+        assert await saver.aget_tuple(generate_config("idle")) is None
+        for thread in ("mixed", "fresh"):
+            assert await saver.aget_tuple(generate_config(thread)) is not None
+        assert await saver.aprune_idle(idle_for=0) == ["fresh", "mixed"]
+        assert [t async for t in saver.alist(None)] == []
+        with pytest.raises(InvalidArgumentError, match="idle_for"):
+            await saver.aprune_idle(idle_for=-1)

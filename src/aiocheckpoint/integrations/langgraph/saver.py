@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -66,8 +67,9 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
     Options (``docs/langgraph.md``): ``single_writer`` fences each thread's writes with a
     lease (``lease_ttl`` seconds, renewed as it writes), so a second saver writing the
     same thread gets :class:`~aiocheckpoint.LeaseHeldError`; ``max_checkpoints`` keeps
-    only the newest N checkpoints of each thread namespace; ``serde`` is LangGraph's
-    serializer (its default when None).
+    only the newest N checkpoints of each thread namespace; ``thread_ttl`` is the idle
+    time (seconds) after which :meth:`aprune_idle` deletes a thread; ``serde`` is
+    LangGraph's serializer (its default when None).
 
     The sync methods (``invoke`` and ``stream`` use them) work from any thread other than
     the one running the event loop the saver was opened on; from inside that loop use
@@ -82,6 +84,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         single_writer: bool = False,
         lease_ttl: float = 30.0,
         max_checkpoints: int | None = None,
+        thread_ttl: float | None = None,
         close_storage: bool = False,
     ) -> None:
         super().__init__(serde=serde)
@@ -97,6 +100,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             ThreadLeases(self.manager, default_owner(), lease_ttl) if single_writer else None
         )
         self._max_checkpoints = max_checkpoints
+        self._thread_ttl = thread_ttl
         self._close_storage = close_storage
         self._locks = [anyio.Lock() for _ in range(_LOCKS)]
         self._channels: OrderedDict[str, tuple[str, records.ChannelCache]] = OrderedDict()
@@ -394,6 +398,33 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             await self._store.delete(workflow_id, step)
             await self._store.delete(workflow_id, step + 1)
         self._forget(workflow_id)
+
+    async def aprune_idle(self, idle_for: float | None = None) -> list[str]:
+        """Delete the threads not written for ``idle_for`` seconds; return their ids.
+
+        ``idle_for`` defaults to the saver's ``thread_ttl``. A thread is idle when no
+        namespace of it has had a checkpoint or a write for that long (judged by the
+        timestamps of its newest records). This reads the newest record of every LangGraph
+        namespace in the store: run it now and then (a periodic task), not per step.
+        """
+        self._bind()
+        ttl = self._thread_ttl if idle_for is None else idle_for
+        if ttl is None or isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0:
+            raise InvalidArgumentError(f"idle_for must be seconds >= 0, got {ttl!r}")
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=ttl)
+        busy: set[str] = set()
+        namespaces: dict[str, list[str]] = {}
+        for workflow_id in await self._store.all_workflows():
+            seen = await self._store.last_activity(workflow_id)
+            if seen is not None:
+                namespaces.setdefault(seen[0], []).append(workflow_id)
+                if seen[1] > cutoff:
+                    busy.add(seen[0])
+        idle = sorted(set(namespaces) - busy)
+        for thread_id in idle:
+            for workflow_id in namespaces[thread_id]:
+                await self._drop(workflow_id)
+        return idle
 
     # -- the sync API -----------------------------------------------------------------
 

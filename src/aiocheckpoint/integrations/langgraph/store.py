@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 
 from ...leases import Lease
@@ -113,6 +114,14 @@ class ThreadStore:
     async def all_workflows(self) -> list[str]:
         """The workflow ids of every LangGraph thread and namespace in the store."""
         return [w for w in await self.manager.storage.list_workflows() if w.startswith(keys.PREFIX)]
+
+    async def last_activity(self, workflow_id: str) -> tuple[str, datetime] | None:
+        """The thread id of a namespace and when its newest record was written."""
+        stored = await self.manager.storage.load(workflow_id)
+        if stored is None:
+            return None
+        latest = await self.manager.decode_record(workflow_id, stored)
+        return str(latest.metadata.get("thread_id")), latest.timestamp
 
     async def delete(self, workflow_id: str, step: int | None = None) -> None:
         """Delete one record, or a whole namespace when ``step`` is None."""
