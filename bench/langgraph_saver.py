@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -50,7 +51,29 @@ from tests.pg_support import drop_schema
 from aiocheckpoint.integrations.langgraph import AioCheckpointSaver
 
 DSN = os.environ.get("AIOCHECKPOINT_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-TEXT = "y" * 1000
+WORDS = [
+    "the",
+    "agent",
+    "called",
+    "a",
+    "tool",
+    "and",
+    "read",
+    "its",
+    "result",
+    "then",
+    "wrote",
+    "an",
+    "answer",
+    "for",
+    "user",
+]
+
+
+def text(seed: str) -> str:
+    """~1 KB of word salad, different per message (compressible like prose, not like 'y' * n)."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(220))[:1000]
 
 
 class BenchState(TypedDict):
@@ -62,7 +85,7 @@ class BenchState(TypedDict):
 def _node(name: str) -> Callable[[BenchState], dict[str, Any]]:
     def run(state: BenchState) -> dict[str, Any]:
         turn = state["turn"]
-        message = AIMessage(f"{name} {turn}: {TEXT}", id=f"{name}-{turn}")
+        message = AIMessage(f"{name} {turn}: {text(f'{name}-{turn}')}", id=f"{name}-{turn}")
         return {"messages": [message], "turn": turn + 1}
 
     return run

@@ -192,3 +192,20 @@ async def test_prune_idle_deletes_only_threads_idle_in_every_namespace(
         assert [t async for t in saver.alist(None)] == []
         with pytest.raises(InvalidArgumentError, match="idle_for"):
             await saver.aprune_idle(idle_for=-1)
+
+
+async def test_long_lists_in_pages_read_copy_and_delete(saver_factory: SaverFactory) -> None:
+    steps = 150  # two full pages of messages, then some
+    async with saver_factory() as saver:
+        graph = loop_graph(saver, steps=steps)
+        final = await graph.ainvoke(loop_input(), LOOP)
+        older = [s async for s in graph.aget_state_history(LOOP) if s.values.get("count") == 100]
+        await saver.acopy_thread("loop", "copy")
+        await saver.adelete_thread("loop")
+        remaining = await saver.manager.storage.list_workflows()
+        copied = await graph.aget_state({**LOOP, "configurable": {"thread_id": "copy"}})
+    assert len(final["messages"]) == steps + 1
+    assert values_view(older[0].values)["messages"] == values_view(final)["messages"][:101]
+    assert values_view(copied.values) == values_view(final)
+    assert keys.pages_workflow("copy") in remaining
+    assert not [w for w in remaining if "loop" in w]

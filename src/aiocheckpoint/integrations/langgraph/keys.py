@@ -6,6 +6,8 @@ namespace. A checkpoint's step is derived from its id: LangGraph's ids are UUIDs
 first 60 bits are a timestamp, and every LangGraph saver orders checkpoints by their id,
 so the step keeps that order. The checkpoint is stored at the even step ``2 * t`` and its
 pending writes at the odd step ``2 * t + 1``, so one indexed range read returns both.
+The full pages of a thread's long lists are records of one more workflow per thread,
+``lgp:...``, at steps taken from their content hashes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ __all__ = [
     "PREFIX",
     "checkpoint_step",
     "is_checkpoint_step",
+    "page_step",
+    "pages_workflow",
     "thread_prefix",
     "workflow_id",
     "writes_step",
@@ -45,6 +49,17 @@ def thread_prefix(thread_id: str) -> str:
     """The prefix shared by the workflow ids of every namespace of ``thread_id``."""
     part = _part(thread_id)
     return f"{PREFIX}{len(part)}:{part}:"
+
+
+def pages_workflow(thread_id: str) -> str:
+    """The workflow that holds the pages of a thread's long lists (``records.py``)."""
+    part = _part(thread_id)
+    return f"lgp:{len(part)}:{part}"
+
+
+def page_step(page_hash: str) -> int:
+    """The step of a page: the first 60 bits of its (hex) content hash."""
+    return int(page_hash[:15], 16)
 
 
 def workflow_id(thread_id: str, checkpoint_ns: str) -> str:

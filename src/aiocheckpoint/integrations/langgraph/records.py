@@ -2,8 +2,8 @@
 
 Values go through the saver's LangGraph serializer and are stored as its typed bytes,
 ``[type, base64]``, exactly as it produced them. A list channel (LangGraph's messages) is
-stored element by element, so that aiocheckpoint's content-addressed blobs share the
-unchanged elements between checkpoints: a growing list costs what was appended, not the
+stored element by element, each element serialized once (while it stays the same object),
+and a long list in pages (``pages.py``): a growing list costs what was appended, not the
 whole list again (``docs/langgraph.md``).
 """
 
@@ -12,20 +12,23 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from langgraph.checkpoint.base import WRITES_IDX_MAP, Checkpoint, writes_sort_key
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ...errors import CheckpointCorruptedError
+from . import pages as paging
 
 __all__ = [
     "ChannelCache",
     "Write",
     "checkpoint_state",
     "decode_checkpoint",
+    "decode_metadata",
     "decode_writes",
     "merge_writes",
+    "page_hashes",
     "pending_writes",
     "typed",
     "untyped",
@@ -33,12 +36,10 @@ __all__ = [
 
 #: One stored write: task id, index, channel, typed value, task path.
 Write = tuple[str, int, str, list[str], str]
-#: The encoded values of one namespace's last checkpoint: channel -> (version, encoded,
-#: value). The value is kept so that a list's items can be recognised (by identity) in the
-#: next checkpoint's list.
-ChannelCache = dict[str, tuple[Any, Any, Any]]
-
-_ITEMS: Final = "items"
+#: The encoded values of one namespace's last checkpoint: channel -> (version, stored
+#: form, value, encoded items of a list). The value is kept so that a list's items can be
+#: recognised (by identity) in the next checkpoint's list.
+ChannelCache = dict[str, tuple[Any, Any, Any, Any]]
 
 
 def typed(serde: SerializerProtocol, value: Any) -> list[str]:
@@ -63,24 +64,29 @@ def untyped(serde: SerializerProtocol, item: Any) -> Any:
     return serde.loads_typed((item[0], data))
 
 
-def _channel(serde: SerializerProtocol, value: Any, known: tuple[Any, Any, Any] | None) -> Any:
+def _channel(
+    serde: SerializerProtocol,
+    value: Any,
+    known: tuple[Any, Any, Any, Any] | None,
+    new_pages: dict[str, list[Any]],
+) -> tuple[Any, list[Any] | None]:
     if type(value) is not list:
-        return typed(serde, value)
+        return typed(serde, value), None
     # An item that is the very object stored in the parent's list is reused as encoded
     # then: LangGraph's reducers (add_messages) build a new list around the same items.
     # Its id is stable because ``known`` keeps the parent's list alive.
     reuse: dict[int, Any] = {}
-    if known is not None and type(known[2]) is list and isinstance(known[1], dict):
-        reuse = {id(item): code for item, code in zip(known[2], known[1][_ITEMS], strict=True)}
-    return {_ITEMS: [reuse.get(id(item)) or typed(serde, item) for item in value]}
+    parent = None
+    if known is not None and known[3] is not None:
+        reuse = {id(item): code for item, code in zip(known[2], known[3], strict=True)}
+        parent = (known[2], paging.hashes_of(known[1]))
+    encoded = [reuse.get(id(item)) or typed(serde, item) for item in value]
+    return paging.paginate(value, encoded, parent, new_pages), encoded
 
 
-def _unchannel(serde: SerializerProtocol, stored: Any) -> Any:
+def _unchannel(serde: SerializerProtocol, stored: Any, pages: Mapping[str, list[Any]]) -> Any:
     if isinstance(stored, dict):
-        items = stored.get(_ITEMS)
-        if len(stored) != 1 or not isinstance(items, list):
-            raise CheckpointCorruptedError("a stored LangGraph list channel is malformed")
-        return [untyped(serde, item) for item in items]
+        return [untyped(serde, item) for item in paging.unpage(stored, pages)]
     return untyped(serde, stored)
 
 
@@ -89,13 +95,15 @@ def checkpoint_state(
     checkpoint: Checkpoint,
     metadata: Mapping[str, Any],
     previous: ChannelCache,
+    new_pages: dict[str, list[Any]],
 ) -> tuple[dict[str, Any], ChannelCache]:
     """The state stored for one checkpoint, and its encoded channels for the next one.
 
     ``previous`` must be the encoded channels of this checkpoint's parent: a channel whose
     version is the parent's is unchanged (LangGraph bumps a channel's version whenever its
     value changes), so its encoding is reused rather than serialized again; so is each
-    list item that is the same object as one in the parent's list.
+    list item that is the same object as one in the parent's list. The pages of long lists
+    that the parent did not have are added to ``new_pages`` (to be stored first).
     """
     rest = {key: value for key, value in checkpoint.items() if key != "channel_values"}
     versions = checkpoint.get("channel_versions", {})
@@ -105,10 +113,11 @@ def checkpoint_state(
         version = versions.get(channel)
         known = previous.get(channel)
         if version is not None and known is not None and known[0] == version:
-            values[channel] = known[1]
+            fresh[channel] = known
         else:
-            values[channel] = _channel(serde, value, known)
-        fresh[channel] = (version, values[channel], value)
+            stored, items = _channel(serde, value, known, new_pages)
+            fresh[channel] = (version, stored, value, items)
+        values[channel] = fresh[channel][1]
     state = {
         "checkpoint": typed(serde, rest),
         "metadata": typed(serde, dict(metadata)),
@@ -124,17 +133,30 @@ def _field(state: Mapping[str, Any], name: str, kind: type) -> Any:
     return value
 
 
+def decode_metadata(serde: SerializerProtocol, state: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the metadata of a stored checkpoint (for filters over many checkpoints)."""
+    metadata = untyped(serde, _field(state, "metadata", list))
+    if not isinstance(metadata, dict):
+        raise CheckpointCorruptedError("a stored LangGraph checkpoint's metadata is not a mapping")
+    return metadata
+
+
+def page_hashes(state: Mapping[str, Any]) -> set[str]:
+    """The pages a stored checkpoint's list channels reference."""
+    return paging.referenced(_field(state, "values", dict))
+
+
 def decode_checkpoint(
-    serde: SerializerProtocol, state: Mapping[str, Any]
+    serde: SerializerProtocol, state: Mapping[str, Any], pages: Mapping[str, list[Any]]
 ) -> tuple[Checkpoint, dict[str, Any]]:
     """The checkpoint (with its channel values) and metadata of a stored state."""
     checkpoint = untyped(serde, _field(state, "checkpoint", list))
-    metadata = untyped(serde, _field(state, "metadata", list))
-    if not isinstance(checkpoint, dict) or not isinstance(metadata, dict):
+    metadata = decode_metadata(serde, state)
+    if not isinstance(checkpoint, dict):
         raise CheckpointCorruptedError("a stored LangGraph checkpoint is not a mapping")
     values = _field(state, "values", dict)
     checkpoint["channel_values"] = {
-        channel: _unchannel(serde, stored) for channel, stored in values.items()
+        channel: _unchannel(serde, stored, pages) for channel, stored in values.items()
     }
     return checkpoint, metadata  # type: ignore[return-value]
 

@@ -169,8 +169,13 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         step = keys.checkpoint_step(checkpoint["id"])
         previous = self._channels.get(workflow_id)
         parent_channels = previous[1] if previous and previous[0] == parent_id else {}
+        new_pages: dict[str, list[Any]] = {}
         state, channels = records.checkpoint_state(
-            self.serde, checkpoint, get_checkpoint_metadata(config, metadata), parent_channels
+            self.serde,
+            checkpoint,
+            get_checkpoint_metadata(config, metadata),
+            parent_channels,
+            new_pages,
         )
         info = {
             "thread_id": thread_id,
@@ -183,6 +188,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             # tasks' writes may arrive while it is being saved.
             self._remember(self._writes, (workflow_id, step + 1), [])
         lease = await self._fence(workflow_id, thread_id)
+        await self._store.save_pages(thread_id, new_pages)  # before what references them
         await self._store.save(workflow_id, step, state, info, lease)
         self._remember(self._channels, workflow_id, (checkpoint["id"], channels))
         await self._retain(workflow_id, step)
@@ -242,12 +248,13 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
 
     # -- reading --------------------------------------------------------------------
 
-    def _tuple(self, pair: Pair) -> CheckpointTuple:
+    async def _tuple(self, pair: Pair) -> CheckpointTuple:
         info = pair.checkpoint.metadata
-        checkpoint, metadata = records.decode_checkpoint(
-            self.serde, pair.checkpoint.state_snapshot.data
-        )
         thread_id, ns = str(info.get("thread_id")), str(info.get("checkpoint_ns", ""))
+        state = pair.checkpoint.state_snapshot.data
+        hashes = records.page_hashes(state)
+        pages = await self._store.load_pages(thread_id, hashes) if hashes else {}
+        checkpoint, metadata = records.decode_checkpoint(self.serde, state, pages)
         parent = info.get("parent_checkpoint_id")
         writes = (
             [] if pair.writes is None else records.decode_writes(pair.writes.state_snapshot.data)
@@ -269,7 +276,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         pair = await self._store.load_pair(workflow_id, step)
         if pair is None:
             return None
-        found = self._tuple(pair)
+        found = await self._tuple(pair)
         if checkpoint_id is not None and found.checkpoint["id"] != checkpoint_id:
             return None
         return found
@@ -298,7 +305,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         count = 0
         for workflow_id in await self._list_targets(config):
             async for pair in self._store.pairs(workflow_id, before=bound):
-                found = self._tuple(pair)
+                found = await self._tuple(pair)
                 if wanted_id is not None and found.checkpoint["id"] != wanted_id:
                     continue
                 if filter and any(found.metadata.get(k) != v for k, v in filter.items()):
@@ -321,8 +328,14 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of a thread, in every namespace."""
         self._bind()
-        for workflow_id in await self._store.thread_workflows(str(thread_id)):
+        await self._drop_thread(str(thread_id), await self._store.thread_workflows(str(thread_id)))
+
+    async def _drop_thread(self, thread_id: str, workflows: Sequence[str]) -> None:
+        for workflow_id in workflows:
             await self._drop(workflow_id)
+        pages = keys.pages_workflow(thread_id)
+        await self._store.delete(pages)
+        self._store.forget_pages(pages)
 
     async def _drop(self, workflow_id: str) -> None:
         await self._store.delete(workflow_id)
@@ -349,7 +362,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             doomed = [
                 pair.checkpoint.step
                 async for pair in self._store.pairs(workflow_id, before=None)
-                if self._tuple(pair).metadata.get("run_id") in runs
+                if records.decode_metadata(self.serde, pair.checkpoint.state_snapshot.data).get(
+                    "run_id"
+                )
+                in runs
             ]
             for step in doomed:
                 await self._store.delete(workflow_id, step)
@@ -360,7 +376,9 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         """Copy every checkpoint and write of one thread to another thread id."""
         self._bind()
         target = str(target_thread_id)
-        for workflow_id in await self._store.thread_workflows(str(source_thread_id)):
+        source = str(source_thread_id)
+        await self._store.copy_pages(source, target)
+        for workflow_id in await self._store.thread_workflows(source):
             async for pair in self._store.pairs(workflow_id, before=None):
                 await self._copy(pair, target)
 
@@ -386,11 +404,12 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         if strategy not in ("keep_latest", "delete"):
             raise InvalidArgumentError(f"unknown prune strategy {strategy!r}")
         for thread_id in thread_ids:
-            for workflow_id in await self._store.thread_workflows(str(thread_id)):
-                if strategy == "delete":
-                    await self._drop(workflow_id)
-                else:
-                    await self._keep_latest(workflow_id)
+            workflows = await self._store.thread_workflows(str(thread_id))
+            if strategy == "delete":
+                await self._drop_thread(str(thread_id), workflows)
+                continue
+            for workflow_id in workflows:
+                await self._keep_latest(workflow_id)
 
     async def _keep_latest(self, workflow_id: str) -> None:
         steps = await self._store.checkpoint_steps(workflow_id)
@@ -422,8 +441,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
                     busy.add(seen[0])
         idle = sorted(set(namespaces) - busy)
         for thread_id in idle:
-            for workflow_id in namespaces[thread_id]:
-                await self._drop(workflow_id)
+            await self._drop_thread(thread_id, namespaces[thread_id])
         return idle
 
     # -- the sync API -----------------------------------------------------------------

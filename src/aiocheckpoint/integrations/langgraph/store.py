@@ -7,11 +7,13 @@ LangGraph threads, and its tools (``verify``, ``copy``) work on them unchanged.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from ...errors import CheckpointCorruptedError
 from ...leases import Lease
 from ...manager import CheckpointManager
 from ...models import Checkpoint
@@ -23,6 +25,16 @@ __all__ = ["AGENT", "Pair", "ThreadStore"]
 #: The ``agent_id`` of every record the saver writes (``aiocheckpoint ls`` shows it).
 AGENT: Final = "langgraph"
 _PAGE: Final = 64
+_CACHED_PAGES: Final = 512
+
+
+def _page_items(workflow_id: str, digest: str, data: Mapping[str, Any]) -> list[Any]:
+    items = data.get("items")
+    if data.get("hash") != digest or not isinstance(items, list):
+        raise CheckpointCorruptedError(
+            f"page {digest} of a LangGraph list is missing or damaged", workflow_id=workflow_id
+        )
+    return items
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,62 @@ class ThreadStore:
 
     def __init__(self, manager: CheckpointManager) -> None:
         self.manager = manager
+        # Pages are immutable (named by their content): those read or written are kept.
+        self._pages: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
+
+    def _keep_page(self, workflow_id: str, digest: str, items: list[Any]) -> None:
+        self._pages[(workflow_id, digest)] = items
+        self._pages.move_to_end((workflow_id, digest))
+        while len(self._pages) > _CACHED_PAGES:
+            self._pages.popitem(last=False)
+
+    async def save_pages(self, thread_id: str, pages: Mapping[str, list[Any]]) -> None:
+        """Store the pages of a thread that this process has not stored or read."""
+        workflow_id = keys.pages_workflow(thread_id)
+        for digest, items in pages.items():
+            if (workflow_id, digest) in self._pages:
+                continue
+            state = {"hash": digest, "items": items}
+            info = {"thread_id": thread_id, "page": digest}
+            await self.save(workflow_id, keys.page_step(digest), state, info, None)
+            self._keep_page(workflow_id, digest, items)
+
+    async def load_pages(self, thread_id: str, hashes: Collection[str]) -> dict[str, list[Any]]:
+        """The items of the given pages of a thread; a missing page is corruption."""
+        workflow_id = keys.pages_workflow(thread_id)
+        found: dict[str, list[Any]] = {}
+        for digest in hashes:
+            items = self._pages.get((workflow_id, digest))
+            if items is None:
+                items = await self._read_page(workflow_id, digest)
+            self._keep_page(workflow_id, digest, items)
+            found[digest] = items
+        return found
+
+    async def _read_page(self, workflow_id: str, digest: str) -> list[Any]:
+        stored = await self.manager.storage.load(workflow_id, keys.page_step(digest))
+        page = None if stored is None else await self.manager.decode_record(workflow_id, stored)
+        return _page_items(workflow_id, digest, {} if page is None else page.state_snapshot.data)
+
+    async def copy_pages(self, source_thread: str, target_thread: str) -> None:
+        """Copy every page of one thread to another."""
+        source = keys.pages_workflow(source_thread)
+        after: int | None = None
+        while True:
+            page = await self.manager.storage.scan(source, after=after, limit=_PAGE)
+            for stored in page:
+                data = (await self.manager.decode_record(source, stored)).state_snapshot.data
+                digest = str(data.get("hash"))
+                items = _page_items(source, digest, data)
+                await self.save_pages(target_thread, {digest: items})
+            if len(page) < _PAGE:
+                return
+            after = page[-1].step
+
+    def forget_pages(self, workflow_id: str) -> None:
+        """Drop the cached pages of a pages workflow that was deleted."""
+        for key in [key for key in self._pages if key[0] == workflow_id]:
+            del self._pages[key]
 
     async def save(
         self,
