@@ -114,6 +114,7 @@ async def test_bad_checkpoint_id_is_refused_and_nothing_is_stored(
             await saver.aput(generate_config("t"), cp, generate_metadata(), {})
         with pytest.raises(InvalidArgumentError, match="thread_id"):
             await saver.aput({"configurable": {}}, generate_checkpoint(), generate_metadata(), {})
+        assert await saver.aget_tuple(generate_config("t", checkpoint_id="not-a-uuid")) is None
         assert await saver.manager.storage.list_workflows() == []
         assert [t async for t in saver.alist(None)] == []
 

@@ -272,7 +272,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         self._bind()
         thread_id, ns, checkpoint_id = _target(config)
         workflow_id = keys.workflow_id(thread_id, ns)
-        step = None if checkpoint_id is None else keys.checkpoint_step(checkpoint_id)
+        try:
+            step = None if checkpoint_id is None else keys.checkpoint_step(checkpoint_id)
+        except InvalidArgumentError:
+            return None  # an id this saver cannot have stored
         pair = await self._store.load_pair(workflow_id, step)
         if pair is None:
             return None
