@@ -193,6 +193,13 @@ async def test_prune_idle_deletes_only_threads_idle_in_every_namespace(
         assert [t async for t in saver.alist(None)] == []
         with pytest.raises(InvalidArgumentError, match="idle_for"):
             await saver.aprune_idle(idle_for=-1)
+    with pytest.raises(InvalidArgumentError, match="thread_ttl"):
+        AioCheckpointSaver.from_url("memory://", thread_ttl=-1)
+    with pytest.raises(InvalidArgumentError, match="ttl"):
+        AioCheckpointSaver.from_url("memory://", single_writer=True, lease_ttl=0)
+    async with AioCheckpointSaver.from_url("memory://") as plain:
+        with pytest.raises(InvalidArgumentError, match="thread_ttl"):
+            await plain.aprune_idle()
 
 
 async def test_long_lists_in_pages_read_copy_and_delete(saver_factory: SaverFactory) -> None:

@@ -18,7 +18,7 @@ import uuid
 import anyio
 
 from ...errors import LeaseHeldError, UnsupportedOperationError
-from ...leases import Lease
+from ...leases import Lease, check_ttl
 from ...manager import CheckpointManager
 
 __all__ = ["ThreadLeases", "default_owner"]
@@ -40,7 +40,7 @@ class ThreadLeases:
             )
         self._manager = manager
         self._owner = owner
-        self._ttl = ttl
+        self._ttl = check_ttl(ttl)
         self._held: dict[str, tuple[Lease, float]] = {}
         # Taking or renewing a lease again bumps its token: a checkpoint and a task's
         # writes arriving together must not both do it.

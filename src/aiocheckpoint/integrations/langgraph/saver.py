@@ -46,6 +46,14 @@ def _target(config: RunnableConfig) -> tuple[str, str, str | None]:
     return str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")), checkpoint_id
 
 
+def _seconds(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise InvalidArgumentError(f"{name} must be seconds >= 0 or None, got {value!r}")
+    return float(value)
+
+
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     return {
         "configurable": {
@@ -100,7 +108,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             ThreadLeases(self.manager, default_owner(), lease_ttl) if single_writer else None
         )
         self._max_checkpoints = max_checkpoints
-        self._thread_ttl = thread_ttl
+        self._thread_ttl = _seconds(thread_ttl, "thread_ttl")
         self._close_storage = close_storage
         self._locks = [anyio.Lock() for _ in range(_LOCKS)]
         self._channels: OrderedDict[str, tuple[str, records.ChannelCache]] = OrderedDict()
@@ -430,9 +438,9 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         namespace in the store: run it now and then (a periodic task), not per step.
         """
         self._bind()
-        ttl = self._thread_ttl if idle_for is None else idle_for
-        if ttl is None or isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0:
-            raise InvalidArgumentError(f"idle_for must be seconds >= 0, got {ttl!r}")
+        ttl = _seconds(self._thread_ttl if idle_for is None else idle_for, "idle_for")
+        if ttl is None:
+            raise InvalidArgumentError("aprune_idle needs idle_for or the saver's thread_ttl")
         cutoff = datetime.now(timezone.utc) - timedelta(seconds=ttl)
         busy: set[str] = set()
         namespaces: dict[str, list[str]] = {}
