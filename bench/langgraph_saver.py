@@ -1,0 +1,288 @@
+"""AioCheckpointSaver against LangGraph's own savers, on the same compiled graph.
+
+    PYTHONPATH=src python bench/langgraph_saver.py [--steps 1000] [--threads 100]
+        [--thread-steps 10] [--rounds 2] [--only sqlite|postgres] [--dsn DSN]
+
+The graph has two nodes taking turns (``plan``, ``act``), each appending a ~1 KB message
+to a ``messages`` list (LangGraph's ``add_messages``), so the state grows every step.
+Rows, per system, alternated in one process (``--rounds`` times, medians reported):
+
+* ``growing``: one thread driven for ``--steps`` steps: steps/s, p99 step latency (the time
+  between two steps' updates in ``astream``), and the bytes stored afterwards (SQLite: the
+  database and its WAL files; PostgreSQL: ``pg_total_relation_size`` of the saver's tables);
+* ``concurrent``: ``--threads`` threads at once, ``--thread-steps`` steps each: steps/s and
+  p99 step latency.
+
+Systems: ``graph-only`` (no checkpointer: the graph's own time), ``ours-sqlite``
+(``AioCheckpointSaver`` over ``SQLiteCheckpointStorage``), ``lg-sqlite``
+(``AsyncSqliteSaver``), ``ours-postgres`` (``AioCheckpointSaver`` over
+``PostgresCheckpointStorage``), ``lg-postgres`` (``AsyncPostgresSaver``). LangGraph runs
+with its default durability (``"async"``: a step's checkpoint is saved while the next
+step runs). Output: one JSON line per measurement, then ratio lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import asyncpg
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from typing_extensions import TypedDict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.pg_support import drop_schema
+
+from aiocheckpoint.integrations.langgraph import AioCheckpointSaver
+
+DSN = os.environ.get("AIOCHECKPOINT_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+WORDS = [
+    "the",
+    "agent",
+    "called",
+    "a",
+    "tool",
+    "and",
+    "read",
+    "its",
+    "result",
+    "then",
+    "wrote",
+    "an",
+    "answer",
+    "for",
+    "user",
+]
+
+
+def text(seed: str) -> str:
+    """~1 KB of word salad, different per message (compressible like prose, not like 'y' * n)."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(220))[:1000]
+
+
+class BenchState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    turn: int
+    limit: int
+
+
+def _node(name: str) -> Callable[[BenchState], dict[str, Any]]:
+    def run(state: BenchState) -> dict[str, Any]:
+        turn = state["turn"]
+        message = AIMessage(f"{name} {turn}: {text(f'{name}-{turn}')}", id=f"{name}-{turn}")
+        return {"messages": [message], "turn": turn + 1}
+
+    return run
+
+
+def _next(after: str) -> Callable[[BenchState], str]:
+    return lambda state: after if state["turn"] < state["limit"] else END
+
+
+def build(checkpointer: Any) -> Any:
+    """The bench graph: ``plan`` and ``act`` take turns until ``limit`` steps are done."""
+    graph = StateGraph(BenchState)
+    graph.add_node("plan", _node("plan"))
+    graph.add_node("act", _node("act"))
+    graph.add_edge(START, "plan")
+    graph.add_conditional_edges("plan", _next("act"), ["act", END])
+    graph.add_conditional_edges("act", _next("plan"), ["plan", END])
+    return graph.compile(checkpointer=checkpointer)
+
+
+async def drive(graph: Any, thread: str, steps: int) -> list[float]:
+    """Run one thread for ``steps`` steps; return each step's latency in seconds."""
+    config = {"configurable": {"thread_id": thread}, "recursion_limit": steps + 10}
+    start = {"messages": [HumanMessage("go", id="go")], "turn": 0, "limit": steps}
+    latencies: list[float] = []
+    last = time.perf_counter()
+    async for _ in graph.astream(start, config, stream_mode="updates"):
+        now = time.perf_counter()
+        latencies.append(now - last)
+        last = now
+    return latencies
+
+
+def p99(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+
+
+# -- systems: an async context manager yielding (checkpointer, bytes-stored function) -----
+
+
+@asynccontextmanager
+async def graph_only(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]:
+    async def size() -> int:
+        return 0
+
+    yield None, size
+
+
+def _files_size(path: Path) -> Callable[[], Any]:
+    async def size() -> int:
+        return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+    return size
+
+
+@asynccontextmanager
+async def ours_sqlite(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]:
+    path = root / f"ours-{uuid.uuid4().hex[:6]}.db"
+    async with AioCheckpointSaver.from_url(f"sqlite://{path}") as saver:
+        yield saver, _files_size(path)
+
+
+@asynccontextmanager
+async def lg_sqlite(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]:
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    path = root / f"lg-{uuid.uuid4().hex[:6]}.db"
+    async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
+        yield saver, _files_size(path)
+
+
+def _pg_size(schema: str) -> Callable[[], Any]:
+    async def size() -> int:
+        con = await asyncpg.connect(DSN)
+        try:
+            total: int = await con.fetchval(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = $1 AND c.relkind = 'r'",
+                schema,
+            )
+        finally:
+            await con.close()
+        return total
+
+    return size
+
+
+@asynccontextmanager
+async def ours_postgres(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]:
+    async with AioCheckpointSaver.from_url(f"{DSN}?schema={schema}") as saver:
+        yield saver, _pg_size(schema)
+
+
+@asynccontextmanager
+async def lg_postgres(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg_pool import AsyncConnectionPool
+
+    con = await asyncpg.connect(DSN)
+    await con.execute(f'CREATE SCHEMA "{schema}"')
+    await con.close()
+    kwargs = {"autocommit": True, "prepare_threshold": 0, "options": f"-c search_path={schema}"}
+    async with AsyncConnectionPool(DSN, max_size=10, kwargs=kwargs, open=False) as pool:
+        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        await saver.setup()
+        yield saver, _pg_size(schema)
+
+
+SYSTEMS: dict[str, Callable[[Path, str], AbstractAsyncContextManager[tuple[Any, Any]]]] = {
+    "graph-only": graph_only,
+    "ours-sqlite": ours_sqlite,
+    "lg-sqlite": lg_sqlite,
+    "ours-postgres": ours_postgres,
+    "lg-postgres": lg_postgres,
+}
+
+
+async def growing(name: str, root: Path, steps: int) -> dict[str, Any]:
+    schema = f"lgbench_{uuid.uuid4().hex[:10]}"
+    try:
+        async with SYSTEMS[name](root, schema) as (saver, size):
+            begin = time.perf_counter()
+            latencies = await drive(build(saver), "growing", steps)
+            elapsed = time.perf_counter() - begin
+        stored = await size()
+    finally:
+        await drop_schema(schema)
+    return {"steps_per_s": steps / elapsed, "p99_ms": p99(latencies), "bytes": stored}
+
+
+async def concurrent(name: str, root: Path, threads: int, steps: int) -> dict[str, Any]:
+    schema = f"lgbench_{uuid.uuid4().hex[:10]}"
+    try:
+        async with SYSTEMS[name](root, schema) as (saver, _):
+            graph = build(saver)
+            begin = time.perf_counter()
+            runs = await asyncio.gather(*(drive(graph, f"t{n}", steps) for n in range(threads)))
+            elapsed = time.perf_counter() - begin
+    finally:
+        await drop_schema(schema)
+    latencies = [value for run in runs for value in run]
+    return {"steps_per_s": threads * steps / elapsed, "p99_ms": p99(latencies)}
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+
+
+def ratios(results: dict[tuple[str, str], dict[str, Any]]) -> None:
+    for workload, row in results:
+        if not workload.startswith("ours-"):
+            continue
+        peer = results.get((workload.replace("ours-", "lg-"), row))
+        if peer is None:
+            continue
+        ours = results[(workload, row)]
+        line = {"kind": "ratio", "row": row, "system": workload}
+        line["steps_per_s_x"] = round(ours["steps_per_s"] / peer["steps_per_s"], 2)
+        line["p99_x"] = round(ours["p99_ms"] / peer["p99_ms"], 2)
+        if "bytes" in ours and peer["bytes"]:
+            line["bytes_fraction"] = round(ours["bytes"] / peer["bytes"], 4)
+        emit(line)
+
+
+async def main(args: argparse.Namespace) -> None:
+    names = [n for n in SYSTEMS if args.only is None or args.only in n or n == "graph-only"]
+    collected: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="lgbench-") as tmp:
+        root = Path(tmp)
+        for round_ in range(args.rounds):
+            for name in names if round_ % 2 == 0 else list(reversed(names)):
+                row = await growing(name, root, args.steps)
+                emit({"kind": "measurement", "system": name, "row": "growing", **row})
+                collected.setdefault((name, "growing"), []).append(row)
+                row = await concurrent(name, root, args.threads, args.thread_steps)
+                emit({"kind": "measurement", "system": name, "row": "concurrent", **row})
+                collected.setdefault((name, "concurrent"), []).append(row)
+    results = {key: medians(rows) for key, rows in collected.items()}
+    for (name, row), values in results.items():
+        emit({"kind": "median", "system": name, "row": row, **values})
+    ratios(results)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=100)
+    parser.add_argument("--thread-steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", choices=["sqlite", "postgres"])
+    parser.add_argument("--dsn", default=DSN)
+    options = parser.parse_args()
+    DSN = options.dsn
+    sys.exit(asyncio.run(main(options)))

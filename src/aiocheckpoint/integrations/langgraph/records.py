@@ -1,0 +1,203 @@
+"""LangGraph checkpoints and pending writes as aiocheckpoint states (JSON documents).
+
+Values go through the saver's LangGraph serializer and are stored as its typed bytes,
+``[type, base64]``, exactly as it produced them. A list channel (LangGraph's messages) is
+stored element by element, each element serialized once (while it stays the same object),
+and a long list in pages (``pages.py``): a growing list costs what was appended, not the
+whole list again (``docs/langgraph.md``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langgraph.checkpoint.base import WRITES_IDX_MAP, Checkpoint, writes_sort_key
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from ...errors import CheckpointCorruptedError
+from . import pages as paging
+
+__all__ = [
+    "ChannelCache",
+    "Write",
+    "checkpoint_state",
+    "decode_checkpoint",
+    "decode_metadata",
+    "decode_writes",
+    "merge_writes",
+    "page_hashes",
+    "pending_writes",
+    "typed",
+    "untyped",
+]
+
+#: One stored write: task id, index, channel, typed value, task path.
+Write = tuple[str, int, str, list[str], str]
+#: The encoded values of one namespace's last checkpoint: channel -> (version, stored
+#: form, value, encoded items of a list). The value is kept so that a list's items can be
+#: recognised (by identity) in the next checkpoint's list.
+ChannelCache = dict[str, tuple[Any, Any, Any, Any]]
+
+
+def typed(serde: SerializerProtocol, value: Any) -> list[str]:
+    """``value`` through the serializer, as the JSON pair ``[type, base64 bytes]``."""
+    kind, data = serde.dumps_typed(value)
+    return [kind, base64.b64encode(data).decode("ascii")]
+
+
+def untyped(serde: SerializerProtocol, item: Any) -> Any:
+    """The value of a ``[type, base64 bytes]`` pair; a malformed pair is corruption."""
+    if not (
+        isinstance(item, list)
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and isinstance(item[1], str)
+    ):
+        raise CheckpointCorruptedError(f"a stored LangGraph value is malformed: {item!r:.80}")
+    try:
+        data = base64.b64decode(item[1], validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise CheckpointCorruptedError("a stored LangGraph value is not base64") from exc
+    return serde.loads_typed((item[0], data))
+
+
+def _channel(
+    serde: SerializerProtocol,
+    value: Any,
+    known: tuple[Any, Any, Any, Any] | None,
+    new_pages: dict[str, list[Any]],
+) -> tuple[Any, list[Any] | None]:
+    if type(value) is not list:
+        return typed(serde, value), None
+    # An item that is the very object stored in the parent's list is reused as encoded
+    # then: LangGraph's reducers (add_messages) build a new list around the same items.
+    # Its id is stable because ``known`` keeps the parent's list alive.
+    reuse: dict[int, Any] = {}
+    parent = None
+    if known is not None and known[3] is not None:
+        reuse = {id(item): code for item, code in zip(known[2], known[3], strict=True)}
+        parent = (known[2], paging.hashes_of(known[1]))
+    encoded = [reuse.get(id(item)) or typed(serde, item) for item in value]
+    return paging.paginate(value, encoded, parent, new_pages), encoded
+
+
+def _unchannel(serde: SerializerProtocol, stored: Any, pages: Mapping[str, list[Any]]) -> Any:
+    if isinstance(stored, dict):
+        return [untyped(serde, item) for item in paging.unpage(stored, pages)]
+    return untyped(serde, stored)
+
+
+def checkpoint_state(
+    serde: SerializerProtocol,
+    checkpoint: Checkpoint,
+    metadata: Mapping[str, Any],
+    previous: ChannelCache,
+    new_pages: dict[str, list[Any]],
+) -> tuple[dict[str, Any], ChannelCache]:
+    """The state stored for one checkpoint, and its encoded channels for the next one.
+
+    ``previous`` must be the encoded channels of this checkpoint's parent: a channel whose
+    version is the parent's is unchanged (LangGraph bumps a channel's version whenever its
+    value changes), so its encoding is reused rather than serialized again; so is each
+    list item that is the same object as one in the parent's list. The pages of long lists
+    that the parent did not have are added to ``new_pages`` (to be stored first).
+    """
+    rest = {key: value for key, value in checkpoint.items() if key != "channel_values"}
+    versions = checkpoint.get("channel_versions", {})
+    values: dict[str, Any] = {}
+    fresh: ChannelCache = {}
+    for channel, value in checkpoint.get("channel_values", {}).items():
+        version = versions.get(channel)
+        known = previous.get(channel)
+        if version is not None and known is not None and known[0] == version:
+            fresh[channel] = known
+        else:
+            stored, items = _channel(serde, value, known, new_pages)
+            fresh[channel] = (version, stored, value, items)
+        values[channel] = fresh[channel][1]
+    state = {
+        "checkpoint": typed(serde, rest),
+        "metadata": typed(serde, dict(metadata)),
+        "values": values,
+    }
+    return state, fresh
+
+
+def _field(state: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = state.get(name)
+    if not isinstance(value, kind):
+        raise CheckpointCorruptedError(f"a stored LangGraph checkpoint has no valid {name!r}")
+    return value
+
+
+def decode_metadata(serde: SerializerProtocol, state: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the metadata of a stored checkpoint (for filters over many checkpoints)."""
+    metadata = untyped(serde, _field(state, "metadata", list))
+    if not isinstance(metadata, dict):
+        raise CheckpointCorruptedError("a stored LangGraph checkpoint's metadata is not a mapping")
+    return metadata
+
+
+def page_hashes(state: Mapping[str, Any]) -> set[str]:
+    """The pages a stored checkpoint's list channels reference."""
+    return paging.referenced(_field(state, "values", dict))
+
+
+def decode_checkpoint(
+    serde: SerializerProtocol, state: Mapping[str, Any], pages: Mapping[str, list[Any]]
+) -> tuple[Checkpoint, dict[str, Any]]:
+    """The checkpoint (with its channel values) and metadata of a stored state."""
+    checkpoint = untyped(serde, _field(state, "checkpoint", list))
+    metadata = decode_metadata(serde, state)
+    if not isinstance(checkpoint, dict):
+        raise CheckpointCorruptedError("a stored LangGraph checkpoint is not a mapping")
+    values = _field(state, "values", dict)
+    checkpoint["channel_values"] = {
+        channel: _unchannel(serde, stored, pages) for channel, stored in values.items()
+    }
+    return checkpoint, metadata  # type: ignore[return-value]
+
+
+def decode_writes(state: Mapping[str, Any]) -> list[Write]:
+    """The stored writes of a writes state, checked for shape."""
+    writes = _field(state, "writes", list)
+    out: list[Write] = []
+    for write in writes:
+        if not (isinstance(write, list) and len(write) == 5 and type(write[1]) is int):
+            raise CheckpointCorruptedError("a stored LangGraph write is malformed")
+        task_id, idx, channel, value, path = write
+        if not (isinstance(task_id, str) and isinstance(channel, str) and isinstance(path, str)):
+            raise CheckpointCorruptedError("a stored LangGraph write is malformed")
+        out.append((task_id, idx, channel, value, path))
+    return out
+
+
+def merge_writes(
+    serde: SerializerProtocol,
+    stored: Sequence[Write],
+    writes: Sequence[tuple[str, Any]],
+    task_id: str,
+    task_path: str,
+) -> list[Write]:
+    """``stored`` plus one task's new writes, as LangGraph's own savers merge them.
+
+    A regular write whose ``(task_id, index)`` is already stored is ignored (a retried
+    task writes the same thing); the special writes (errors, interrupts, resumes) replace.
+    """
+    merged = {(write[0], write[1]): write for write in stored}
+    for index, (channel, value) in enumerate(writes):
+        idx = WRITES_IDX_MAP.get(channel, index)
+        if idx >= 0 and (task_id, idx) in merged:
+            continue
+        merged[(task_id, idx)] = (task_id, idx, channel, typed(serde, value), task_path)
+    return sorted(merged.values(), key=lambda w: writes_sort_key(w[4], w[0], w[1]))
+
+
+def pending_writes(
+    serde: SerializerProtocol, stored: Sequence[Write]
+) -> list[tuple[str, str, Any]]:
+    """LangGraph's ``pending_writes`` of a checkpoint: ``(task_id, channel, value)``."""
+    return [(task_id, channel, untyped(serde, value)) for task_id, _, channel, value, _ in stored]

@@ -1,0 +1,219 @@
+"""The saver's options and storage guarantees: single writer, retention, exact storage,
+content-addressed channel values, bad input, and the command line on LangGraph stores."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from langgraph.checkpoint.conformance.test_utils import (
+    generate_checkpoint,
+    generate_config,
+    generate_metadata,
+)
+from langgraph.checkpoint.memory import InMemorySaver
+
+from aiocheckpoint import InvalidArgumentError, LeaseHeldError, UnsupportedOperationError
+from aiocheckpoint.integrations.langgraph import AioCheckpointSaver, keys
+from tests.langgraph.conftest import SaverFactory, backend_url, open_backend
+from tests.langgraph.graphs import loop_graph, loop_input, values_view
+from tests.pg_support import DSN, drop_schema, new_schema_name
+from tests.test_cli import cli
+
+LOOP: Any = {"configurable": {"thread_id": "loop"}, "recursion_limit": 1000}
+
+
+@pytest.fixture
+async def schema() -> AsyncIterator[str]:
+    name = new_schema_name()
+    yield name
+    await drop_schema(name)
+
+
+async def put(saver: AioCheckpointSaver, thread: str) -> str:
+    cp = generate_checkpoint()
+    await saver.aput(generate_config(thread), cp, generate_metadata(), {})
+    return cp["id"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_single_writer_refuses_a_second_saver(kind: str, tmp_path: Path, schema: str) -> None:
+    store = open_backend(kind, tmp_path, schema)
+    # Two savers over one store (for memory, the same object: it is the whole store).
+    other = store if kind == "memory" else open_backend(kind, tmp_path, schema)
+    async with AioCheckpointSaver(store, single_writer=True, close_storage=True) as first:
+        first_id = await put(first, "t")
+        owns = kind != "memory"
+        async with AioCheckpointSaver(other, single_writer=True, close_storage=owns) as second:
+            with pytest.raises(LeaseHeldError, match="being written by another saver"):
+                await put(second, "t")
+            with pytest.raises(LeaseHeldError):
+                config = generate_config("t", checkpoint_id=first_id)
+                await second.aput_writes(config, [("c", 1)], "task")
+            await put(second, "other")  # other threads are free
+            assert [t.checkpoint["id"] async for t in second.alist(generate_config("t"))] == [
+                first_id
+            ]
+            if kind != "memory":
+                await first.aclose()  # releases its leases: the thread is free again
+                await put(second, "t")
+
+
+async def test_single_writer_needs_a_store_with_leases(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedOperationError, match="single_writer"):
+        AioCheckpointSaver.from_url(f"file://{tmp_path}", single_writer=True)
+
+
+async def test_max_checkpoints_keeps_the_newest(saver_factory: SaverFactory) -> None:
+    async with saver_factory(max_checkpoints=3) as saver:
+        graph = loop_graph(saver, steps=8)
+        final = await graph.ainvoke(loop_input(), LOOP)
+        kept = [t async for t in saver.alist(LOOP)]
+        records = await saver.manager.storage.scan(keys.workflow_id("loop", ""))
+    reference = await loop_graph(InMemorySaver(), steps=8).ainvoke(loop_input(), LOOP)
+    assert values_view(final) == values_view(reference)
+    assert len(kept) == 3
+    assert [t.metadata["step"] for t in kept] == [8, 7, 6]
+    # Older checkpoints went with their pending writes: 3 checkpoints, at most 3 writes.
+    oldest = keys.checkpoint_step(kept[-1].checkpoint["id"])
+    assert len(records) <= 6
+    assert min(r.step for r in records) == oldest
+
+
+async def test_serializer_output_is_stored_as_is(saver_factory: SaverFactory) -> None:
+    async with saver_factory() as saver:
+        cp = generate_checkpoint(channel_values={"msgs": ["a", {"b": 1}], "n": 7})
+        cp["channel_versions"] = {"msgs": 1, "n": 1}
+        config = await saver.aput(generate_config("t"), cp, generate_metadata(), {"msgs": 1})
+        await saver.aput_writes(config, [("__interrupt__", {"why": "human"})], "task")
+        workflow_id = keys.workflow_id("t", "")
+        step = keys.checkpoint_step(cp["id"])
+        stored = await saver.manager.get_checkpoint(workflow_id, step)
+        writes = await saver.manager.get_checkpoint(workflow_id, step + 1)
+    values = stored.state_snapshot.data["values"]
+    items = [[kind, base64.b64decode(data)] for kind, data in values["msgs"]["items"]]
+    assert items == [list(saver.serde.dumps_typed(v)) for v in ["a", {"b": 1}]]
+    kind, data = values["n"]
+    assert (kind, base64.b64decode(data)) == saver.serde.dumps_typed(7)
+    [(task, idx, channel, value, path)] = writes.state_snapshot.data["writes"]
+    assert (task, idx, channel, path) == ("task", -3, "__interrupt__", "")
+    assert (value[0], base64.b64decode(value[1])) == saver.serde.dumps_typed({"why": "human"})
+
+
+async def test_bad_checkpoint_id_is_refused_and_nothing_is_stored(
+    saver_factory: SaverFactory,
+) -> None:
+    async with saver_factory() as saver:
+        cp = generate_checkpoint(checkpoint_id="not-a-uuid")
+        with pytest.raises(InvalidArgumentError, match="canonical UUID"):
+            await saver.aput(generate_config("t"), cp, generate_metadata(), {})
+        with pytest.raises(InvalidArgumentError, match="thread_id"):
+            await saver.aput({"configurable": {}}, generate_checkpoint(), generate_metadata(), {})
+        assert await saver.aget_tuple(generate_config("t", checkpoint_id="not-a-uuid")) is None
+        assert await saver.manager.storage.list_workflows() == []
+        assert [t async for t in saver.alist(None)] == []
+
+
+async def stored_bytes(kind: str, root: Path, schema: str) -> int:
+    if kind == "postgres":
+        con = await asyncpg.connect(DSN)
+        try:
+            total: int = await con.fetchval(
+                "SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = $1 AND c.relkind = 'r'",
+                schema,
+            )
+        finally:
+            await con.close()
+        return total
+    return disk_bytes(root)
+
+
+def disk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])  # the stores with blobs
+async def test_a_growing_message_list_is_not_stored_again(
+    kind: str, tmp_path: Path, schema: str
+) -> None:
+    """120 steps each appending a ~1 KB message: whole states would be ~10 MB stored."""
+    steps = 120
+    async with AioCheckpointSaver(
+        open_backend(kind, tmp_path, schema), close_storage=True
+    ) as saver:
+        final = await loop_graph(saver, steps=steps).ainvoke(loop_input(), LOOP)
+    assert final["count"] == steps
+    whole_states = sum(1400 * n for n in range(steps + 1))  # base64 of ~1 KB per message
+    assert whole_states > 10_000_000
+    assert await stored_bytes(kind, tmp_path, schema) < whole_states / 5
+
+
+@pytest.mark.parametrize("target", ["postgres", "file"])
+async def test_verify_and_copy_work_on_langgraph_stores(
+    target: str, tmp_path: Path, schema: str
+) -> None:
+    source = backend_url("sqlite", tmp_path, schema)
+    async with AioCheckpointSaver.from_url(source) as saver:
+        await loop_graph(saver, steps=5).ainvoke(loop_input(), LOOP)
+        expected = [t.checkpoint async for t in saver.alist(LOOP)]
+    assert cli("verify", source).code == 0
+    destination = backend_url(target, tmp_path / "copy", schema)
+    assert cli("copy", source, destination).code == 0
+    assert cli("copy", source, destination).code == 0  # resumable: nothing left to copy
+    assert cli("verify", destination).code == 0
+    async with AioCheckpointSaver.from_url(destination) as copied:
+        graph = loop_graph(copied, steps=7)
+        assert [t.checkpoint async for t in copied.alist(LOOP)] == expected
+        final = await graph.ainvoke(None, LOOP)  # the copy is a live thread: it runs on
+    assert final["count"] == 5
+
+
+async def test_prune_idle_deletes_only_threads_idle_in_every_namespace(
+    saver_factory: SaverFactory,
+) -> None:
+    async with saver_factory(thread_ttl=0.5) as saver:
+        await put(saver, "idle")
+        await put(saver, "mixed")
+        await anyio.sleep(0.7)
+        cp = generate_checkpoint()
+        await saver.aput(generate_config("mixed", checkpoint_ns="child:1"), cp, {}, {})
+        await put(saver, "fresh")
+        assert await saver.aprune_idle() == ["idle"]
+        assert await saver.aget_tuple(generate_config("idle")) is None
+        for thread in ("mixed", "fresh"):
+            assert await saver.aget_tuple(generate_config(thread)) is not None
+        assert await saver.aprune_idle(idle_for=0) == ["fresh", "mixed"]
+        assert [t async for t in saver.alist(None)] == []
+        with pytest.raises(InvalidArgumentError, match="idle_for"):
+            await saver.aprune_idle(idle_for=-1)
+    with pytest.raises(InvalidArgumentError, match="thread_ttl"):
+        AioCheckpointSaver.from_url("memory://", thread_ttl=-1)
+    with pytest.raises(InvalidArgumentError, match="ttl"):
+        AioCheckpointSaver.from_url("memory://", single_writer=True, lease_ttl=0)
+    async with AioCheckpointSaver.from_url("memory://") as plain:
+        with pytest.raises(InvalidArgumentError, match="thread_ttl"):
+            await plain.aprune_idle()
+
+
+async def test_long_lists_in_pages_read_copy_and_delete(saver_factory: SaverFactory) -> None:
+    steps = 150  # two full pages of messages, then some
+    async with saver_factory() as saver:
+        graph = loop_graph(saver, steps=steps)
+        final = await graph.ainvoke(loop_input(), LOOP)
+        older = [s async for s in graph.aget_state_history(LOOP) if s.values.get("count") == 100]
+        await saver.acopy_thread("loop", "copy")
+        await saver.adelete_thread("loop")
+        remaining = await saver.manager.storage.list_workflows()
+        copied = await graph.aget_state({**LOOP, "configurable": {"thread_id": "copy"}})
+    assert len(final["messages"]) == steps + 1
+    assert values_view(older[0].values)["messages"] == values_view(final)["messages"][:101]
+    assert values_view(copied.values) == values_view(final)
+    assert keys.pages_workflow("copy") in remaining
+    assert not [w for w in remaining if "loop" in w]
