@@ -32,7 +32,7 @@ BAD_STEP_ARGUMENTS: list[dict[str, Any]] = [
     {"step": -1, "agent_id": "a"},
     {"step": True, "agent_id": "a"},
     {"step": 0, "agent_id": "a", "metadata": {"handle": object()}},
-    {"step": 0, "agent_id": "a", "metadata": {"x": float("nan"), "s": {1, 2}}},
+    {"step": 0, "agent_id": "a", "metadata": {"x": float("nan"), "s": 1j}},
     {"step": 0, "agent_id": "a", "metadata": [("k", "v")]},
 ]
 
@@ -68,7 +68,7 @@ async def test_unstorable_state_rolls_the_step_back(manager: CheckpointManager) 
         with pytest.raises(CheckpointSerializationError):
             async with wf.step(1, agent_id="b", metadata={"try": 1}):
                 wf.state.set("n", 2)
-                wf.state.set("bad", {1, 2})
+                wf.state.set("bad", 1j)
         assert wf.state.to_dict() == {"n": 1}
         assert wf.metrics.total_steps == 1
     failed = await manager.get_checkpoint("wf", 1)
