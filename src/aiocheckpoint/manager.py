@@ -194,7 +194,7 @@ class CheckpointManager:
         copying = time.perf_counter()
         if isinstance(state, SharedState):
             # Its tree is copy-on-write: taken now, copied in slices (see shared_snapshot).
-            snapshot, finite = await codec.shared_snapshot(state)
+            snapshot, finite = await codec.shared_snapshot(state, workflow_id)
         else:
             snapshot, finite = codec.snapshot(state, now)
         copied = time.perf_counter()
