@@ -144,17 +144,17 @@ class RecordCodec:
     async def _shared_split(self, workflow_id: str, data: dict[str, Any]) -> SharedSplit | None:
         """The split of a SharedState's tree with the workflow's cached sub-trees, or None.
 
-        None unless the state goes to a tree and the workflow's last split is remembered
-        (the cache was made with it), or when the state needs the ordinary path.
+        None unless the state goes to a tree, or when the state needs the ordinary path.
+        The cache is used only with the split memory it was made with.
         """
         blobs = self.blobs
-        previous = self.memory.get(workflow_id)
-        if blobs is None or previous is None:
+        if blobs is None:
             return None
         params = blobs.blob_params
         if not exceeds(data, params.root_inline_limit):
             return None
-        cache = self.subtrees.get(workflow_id)
+        previous = self.memory.get(workflow_id)
+        cache = self.subtrees.get(workflow_id) if previous is not None else {}
         work = shared_split_work(data, self._values, params, previous, cache, self.max_bytes)
         return await cooperate(work)
 
@@ -183,12 +183,13 @@ class RecordCodec:
         params = blobs.blob_params
         data = checkpoint.state_snapshot.data
         shared = self._prepared.pop(id(data), None)
-        if shared is not None and shared.copy is data:
-            self._staged[workflow_id] = shared
-            return record_v2(checkpoint, params, shared.split), shared.split
         previous = self.memory.get(workflow_id)
         limit = self.max_bytes
-        record, split = await _encode_tree(checkpoint, finite, params, previous, limit)
+        if shared is not None and shared.copy is data:
+            record, split = record_v2(checkpoint, params, shared.split), shared.split
+            self._staged[workflow_id] = shared
+        else:
+            record, split = await _encode_tree(checkpoint, finite, params, previous, limit)
         memory = split.memory
         if previous is None and memory is not None and memory.first_chunks:
             # No memory of this workflow's last split (a new process, or another manager

@@ -277,16 +277,17 @@ def shared_split_work(
     data: dict[str, Any],
     values: ValueStage,
     params: TreeParams,
-    previous: SplitMemory,
+    previous: SplitMemory | None,
     cache: dict[int, _Entry],
     max_bytes: int | None,
 ) -> Generator[None, None, SharedSplit | None]:
     """Copy and split a SharedState's tree ``data``, reusing ``cache``'s sub-trees.
 
     ``previous`` is the memory of the workflow's last split, the one ``cache`` was made
-    with. The split equals ``split_work(copy, params, (), previous, inline=False,
-    finite=True)``. None when the state needs the ordinary path (a value the fast encoder
-    does not take); a value the value stage refuses raises as it would there.
+    with (None, with an empty cache, for a workflow whose last split is not known). The
+    split equals ``split_work(copy, params, (), previous, inline=False, finite=True)``.
+    None when the state needs the ordinary path (a value the fast encoder does not take);
+    a value the value stage refuses raises as it would there.
     """
     splitter = _Splitter(params, (), previous)
     splitter.log = []
