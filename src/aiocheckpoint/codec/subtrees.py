@@ -49,7 +49,7 @@ _POLY: Final = 0xEDB88320
 _WALK_DEPTH: Final = 32
 #: Bounds of the cached sub-trees kept: workflows, and bytes of their blobs in all.
 _CACHE_WORKFLOWS: Final = 1024
-_CACHE_BYTES: Final = 256 * 1024 * 1024
+_CACHE_BYTES: Final = 128 * 1024 * 1024
 
 
 def _multmodp(a: int, b: int) -> int:
