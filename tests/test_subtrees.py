@@ -130,6 +130,10 @@ def test_cached_split_equals_a_split_from_scratch(ops: list[tuple[Any, ...]]) ->
         previous, cache = shared.split.memory, shared.entries
         assert previous is not None
         previous.first_chunks.clear()
+    # Nothing changed since: the whole tree is adopted from the cache, copy included.
+    again = finish(shared_split_work(data, JsonValues(), PARAMS, previous, cache, None))
+    assert again is not None and again.copy is shared.copy
+    _same(again.split, _scratch(data, previous))
 
 
 class CountingValues(JsonValues):

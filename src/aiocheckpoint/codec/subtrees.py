@@ -178,18 +178,26 @@ class _Walk:
         self.limit = splitter.p.inline_limit
 
     def value(self, source: Any, path: str, depth: int) -> Generator[None, None, _Entry]:
-        entry = self.cache.get(id(source))
-        if entry is not None and entry.source is source:
-            self.splitter.adopt(entry.nodes, entry.regions)
-            for kept in (*entry.inner, entry):
-                self.new[id(kept.source)] = kept
-                self.kept.append(kept)
-        elif type(source) is dict and depth < _WALK_DEPTH and all(type(k) is str for k in source):
-            entry = yield from self.walk_dict(source, path, depth, False)
-        else:
-            entry = yield from self.leaf(source, path)
+        entry = self.cached(source)
+        if entry is None:
+            walked = type(source) is dict and depth < _WALK_DEPTH
+            if walked and all(type(k) is str for k in source):
+                entry = yield from self.walk_dict(source, path, depth, False)
+            else:
+                entry = yield from self.leaf(source, path)
         if depth + entry.depth > MAX_DEPTH:
             raise _Fallback  # the value stage's own copy names the path too deep
+        return entry
+
+    def cached(self, source: Any) -> _Entry | None:
+        """The entry of ``source`` if it is cached, adopted into the split; else None."""
+        entry = self.cache.get(id(source))
+        if entry is None or entry.source is not source:
+            return None
+        self.splitter.adopt(entry.nodes, entry.regions)
+        for kept in (*entry.inner, entry):
+            self.new[id(kept.source)] = kept
+            self.kept.append(kept)
         return entry
 
     def leaf(self, source: Any, path: str) -> Generator[None, None, _Entry]:
@@ -293,7 +301,7 @@ def shared_split_work(
     splitter.log = []
     walk = _Walk(splitter, values, cache)
     try:
-        root = yield from walk.walk_dict(data, "state", 0, True)
+        root = walk.cached(data) or (yield from walk.walk_dict(data, "state", 0, True))
     except (_Fallback, TypeError, RecursionError):
         return None
     hashes = [h for _, h in root.refs]
