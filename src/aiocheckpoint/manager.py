@@ -169,6 +169,9 @@ class CheckpointManager:
         """Store a checkpoint and return it once it is durable.
 
         ``state`` is copied: later changes by the caller never alter what was stored.
+        For a large :class:`SharedState` only the sub-trees changed since the workflow's
+        previous checkpoint are copied and encoded; the returned checkpoint's data then
+        shares the others' copies with earlier returned checkpoints (``docs/state.md``).
         Writing a step that already exists replaces it. Invalid input raises a
         :class:`~aiocheckpoint.CheckpointError` subclass before anything is written.
         With ``lease``, the write is fenced: it is refused with
