@@ -20,7 +20,13 @@ COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
         ("long_over_short", "long/short", False),
         ("page10_long_ms", "page10@long ms", False),
     ],
-    "growth": [("bytes", "MB stored", False), ("x_final_state", "x final state", False)],
+    "growth": [
+        ("bytes", "MB stored", False),
+        ("x_final_state", "x final state", False),
+        ("ms_at_10", "ms/step @10", False),
+        ("ms_at_100", "ms/step @100", False),
+        ("ms_at_1000", "ms/step @1000", False),
+    ],
     "resume": [("resume_ms", "resume ms", False)],
 }
 #: The figures each of our backends is compared on, against every other system.

@@ -137,6 +137,7 @@ async def _timed_writes(
     seconds: float,
     state_at: Callable[[int], dict[str, Any]],
     prefix: str = "wf",
+    large: bool = False,
 ) -> dict[str, float]:
     """C workflows each write steps back to back for ``seconds``; one warm-up step first.
 
@@ -145,7 +146,8 @@ async def _timed_writes(
     suspends would let one workflow run alone until the deadline.
     """
     workflows = [f"{prefix}-{i:04d}" for i in range(concurrency)]
-    await asyncio.gather(*(system.save(wf, 0, state_at(0)) for wf in workflows))
+    save = system.save_large if large else system.save
+    await asyncio.gather(*(save(wf, 0, state_at(0)) for wf in workflows))
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
 
@@ -154,7 +156,7 @@ async def _timed_writes(
         while time.perf_counter() < deadline:
             state = state_at(step)
             start = time.perf_counter()
-            await system.save(wf, step, state)
+            await save(wf, step, state)
             latencies.append(time.perf_counter() - start)
             step += 1
             await asyncio.sleep(0)
@@ -191,7 +193,8 @@ async def run_lag(
     system_cls: type[System], env: Env, sizes: Sizes, scenario: str
 ) -> list[dict[str, Any]]:
     """Workload 2: heartbeat lateness while ``write`` runs at C=100 or 20 writers of ~1 MB."""
-    if scenario == "small-c100":
+    large = scenario != "small-c100"
+    if not large:
         concurrency, state_at = 100, small_state
     else:
         docs = DocStates.of(sizes.big_state_bytes)
@@ -202,7 +205,7 @@ async def run_lag(
             heartbeat = Heartbeat()
             heartbeat.start()
             writes = await _timed_writes(
-                system, concurrency, sizes.lag_seconds, state_at, f"r{repeat}"
+                system, concurrency, sizes.lag_seconds, state_at, f"r{repeat}", large
             )
             lag = await heartbeat.stop()
             runs.append({**lag, "per_s": writes["per_s"], "checkpoints": writes["checkpoints"]})
@@ -269,14 +272,23 @@ async def run_growth(
     """Workload 4: bytes stored after many sequential steps of one workflow."""
     steps, state_at = _growth_states(sizes, scenario)
     start = time.perf_counter()
+    per_step: list[float] = []
     async with opened(system_cls, env) as system:
         for step in range(steps):
             state = state_at(step)
-            await system.save("wf-growth", step, state)
+            began = time.perf_counter()
+            await system.save_large("wf-growth", step, state)
+            per_step.append(time.perf_counter() - began)
         elapsed = time.perf_counter() - start
         stored = await system.stored_bytes()
     final = encoded_size(state)
-    return {"steps": steps, "bytes": stored, "x_final_state": stored / final, "seconds": elapsed}
+    figures = {"steps": steps, "bytes": stored, "x_final_state": stored / final, "seconds": elapsed}
+    # The cost of one step as the state grows: median of the 11 steps around each size.
+    for at in (10, 100, 1000):
+        window = per_step[max(0, at - 6) : at + 5]
+        if len(per_step) >= at and window:
+            figures[f"ms_at_{at}"] = statistics.median(window) * 1e3
+    return figures
 
 
 def growth_reference(sizes: Sizes, scenario: str) -> dict[str, Any]:

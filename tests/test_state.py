@@ -194,3 +194,31 @@ def test_history_limits_are_checked(limit: Any) -> None:
         SharedState().get_history(limit)
     with pytest.raises(InvalidArgumentError, match="limit"):
         SharedState().get_versions(limit)
+
+
+def test_append_shares_the_items_already_there_and_copies_the_new_ones() -> None:
+    seen: list[StateVersion] = []
+    state = SharedState({"chat": {"messages": [{"text": "hi"}]}}, seen.append)
+    before = state._peek()[0]["chat"]["messages"]
+    message = {"text": "hello"}
+    state.append("chat.messages", message, {"text": "bye"}, agent_id="bot")
+    after = state._peek()[0]["chat"]["messages"]
+    assert after == [{"text": "hi"}, {"text": "hello"}, {"text": "bye"}]
+    assert after is not before and after[0] is before[0]  # copy-on-write, items shared
+    message["text"] = "changed"  # the caller's object, not the state's
+    assert state.get("chat.messages")[1] == {"text": "hello"}
+    assert before == [{"text": "hi"}]  # the previous version is untouched
+    assert state.version == 1 and seen[-1].changed_fields == ["chat.messages"]
+    state.append("new.list", 1)
+    assert state.get("new.list") == [1]
+    state.append("new.list")  # nothing to append: no new version
+    assert state.version == 2
+
+
+def test_append_to_a_non_list_raises_and_changes_nothing() -> None:
+    state = SharedState({"a": {"b": 1}})
+    with pytest.raises(TypeError):
+        state.append("a.b", 2)
+    with pytest.raises(TypeError):
+        state.append("a", 2)
+    assert state.version == 0 and state.to_dict() == {"a": {"b": 1}}

@@ -228,6 +228,9 @@ class CheckpointManager:
         """Store a checkpoint and return it once it is durable.
 
         ``state`` is copied: later changes by the caller never alter what was stored.
+        For a large :class:`SharedState` only the sub-trees changed since the workflow's
+        previous checkpoint are copied and encoded; the returned checkpoint's data then
+        shares the others' copies with earlier returned checkpoints (``docs/state.md``).
         Writing a step that already exists replaces it. Invalid input raises a
         :class:`~aiocheckpoint.CheckpointError` subclass before anything is written.
         With ``lease``, the write is fenced: it is refused with
@@ -245,7 +248,7 @@ class CheckpointManager:
         copying = time.perf_counter()
         if isinstance(state, SharedState):
             # Its tree is copy-on-write: taken now, copied in slices (see shared_snapshot).
-            snapshot, finite = await codec.shared_snapshot(state)
+            snapshot, finite = await codec.shared_snapshot(state, workflow_id)
         else:
             snapshot, finite = codec.snapshot(state, now)
         copied = time.perf_counter()

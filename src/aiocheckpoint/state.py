@@ -122,6 +122,25 @@ class SharedState:
         self._commit(self._with(self._data, parts, _MISSING, path), agent_id, [path])
         return True
 
+    def append(self, path: str, *values: Any, agent_id: str | None = None) -> None:
+        """Append ``values`` to the list at ``path`` (a new list if none), as one new version.
+
+        The new list shares the items already there (only the new ones are copied), so a
+        growing list costs one pointer per item, and a checkpoint re-encodes only what is
+        new. Raises ``TypeError`` if the value at ``path`` is not a list.
+        """
+        if not values:
+            return
+        current: Any = self._data
+        for part in _split(path):
+            current = current.get(part, _MISSING) if isinstance(current, dict) else _MISSING
+        if current is _MISSING:
+            current = []
+        if not isinstance(current, list):
+            raise TypeError(f"cannot append to {path!r}: it is a {type(current).__name__}")
+        items = [*current, *json_copy(list(values))]
+        self._commit(self._with(self._data, _split(path), items, path), agent_id, [path])
+
     def merge(self, data: Mapping[str, Any], agent_id: str | None = None) -> None:
         """Deep-merge ``data`` into the state (nested dicts merge, other values replace)."""
         if not data:

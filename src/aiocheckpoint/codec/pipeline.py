@@ -10,6 +10,7 @@ the store, and on reads which decoder runs where and how blobs are fetched.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Generator, Mapping
 from datetime import datetime
 from typing import Any, Final, Protocol, TypeVar
@@ -32,14 +33,17 @@ from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheck
 from .memory import MemoryCache, recovered_memory
 from .split import exceeds
 from .stages import DEFAULT_VALUES, ValueStage, View
+from .subtrees import SharedSplit, SubtreeCache, shared_split_work
 from .v1 import decode_checkpoint, encode_checkpoint
-from .v2 import decode_checkpoint_v2, encode_checkpoint_v2, encode_v2_work
+from .v2 import decode_checkpoint_v2, encode_checkpoint_v2, encode_v2_work, record_v2
 
 __all__ = ["RecordCodec", "cooperate"]
 
 #: Version-1 records up to this size are decoded on the event loop (~0.5 ms), larger ones
 #: in a worker thread.
 _DECODE_ON_LOOP: Final = 256 * 1024
+#: SharedState splits made by snapshots and not (yet) taken by :meth:`RecordCodec.encode_tree`.
+_PREPARED: Final = 256
 
 _R = TypeVar("_R")
 
@@ -75,6 +79,11 @@ class RecordCodec:
         self._copy = values.copy
         #: The last split of each recently saved workflow's state.
         self.memory = MemoryCache()
+        #: What each recently saved workflow's SharedState sub-trees were encoded to.
+        self.subtrees = SubtreeCache()
+        # SharedState splits by id of the copy they made; each workflow's split being saved.
+        self._prepared: OrderedDict[int, SharedSplit] = OrderedDict()
+        self._staged: dict[str, SharedSplit] = {}
 
     # --- the value stage ----------------------------------------------------------------
 
@@ -141,13 +150,21 @@ class RecordCodec:
             f"not {type(state).__qualname__}"
         )
 
-    async def shared_snapshot(self, state: _Shared) -> tuple[StateSnapshot, bool]:
+    async def shared_snapshot(
+        self, state: _Shared, workflow_id: str | None = None
+    ) -> tuple[StateSnapshot, bool]:
         """Snapshot a SharedState: its data and version as of the call, copied in slices.
 
         The tree is taken before the first await and is never changed in place (a change
         copies the dicts on its path into a new tree), so copying it while other tasks run,
         even ones that change the state, still copies the state of the call. A small state
         is copied in the first slice, without an await.
+
+        With ``workflow_id``, a large state bound for a version-2 tree is also split here,
+        reusing what the workflow's last saved split made of every sub-tree still the same
+        object (:mod:`aiocheckpoint.codec.subtrees`): only what changed is copied and
+        encoded, and the copy shares the unchanged sub-trees' copies with the snapshots of
+        earlier checkpoints. :meth:`encode_tree` then takes that split.
         """
         data, version = state._peek()
         version = built(
@@ -157,8 +174,31 @@ class RecordCodec:
             agent_id=version.agent_id,
             changed_fields=list(version.changed_fields),
         )
+        shared = None if workflow_id is None else await self._shared_split(workflow_id, data)
+        if shared is not None:
+            self._prepared[id(shared.copy)] = shared
+            if len(self._prepared) > _PREPARED:
+                self._prepared.popitem(last=False)
+            return built(StateSnapshot, data=shared.copy, version=version, metadata={}), True
         copy, finite = await cooperate(self._values.copy_work(data, "state"))
         return built(StateSnapshot, data=copy, version=version, metadata={}), finite
+
+    async def _shared_split(self, workflow_id: str, data: dict[str, Any]) -> SharedSplit | None:
+        """The split of a SharedState's tree with the workflow's cached sub-trees, or None.
+
+        None unless the state goes to a tree, or when the state needs the ordinary path.
+        The cache is used only with the split memory it was made with.
+        """
+        blobs = self.blobs
+        if blobs is None:
+            return None
+        params = blobs.blob_params
+        if not exceeds(data, params.root_inline_limit):
+            return None
+        previous = self.memory.get(workflow_id)
+        cache = self.subtrees.get(workflow_id) if previous is not None else {}
+        work = shared_split_work(data, self._values, params, previous, cache, self.max_bytes)
+        return await cooperate(work)
 
     # --- encoding -----------------------------------------------------------------------
 
@@ -183,9 +223,15 @@ class RecordCodec:
         if blobs is None:
             return None
         params = blobs.blob_params
+        data = checkpoint.state_snapshot.data
+        shared = self._prepared.pop(id(data), None)
         previous = self.memory.get(workflow_id)
         limit = self.max_bytes
-        record, split = await _encode_tree(checkpoint, finite, params, previous, limit)
+        if shared is not None and shared.copy is data:
+            record, split = record_v2(checkpoint, params, shared.split), shared.split
+            self._staged[workflow_id] = shared
+        else:
+            record, split = await _encode_tree(checkpoint, finite, params, previous, limit)
         memory = split.memory
         if previous is None and memory is not None and memory.first_chunks:
             # No memory of this workflow's last split (a new process, or another manager
@@ -198,12 +244,19 @@ class RecordCodec:
         return (record, split) if split.root else None
 
     def remember(self, workflow_id: str, split: SplitResult) -> None:
-        """Keep a stored split's memory for the workflow's next save."""
+        """Keep a stored split's memory (and cached sub-trees) for the workflow's next save."""
         self.memory.remember(workflow_id, split.memory)
+        shared = self._staged.pop(workflow_id, None)
+        if shared is not None and shared.split is split:
+            size = sum(map(len, split.blobs.values()))
+            self.subtrees.keep(workflow_id, shared.entries, size)
+        else:  # made by another path, or overtaken by a concurrent save: start again
+            self.subtrees.keep(workflow_id, None)
 
     def forget(self, workflow_id: str) -> None:
-        """Drop the workflow's split memory (its checkpoints are gone)."""
+        """Drop the workflow's split memory and cached sub-trees (its checkpoints are gone)."""
         self.memory.remember(workflow_id, None)
+        self.subtrees.keep(workflow_id, None)
 
     def encode(self, checkpoint: Checkpoint, finite: bool) -> bytes:
         """The version-1 record of ``checkpoint`` (``finite`` as in :meth:`encode_tree`)."""

@@ -18,7 +18,7 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Callable, Collection, Generator
+from collections.abc import Callable, Collection, Generator, Iterable
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -43,6 +43,12 @@ __all__ = ["exceeds", "finish", "split_state", "split_work"]
 
 _T = TypeVar("_T")
 _Refs = list[tuple[int, bytes]]
+#: A node as a split named it: hash, distinct children, stored blob (None if known), the
+#: length of its text once spliced, the node's length.
+Node = tuple[bytes, tuple[bytes, ...], bytes | None, int, int]
+#: A region as a split cut it: its memory key (None for one chunk), whether it was stored
+#: whole, the boundary checksums of its first and last entries.
+Region = tuple[int | None, bool, int, int]
 _NO_REFS: Final[_Refs] = []
 _NO_HASHES: Final[list[bytes]] = []
 _REF_WEIGHT: Final = 20  # what one reference adds to a node: hash and offset, roughly
@@ -115,10 +121,12 @@ class _Splitter:
         "_wrap",
         "blobs",
         "children",
+        "log",
         "memory",
         "node_bytes",
         "p",
         "previous",
+        "region_log",
         "sizes",
         "text_crc",
     )
@@ -139,6 +147,10 @@ class _Splitter:
         # of all the distinct nodes (see Joiner: it refuses more than the store's limit).
         self.sizes: dict[bytes, int] = {}
         self.node_bytes = 0
+        # Every node named and every region cut, in order, repeats included, when a caller
+        # keeps what each sub-tree made (codec/subtrees.py); None: nobody does.
+        self.log: list[Node] | None = None
+        self.region_log: list[Region] = []
         compressor = Compressor(params)
         self._compress = compressor.active
         self._wrap = compressor.wrap
@@ -358,6 +370,7 @@ class _Splitter:
         first, last = ends[0], ends[-1]
         head, tail = mix(first), mix(last - 1)
         whole = True
+        key: int | None = None
         if len(ends) > 2:
             key = hash(tuple(map(mix, range(first, last))))
             previous = self.previous
@@ -375,6 +388,8 @@ class _Splitter:
                     refmap, chunk, first, ends[1], keep=False
                 )
         self.memory.edges.update((head, tail))
+        if self.log is not None:
+            self.region_log.append((key, whole, head, tail))
         if whole:
             out.append(self._chunk_node(refmap, chunk, first, last))
         else:
@@ -449,7 +464,28 @@ class _Splitter:
             self.node_bytes += len(node)
             if h not in self._known:
                 self.blobs[h] = self._wrap(node) if self._compress else blob
+        if self.log is not None:
+            self.log.append((h, self.children[h], self.blobs.get(h), size, len(node)))
         return h
+
+    def adopt(self, nodes: Iterable[Node], regions: Iterable[Region]) -> None:
+        """Take nodes and regions another split of the same sub-tree made, as it made them."""
+        children, sizes, blobs = self.children, self.sizes, self.blobs
+        for h, kids, blob, size, length in nodes:
+            if h not in children:
+                children[h] = kids
+                sizes[h] = size
+                self.node_bytes += length
+                if blob is not None and h not in self._known:
+                    blobs[h] = blob
+        memory = self.memory
+        for key, whole, head, tail in regions:
+            if key is not None:
+                memory.regions[key] = whole
+            memory.edges.update((head, tail))
+        if self.log is not None:
+            self.log.extend(nodes)
+            self.region_log.extend(regions)
 
     def wrap(self, node: bytes | memoryview) -> bytes:
         """The stored blob of ``node`` (compressed if the parameters say so)."""

@@ -33,6 +33,7 @@ __all__ = [
     "decode_checkpoint_v2",
     "encode_checkpoint_v2",
     "encode_v2_work",
+    "record_v2",
     "rehomed_record",
 ]
 
@@ -129,9 +130,21 @@ def encode_v2_work(
     split = yield from split_work(
         data, params, known, previous, inline=False, finite=finite, max_bytes=max_bytes
     )
+    return record_v2(checkpoint, params, split, meta), split
+
+
+def record_v2(
+    checkpoint: Checkpoint,
+    params: TreeParams,
+    split: SplitResult,
+    meta: dict[str, Any] | None = None,
+) -> bytes:
+    """The version-2 record of ``checkpoint`` whose state was cut into ``split``."""
+    if meta is None:
+        meta = _meta(checkpoint)
     if split.text_crc is not None:
         meta["state"]["text_crc32"] = split.text_crc
-    return _record(_meta_bytes(meta), params.digest_size, split.root), split
+    return _record(_meta_bytes(meta), params.digest_size, split.root)
 
 
 def _decode_steps(record: bytes, max_bytes: int) -> Steps[Checkpoint]:

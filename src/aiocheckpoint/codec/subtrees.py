@@ -1,0 +1,349 @@
+"""Cached encodings of a SharedState's sub-trees: a checkpoint costs what changed.
+
+A :class:`~aiocheckpoint.SharedState` never changes its tree in place: a change copies the
+dicts on its path and leaves every other sub-tree the *same object*. So an object seen at
+the previous checkpoint of a workflow still holds what it held then, and what the pipeline
+made of it then -- its value-stage copy, its encoded text and references, the nodes (blobs)
+and regions its split produced -- is still right. :func:`shared_split_work` walks the
+state's dicts from the root, reuses that for every sub-tree it has seen (by identity), and
+runs the value stage and the fast encoder only on what is new. The result is the split a
+from-scratch :func:`~aiocheckpoint.codec.split.split_work` of the same state with the same
+split memory makes, byte for byte (``tests/test_subtrees.py`` checks it on random edit
+sequences), so readers and backends see nothing new.
+
+The walk descends only into plain dicts with ``str`` keys (JSON objects, which a value
+stage maps key for key); every other value goes through the configured value stage whole.
+A state the fast encoder cannot take (a NaN, an int beyond 64 bits) is left to the
+pipeline's ordinary path (None).
+"""
+
+from __future__ import annotations
+
+import gc
+import zlib
+from collections import OrderedDict
+from collections.abc import Generator
+from typing import Any, Final
+
+from ..format.limits import MAX_DEPTH
+from ..format.tree import SplitMemory, SplitResult, TreeParams
+from .copy import child_path
+from .split import (
+    Node,
+    Region,
+    _check_size,
+    _fast_dumps,
+    _join_entries,
+    _mix,
+    _Refs,
+    _Splitter,
+    _value_node,
+)
+from .stages import ValueStage
+
+__all__ = ["SubtreeCache", "crc_combine", "crc_shift", "shared_split_work"]
+
+_Work = Generator[None, None, Any]
+_POLY: Final = 0xEDB88320
+#: Dicts nested deeper than this are taken whole, like any other value.
+_WALK_DEPTH: Final = 32
+#: Bounds of the cached sub-trees kept: workflows, and bytes of their blobs in all.
+_CACHE_WORKFLOWS: Final = 1024
+_CACHE_BYTES: Final = 128 * 1024 * 1024
+
+
+def _multmodp(a: int, b: int) -> int:
+    """``a * b`` modulo the CRC-32 polynomial (bit-reflected; ``a`` non-zero)."""
+    m = 1 << 31
+    p = 0
+    while True:
+        if a & m:
+            p ^= b
+            if not a & (m - 1):
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+_X2N: Final = [1 << 30]  # x^(2^k) modulo the polynomial, k = 0..31
+for _ in range(31):
+    _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
+
+
+def crc_shift(length: int) -> int:
+    """The operator that :func:`crc_combine` needs for a text of ``length`` bytes."""
+    p, k = 1 << 31, 3
+    while length:
+        if length & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        length >>= 1
+        k += 1
+    return p
+
+
+def crc_combine(crc1: int, crc2: int, shift2: int) -> int:
+    """CRC-32 of ``a + b`` from ``crc32(a)``, ``crc32(b)`` and ``crc_shift(len(b))``."""
+    return _multmodp(shift2, crc1) ^ crc2
+
+
+_referents: Final = gc.get_referents
+_tracked: Final = gc.is_tracked
+
+
+def _is_container(value: Any) -> bool:
+    kind = type(value)
+    return kind is dict or kind is list
+
+
+def _depth(value: Any) -> int:
+    """How many levels of containers ``value`` nests (0 for a scalar), up to MAX_DEPTH + 1."""
+    if not _is_container(value):
+        return 0
+    depth, level = 1, [value]
+    while depth <= MAX_DEPTH:
+        inside = _referents(*level)
+        if not any(map(_is_container, inside)):
+            break
+        depth += 1
+        # Containers that may hold containers are tracked by the garbage collector.
+        level = list(filter(_tracked, inside))
+        if not level:
+            break
+    return depth
+
+
+class _Entry:
+    """What the pipeline made of one sub-tree: its copy, encoding, nodes and regions."""
+
+    __slots__ = (
+        "copy",
+        "crc",
+        "depth",
+        "inner",
+        "length",
+        "nodes",
+        "refs",
+        "regions",
+        "shift",
+        "source",
+        "text",
+    )
+
+    def __init__(
+        self, source: Any, copy: Any, text: bytes, refs: _Refs, crc: int, length: int, depth: int
+    ) -> None:
+        self.source = source  # kept alive, so that its id is not reused
+        self.copy = copy
+        #: The encoded text (a reference's ``null``, or the whole text when inline).
+        self.text = text
+        self.refs = refs
+        #: CRC-32 and length of the sub-tree's whole JSON text.
+        self.crc = crc
+        self.length = length
+        self.depth = depth
+        #: ``crc_shift(length)`` once needed (for an entry with references).
+        self.shift = 0
+        self.nodes: tuple[Node, ...] = ()
+        self.regions: tuple[Region, ...] = ()
+        #: The cached sub-trees inside this one (kept with it).
+        self.inner: tuple[_Entry, ...] = ()
+
+
+class SharedSplit:
+    """The outcome of :func:`shared_split_work`: the copy, the split, the cache to keep."""
+
+    __slots__ = ("copy", "entries", "split")
+
+    def __init__(self, copy: dict[str, Any], split: SplitResult, entries: dict[int, _Entry]):
+        #: The state's value-stage copy (unchanged sub-trees: the copies made before).
+        self.copy = copy
+        self.split = split
+        #: The cached sub-trees this split used or made, for the next one.
+        self.entries = entries
+
+
+class _Fallback(Exception):
+    """The fast encoder cannot take this state: the ordinary path must."""
+
+
+class _Walk:
+    __slots__ = ("cache", "kept", "limit", "new", "splitter", "values")
+
+    def __init__(self, splitter: _Splitter, values: ValueStage, cache: dict[int, _Entry]):
+        self.splitter = splitter
+        self.values = values
+        self.cache = cache
+        self.new: dict[int, _Entry] = {}
+        self.kept: list[_Entry] = []  # the entries of ``new``, in the order they were kept
+        self.limit = splitter.p.inline_limit
+
+    def value(self, source: Any, path: str, depth: int) -> Generator[None, None, _Entry]:
+        entry = self.cached(source)
+        if entry is None:
+            walked = type(source) is dict and depth < _WALK_DEPTH
+            if walked and all(type(k) is str for k in source):
+                entry = yield from self.walk_dict(source, path, depth, False)
+            else:
+                entry = yield from self.leaf(source, path)
+        if depth + entry.depth > MAX_DEPTH:
+            raise _Fallback  # the value stage's own copy names the path too deep
+        return entry
+
+    def cached(self, source: Any) -> _Entry | None:
+        """The entry of ``source`` if it is cached, adopted into the split; else None."""
+        entry = self.cache.get(id(source))
+        if entry is None or entry.source is not source:
+            return None
+        self.splitter.adopt(entry.nodes, entry.regions)
+        for kept in (*entry.inner, entry):
+            self.new[id(kept.source)] = kept
+            self.kept.append(kept)
+        return entry
+
+    def leaf(self, source: Any, path: str) -> Generator[None, None, _Entry]:
+        """A value the value stage copies whole; encoded like the fast encoder's element."""
+        copy, finite = yield from self.values.copy_work(source, path)
+        if not finite:
+            raise _Fallback
+        item = _fast_dumps(copy)
+        splitter = self.splitter
+        if len(item) <= self.limit:
+            return _Entry(source, copy, item, [], 0, len(item), _depth(copy))
+        marks = self._marks()
+        text, refs = yield from splitter.encode_fast(copy, item)
+        entry = _Entry(source, copy, text, refs, zlib.crc32(item), len(item), _depth(copy))
+        return self._kept(entry, marks)
+
+    def walk_dict(
+        self, source: dict[str, Any], path: str, depth: int, top: bool
+    ) -> Generator[None, None, _Entry]:
+        """A dict walked key by key: its entries' encodings joined as the fast encoder would."""
+        marks = self._marks()
+        keys = list(source)
+        entries = []
+        for key in keys:
+            entries.append((yield from self.value(source[key], child_path(path, key), depth + 1)))
+        copy = dict(zip(keys, [e.copy for e in entries], strict=True))
+        texts: list[bytes] = []
+        refmap: dict[int, _Refs] = {}
+        mixes: list[int] = []
+        length = 1 + len(keys)
+        crc = zlib.crc32(b"{")
+        for i, (key, entry) in enumerate(zip(keys, entries, strict=True)):
+            head = _fast_dumps(key) + b":"
+            if i:
+                crc = zlib.crc32(b",", crc)
+            crc = zlib.crc32(head, crc)
+            length += len(head) + entry.length
+            text = head + entry.text
+            if entry.refs:
+                shift = len(head)
+                refs = refmap[i] = [(off + shift, h) for off, h in entry.refs]
+                if not entry.shift:
+                    entry.shift = crc_shift(entry.length)
+                crc = crc_combine(crc, entry.crc, entry.shift)
+                mixes.append(_mix(zlib.crc32(text), refs))
+            else:
+                crc = zlib.crc32(entry.text, crc)
+                mixes.append(_mix(zlib.crc32(text), None))
+            texts.append(text)
+        crc = zlib.crc32(b"}", crc)
+        length = max(length, 2)
+        inner = 1 + max((e.depth for e in entries), default=0)
+        if length <= self.limit and not top:
+            whole = b"".join((b"{", b",".join(texts), b"}"))
+            return _Entry(source, copy, whole, [], crc, length, inner)
+
+        def chunk(first: int, end: int, head: bytes) -> tuple[bytes, _Refs]:
+            return _join_entries(texts, refmap, first, end, True, head)
+
+        lens = list(map(len, texts))
+        text, refs = yield from self.splitter._container(
+            lens, refmap, mixes.__getitem__, chunk, True
+        )
+        return self._kept(_Entry(source, copy, text, refs, crc, length, inner), marks)
+
+    def _marks(self) -> tuple[int, int, int]:
+        log = self.splitter.log
+        assert log is not None
+        return len(log), len(self.splitter.region_log), len(self.kept)
+
+    def _kept(self, entry: _Entry, marks: tuple[int, int, int]) -> _Entry:
+        """Keep what the split of ``entry``'s sub-tree made since ``marks``, and the entry."""
+        splitter = self.splitter
+        assert splitter.log is not None
+        nodes, regions, kept = marks
+        entry.nodes = tuple(splitter.log[nodes:])
+        entry.regions = tuple(splitter.region_log[regions:])
+        entry.inner = tuple(self.kept[kept:])
+        self.new[id(entry.source)] = entry
+        self.kept.append(entry)
+        return entry
+
+
+def shared_split_work(
+    data: dict[str, Any],
+    values: ValueStage,
+    params: TreeParams,
+    previous: SplitMemory | None,
+    cache: dict[int, _Entry],
+    max_bytes: int | None,
+) -> Generator[None, None, SharedSplit | None]:
+    """Copy and split a SharedState's tree ``data``, reusing ``cache``'s sub-trees.
+
+    ``previous`` is the memory of the workflow's last split, the one ``cache`` was made
+    with (None, with an empty cache, for a workflow whose last split is not known). The
+    split equals ``split_work(copy, params, (), previous, inline=False, finite=True)``.
+    None when the state needs the ordinary path (a value the fast encoder does not take);
+    a value the value stage refuses raises as it would there.
+    """
+    splitter = _Splitter(params, (), previous)
+    splitter.log = []
+    walk = _Walk(splitter, values, cache)
+    try:
+        root = walk.cached(data) or (yield from walk.walk_dict(data, "state", 0, True))
+    except (_Fallback, TypeError, RecursionError):
+        return None
+    hashes = [h for _, h in root.refs]
+    node = _value_node(root.text, root.refs)
+    _check_size(splitter.spliced(root.text, hashes), splitter.node_bytes + len(node), max_bytes)
+    split = SplitResult(
+        splitter.wrap(node),
+        splitter.blobs,
+        splitter.children,
+        tuple(dict.fromkeys(hashes)),
+        root.crc,
+        splitter.memory,
+    )
+    return SharedSplit(root.copy, split, walk.new)
+
+
+class SubtreeCache:
+    """Each recently saved workflow's cached sub-trees, least recently saved dropped.
+
+    Bounded by workflows and by the bytes of the blobs the entries hold.
+    """
+
+    __slots__ = ("entries", "size")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[str, tuple[dict[int, _Entry], int]] = OrderedDict()
+        self.size = 0
+
+    def get(self, workflow_id: str) -> dict[int, _Entry]:
+        """The workflow's cached sub-trees (empty if none are kept)."""
+        kept = self.entries.get(workflow_id)
+        return {} if kept is None else kept[0]
+
+    def keep(self, workflow_id: str, entries: dict[int, _Entry] | None, size: int = 0) -> None:
+        """Keep ``entries`` (of ``size`` bytes) for the workflow; None forgets it."""
+        old = self.entries.pop(workflow_id, None)
+        if old is not None:
+            self.size -= old[1]
+        if entries is None or size > _CACHE_BYTES:
+            return
+        self.entries[workflow_id] = (entries, size)
+        self.size += size
+        while len(self.entries) > _CACHE_WORKFLOWS or self.size > _CACHE_BYTES:
+            _, (_, dropped) = self.entries.popitem(last=False)
+            self.size -= dropped

@@ -1,0 +1,190 @@
+"""Cached sub-tree encodings of SharedState checkpoints (issue 21).
+
+The cache must be invalidated exactly when a sub-tree changes: random edit sequences
+through a SharedState (set, delete, merge, restore, the rollback of a failed step) are
+split with the cache and from scratch with the same split memory, and must agree byte for
+byte; and through a manager, only what changed goes through the value stage.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import AsyncIterator, Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiocheckpoint import CheckpointManager, CheckpointStorage, SharedState, open_storage
+from aiocheckpoint.codec.copy import storable_copy_work, to_storable
+from aiocheckpoint.codec.pipeline import RecordCodec
+from aiocheckpoint.codec.split import finish, split_work
+from aiocheckpoint.codec.stages import JsonValues
+from aiocheckpoint.codec.subtrees import crc_combine, crc_shift, shared_split_work
+from aiocheckpoint.format.tree import SplitMemory, SplitResult, TreeParams
+from aiocheckpoint.storage.base import BlobCheckpointStorage
+from tests.pg_support import DSN, pg_schema
+
+__all__ = ["pg_schema"]
+
+# Small nodes, so that a few KB of state is cut into chunks, regions and index levels.
+PARAMS = TreeParams(
+    inline_limit=64,
+    root_inline_limit=256,
+    chunk_min=32,
+    chunk_avg=128,
+    chunk_max=512,
+    bundle_chunks=4,
+    bundle_max=1024,
+)
+
+
+@given(st.binary(max_size=3000), st.binary(max_size=3000))
+def test_crc_combine_is_the_crc_of_the_concatenation(a: bytes, b: bytes) -> None:
+    assert crc_combine(zlib.crc32(a), zlib.crc32(b), crc_shift(len(b))) == zlib.crc32(a + b)
+
+
+KEYS = st.sampled_from(["a", "b", "c", "d"])
+PATHS = st.lists(KEYS, min_size=1, max_size=3).map(".".join)
+SCALARS = st.one_of(
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=8),
+    st.integers(70, 300).map(lambda n: "x" * n),  # over inline_limit: a node of its own
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=30), st.dictionaries(KEYS | st.text(max_size=3), inner)
+    ),
+    max_leaves=60,
+)
+OPS = st.one_of(
+    st.tuples(st.just("set"), PATHS, VALUES),
+    st.tuples(st.just("delete"), PATHS),
+    st.tuples(st.just("merge"), st.dictionaries(KEYS, VALUES, max_size=2)),
+    st.tuples(st.just("restore"), st.integers(0, 30)),
+    st.tuples(st.just("failed_step"), PATHS, VALUES),
+    st.tuples(st.just("checkpoint")),
+)
+
+
+def _apply(state: SharedState, op: tuple[Any, ...]) -> None:
+    kind = op[0]
+    try:
+        if kind == "set":
+            state.set(op[1], op[2])
+        elif kind == "delete":
+            state.delete(op[1])
+        elif kind == "merge":
+            state.merge(op[1])
+        elif kind == "restore":
+            state.restore(max(0, state.version - op[1]))
+        elif kind == "failed_step":
+            # What a workflow does when a step fails: its changes are rolled back.
+            mark = state._mark()
+            state.set(op[1], op[2])
+            state._rewind(mark)
+    except (TypeError, ValueError):  # a path through a non-dict, a version out of history
+        pass
+
+
+def _scratch(data: dict[str, Any], previous: SplitMemory | None) -> SplitResult:
+    work = split_work(to_storable(data), PARAMS, (), previous, inline=False, finite=True)
+    return finish(work)
+
+
+def _same(cached: SplitResult, scratch: SplitResult) -> None:
+    assert cached.root == scratch.root
+    assert cached.blobs == scratch.blobs
+    assert list(cached.children.items()) == list(scratch.children.items())  # post-order too
+    assert cached.root_refs == scratch.root_refs
+    assert cached.text_crc == scratch.text_crc
+    assert cached.memory is not None and scratch.memory is not None
+    assert cached.memory.regions == scratch.memory.regions
+    assert cached.memory.edges == scratch.memory.edges
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OPS, max_size=25))
+def test_cached_split_equals_a_split_from_scratch(ops: list[tuple[Any, ...]]) -> None:
+    state = SharedState({"base": [{"n": i, "t": "y" * (i % 90)} for i in range(40)]})
+    previous = _scratch(state._peek()[0], None).memory
+    assert previous is not None
+    previous.first_chunks.clear()
+    cache: dict[int, Any] = {}
+    for op in [*ops, ("checkpoint",)]:
+        _apply(state, op)
+        if op[0] != "checkpoint":
+            continue
+        data = state._peek()[0]
+        work = shared_split_work(data, JsonValues(), PARAMS, previous, cache, None)
+        shared = finish(work)
+        assert shared is not None
+        _same(shared.split, _scratch(data, previous))
+        assert shared.copy == to_storable(data)
+        previous, cache = shared.split.memory, shared.entries
+        assert previous is not None
+        previous.first_chunks.clear()
+    # Nothing changed since: the whole tree is adopted from the cache, copy included.
+    again = finish(shared_split_work(data, JsonValues(), PARAMS, previous, cache, None))
+    assert again is not None and again.copy is shared.copy
+    _same(again.split, _scratch(data, previous))
+
+
+class CountingValues(JsonValues):
+    """The default value stage, counting the bytes of JSON text it copies in slices."""
+
+    def __init__(self) -> None:
+        self.copied: list[str] = []
+
+    def copy_work(self, value: Any, path: str) -> Generator[None, None, tuple[Any, bool]]:
+        self.copied.append(path)
+        return storable_copy_work(value, path)
+
+
+BIG = [{"id": i, "text": "z" * 1000} for i in range(300)]
+
+
+async def test_a_manager_copies_and_encodes_only_what_changed(
+    any_blob_storage: CheckpointStorage,
+) -> None:
+    assert isinstance(any_blob_storage, BlobCheckpointStorage)
+    manager = CheckpointManager(any_blob_storage)
+    values = CountingValues()
+    manager._codec = RecordCodec(any_blob_storage, any_blob_storage, values)
+    state = SharedState({"documents": BIG, "notes": {"a": "q" * 3000, "b": 1}, "counter": 0})
+    for step in range(4):
+        state.set("counter", step)
+        if step == 3:
+            state.set("notes.b", 2)
+        values.copied.clear()
+        await manager.create_checkpoint("wf", step, "agent", "completed", state)
+        if step:  # the first save fills the cache
+            assert "state.documents" not in values.copied
+            assert "state" not in values.copied
+    assert "state.notes.b" in values.copied and "state.notes.a" not in values.copied
+    point = await manager.get_resume_point("wf")
+    assert point is not None and point[1].data == state.to_dict()
+    checkpoint = await manager.get_checkpoint("wf", 2)
+    assert checkpoint.state_snapshot.data["notes"]["b"] == 1
+
+
+@pytest.fixture(params=["file", "sqlite", "postgres"])
+async def any_blob_storage(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
+) -> AsyncIterator[CheckpointStorage]:
+    """Each backend that keeps blobs (version-2 trees), fresh."""
+    if request.param == "postgres":
+        url, options = DSN, {"schema": pg_schema, "max_size": 2}
+    elif request.param == "file":
+        url, options = f"file://{tmp_path / 'store'}", {}
+    else:
+        url, options = f"sqlite://{tmp_path / 's.db'}", {}
+    storage = open_storage(url, **options)
+    yield storage
+    await storage.close()
