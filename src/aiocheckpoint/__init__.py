@@ -6,11 +6,15 @@ This module is the map of the public API: everything in ``__all__`` is supported
 
 from typing import TYPE_CHECKING, Any
 
+from .codec.effects import EffectRecord, EffectState, Reconciled
 from .errors import (
     CheckpointCorruptedError,
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointSerializationError,
+    EffectError,
+    EffectInDoubtError,
+    EffectOrderError,
     InvalidArgumentError,
     InvalidStepError,
     InvalidWorkflowIdError,
@@ -29,8 +33,10 @@ from .state import SharedState
 from .storage import (
     BlobCheckpointStorage,
     CheckpointStorage,
+    EffectStorage,
     InMemoryCheckpointStorage,
     StoredCheckpoint,
+    StoredEffect,
     WorkflowStorage,
 )
 from .urls import open_storage
@@ -71,6 +77,12 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointSerializationError",
     "CheckpointStorage",
+    "EffectError",
+    "EffectInDoubtError",
+    "EffectOrderError",
+    "EffectRecord",
+    "EffectState",
+    "EffectStorage",
     "ExecutionMetrics",
     "FileCheckpointStorage",
     "InMemoryCheckpointStorage",
@@ -82,6 +94,7 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "PostgresCheckpointStorage",
+    "Reconciled",
     "ResumableWorkflow",
     "ResumePoint",
     "SQLiteCheckpointStorage",
@@ -92,6 +105,7 @@ __all__ = [
     "StorageClosedError",
     "StorageSchemaError",
     "StoredCheckpoint",
+    "StoredEffect",
     "UnsupportedOperationError",
     "WorkflowRecord",
     "WorkflowStatus",

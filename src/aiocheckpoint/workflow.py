@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from typing_extensions import Self
 
 from ._validation import check_step, check_workflow_id
-from .errors import LeaseError, LeaseLostError
+from .effects import Reconcile, StepEffects
+from .errors import InvalidArgumentError, LeaseError, LeaseLostError
 from .leases import Lease, WorkflowStatus
 from .manager import CheckpointManager
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, utcnow
@@ -23,6 +24,8 @@ from .state import SharedState
 __all__ = ["ResumableWorkflow"]
 
 logger = logging.getLogger("aiocheckpoint")
+
+T = TypeVar("T")
 
 _RELEASE_TIMEOUT = 5.0
 _DEFAULT_TTL = 30.0
@@ -91,6 +94,7 @@ class ResumableWorkflow:
         self.is_resumed = False
         self.resume_step = 0
         self.current_step = 0
+        self._effects: StepEffects | None = None
 
     async def try_resume(self) -> int:
         """Restore state and metrics from the last checkpoint; return the step to run next.
@@ -143,11 +147,15 @@ class ResumableWorkflow:
         """
         check_step(step)
         self.current_step = step
+        self._effects = StepEffects(self.checkpoint_manager, self.workflow_id, step, self._fence)
         state = self.state
         before = state._mark()
         started = time.monotonic()
         try:
-            yield self
+            try:
+                yield self
+            finally:
+                self._effects = None  # effects belong inside the block
         except Exception as exc:
             self.metrics.elapsed_seconds += time.monotonic() - started
             self._roll_back(state, before)
@@ -168,6 +176,45 @@ class ResumableWorkflow:
         self.metrics.elapsed_seconds += time.monotonic() - started
         self.metrics.total_steps += 1
         await self.checkpoint(step, agent_id, AgentStatus.COMPLETED, metadata)
+
+    async def effect(
+        self,
+        key: str | None,
+        fn: Callable[..., Awaitable[T]],
+        /,
+        *args: Any,
+        idempotent: bool = False,
+        reconcile: Reconcile | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Call ``fn(*args, **kwargs)`` at most once per step, durably (``docs/effects.md``).
+
+        Inside ``async with wf.step(...)``: records an *intent*, calls ``fn``, records its
+        result, returns it. When the step runs again (a retry, or a resume after a crash),
+        an effect whose result is recorded returns it without calling ``fn``; one whose call
+        failed is called again; one whose intent has no outcome is *in doubt* and raises
+        :class:`~aiocheckpoint.EffectInDoubtError`, unless ``reconcile`` (asked with the
+        :class:`EffectRecord`, returns a :class:`Reconciled`) says what happened, or
+        ``idempotent=True``: then ``fn`` is called again with ``idempotency_key=`` a key
+        that is the same on every attempt.
+
+        ``key`` names the effect within its step; ``None`` derives ``#0``, ``#1``, ... from
+        the order in which the calls start. A recorded effect called under its key with
+        another function raises :class:`~aiocheckpoint.EffectOrderError`. With a lease, the
+        intent is fenced: a runner whose lease was taken over gets
+        :class:`~aiocheckpoint.LeaseLostError` before ``fn`` is called.
+        """
+        effects = self._effects
+        if effects is None:
+            raise InvalidArgumentError("wf.effect is called inside `async with wf.step(...)`")
+        name = effects.name(key)
+        result: T = await effects.run(
+            name, fn, args, kwargs, idempotent=idempotent, reconcile=reconcile
+        )
+        return result
+
+    def _fence(self) -> Lease | None:
+        return self.lease
 
     def _roll_back(self, state: SharedState, before: tuple[Any, Any]) -> None:
         # A step is all or nothing: a failed or cancelled step leaves the state as it found

@@ -23,6 +23,7 @@ from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.tree import SplitMemory, SplitResult, TreeParams
 from ..models import Checkpoint, StateSnapshot, StateVersion, built
 from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
+from .effects import EffectRecord, decode_effect, encode_effect
 from .memory import MemoryCache, recovered_memory
 from .split import exceeds
 from .stages import JSON_VALUES, ValueStage
@@ -117,6 +118,14 @@ class RecordCodec:
         )
         copy, finite = await cooperate(self._values.copy_work(data, "state"))
         return built(StateSnapshot, data=copy, version=version, metadata={}), finite
+
+    def encode_effect(self, record: EffectRecord) -> tuple[bytes, Any]:
+        """An effect record's stored bytes and its result's copy (through the value stage)."""
+        return encode_effect(record, self._values)
+
+    def decode_effect(self, data: bytes) -> EffectRecord:
+        """An effect record from its stored bytes (``CheckpointCorruptedError`` if bad)."""
+        return decode_effect(data)
 
     # --- encoding -----------------------------------------------------------------------
 

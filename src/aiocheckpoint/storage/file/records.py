@@ -209,6 +209,7 @@ class RecordFiles:
             try:
                 ino = os.fstat(dfd).st_ino
                 with self.dirs.lock(dfd, name):
+                    self.dirs.drop_effects(dfd, step)  # even when the step has no file
                     try:
                         self.ops.unlink(step_name(step), dir_fd=dfd)
                     except OSError as exc:

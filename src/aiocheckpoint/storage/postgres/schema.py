@@ -8,7 +8,8 @@ openers never race, and refuses a store whose version is newer than this code kn
 To change the schema, append a migration to ``MIGRATIONS``: never edit a released one.
 Migration 2 adds workflow records and leases (issue 5); migration 3 the content-addressed
 blobs of incremental checkpoints with their reference counts (issue 9); migration 4 moves
-the counts into a narrow table of their own (``blob_refs``).
+the counts into a narrow table of their own (``blob_refs``); migration 6 adds the effect
+journal (issue 17, ``effects``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from typing import Any
 
 from ...errors import InvalidArgumentError, StorageSchemaError
+from .effects import MIGRATION as EFFECTS_MIGRATION
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "quote_schema"]
 
@@ -94,6 +96,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "INSERT INTO {s}.blob_refs (hash, refs) SELECT hash, refs FROM {s}.blobs",
         "ALTER TABLE {s}.blobs DROP COLUMN refs",
     ),
+    # Version 5 is the workflow life cycle's (issue 15): a placeholder here, replaced when
+    # that branch lands. Version 6 depends on no other new migration.
+    (),
+    EFFECTS_MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

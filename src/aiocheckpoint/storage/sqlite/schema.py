@@ -5,7 +5,7 @@ aiocheckpoint database with ``PRAGMA application_id``. Opening runs every migrat
 the recorded version, in order, inside one ``BEGIN IMMEDIATE`` transaction (SQLite DDL is
 transactional), so a crash or a concurrent opener never sees a half-migrated schema. Version 2
 adds workflow records and leases; version 3 adds content-addressed blobs with reference
-counts (``docs/sqlite-storage.md``).
+counts (``docs/sqlite-storage.md``); version 5 the effect journal (``docs/effects.md``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ...errors import StorageSchemaError
+from .effects import MIGRATION_STATEMENTS as EFFECTS_MIGRATION
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate"]
 
@@ -129,6 +130,12 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             BEGIN INSERT INTO blob_releases (refs) VALUES (old.refs); END
             """,
         ),
+    ),
+    # Version 4 is the workflow life cycle's (issue 15); this one depends on no other new one.
+    Migration(
+        5,
+        "effects: the effect journal of durable effects (docs/effects.md)",
+        EFFECTS_MIGRATION,
     ),
 )
 
