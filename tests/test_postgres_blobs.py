@@ -161,7 +161,7 @@ async def test_store_at_version_2_migrates_and_reads_its_records(
         await manager.create_checkpoint("wf", 1, "a", "running", big)
         assert (await manager.get_checkpoint("wf", 1)).state_snapshot.data == big
     version = await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta')
-    assert version == str(_pg_schema.SCHEMA_VERSION) == "4"
+    assert version == str(_pg_schema.SCHEMA_VERSION) == "6"
     assert await check_counts(admin, pg_schema) > 0
 
 
@@ -188,7 +188,7 @@ async def test_store_at_version_3_moves_its_counts_to_blob_refs(
     async with CheckpointManager(store(pg_schema)) as manager:
         for step, state in enumerate(states):
             assert (await manager.get_checkpoint("wf", step)).state_snapshot.data == state
-        assert await admin.fetchval(f"SELECT value FROM {s}.meta") == "4"
+        assert await admin.fetchval(f"SELECT value FROM {s}.meta") == "6"
         assert dict(await admin.fetch(f"SELECT hash, refs FROM {s}.blob_refs")) == counts
         columns = await admin.fetch(
             "SELECT column_name FROM information_schema.columns "
@@ -217,7 +217,7 @@ async def test_old_store_records_written_by_version_2_code_read_after_upgrade(
         listed = await manager.list_checkpoints("wf")
         assert [c.state_snapshot.data for c in listed] == states
         assert await manager.delete_checkpoints("wf", 1)
-    assert await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta') == "4"
+    assert await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta') == "6"
 
 
 async def test_concurrent_writers_sharing_subtrees_keep_counts_exact(

@@ -89,7 +89,8 @@ class StepEffects:
             earlier = journal.get(key)
             name = _qualname(fn)
             if earlier is not None:
-                _check_same(earlier, name)
+                if key.startswith(_DERIVED):  # an explicit key is the effect's identity
+                    _check_same(earlier, name)
                 if earlier.state is EffectState.DONE:
                     return earlier.result
                 if earlier.in_doubt:

@@ -199,9 +199,9 @@ class ResumableWorkflow:
         that is the same on every attempt.
 
         ``key`` names the effect within its step; ``None`` derives ``#0``, ``#1``, ... from
-        the order in which the calls start. A recorded effect called under its key with
-        another function raises :class:`~aiocheckpoint.EffectOrderError`. With a lease, the
-        intent is fenced: a runner whose lease was taken over gets
+        the order in which the calls start, and a re-run that calls another function (by
+        qualified name) in a recorded place raises :class:`~aiocheckpoint.EffectOrderError`.
+        With a lease, the intent is fenced: a runner whose lease was taken over gets
         :class:`~aiocheckpoint.LeaseLostError` before ``fn`` is called.
         """
         effects = self._effects

@@ -17,11 +17,11 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from ..._validation import check_workflow_id
-from ...errors import InvalidWorkflowIdError
+from ...errors import InvalidWorkflowIdError, StorageBackendError
 from .format import (
     HASHED_PREFIX,
     HINT,
@@ -121,6 +121,23 @@ class WorkflowDirs:
             fsync_path(self.ops, self.root)
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+    def write_in(self, name: str, workflow_id: str, write: Callable[[int], bool]) -> None:
+        """Run ``write(dfd)`` on the workflow's directory (made if missing) until it is True.
+
+        ``write`` returns False when the directory was replaced under it: it starts again.
+        """
+        for _ in range(RETRIES):
+            dfd = self.open_dir(name)
+            if dfd is None:
+                self.create_dir(name, workflow_id)
+                continue
+            try:
+                if write(dfd):
+                    return
+            finally:
+                os.close(dfd)
+        raise StorageBackendError(f"workflow directory {name!r} kept being replaced")
 
     @contextlib.contextmanager
     def lock(self, dfd: int, name: str) -> Iterator[None]:

@@ -18,9 +18,9 @@ import os
 import struct
 from typing import Final
 
-from ...errors import CheckpointCorruptedError, StorageBackendError
+from ...errors import CheckpointCorruptedError
 from ..base import MAX_EFFECTS_PER_STEP, StoredEffect
-from .dirs import EFFECTS, RETRIES, Replaced, WorkflowDirs, effect_prefix
+from .dirs import EFFECTS, Replaced, WorkflowDirs, effect_prefix
 from .format import encode_name
 from .io import DIR_FLAGS, OddEntry, discard, is_missing, open_regular, read_bounded, write_temp
 
@@ -46,17 +46,8 @@ class EffectFiles:
         name = encode_name(workflow_id)
         raw = key.encode("utf-8")
         content = _HEAD.pack(_MAGIC, int(in_doubt), len(raw)) + raw + data
-        for _ in range(RETRIES):
-            dfd = self.dirs.open_dir(name)
-            if dfd is None:
-                self.dirs.create_dir(name, workflow_id)
-                continue
-            try:
-                if self._put_in(dfd, name, _file_name(step, key), content):
-                    return
-            finally:
-                os.close(dfd)
-        raise StorageBackendError(f"workflow directory {name!r} kept being replaced")
+        file = _file_name(step, key)
+        self.dirs.write_in(name, workflow_id, lambda dfd: self._put_in(dfd, name, file, content))
 
     def _put_in(self, dfd: int, name: str, file: str, content: bytes) -> bool:
         """Write into workflow directory ``dfd``; False if it was replaced (start again)."""
