@@ -10,7 +10,7 @@ workflows and SIGKILLs itself at a random point (tests/_effect_kill.py lists the
 * an idempotent effect's calls all carry the same idempotency key;
 * every recorded result is the one the call returned.
 
-``AIOCHECKPOINT_EFFECT_KILLS`` sets the number of kills per backend (default 120).
+``AIOCHECKPOINT_EFFECT_KILLS`` sets the number of kills per backend (default 100).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from tests import _effect_kill as kill
 from tests.pg_support import DSN, drop_schema, new_schema_name
 
-KILLS = int(os.environ.get("AIOCHECKPOINT_EFFECT_KILLS", "120"))
+KILLS = int(os.environ.get("AIOCHECKPOINT_EFFECT_KILLS", "100"))
 #: The chance of dying at each kill point: a child gets through a step or two.
 P_KILL = 0.04
 
@@ -54,19 +55,23 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open]
         asyncio.run(drop_schema(schema))
 
 
-def run_child(open_store: Open, log: Path, seed: int, p: float) -> int:
-    """Fork a child that runs the workflows; return its wait status."""
+def fork(work: Callable[[], None]) -> int:
+    """Run ``work`` in a forked child (exit 0, or 1 with a traceback); return its pid."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         code = 0
         try:
-            kill.child(open_store, log, seed, p)
+            work()
         except BaseException:
-            import traceback
-
             traceback.print_exc()
             code = 1
         os._exit(code)
+    return pid
+
+
+def run_child(open_store: Open, log: Path, seed: int, p: float) -> int:
+    """Fork a child that runs the workflows; return its wait status."""
+    pid = fork(lambda: kill.child(open_store, log, seed, p))
     return os.waitpid(pid, 0)[1]
 
 
@@ -143,18 +148,7 @@ def open_leased(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open
 
 def fork_runner(open_store: Open, log: Path, seed: int) -> int:
     """Fork a runner of the pool; return its pid."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 0
-        try:
-            kill.pool_child(open_store, log, seed, TTL)
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-    return pid
+    return fork(lambda: kill.pool_child(open_store, log, seed, TTL))
 
 
 async def unfinished(open_store: Open) -> list[str]:
