@@ -11,7 +11,6 @@ renames its whole directory away. Every function runs in a worker thread.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
@@ -102,13 +101,19 @@ class EffectFiles:
         ids = []
         for name in names:
             if not name.startswith(".") and self._has_doubt(name):
-                dfd = self.dirs.open_dir(name)
-                if dfd is not None:
-                    with contextlib.closing(_Fd(dfd)):
-                        workflow_id = self.dirs.id_of(name, dfd)
-                    if workflow_id is not None:
-                        ids.append(workflow_id)
+                workflow_id = self._id_of(name)
+                if workflow_id is not None:
+                    ids.append(workflow_id)
         return sorted(ids)
+
+    def _id_of(self, name: str) -> str | None:
+        dfd = self.dirs.open_dir(name)
+        if dfd is None:
+            return None
+        try:
+            return self.dirs.id_of(name, dfd)
+        finally:
+            os.close(dfd)
 
     def _has_doubt(self, name: str) -> bool:
         efd = self._open_effects(name)
@@ -169,12 +174,3 @@ def _parse(content: bytes, workflow_id: str, step: int) -> StoredEffect:
         )
     return StoredEffect(step, key, bool(flag), content[_HEAD.size + size :])
 
-
-class _Fd:
-    """A descriptor closed by :func:`contextlib.closing`."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def close(self) -> None:
-        os.close(self.fd)
