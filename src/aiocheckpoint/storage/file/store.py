@@ -347,7 +347,7 @@ class FileCheckpointStorage(BaseStorage):
         check_step(step)
         return await self._run(
             f"cannot read the effects of workflow {workflow_id!r}",
-            self._effects.load,
+            self._load_effects,
             workflow_id,
             step,
         )
@@ -355,7 +355,7 @@ class FileCheckpointStorage(BaseStorage):
     async def in_doubt_workflows(self) -> list[str]:
         """Every workflow with an effect in doubt (a pass over every effect file), sorted."""
         self._check_open()
-        return await self._run("cannot list effects in doubt", self._effects.in_doubt_workflows)
+        return await self._run("cannot list effects in doubt", self._in_doubt_workflows)
 
     async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
         """Return the stored blobs among ``hashes`` (one thread hop, a few reads per pack)."""
@@ -423,6 +423,14 @@ class FileCheckpointStorage(BaseStorage):
     ) -> None:
         self._ensure_store()
         self._effects.put(workflow_id, step, key, data, in_doubt)
+
+    def _load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
+        self._layout.check_marker()
+        return self._effects.load(workflow_id, step)
+
+    def _in_doubt_workflows(self) -> list[str]:
+        self._layout.check_marker()
+        return self._effects.in_doubt_workflows()
 
     def _fetch(self, hashes: list[bytes]) -> dict[bytes, bytes]:
         self._layout.check_marker()
