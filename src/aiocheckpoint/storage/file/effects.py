@@ -173,4 +173,3 @@ def _parse(content: bytes, workflow_id: str, step: int) -> StoredEffect:
             "an effect file is not an effect record", workflow_id=workflow_id, step=step
         )
     return StoredEffect(step, key, bool(flag), content[_HEAD.size + size :])
-
