@@ -80,7 +80,7 @@ async def test_store_of_the_previous_schema_opens_migrates_and_reads(tmp_path: P
         assert stored is not None and record_format_version(stored.data) == 2
         # retention removed step 0, a version-1 record that holds no blob references
         assert [c.step for c in await manager.list_checkpoints("wf")] == [1, 2, 3]
-    assert _sql(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(3,)]
+    assert _sql(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)] == [(5,)]
     states = check_refcounts(path)
     assert states["wf", 3] == big_state(3)
     assert _sql(path, "SELECT count(*) FROM blobs")[0][0] > 0
