@@ -344,3 +344,33 @@ async def test_lost_lease_stops_before_the_call(kind: str, tmp_path: Path, pg_sc
             async with wf.step(0, agent_id="a"):
                 await wf.effect("mail", calls.send)
         assert calls.made == [] and await manager.get_effects("wf", 0) == []
+
+
+@pytest.mark.parametrize("kind", ["memory", "file", "sqlite", "postgres"])
+async def test_oversized_effect_records_are_refused(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """A record over max_record_bytes: InvalidArgumentError, and that record is not stored."""
+    limit = 4096
+    if kind == "memory":
+        store: Any = InMemoryCheckpointStorage(max_record_bytes=limit)
+    elif kind == "file":
+        store = FileCheckpointStorage(tmp_path / "store", max_record_bytes=limit)
+    elif kind == "sqlite":
+        store = SQLiteCheckpointStorage(tmp_path / "fx.db", max_record_bytes=limit)
+    else:
+        store = PostgresCheckpointStorage(DSN, schema=pg_schema, max_record_bytes=limit)
+    async with store:
+        with pytest.raises(InvalidArgumentError):
+            await store.put_effect("wf", 0, "k", b"x" * (limit + 1), in_doubt=True)
+        assert await store.load_effects("wf", 0) == []
+        async with ResumableWorkflow("wf", CheckpointManager(store)) as wf:
+            with pytest.raises(InvalidArgumentError):
+                async with wf.step(0, agent_id="a"):
+                    await wf.effect("big", _big_result)
+        # The intent was stored; its oversized result was not: the call is in doubt.
+        assert [e.in_doubt for e in await store.load_effects("wf", 0)] == [True]
+
+
+async def _big_result() -> str:
+    return "x" * 8192

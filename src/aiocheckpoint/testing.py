@@ -745,13 +745,6 @@ class EffectStorageConformance:
         await storage.put_effect("wf", 0, "k", b"x", in_doubt=True)
         assert await storage.list_workflows() == []  # type: ignore[attr-defined]
 
-    async def test_oversized_record_is_refused(self, storage: EffectStorage) -> None:
-        """A record over max_record_bytes raises InvalidArgumentError and writes nothing."""
-        limit: int = storage.max_record_bytes  # type: ignore[attr-defined]
-        with pytest.raises(InvalidArgumentError):
-            await storage.put_effect("wf", 0, "k", b"x" * (limit + 1), in_doubt=True)
-        assert await storage.load_effects("wf", 0) == []
-
     async def test_bad_keys_are_refused(self, storage: EffectStorage) -> None:
         """Empty, NUL-holding, too long or non-str keys raise InvalidArgumentError."""
         for key in ("", "a\x00b", "k" * 256, 7):
