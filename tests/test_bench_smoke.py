@@ -62,3 +62,18 @@ def test_measurements_carry_figures_and_ratios_are_computed(
     if others - {"(idle loop)", "(full copy per step)"}:
         assert any(r["kind"] == "ratio" and r["ours"] == "ours-memory" for r in records)
     assert "### write" in proc.stdout
+
+
+def test_effects_bench_runs() -> None:
+    """`bench/effects.py --tiny` prints its three rows and the summary (no timings checked)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "effects.py"), "--tiny"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert {line.get("row") for line in lines[:-1]} == {"plain", "effects", "journal"}
+    assert lines[-1]["summary"] == "sqlite"

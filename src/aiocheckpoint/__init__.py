@@ -7,12 +7,16 @@ This module is the map of the public API: everything in ``__all__`` is supported
 from typing import TYPE_CHECKING, Any
 
 from .codec import TaggedValue, TypeRegistry
+from .codec.effects import EffectRecord, EffectState, Reconciled
 from .errors import (
     CheckpointCorruptedError,
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointSerializationError,
     CheckpointTypeError,
+    EffectError,
+    EffectInDoubtError,
+    EffectOrderError,
     InvalidArgumentError,
     InvalidStepError,
     InvalidWorkflowIdError,
@@ -35,8 +39,10 @@ from .state import SharedState
 from .storage import (
     BlobCheckpointStorage,
     CheckpointStorage,
+    EffectStorage,
     InMemoryCheckpointStorage,
     StoredCheckpoint,
+    StoredEffect,
     WorkflowStorage,
 )
 from .urls import open_storage
@@ -78,6 +84,12 @@ __all__ = [
     "CheckpointSerializationError",
     "CheckpointStorage",
     "CheckpointTypeError",
+    "EffectError",
+    "EffectInDoubtError",
+    "EffectOrderError",
+    "EffectRecord",
+    "EffectState",
+    "EffectStorage",
     "ExecutionMetrics",
     "FileCheckpointStorage",
     "InMemoryCheckpointStorage",
@@ -90,6 +102,7 @@ __all__ = [
     "LeaseLostError",
     "Page",
     "PostgresCheckpointStorage",
+    "Reconciled",
     "ResumableWorkflow",
     "ResumePoint",
     "RetryPolicy",
@@ -105,6 +118,7 @@ __all__ = [
     "TypeRegistry",
     "TypeVersionError",
     "UnknownTypeError",
+    "StoredEffect",
     "UnsupportedOperationError",
     "WorkflowBusyError",
     "WorkflowExistsError",

@@ -19,6 +19,9 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     │   └── StoragePermissionError    the store's files belong to another user or are shared
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     ├── WorkflowBusyError             a second driver for a workflow this manager drives
+    ├── EffectError
+    │   ├── EffectInDoubtError        an effect's call may or may not have happened
+    │   └── EffectOrderError          a step's effects no longer match its journal
     └── LeaseError
         ├── LeaseHeldError            another live owner holds the workflow's lease
         └── LeaseLostError            the lease expired or was taken over (fencing)
@@ -29,12 +32,17 @@ always chained as ``__cause__``.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 __all__ = [
     "CheckpointCorruptedError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointSerializationError",
     "CheckpointTypeError",
+    "EffectError",
+    "EffectInDoubtError",
+    "EffectOrderError",
     "InvalidArgumentError",
     "InvalidStepError",
     "InvalidWorkflowIdError",
@@ -194,3 +202,37 @@ class LeaseHeldError(LeaseError):
 
 class LeaseLostError(LeaseError):
     """The lease expired or was taken over; writes under it are refused (fencing)."""
+
+
+class EffectError(CheckpointError):
+    """Base class of the errors of durable effects (``docs/effects.md``)."""
+
+
+class EffectInDoubtError(EffectError):
+    """An effect's intent is recorded but not its outcome: the call may have happened.
+
+    Raised instead of calling the function again. ``key`` and ``step`` name the effect,
+    ``intent_at`` is when its intent was recorded. Resolve it with
+    :meth:`~aiocheckpoint.CheckpointManager.resolve_effect`, or call the effect with
+    ``idempotent=True`` or a ``reconcile`` callback.
+    """
+
+    def __init__(self, workflow_id: str, step: int, key: str, intent_at: datetime) -> None:
+        self.workflow_id = workflow_id
+        self.step = step
+        self.key = key
+        self.intent_at = intent_at
+        super().__init__(
+            f"effect {key!r} of step {step} of workflow {workflow_id!r} is in doubt: its "
+            f"intent was recorded at {intent_at.isoformat()} but no outcome; it may or may "
+            "not have happened"
+        )
+
+
+class EffectOrderError(EffectError):
+    """A step's effect does not match the one its journal recorded under the same key.
+
+    Raised when a re-run step calls effects in another order (keys derived from the call
+    order) or calls another function under a recorded key: the recorded result is never
+    handed to the wrong call.
+    """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from ._validation import (
     check_workflow_id,
 )
 from .codec import RecordCodec, TypedValues, TypeRegistry
+from .codec.effects import EffectRecord, EffectState
 from .codec.fork import fork_tree
 from .codec.stages import DEFAULT_VALUES, View
 from .errors import (
@@ -54,8 +56,10 @@ from .state import SharedState
 from .storage.base import (
     BlobCheckpointStorage,
     CheckpointStorage,
+    EffectStorage,
     StoredCheckpoint,
     WorkflowStorage,
+    check_effect_key,
 )
 from .storage.memory import InMemoryCheckpointStorage
 from .storage.queries import StepInfo, build_query, encode_cursor, json_text
@@ -738,6 +742,97 @@ class CheckpointManager:
             raise UnsupportedOperationError(
                 f"{type(self._storage).__name__} keeps no workflow records or leases; "
                 "use a backend that does (in-memory, SQLite or PostgreSQL)"
+            )
+        return self._storage
+
+    # --- durable effects (docs/effects.md) ----------------------------------------------
+
+    def supports_effects(self) -> bool:
+        """Whether the storage keeps an effect journal (every bundled backend does)."""
+        return isinstance(self._storage, EffectStorage)
+
+    async def record_effect(
+        self, record: EffectRecord, *, lease: Lease | None = None
+    ) -> EffectRecord:
+        """Durably store an effect's intent or outcome (fenced by ``lease`` when given).
+
+        :meth:`ResumableWorkflow.effect <aiocheckpoint.ResumableWorkflow.effect>` calls it.
+        Its result is copied through the value stage, so an unstorable result raises
+        :class:`~aiocheckpoint.CheckpointSerializationError` before anything is written;
+        returns the record as stored (holding that copy).
+        """
+        self._check_open()
+        workflow_id = check_workflow_id(record.workflow_id)
+        step = check_step(record.step)
+        key = check_effect_key(record.key)
+        data, result = self._codec.encode_effect(record)
+        if lease is not None:
+            fence_token(lease, workflow_id)
+            self._workflow_storage()
+        await self._effect_storage().put_effect(
+            workflow_id, step, key, data, in_doubt=record.in_doubt, fence=lease
+        )
+        return replace(record, result=result)
+
+    async def get_effects(self, workflow_id: str, step: int) -> list[EffectRecord]:
+        """The effect journal of one step, ordered by key (empty when it has none)."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        stored = await self._effect_storage().load_effects(workflow_id, check_step(step))
+        records = []
+        for item in stored:
+            record = self._codec.decode_effect(item.data)
+            if (record.workflow_id, record.step, record.key) != (workflow_id, item.step, item.key):
+                raise CheckpointCorruptedError(
+                    f"effect record {item.key!r} is stored under another workflow, step or key",
+                    workflow_id=workflow_id,
+                    step=item.step,
+                )
+            records.append(record)
+        return records
+
+    async def list_in_doubt_workflows(self) -> list[str]:
+        """Every workflow with an effect in doubt (an intent without an outcome), sorted.
+
+        An effect whose call is running right now is in this list too, until it returns.
+        """
+        self._check_open()
+        return await self._effect_storage().in_doubt_workflows()
+
+    async def resolve_effect(
+        self,
+        workflow_id: str,
+        step: int,
+        key: str,
+        *,
+        happened: bool,
+        result: Any = None,
+        lease: Lease | None = None,
+    ) -> EffectRecord:
+        """Settle an effect in doubt, once you know whether its call happened.
+
+        ``happened=True`` records ``result`` as its result (the step's re-run returns it
+        without calling the function); ``happened=False`` records it as failed (the re-run
+        calls the function again). Raises :class:`~aiocheckpoint.InvalidArgumentError` if
+        the step has no effect ``key`` in doubt.
+        """
+        wanted = check_effect_key(key)
+        found = [r for r in await self.get_effects(workflow_id, step) if r.key == wanted]
+        if not found or not found[0].in_doubt:
+            raise InvalidArgumentError(
+                f"step {step} of workflow {workflow_id!r} has no effect {wanted!r} in doubt"
+            )
+        if happened:
+            record = found[0].finished(EffectState.DONE, result=result)
+        else:
+            error = {"type": "NotHappened", "message": "resolved: the call did not happen"}
+            record = found[0].finished(EffectState.FAILED, error=error)
+        return await self.record_effect(record, lease=lease)
+
+    def _effect_storage(self) -> EffectStorage:
+        if not isinstance(self._storage, EffectStorage):
+            raise UnsupportedOperationError(
+                f"{type(self._storage).__name__} keeps no effect journal (docs/effects.md)"
             )
         return self._storage
 

@@ -20,12 +20,15 @@ object on the same location. Backends with workflow records and leases also subc
 (:class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`) subclass
 :class:`BlobStorageConformance`, whose ``storage`` fixture should make
 ``collect_garbage()`` free unreferenced blobs at once (e.g. a near-zero grace period).
-The suite needs pytest and pytest-asyncio. The four suites share this one module (a little
-over 600 lines), so that a backend's tests import everything from one place.
+Backends with an effect journal (:class:`~aiocheckpoint.storage.base.EffectStorage`)
+subclass :class:`EffectStorageConformance` (and, if durable,
+:class:`PersistentEffectConformance`). The suite needs pytest and pytest-asyncio. The
+suites share this one module, so that a backend's tests import everything from one place.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -33,6 +36,7 @@ from typing import Any, ClassVar
 import anyio
 import pytest
 
+from .codec.effects import EffectState
 from .codec.v1 import decode_checkpoint
 from .codec.v2 import encode_checkpoint_v2
 from .errors import (
@@ -45,16 +49,25 @@ from .errors import (
     LeaseHeldError,
     LeaseLostError,
     StorageClosedError,
+    UnsupportedOperationError,
 )
 from .format.header import record_format_version
 from .leases import Lease, RetryPolicy, WorkflowStatus
 from .manager import CheckpointManager
 from .models import AgentStatus, utcnow
-from .storage.base import BlobCheckpointStorage, CheckpointStorage, WorkflowStorage
+from .storage.base import (
+    BlobCheckpointStorage,
+    CheckpointStorage,
+    EffectStorage,
+    StoredEffect,
+    WorkflowStorage,
+)
 from .workflow import ResumableWorkflow
 
 __all__ = [
     "BlobStorageConformance",
+    "EffectStorageConformance",
+    "PersistentEffectConformance",
     "PersistentStorageConformance",
     "StorageConformance",
     "WorkflowLifecycleConformance",
@@ -907,3 +920,184 @@ class BlobStorageConformance:
         resume = await manager.get_resume_point("wf")
         assert resume is not None and resume[0] == 1
         assert resume[1].data == _big_state(1)
+
+
+class EffectStorageConformance:
+    """What a storage with an effect journal must do (``EffectStorage``).
+
+    Keep effect records by ``(step, key)``, list those in doubt, and let them go with their
+    step's checkpoint. Its ``storage`` fixture yields a fresh store, as above.
+    """
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_is_an_effect_storage(self, storage: CheckpointStorage) -> None:
+        """The storage implements the EffectStorage protocol."""
+        assert isinstance(storage, EffectStorage)
+
+    async def test_put_then_load_ordered_by_key(self, storage: EffectStorage) -> None:
+        """Records come back byte for byte, with their flag, ordered by key, per step."""
+        await storage.put_effect("wf", 3, "b", b"\x00bee", in_doubt=True)
+        await storage.put_effect("wf", 3, "a", b"ay", in_doubt=False)
+        await storage.put_effect("wf", 4, "a", b"other step", in_doubt=False)
+        got = await storage.load_effects("wf", 3)
+        assert got == [StoredEffect(3, "a", False, b"ay"), StoredEffect(3, "b", True, b"\x00bee")]
+        assert await storage.load_effects("wf", 5) == []
+        assert await storage.load_effects("nope", 3) == []
+
+    async def test_put_replaces_the_keys_record(self, storage: EffectStorage) -> None:
+        """The outcome replaces the intent under the same key."""
+        await storage.put_effect("wf", 0, "k", b"intent", in_doubt=True)
+        await storage.put_effect("wf", 0, "k", b"done", in_doubt=False)
+        assert await storage.load_effects("wf", 0) == [StoredEffect(0, "k", False, b"done")]
+
+    async def test_tricky_ids_and_keys_are_isolated(self, storage: EffectStorage) -> None:
+        """Ids and keys that naive backends confuse each keep their own records."""
+        for n, wf in enumerate(TRICKY_IDS):
+            await storage.put_effect(wf, 1, TRICKY_IDS[-1 - n], _rec(n), in_doubt=False)
+        for n, wf in enumerate(TRICKY_IDS):
+            got = await storage.load_effects(wf, 1)
+            assert got == [StoredEffect(1, TRICKY_IDS[-1 - n], False, _rec(n))]
+
+    async def test_in_doubt_workflows(self, storage: EffectStorage) -> None:
+        """A workflow is listed while one of its records is in doubt, and not after."""
+        assert await storage.in_doubt_workflows() == []
+        await storage.put_effect("b", 0, "k", b"i", in_doubt=True)
+        await storage.put_effect("a", 2, "k", b"i", in_doubt=True)
+        await storage.put_effect("c", 0, "k", b"d", in_doubt=False)
+        assert await storage.in_doubt_workflows() == ["a", "b"]
+        await storage.put_effect("b", 0, "k", b"d", in_doubt=False)
+        assert await storage.in_doubt_workflows() == ["a"]
+
+    async def test_effects_go_with_deleted_steps(self, storage: EffectStorage) -> None:
+        """delete(wf, step) takes the step's effects, with or without a checkpoint."""
+        store: Any = storage
+        await store.save("wf", 1, b"one")
+        for step in (1, 2, 3):
+            await storage.put_effect("wf", step, "k", b"x", in_doubt=True)
+        await store.delete("wf", 1)
+        await store.delete("wf", 2)
+        assert await storage.load_effects("wf", 1) == []
+        assert await storage.load_effects("wf", 2) == []
+        assert [e.step for e in await storage.load_effects("wf", 3)] == [3]
+        await store.delete("wf")
+        assert await storage.load_effects("wf", 3) == []
+        assert await storage.in_doubt_workflows() == []
+
+    async def test_retention_takes_the_effects_of_pruned_steps(
+        self, storage: EffectStorage
+    ) -> None:
+        """keep_last deletes the pruned steps' effects, and keeps the rest."""
+        store: Any = storage
+        for step in (1, 2):
+            await storage.put_effect("wf", step, "k", b"x", in_doubt=False)
+            await store.save("wf", step, b"r", keep_last=1)
+        await storage.put_effect("wf", 3, "k", b"running", in_doubt=True)
+        assert await storage.load_effects("wf", 1) == []
+        assert [e.step for e in await storage.load_effects("wf", 2)] == [2]
+        assert [e.data for e in await storage.load_effects("wf", 3)] == [b"running"]
+
+    async def test_replacing_a_checkpoint_keeps_its_effects(self, storage: EffectStorage) -> None:
+        """A step checkpointed again (a retry) keeps the effects it recorded."""
+        store: Any = storage
+        await store.save("wf", 1, b"failed")
+        await storage.put_effect("wf", 1, "k", b"x", in_doubt=False)
+        await store.save("wf", 1, b"completed")
+        assert len(await storage.load_effects("wf", 1)) == 1
+
+    async def test_effects_alone_list_no_workflow(self, storage: EffectStorage) -> None:
+        """A workflow with effects but no checkpoint is not in list_workflows."""
+        await storage.put_effect("wf", 0, "k", b"x", in_doubt=True)
+        assert await storage.list_workflows() == []  # type: ignore[attr-defined]
+
+    async def test_bad_keys_are_refused(self, storage: EffectStorage) -> None:
+        """Empty, NUL-holding, too long or non-str keys raise InvalidArgumentError."""
+        for key in ("", "a\x00b", "k" * 256, 7):
+            with pytest.raises(InvalidArgumentError):
+                await storage.put_effect("wf", 0, key, b"x", in_doubt=True)  # type: ignore[arg-type]
+        assert await storage.load_effects("wf", 0) == []
+
+    async def test_fence(self, storage: EffectStorage) -> None:
+        """With leases, a stale lease's put is refused; without, a fence is unsupported."""
+        if not isinstance(storage, WorkflowStorage):
+            fake = Lease(workflow_id="wf", owner="o", token=1, expires_at=utcnow(), ttl=1.0)
+            with pytest.raises(UnsupportedOperationError):
+                await storage.put_effect("wf", 0, "k", b"x", in_doubt=True, fence=fake)
+            return
+        old = await storage.acquire_lease("wf", "a", 0.05)
+        await anyio.sleep(0.1)
+        new = await storage.acquire_lease("wf", "b", 30)
+        with pytest.raises(LeaseLostError):
+            await storage.put_effect("wf", 0, "k", b"stale", in_doubt=True, fence=old)
+        await storage.put_effect("wf", 0, "k", b"fresh", in_doubt=True, fence=new)
+        assert [e.data for e in await storage.load_effects("wf", 0)] == [b"fresh"]
+
+    async def test_concurrent_puts(self, storage: EffectStorage) -> None:
+        """Many concurrent puts (distinct keys, some repeated) all land, the last one wins."""
+        async with anyio.create_task_group() as tg:
+            for n in range(40):
+                tg.start_soon(
+                    functools.partial(storage.put_effect, in_doubt=True), "wf", 0, f"k{n}", b"1"
+                )
+        async with anyio.create_task_group() as tg:
+            for n in range(40):
+                tg.start_soon(
+                    functools.partial(storage.put_effect, in_doubt=False), "wf", 0, f"k{n}", b"2"
+                )
+        got = await storage.load_effects("wf", 0)
+        assert len(got) == 40 and {(e.in_doubt, e.data) for e in got} == {(False, b"2")}
+
+    async def test_closed_storage_refuses_effects(self, storage: EffectStorage) -> None:
+        """After close, the effect methods raise StorageClosedError."""
+        await storage.close()  # type: ignore[attr-defined]
+        with pytest.raises(StorageClosedError):
+            await storage.put_effect("wf", 0, "k", b"x", in_doubt=True)
+        with pytest.raises(StorageClosedError):
+            await storage.load_effects("wf", 0)
+        with pytest.raises(StorageClosedError):
+            await storage.in_doubt_workflows()
+
+    async def test_workflow_effect_runs_once(self, storage: CheckpointStorage) -> None:
+        """Through ResumableWorkflow: a retried step returns the recorded result, uncalled."""
+        manager = CheckpointManager(storage)
+        calls: list[str] = []
+
+        async def send(to: str) -> dict[str, Any]:
+            calls.append(to)
+            return {"sent": to, "n": len(calls)}
+
+        async def failing_step(wf: ResumableWorkflow) -> None:
+            async with wf.step(0, agent_id="a"):
+                await wf.effect("mail", send, "bob")
+                raise RuntimeError("the step fails after the mail went out")
+
+        async with ResumableWorkflow("wf", manager) as wf:
+            with pytest.raises(RuntimeError):
+                await failing_step(wf)
+            async with wf.step(0, agent_id="a"):
+                again = await wf.effect("mail", send, "bob")
+        assert calls == ["bob"] and again == {"sent": "bob", "n": 1}
+        [record] = await manager.get_effects("wf", 0)
+        assert record.state is EffectState.DONE and record.result == again
+
+
+class PersistentEffectConformance:
+    """What durable effect journals add: records outlive the storage object that wrote them."""
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_effects_survive_reopen(self, storage: EffectStorage, reopen: Reopen) -> None:
+        """Effect records and the in-doubt list are there after close and reopen."""
+        await storage.put_effect("wf", 1, "a", b"done", in_doubt=False)
+        await storage.put_effect("wf", 1, "b", b"intent", in_doubt=True)
+        await storage.close()  # type: ignore[attr-defined]
+        again: Any = await reopen()
+        try:
+            got = await again.load_effects("wf", 1)
+            assert got == [
+                StoredEffect(1, "a", False, b"done"),
+                StoredEffect(1, "b", True, b"intent"),
+            ]
+            assert await again.in_doubt_workflows() == ["wf"]
+        finally:
+            await again.close()

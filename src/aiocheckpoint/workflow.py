@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 from typing_extensions import Self
 
 from ._validation import check_step, check_workflow_id
+from .effects import Reconcile, StepEffects
 from .errors import InvalidArgumentError, LeaseError, LeaseLostError
 from .leases import Lease, RetryPolicy, WorkflowRecord, WorkflowStatus, check_ttl
 from .manager import CheckpointManager, _check_owner
@@ -23,6 +24,8 @@ from .state import SharedState
 __all__ = ["ResumableWorkflow"]
 
 logger = logging.getLogger("aiocheckpoint")
+
+T = TypeVar("T")
 
 _RELEASE_TIMEOUT = 5.0
 _DEFAULT_TTL = 30.0
@@ -132,6 +135,7 @@ class ResumableWorkflow:
         self.current_step = 0
         #: The application version that wrote the checkpoint resumed from (None if none).
         self.resumed_app_version: str | None = None
+        self._effects: StepEffects | None = None
 
     async def try_resume(self) -> int:
         """Restore state and metrics from the last checkpoint; return the step to run next.
@@ -214,12 +218,16 @@ class ResumableWorkflow:
             self.workflow_id, step, agent_id, AgentStatus.COMPLETED, metadata
         )
         self.current_step = step
+        self._effects = StepEffects(self.checkpoint_manager, self.workflow_id, step, self._fence)
         state = self.state
         before = state._mark()
         started = time.monotonic()
         self._in_step = True
         try:
-            yield self
+            try:
+                yield self
+            finally:
+                self._effects = None  # effects belong inside the block
         except _Paused as paused:
             self._in_step = False
             self._roll_back(state, before)
@@ -274,6 +282,45 @@ class ResumableWorkflow:
             logger.exception(
                 "workflow %r: could not record the failure of step %d", self.workflow_id, step
             )
+
+    async def effect(
+        self,
+        key: str | None,
+        fn: Callable[..., Awaitable[T]],
+        /,
+        *args: Any,
+        idempotent: bool = False,
+        reconcile: Reconcile | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Call ``fn(*args, **kwargs)`` at most once per step, durably (``docs/effects.md``).
+
+        Inside ``async with wf.step(...)``: records an *intent*, calls ``fn``, records its
+        result, returns it. When the step runs again (a retry, or a resume after a crash),
+        an effect whose result is recorded returns it without calling ``fn``; one whose call
+        failed is called again; one whose intent has no outcome is *in doubt* and raises
+        :class:`~aiocheckpoint.EffectInDoubtError`, unless ``reconcile`` (asked with the
+        :class:`EffectRecord`, returns a :class:`Reconciled`) says what happened, or
+        ``idempotent=True``: then ``fn`` is called again with ``idempotency_key=`` a key
+        that is the same on every attempt.
+
+        ``key`` names the effect within its step; ``None`` derives ``#0``, ``#1``, ... from
+        the order in which the calls start, and a re-run that calls another function (by
+        qualified name) in a recorded place raises :class:`~aiocheckpoint.EffectOrderError`.
+        With a lease, the intent is fenced: a runner whose lease was taken over gets
+        :class:`~aiocheckpoint.LeaseLostError` before ``fn`` is called.
+        """
+        effects = self._effects
+        if effects is None:
+            raise InvalidArgumentError("wf.effect is called inside `async with wf.step(...)`")
+        name = effects.name(key)
+        result: T = await effects.run(
+            name, fn, args, kwargs, idempotent=idempotent, reconcile=reconcile
+        )
+        return result
+
+    def _fence(self) -> Lease | None:
+        return self.lease
 
     def _roll_back(self, state: SharedState, before: tuple[Any, Any]) -> None:
         # A step is all or nothing: a failed or cancelled step leaves the state as it found

@@ -6,12 +6,19 @@ import pytest
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.testing import (
     BlobStorageConformance,
+    EffectStorageConformance,
+    PersistentEffectConformance,
     PersistentStorageConformance,
     StorageConformance,
 )
 
 
-class TestFileConformance(StorageConformance, PersistentStorageConformance):
+class TestFileConformance(
+    StorageConformance,
+    PersistentStorageConformance,
+    EffectStorageConformance,
+    PersistentEffectConformance,
+):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[FileCheckpointStorage]:
         store = FileCheckpointStorage(tmp_path / "store")

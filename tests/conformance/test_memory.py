@@ -3,10 +3,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from aiocheckpoint import InMemoryCheckpointStorage
-from aiocheckpoint.testing import StorageConformance, WorkflowStorageConformance
+from aiocheckpoint.testing import (
+    EffectStorageConformance,
+    StorageConformance,
+    WorkflowStorageConformance,
+)
 
 
-class TestInMemoryConformance(StorageConformance, WorkflowStorageConformance):
+class TestInMemoryConformance(
+    StorageConformance, WorkflowStorageConformance, EffectStorageConformance
+):
     @pytest.fixture
     async def storage(self) -> AsyncIterator[InMemoryCheckpointStorage]:
         store = InMemoryCheckpointStorage()

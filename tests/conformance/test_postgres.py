@@ -5,6 +5,8 @@ import pytest
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.testing import (
     BlobStorageConformance,
+    EffectStorageConformance,
+    PersistentEffectConformance,
     PersistentStorageConformance,
     Reopen,
     StorageConformance,
@@ -16,7 +18,11 @@ __all__ = ["pg_schema"]
 
 
 class TestPostgresConformance(
-    StorageConformance, PersistentStorageConformance, WorkflowStorageConformance
+    StorageConformance,
+    PersistentStorageConformance,
+    WorkflowStorageConformance,
+    EffectStorageConformance,
+    PersistentEffectConformance,
 ):
     @pytest.fixture
     async def storage(self, pg_schema: str) -> AsyncIterator[PostgresCheckpointStorage]:

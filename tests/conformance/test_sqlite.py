@@ -6,6 +6,8 @@ import pytest
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.testing import (
     BlobStorageConformance,
+    EffectStorageConformance,
+    PersistentEffectConformance,
     PersistentStorageConformance,
     StorageConformance,
     WorkflowStorageConformance,
@@ -13,7 +15,11 @@ from aiocheckpoint.testing import (
 
 
 class TestSQLiteConformance(
-    StorageConformance, PersistentStorageConformance, WorkflowStorageConformance
+    StorageConformance,
+    PersistentStorageConformance,
+    WorkflowStorageConformance,
+    EffectStorageConformance,
+    PersistentEffectConformance,
 ):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:

@@ -11,6 +11,7 @@ from ..errors import CheckpointNotFoundError
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import Checkpoint
+from .effects import effect_counts, effects_json, print_effects, step_effects
 from .output import Output, Progress, compact, dumps, int_text, note_foreign, printable, when
 from .query import cmd_query, wants_query
 from .redact import redact_url
@@ -133,7 +134,7 @@ async def cmd_history(args: argparse.Namespace, out: Output) -> int:
         return 0
     if entries:
         out.table(
-            ["STEP", "AGENT", "STATUS", "TIME", "SIZE"],
+            ["STEP", "AGENT", "STATUS", "TIME", "SIZE", "EFFECTS"],
             [
                 [
                     str(e["step"]),
@@ -141,6 +142,7 @@ async def cmd_history(args: argparse.Namespace, out: Output) -> int:
                     e["status"],
                     when(e["_time"]),
                     str(e["size"]) if e["size"] is not None else "-",
+                    effect_counts(e["_effects"]),
                 ]
                 for e in entries
             ],
@@ -169,7 +171,13 @@ async def cmd_history(args: argparse.Namespace, out: Output) -> int:
 async def _entry(manager: CheckpointManager, workflow_id: str, record: Any) -> dict[str, Any]:
     result = await decode(manager, workflow_id, record)
     size = None if isinstance(record, Unreadable) else len(record.data)
-    entry: dict[str, Any] = {"step": record.step, "size": size}
+    effects = await step_effects(manager, workflow_id, record.step)
+    entry: dict[str, Any] = {
+        "step": record.step,
+        "size": size,
+        "effects": effects_json(effects),
+        "_effects": effects,
+    }
     if isinstance(result, Checkpoint):
         entry.update(
             agent_id=result.agent_id,
@@ -225,8 +233,9 @@ async def cmd_show(args: argparse.Namespace, out: Output) -> int:
     """One checkpoint with its state pretty-printed."""
     async with open_store(args.url, must_exist=True) as manager:
         checkpoint, size = await load_checkpoint(manager, args.workflow, args.step)
+        effects = await step_effects(manager, checkpoint.workflow_id, checkpoint.step)
     if out.json_mode:
-        out.json(checkpoint_json(checkpoint, size))
+        out.json({**checkpoint_json(checkpoint, size), "effects": effects_json(effects)})
         return 0
     version = checkpoint.state_snapshot.version
     changed = printable(", ".join(version.changed_fields)) or "-"
@@ -249,6 +258,7 @@ async def cmd_show(args: argparse.Namespace, out: Output) -> int:
     ]
     for name, value in fields:
         out.line(f"{out.style(f'{name:<9}', 'bold')} {value}")
+    print_effects(out, effects)
     out.line(out.style("state:", "bold"))
     out.line(dumps(checkpoint.state_snapshot.data, indent=2))
     return 0

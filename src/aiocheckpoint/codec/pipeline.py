@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Generator, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final, Protocol, TypeVar
 
@@ -30,6 +31,7 @@ from ..format.tags import MARK
 from ..format.tree import SplitMemory, SplitResult, TreeParams
 from ..models import Checkpoint, StateSnapshot, StateVersion, built
 from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
+from .effects import EffectRecord, decode_effect, encode_effect
 from .memory import MemoryCache, recovered_memory
 from .split import exceeds
 from .stages import DEFAULT_VALUES, ValueStage, View
@@ -199,6 +201,23 @@ class RecordCodec:
         cache = self.subtrees.get(workflow_id) if previous is not None else {}
         work = shared_split_work(data, self._values, params, previous, cache, self.max_bytes)
         return await cooperate(work)
+
+    def encode_effect(self, record: EffectRecord) -> tuple[bytes, Any]:
+        """An effect record's stored bytes and its result as callers get it back.
+
+        The result goes through the value stage and is restored from its stored form, so a
+        typed result (a datetime, a registered model) is returned as it will read back.
+        """
+        data, stored = encode_effect(record, self._values)
+        return data, self._effect_result(stored, record.key)
+
+    def decode_effect(self, data: bytes) -> EffectRecord:
+        """An effect record from its stored bytes (``CheckpointCorruptedError`` if bad)."""
+        record = decode_effect(data)
+        return replace(record, result=self._effect_result(record.result, record.key))
+
+    def _effect_result(self, stored: Any, key: str) -> Any:
+        return self._values.decode_value(stored, f"effect {key!r} result", "typed")
 
     # --- encoding -----------------------------------------------------------------------
 

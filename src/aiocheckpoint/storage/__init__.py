@@ -4,7 +4,9 @@ from .base import (
     BaseStorage,
     BlobCheckpointStorage,
     CheckpointStorage,
+    EffectStorage,
     StoredCheckpoint,
+    StoredEffect,
     WorkflowStorage,
 )
 from .memory import InMemoryCheckpointStorage
@@ -13,7 +15,9 @@ __all__ = [
     "BaseStorage",
     "BlobCheckpointStorage",
     "CheckpointStorage",
+    "EffectStorage",
     "InMemoryCheckpointStorage",
     "StoredCheckpoint",
+    "StoredEffect",
     "WorkflowStorage",
 ]

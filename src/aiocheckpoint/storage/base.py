@@ -32,7 +32,11 @@ __all__ = [
     "StepInfo",
     "StoredCheckpoint",
     "WorkflowQuery",
+    "EffectStorage",
+    "MAX_EFFECTS_PER_STEP",
+    "StoredEffect",
     "WorkflowStorage",
+    "check_effect_key",
     "check_max_record_bytes",
     "check_record_size",
 ]
@@ -282,6 +286,82 @@ class BlobCheckpointStorage(CheckpointStorage, Protocol):
     async def collect_garbage(self) -> int:
         """Free unreferenced blobs; return how many were freed."""
         ...
+
+
+#: The most effects one step may record; ``load_effects`` reads no more than this.
+MAX_EFFECTS_PER_STEP = 1000
+#: The longest effect key, in UTF-8 bytes.
+_MAX_KEY_BYTES = 255
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEffect:
+    """One stored effect record: its step, its key, whether it is in doubt, its bytes."""
+
+    step: int
+    key: str
+    in_doubt: bool
+    data: bytes
+
+
+@runtime_checkable
+class EffectStorage(Protocol):
+    """A storage that also keeps an effect journal: durable effects (``docs/effects.md``).
+
+    Each step of a workflow has at most one record per effect key; the manager encodes
+    the records, the storage keeps them as opaque bytes with their ``in_doubt`` flag.
+    Contract (checked by :class:`aiocheckpoint.testing.EffectStorageConformance`):
+
+    * ``put_effect`` is durable when it returns, like ``save``, and shares its group
+      commit where the store has one. Putting an existing ``(step, key)`` replaces it.
+      With ``fence=lease`` it is refused with ``LeaseLostError`` unless the lease is
+      current (stores without leases raise ``UnsupportedOperationError`` for a fence).
+    * ``load_effects(wf, step)`` returns that step's records ordered by key, at most
+      :data:`MAX_EFFECTS_PER_STEP`; a record over ``max_record_bytes`` raises
+      ``CheckpointCorruptedError``.
+    * An effect's records go with its step's checkpoint, in the same write: the steps
+      that ``keep_last`` retention deletes lose their effects, ``delete(wf, step)`` deletes
+      the step's effects (even when it has no checkpoint), ``delete(wf)`` all of the
+      workflow's. Replacing a step's checkpoint keeps its effects.
+    * ``in_doubt_workflows`` lists, sorted, every workflow with a record put with
+      ``in_doubt=True`` and not replaced since.
+    """
+
+    async def put_effect(
+        self,
+        workflow_id: str,
+        step: int,
+        key: str,
+        data: bytes,
+        *,
+        in_doubt: bool,
+        fence: Lease | None = None,
+    ) -> None:
+        """Durably store an effect record of ``step``, replacing the key's earlier one."""
+        ...
+
+    async def load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
+        """The effect records of one step, ordered by key."""
+        ...
+
+    async def in_doubt_workflows(self) -> list[str]:
+        """Every workflow that has an effect in doubt, sorted."""
+        ...
+
+
+def check_effect_key(key: object) -> str:
+    """An effect key: a non-empty str of at most 255 UTF-8 bytes without NUL."""
+    if not isinstance(key, str) or not key or "\x00" in key:
+        raise InvalidArgumentError(
+            f"an effect key must be a non-empty str without NUL, got {key!r}"
+        )
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("an effect key is not valid Unicode text") from None
+    if size > _MAX_KEY_BYTES:
+        raise InvalidArgumentError(f"an effect key is at most {_MAX_KEY_BYTES} UTF-8 bytes")
+    return key
 
 
 def check_max_record_bytes(value: object) -> int:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 import anyio.lowlevel
 
+from .._validation import check_step, check_workflow_id
 from ..errors import CheckpointNotFoundError, InvalidArgumentError, LeaseHeldError, LeaseLostError
 from ..leases import Lease, WorkflowRecord, WorkflowStatus
 from ..models import utcnow
 from .base import (
     DEFAULT_MAX_RECORD_BYTES,
+    MAX_EFFECTS_PER_STEP,
     BaseStorage,
     StoredCheckpoint,
+    StoredEffect,
+    check_effect_key,
     check_max_record_bytes,
     check_record_size,
 )
@@ -32,6 +37,10 @@ class _Workflow:
         self.records: dict[int, bytes] = {}
 
 
+#: One workflow's effect journal: ``(step, key) -> (in_doubt, record)``.
+_Effects = dict[tuple[int, str], tuple[bool, bytes]]
+
+
 class InMemoryCheckpointStorage(BaseStorage):
     """Keeps encoded records in a dict; nothing survives the process.
 
@@ -45,6 +54,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._max_record_bytes = check_max_record_bytes(max_record_bytes)
         self._workflows: dict[str, _Workflow] = {}
         self._records: dict[str, WorkflowRecord] = {}
+        self._effects: dict[str, _Effects] = {}
 
     async def save(
         self,
@@ -74,6 +84,8 @@ class InMemoryCheckpointStorage(BaseStorage):
             del wf.steps[: len(dropped)]
             for old in dropped:
                 del wf.records[old]
+            gone = set(dropped)
+            self._drop_effects(workflow_id, gone.__contains__)
 
     async def load(self, workflow_id: str, step: int | None = None) -> StoredCheckpoint | None:
         """Return one step's record (the highest when ``step`` is None), or None."""
@@ -118,6 +130,7 @@ class InMemoryCheckpointStorage(BaseStorage):
     async def delete(self, workflow_id: str, step: int | None = None) -> bool:
         """Delete one step, or the whole workflow (with its record and lease)."""
         self._check_open()
+        self._drop_effects(workflow_id, lambda s: step is None or s == step)
         if step is None:
             had_record = self._records.pop(workflow_id, None) is not None
             return self._workflows.pop(workflow_id, None) is not None or had_record
@@ -140,7 +153,56 @@ class InMemoryCheckpointStorage(BaseStorage):
         """Drop every record and mark the storage closed."""
         self._workflows.clear()
         self._records.clear()
+        self._effects.clear()
         await super().close()
+
+    # --- the effect journal (EffectStorage) -------------------------------------------
+
+    async def put_effect(
+        self,
+        workflow_id: str,
+        step: int,
+        key: str,
+        data: bytes,
+        *,
+        in_doubt: bool,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store an effect record of ``step`` (fenced by ``fence``), replacing the key's."""
+        await anyio.lowlevel.checkpoint()
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_step(step)
+        check_effect_key(key)
+        check_record_size(data, self._max_record_bytes)
+        self._check_fence(workflow_id, fence)
+        journal = self._effects.setdefault(workflow_id, {})
+        journal[(step, key)] = (bool(in_doubt), bytes(data))
+
+    async def load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
+        """The effect records of ``step``, ordered by key."""
+        self._check_open()
+        journal = self._effects.get(workflow_id, {})
+        found = sorted((k, v) for (s, k), v in journal.items() if s == step)
+        return [StoredEffect(step, k, doubt, data) for k, (doubt, data) in found][
+            :MAX_EFFECTS_PER_STEP
+        ]
+
+    async def in_doubt_workflows(self) -> list[str]:
+        """Every workflow with an effect in doubt, sorted."""
+        self._check_open()
+        return sorted(
+            wf for wf, journal in self._effects.items() if any(d for d, _ in journal.values())
+        )
+
+    def _drop_effects(self, workflow_id: str, doomed: Callable[[int], bool]) -> None:
+        journal = self._effects.get(workflow_id)
+        if journal is None:
+            return
+        for step, key in [k for k in journal if doomed(k[0])]:
+            del journal[(step, key)]
+        if not journal:
+            del self._effects[workflow_id]
 
     # --- workflow records and leases (WorkflowStorage) -------------------------------
 

@@ -17,11 +17,11 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from ..._validation import check_workflow_id
-from ...errors import InvalidWorkflowIdError
+from ...errors import InvalidWorkflowIdError, StorageBackendError
 from .format import (
     HASHED_PREFIX,
     HINT,
@@ -49,12 +49,19 @@ from .io import (
     write_temp,
 )
 
-__all__ = ["RETRIES", "Replaced", "WorkflowDirs"]
+__all__ = ["EFFECTS", "RETRIES", "Replaced", "WorkflowDirs", "effect_prefix"]
 
 logger = logging.getLogger("aiocheckpoint")
 
 #: How often an operation starts again when its directory is replaced under it.
 RETRIES: Final = 16
+#: The subdirectory of a workflow's directory that holds its effect journal.
+EFFECTS: Final = "effects"
+
+
+def effect_prefix(step: int) -> str:
+    """The start of the names of ``step``'s effect files (fixed width: they sort by step)."""
+    return f"{step:020d}-"
 
 
 class Replaced(Exception):
@@ -114,6 +121,23 @@ class WorkflowDirs:
             fsync_path(self.ops, self.root)
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+    def write_in(self, name: str, workflow_id: str, write: Callable[[int], bool]) -> None:
+        """Run ``write(dfd)`` on the workflow's directory (made if missing) until it is True.
+
+        ``write`` returns False when the directory was replaced under it: it starts again.
+        """
+        for _ in range(RETRIES):
+            dfd = self.open_dir(name)
+            if dfd is None:
+                self.create_dir(name, workflow_id)
+                continue
+            try:
+                if write(dfd):
+                    return
+            finally:
+                os.close(dfd)
+        raise StorageBackendError(f"workflow directory {name!r} kept being replaced")
 
     @contextlib.contextmanager
     def lock(self, dfd: int, name: str) -> Iterator[None]:
@@ -214,8 +238,28 @@ class WorkflowDirs:
                 with contextlib.suppress(FileNotFoundError):
                     self.ops.unlink(step_name(old), dir_fd=dfd)
                     self.pruned = True
+                self.drop_effects(dfd, old)
         except OSError as exc:
             logger.warning("retention could not delete old checkpoints: %s", exc)
+
+    def drop_effects(self, dfd: int, step: int) -> None:
+        """Unlink the effect files of ``step`` (under the lock), then fsync their directory."""
+        try:
+            efd = os.open(EFFECTS, DIR_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if is_missing(exc):
+                return
+            raise
+        try:
+            prefix = effect_prefix(step)
+            doomed = [n for n in os.listdir(efd) if n.startswith(prefix)]
+            for entry in doomed:
+                with contextlib.suppress(FileNotFoundError):
+                    self.ops.unlink(entry, dir_fd=efd)
+            if doomed:
+                self.ops.fsync_dir(efd)
+        finally:
+            os.close(efd)
 
     # --- the latest-step hint ---------------------------------------------------------
 

@@ -126,10 +126,10 @@ class FileOps:
         """``os.unlink``."""
         os.unlink(path, dir_fd=dir_fd)
 
-    def mkdir(self, path: str, mode: int = 0o700) -> None:
+    def mkdir(self, path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:
         """``os.mkdir`` followed by ``chmod`` so the umask cannot widen or narrow the mode."""
-        os.mkdir(path, mode)
-        os.chmod(path, mode)
+        os.mkdir(path, mode, dir_fd=dir_fd)
+        os.chmod(path, mode, dir_fd=dir_fd, follow_symlinks=False)
 
     def close(self, fd: int) -> None:
         """``os.close``."""

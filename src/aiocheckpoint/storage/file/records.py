@@ -44,17 +44,9 @@ class RecordFiles:
     def save(self, workflow_id: str, step: int, data: bytes, keep_last: int | None) -> None:
         """Durably store one record (the single path), creating its directory if needed."""
         name = encode_name(workflow_id)
-        for _ in range(RETRIES):
-            dfd = self.dirs.open_dir(name)
-            if dfd is None:
-                self.dirs.create_dir(name, workflow_id)
-                continue
-            try:
-                if self.save_in(dfd, name, step, data, keep_last):
-                    return
-            finally:
-                os.close(dfd)
-        raise StorageBackendError(f"workflow directory {name!r} kept being replaced")
+        self.dirs.write_in(
+            name, workflow_id, lambda dfd: self.save_in(dfd, name, step, data, keep_last)
+        )
 
     def save_in(self, dfd: int, name: str, step: int, data: bytes, keep_last: int | None) -> bool:
         """Save into the open directory ``dfd``; False if it was replaced (start again)."""
@@ -209,6 +201,7 @@ class RecordFiles:
             try:
                 ino = os.fstat(dfd).st_ino
                 with self.dirs.lock(dfd, name):
+                    self.dirs.drop_effects(dfd, step)  # even when the step has no file
                     try:
                         self.ops.unlink(step_name(step), dir_fd=dfd)
                     except OSError as exc:

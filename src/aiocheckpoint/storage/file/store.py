@@ -32,11 +32,14 @@ from ..base import (
     DEFAULT_MAX_RECORD_BYTES,
     BaseStorage,
     StoredCheckpoint,
+    StoredEffect,
+    check_effect_key,
     check_max_record_bytes,
     check_record_size,
 )
 from .blobs import BlobStore
 from .dirs import WorkflowDirs
+from .effects import EffectFiles
 from .format import FORMAT_BLOBS, FORMAT_VERSION, encode_name
 from .gc import Collector
 from .groupcommit import GroupCommit, SaveOp
@@ -129,6 +132,7 @@ class FileCheckpointStorage(BaseStorage):
         self._root = self._layout.root
         self._dirs = WorkflowDirs(self._root, ops, float(stale_temp_seconds))
         self._records = RecordFiles(self._dirs, max_record_bytes)
+        self._effects = EffectFiles(self._dirs, max_record_bytes)
         self._blobs = BlobStore(
             self._base, ops, float(blob_grace_seconds), max_record_bytes, float(stale_temp_seconds)
         )
@@ -306,6 +310,56 @@ class FileCheckpointStorage(BaseStorage):
             keep_last,
         )
 
+    # --- the effect journal (EffectStorage) -------------------------------------------
+
+    async def put_effect(
+        self,
+        workflow_id: str,
+        step: int,
+        key: str,
+        data: bytes,
+        *,
+        in_doubt: bool,
+        fence: Lease | None = None,
+    ) -> None:
+        """Durably store an effect record: one file write, its fsync, a rename, a dir fsync.
+
+        Not part of the group commit of saves (a put takes the single write path).
+        """
+        self._check_open()
+        if fence is not None:
+            raise UnsupportedOperationError("FileCheckpointStorage keeps no leases")
+        check_workflow_id(workflow_id)
+        check_step(step)
+        check_effect_key(key)
+        check_record_size(data, self._max)
+        await self._run(
+            f"cannot record an effect of workflow {workflow_id!r}",
+            self._put_effect,
+            workflow_id,
+            step,
+            key,
+            bytes(data),
+            bool(in_doubt),
+        )
+
+    async def load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
+        """The effect records of ``step``, ordered by key (a listing and a read each)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_step(step)
+        return await self._run(
+            f"cannot read the effects of workflow {workflow_id!r}",
+            self._load_effects,
+            workflow_id,
+            step,
+        )
+
+    async def in_doubt_workflows(self) -> list[str]:
+        """Every workflow with an effect in doubt (a pass over every effect file), sorted."""
+        self._check_open()
+        return await self._run("cannot list effects in doubt", self._in_doubt_workflows)
+
     async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
         """Return the stored blobs among ``hashes`` (one thread hop, a few reads per pack)."""
         self._check_open()
@@ -366,6 +420,20 @@ class FileCheckpointStorage(BaseStorage):
             self._layout.mark(FORMAT_VERSION)
         self._blobs.put(split)  # durable before the record that references them
         self._save_op(SaveOp(workflow_id, step, record, keep_last))
+
+    def _put_effect(
+        self, workflow_id: str, step: int, key: str, data: bytes, in_doubt: bool
+    ) -> None:
+        self._ensure_store()
+        self._effects.put(workflow_id, step, key, data, in_doubt)
+
+    def _load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
+        self._layout.check_marker()
+        return self._effects.load(workflow_id, step)
+
+    def _in_doubt_workflows(self) -> list[str]:
+        self._layout.check_marker()
+        return self._effects.in_doubt_workflows()
 
     def _fetch(self, hashes: list[bytes]) -> dict[bytes, bytes]:
         self._layout.check_marker()

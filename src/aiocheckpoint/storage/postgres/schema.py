@@ -10,7 +10,8 @@ Migration 2 adds workflow records and leases (issue 5); migration 3 the content-
 blobs of incremental checkpoints with their reference counts (issue 9); migration 4 moves
 the counts into a narrow table of their own (``blob_refs``); migration 5 adds the ``paused``
 status, retries, metadata and the latest step to workflow records, with the indexes their
-queries walk (issue 15).
+queries walk (issue 15);
+migration 6 adds the effect journal (issue 17, ``effects``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 from typing import Any
 
 from ...errors import InvalidArgumentError, StorageSchemaError
+from .effects import MIGRATION as EFFECTS_MIGRATION
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "quote_schema"]
 
@@ -132,6 +134,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX IF NOT EXISTS workflow_metadata_value "
         "ON {s}.workflow_metadata (key, value, workflow_id)",
     ),
+    EFFECTS_MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

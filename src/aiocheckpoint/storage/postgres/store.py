@@ -16,12 +16,20 @@ from ..._validation import check_limit, check_optional_step, check_step, check_w
 from ...errors import InvalidArgumentError
 from ...format import SplitResult, TreeParams
 from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
-from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
+from ..base import (
+    DEFAULT_MAX_RECORD_BYTES,
+    BaseStorage,
+    StoredCheckpoint,
+    StoredEffect,
+    check_effect_key,
+    check_record_size,
+)
 from ..queries import StepInfo, WorkflowQuery
 from .batching import BatchLimits, GroupCommit, Write
 from .blobs import Blobs
 from .connection import Connection
 from .dsn import check_connect_options, check_dsn
+from .effects import Effects
 from .leases import Leases
 from .records import Records
 from .schema import quote_schema
@@ -115,6 +123,7 @@ class PostgresCheckpointStorage(BaseStorage):
         self._leases = Leases(self._connection, sql)
         limits = BatchLimits(write_concurrency, max_batch_rows, max_batch_bytes)
         self._group_commit = GroupCommit(self._connection, sql, blobs, self.stats, limits)
+        self._effects = Effects(self._connection, quoted, max_record_bytes)
 
     @property
     def schema(self) -> str:
@@ -233,12 +242,50 @@ class PostgresCheckpointStorage(BaseStorage):
         """
         self._check_open()
         check_workflow_id(workflow_id)
-        return await self._records.delete(workflow_id, None if step is None else check_step(step))
+        step = None if step is None else check_step(step)
+        deleted = await self._records.delete(workflow_id, step)
+        # The trigger took the effects of deleted checkpoints; these are of steps without one.
+        await self._effects.delete(workflow_id, step)
+        return deleted
 
     async def list_workflows(self) -> list[str]:
         """Every workflow id with at least one record, in code point order."""
         self._check_open()
         return await self._records.list_workflows()
+
+    # --- the effect journal (EffectStorage) ----------------------------------------------
+
+    async def put_effect(
+        self,
+        workflow_id: str,
+        step: int,
+        key: str,
+        data: bytes,
+        *,
+        in_doubt: bool,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store an effect record of ``step`` (batched with concurrent ones), fenced if asked."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        data = _bytes("data", data)
+        check_record_size(data, self._max_record_bytes)
+        token = None if fence is None else fence_token(fence, workflow_id)
+        await self._connection.pool()
+        await self._effects.put(
+            workflow_id, check_step(step), check_effect_key(key), data, bool(in_doubt), token
+        )
+
+    async def load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
+        """The effect records of ``step``, ordered by key (code point order)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._effects.load(workflow_id, check_step(step))
+
+    async def in_doubt_workflows(self) -> list[str]:
+        """Every workflow with an effect in doubt, in code point order (a partial index)."""
+        self._check_open()
+        return await self._effects.in_doubt_workflows()
 
     # --- workflow records and leases (WorkflowStorage) ----------------------------------
 
@@ -334,6 +381,7 @@ class PostgresCheckpointStorage(BaseStorage):
             return
         self._closed = True
         await self._group_commit.drain()
+        await self._effects.drain()
         await self._connection.close()
 
     # --- internals ----------------------------------------------------------------------

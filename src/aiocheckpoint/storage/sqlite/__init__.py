@@ -40,10 +40,17 @@ from ..._validation import check_optional_step, check_step, check_workflow_id
 from ...errors import CheckpointCorruptedError, InvalidArgumentError
 from ...format import SplitResult, TreeParams, record_root_refs
 from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
-from ..base import DEFAULT_MAX_RECORD_BYTES, BaseStorage, StoredCheckpoint, check_record_size
+from ..base import (
+    DEFAULT_MAX_RECORD_BYTES,
+    BaseStorage,
+    StoredCheckpoint,
+    StoredEffect,
+    check_effect_key,
+    check_record_size,
+)
 from ..queries import StepInfo, WorkflowQuery
 from ..refcounts import held_root_refs
-from . import records
+from . import effects, records
 from .blobs import SaveTreeOp, drain_releases, read_blobs, recount
 from .connections import BusyRetry
 from .foreign import ForeignRow
@@ -257,6 +264,47 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._check_open()
         op = DeleteOp(check_workflow_id(workflow_id), check_optional_step(step))
         return bool(await self._submit(op, 0))
+
+    # --- the effect journal (EffectStorage) ------------------------------------------------
+
+    async def put_effect(
+        self,
+        workflow_id: str,
+        step: int,
+        key: str,
+        data: bytes,
+        *,
+        in_doubt: bool,
+        fence: Lease | None = None,
+    ) -> None:
+        """Store an effect record of ``step``: in the group commit, like :meth:`save`."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        data = bytes(data)
+        check_record_size(data, self._max_record_bytes)
+        fn = functools.partial(
+            effects.put,
+            workflow_id=workflow_id,
+            step=check_step(step),
+            key=check_effect_key(key),
+            data=data,
+            in_doubt=bool(in_doubt),
+            token=None if fence is None else fence_token(fence, workflow_id),
+        )
+        await self._submit(RecordOp("effect record", fn), len(data))
+
+    async def load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
+        """The effect records of ``step``, ordered by key (a read connection)."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        step = check_step(step)
+        limit = self._max_record_bytes
+        return await self._read(lambda conn: effects.read_effects(conn, workflow_id, step, limit))
+
+    async def in_doubt_workflows(self) -> list[str]:
+        """Every workflow with an effect in doubt, sorted (a partial index)."""
+        self._check_open()
+        return await self._read(effects.read_in_doubt)
 
     # --- workflow records and leases (WorkflowStorage) ------------------------------------
 

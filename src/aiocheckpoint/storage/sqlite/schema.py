@@ -6,7 +6,8 @@ the recorded version, in order, inside one ``BEGIN IMMEDIATE`` transaction (SQLi
 transactional), so a crash or a concurrent opener never sees a half-migrated schema. Version 2
 adds workflow records and leases; version 3 adds content-addressed blobs with reference
 counts (``docs/sqlite-storage.md``); version 4 the ``paused`` status, retries, metadata and
-the latest step on workflow records, with the indexes their queries walk.
+the latest step on workflow records, with the indexes their queries walk; version 5 the effect
+journal (``docs/effects.md``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ...errors import StorageSchemaError
+from .effects import MIGRATION_STATEMENTS as EFFECTS_MIGRATION
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate"]
 
@@ -187,6 +189,12 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             BEGIN DELETE FROM workflow_metadata WHERE workflow_id = old.workflow_id; END
             """,
         ),
+    ),
+    # Version 4 is the workflow life cycle's (issue 15); this one depends on no other new one.
+    Migration(
+        5,
+        "effects: the effect journal of durable effects (docs/effects.md)",
+        EFFECTS_MIGRATION,
     ),
 )
 

@@ -26,7 +26,7 @@ from ...errors import (
     StorageClosedError,
 )
 from ..queries import StepInfo
-from . import records
+from . import effects, records
 from .blobs import SaveTreeOp, drain_releases, save_tree
 from .connections import (
     BusyRetry,
@@ -312,6 +312,8 @@ class Writer:
             if isinstance(outcome, BaseException):
                 raise outcome
             return None
+        # Effects of steps without a checkpoint too (the trigger takes those with one).
+        effects.delete(conn, wf, op.step)
         if op.step is None:
             # The record and lease go with the checkpoints, in the same transaction.
             gone = conn.execute(records.DELETE_RECORD, (wf,)).rowcount > 0

@@ -1,0 +1,175 @@
+"""The file store's effect journal: one small file per effect, beside the step files.
+
+A workflow directory's ``effects/`` holds ``<step, 20 digits>-<sha-256 of the key, 32 hex
+digits>.fx``; a file is ``b"ACKF"``, the in-doubt flag byte, the key's UTF-8 length (2
+bytes), the key, then the record. A put is the single write path of a step file: a
+temporary file written and fsynced, renamed under the workflow's lock (so a concurrent
+``delete(wf)`` never loses it), the directory fsynced. Deleting a step (``delete``,
+retention) unlinks its effects (:meth:`WorkflowDirs.drop_effects`); deleting the workflow
+renames its whole directory away. Every function runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import struct
+from typing import Final
+
+from ...errors import CheckpointCorruptedError
+from ..base import MAX_EFFECTS_PER_STEP, StoredEffect
+from .dirs import EFFECTS, Replaced, WorkflowDirs, effect_prefix
+from .format import encode_name
+from .io import DIR_FLAGS, OddEntry, discard, is_missing, open_regular, read_bounded, write_temp
+
+__all__ = ["EffectFiles"]
+
+_MAGIC: Final = b"ACKF"
+_HEAD: Final = struct.Struct(">4sBH")
+
+
+def _file_name(step: int, key: str) -> str:
+    return f"{effect_prefix(step)}{hashlib.sha256(key.encode()).hexdigest()[:32]}.fx"
+
+
+class EffectFiles:
+    """Puts and reads of the effect files under ``workflows/``."""
+
+    def __init__(self, dirs: WorkflowDirs, max_bytes: int) -> None:
+        self.dirs = dirs
+        self.max = max_bytes
+
+    def put(self, workflow_id: str, step: int, key: str, data: bytes, in_doubt: bool) -> None:
+        """Durably store one effect record, creating the directories it needs."""
+        name = encode_name(workflow_id)
+        raw = key.encode("utf-8")
+        content = _HEAD.pack(_MAGIC, int(in_doubt), len(raw)) + raw + data
+        file = _file_name(step, key)
+        self.dirs.write_in(name, workflow_id, lambda dfd: self._put_in(dfd, name, file, content))
+
+    def _put_in(self, dfd: int, name: str, file: str, content: bytes) -> bool:
+        """Write into workflow directory ``dfd``; False if it was replaced (start again)."""
+        efd = self._effects_dir(dfd)
+        tmp: str | None = None
+        try:
+            tmp = write_temp(self.dirs.ops, efd, content)
+            with self.dirs.lock(dfd, name):
+                self.dirs.ops.rename(tmp, file, src_dir_fd=efd, dst_dir_fd=efd)
+                tmp = None
+            self.dirs.ops.fsync_dir(efd)
+            return True
+        except (Replaced, FileNotFoundError):
+            return False
+        finally:
+            if tmp is not None:
+                discard(tmp, efd)
+            os.close(efd)
+
+    def _effects_dir(self, dfd: int) -> int:
+        """A descriptor of ``effects/`` in ``dfd``, made (durably) if it is missing."""
+        try:
+            self.dirs.ops.mkdir(EFFECTS, dir_fd=dfd)
+        except FileExistsError:
+            pass
+        else:
+            self.dirs.ops.fsync_dir(dfd)
+        return os.open(EFFECTS, DIR_FLAGS, dir_fd=dfd)
+
+    def load(self, workflow_id: str, step: int) -> list[StoredEffect]:
+        """One step's records, ordered by key; at most MAX_EFFECTS_PER_STEP."""
+        efd = self._open_effects(encode_name(workflow_id))
+        if efd is None:
+            return []
+        try:
+            prefix = effect_prefix(step)
+            names = sorted(n for n in os.listdir(efd) if n.startswith(prefix) and n.endswith(".fx"))
+            found = [self._read(efd, n, workflow_id, step) for n in names]
+        finally:
+            os.close(efd)
+        effects = sorted((e for e in found if e is not None), key=lambda e: e.key)
+        return effects[:MAX_EFFECTS_PER_STEP]
+
+    def in_doubt_workflows(self) -> list[str]:
+        """Every workflow with an effect in doubt, sorted (reads each effect's flag byte)."""
+        try:
+            names = os.listdir(self.dirs.root)
+        except OSError as exc:
+            if is_missing(exc):
+                return []
+            raise
+        ids = []
+        for name in names:
+            if not name.startswith(".") and self._has_doubt(name):
+                workflow_id = self._id_of(name)
+                if workflow_id is not None:
+                    ids.append(workflow_id)
+        return sorted(ids)
+
+    def _id_of(self, name: str) -> str | None:
+        dfd = self.dirs.open_dir(name)
+        if dfd is None:
+            return None
+        try:
+            return self.dirs.id_of(name, dfd)
+        finally:
+            os.close(dfd)
+
+    def _has_doubt(self, name: str) -> bool:
+        efd = self._open_effects(name)
+        if efd is None:
+            return False
+        try:
+            for entry in os.listdir(efd):
+                if entry.endswith(".fx") and self._flag(efd, entry):
+                    return True
+            return False
+        finally:
+            os.close(efd)
+
+    def _flag(self, efd: int, entry: str) -> bool:
+        try:
+            fd = open_regular(entry, efd)
+        except OddEntry:
+            return False
+        if fd is None:
+            return False
+        try:
+            head = os.read(fd, _HEAD.size)
+        finally:
+            os.close(fd)
+        return len(head) == _HEAD.size and head[:4] == _MAGIC and head[4] == 1
+
+    def _open_effects(self, name: str) -> int | None:
+        try:
+            return os.open(os.path.join(self.dirs.root, name, EFFECTS), DIR_FLAGS)
+        except OSError as exc:
+            if is_missing(exc) or exc.errno == errno.ELOOP:
+                return None
+            raise
+
+    def _read(self, efd: int, entry: str, workflow_id: str, step: int) -> StoredEffect | None:
+        try:
+            fd = open_regular(entry, efd)
+            if fd is None:
+                return None  # deleted since the listing
+            try:
+                content = read_bounded(fd, self.max + _HEAD.size + 1024)
+            finally:
+                os.close(fd)
+        except OddEntry as exc:
+            raise CheckpointCorruptedError(str(exc), workflow_id=workflow_id, step=step) from None
+        return _parse(content, workflow_id, step)
+
+
+def _parse(content: bytes, workflow_id: str, step: int) -> StoredEffect:
+    try:
+        magic, flag, size = _HEAD.unpack_from(content)
+        key = content[_HEAD.size : _HEAD.size + size].decode("utf-8")
+    except (struct.error, UnicodeDecodeError):
+        magic = b""
+    if magic != _MAGIC or flag not in (0, 1):
+        raise CheckpointCorruptedError(
+            "an effect file is not an effect record", workflow_id=workflow_id, step=step
+        )
+    return StoredEffect(step, key, bool(flag), content[_HEAD.size + size :])
