@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointManager, CheckpointStorage, SharedState, open_storage
-from aiocheckpoint.codec.copy import storable_copy_work, to_storable
+from aiocheckpoint.codec.copy import to_storable
 from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.codec.split import finish, split_work
-from aiocheckpoint.codec.stages import JsonValues
+from aiocheckpoint.codec.stages import TypedValues
 from aiocheckpoint.codec.subtrees import crc_combine, crc_shift, shared_split_work
 from aiocheckpoint.format.tree import SplitMemory, SplitResult, TreeParams
 from aiocheckpoint.storage.base import BlobCheckpointStorage
@@ -122,7 +122,7 @@ def test_cached_split_equals_a_split_from_scratch(ops: list[tuple[Any, ...]]) ->
         if op[0] != "checkpoint":
             continue
         data = state._peek()[0]
-        work = shared_split_work(data, JsonValues(), PARAMS, previous, cache, None)
+        work = shared_split_work(data, TypedValues(), PARAMS, previous, cache, None)
         shared = finish(work)
         assert shared is not None
         _same(shared.split, _scratch(data, previous))
@@ -131,20 +131,21 @@ def test_cached_split_equals_a_split_from_scratch(ops: list[tuple[Any, ...]]) ->
         assert previous is not None
         previous.first_chunks.clear()
     # Nothing changed since: the whole tree is adopted from the cache, copy included.
-    again = finish(shared_split_work(data, JsonValues(), PARAMS, previous, cache, None))
+    again = finish(shared_split_work(data, TypedValues(), PARAMS, previous, cache, None))
     assert again is not None and again.copy is shared.copy
     _same(again.split, _scratch(data, previous))
 
 
-class CountingValues(JsonValues):
+class CountingValues(TypedValues):
     """The default value stage, counting the bytes of JSON text it copies in slices."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.copied: list[str] = []
 
     def copy_work(self, value: Any, path: str) -> Generator[None, None, tuple[Any, bool]]:
         self.copied.append(path)
-        return storable_copy_work(value, path)
+        return super().copy_work(value, path)
 
 
 BIG = [{"id": i, "text": "z" * 1000} for i in range(300)]

@@ -374,13 +374,14 @@ class ResumableWorkflow:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
+    ) -> bool:
         try:
-            await self._leave(exc)
+            return await self._leave(exc)
         finally:
             self.checkpoint_manager._undrive(self.workflow_id)
 
-    async def _leave(self, exc: BaseException | None) -> None:
+    async def _leave(self, exc: BaseException | None) -> bool:
+        """Stop renewing, mark the workflow; True to swallow a pause (and nothing else)."""
         await self._stop_renewing()
         if self._lost is not None:
             current = asyncio.current_task()
@@ -397,7 +398,7 @@ class ResumableWorkflow:
                     await self._mark(WorkflowStatus.FAILED, exc)
         finally:
             await self._release()
-        return paused  # type: ignore[return-value]  # suppresses the pause, nothing else
+        return paused
 
     def _exit_status(self) -> WorkflowStatus:
         """What a normal exit makes of the workflow (see the class docstring)."""
