@@ -166,7 +166,8 @@ def decode_writes(state: Mapping[str, Any]) -> list[Write]:
     writes = _field(state, "writes", list)
     out: list[Write] = []
     for write in writes:
-        if not (isinstance(write, list) and len(write) == 5 and type(write[1]) is int):
+        # A tuple since typed state (stored exactly), a list in stores written before it.
+        if not (isinstance(write, (list, tuple)) and len(write) == 5 and type(write[1]) is int):
             raise CheckpointCorruptedError("a stored LangGraph write is malformed")
         task_id, idx, channel, value, path = write
         if not (isinstance(task_id, str) and isinstance(channel, str) and isinstance(path, str)):
