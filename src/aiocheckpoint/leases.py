@@ -58,7 +58,7 @@ class RetryPolicy(BaseModel):
     its backoff has elapsed (by the storage's clock). The delay before retry ``n`` (1-based)
     is ``backoff * backoff_factor ** (n - 1)``, at most ``max_backoff`` seconds.
     ``retry_on`` names the retryable exception types (a type or its ``__qualname__``; a
-    subclass of a named type counts too); empty means every :class:`Exception`.
+    subclass of a named type counts too); empty means every ``Exception``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
