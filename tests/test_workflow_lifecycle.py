@@ -69,7 +69,7 @@ async def test_sqlite_version_3_store_upgrades_in_place(tmp_path: Path) -> None:
     async with CheckpointManager(SQLiteCheckpointStorage(path)) as manager:
         await _check_upgraded(manager)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchall() == [(4,)]
+    assert conn.execute("PRAGMA user_version").fetchall() == [(MIGRATIONS[-1].version,)]
     conn.close()
 
 
@@ -90,7 +90,7 @@ async def test_postgres_version_4_store_upgrades_in_place(
     async with CheckpointManager(storage) as manager:
         await _check_upgraded(manager)
     version = await admin.fetchval(f'SELECT value FROM "{pg_schema}".meta')
-    assert version == "5"
+    assert version == str(_pg_schema.SCHEMA_VERSION)
 
 
 def _sqlite_plan(tmp_path: Path, query: WorkflowQuery) -> str:
