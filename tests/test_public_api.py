@@ -56,6 +56,12 @@ EXPECTED = {
     "TypeRegistry",
     "TypeVersionError",
     "UnknownTypeError",
+    "DecryptionError",
+    "EncryptionError",
+    "KeyProvider",
+    "Keyring",
+    "PlaintextRecordError",
+    "UnknownKeyError",
 }
 
 
