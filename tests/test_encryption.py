@@ -223,11 +223,10 @@ async def test_no_canary_in_any_byte_of_the_store(
 
 
 async def flip_sealed(data: bytes, at: int) -> bytes:
-    """A sealed record with byte ``at`` of its envelope flipped and the CRC made right."""
+    """A sealed record with byte ``at`` of its envelope flipped, its header left as it is."""
     envelope = bytearray(data[HEADER_SIZE:])
     envelope[at] ^= 0x01
-    crc = zlib.crc32(envelope).to_bytes(4, "big")
-    return data[: HEADER_SIZE - 4] + crc + bytes(envelope)
+    return data[:HEADER_SIZE] + bytes(envelope)
 
 
 async def plaintext_record(workflow_id: str, step: int) -> bytes:
@@ -245,8 +244,13 @@ async def tampered(store: CheckpointStorage, how: str) -> bytes:
     a3, a2 = await store.load("wf-a", 3), await store.load("wf-a", 2)
     b3 = await store.load("wf-b", 3)
     assert a3 is not None and a2 is not None and b3 is not None
-    if how == "flip-header-crc":
+    if how == "flip-tag":
         return a3.data[:-1] + bytes([a3.data[-1] ^ 0x80])
+    if how == "crc-field":
+        crc = zlib.crc32(a3.data[HEADER_SIZE:]).to_bytes(4, "big")
+        return a3.data[: HEADER_SIZE - 4] + crc + a3.data[HEADER_SIZE:]
+    if how == "flags":
+        return a3.data[:5] + b"\x03" + a3.data[6:]
     if how == "flip-ciphertext":
         return await flip_sealed(a3.data, len(a3.data) - HEADER_SIZE - 40)
     if how == "flip-key-id":
@@ -267,7 +271,9 @@ async def tampered(store: CheckpointStorage, how: str) -> bytes:
 
 
 TAMPERING = [
-    "flip-header-crc",
+    "flip-tag",
+    "crc-field",
+    "flags",
     "flip-ciphertext",
     "flip-key-id",
     "flip-nonce",

@@ -312,7 +312,7 @@ class CheckpointManager:
         data = codec.encode(checkpoint, finite)
         returned = codec.returned(checkpoint, data)  # before the save: it may refuse a value
         if codec.sealer is not None:
-            data = await codec.seal(workflow_id, step, data)
+            data = await codec.sealer.seal_record(workflow_id, step, data)
         if info is None:
             await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
         else:

@@ -301,7 +301,10 @@ class RecordCodec:
         return encode_checkpoint(checkpoint, finite=finite)
 
     async def seal(self, workflow_id: str, step: int, record: bytes) -> bytes:
-        """What to store for a version-1 record (sealed, if this codec seals)."""
+        """What to store for a version-1 record (sealed, if this codec seals).
+
+        Callers on the hot path test :attr:`sealer` and call its ``seal_record`` directly.
+        """
         sealer = self.sealer
         return record if sealer is None else await sealer.seal_record(workflow_id, step, record)
 

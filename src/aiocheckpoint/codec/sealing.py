@@ -10,14 +10,15 @@
     7      k     key id, UTF-8
     .      2     wrapped data key length w, big-endian
     .      w     the data key wrapped by the key provider under that key id
-    .      12    nonce
+    .      12    nonce: 4 random bytes per data key, then a 64-bit counter
     .      ...   AES-256-GCM ciphertext of the plain record, with its 16-byte tag
 
 The associated data is every byte before the ciphertext, then the workflow id, the step
 and (for an effect) its key, so a sealed record authenticates only where it was written.
 A sealed checkpoint record keeps the 20-byte record header in front of the envelope
-(format version 1, flags :data:`FLAG_SEALED`): backends still read the version byte, and a
-reader without this stage refuses the unknown flag. A sealed effect record is the bare
+(format version 1, flags :data:`FLAG_SEALED`, the body's CRC-32 field 0: the tag
+authenticates every byte): backends still read the version byte, and a reader without this
+stage refuses the unknown flag. A sealed effect record is the bare
 envelope. What is sealed is the whole plain record, header and checksum included, so
 unsealing hands the ordinary decoder exactly what it reads without encryption.
 """
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Final, Protocol, TypeVar, runtime_checkable
@@ -74,7 +74,7 @@ _CACHED_KEYS: Final = 256
 _WRAP_AD: Final = b"aiocheckpoint data key\x00"
 _EXTRA: Final = "pip install 'aiocheckpoint[crypto]'"
 _U16: Final = struct.Struct(">H")
-_STEP: Final = struct.Struct(">Q")
+_U64: Final = struct.Struct(">Q")
 _T = TypeVar("_T")
 
 
@@ -184,15 +184,31 @@ def is_sealed_record(data: bytes) -> bool:
 
 
 class _Writing:
-    """The data key a manager seals with: the envelope's key part, its cipher, its uses."""
+    """The data key a manager seals with: its envelope heads, its cipher, its nonces.
 
-    __slots__ = ("aead", "ident", "uses")
+    A data key is this object's alone, so a counter makes its nonces unique; the random
+    prefix keeps two data keys' nonce sequences apart should a key ever repeat.
+    """
+
+    __slots__ = ("aead", "heads", "prefix", "uses")
 
     def __init__(self, key_id: str, wrapped: bytes, aead: AESGCM) -> None:
         name = key_id.encode()
-        self.ident = bytes([len(name)]) + name + _U16.pack(len(wrapped)) + wrapped
+        ident = bytes([len(name)]) + name + _U16.pack(len(wrapped)) + wrapped
+        self.heads = {
+            kind: ENVELOPE_MAGIC + bytes((_VERSION, kind)) + ident
+            for kind in (KIND_CHECKPOINT, KIND_EFFECT)
+        }
+        self.prefix = os.urandom(4)
         self.aead = aead
         self.uses = 0
+
+    def seal(self, kind: int, context: bytes, plain: bytes) -> bytes:
+        """The envelope of ``plain`` for ``context``."""
+        self.uses += 1
+        nonce = self.prefix + _U64.pack(self.uses)
+        head = self.heads[kind] + nonce
+        return head + self.aead.encrypt(nonce, plain, head + context)
 
 
 class Sealer:
@@ -215,9 +231,13 @@ class Sealer:
 
     async def seal_record(self, workflow_id: str, step: int, record: bytes) -> bytes:
         """A plain checkpoint record sealed for ``workflow_id``/``step``."""
-        envelope = await self._seal(KIND_CHECKPOINT, _context(workflow_id, step, None), record)
-        head = HEADER.pack(MAGIC, FORMAT_VERSION, FLAG_SEALED, 0, len(envelope), 0)
-        return head[:-4] + struct.pack(">I", zlib.crc32(envelope)) + envelope
+        context = _context(workflow_id, step, None)
+        writing = self._writing
+        if writing is None or writing.uses >= _KEY_USES or len(record) > _ON_LOOP:
+            envelope = await self._seal(KIND_CHECKPOINT, context, record)
+        else:  # the hot path: no further await
+            envelope = writing.seal(KIND_CHECKPOINT, context, record)
+        return HEADER.pack(MAGIC, FORMAT_VERSION, FLAG_SEALED, 0, len(envelope), 0) + envelope
 
     async def seal_effect(self, workflow_id: str, step: int, key: str, record: bytes) -> bytes:
         """A plain effect record sealed for its workflow, step and key."""
@@ -232,7 +252,7 @@ class Sealer:
             envelope = data[HEADER_SIZE:]
             _check(flags == FLAG_SEALED and reserved == 0, f"unknown record flags {flags:#x}")
             _check(len(envelope) == length, "sealed record truncated or padded")
-            _check(zlib.crc32(envelope) == crc, "checksum mismatch")
+            _check(crc == 0, "the checksum field of a sealed record is not zero")
             return await self._open(KIND_CHECKPOINT, _context(workflow_id, step, None), envelope)
         except DecryptionError as exc:
             raise type(exc)(exc.reason, workflow_id=workflow_id, step=step) from exc
@@ -260,16 +280,9 @@ class Sealer:
         writing = self._writing
         if writing is None or writing.uses >= _KEY_USES:
             writing = await self._new_data_key()
-        writing.uses += 1
-        nonce = os.urandom(_NONCE)
-        head = ENVELOPE_MAGIC + bytes((_VERSION, kind)) + writing.ident + nonce
         if len(plain) > _ON_LOOP:
-            sealed = await anyio.to_thread.run_sync(
-                writing.aead.encrypt, nonce, plain, head + context
-            )
-        else:
-            sealed = writing.aead.encrypt(nonce, plain, head + context)
-        return head + sealed
+            return await anyio.to_thread.run_sync(writing.seal, kind, context, plain)
+        return writing.seal(kind, context, plain)
 
     async def _new_data_key(self) -> _Writing:
         data_key = os.urandom(KEY_SIZE)
@@ -337,7 +350,7 @@ def _check(ok: bool, reason: str) -> None:
 def _context(workflow_id: str, step: int, key: str | None) -> bytes:
     """The associated data that binds a record to its workflow, step and effect key."""
     name = workflow_id.encode()
-    out = _U16.pack(len(name)) + name + _STEP.pack(step)
+    out = _U16.pack(len(name)) + name + _U64.pack(step)
     if key is not None:
         effect = key.encode()
         out += _U16.pack(len(effect)) + effect
