@@ -61,7 +61,11 @@ def effect(workflow_id: str, step: int, key: str, result: Any) -> EffectRecord:
 
 async def write_history(manager: CheckpointManager, workflow_id: str, steps: int = 4) -> None:
     for step in range(steps):
-        state = {"secret": f"{CANARY} {workflow_id} {step}", "pad": "x" * 900}
+        state = {
+            "secret": f"{CANARY} {workflow_id} {step}",
+            "blob": f"{step}{CANARY}".encode(),
+            "pad": "x" * 900,
+        }
         await manager.create_checkpoint(
             workflow_id, step, "agent", "running", state, metadata={"note": CANARY}
         )
@@ -171,14 +175,18 @@ def memory_bytes(store: Any) -> list[tuple[str, bytes]]:
     return found
 
 
-def canary_forms() -> list[bytes]:
-    raw = CANARY.encode()
-    return [raw, raw.hex().encode(), base64.b64encode(raw), CANARY.encode("utf-16-le")]
+def canary_forms(canary: str = CANARY) -> list[bytes]:
+    """The canary as stored text, hex (PostgreSQL's bytea), UTF-16, and base64 (the tagged
+    form of bytes) at each of its three alignments: the characters only it decides."""
+    raw = canary.encode()
+    forms = [raw, raw.hex().encode(), canary.encode("utf-16-le")]
+    forms += [base64.b64encode(bytes(pad) + raw + bytes(2))[4:-4] for pad in range(3)]
+    return forms
 
 
-def assert_no_canary(dumps: list[tuple[str, bytes]]) -> None:
+def assert_no_canary(dumps: list[tuple[str, bytes]], canary: str = CANARY) -> None:
     for where, data in dumps:
-        for form in canary_forms():
+        for form in canary_forms(canary):
             assert form not in data, f"{form!r} found in {where}"
 
 

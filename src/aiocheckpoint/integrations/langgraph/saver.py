@@ -24,6 +24,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from typing_extensions import Self
 
 from ...errors import InvalidArgumentError
+from ...codec.sealing import KeyProvider
 from ...manager import CheckpointManager
 from ...storage.base import CheckpointStorage
 from ...urls import open_storage
@@ -77,7 +78,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
     same thread gets :class:`~aiocheckpoint.LeaseHeldError`; ``max_checkpoints`` keeps
     only the newest N checkpoints of each thread namespace; ``thread_ttl`` is the idle
     time (seconds) after which :meth:`aprune_idle` deletes a thread; ``serde`` is
-    LangGraph's serializer (its default when None).
+    LangGraph's serializer (its default when None); ``encryption`` (a
+    :class:`~aiocheckpoint.Keyring` or :class:`~aiocheckpoint.KeyProvider`) seals every
+    record the saver writes, checkpoints, writes and channel values alike
+    (``docs/encryption.md``).
 
     The sync methods (``invoke`` and ``stream`` use them) work from any thread other than
     the one running the event loop the saver was opened on; from inside that loop use
@@ -94,6 +98,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         max_checkpoints: int | None = None,
         thread_ttl: float | None = None,
         close_storage: bool = False,
+        encryption: KeyProvider | None = None,
     ) -> None:
         super().__init__(serde=serde)
         if max_checkpoints is not None and (
@@ -102,7 +107,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             raise InvalidArgumentError(
                 f"max_checkpoints must be an int >= 1 or None, got {max_checkpoints!r}"
             )
-        self.manager = CheckpointManager(storage)
+        self.manager = CheckpointManager(storage, encryption=encryption)
         self._store = ThreadStore(self.manager)
         self._leases = (
             ThreadLeases(self.manager, default_owner(), lease_ttl) if single_writer else None
