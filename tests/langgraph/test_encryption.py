@@ -45,6 +45,11 @@ async def test_langgraph_conformance_encrypted(kind: str, tmp_path: Path) -> Non
     assert all(result.passed for result in report.results.values())
 
 
+def database_files(root: Path) -> list[tuple[str, bytes]]:
+    """The SQLite database with its -wal and -shm."""
+    return [(str(p), p.read_bytes()) for p in root.glob("lg.db*")]
+
+
 async def run_thread(saver: Any) -> dict[str, Any]:
     graph = agent_graph(saver)
     await graph.ainvoke(question(f"what is 2 + 3? {CANARY}"), THREAD)
@@ -66,7 +71,7 @@ async def test_an_encrypted_thread_runs_as_plain_and_leaves_no_plaintext(
         assert await run_thread(saver) == expected
     with sqlite3.connect(tmp_path / "lg.db") as con:
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    dumps = [(str(p), p.read_bytes()) for p in tmp_path.glob("lg.db*")]
+    dumps = database_files(tmp_path)
     if not encrypted:
         with pytest.raises(AssertionError, match="found in"):
             assert_no_canary(dumps, CANARY)

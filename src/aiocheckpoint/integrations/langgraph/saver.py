@@ -23,8 +23,8 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from typing_extensions import Self
 
-from ...errors import InvalidArgumentError
 from ...codec.sealing import KeyProvider
+from ...errors import InvalidArgumentError
 from ...manager import CheckpointManager
 from ...storage.base import CheckpointStorage
 from ...urls import open_storage
