@@ -471,3 +471,13 @@ async def test_effect_results_round_trip_sealed() -> None:
     assert CANARY.encode() not in (await store.load_effects("wf", 0))[0].data
     with pytest.raises(EncryptionError):
         await CheckpointManager(store).get_effects("wf", 0)
+
+
+@pytest.mark.parametrize("encrypted", [True, False])
+async def test_a_fork_of_whole_records_keeps_typed_values(encrypted: bool) -> None:
+    """Forking re-encodes each whole record for the new id: typed values go as stored."""
+    manager = CheckpointManager(encryption=ring() if encrypted else None)
+    state = {"b": b"\x00bytes", "when": datetime(2026, 1, 2, tzinfo=timezone.utc), "s": {1, 2}}
+    await manager.create_checkpoint("wf", 0, "a", "running", state)
+    await manager.fork_workflow("wf", 0, "fork")
+    assert (await manager.get_checkpoint("fork", 0)).state_snapshot.data == state

@@ -531,7 +531,8 @@ class CheckpointManager:
             if tree is not None:
                 await storage.save_tree(new_id, record.step, tree[0], tree[1], keep_last=keep)
                 return
-        checkpoint = await self._codec.decode(source_id, record)
+        # In the stored (tagged) form: typed values are copied as they are, not re-encoded.
+        checkpoint = await self._codec.decode(source_id, record, "stored")
         data = self._codec.encode(checkpoint.model_copy(update={"workflow_id": new_id}), False)
         data = await self._codec.seal(new_id, record.step, data)
         await storage.save(new_id, record.step, data, keep_last=keep)

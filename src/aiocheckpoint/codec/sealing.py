@@ -54,6 +54,7 @@ __all__ = [
     "Keyring",
     "Sealer",
     "is_sealed_record",
+    "sealed_key_id",
 ]
 
 #: The record header's flags bit of a sealed record.
@@ -183,6 +184,20 @@ def is_sealed_record(data: bytes) -> bool:
     return len(data) > 5 and data[:4] == MAGIC and data[4] == FORMAT_VERSION and data[5] != 0
 
 
+def sealed_key_id(data: bytes, *, effect: bool = False) -> str | None:
+    """The key id a sealed checkpoint (or ``effect``) record names; None for plaintext.
+
+    Only what the record says: it is not authenticated until it is unsealed.
+    """
+    if effect:
+        envelope = data if data.startswith(ENVELOPE_MAGIC) else b""
+    else:
+        envelope = data[HEADER_SIZE:] if is_sealed_record(data) else b""
+    if len(envelope) < 7:
+        return None
+    return envelope[7 : 7 + envelope[6]].decode("utf-8", "replace")
+
+
 class _Writing:
     """The data key a manager seals with: its envelope heads, its cipher, its nonces.
 
@@ -203,10 +218,13 @@ class _Writing:
         self.aead = aead
         self.uses = 0
 
-    def seal(self, kind: int, context: bytes, plain: bytes) -> bytes:
-        """The envelope of ``plain`` for ``context``."""
+    def nonce(self) -> bytes:
+        """The next nonce: taken on the event loop, so no two seals ever share one."""
         self.uses += 1
-        nonce = self.prefix + _U64.pack(self.uses)
+        return self.prefix + _U64.pack(self.uses)
+
+    def seal(self, kind: int, context: bytes, plain: bytes, nonce: bytes) -> bytes:
+        """The envelope of ``plain`` for ``context`` (any thread: it changes nothing)."""
         head = self.heads[kind] + nonce
         return head + self.aead.encrypt(nonce, plain, head + context)
 
@@ -236,7 +254,7 @@ class Sealer:
         if writing is None or writing.uses >= _KEY_USES or len(record) > _ON_LOOP:
             envelope = await self._seal(KIND_CHECKPOINT, context, record)
         else:  # the hot path: no further await
-            envelope = writing.seal(KIND_CHECKPOINT, context, record)
+            envelope = writing.seal(KIND_CHECKPOINT, context, record, writing.nonce())
         return HEADER.pack(MAGIC, FORMAT_VERSION, FLAG_SEALED, 0, len(envelope), 0) + envelope
 
     async def seal_effect(self, workflow_id: str, step: int, key: str, record: bytes) -> bytes:
@@ -280,9 +298,10 @@ class Sealer:
         writing = self._writing
         if writing is None or writing.uses >= _KEY_USES:
             writing = await self._new_data_key()
+        nonce = writing.nonce()
         if len(plain) > _ON_LOOP:
-            return await anyio.to_thread.run_sync(writing.seal, kind, context, plain)
-        return writing.seal(kind, context, plain)
+            return await anyio.to_thread.run_sync(writing.seal, kind, context, plain, nonce)
+        return writing.seal(kind, context, plain, nonce)
 
     async def _new_data_key(self) -> _Writing:
         data_key = os.urandom(KEY_SIZE)
