@@ -12,10 +12,23 @@ import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.memory import InMemorySaver
 
-from aiocheckpoint import EncryptionError, Keyring, SQLiteCheckpointStorage
-from aiocheckpoint.integrations.langgraph import AioCheckpointSaver
+from aiocheckpoint import (
+    EncryptionError,
+    InMemoryCheckpointStorage,
+    Keyring,
+    SQLiteCheckpointStorage,
+)
+from aiocheckpoint.integrations.langgraph import AioCheckpointSaver, keys
+from aiocheckpoint.integrations.langgraph.pages import page_hash
 from tests.langgraph.conftest import BACKENDS, open_backend
-from tests.langgraph.graphs import agent_graph, question, resume, values_view
+from tests.langgraph.graphs import (
+    agent_graph,
+    loop_graph,
+    loop_input,
+    question,
+    resume,
+    values_view,
+)
 from tests.pg_support import drop_schema, new_schema_name
 from tests.test_encryption import assert_no_canary
 
@@ -82,3 +95,23 @@ async def test_an_encrypted_thread_runs_as_plain_and_leaves_no_plaintext(
     ) as without_keys:
         with pytest.raises(EncryptionError):
             await agent_graph(without_keys).aget_state(THREAD)
+
+
+@pytest.mark.parametrize("encrypted", [True, False])
+async def test_page_names_are_keyed_when_encrypted(encrypted: bool) -> None:
+    """A long list's pages: named by content hash in a plain store (the control), by a
+    keyed hash in an encrypted one, so a page's step confirms no guess of its content."""
+    storage = InMemoryCheckpointStorage()
+    config: Any = {"configurable": {"thread_id": "long"}, "recursion_limit": 1000}
+    async with AioCheckpointSaver(storage, encryption=KEYS if encrypted else None) as saver:
+        final = await loop_graph(saver, steps=140).ainvoke(loop_input(), config)
+        assert len(final["messages"]) == 141
+        manager = saver.manager
+        pages = keys.pages_workflow("long")
+        stored = await storage.scan(pages)
+        assert len(stored) >= 2
+        for record in stored:
+            data = (await manager.decode_record(pages, record)).state_snapshot.data
+            digest = data["hash"]
+            assert record.step == keys.page_step(digest)
+            assert (digest == page_hash(data["items"])) is not encrypted

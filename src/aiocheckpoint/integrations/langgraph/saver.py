@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -29,6 +30,7 @@ from ...manager import CheckpointManager
 from ...storage.base import CheckpointStorage
 from ...urls import open_storage
 from . import keys, records
+from . import pages as paging
 from .leases import ThreadLeases, default_owner
 from .store import Pair, ThreadStore
 
@@ -108,6 +110,11 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
                 f"max_checkpoints must be an int >= 1 or None, got {max_checkpoints!r}"
             )
         self.manager = CheckpointManager(storage, encryption=encryption)
+        # Encrypted: pages are named by a key of this saver's, so a page's name (its step
+        # in the store) confirms no guess of its content.
+        self._page_name = (
+            paging.page_hash if encryption is None else paging.keyed_page_hash(os.urandom(32))
+        )
         self._store = ThreadStore(self.manager)
         self._leases = (
             ThreadLeases(self.manager, default_owner(), lease_ttl) if single_writer else None
@@ -189,6 +196,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             get_checkpoint_metadata(config, metadata),
             parent_channels,
             new_pages,
+            self._page_name,
         )
         info = {
             "thread_id": thread_id,
