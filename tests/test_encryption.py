@@ -28,6 +28,7 @@ from aiocheckpoint import (
     InvalidArgumentError,
     Keyring,
     PlaintextRecordError,
+    ResumableWorkflow,
     UnknownKeyError,
 )
 from aiocheckpoint.format.header import HEADER_SIZE
@@ -484,3 +485,31 @@ async def test_a_fork_of_whole_records_keeps_typed_values(encrypted: bool) -> No
     await manager.create_checkpoint("wf", 0, "a", "running", state)
     await manager.fork_workflow("wf", 0, "fork")
     assert (await manager.get_checkpoint("fork", 0)).state_snapshot.data == state
+
+
+async def test_a_resumed_workflow_replays_sealed_effects(
+    backend: tuple[str, CheckpointStorage],
+) -> None:
+    """ResumableWorkflow on an encrypted manager: a step interrupted after its effect
+    returns the sealed, recorded result on the re-run without calling again."""
+    _kind, store = backend
+    calls: list[str] = []
+
+    async def search(query: str) -> dict[str, str]:
+        calls.append(query)
+        return {"hit": CANARY}
+
+    class Interrupted(Exception):
+        pass
+
+    wf = ResumableWorkflow("wf", CheckpointManager(store, encryption=ring()))
+    with pytest.raises(Interrupted):
+        async with wf.step(0, agent_id="a"):
+            assert await wf.effect("search", search, "q") == {"hit": CANARY}
+            raise Interrupted
+    again = ResumableWorkflow("wf", CheckpointManager(store, encryption=ring()))
+    async with again.step(0, agent_id="a"):
+        assert await again.effect("search", search, "q") == {"hit": CANARY}
+    assert calls == ["q"]
+    assert isinstance(store, EffectStorage)
+    assert all(CANARY.encode() not in e.data for e in await store.load_effects("wf", 0))
