@@ -585,6 +585,29 @@ class WorkflowLifecycleConformance:
         record = await manager.get_workflow("other")
         assert record is not None and record.status is WorkflowStatus.UNFINISHED
 
+    async def test_reviving_a_failed_workflow_restores_its_retry_budget(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Marking a FAILED workflow unfinished resets attempts; other moves keep them."""
+        manager = _manager(storage)
+        policy = RetryPolicy(max_attempts=2, backoff=0)
+        for _ in range(2):
+            with pytest.raises(_Boom):
+                async with ResumableWorkflow("wf", manager, retry=policy):
+                    raise _Boom("again")
+        record = await manager.mark_workflow("wf", "paused")
+        assert (record.status, record.attempts) == (WorkflowStatus.PAUSED, 2)
+        await manager.mark_workflow("wf", "failed")
+        record = await manager.mark_workflow("wf", "unfinished")
+        assert (record.status, record.attempts) == (WorkflowStatus.UNFINISHED, 0)
+        assert record.last_error == {"type": "_Boom", "message": "again"}
+        with pytest.raises(_Boom):
+            async with ResumableWorkflow("wf", manager, retry=policy):
+                raise _Boom("once more")
+        record = await manager.get_workflow("wf")
+        assert record is not None
+        assert (record.status, record.attempts) == (WorkflowStatus.UNFINISHED, 1)
+
     async def test_record_names_latest_step_agent_and_status(
         self, storage: WorkflowStorage
     ) -> None:
