@@ -604,9 +604,9 @@ class WorkflowLifecycleConformance:
         with pytest.raises(_Boom):
             async with ResumableWorkflow("wf", manager, retry=policy):
                 raise _Boom("once more")
-        record = await manager.get_workflow("wf")
-        assert record is not None
-        assert (record.status, record.attempts) == (WorkflowStatus.UNFINISHED, 1)
+        after = await manager.get_workflow("wf")
+        assert after is not None
+        assert (after.status, after.attempts) == (WorkflowStatus.UNFINISHED, 1)
 
     async def test_record_names_latest_step_agent_and_status(
         self, storage: WorkflowStorage
