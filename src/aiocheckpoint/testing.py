@@ -22,7 +22,10 @@ object on the same location. Backends with workflow records and leases also subc
 ``collect_garbage()`` free unreferenced blobs at once (e.g. a near-zero grace period).
 Backends with an effect journal (:class:`~aiocheckpoint.storage.base.EffectStorage`)
 subclass :class:`EffectStorageConformance` (and, if durable,
-:class:`PersistentEffectConformance`). The suite needs pytest and pytest-asyncio. The
+:class:`PersistentEffectConformance`). Sweeps (``docs/retention.md``) are checked by
+:class:`RetentionConformance` (every backend), :class:`WorkflowRetentionConformance`
+(workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs).
+The suite needs pytest and pytest-asyncio. The
 suites share this one module, so that a backend's tests import everything from one place.
 """
 
