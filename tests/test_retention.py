@@ -237,7 +237,9 @@ async def test_background_sweeping_thins_and_stops_on_close() -> None:
                 await anyio.sleep(0.02)
             assert await steps(manager.storage, "wf") == [0, 4, 5]
             await manager.close()
-            await anyio.sleep(0.1)  # the sweeper was cancelled: no error surfaces here
+            await anyio.sleep(0.1)  # the sweeper stopped; the block itself goes on
+            reached = True
+    assert reached
     with pytest.raises(StorageClosedError):
         await manager.sweep()
 
@@ -282,3 +284,19 @@ async def test_cli_sweep_refuses_a_sweep_without_rules_and_bad_durations(
         result = cli("sweep", url, *args)
         assert result.code == 2, (args, result.err)
         result.error_line()
+
+
+async def test_a_failing_background_sweep_is_logged_and_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sweep that fails (a TTL on a store without records) logs a warning, then tries again."""
+    policy = RetentionPolicy(finished_ttl=timedelta(days=1))
+    async with CheckpointManager(FileCheckpointStorage(tmp_path / "s"), retention=policy) as m:
+        with anyio.fail_after(20):
+            async with m.sweeping(every=timedelta(milliseconds=10)):
+                for _ in range(500):
+                    if len(caplog.records) >= 2:
+                        break
+                    await anyio.sleep(0.02)
+    failures = [r for r in caplog.records if "background sweep failed" in r.getMessage()]
+    assert len(failures) >= 2 and all(r.exc_info is None for r in failures)

@@ -270,24 +270,27 @@ class CheckpointManager:
             raise InvalidArgumentError("sweeping needs a retention policy: this manager has none")
         if not isinstance(every, timedelta) or every <= timedelta(0):
             raise InvalidArgumentError(f"every must be a positive timedelta, got {every!r}")
+        # The sweeper's own scope: closing the manager stops it, not the caller's block.
+        scope = anyio.CancelScope()
         async with anyio.create_task_group() as group:
-            self._sweepers.add(group.cancel_scope)
-            group.start_soon(self._sweep_forever, every.total_seconds())
+            self._sweepers.add(scope)
+            group.start_soon(self._sweep_forever, every.total_seconds(), scope)
             try:
                 yield
             finally:
-                self._sweepers.discard(group.cancel_scope)
-                group.cancel_scope.cancel()
+                self._sweepers.discard(scope)
+                scope.cancel()
 
-    async def _sweep_forever(self, seconds: float) -> None:
-        while not self._closed:
-            await anyio.sleep(seconds)
-            try:
-                await self.sweep()
-            except StorageClosedError:
-                return
-            except CheckpointError as exc:
-                logger.warning("background sweep failed, retrying in %.0f s: %s", seconds, exc)
+    async def _sweep_forever(self, seconds: float, scope: anyio.CancelScope) -> None:
+        with scope:
+            while not self._closed:
+                await anyio.sleep(seconds)
+                try:
+                    await self.sweep()
+                except StorageClosedError:
+                    return
+                except CheckpointError as exc:
+                    logger.warning("background sweep failed, retrying in %.0f s: %s", seconds, exc)
 
     async def create_checkpoint(
         self,
