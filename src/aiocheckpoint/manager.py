@@ -55,7 +55,7 @@ from .models import (
     default_metrics,
     utcnow,
 )
-from .retention import RetentionPolicy, SweepReport, policy_from, run_sweep
+from .retention import RetentionPolicy, SweepReport, policy_from, run_sweep, run_thinning
 from .state import SharedState
 from .storage.base import (
     BlobCheckpointStorage,
@@ -257,6 +257,21 @@ class CheckpointManager:
             collect_garbage=collect_garbage,
             forget=self._codec.forget,
         )
+
+    async def thin_workflow(
+        self, workflow_id: str, *, policy: RetentionPolicy | None = None, dry_run: bool = False
+    ) -> SweepReport:
+        """Apply the history rules of the policy (or of ``policy``) to one workflow now.
+
+        For a workflow that needs other rules than the rest (a long chat kept denser, a
+        finished run thinned at once); a paused one is left whole under ``keep_paused``.
+        """
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        chosen = policy if policy is not None else self._retention
+        if not isinstance(chosen, RetentionPolicy):
+            raise InvalidArgumentError(f"thin_workflow needs a RetentionPolicy, got {chosen!r}")
+        return await run_thinning(self._storage, chosen, workflow_id, dry_run=dry_run)
 
     @asynccontextmanager
     async def sweeping(self, every: timedelta = timedelta(minutes=5)) -> AsyncIterator[None]:

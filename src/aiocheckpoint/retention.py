@@ -36,7 +36,7 @@ from .storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckp
 from .storage.base import WorkflowStorage as _WorkflowStorage
 from .storage.queries import WorkflowQuery
 
-__all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep"]
+__all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep", "run_thinning"]
 
 logger = logging.getLogger("aiocheckpoint.retention")
 
@@ -221,6 +221,20 @@ async def run_sweep(
     return report
 
 
+async def run_thinning(
+    storage: CheckpointStorage, policy: RetentionPolicy, workflow_id: str, *, dry_run: bool = False
+) -> SweepReport:
+    """Apply ``policy``'s history rules to one workflow now (its TTLs do not apply)."""
+    report = SweepReport(dry_run=dry_run, started_at=utcnow())
+    sweep = _Sweep(storage, policy, report, dry_run, lambda _id: None)
+    thinnable = policy.keep_last is not None and not await sweep.paused(workflow_id)
+    if thinnable and await sweep.thin(workflow_id):
+        report.workflows_thinned = 1
+    report.finished_at = utcnow()
+    logger.info("thinning of %r: %s", workflow_id, report.as_dict())
+    return report
+
+
 class _Sweep:
     """One sweep's state: the store, the policy, the report it fills."""
 
@@ -310,6 +324,13 @@ class _Sweep:
                 continue
             if await self.thin(workflow_id):
                 self.report.workflows_thinned += 1
+
+    async def paused(self, workflow_id: str) -> bool:
+        """Whether the policy keeps this workflow whole because it is paused."""
+        if not self.policy.keep_paused or not isinstance(self.storage, _WorkflowStorage):
+            return False
+        record = await self.storage.get_workflow(workflow_id)
+        return record is not None and record.status is WorkflowStatus.PAUSED
 
     async def workflows(self) -> AsyncIterator[tuple[str, WorkflowStatus | None]]:
         if isinstance(self.storage, _WorkflowStorage):

@@ -1212,6 +1212,20 @@ class RetentionConformance:
             assert await _steps(storage, workflow_id) == [0, 8, 16, 24, 32, 36, 37, 38, 39]
         assert await manager.list_workflows() == ids
 
+    async def test_thin_workflow_applies_a_policy_to_one_workflow(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """thin_workflow thins the one workflow, by the manager's policy or the one given."""
+        manager = CheckpointManager(storage, retention=_THIN)
+        await _history(manager, "a", 12)
+        await _history(manager, "b", 12)
+        dense = RetentionPolicy(keep_last=6, keep_terminal=False)
+        report = await manager.thin_workflow("a", policy=dense)
+        assert report.checkpoints_deleted == 6 and report.workflows_thinned == 1
+        assert await _steps(storage, "a") == [6, 7, 8, 9, 10, 11]
+        assert len(await _steps(storage, "b")) == 12
+        assert (await manager.thin_workflow("b")).checkpoints_deleted == 6
+
     async def test_bad_policies_are_refused(self, storage: CheckpointStorage) -> None:
         """Bad policies raise InvalidArgumentError; a manager without one cannot sweep."""
         for bad in (
