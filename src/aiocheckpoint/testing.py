@@ -1319,6 +1319,38 @@ class WorkflowRetentionConformance:
         assert sum(r.workflows_deleted.get("finished", 0) for r in reports) == 12
         assert await manager.list_workflows() == ["live"]
 
+    async def test_runners_and_a_ttl_sweep_racing_leave_no_half_workflow(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Runners writing under leases never lose a write to a concurrent TTL sweep.
+
+        Every workflow ends either whole (record and checkpoints) or gone (neither).
+        """
+        manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
+        ids = [f"wf{n:02}" for n in range(12)]
+        for workflow_id in ids:
+            await manager.create_checkpoint(workflow_id, 0, "a", "running", {"n": 0})
+
+        async def runner() -> None:
+            for workflow_id in ids:
+                try:
+                    lease = await storage.acquire_lease(workflow_id, "runner", 30)
+                except LeaseHeldError:  # the sweeper holds it: it is being deleted
+                    continue
+                await manager.create_checkpoint(workflow_id, 1, "a", "running", {}, lease=lease)
+                await storage.release_lease(lease)
+
+        async def sweeper() -> None:
+            for _ in range(3):
+                await manager.sweep(now=utcnow() + _LATER)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(runner)
+            group.start_soon(sweeper)
+        for workflow_id in ids:
+            record = await storage.get_workflow(workflow_id)
+            assert (record is None) == (await _steps(storage, workflow_id) == []), workflow_id
+
     async def test_a_workflow_written_during_the_sweep_is_kept(
         self, storage: WorkflowStorage
     ) -> None:
