@@ -300,3 +300,19 @@ async def test_a_failing_background_sweep_is_logged_and_retried(
                     await anyio.sleep(0.02)
     failures = [r for r in caplog.records if "background sweep failed" in r.getMessage()]
     assert len(failures) >= 2 and all(r.exc_info is None for r in failures)
+
+
+async def test_a_record_the_storage_refuses_is_kept_and_thinning_goes_on(tmp_path: Path) -> None:
+    """A record over the store's size limit is kept; the steps around it are still judged."""
+    path = tmp_path / "store.db"
+    async with CheckpointManager(SQLiteCheckpointStorage(path), incremental=False) as manager:
+        for step in range(8):
+            big = step == 3
+            await manager.create_checkpoint("wf", step, "a", "running", {"x": "y" * (5000 * big)})
+    policy = RetentionPolicy(keep_last=2, keep_terminal=False, batch_size=2)
+    storage = SQLiteCheckpointStorage(path, max_record_bytes=2000)
+    async with CheckpointManager(storage, retention=policy) as manager:
+        report = await manager.sweep()
+    assert (report.checkpoints_deleted, report.skipped_unreadable) == (5, 1)
+    async with SQLiteCheckpointStorage(path) as reopened:
+        assert await steps(reopened, "wf") == [3, 6, 7]

@@ -342,20 +342,37 @@ class _Sweep:
             yield workflow_id, None
 
     async def thin(self, workflow_id: str) -> int:
-        """Delete what the policy does not keep of one workflow; return how many."""
+        """Delete what the policy does not keep of one workflow; return how many.
+
+        Newest first, a page at a time. A record the storage refuses to read (over its
+        size limit, say) is kept: the page then ends above it and the next starts below.
+        """
         keeper = _Keeper(self.policy)
         before: int | None = None
+        low: int | None = None
         deleted = 0
         while True:
-            page = await self.storage.scan(
-                workflow_id, before=before, limit=self.policy.batch_size, descending=True
-            )
+            try:
+                page = await self.storage.scan(
+                    workflow_id,
+                    after=low,
+                    before=before,
+                    limit=self.policy.batch_size,
+                    descending=True,
+                )
+            except CheckpointCorruptedError as bad:
+                low = _refused_step(bad, low, before)
+                continue
             for record in page:
                 if not await self.kept(keeper, record):
                     deleted += await self.drop(workflow_id, record)
-            if len(page) < self.policy.batch_size:
+            if len(page) == self.policy.batch_size:
+                before = page[-1].step
+            elif low is not None:
+                self.report.skipped_unreadable += 1
+                before, low = low, None
+            else:
                 return deleted
-            before = page[-1].step
 
     async def kept(self, keeper: _Keeper, record: StoredCheckpoint) -> bool:
         try:
@@ -411,6 +428,14 @@ async def _facts(record: StoredCheckpoint) -> RecordFacts:
     if len(record.data) > _PARSE_ON_LOOP:
         return await anyio.to_thread.run_sync(record_facts, record.data)
     return record_facts(record.data)
+
+
+def _refused_step(bad: CheckpointCorruptedError, low: int | None, before: int | None) -> int:
+    """The step of a record the storage refused inside ``(low, before)``; else re-raise."""
+    step = bad.step
+    if step is None or (before is not None and step >= before) or (low is not None and step <= low):
+        raise bad
+    return step
 
 
 def _leased(record: WorkflowRecord) -> bool:
