@@ -216,9 +216,7 @@ async def run_sweep(
         await sweep.thin_all()
     if collect_garbage and not dry_run and isinstance(storage, BlobCheckpointStorage):
         report.blobs_freed = await storage.collect_garbage()
-    report.finished_at = utcnow()
-    logger.info("sweep %s: %s", "(dry run)" if dry_run else "done", report.as_dict())
-    return report
+    return _ended(report, "sweep")
 
 
 async def run_thinning(
@@ -230,8 +228,13 @@ async def run_thinning(
     thinnable = policy.keep_last is not None and not await sweep.paused(workflow_id)
     if thinnable and await sweep.thin(workflow_id):
         report.workflows_thinned = 1
+    return _ended(report, f"thinning of {workflow_id!r}")
+
+
+def _ended(report: SweepReport, what: str) -> SweepReport:
+    """Where every sweep and thinning ends: the report is complete here."""
     report.finished_at = utcnow()
-    logger.info("thinning of %r: %s", workflow_id, report.as_dict())
+    logger.info("%s%s: %s", what, " (dry run)" if report.dry_run else "", report.as_dict())
     return report
 
 
