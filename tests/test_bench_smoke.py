@@ -77,3 +77,20 @@ def test_effects_bench_runs() -> None:
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert {line.get("row") for line in lines[:-1]} == {"plain", "effects", "journal"}
     assert lines[-1]["summary"] == "sqlite"
+
+
+def test_sweep_bench_runs() -> None:
+    """`bench/sweep.py --tiny` prints its three rows and the summary (no timings checked)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sweep.py"), "--tiny"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    rows = {line.get("row") for line in lines[:-1]}
+    assert rows == {"sweep-same-store", "sweep-other-store", "alone"}
+    assert lines[-1]["summary"] == "sqlite"
+    assert lines[-1]["sweep-same-store_workflows_deleted"] == 20

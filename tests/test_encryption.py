@@ -29,6 +29,7 @@ from aiocheckpoint import (
     Keyring,
     PlaintextRecordError,
     ResumableWorkflow,
+    RetentionPolicy,
     UnknownKeyError,
 )
 from aiocheckpoint.format.header import HEADER_SIZE
@@ -513,3 +514,22 @@ async def test_a_resumed_workflow_replays_sealed_effects(
     assert calls == ["q"]
     assert isinstance(store, EffectStorage)
     assert all(CANARY.encode() not in e.data for e in await store.load_effects("wf", 0))
+
+
+async def test_retention_thins_encrypted_histories_as_plain_ones(
+    backend: tuple[str, CheckpointStorage],
+) -> None:
+    """The history rules read each record's status and time: sealed records are unsealed for
+    it, so an encrypted history is thinned exactly as the same plain one."""
+    _kind, store = backend
+    policy = RetentionPolicy(keep_last=3, keep_every=5, keep_terminal=True)
+    kept: dict[str, list[int]] = {}
+    for name, keys in (("plain", None), ("sealed", ring())):
+        manager = CheckpointManager(store, encryption=keys, retention=policy)
+        for step in range(20):
+            status = "completed" if step in (7, 8) else "failed" if step == 11 else "running"
+            await manager.create_checkpoint(name, step, "a", status, {"n": step})
+        report = await manager.thin_workflow(name)
+        assert report.skipped_unreadable == 0
+        kept[name] = [r.step for r in await store.scan(name)]
+    assert kept["sealed"] == kept["plain"] == [0, 5, 8, 10, 11, 15, 17, 18, 19]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Generator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final, Protocol, TypeVar
@@ -309,6 +309,10 @@ class RecordCodec:
         return record if sealer is None else await sealer.seal_record(workflow_id, step, record)
 
     # --- decoding -----------------------------------------------------------------------
+
+    def opener(self) -> Callable[[str, StoredCheckpoint], Awaitable[bytes]] | None:
+        """What gives a stored record's plain bytes when this codec seals (None: as stored)."""
+        return None if self.sealer is None else self._unsealed
 
     async def _unsealed(self, workflow_id: str, stored: StoredCheckpoint) -> bytes:
         """The plain record of a stored one: unsealed, or refused when it cannot be."""
