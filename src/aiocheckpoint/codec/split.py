@@ -125,6 +125,7 @@ class _Splitter:
         "memory",
         "node_bytes",
         "p",
+        "point",
         "previous",
         "region_log",
         "sizes",
@@ -151,6 +152,7 @@ class _Splitter:
         # keeps what each sub-tree made (codec/subtrees.py); None: nobody does.
         self.log: list[Node] | None = None
         self.region_log: list[Region] = []
+        self.point: tuple[int, int, int, int] | None = None
         compressor = Compressor(params)
         self._compress = compressor.active
         self._wrap = compressor.wrap
@@ -293,13 +295,15 @@ class _Splitter:
         mix: Callable[[int], int],
         chunk: Callable[[int, int, bytes], _Encoded],
         is_dict: bool,
+        chunks: list[bytes] | None = None,
     ) -> _Work[_Encoded]:
         """Encode a container of ``len(lens)`` elements: inline, one node, or chunked.
 
         ``lens[i]`` is element ``i``'s text length, ``refmap[i]`` its references, ``mix(i)``
         the checksum that decides boundaries, and ``chunk(start, end, head)`` the text of
         elements ``start:end`` as a container, after ``head``. Chunks are grouped into
-        regions, each stored as one node or one node per chunk (:meth:`_region`).
+        regions, each stored as one node or one node per chunk (:meth:`_region`); the
+        chunks' nodes are appended to ``chunks`` if given.
         """
         p = self.p
         n = len(lens)
@@ -311,15 +315,40 @@ class _Splitter:
             # Too small to be worth cutting: one node. A container that grows past this
             # is cut once; from then on its boundaries are stable.
             return b"null", [(0, self._chunk_node(refmap, chunk, 0, n))]
-        chunks: list[bytes] = []
+        if chunks is None:
+            chunks = []
+        yield from self.scan(lens, refmap, mix, chunk, 0, chunks)
+        return b"null", [(0, self.index(chunks, KIND_DICT if is_dict else KIND_LIST))]
+
+    def scan(
+        self,
+        lens: list[int],
+        refmap: dict[int, _Refs],
+        mix: Callable[[int], int],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        base: int,
+        chunks: list[bytes],
+    ) -> _Work[None]:
+        """Cut elements ``base:base + len(lens)`` into chunks, appending their nodes to ``chunks``.
+
+        ``lens[i - base]`` is element ``i``'s text length; the other arguments index elements
+        as :meth:`_container`'s. Every boundary depends only on the elements before it, so a
+        scan that starts at a region's end (``base``, with the ``chunks`` made before it)
+        cuts the rest as a scan from the start would. The last such end this scan passed is
+        left in :attr:`point` (None if none): ``(element, len(chunks), len(log),
+        len(region_log))`` there, when a caller keeps the log.
+        """
+        p = self.p
+        n = base + len(lens)
+        self.point = None
         chunk_min, chunk_avg, chunk_max = p.chunk_min, p.chunk_avg, p.chunk_max
         bundle, bundle_max = p.bundle_chunks, p.bundle_max
         # Chunks are grouped into regions (their ends: content-defined too, a subset of
         # the chunk ends); a region becomes one node or one per chunk (see _region).
-        region: list[int] = [0]  # the region's chunk ends, after its start
-        start = size = region_size = 0
-        for i in range(n):
-            weight = lens[i] + 1
+        region: list[int] = [base]  # the region's chunk ends, after its start
+        start, size, region_size = base, 0, 0
+        for i in range(base, n):
+            weight = lens[i - base] + 1
             if refmap:
                 refs = refmap.get(i)
                 if refs:
@@ -338,6 +367,8 @@ class _Splitter:
                 self._region(region, refmap, mix, chunk, chunks)
                 region = [i + 1]
                 region_size = 0
+                if self.log is not None:
+                    self.point = (i + 1, len(chunks), len(self.log), len(self.region_log))
                 if self._budget < 0:
                     self._budget = _SLICE_BYTES
                     yield
@@ -348,7 +379,6 @@ class _Splitter:
             region.append(n)
         if len(region) > 1:
             self._region(region, refmap, mix, chunk, chunks)
-        return b"null", [(0, self._index(chunks, KIND_DICT if is_dict else KIND_LIST))]
 
     def _region(
         self,
@@ -395,7 +425,8 @@ class _Splitter:
         else:
             out.extend([self._chunk_node(refmap, chunk, a, b) for a, b in itertools.pairwise(ends)])
 
-    def _index(self, hashes: list[bytes], kind: int) -> bytes:
+    def index(self, hashes: list[bytes], kind: int) -> bytes:
+        """The root of the index nodes over the chunk nodes ``hashes`` of a container."""
         p = self.p
         head = bytes((0, kind))
         while len(hashes) > 1:
