@@ -18,7 +18,7 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Callable, Collection, Generator, Iterable
+from collections.abc import Callable, Collection, Generator, Iterable, Sequence
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -49,6 +49,10 @@ Node = tuple[bytes, tuple[bytes, ...], bytes | None, int, int]
 #: A region as a split cut it: its memory key (None for one chunk), whether it was stored
 #: whole, the boundary checksums of its first and last entries.
 Region = tuple[int | None, bool, int, int]
+#: One level of a container's index as far as it stays when the container grows: how
+#: many of the level's hashes closed groups took, those groups' hashes and their nodes.
+IndexLevel = tuple[int, tuple[bytes, ...], tuple[Node, ...]]
+_NO_LEVEL: Final[IndexLevel] = (0, (), ())
 _NO_REFS: Final[_Refs] = []
 _NO_HASHES: Final[list[bytes]] = []
 _REF_WEIGHT: Final = 20  # what one reference adds to a node: hash and offset, roughly
@@ -121,6 +125,7 @@ class _Splitter:
         "_wrap",
         "blobs",
         "children",
+        "levels",
         "log",
         "memory",
         "node_bytes",
@@ -153,6 +158,7 @@ class _Splitter:
         self.log: list[Node] | None = None
         self.region_log: list[Region] = []
         self.point: tuple[int, int, int, int] | None = None
+        self.levels: list[IndexLevel] = []
         compressor = Compressor(params)
         self._compress = compressor.active
         self._wrap = compressor.wrap
@@ -318,7 +324,8 @@ class _Splitter:
         if chunks is None:
             chunks = []
         yield from self.scan(lens, refmap, mix, chunk, 0, chunks)
-        return b"null", [(0, self.index(chunks, KIND_DICT if is_dict else KIND_LIST))]
+        stable = 0 if self.point is None else self.point[1]
+        return b"null", [(0, self.index(chunks, KIND_DICT if is_dict else KIND_LIST, (), stable))]
 
     def scan(
         self,
@@ -425,24 +432,49 @@ class _Splitter:
         else:
             out.extend([self._chunk_node(refmap, chunk, a, b) for a, b in itertools.pairwise(ends)])
 
-    def index(self, hashes: list[bytes], kind: int) -> bytes:
-        """The root of the index nodes over the chunk nodes ``hashes`` of a container."""
+    def index(
+        self,
+        hashes: list[bytes],
+        kind: int,
+        resume: Sequence[IndexLevel] = (),
+        stable: int = 0,
+    ) -> bytes:
+        """The root of the index nodes over the chunk nodes ``hashes`` of a container.
+
+        Groups are content-defined: whether a group closes depends only on its hashes, so
+        the groups closed over a prefix that did not change are taken from ``resume`` (per
+        level, what :attr:`levels` held after an index of those hashes). When a caller
+        keeps the log, :attr:`levels` is left holding, per level, the groups closed within
+        the first ``stable`` hashes (the chunks of regions that have ended).
+        """
         p = self.p
+        fanout_min, fanout_avg, fanout_max = p.fanout_min, p.fanout_avg, p.fanout_max
         head = bytes((0, kind))
+        log = self.log
+        levels: list[IndexLevel] = []
         while len(hashes) > 1:
-            groups: list[list[bytes]] = []
-            current: list[bytes] = []
-            for h in hashes:
+            taken, outs, nodes = resume[len(levels)] if len(levels) < len(resume) else _NO_LEVEL
+            self.adopt(nodes, ())
+            out, current, start = list(outs), [], 0 if log is None else len(log)
+            kept = taken, len(outs), start
+            for i in range(taken, len(hashes)):
+                h = hashes[i]
                 current.append(h)
                 n = len(current)
-                if n >= p.fanout_max or (
-                    n >= p.fanout_min and int.from_bytes(h[-4:], "big") % p.fanout_avg == 0
+                if n >= fanout_max or (
+                    n >= fanout_min and int.from_bytes(h[-4:], "big") % fanout_avg == 0
                 ):
-                    groups.append(current)
+                    out.append(self._index_node(head, current))
                     current = []
+                    if log is not None and i < stable:
+                        kept = i + 1, len(out), len(log)
             if current:
-                groups.append(current)
-            hashes = [g[0] if len(g) == 1 else self._index_node(head, g) for g in groups]
+                out.append(current[0] if len(current) == 1 else self._index_node(head, current))
+            if log is not None:
+                levels.append((kept[0], tuple(out[: kept[1]]), nodes + tuple(log[start : kept[2]])))
+                stable = kept[1]
+            hashes = out
+        self.levels = levels
         return hashes[0]
 
     def _index_node(self, head: bytes, hashes: list[bytes]) -> bytes:

@@ -32,6 +32,7 @@ from ..format.tree import KIND_LIST, SplitMemory, SplitResult, TreeParams
 from .copy import child_path
 from .split import (
     _SLICE_BYTES,
+    IndexLevel,
     Node,
     Region,
     _check_size,
@@ -168,7 +169,16 @@ class _Scan:
     list that starts with the same elements (the same objects) makes of them too.
     """
 
-    __slots__ = ("chunk_nodes", "chunks", "crc", "depth", "element_nodes", "index", "length")
+    __slots__ = (
+        "chunk_nodes",
+        "chunks",
+        "crc",
+        "depth",
+        "element_nodes",
+        "index",
+        "length",
+        "levels",
+    )
 
     def __init__(
         self,
@@ -177,6 +187,7 @@ class _Scan:
         element_nodes: tuple[Node, ...],
         chunk_nodes: tuple[tuple[Node, ...], tuple[Region, ...]],
         text: tuple[int, int, int],
+        levels: tuple[IndexLevel, ...] = (),
     ) -> None:
         self.index = index
         self.chunks = chunks
@@ -185,6 +196,8 @@ class _Scan:
         #: CRC-32 and length of ``[`` and the elements' texts before ``index``, comma
         #: separated; the depth of the list of those elements.
         self.crc, self.length, self.depth = text
+        #: The index levels over ``chunks`` (``_Splitter.index``).
+        self.levels = levels
 
 
 _START: Final = _Scan(0, (), (), ((), ()), (zlib.crc32(b"["), 1, 1))
@@ -431,7 +444,9 @@ class _ListCut:
         yield from splitter.scan(
             self.lens, self.refmap, self._mix, self._chunk, scan.index, self.chunks
         )
-        return b"null", [(0, splitter.index(self.chunks, KIND_LIST))]
+        point = splitter.point
+        stable = len(scan.chunks) if point is None else point[1]
+        return b"null", [(0, splitter.index(self.chunks, KIND_LIST, scan.levels, stable))]
 
     def _elements(self, items: list[bytes]) -> Generator[None, None, None]:
         """Each element's length, boundary checksum and references, and the text's CRC."""
@@ -484,7 +499,16 @@ class _ListCut:
         """Where the next cut of a longer list can resume: this cut's last region end."""
         point, scan = self.splitter.point, self.scan
         if point is None:
-            return None if scan is _START else scan
+            if scan is _START:
+                return None
+            return _Scan(
+                scan.index,
+                scan.chunks,
+                scan.element_nodes,
+                scan.chunk_nodes,
+                (scan.crc, scan.length, scan.depth),
+                tuple(self.splitter.levels),
+            )
         index, chunks, nodes, regions = point
         base = scan.index
         log = self.splitter.log
@@ -501,6 +525,7 @@ class _ListCut:
             scan.element_nodes + tuple(log[self.ends[0] : self.ends[index - base]]),
             chunk_nodes,
             (*self.after[index - base - 1], depth),
+            tuple(self.splitter.levels),
         )
 
 
