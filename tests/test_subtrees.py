@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import AsyncIterator, Generator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,6 +25,7 @@ from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.codec.split import finish, split_work
 from aiocheckpoint.codec.stages import TypedValues
 from aiocheckpoint.codec.subtrees import crc_combine, crc_shift, shared_split_work
+from aiocheckpoint.format.tags import MARK
 from aiocheckpoint.format.tree import SplitMemory, SplitResult, TreeParams
 from aiocheckpoint.storage.base import BlobCheckpointStorage
 from tests.pg_support import DSN, pg_schema
@@ -165,6 +168,7 @@ def _check_cached_splits(ops: list[tuple[Any, ...]]) -> None:
         assert shared is not None
         _same(shared.split, _scratch(data, previous))
         assert shared.copy == to_storable(data)
+        assert shared.tagged == (MARK in orjson.dumps(shared.copy))
         previous, cache = shared.split.memory, shared.entries
         assert previous is not None
         previous.first_chunks.clear()
@@ -194,6 +198,31 @@ def test_an_append_cuts_only_the_lists_last_region() -> None:
         assert shared.split.memory is not None
         previous, cache = shared.split.memory, shared.entries
     assert shared.copy == to_storable(data)
+
+
+async def test_tagged_values_come_back_typed_from_a_cached_split(tmp_path: Path) -> None:
+    """A checkpoint that reused the cache still hands typed values back as themselves
+    (the split knows which sub-trees hold tags), and plain ones as they are."""
+    when = datetime(2026, 12, 1, 12, 30, tzinfo=timezone.utc)
+    storage = open_storage(f"sqlite://{tmp_path / 's.db'}")
+    manager = CheckpointManager(storage)
+    chat = [{"n": n, "text": "w" * 500} for n in range(40)]
+    state = SharedState({"chat": chat, "notes": {"text": "q" * 3000}})
+    try:
+        for step in range(4):
+            if step == 2:
+                state.append("chat", {"n": 40, "at": when})
+            else:
+                state.append("chat", {"n": 40 + step, "text": "plain"})
+            saved = await manager.create_checkpoint("wf", step, "a", "running", state)
+            last = saved.state_snapshot.data["chat"]
+            assert last[-1] == state.get("chat")[-1]
+            if step >= 2:
+                assert [m for m in last if "at" in m] == [{"n": 40, "at": when}]
+        point = await manager.get_resume_point("wf")
+        assert point is not None and point[1].data["chat"][42] == {"n": 40, "at": when}
+    finally:
+        await storage.close()
 
 
 class CountingValues(TypedValues):

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from ..errors import CheckpointSerializationError
 from ..format.limits import MAX_DEPTH
+from ..format.tags import MARK, TAG_START
 from ..format.tree import KIND_LIST, SplitMemory, SplitResult, TreeParams
 from .copy import child_path
 from .split import (
@@ -135,6 +136,7 @@ class _Entry:
         "scan",
         "shift",
         "source",
+        "tagged",
         "text",
     )
 
@@ -159,6 +161,8 @@ class _Entry:
         #: A list cut into chunks: where its cut can resume when it grows, and its path.
         self.scan: _Scan | None = None
         self.path = ""
+        #: Whether the sub-tree's text may hold a tag (``format.tags.MARK``).
+        self.tagged = True
 
 
 class _Scan:
@@ -178,6 +182,7 @@ class _Scan:
         "index",
         "length",
         "levels",
+        "tagged",
     )
 
     def __init__(
@@ -198,6 +203,8 @@ class _Scan:
         self.crc, self.length, self.depth = text
         #: The index levels over ``chunks`` (``_Splitter.index``).
         self.levels = levels
+        #: Whether the elements before ``index`` may hold a tag.
+        self.tagged = False
 
 
 _START: Final = _Scan(0, (), (), ((), ()), (zlib.crc32(b"["), 1, 1))
@@ -205,17 +212,32 @@ _START: Final = _Scan(0, (), (), ((), ()), (zlib.crc32(b"["), 1, 1))
 Entries = dict[int | str, _Entry]
 
 
+def _tagged(entry: _Entry, text: bytes) -> _Entry:
+    """``entry``, marked with whether its whole ``text`` may hold a tag."""
+    entry.tagged = MARK in text
+    return entry
+
+
+def _with_tags(tagged: bool, scan: _Scan) -> _Scan:
+    scan.tagged = tagged
+    return scan
+
+
 class SharedSplit:
     """The outcome of :func:`shared_split_work`: the copy, the split, the cache to keep."""
 
-    __slots__ = ("copy", "entries", "split")
+    __slots__ = ("copy", "entries", "split", "tagged")
 
-    def __init__(self, copy: dict[str, Any], split: SplitResult, entries: Entries):
+    def __init__(
+        self, copy: dict[str, Any], split: SplitResult, entries: Entries, tagged: bool = True
+    ):
         #: The state's value-stage copy (unchanged sub-trees: the copies made before).
         self.copy = copy
         self.split = split
         #: The cached sub-trees this split used or made, for the next one.
         self.entries = entries
+        #: Whether the copy's text may hold a tag (False: nothing to decode back).
+        self.tagged = tagged
 
 
 class _Fallback(Exception):
@@ -268,11 +290,11 @@ class _Walk:
         item = _fast_dumps(copy)
         splitter = self.splitter
         if len(item) <= self.limit:
-            return _Entry(source, copy, item, [], 0, len(item), _depth(copy))
+            return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
         marks = self._marks()
         text, refs = yield from splitter.encode_fast(copy, item)
         entry = _Entry(source, copy, text, refs, zlib.crc32(item), len(item), _depth(copy))
-        return self._kept(entry, marks)
+        return self._kept(_tagged(entry, item), marks)
 
     def walk_dict(
         self, source: dict[str, Any], path: str, depth: int, top: bool
@@ -310,9 +332,13 @@ class _Walk:
         crc = zlib.crc32(b"}", crc)
         length = max(length, 2)
         inner = 1 + max((e.depth for e in entries), default=0)
+        tagged = keys[0].startswith(TAG_START) if keys else False
+        tagged = tagged or any(e.tagged for e in entries)
         if length <= self.limit and not top:
             whole = b"".join((b"{", b",".join(texts), b"}"))
-            return _Entry(source, copy, whole, [], crc, length, inner)
+            entry = _Entry(source, copy, whole, [], crc, length, inner)
+            entry.tagged = tagged
+            return entry
 
         def chunk(first: int, end: int, head: bytes) -> tuple[bytes, _Refs]:
             return _join_entries(texts, refmap, first, end, True, head)
@@ -321,7 +347,9 @@ class _Walk:
         text, refs = yield from self.splitter._container(
             lens, refmap, mixes.__getitem__, chunk, True
         )
-        return self._kept(_Entry(source, copy, text, refs, crc, length, inner), marks)
+        entry = _Entry(source, copy, text, refs, crc, length, inner)
+        entry.tagged = tagged
+        return self._kept(entry, marks)
 
     def walk_list(self, source: list[Any], path: str) -> Generator[None, None, _Entry]:
         """A long list, its cut resumed where the list last cut at ``path`` ended a region.
@@ -345,12 +373,13 @@ class _Walk:
         items = list(map(_fast_dumps, copy[scan.index :]))
         if base is None and scan.length + sum(map(len, items)) + len(items) <= self.limit:
             item = _fast_dumps(copy)
-            return _Entry(source, copy, item, [], 0, len(item), _depth(copy))
+            return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
         marks = self._marks()
         cut = _ListCut(self.splitter, copy, scan)
         text, refs = yield from cut.run(items, base is not None)
         entry = _Entry(source, copy, text, refs, cut.crc, cut.length, cut.depth())
         entry.scan, entry.path = cut.resumable(), path
+        entry.tagged = scan.tagged or any(MARK in item for item in items)
         self._kept(entry, marks)
         if entry.scan is not None:
             self.new[path] = entry
@@ -395,6 +424,7 @@ class _ListCut:
         "copy",
         "crc",
         "ends",
+        "items",
         "length",
         "lens",
         "mixes",
@@ -418,6 +448,8 @@ class _ListCut:
         #: CRC-32 and length of the list's text up to the end of each element.
         self.after: list[tuple[int, int]] = []
         self.chunks: list[bytes] = list(scan.chunks)
+        #: The texts of the elements from ``scan.index`` on.
+        self.items: list[bytes] = []
         #: The log's and the region log's lengths where this cut's own chunks start.
         self.scan_from = (0, 0)
         self.crc = self.length = 0
@@ -451,6 +483,7 @@ class _ListCut:
     def _elements(self, items: list[bytes]) -> Generator[None, None, None]:
         """Each element's length, boundary checksum and references, and the text's CRC."""
         splitter, base = self.splitter, self.scan.index
+        self.items = items
         log = splitter.log
         assert log is not None
         limit = splitter.p.inline_limit
@@ -501,13 +534,16 @@ class _ListCut:
         if point is None:
             if scan is _START:
                 return None
-            return _Scan(
-                scan.index,
-                scan.chunks,
-                scan.element_nodes,
-                scan.chunk_nodes,
-                (scan.crc, scan.length, scan.depth),
-                tuple(self.splitter.levels),
+            return _with_tags(
+                scan.tagged,
+                _Scan(
+                    scan.index,
+                    scan.chunks,
+                    scan.element_nodes,
+                    scan.chunk_nodes,
+                    (scan.crc, scan.length, scan.depth),
+                    tuple(self.splitter.levels),
+                ),
             )
         index, chunks, nodes, regions = point
         base = scan.index
@@ -519,13 +555,17 @@ class _ListCut:
             scan.chunk_nodes[1] + tuple(self.splitter.region_log[region_start:regions]),
         )
         depth = max(scan.depth, _depth(self.copy[base:index]))
-        return _Scan(
-            index,
-            tuple(self.chunks[:chunks]),
-            scan.element_nodes + tuple(log[self.ends[0] : self.ends[index - base]]),
-            chunk_nodes,
-            (*self.after[index - base - 1], depth),
-            tuple(self.splitter.levels),
+        tagged = scan.tagged or any(MARK in item for item in self.items[: index - base])
+        return _with_tags(
+            tagged,
+            _Scan(
+                index,
+                tuple(self.chunks[:chunks]),
+                scan.element_nodes + tuple(log[self.ends[0] : self.ends[index - base]]),
+                chunk_nodes,
+                (*self.after[index - base - 1], depth),
+                tuple(self.splitter.levels),
+            ),
         )
 
 
@@ -563,7 +603,7 @@ def shared_split_work(
         root.crc,
         splitter.memory,
     )
-    return SharedSplit(root.copy, split, walk.new)
+    return SharedSplit(root.copy, split, walk.new, root.tagged)
 
 
 class SubtreeCache:
