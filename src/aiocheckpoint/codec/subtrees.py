@@ -33,8 +33,10 @@ from ..format.tree import KIND_LIST, SplitMemory, SplitResult, TreeParams
 from .copy import child_path
 from .split import (
     _SLICE_BYTES,
+    NO_NODES,
     IndexLevel,
     Node,
+    NodeSet,
     Region,
     _check_size,
     _fast_dumps,
@@ -189,8 +191,8 @@ class _Scan:
         self,
         index: int,
         chunks: tuple[bytes, ...],
-        element_nodes: tuple[Node, ...],
-        chunk_nodes: tuple[tuple[Node, ...], tuple[Region, ...]],
+        element_nodes: NodeSet,
+        chunk_nodes: tuple[NodeSet, tuple[Region, ...]],
         text: tuple[int, int, int],
         levels: tuple[IndexLevel, ...] = (),
     ) -> None:
@@ -207,7 +209,7 @@ class _Scan:
         self.tagged = False
 
 
-_START: Final = _Scan(0, (), (), ((), ()), (zlib.crc32(b"["), 1, 1))
+_START: Final = _Scan(0, (), NO_NODES, (NO_NODES, ()), (zlib.crc32(b"["), 1, 1))
 #: A workflow's cached sub-trees: by the id of their source, and chunked lists by path too.
 Entries = dict[int | str, _Entry]
 
@@ -461,7 +463,7 @@ class _ListCut:
         assert log is not None
         scan = self.scan
         if resumed:
-            splitter.adopt(scan.element_nodes, ())
+            splitter.adopt_set(scan.element_nodes, ())
         yield from self._elements(items)
         splitter.point = None
         if not resumed:
@@ -471,7 +473,7 @@ class _ListCut:
                     self.lens, self.refmap, self._mix, self._chunk, False, self.chunks
                 )
             )
-        splitter.adopt(*scan.chunk_nodes)
+        splitter.adopt_set(*scan.chunk_nodes)
         self.scan_from = (len(log), len(splitter.region_log))
         yield from splitter.scan(
             self.lens, self.refmap, self._mix, self._chunk, scan.index, self.chunks
@@ -551,7 +553,7 @@ class _ListCut:
         assert log is not None
         start, region_start = self.scan_from
         chunk_nodes = (
-            scan.chunk_nodes[0] + tuple(log[start:nodes]),
+            NodeSet(log[start:nodes], scan.chunk_nodes[0]),
             scan.chunk_nodes[1] + tuple(self.splitter.region_log[region_start:regions]),
         )
         depth = max(scan.depth, _depth(self.copy[base:index]))
@@ -561,7 +563,7 @@ class _ListCut:
             _Scan(
                 index,
                 tuple(self.chunks[:chunks]),
-                scan.element_nodes + tuple(log[self.ends[0] : self.ends[index - base]]),
+                NodeSet(log[self.ends[0] : self.ends[index - base]], scan.element_nodes),
                 chunk_nodes,
                 (*self.after[index - base - 1], depth),
                 tuple(self.splitter.levels),
