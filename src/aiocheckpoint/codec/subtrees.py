@@ -11,8 +11,10 @@ from-scratch :func:`~aiocheckpoint.codec.split.split_work` of the same state wit
 split memory makes, byte for byte (``tests/test_subtrees.py`` checks it on random edit
 sequences), so readers and backends see nothing new.
 
-The walk descends only into plain dicts with ``str`` keys (JSON objects, which a value
-stage maps key for key); every other value goes through the configured value stage whole.
+The walk descends into plain dicts with ``str`` keys (JSON objects, which a value stage
+maps key for key) and into long lists, whose content-defined cut resumes where the list
+last cut at the same path ended its last region when the new list extends it (an append:
+:meth:`_Walk.walk_list`); every other value goes through the configured value stage whole.
 A state the fast encoder cannot take (a NaN, an int beyond 64 bits) is left to the
 pipeline's ordinary path (None).
 """
