@@ -19,8 +19,9 @@ from typing import Any, Final, TypeVar
 
 from ..errors import CheckpointCorruptedError
 from ..format.blob import Unwrapper
-from ..format.jsontext import loads
+from ..format.jsontext import loads, loads_fast
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
+from ..format.tags import may_hold_tag as has_tags
 from ..format.tree import KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
 
 __all__ = [
@@ -89,6 +90,9 @@ class Joiner:
         self._max = max_bytes
         self._unwrap = Unwrapper(max_bytes)
         self._nodes: dict[bytes, bytes | tuple[bytes, list[bytes]]] = {}
+        #: Whether the rebuilt text may hold a typed value's tag (set by :meth:`steps`):
+        #: when it does not, the values need no walk (:func:`~.typed.has_tags`).
+        self.tagged = True
 
     def steps(self, root: bytes, text_crc: int | None = None) -> Steps[Any]:
         """Fetch and verify the tree under ``root``; return the parsed state.
@@ -139,6 +143,7 @@ class Joiner:
                 level.update(dict.fromkeys(refs))
             pending = [h for h in level if h not in nodes]
         if not root_refs and root_node[:1] == b"V":
+            self.tagged = has_tags(root_node)
             return loads(root_node[5:])  # a small state kept whole in the root
         text = bytearray()
         try:
@@ -150,7 +155,9 @@ class Joiner:
         if not hashed and zlib.crc32(text) != text_crc:
             self._check_all()
             raise _corrupt("state text does not match its checksum")
-        return loads(text)
+        self.tagged = has_tags(text)
+        # A text checksum says the fast encoder wrote the text: orjson reads it exactly.
+        return loads(text) if hashed else loads_fast(text)
 
     def _check_all(self) -> None:
         """Hash every node fetched so far; raise for the first that does not match."""

@@ -39,7 +39,17 @@ from ..format.tree import (
 from .compress import Compressor
 from .jsontext import dumps, int_to_decimal
 
-__all__ = ["exceeds", "finish", "split_state", "split_work"]
+__all__ = [
+    "OFFLOAD_BYTES",
+    "Job",
+    "crc_work",
+    "dumps_work",
+    "exceeds",
+    "finish",
+    "job",
+    "split_state",
+    "split_work",
+]
 
 _T = TypeVar("_T")
 _Refs = list[tuple[int, bytes]]
@@ -85,8 +95,15 @@ def _scalar_text(value: Any) -> str:
 # A value (or a container's entry, ``"key":value``) encoded: its UTF-8 JSON text and the
 # references inside it as (byte offset of the ``null`` placeholder, hash).
 _Encoded = tuple[bytes, _Refs]
-# A split step: yields (nothing) between slices of work, returns its result.
-_Work = Generator[None, None, _T]
+#: A call a split step hands to its driver (:func:`finish`, or the pipeline's
+#: ``cooperate``, which runs it in a worker thread) and is sent the result of.
+Job = Callable[[], Any]
+# A split step: yields None between slices of work, or a Job to run; returns its result.
+_Work = Generator[Job | None, Any, _T]
+
+#: Texts from this size on are hashed, checksummed and copied by jobs, not on the caller's
+#: thread: hashlib, zlib and bytes.join release the GIL for them (~1-2 ms per MB here).
+OFFLOAD_BYTES: Final = 1024 * 1024
 
 # How many bytes of JSON text a cooperative split handles between two yields: ~0.1-0.2 ms of
 # CPU here (docs/incremental.md, "Where the split runs").
@@ -103,13 +120,49 @@ _fast_dumps: Final = functools.partial(
 
 
 def finish(work: _Work[_T]) -> _T:
-    """Run split work to its end in one go."""
+    """Run split work to its end in one go (its jobs too, in this thread)."""
     try:
+        job = next(work)
         while True:
-            next(work)
+            job = work.send(None if job is None else job())
     except StopIteration as stop:
         result: _T = stop.value
         return result
+
+
+def job(call: Callable[..., _T], *args: Any) -> Generator[Job, Any, _T]:
+    """Have the driver run ``call(*args)`` (in a worker thread) and return its result."""
+    result: _T = yield functools.partial(call, *args)
+    return result
+
+
+def crc_work(text: bytes, crc: int = 0) -> Generator[Job | None, Any, int]:
+    """``zlib.crc32(text, crc)``, as a job when ``text`` is large."""
+    if len(text) < OFFLOAD_BYTES:
+        return zlib.crc32(text, crc)
+    return (yield from job(zlib.crc32, text, crc))
+
+
+def dumps_work(value: Any) -> Generator[Job | None, Any, bytes]:
+    """``_fast_dumps(value)``; a long string is encoded in slices, joined by a job.
+
+    JSON escapes a string character by character, so the slices' texts joined are the
+    text of the whole string; each slice is ~1-2 ms of orjson, which holds the GIL.
+    """
+    step = OFFLOAD_BYTES
+    if type(value) is not str or len(value) < 2 * step:
+        return _fast_dumps(value)
+    parts = [b'"']
+    for start in range(0, len(value), step):
+        parts.append(_fast_dumps(value[start : start + step])[1:-1])
+        yield None
+    parts.append(b'"')
+    return (yield from job(b"".join, parts))
+
+
+def _name(blob: bytes, digest: int) -> bytes:
+    """The hash that names stored ``blob`` (a flags byte and a node)."""
+    return _sha256(memoryview(blob)[1:]).digest()[:digest]
 
 
 class _Splitter:
@@ -214,12 +267,14 @@ class _Splitter:
         is_dict = type(value) is dict
         if not is_dict and type(value) is not list and type(value) is not tuple:
             if text is None:
-                text = _fast_dumps(value)
+                text = yield from dumps_work(value)
             if top:
-                self.text_crc = zlib.crc32(text)
+                self.text_crc = yield from crc_work(text)
             if len(text) <= limit:
                 return text, _NO_REFS
-            return b"null", [(0, self.value_node(text, _NO_REFS))]
+            if len(text) < OFFLOAD_BYTES:
+                return b"null", [(0, self.value_node(text, _NO_REFS))]
+            return b"null", [(0, (yield from self.large_leaf(text)))]
         elements: list[Any] = list(value.items()) if is_dict else list(value)
         lens: list[int] = []
         mixes: list[int] = []
@@ -229,19 +284,19 @@ class _Splitter:
         for i, element in enumerate(elements):
             if is_dict:
                 key = _fast_dumps(element[0])
-                item = _fast_dumps(element[1])
-                crc = zlib.crc32(item, zlib.crc32(b":", zlib.crc32(key)))
+                item = yield from dumps_work(element[1])
+                crc = yield from crc_work(item, zlib.crc32(b":", zlib.crc32(key)))
                 size = len(key) + 1 + len(item)
             else:
-                item = _fast_dumps(element)
-                crc = zlib.crc32(item)
+                item = yield from dumps_work(element)
+                crc = yield from crc_work(item)
                 size = len(item)
             if top:
                 if i:
                     whole = zlib.crc32(b",", whole)
                 if is_dict:
                     whole = zlib.crc32(b":", zlib.crc32(key, whole))
-                whole = zlib.crc32(item, whole)
+                whole = yield from crc_work(item, whole)
             if len(item) > limit:
                 inner, refs = yield from self.encode_fast(element[1] if is_dict else element, item)
                 if is_dict:
@@ -257,7 +312,7 @@ class _Splitter:
             self._budget -= size
             if self._budget < 0:
                 self._budget = _SLICE_BYTES
-                yield
+                yield None
         if top:
             self.text_crc = zlib.crc32(b"}" if is_dict else b"]", whole)
 
@@ -340,7 +395,7 @@ class _Splitter:
                 region_size = 0
                 if self._budget < 0:
                     self._budget = _SLICE_BYTES
-                    yield
+                    yield None
         if start < n:
             if region_size and region_size + size > bundle_max:
                 self._region(region, refmap, mix, chunk, chunks)
@@ -441,6 +496,12 @@ class _Splitter:
             node = memoryview(blob)[1:]
         return _sha256(node).digest()[: self._digest]
 
+    def large_leaf(self, text: bytes) -> _Work[bytes]:
+        """:meth:`value_node` of a large text without references: copied and hashed by jobs."""
+        blob = yield from job(b"".join, (PLAIN_LEAF, text))
+        name = yield from job(_name, blob, self._digest)
+        return self._add(blob, _NO_HASHES, len(text), name)
+
     def value_node(self, text: bytes, refs: _Refs) -> bytes:
         if not refs:
             return self._add(b"".join((PLAIN_LEAF, text)), _NO_HASHES, len(text))
@@ -451,13 +512,14 @@ class _Splitter:
         """The length of ``text`` once its references' texts replace their placeholders."""
         return len(text) - 4 * len(hashes) + sum(map(self.sizes.__getitem__, hashes))
 
-    def _add(self, blob: bytes, hashes: list[bytes], size: int) -> bytes:
+    def _add(self, blob: bytes, hashes: list[bytes], size: int, name: bytes = b"") -> bytes:
         """Name ``blob`` (a zero flags byte + a node) and keep it unless it is known.
 
-        ``size`` is the length of the node's text once its references are spliced in.
+        ``size`` is the length of the node's text once its references are spliced in;
+        ``name`` the blob's hash when the caller has it.
         """
         node = memoryview(blob)[1:]
-        h = _sha256(node).digest()[: self._digest]
+        h = name or _sha256(node).digest()[: self._digest]
         if h not in self.children:
             self.children[h] = tuple(dict.fromkeys(hashes)) if hashes else ()
             self.sizes[h] = size

@@ -29,6 +29,7 @@ from ..format.limits import MAX_DEPTH
 from ..format.tree import SplitMemory, SplitResult, TreeParams
 from .copy import child_path
 from .split import (
+    Job,
     Node,
     Region,
     _check_size,
@@ -38,12 +39,15 @@ from .split import (
     _Refs,
     _Splitter,
     _value_node,
+    crc_work,
+    dumps_work,
 )
 from .stages import ValueStage
+from .typed import has_tags
 
 __all__ = ["SubtreeCache", "crc_combine", "crc_shift", "shared_split_work"]
 
-_Work = Generator[None, None, Any]
+_Work = Generator[Job | None, Any, Any]
 _POLY: Final = 0xEDB88320
 #: Dicts nested deeper than this are taken whole, like any other value.
 _WALK_DEPTH: Final = 32
@@ -126,6 +130,7 @@ class _Entry:
         "regions",
         "shift",
         "source",
+        "tagged",
         "text",
     )
 
@@ -147,19 +152,25 @@ class _Entry:
         self.regions: tuple[Region, ...] = ()
         #: The cached sub-trees inside this one (kept with it).
         self.inner: tuple[_Entry, ...] = ()
+        #: Whether the sub-tree's text may hold a typed value's tag (see has_tags).
+        self.tagged = True
 
 
 class SharedSplit:
     """The outcome of :func:`shared_split_work`: the copy, the split, the cache to keep."""
 
-    __slots__ = ("copy", "entries", "split")
+    __slots__ = ("copy", "entries", "split", "tagged")
 
-    def __init__(self, copy: dict[str, Any], split: SplitResult, entries: dict[int, _Entry]):
+    def __init__(
+        self, copy: dict[str, Any], split: SplitResult, entries: dict[int, _Entry], tagged: bool
+    ):
         #: The state's value-stage copy (unchanged sub-trees: the copies made before).
         self.copy = copy
         self.split = split
         #: The cached sub-trees this split used or made, for the next one.
         self.entries = entries
+        #: Whether the state's text may hold a typed value's tag (else no restore walk).
+        self.tagged = tagged
 
 
 class _Fallback(Exception):
@@ -177,7 +188,7 @@ class _Walk:
         self.kept: list[_Entry] = []  # the entries of ``new``, in the order they were kept
         self.limit = splitter.p.inline_limit
 
-    def value(self, source: Any, path: str, depth: int) -> Generator[None, None, _Entry]:
+    def value(self, source: Any, path: str, depth: int) -> Generator[Job | None, Any, _Entry]:
         entry = self.cached(source)
         if entry is None:
             walked = type(source) is dict and depth < _WALK_DEPTH
@@ -200,23 +211,27 @@ class _Walk:
             self.kept.append(kept)
         return entry
 
-    def leaf(self, source: Any, path: str) -> Generator[None, None, _Entry]:
+    def leaf(self, source: Any, path: str) -> Generator[Job | None, Any, _Entry]:
         """A value the value stage copies whole; encoded like the fast encoder's element."""
         copy, finite = yield from self.values.copy_work(source, path)
         if not finite:
             raise _Fallback
-        item = _fast_dumps(copy)
+        item = yield from dumps_work(copy)
         splitter = self.splitter
         if len(item) <= self.limit:
-            return _Entry(source, copy, item, [], 0, len(item), _depth(copy))
-        marks = self._marks()
-        text, refs = yield from splitter.encode_fast(copy, item)
-        entry = _Entry(source, copy, text, refs, zlib.crc32(item), len(item), _depth(copy))
-        return self._kept(entry, marks)
+            entry = _Entry(source, copy, item, [], 0, len(item), _depth(copy))
+        else:
+            marks = self._marks()
+            text, refs = yield from splitter.encode_fast(copy, item)
+            crc = yield from crc_work(item)
+            entry = _Entry(source, copy, text, refs, crc, len(item), _depth(copy))
+            entry = self._kept(entry, marks)
+        entry.tagged = has_tags(item)
+        return entry
 
     def walk_dict(
         self, source: dict[str, Any], path: str, depth: int, top: bool
-    ) -> Generator[None, None, _Entry]:
+    ) -> Generator[Job | None, Any, _Entry]:
         """A dict walked key by key: its entries' encodings joined as the fast encoder would."""
         marks = self._marks()
         keys = list(source)
@@ -250,9 +265,13 @@ class _Walk:
         crc = zlib.crc32(b"}", crc)
         length = max(length, 2)
         inner = 1 + max((e.depth for e in entries), default=0)
+        # Strings hold '"' escaped, so '{"$' opens a tag (or this dict's first key) only.
+        tagged = any(e.tagged for e in entries) or (bool(keys) and keys[0][:1] == "$")
         if length <= self.limit and not top:
             whole = b"".join((b"{", b",".join(texts), b"}"))
-            return _Entry(source, copy, whole, [], crc, length, inner)
+            entry = _Entry(source, copy, whole, [], crc, length, inner)
+            entry.tagged = tagged
+            return entry
 
         def chunk(first: int, end: int, head: bytes) -> tuple[bytes, _Refs]:
             return _join_entries(texts, refmap, first, end, True, head)
@@ -261,7 +280,9 @@ class _Walk:
         text, refs = yield from self.splitter._container(
             lens, refmap, mixes.__getitem__, chunk, True
         )
-        return self._kept(_Entry(source, copy, text, refs, crc, length, inner), marks)
+        entry = _Entry(source, copy, text, refs, crc, length, inner)
+        entry.tagged = tagged
+        return self._kept(entry, marks)
 
     def _marks(self) -> tuple[int, int, int]:
         log = self.splitter.log
@@ -288,7 +309,7 @@ def shared_split_work(
     previous: SplitMemory | None,
     cache: dict[int, _Entry],
     max_bytes: int | None,
-) -> Generator[None, None, SharedSplit | None]:
+) -> Generator[Job | None, Any, SharedSplit | None]:
     """Copy and split a SharedState's tree ``data``, reusing ``cache``'s sub-trees.
 
     ``previous`` is the memory of the workflow's last split, the one ``cache`` was made
@@ -315,7 +336,7 @@ def shared_split_work(
         root.crc,
         splitter.memory,
     )
-    return SharedSplit(root.copy, split, walk.new)
+    return SharedSplit(root.copy, split, walk.new, root.tagged)
 
 
 class SubtreeCache:
