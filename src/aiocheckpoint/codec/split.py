@@ -108,6 +108,10 @@ OFFLOAD_BYTES: Final = 1024 * 1024
 # How many bytes of JSON text a cooperative split handles between two yields: ~0.1-0.2 ms of
 # CPU here (docs/incremental.md, "Where the split runs").
 _SLICE_BYTES: Final = 32 * 1024
+#: Lists longer than this are encoded a run of items at a time (see dumps_work).
+_LIST_SLICE: Final = 64
+#: The kinds of values dumps_work may slice.
+_SLICED: Final = frozenset((str, list))
 
 # orjson, refusing what it would encode differently from the exact encoder: values of
 # other types raise TypeError (as do ints beyond 64 bits), and the caller falls back to it.
@@ -144,20 +148,51 @@ def crc_work(text: bytes, crc: int = 0) -> Generator[Job | None, Any, int]:
 
 
 def dumps_work(value: Any) -> Generator[Job | None, Any, bytes]:
-    """``_fast_dumps(value)``; a long string is encoded in slices, joined by a job.
+    """``_fast_dumps(value)``; a long string or list is encoded in slices, joined by a job.
 
-    JSON escapes a string character by character, so the slices' texts joined are the
-    text of the whole string; each slice is ~1-2 ms of orjson, which holds the GIL.
+    JSON escapes a string character by character and separates a list's items by commas,
+    so the slices' texts joined are the whole value's text. One orjson call holds the GIL
+    for as long as it runs (~1-2 ms per MB): a slice is about a megabyte of string, or
+    about ``_SLICE_BYTES`` of a list's items.
     """
-    step = OFFLOAD_BYTES
-    if type(value) is not str or len(value) < 2 * step:
+    kind = type(value)
+    if kind is str and len(value) >= 2 * OFFLOAD_BYTES:
+        parts = yield from _string_parts(value)
+        separator = b""
+    elif kind is list and len(value) > _LIST_SLICE:
+        parts = yield from _list_parts(value)
+        separator = b","
+    else:
         return _fast_dumps(value)
-    parts = [b'"']
-    for start in range(0, len(value), step):
-        parts.append(_fast_dumps(value[start : start + step])[1:-1])
+    opening, closing = (b'"', b'"') if kind is str else (b"[", b"]")
+    pieces = [opening, parts[0]]
+    for part in itertools.islice(parts, 1, None):
+        pieces += (separator, part)
+    pieces.append(closing)
+    return (yield from job(b"".join, pieces))
+
+
+def _string_parts(value: str) -> Generator[None, Any, list[bytes]]:
+    """The JSON texts of ``value``'s slices, without their quotes."""
+    parts = []
+    for start in range(0, len(value), OFFLOAD_BYTES):
+        parts.append(_fast_dumps(value[start : start + OFFLOAD_BYTES])[1:-1])
         yield None
-    parts.append(b'"')
-    return (yield from job(b"".join, parts))
+    return parts
+
+
+def _list_parts(value: list[Any]) -> Generator[None, Any, list[bytes]]:
+    """The JSON texts of runs of ``value``'s items, without their brackets."""
+    parts = []
+    start, count = 0, _LIST_SLICE
+    while start < len(value):
+        text = _fast_dumps(value[start : start + count])
+        parts.append(text[1:-1])
+        start += count
+        # Aim the next run at about _SLICE_BYTES of text.
+        count = max(1, min(4 * count, count * _SLICE_BYTES // len(text)))
+        yield None
+    return parts
 
 
 def _name(blob: bytes, digest: int) -> bytes:
@@ -282,23 +317,27 @@ class _Splitter:
         refmap: dict[int, _Refs] = {}
         whole = zlib.crc32(b"{" if is_dict else b"[") if top else 0
         for i, element in enumerate(elements):
+            member = element[1] if is_dict else element
+            if type(member) in _SLICED:
+                item = yield from dumps_work(member)
+            else:
+                item = _fast_dumps(member)
+            large = len(item) >= OFFLOAD_BYTES
             if is_dict:
                 key = _fast_dumps(element[0])
-                item = yield from dumps_work(element[1])
-                crc = yield from crc_work(item, zlib.crc32(b":", zlib.crc32(key)))
+                crc = zlib.crc32(b":", zlib.crc32(key))
                 size = len(key) + 1 + len(item)
             else:
-                item = yield from dumps_work(element)
-                crc = yield from crc_work(item)
-                size = len(item)
+                crc, size = 0, len(item)
+            crc = (yield from crc_work(item, crc)) if large else zlib.crc32(item, crc)
             if top:
                 if i:
                     whole = zlib.crc32(b",", whole)
                 if is_dict:
                     whole = zlib.crc32(b":", zlib.crc32(key, whole))
-                whole = yield from crc_work(item, whole)
+                whole = (yield from crc_work(item, whole)) if large else zlib.crc32(item, whole)
             if len(item) > limit:
-                inner, refs = yield from self.encode_fast(element[1] if is_dict else element, item)
+                inner, refs = yield from self.encode_fast(member, item)
                 if is_dict:
                     shift = len(key) + 1
                     refs = [(off + shift, h) for off, h in refs]
