@@ -23,11 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointCorruptedError, CheckpointManager, SharedState, open_storage
-from aiocheckpoint.codec import split
+from aiocheckpoint.codec import join, split
+from aiocheckpoint.codec.join import join_state
 from aiocheckpoint.codec.pipeline import cooperate
+from aiocheckpoint.codec.v2 import decode_checkpoint_v2, encode_checkpoint_v2
 from aiocheckpoint.format.jsontext import loads, loads_fast
 from aiocheckpoint.format.tags import MARK, may_hold_tag
 from aiocheckpoint.format.tree import TreeParams
+from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot
 
 PARAMS = TreeParams(
     inline_limit=64,
@@ -157,3 +160,58 @@ async def test_typed_values_in_a_large_shared_state_come_back_typed(
     assert plain_back[1].data == _big_state({"n": 1})
     assert latest.metadata == {"at": when}
     assert typed_back[1].data == _big_state({"when": when, "n": 2})
+
+
+@contextmanager
+def small_parts() -> Iterator[None]:
+    """Parse every index node of leaves, and every leaf, apart from the text around it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(join, "PART_BYTES", 3)
+        yield
+
+
+STATES = st.dictionaries(
+    st.sampled_from(["a", "b", "c"]),
+    st.lists(VALUES, min_size=30, max_size=120)
+    | st.dictionaries(TEXT, VALUES, min_size=30, max_size=80)
+    | TEXT.map(lambda t: t * 40),
+    min_size=1,
+)
+
+
+def _record(state: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
+    checkpoint = Checkpoint(
+        workflow_id="wf",
+        step=1,
+        agent_id="a",
+        status=AgentStatus.COMPLETED,
+        state_snapshot=StateSnapshot(data=state),
+    )
+    record, result = encode_checkpoint_v2(checkpoint, PARAMS, finite=True)
+    return record, result.blobs
+
+
+@SETTINGS
+@given(STATES)
+def test_values_parsed_apart_read_back_as_the_whole_text_does(state: dict[str, Any]) -> None:
+    state["pad"] = "p\u00fc\U0001f600" * 100  # over root_inline_limit: always a tree
+    record, blobs = _record(state)
+    exact = split.split_state(state, PARAMS)  # no text checksum: every leaf hashed
+    whole = decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data
+    with small_parts():
+        apart = decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data
+        hashed = join_state(exact.root, lambda _: exact.blobs)
+    assert whole == apart == hashed == state
+    assert orjson.dumps(apart) == orjson.dumps(state)
+
+
+def test_the_text_checksum_guards_values_parsed_apart() -> None:
+    state = {"messages": [{"role": "user", "text": f"hello {i}"} for i in range(200)]}
+    record, blobs = _record(state)
+    with small_parts():
+        assert decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data == state
+        for h, blob in blobs.items():
+            if b"hello 7" in blob:
+                damaged = {**blobs, h: blob.replace(b"hello 7", b"hello 8", 1)}
+                with pytest.raises(CheckpointCorruptedError, match=h.hex()):
+                    decode_checkpoint_v2(record, lambda _, d=damaged: d)

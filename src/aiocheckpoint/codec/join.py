@@ -12,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import operator
+import secrets
 import struct
 import zlib
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
 from typing import Any, Final, TypeVar
+
+import orjson
 
 from ..errors import CheckpointCorruptedError
 from ..format.blob import Unwrapper
@@ -90,6 +93,9 @@ class Joiner:
         self._max = max_bytes
         self._unwrap = Unwrapper(max_bytes)
         self._nodes: dict[bytes, bytes | tuple[bytes, list[bytes]]] = {}
+        # Large values not spliced into the text: parsed a piece at a time (see _Part).
+        self._parts: list[_Part] = []
+        self._aside = 0  # the bytes of their texts
         #: Whether the rebuilt text may hold a typed value's tag (set by :meth:`steps`):
         #: when it does not, the values need no walk (:func:`~.typed.has_tags`).
         self.tagged = True
@@ -152,12 +158,23 @@ class Joiner:
             if not hashed:
                 self._check_all()  # a damaged node names itself before a malformed one
             raise
-        if not hashed and zlib.crc32(text) != text_crc:
+        parts = self._parts
+        if not hashed and self._text_crc(text) != text_crc:
             self._check_all()
             raise _corrupt("state text does not match its checksum")
-        self.tagged = has_tags(text)
+        self.tagged = has_tags(text) or any(has_tags(b) for p in parts for b in p.blobs)
         # A text checksum says the fast encoder wrote the text: orjson reads it exactly.
-        return loads(text) if hashed else loads_fast(text)
+        parse = loads if hashed else loads_fast
+        value = parse(text)
+        return _substituted(value, {p.token: p.parse(parse) for p in parts}) if parts else value
+
+    def _text_crc(self, text: bytearray) -> int:
+        """CRC-32 of the whole text: ``text`` with every large part's text in its place."""
+        crc, pos, view = 0, 0, memoryview(text)
+        for part in self._parts:
+            crc = part.crc(zlib.crc32(view[pos : part.at], crc))
+            pos = part.at + len(part.placeholder)
+        return zlib.crc32(view[pos:], crc)
 
     def _check_all(self) -> None:
         """Hash every node fetched so far; raise for the first that does not match."""
@@ -183,7 +200,7 @@ class Joiner:
 
     def _check_room(self, text: bytearray, more: int = 0) -> None:
         """Refuse a text that is, or would be with ``more`` bytes, over the limit."""
-        if len(text) + more > self._max:
+        if len(text) + self._aside + more > self._max:
             raise _corrupt("tree expands beyond the record size limit")
 
     def _emit(self, node: bytes, refs: list[bytes], text: bytearray, inner: int) -> None:
@@ -220,7 +237,10 @@ class Joiner:
                     self._emit(child[0], child[1], text, 0)
                 elif len(child) > len(PLAIN_LEAF):  # a stored leaf, without a call
                     self._check_room(text, len(child))
-                    text += memoryview(child)[6:]
+                    if len(child) < PART_BYTES:
+                        text += memoryview(child)[6:]
+                    else:
+                        self._set_aside(text, 0, [child], len(child) - len(PLAIN_LEAF))
                 else:
                     raise _corrupt("empty value node")
                 pos = at + 4
@@ -245,7 +265,11 @@ class Joiner:
                 or bytes(map(_last_byte, leaves)).count(bracket + 2) != n  # "]" / "}"
             ):
                 raise _corrupt("chunk of the wrong kind")
-            self._check_room(text, sum(map(len, leaves)) - (len(PLAIN_LEAF) + 1) * n + 1)
+            size = sum(map(len, leaves)) - (len(PLAIN_LEAF) + 1) * n + 1
+            self._check_room(text, size)
+            if n == len(pieces) and size >= PART_BYTES:
+                self._set_aside(text, kind, leaves, size + 1)
+                return
         text += opening
         if n == len(pieces):
             text += b",".join(map(_chunk_entries, map(_view, leaves)))
@@ -259,6 +283,13 @@ class Joiner:
                     text += _chunk_entries(_view(piece))
         self._check_room(text, 1)
         text += closing
+
+    def _set_aside(self, text: bytearray, kind: int, blobs: list[bytes], size: int) -> None:
+        """Put a placeholder in ``text`` for a large value of ``blobs`` (see _Part)."""
+        part = _Part(len(text), kind, blobs, len(self._parts))
+        text += part.placeholder
+        self._aside += size - len(part.placeholder)
+        self._parts.append(part)
 
     def _collect(
         self,
@@ -288,6 +319,98 @@ class Joiner:
                     pieces.append(child)
         if len(pieces) > most:
             raise _corrupt("tree expands beyond the record size limit")
+
+
+class _Part:
+    """A large value of a rebuilt state, parsed apart from the text around it.
+
+    One parse of a whole state holds the GIL for as long as it runs (~10 ms per MB of
+    short strings), and so stalls the event loop however the read is scheduled. A list or
+    dict index node whose chunks are all stored leaves, or a large leaf, is therefore not
+    spliced into the text: a placeholder string goes there, each chunk is parsed alone
+    (the GIL can pass to the loop between chunks) and the value replaces the placeholder
+    in the parsed state. The text checksum still covers the whole text, placeholders
+    replaced by what they stand for.
+    """
+
+    __slots__ = ("at", "blobs", "kind", "placeholder", "token")
+
+    def __init__(self, at: int, kind: int, blobs: list[bytes], index: int) -> None:
+        self.at = at  # where the placeholder is in the text
+        self.kind = kind  # KIND_LIST, KIND_DICT, or 0: a leaf
+        self.blobs = blobs
+        # A NUL, a random 128-bit nonce: no stored string can be expected to equal it.
+        self.token = f"\x00aiocheckpoint-part-{_NONCE.hex()}-{index}"
+        self.placeholder = orjson.dumps(self.token)
+
+    def crc(self, crc: int) -> int:
+        """``crc`` continued over the part's text."""
+        if not self.kind:
+            return zlib.crc32(memoryview(self.blobs[0])[len(PLAIN_LEAF) :], crc)
+        opening, closing = (b"[", b"]") if self.kind == KIND_LIST else (b"{", b"}")
+        crc = zlib.crc32(opening, crc)
+        for i, blob in enumerate(self.blobs):
+            if i:
+                crc = zlib.crc32(b",", crc)
+            crc = zlib.crc32(_chunk_entries(_view(blob)), crc)
+        return zlib.crc32(closing, crc)
+
+    def parse(self, parse: Callable[[bytes], Any]) -> Any:
+        """The part's value, parsed a chunk (or, for a long string, a slice) at a time."""
+        texts = [blob[len(PLAIN_LEAF) :] for blob in self.blobs]
+        if not self.kind:
+            return _parse_leaf(texts[0], parse)
+        values = list(map(parse, texts))
+        kind = list if self.kind == KIND_LIST else dict
+        if any(type(v) is not kind for v in values):
+            raise _corrupt("chunk of the wrong kind")
+        if kind is list:
+            return list(itertools.chain.from_iterable(values))
+        merged: dict[str, Any] = {}
+        for value in values:
+            merged.update(value)
+        return merged
+
+
+_NONCE: Final = secrets.token_bytes(16)
+#: Values at least this long are parsed apart from the rest of a state (see _Part).
+PART_BYTES: Final = 1024 * 1024
+
+
+def _parse_leaf(text: bytes, parse: Callable[[bytes], Any]) -> Any:
+    """A leaf's value; a long string without escapes is parsed in slices of ~1 MB."""
+    if text[:1] != b'"' or b"\\" in text or len(text) < 2 * PART_BYTES:
+        return parse(text)
+    view, slices, start, end = memoryview(text), [], 1, len(text) - 1
+    while start < end:
+        stop = min(start + PART_BYTES, end)
+        while stop < end and text[stop] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
+            stop += 1
+        slices.append(parse(b"".join((b'"', view[start:stop], b'"'))))
+        start = stop
+    return "".join(slices)
+
+
+def _substituted(value: Any, parts: dict[str, Any]) -> Any:
+    """``value`` with each placeholder string replaced by the part it stands for."""
+    if type(value) is str:
+        return parts.get(value, value)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            for key, child in item.items():
+                if type(child) is str and child in parts:
+                    item[key] = parts[child]
+                elif type(child) is dict or type(child) is list:
+                    stack.append(child)
+        elif type(item) is list:
+            for i, child in enumerate(item):
+                if type(child) is str and child in parts:
+                    item[i] = parts[child]
+                elif type(child) is dict or type(child) is list:
+                    stack.append(child)
+    return value
 
 
 def drive(steps: Steps[_T], fetch: Fetch) -> _T:
