@@ -215,3 +215,17 @@ def test_the_text_checksum_guards_values_parsed_apart() -> None:
                 damaged = {**blobs, h: blob.replace(b"hello 7", b"hello 8", 1)}
                 with pytest.raises(CheckpointCorruptedError, match=h.hex()):
                     decode_checkpoint_v2(record, lambda _, d=damaged: d)
+
+
+@pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
+async def test_a_value_of_several_megabytes_reads_back(tmp_path: Path, url: str) -> None:
+    """Sliced on write and read (a SQLite blob of 3 MB is read a slice at a time)."""
+    state = {
+        "text": "caf\u00e9 \U0001f600 " * 300_000,
+        "chat": [{"role": "user", "text": f"message {i} " * 20} for i in range(20_000)],
+    }
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        await manager.create_checkpoint("wf", 1, "a", "completed", SharedState(state))
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        back = await manager.get_resume_point("wf")
+    assert back is not None and back[1].data == state
