@@ -357,10 +357,9 @@ class _Part:
 
     def parse(self, parse: Callable[[bytes], Any]) -> Any:
         """The part's value, parsed a chunk (or, for a long string, a slice) at a time."""
-        texts = [blob[len(PLAIN_LEAF) :] for blob in self.blobs]
         if not self.kind:
-            return _parse_leaf(texts[0], parse)
-        values = list(map(parse, texts))
+            return _parse_leaf(self.blobs[0], parse)
+        values = [parse(blob[len(PLAIN_LEAF) :]) for blob in self.blobs]
         kind = list if self.kind == KIND_LIST else dict
         if any(type(v) is not kind for v in values):
             raise _corrupt("chunk of the wrong kind")
@@ -377,14 +376,18 @@ _NONCE: Final = secrets.token_bytes(16)
 PART_BYTES: Final = 1024 * 1024
 
 
-def _parse_leaf(text: bytes, parse: Callable[[bytes], Any]) -> Any:
-    """A leaf's value; a long string without escapes is parsed in slices of ~1 MB."""
-    if text[:1] != b'"' or b"\\" in text or len(text) < 2 * PART_BYTES:
-        return parse(text)
-    view, slices, start, end = memoryview(text), [], 1, len(text) - 1
+def _parse_leaf(blob: bytes, parse: Callable[[bytes], Any]) -> Any:
+    """A stored leaf's value; a long string without escapes is parsed in ~1 MB slices.
+
+    The leaf's text is not copied out of its blob: a copy of bytes holds the GIL.
+    """
+    start = len(PLAIN_LEAF)
+    if blob[start] != ord('"') or b"\\" in blob or len(blob) < 2 * PART_BYTES:
+        return parse(blob[start:])
+    view, slices, start, end = memoryview(blob), [], start + 1, len(blob) - 1
     while start < end:
         stop = min(start + PART_BYTES, end)
-        while stop < end and text[stop] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
+        while stop < end and blob[stop] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
             stop += 1
         slices.append(parse(b"".join((b'"', view[start:stop], b'"'))))
         start = stop
