@@ -29,18 +29,9 @@ from aiocheckpoint.codec.pipeline import cooperate
 from aiocheckpoint.codec.v2 import decode_checkpoint_v2, encode_checkpoint_v2
 from aiocheckpoint.format.jsontext import loads, loads_fast
 from aiocheckpoint.format.tags import MARK, may_hold_tag
-from aiocheckpoint.format.tree import TreeParams
 from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot
+from tests.test_subtrees import PARAMS
 
-PARAMS = TreeParams(
-    inline_limit=64,
-    root_inline_limit=256,
-    chunk_min=32,
-    chunk_avg=128,
-    chunk_max=512,
-    bundle_chunks=4,
-    bundle_max=1024,
-)
 TEXT = st.text(st.characters(codec="utf-8"), max_size=60)
 SCALARS = st.one_of(
     st.integers(-(2**63), 2**64 - 1),
