@@ -98,6 +98,11 @@ class BlobTable:
             if data is None:
                 raise missing_blob(h)
             inserts.append((h, n, data))
+        large = [row for row in inserts if len(row[2]) >= _LARGE_BLOB]
+        if large and hasattr(self.conn, "blobopen"):  # Python 3.11+
+            inserts = [row for row in inserts if len(row[2]) < _LARGE_BLOB]
+            for h, n, data in large:
+                _insert_large(self.conn, h, n, data)
         self.conn.executemany(_INSERT, inserts)
         return missing
 
@@ -233,6 +238,22 @@ def read_blobs(
 #: Blobs from this size on are read in slices: sqlite3 copies a column's value into Python
 #: holding the GIL (~20-60 ms for 50 MB here), but releases it around each blob read.
 _LARGE_BLOB: Final = 1024 * 1024
+
+
+def _insert_large(conn: sqlite3.Connection, h: bytes, n: int, data: bytes) -> None:
+    """Insert a large blob as zeros, then write it ``_LARGE_BLOB`` bytes at a time.
+
+    sqlite3 binds a parameter holding the GIL while SQLite copies it; a blob write
+    releases it. In the writer's transaction, like any insert.
+    """
+    cursor = conn.execute(_INSERT_ZEROS, (h, n, len(data)))
+    view = memoryview(data)
+    with conn.blobopen("blobs", "data", cursor.lastrowid) as blob:  # type: ignore[attr-defined]
+        for start in range(0, len(data), _LARGE_BLOB):
+            blob.write(view[start : start + _LARGE_BLOB])
+
+
+_INSERT_ZEROS: Final = "INSERT INTO blobs (hash, refs, data) VALUES (?, ?, zeroblob(?))"
 
 
 def _read_large(conn: sqlite3.Connection, rowid: int) -> bytes:
