@@ -14,7 +14,14 @@ Measures, in one process per source tree:
   ``incremental=False`` (wall time); and the same decode with blobs in a dict (CPU time);
 * ``small``: ~1 KB writes per second on the file store, incremental vs not;
 * ``shared`` (instead of ``lag``): the lag runs with each workflow's state in a
-  ``SharedState`` (whose copy the manager takes in slices) on the memory and file stores.
+  ``SharedState`` (whose copy the manager takes in slices) on the memory and file stores;
+* ``floor``: ``get_resume_point`` of the ~10 MB state on the file and SQLite stores (median
+  wall time) against the raw floor measured alternately in the same process: read the
+  state's compact JSON from a file (in a worker thread) and ``json.loads`` it;
+* ``huge``: a 1 ms heartbeat's lateness (max, p99) while one 50 MB value is written and read
+  on the file and SQLite stores (issue #21): a ``SharedState`` holding one 50 MB string, and
+  one holding a 50,000-message chat (~1 KB each): its first checkpoint, a second one with
+  another key changed, and ``get_resume_point``.
 
 ``--compare OTHER_SRC`` runs the same measurements against another checkout's ``src`` (for
 example the main branch) in alternating child processes, ``--rounds`` times each, and
@@ -33,7 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -199,6 +206,98 @@ async def slices(quick: bool) -> dict[str, float]:
     return out
 
 
+_FLOOR_STORES: Final = (("file", "file://{dir}/store"), ("sqlite", "sqlite://{dir}/store.db"))
+
+
+async def floor(quick: bool) -> dict[str, float]:
+    """Resume of the 10 MB state against the raw floor (read a file, ``json.loads``)."""
+    from aiocheckpoint import CheckpointManager, open_storage
+    from bench.data import DocStates
+
+    big = DocStates.of(10_000_000).at(1)
+    calls = 3 if quick else 7
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="ackp-floor-") as tmp:
+        raw = Path(tmp, "raw.json")
+        await asyncio.to_thread(raw.write_bytes, json.dumps(big, separators=(",", ":")).encode())
+
+        async def floor_call() -> Any:
+            return json.loads(await asyncio.to_thread(raw.read_bytes))
+
+        for name, url in _FLOOR_STORES:
+            async with CheckpointManager(open_storage(url.format(dir=tmp))) as manager:
+                await manager.create_checkpoint("wf", 1, "a", "completed", big)
+                calls_of = {"ours": lambda: manager.get_resume_point("wf"), "raw": floor_call}
+                times: dict[str, list[float]] = {"ours": [], "raw": []}
+                for _ in range(calls + 1):  # the first round warms up
+                    for who, call in calls_of.items():
+                        start = time.perf_counter()
+                        assert await call() is not None
+                        times[who].append(time.perf_counter() - start)
+                ours, floor_ms = (statistics.median(times[w][1:]) * 1e3 for w in ("ours", "raw"))
+                out[f"resume_{name}_ms"] = ours
+                out[f"resume_{name}_floor_ms"] = floor_ms
+                out[f"resume_{name}_over_floor"] = ours / floor_ms
+    return out
+
+
+def _huge_states() -> dict[str, dict[str, Any]]:
+    from bench.data import text
+
+    chat = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": text(1000, seed=i % 97)}
+        for i in range(50_000)
+    ]
+    return {"string": {"blob": "x" * 50_000_000, "n": 0}, "chat": {"messages": chat, "n": 0}}
+
+
+async def _lag_of(call: Any) -> tuple[float, float]:
+    """Heartbeat lateness (max, p99 in ms) while ``call()`` is awaited."""
+    from bench.workloads import Heartbeat
+
+    heartbeat = Heartbeat()
+    heartbeat.start()
+    await asyncio.sleep(0.005)
+    await call()
+    await asyncio.sleep(0.005)
+    figures = await heartbeat.stop()
+    return figures["lag_max_ms"], figures["lag_p99_ms"]
+
+
+async def huge(quick: bool) -> dict[str, float]:
+    """Loop lag while a 50 MB string or a 50,000-message chat is written and read."""
+    from aiocheckpoint import CheckpointManager, SharedState, open_storage
+
+    out: dict[str, float] = {}
+    idle_max, _ = await _lag_of(lambda: asyncio.sleep(0.2))
+    out["huge_idle_max_ms"] = idle_max
+    for kind, state in _huge_states().items():
+        for name, url in _FLOOR_STORES:
+            with tempfile.TemporaryDirectory(prefix="ackp-huge-") as tmp:
+                async with CheckpointManager(open_storage(url.format(dir=tmp))) as manager:
+                    figures = await _huge_rounds(manager, SharedState(state))
+            out.update({f"huge_{kind}_{name}_{k}_max_ms": v for k, v in figures.items()})
+    return out
+
+
+async def _huge_rounds(manager: Any, shared: Any) -> dict[str, float]:
+    """Lag max of a first checkpoint, a second with another key changed, and a resume."""
+
+    def save(step: int) -> Any:
+        return lambda: manager.create_checkpoint("wf", step, "a", "running", shared)
+
+    # Warm up: the first checkpoint and read of a process import and open what they use.
+    await manager.create_checkpoint("warm", 0, "a", "running", {"n": 0})
+    await manager.get_resume_point("warm")
+
+    out = {}
+    out["write"], _ = await _lag_of(save(1))
+    shared.set("n", 1)
+    out["next"], _ = await _lag_of(save(2))
+    out["read"], _ = await _lag_of(lambda: manager.get_resume_point("wf"))
+    return out
+
+
 def _read_blobs(root: Path) -> dict[bytes, bytes]:
     """Every blob of a file store, read into a dict (for a CPU-only decode)."""
     return {bytes.fromhex(p.name): p.read_bytes() for p in root.glob("??/*") if len(p.name) > 8}
@@ -266,6 +365,10 @@ def child(src: str, quick: bool, parts: str) -> None:
         out.update(asyncio.run(slices(quick)))
     if "resume" in parts:
         out.update(asyncio.run(resume_and_small(quick)))
+    if "floor" in parts:
+        out.update(asyncio.run(floor(quick)))
+    if "huge" in parts:
+        out.update(asyncio.run(huge(quick)))
     print(json.dumps(out))
 
 

@@ -208,14 +208,17 @@ def test_the_cooperative_encoder_yields_between_slices_and_matches_the_one_shot_
     data = {"docs": [{"id": i, "text": _words(rng, 150)} for i in range(1000)], "n": 1.5}
     cp = _checkpoint(data)
     work = encode_v2_work(cp, finite=True)
-    slices = 0
+    slices = jobs = 0
     try:
+        step = next(work)
         while True:
-            next(work)
-            slices += 1
+            slices += step is None
+            jobs += step is not None
+            step = work.send(None if step is None else step())
     except StopIteration as stop:
         record, split = stop.value
     assert slices >= 1_000_000 // (64 * 1024)
+    assert jobs >= 1  # the checksum of the 1 MB list's text, for a worker thread
     assert (record, split) == encode_checkpoint_v2(cp, finite=True)
     back = decode_checkpoint_v2(record, Store(split.blobs).fetch)
     assert canon(back.state_snapshot.data) == canon(cp.state_snapshot.data)

@@ -390,7 +390,7 @@ class CheckpointManager:
             tree = await codec.encode_tree(workflow_id, checkpoint, finite)
             if tree is not None:
                 record, split = tree
-                returned = await codec.returned_tree(checkpoint)
+                returned = await codec.returned_tree(workflow_id, checkpoint)
                 await blobs.save_tree(
                     workflow_id,
                     step,

@@ -12,15 +12,19 @@ from __future__ import annotations
 import hashlib
 import itertools
 import operator
+import secrets
 import struct
 import zlib
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
 from typing import Any, Final, TypeVar
 
+import orjson
+
 from ..errors import CheckpointCorruptedError
 from ..format.blob import Unwrapper
-from ..format.jsontext import loads
+from ..format.jsontext import loads, loads_fast
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
+from ..format.tags import may_hold_tag as has_tags
 from ..format.tree import KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
 
 __all__ = [
@@ -89,6 +93,12 @@ class Joiner:
         self._max = max_bytes
         self._unwrap = Unwrapper(max_bytes)
         self._nodes: dict[bytes, bytes | tuple[bytes, list[bytes]]] = {}
+        # Large values not spliced into the text: parsed a piece at a time (see _Part).
+        self._parts: list[_Part] = []
+        self._aside = 0  # the bytes of their texts
+        #: Whether the rebuilt text may hold a typed value's tag (set by :meth:`steps`):
+        #: when it does not, the values need no walk (:func:`~.typed.has_tags`).
+        self.tagged = True
 
     def steps(self, root: bytes, text_crc: int | None = None) -> Steps[Any]:
         """Fetch and verify the tree under ``root``; return the parsed state.
@@ -139,6 +149,7 @@ class Joiner:
                 level.update(dict.fromkeys(refs))
             pending = [h for h in level if h not in nodes]
         if not root_refs and root_node[:1] == b"V":
+            self.tagged = has_tags(root_node)
             return loads(root_node[5:])  # a small state kept whole in the root
         text = bytearray()
         try:
@@ -147,10 +158,23 @@ class Joiner:
             if not hashed:
                 self._check_all()  # a damaged node names itself before a malformed one
             raise
-        if not hashed and zlib.crc32(text) != text_crc:
+        parts = self._parts
+        if not hashed and self._text_crc(text) != text_crc:
             self._check_all()
             raise _corrupt("state text does not match its checksum")
-        return loads(text)
+        self.tagged = has_tags(text) or any(has_tags(b) for p in parts for b in p.blobs)
+        # A text checksum says the fast encoder wrote the text: orjson reads it exactly.
+        parse = loads if hashed else loads_fast
+        value = parse(text)
+        return _substituted(value, {p.token: p.parse(parse) for p in parts}) if parts else value
+
+    def _text_crc(self, text: bytearray) -> int:
+        """CRC-32 of the whole text: ``text`` with every large part's text in its place."""
+        crc, pos, view = 0, 0, memoryview(text)
+        for part in self._parts:
+            crc = part.crc(zlib.crc32(view[pos : part.at], crc))
+            pos = part.at + len(part.placeholder)
+        return zlib.crc32(view[pos:], crc)
 
     def _check_all(self) -> None:
         """Hash every node fetched so far; raise for the first that does not match."""
@@ -176,7 +200,7 @@ class Joiner:
 
     def _check_room(self, text: bytearray, more: int = 0) -> None:
         """Refuse a text that is, or would be with ``more`` bytes, over the limit."""
-        if len(text) + more > self._max:
+        if len(text) + self._aside + more > self._max:
             raise _corrupt("tree expands beyond the record size limit")
 
     def _emit(self, node: bytes, refs: list[bytes], text: bytearray, inner: int) -> None:
@@ -213,7 +237,10 @@ class Joiner:
                     self._emit(child[0], child[1], text, 0)
                 elif len(child) > len(PLAIN_LEAF):  # a stored leaf, without a call
                     self._check_room(text, len(child))
-                    text += memoryview(child)[6:]
+                    if len(child) < PART_BYTES:
+                        text += memoryview(child)[6:]
+                    else:
+                        self._set_aside(text, 0, [child], len(child) - len(PLAIN_LEAF))
                 else:
                     raise _corrupt("empty value node")
                 pos = at + 4
@@ -238,7 +265,11 @@ class Joiner:
                 or bytes(map(_last_byte, leaves)).count(bracket + 2) != n  # "]" / "}"
             ):
                 raise _corrupt("chunk of the wrong kind")
-            self._check_room(text, sum(map(len, leaves)) - (len(PLAIN_LEAF) + 1) * n + 1)
+            size = sum(map(len, leaves)) - (len(PLAIN_LEAF) + 1) * n + 1
+            self._check_room(text, size)
+            if n == len(pieces) and size >= PART_BYTES:
+                self._set_aside(text, kind, leaves, size + 1)
+                return
         text += opening
         if n == len(pieces):
             text += b",".join(map(_chunk_entries, map(_view, leaves)))
@@ -252,6 +283,13 @@ class Joiner:
                     text += _chunk_entries(_view(piece))
         self._check_room(text, 1)
         text += closing
+
+    def _set_aside(self, text: bytearray, kind: int, blobs: list[bytes], size: int) -> None:
+        """Put a placeholder in ``text`` for a large value of ``blobs`` (see _Part)."""
+        part = _Part(len(text), kind, blobs, len(self._parts))
+        text += part.placeholder
+        self._aside += size - len(part.placeholder)
+        self._parts.append(part)
 
     def _collect(
         self,
@@ -281,6 +319,101 @@ class Joiner:
                     pieces.append(child)
         if len(pieces) > most:
             raise _corrupt("tree expands beyond the record size limit")
+
+
+class _Part:
+    """A large value of a rebuilt state, parsed apart from the text around it.
+
+    One parse of a whole state holds the GIL for as long as it runs (~10 ms per MB of
+    short strings), and so stalls the event loop however the read is scheduled. A list or
+    dict index node whose chunks are all stored leaves, or a large leaf, is therefore not
+    spliced into the text: a placeholder string goes there, each chunk is parsed alone
+    (the GIL can pass to the loop between chunks) and the value replaces the placeholder
+    in the parsed state. The text checksum still covers the whole text, placeholders
+    replaced by what they stand for.
+    """
+
+    __slots__ = ("at", "blobs", "kind", "placeholder", "token")
+
+    def __init__(self, at: int, kind: int, blobs: list[bytes], index: int) -> None:
+        self.at = at  # where the placeholder is in the text
+        self.kind = kind  # KIND_LIST, KIND_DICT, or 0: a leaf
+        self.blobs = blobs
+        # A NUL, a random 128-bit nonce: no stored string can be expected to equal it.
+        self.token = f"\x00aiocheckpoint-part-{_NONCE.hex()}-{index}"
+        self.placeholder = orjson.dumps(self.token)
+
+    def crc(self, crc: int) -> int:
+        """``crc`` continued over the part's text."""
+        if not self.kind:
+            return zlib.crc32(memoryview(self.blobs[0])[len(PLAIN_LEAF) :], crc)
+        opening, closing = (b"[", b"]") if self.kind == KIND_LIST else (b"{", b"}")
+        crc = zlib.crc32(opening, crc)
+        for i, blob in enumerate(self.blobs):
+            if i:
+                crc = zlib.crc32(b",", crc)
+            crc = zlib.crc32(_chunk_entries(_view(blob)), crc)
+        return zlib.crc32(closing, crc)
+
+    def parse(self, parse: Callable[[bytes], Any]) -> Any:
+        """The part's value, parsed a chunk (or, for a long string, a slice) at a time."""
+        if not self.kind:
+            return _parse_leaf(self.blobs[0], parse)
+        values = [parse(blob[len(PLAIN_LEAF) :]) for blob in self.blobs]
+        kind = list if self.kind == KIND_LIST else dict
+        if any(type(v) is not kind for v in values):
+            raise _corrupt("chunk of the wrong kind")
+        if kind is list:
+            return list(itertools.chain.from_iterable(values))
+        merged: dict[str, Any] = {}
+        for value in values:
+            merged.update(value)
+        return merged
+
+
+_NONCE: Final = secrets.token_bytes(16)
+#: Values at least this long are parsed apart from the rest of a state (see _Part).
+PART_BYTES: Final = 1024 * 1024
+
+
+def _parse_leaf(blob: bytes, parse: Callable[[bytes], Any]) -> Any:
+    """A stored leaf's value; a long string without escapes is parsed in ~1 MB slices.
+
+    The leaf's text is not copied out of its blob: a copy of bytes holds the GIL.
+    """
+    start = len(PLAIN_LEAF)
+    if blob[start] != ord('"') or b"\\" in blob or len(blob) < 2 * PART_BYTES:
+        return parse(blob[start:])
+    view, slices, start, end = memoryview(blob), [], start + 1, len(blob) - 1
+    while start < end:
+        stop = min(start + PART_BYTES, end)
+        while stop < end and blob[stop] & 0xC0 == 0x80:  # not inside a UTF-8 sequence
+            stop += 1
+        slices.append(parse(b"".join((b'"', view[start:stop], b'"'))))
+        start = stop
+    return "".join(slices)
+
+
+def _substituted(value: Any, parts: dict[str, Any]) -> Any:
+    """``value`` with each placeholder string replaced by the part it stands for."""
+    if type(value) is str:
+        return parts.get(value, value)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            for key, child in item.items():
+                if type(child) is str and child in parts:
+                    item[key] = parts[child]
+                elif type(child) is dict or type(child) is list:
+                    stack.append(child)
+        elif type(item) is list:
+            for i, child in enumerate(item):
+                if type(child) is str and child in parts:
+                    item[i] = parts[child]
+                elif type(child) is dict or type(child) is list:
+                    stack.append(child)
+    return value
 
 
 def drive(steps: Steps[_T], fetch: Fetch) -> _T:

@@ -29,24 +29,26 @@ from ..errors import (
     InvalidArgumentError,
 )
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
-from ..format.tags import MARK
 from ..format.tree import SplitMemory, SplitResult, TreeParams
 from ..models import Checkpoint, StateSnapshot, StateVersion, built
 from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
 from .effects import EffectRecord, decode_effect, encode_effect
 from .memory import MemoryCache, recovered_memory
 from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
-from .split import exceeds
+from .split import Job, exceeds
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
 from .subtrees import SharedSplit, SubtreeCache, shared_split_work
+from .typed import has_tags
 from .v1 import decode_checkpoint, encode_checkpoint
-from .v2 import decode_checkpoint_v2, encode_checkpoint_v2, encode_v2_work, record_v2
+from .v2 import decode_tagged, encode_checkpoint_v2, encode_v2_work, record_v2
 
 __all__ = ["RecordCodec", "cooperate"]
 
 #: Version-1 records up to this size are decoded on the event loop (~0.5 ms), larger ones
 #: in a worker thread.
 _DECODE_ON_LOOP: Final = 256 * 1024
+#: The text hint for values read from texts that hold no tag (see ValueStage.restore).
+_UNTAGGED: Final = b""
 #: SharedState splits made by snapshots and not (yet) taken by :meth:`RecordCodec.encode_tree`.
 _PREPARED: Final = 256
 
@@ -120,18 +122,19 @@ class RecordCodec:
         :class:`~aiocheckpoint.TaggedValue` comes back as itself. ``checkpoint``'s values
         are restored in place (they are the private copy, already encoded).
         """
-        if MARK not in record:
+        if not has_tags(record):
             return checkpoint  # the common case: plain JSON, nothing to restore
         return self._restored(checkpoint, record)
 
-    async def returned_tree(self, checkpoint: Checkpoint) -> Checkpoint:
-        """:meth:`returned` for a checkpoint just encoded as a tree, in a worker thread.
+    async def returned_tree(self, workflow_id: str, checkpoint: Checkpoint) -> Checkpoint:
+        """:meth:`returned` for a checkpoint just encoded as a tree.
 
         Not even that for a SharedState's split that found no tag in what it encoded (its
         cached sub-trees know), when the metadata hold none either: the default value stage
-        would hand the checkpoint back as it is, after encoding the whole state to look.
+        would hand the checkpoint back as it is. Otherwise the values are re-encoded to look
+        for tags, and restored, in a worker thread.
         """
-        shared = self._staged.get(checkpoint.workflow_id)
+        shared = self._staged.get(workflow_id)
         if (
             shared is not None
             and not shared.tagged
@@ -349,14 +352,21 @@ class RecordCodec:
         data = stored.data
         if self.sealer is not None or is_sealed_record(data):
             data = await self._unsealed(workflow_id, stored)
+        restore = self._values.restore
+        if len(data) > 4 and data[4] == 2:
+            # Joining a tree is CPU work (its parse alone ~2 ms per MB), and each tree
+            # level's fetch hops back to the event loop.
+            def decode_tree() -> Checkpoint:
+                checkpoint, tagged = self._decode_tree(data, workflow_id, stored.step)
+                # The joiner looked at every text the values came from: without a tag in
+                # them, no walk (and no re-encoding of the state to look for one).
+                return restore(checkpoint, None if tagged else _UNTAGGED, view)
+
+            return await anyio.to_thread.run_sync(decode_tree)
         # A version-1 record holds all the values' text: without a tag in it, no walk.
         text = data if len(data) > 4 and data[4] == 1 else None
         decode: Callable[[], Checkpoint]
-        if len(data) > 4 and data[4] == 2:
-            # Joining a tree is CPU work (~14 ms per MB), and each tree level's fetch hops
-            # back to the event loop.
-            decode = functools.partial(self._decode_tree, data, workflow_id, stored.step)
-        elif len(data) > _DECODE_ON_LOOP:
+        if len(data) > _DECODE_ON_LOOP:
             # A large version-1 record: ~2 ms of parsing per MB.
             decode = functools.partial(
                 decode_checkpoint, data, workflow_id=workflow_id, step=stored.step
@@ -366,7 +376,6 @@ class RecordCodec:
             return self._values.restore(checkpoint, text, view)
         # In a worker thread: the loop gets the GIL back every switch interval instead of
         # waiting for the whole decode.
-        restore = self._values.restore
         return await anyio.to_thread.run_sync(lambda: restore(decode(), text, view))
 
     async def decode_live(
@@ -390,11 +399,11 @@ class RecordCodec:
                     return await self.decode(workflow_id, current, view)
             raise
 
-    def _decode_tree(self, data: bytes, workflow_id: str, step: int) -> Checkpoint:
+    def _decode_tree(self, data: bytes, workflow_id: str, step: int) -> tuple[Checkpoint, bool]:
         def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
             return anyio.from_thread.run(self._fetch_blobs, hashes)
 
-        return decode_checkpoint_v2(
+        return decode_tagged(
             data, fetch, workflow_id=workflow_id, step=step, max_bytes=self.max_bytes
         )
 
@@ -440,15 +449,21 @@ def _record_limit(storage: CheckpointStorage) -> int:
     return limit if type(limit) is int and limit > 0 else DEFAULT_MAX_RECORD_BYTES
 
 
-async def cooperate(work: Generator[None, None, _R]) -> _R:
+async def cooperate(work: Generator[Job | None, Any, _R]) -> _R:
     """Run ``work`` on the event loop, letting other callbacks run between its slices.
 
-    The first slice runs at once: work that ends within it never awaits.
+    The first slice runs at once: work that ends within it never awaits. A job it yields
+    (the hashing, checksum or copy of a large text, which release the GIL) runs in a worker
+    thread while the loop goes on, and its result is sent back.
     """
     try:
+        step = next(work)
         while True:
-            next(work)
-            await anyio.lowlevel.checkpoint()
+            if step is None:
+                await anyio.lowlevel.checkpoint()
+                step = next(work)
+            else:
+                step = work.send(await anyio.to_thread.run_sync(step))
     except StopIteration as stop:
         result: _R = stop.value
         return result
@@ -460,4 +475,4 @@ def _metadata_tagged(checkpoint: Checkpoint) -> bool:
         text = orjson.dumps((checkpoint.state_snapshot.metadata, checkpoint.metadata))
     except TypeError:  # an int beyond 64 bits: look the slow way
         return True
-    return MARK in text
+    return has_tags(text)

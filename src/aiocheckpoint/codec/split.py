@@ -39,7 +39,17 @@ from ..format.tree import (
 from .compress import Compressor
 from .jsontext import dumps, int_to_decimal
 
-__all__ = ["exceeds", "finish", "split_state", "split_work"]
+__all__ = [
+    "OFFLOAD_BYTES",
+    "Job",
+    "crc_work",
+    "dumps_work",
+    "exceeds",
+    "finish",
+    "job",
+    "split_state",
+    "split_work",
+]
 
 _T = TypeVar("_T")
 _Refs = list[tuple[int, bytes]]
@@ -89,12 +99,23 @@ def _scalar_text(value: Any) -> str:
 # A value (or a container's entry, ``"key":value``) encoded: its UTF-8 JSON text and the
 # references inside it as (byte offset of the ``null`` placeholder, hash).
 _Encoded = tuple[bytes, _Refs]
-# A split step: yields (nothing) between slices of work, returns its result.
-_Work = Generator[None, None, _T]
+#: A call a split step hands to its driver (:func:`finish`, or the pipeline's
+#: ``cooperate``, which runs it in a worker thread) and is sent the result of.
+Job = Callable[[], Any]
+# A split step: yields None between slices of work, or a Job to run; returns its result.
+_Work = Generator[Job | None, Any, _T]
+
+#: Texts from this size on are hashed, checksummed and copied by jobs, not on the caller's
+#: thread: hashlib, zlib and bytes.join release the GIL for them (~1-2 ms per MB here).
+OFFLOAD_BYTES: Final = 1024 * 1024
 
 # How many bytes of JSON text a cooperative split handles between two yields: ~0.1-0.2 ms of
 # CPU here (docs/incremental.md, "Where the split runs").
 _SLICE_BYTES: Final = 32 * 1024
+#: Lists longer than this are encoded a run of items at a time (see dumps_work).
+_LIST_SLICE: Final = 64
+#: The kinds of values dumps_work may slice.
+_SLICED: Final = frozenset((str, list))
 
 # orjson, refusing what it would encode differently from the exact encoder: values of
 # other types raise TypeError (as do ints beyond 64 bits), and the caller falls back to it.
@@ -107,13 +128,80 @@ _fast_dumps: Final = functools.partial(
 
 
 def finish(work: _Work[_T]) -> _T:
-    """Run split work to its end in one go."""
+    """Run split work to its end in one go (its jobs too, in this thread)."""
     try:
+        job = next(work)
         while True:
-            next(work)
+            job = work.send(None if job is None else job())
     except StopIteration as stop:
         result: _T = stop.value
         return result
+
+
+def job(call: Callable[..., _T], *args: Any) -> Generator[Job, Any, _T]:
+    """Have the driver run ``call(*args)`` (in a worker thread) and return its result."""
+    result: _T = yield functools.partial(call, *args)
+    return result
+
+
+def crc_work(text: bytes, crc: int = 0) -> Generator[Job | None, Any, int]:
+    """``zlib.crc32(text, crc)``, as a job when ``text`` is large."""
+    if len(text) < OFFLOAD_BYTES:
+        return zlib.crc32(text, crc)
+    return (yield from job(zlib.crc32, text, crc))
+
+
+def dumps_work(value: Any) -> Generator[Job | None, Any, bytes]:
+    """``_fast_dumps(value)``; a long string or list is encoded in slices, joined by a job.
+
+    JSON escapes a string character by character and separates a list's items by commas,
+    so the slices' texts joined are the whole value's text. One orjson call holds the GIL
+    for as long as it runs (~1-2 ms per MB): a slice is about a megabyte of string, or
+    about ``_SLICE_BYTES`` of a list's items.
+    """
+    kind = type(value)
+    if kind is str and len(value) >= 2 * OFFLOAD_BYTES:
+        parts = yield from _string_parts(value)
+        separator = b""
+    elif kind is list and len(value) > _LIST_SLICE:
+        parts = yield from _list_parts(value)
+        separator = b","
+    else:
+        return _fast_dumps(value)
+    opening, closing = (b'"', b'"') if kind is str else (b"[", b"]")
+    pieces = [opening, parts[0]]
+    for part in itertools.islice(parts, 1, None):
+        pieces += (separator, part)
+    pieces.append(closing)
+    return (yield from job(b"".join, pieces))
+
+
+def _string_parts(value: str) -> Generator[None, Any, list[bytes]]:
+    """The JSON texts of ``value``'s slices, without their quotes."""
+    parts = []
+    for start in range(0, len(value), OFFLOAD_BYTES):
+        parts.append(_fast_dumps(value[start : start + OFFLOAD_BYTES])[1:-1])
+        yield None
+    return parts
+
+
+def _list_parts(value: list[Any]) -> Generator[None, Any, list[bytes]]:
+    """The JSON texts of runs of ``value``'s items, without their brackets."""
+    parts = []
+    start, count = 0, _LIST_SLICE
+    while start < len(value):
+        text = _fast_dumps(value[start : start + count])
+        parts.append(text[1:-1])
+        start += count
+        # Aim the next run at about _SLICE_BYTES of text.
+        count = max(1, min(4 * count, count * _SLICE_BYTES // len(text)))
+        yield None
+    return parts
+
+
+def _name(blob: bytes, digest: int) -> bytes:
+    """The hash that names stored ``blob`` (a flags byte and a node)."""
+    return _sha256(memoryview(blob)[1:]).digest()[:digest]
 
 
 class _Splitter:
@@ -222,12 +310,14 @@ class _Splitter:
         is_dict = type(value) is dict
         if not is_dict and type(value) is not list and type(value) is not tuple:
             if text is None:
-                text = _fast_dumps(value)
+                text = yield from dumps_work(value)
             if top:
-                self.text_crc = zlib.crc32(text)
+                self.text_crc = yield from crc_work(text)
             if len(text) <= limit:
                 return text, _NO_REFS
-            return b"null", [(0, self.value_node(text, _NO_REFS))]
+            if len(text) < OFFLOAD_BYTES:
+                return b"null", [(0, self.value_node(text, _NO_REFS))]
+            return b"null", [(0, (yield from self.large_leaf(text)))]
         elements: list[Any] = list(value.items()) if is_dict else list(value)
         lens: list[int] = []
         mixes: list[int] = []
@@ -235,23 +325,27 @@ class _Splitter:
         refmap: dict[int, _Refs] = {}
         whole = zlib.crc32(b"{" if is_dict else b"[") if top else 0
         for i, element in enumerate(elements):
+            member = element[1] if is_dict else element
+            if type(member) in _SLICED:
+                item = yield from dumps_work(member)
+            else:
+                item = _fast_dumps(member)
+            large = len(item) >= OFFLOAD_BYTES
             if is_dict:
                 key = _fast_dumps(element[0])
-                item = _fast_dumps(element[1])
-                crc = zlib.crc32(item, zlib.crc32(b":", zlib.crc32(key)))
+                crc = zlib.crc32(b":", zlib.crc32(key))
                 size = len(key) + 1 + len(item)
             else:
-                item = _fast_dumps(element)
-                crc = zlib.crc32(item)
-                size = len(item)
+                crc, size = 0, len(item)
+            crc = (yield from crc_work(item, crc)) if large else zlib.crc32(item, crc)
             if top:
                 if i:
                     whole = zlib.crc32(b",", whole)
                 if is_dict:
                     whole = zlib.crc32(b":", zlib.crc32(key, whole))
-                whole = zlib.crc32(item, whole)
+                whole = (yield from crc_work(item, whole)) if large else zlib.crc32(item, whole)
             if len(item) > limit:
-                inner, refs = yield from self.encode_fast(element[1] if is_dict else element, item)
+                inner, refs = yield from self.encode_fast(member, item)
                 if is_dict:
                     shift = len(key) + 1
                     refs = [(off + shift, h) for off, h in refs]
@@ -265,7 +359,7 @@ class _Splitter:
             self._budget -= size
             if self._budget < 0:
                 self._budget = _SLICE_BYTES
-                yield
+                yield None
         if top:
             self.text_crc = zlib.crc32(b"}" if is_dict else b"]", whole)
 
@@ -378,7 +472,7 @@ class _Splitter:
                     self.point = (i + 1, len(chunks), len(self.log), len(self.region_log))
                 if self._budget < 0:
                     self._budget = _SLICE_BYTES
-                    yield
+                    yield None
         if start < n:
             if region_size and region_size + size > bundle_max:
                 self._region(region, refmap, mix, chunk, chunks)
@@ -504,6 +598,12 @@ class _Splitter:
             node = memoryview(blob)[1:]
         return _sha256(node).digest()[: self._digest]
 
+    def large_leaf(self, text: bytes) -> _Work[bytes]:
+        """:meth:`value_node` of a large text without references: copied and hashed by jobs."""
+        blob = yield from job(b"".join, (PLAIN_LEAF, text))
+        name = yield from job(_name, blob, self._digest)
+        return self._add(blob, _NO_HASHES, len(text), name)
+
     def value_node(self, text: bytes, refs: _Refs) -> bytes:
         if not refs:
             return self._add(b"".join((PLAIN_LEAF, text)), _NO_HASHES, len(text))
@@ -514,13 +614,14 @@ class _Splitter:
         """The length of ``text`` once its references' texts replace their placeholders."""
         return len(text) - 4 * len(hashes) + sum(map(self.sizes.__getitem__, hashes))
 
-    def _add(self, blob: bytes, hashes: list[bytes], size: int) -> bytes:
+    def _add(self, blob: bytes, hashes: list[bytes], size: int, name: bytes = b"") -> bytes:
         """Name ``blob`` (a zero flags byte + a node) and keep it unless it is known.
 
-        ``size`` is the length of the node's text once its references are spliced in.
+        ``size`` is the length of the node's text once its references are spliced in;
+        ``name`` the blob's hash when the caller has it.
         """
         node = memoryview(blob)[1:]
-        h = _sha256(node).digest()[: self._digest]
+        h = name or _sha256(node).digest()[: self._digest]
         if h not in self.children:
             self.children[h] = tuple(dict.fromkeys(hashes)) if hashes else ()
             self.sizes[h] = size

@@ -68,7 +68,9 @@ class ValueStage(Protocol):
         """The checkpoint as callers see it, from one whose values were just decoded.
 
         ``text`` is the JSON text the values were decoded from when the caller has it (a
-        hint: text without tags needs no walk), else None. ``checkpoint`` may be changed.
+        hint: text without tags needs no walk; an empty text says the caller looked at
+        every text they came from and found no tag), else None. ``checkpoint`` may be
+        changed.
         """
         ...
 

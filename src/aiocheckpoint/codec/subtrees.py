@@ -37,6 +37,7 @@ from .split import (
     _SLICE_BYTES,
     NO_NODES,
     IndexLevel,
+    Job,
     Node,
     NodeSet,
     Region,
@@ -47,12 +48,15 @@ from .split import (
     _Refs,
     _Splitter,
     _value_node,
+    crc_work,
+    dumps_work,
 )
 from .stages import ValueStage
+from .typed import has_tags
 
 __all__ = ["SubtreeCache", "crc_combine", "crc_shift", "shared_split_work"]
 
-_Work = Generator[None, None, Any]
+_Work = Generator[Job | None, Any, Any]
 _POLY: Final = 0xEDB88320
 #: Dicts nested deeper than this are taken whole, like any other value.
 _WALK_DEPTH: Final = 32
@@ -259,7 +263,7 @@ class _Walk:
         self.kept: list[_Entry] = []  # the entries of ``new``, in the order they were kept
         self.limit = splitter.p.inline_limit
 
-    def value(self, source: Any, path: str, depth: int) -> Generator[None, None, _Entry]:
+    def value(self, source: Any, path: str, depth: int) -> Generator[Job | None, Any, _Entry]:
         entry = self.cached(source)
         if entry is None:
             walked = depth < _WALK_DEPTH
@@ -286,23 +290,27 @@ class _Walk:
             self.kept.append(kept)
         return entry
 
-    def leaf(self, source: Any, path: str) -> Generator[None, None, _Entry]:
+    def leaf(self, source: Any, path: str) -> Generator[Job | None, Any, _Entry]:
         """A value the value stage copies whole; encoded like the fast encoder's element."""
         copy, finite = yield from self.values.copy_work(source, path)
         if not finite:
             raise _Fallback
-        item = _fast_dumps(copy)
+        item = yield from dumps_work(copy)
         splitter = self.splitter
         if len(item) <= self.limit:
-            return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
-        marks = self._marks()
-        text, refs = yield from splitter.encode_fast(copy, item)
-        entry = _Entry(source, copy, text, refs, zlib.crc32(item), len(item), _depth(copy))
-        return self._kept(_tagged(entry, item), marks)
+            entry = _Entry(source, copy, item, [], 0, len(item), _depth(copy))
+        else:
+            marks = self._marks()
+            text, refs = yield from splitter.encode_fast(copy, item)
+            crc = yield from crc_work(item)
+            entry = _Entry(source, copy, text, refs, crc, len(item), _depth(copy))
+            entry = self._kept(entry, marks)
+        entry.tagged = has_tags(item)
+        return entry
 
     def walk_dict(
         self, source: dict[str, Any], path: str, depth: int, top: bool
-    ) -> Generator[None, None, _Entry]:
+    ) -> Generator[Job | None, Any, _Entry]:
         """A dict walked key by key: its entries' encodings joined as the fast encoder would."""
         marks = self._marks()
         keys = list(source)
@@ -355,7 +363,7 @@ class _Walk:
         entry.tagged = tagged
         return self._kept(entry, marks)
 
-    def walk_list(self, source: list[Any], path: str) -> Generator[None, None, _Entry]:
+    def walk_list(self, source: list[Any], path: str) -> Generator[Job | None, Any, _Entry]:
         """A long list, its cut resumed where the list last cut at ``path`` ended a region.
 
         Resumed when this list starts with that one's elements (an append), else cut from
@@ -458,7 +466,9 @@ class _ListCut:
         self.scan_from = (0, 0)
         self.crc = self.length = 0
 
-    def run(self, items: list[bytes], resumed: bool) -> Generator[None, None, tuple[bytes, _Refs]]:
+    def run(
+        self, items: list[bytes], resumed: bool
+    ) -> Generator[Job | None, Any, tuple[bytes, _Refs]]:
         """The list's encoded text and references, its nodes named in the splitter."""
         splitter = self.splitter
         log = splitter.log
@@ -484,7 +494,7 @@ class _ListCut:
         stable = len(scan.chunks) if point is None else point[1]
         return b"null", [(0, splitter.index(self.chunks, KIND_LIST, scan.levels, stable))]
 
-    def _elements(self, items: list[bytes]) -> Generator[None, None, None]:
+    def _elements(self, items: list[bytes]) -> Generator[Job | None, Any, None]:
         """Each element's length, boundary checksum and references, and the text's CRC."""
         splitter, base = self.splitter, self.scan.index
         self.items = items
@@ -512,7 +522,7 @@ class _ListCut:
             budget -= len(item)
             if budget < 0:
                 budget = _SLICE_BYTES
-                yield
+                yield None
         self.ends.append(len(log))
         self.crc, self.length = zlib.crc32(b"]", crc), length + 1
 
@@ -580,7 +590,7 @@ def shared_split_work(
     previous: SplitMemory | None,
     cache: Entries,
     max_bytes: int | None,
-) -> Generator[None, None, SharedSplit | None]:
+) -> Generator[Job | None, Any, SharedSplit | None]:
     """Copy and split a SharedState's tree ``data``, reusing ``cache``'s sub-trees.
 
     ``previous`` is the memory of the workflow's last split, the one ``cache`` was made

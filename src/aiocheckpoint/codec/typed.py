@@ -203,9 +203,8 @@ def _jsonable(value: Any, path: str) -> Any:
         ) from exc
 
 
-def has_tags(text: bytes | bytearray | memoryview) -> bool:
-    """Whether compact JSON text may hold a tag (it does unless this is False)."""
-    return tags.MARK in text
+#: Whether compact JSON text may hold a tag (it does unless this is False).
+has_tags: Final = tags.may_hold_tag
 
 
 #: A path as the decoder carries it: (parent, key), formatted only for an error.

@@ -25,12 +25,14 @@ from ..format.tree import (
 from ..models import Checkpoint
 from .join import AsyncFetch, Fetch, Joiner, Steps, adrive, drive, guard
 from .jsontext import dumps
-from .split import exceeds, finish, split_work
+from .split import Job, exceeds, finish, split_work
+from .typed import has_tags
 from .v1 import build_checkpoint, check_owner, decode_checkpoint
 
 __all__ = [
     "adecode_checkpoint_v2",
     "decode_checkpoint_v2",
+    "decode_tagged",
     "encode_checkpoint_v2",
     "encode_v2_work",
     "record_v2",
@@ -110,7 +112,7 @@ def encode_v2_work(
     finite: bool = False,
     previous: SplitMemory | None = None,
     max_bytes: int | None = None,
-) -> Generator[None, None, tuple[bytes, SplitResult]]:
+) -> Generator[Job | None, Any, tuple[bytes, SplitResult]]:
     """:func:`encode_checkpoint_v2` as a generator that yields between slices of work.
 
     With ``finite=True`` each slice is ~0.1-0.2 ms of CPU, so an event loop can run the
@@ -147,16 +149,21 @@ def record_v2(
     return _record(_meta_bytes(meta), params.digest_size, split.root)
 
 
-def _decode_steps(record: bytes, max_bytes: int) -> Steps[Checkpoint]:
+def _decode_steps(record: bytes, max_bytes: int, tagged: list[bool]) -> Steps[Checkpoint]:
+    """The read of ``record``; appends to ``tagged`` whether its texts may hold a tag."""
     if record_format_version(record) == 1:
+        tagged.append(has_tags(record))
         return decode_checkpoint(record)
     meta, digest, root = open_record_v2(record)
     text_crc = meta["state"].pop("text_crc32", None)
     if text_crc is not None and (type(text_crc) is not int or not 0 <= text_crc <= 0xFFFFFFFF):
         raise _corrupt("malformed text checksum")
+    found = has_tags(record)  # the fields, and a state kept inline
     if root:
         joiner = Joiner(digest, max_bytes)
         meta["state"]["data"] = yield from joiner.steps(root, text_crc)
+        found = found or joiner.tagged
+    tagged.append(found)
     return build_checkpoint(meta)
 
 
@@ -187,7 +194,25 @@ def decode_checkpoint_v2(
     rebuilt text would be longer than ``max_bytes`` (the store's ``max_record_bytes``).
     ``fetch`` is not called for version-1 records or states stored inline.
     """
-    return drive(_checked(_decode_steps(record, max_bytes), workflow_id, step), fetch)
+    return decode_tagged(record, fetch, workflow_id=workflow_id, step=step, max_bytes=max_bytes)[0]
+
+
+def decode_tagged(
+    record: bytes,
+    fetch: Fetch,
+    *,
+    workflow_id: str | None = None,
+    step: int | None = None,
+    max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> tuple[Checkpoint, bool]:
+    """:func:`decode_checkpoint_v2`, and whether the texts read may hold a typed value's tag.
+
+    When they hold none (False), the values need no walk to be restored
+    (:meth:`~aiocheckpoint.codec.stages.ValueStage.restore` with an empty text).
+    """
+    tagged: list[bool] = []
+    steps = _checked(_decode_steps(record, max_bytes, tagged), workflow_id, step)
+    return drive(steps, fetch), tagged[0]
 
 
 async def adecode_checkpoint_v2(
@@ -199,4 +224,5 @@ async def adecode_checkpoint_v2(
     max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> Checkpoint:
     """:func:`decode_checkpoint_v2` with an async ``fetch`` (one await per tree level)."""
-    return await adrive(_checked(_decode_steps(record, max_bytes), workflow_id, step), fetch)
+    steps = _checked(_decode_steps(record, max_bytes, []), workflow_id, step)
+    return await adrive(steps, fetch)

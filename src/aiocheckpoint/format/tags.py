@@ -49,12 +49,21 @@ __all__ = [
     "TUPLE",
     "TYPED",
     "UUID",
+    "may_hold_tag",
 ]
 
 #: Every tag starts with this character.
 TAG_START: Final = "$"
 #: The bytes every tag opens with in compact JSON text.
 MARK: Final = b'{"$'
+
+
+def may_hold_tag(text: bytes | bytearray | memoryview) -> bool:
+    """Whether compact JSON text may hold a tag (it does unless this is False)."""
+    # Looking for one byte is a memchr (~0.04 ms per MB); for the three-byte mark, CPython
+    # scans at ~0.6 GB/s (~1.5-2.5 ms per MB). Most states hold no "$" at all.
+    return b"$" in text and MARK in text
+
 
 DATETIME: Final = "$dt"
 DATE: Final = "$date"

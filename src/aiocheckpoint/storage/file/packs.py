@@ -66,7 +66,7 @@ def encode_pack(blobs: Collection[tuple[bytes, bytes]]) -> bytes:
         entry.pack_into(index, i * entry.size, h, offset, len(blob))
         parts.append(blob)
         offset += len(blob)
-    parts.append(index)
+    parts.append(bytes(index))  # bytes only: then join releases the GIL while it copies
     parts.append(_TRAILER.pack(offset, len(blobs), zlib.crc32(index), hlen, _TRAILER_MAGIC))
     return b"".join(parts)
 

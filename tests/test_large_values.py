@@ -1,0 +1,222 @@
+"""Large values off the event loop, and resume at the floor (issue 21).
+
+The encoder's slices and worker-thread jobs must write the bytes one call would: a long
+string or list encoded in slices, and large texts checksummed, copied and hashed by jobs,
+give the same text and the same split byte for byte. On the reading side, the fast parser
+reads what the fast encoder wrote exactly, the tag check agrees with a plain search, and
+typed values still come back typed whether they sit in the state or in the metadata.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiocheckpoint import CheckpointCorruptedError, CheckpointManager, SharedState, open_storage
+from aiocheckpoint.codec import join, split
+from aiocheckpoint.codec.join import join_state
+from aiocheckpoint.codec.pipeline import cooperate
+from aiocheckpoint.codec.v2 import decode_checkpoint_v2, encode_checkpoint_v2
+from aiocheckpoint.format.jsontext import loads, loads_fast
+from aiocheckpoint.format.tags import MARK, may_hold_tag
+from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot
+from tests.test_subtrees import PARAMS
+
+TEXT = st.text(st.characters(codec="utf-8"), max_size=60)
+SCALARS = st.one_of(
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.none(),
+    TEXT,
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(TEXT, inner, max_size=5),
+    max_leaves=20,
+)
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@contextmanager
+def small_offload() -> Iterator[None]:
+    """Slice and offload from a few bytes on, so that small values take every path."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(split, "OFFLOAD_BYTES", 7)
+        yield
+
+
+@SETTINGS
+@given(st.lists(VALUES, max_size=300) | TEXT.map(lambda t: t * 9))
+def test_sliced_encoding_writes_what_one_call_writes(value: Any) -> None:
+    with small_offload():
+        assert split.finish(split.dumps_work(value)) == orjson.dumps(value)
+
+
+def _split(state: dict[str, Any]) -> split.SplitResult:
+    work = split.split_work(state, PARAMS, (), None, inline=False, finite=True)
+    return split.finish(work)
+
+
+@SETTINGS
+@given(
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c"]),
+        st.lists(VALUES, min_size=60, max_size=200) | TEXT.map(lambda t: t * 40),
+        min_size=1,
+    )
+)
+def test_jobs_and_slices_make_the_same_split(state: dict[str, Any]) -> None:
+    state["pad"] = "p" * 300  # over root_inline_limit: always a tree
+    whole = _split(state)
+    with small_offload():
+        sliced = _split(state)
+    assert sliced.root == whole.root
+    assert sliced.blobs == whole.blobs
+    assert list(sliced.children.items()) == list(whole.children.items())
+    assert sliced.text_crc == whole.text_crc
+
+
+async def test_cooperate_runs_jobs_in_a_worker_thread() -> None:
+    def work() -> Generator[Any, Any, int]:
+        yield None
+        ident = yield from split.job(threading.get_ident)
+        return int(ident)
+
+    assert await cooperate(work()) != threading.get_ident()
+
+
+@given(st.binary(max_size=40) | st.lists(st.sampled_from([b"{", b'"', b"$", b"a"])).map(b"".join))
+def test_the_tag_check_agrees_with_a_search_for_the_mark(text: bytes) -> None:
+    assert may_hold_tag(text) == (MARK in text)
+    assert may_hold_tag(bytearray(text)) == (MARK in text)
+
+
+@SETTINGS
+@given(VALUES)
+def test_the_fast_parser_reads_fast_encoded_text_exactly(value: Any) -> None:
+    text = orjson.dumps(value)
+    fast, exact = loads_fast(bytearray(text)), loads(text)
+    assert fast == exact
+    assert orjson.dumps(fast) == text  # same types: an int stays an int, a float a float
+
+
+def test_the_fast_parser_falls_back_to_the_exact_one() -> None:
+    assert math.isnan(loads_fast(b"[NaN]")[0])
+    assert loads_fast(b"[1e400]") == [math.inf]
+    with pytest.raises(CheckpointCorruptedError):
+        loads_fast(b'"\\ud800"')
+    with pytest.raises(UnicodeDecodeError):
+        loads_fast(b'"\xed\xa0\x80"')
+
+
+def _big_state(extra: dict[str, Any]) -> dict[str, Any]:
+    return {"docs": [{"id": i, "text": "word " * 60} for i in range(400)], **extra}
+
+
+@pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
+async def test_typed_values_in_a_large_shared_state_come_back_typed(
+    tmp_path: Path, url: str
+) -> None:
+    when = datetime(2026, 12, 1, 21, 0, tzinfo=UTC)
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        plain = SharedState(_big_state({"n": 1}))
+        typed = SharedState(_big_state({"when": when}))
+        returned = await manager.create_checkpoint("plain", 1, "a", "completed", plain)
+        assert returned.state_snapshot.data == _big_state({"n": 1})
+        meta = await manager.create_checkpoint(
+            "plain", 2, "a", "completed", plain, metadata={"at": when}
+        )
+        assert meta.metadata == {"at": when}  # an untagged state, typed metadata
+        returned = await manager.create_checkpoint("typed", 1, "a", "completed", typed)
+        assert returned.state_snapshot.data["when"] == when
+        typed.set("n", 2)  # the datetime's sub-tree is adopted from the cache
+        returned = await manager.create_checkpoint("typed", 2, "a", "completed", typed)
+        assert returned.state_snapshot.data["when"] == when
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        plain_back = await manager.get_resume_point("plain")
+        typed_back = await manager.get_resume_point("typed")
+        latest = await manager.get_latest_checkpoint("plain")
+    assert plain_back is not None and typed_back is not None and latest is not None
+    assert plain_back[1].data == _big_state({"n": 1})
+    assert latest.metadata == {"at": when}
+    assert typed_back[1].data == _big_state({"when": when, "n": 2})
+
+
+@contextmanager
+def small_parts() -> Iterator[None]:
+    """Parse every index node of leaves, and every leaf, apart from the text around it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(join, "PART_BYTES", 3)
+        yield
+
+
+STATES = st.dictionaries(
+    st.sampled_from(["a", "b", "c"]),
+    st.lists(VALUES, min_size=30, max_size=120)
+    | st.dictionaries(TEXT, VALUES, min_size=30, max_size=80)
+    | TEXT.map(lambda t: t * 40),
+    min_size=1,
+)
+
+
+def _record(state: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
+    checkpoint = Checkpoint(
+        workflow_id="wf",
+        step=1,
+        agent_id="a",
+        status=AgentStatus.COMPLETED,
+        state_snapshot=StateSnapshot(data=state),
+    )
+    record, result = encode_checkpoint_v2(checkpoint, PARAMS, finite=True)
+    return record, result.blobs
+
+
+@SETTINGS
+@given(STATES)
+def test_values_parsed_apart_read_back_as_the_whole_text_does(state: dict[str, Any]) -> None:
+    state["pad"] = "p\u00fc\U0001f600" * 100  # over root_inline_limit: always a tree
+    record, blobs = _record(state)
+    exact = split.split_state(state, PARAMS)  # no text checksum: every leaf hashed
+    whole = decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data
+    with small_parts():
+        apart = decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data
+        hashed = join_state(exact.root, lambda _: exact.blobs)
+    assert whole == apart == hashed == state
+    assert orjson.dumps(apart) == orjson.dumps(state)
+
+
+def test_the_text_checksum_guards_values_parsed_apart() -> None:
+    state = {"messages": [{"role": "user", "text": f"hello {i}"} for i in range(200)]}
+    record, blobs = _record(state)
+    with small_parts():
+        assert decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data == state
+        for h, blob in blobs.items():
+            if b"hello 7" in blob:
+                damaged = {**blobs, h: blob.replace(b"hello 7", b"hello 8", 1)}
+                with pytest.raises(CheckpointCorruptedError, match=h.hex()):
+                    decode_checkpoint_v2(record, lambda _, d=damaged: d)
+
+
+@pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
+async def test_a_value_of_several_megabytes_reads_back(tmp_path: Path, url: str) -> None:
+    """Sliced on write and read (a SQLite blob of 3 MB is read a slice at a time)."""
+    state = {
+        "text": "caf\u00e9 \U0001f600 " * 300_000,
+        "chat": [{"role": "user", "text": f"message {i} " * 20} for i in range(20_000)],
+    }
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        await manager.create_checkpoint("wf", 1, "a", "completed", SharedState(state))
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        back = await manager.get_resume_point("wf")
+    assert back is not None and back[1].data == state
