@@ -95,6 +95,9 @@ _PAGE = 100
 #: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
 _HELD_LONG = 0.0002
 _RETRIES = 8
+#: The owner and TTL of the lease :meth:`CheckpointManager.resolve_effect` takes for its write.
+_RESOLVER = "aiocheckpoint-resolve-effect"
+_RESOLVE_TTL = 30.0
 #: The leases held in this process, shared by every manager.
 _HOLDERS = LocalHolders()
 
@@ -532,6 +535,7 @@ class CheckpointManager:
         updated_before: datetime | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        in_doubt: bool | None = None,
     ) -> list[str]:
         """Every workflow id that has at least one checkpoint, sorted.
 
@@ -539,12 +543,17 @@ class CheckpointManager:
         restart, or ``"paused"``, what waits for a human) or any other filter of
         :meth:`list_workflow_records`, the ids of the matching workflow records instead
         (a :class:`~aiocheckpoint.Page`, whose ``next_cursor`` continues it); this needs a
-        backend with workflow records.
+        backend with workflow records. ``in_doubt=True`` alone lists, on any backend with
+        an effect journal, every workflow with an effect in doubt (as
+        :meth:`list_in_doubt_workflows`); ``in_doubt=False`` alone, the workflows
+        with checkpoints and no effect in doubt.
         """
         self._check_open()
         filters = (agent_status, metadata, updated_after, updated_before, limit, cursor)
         if status is None and all(f is None for f in filters):
-            return await self._storage.list_workflows()
+            if in_doubt is None:
+                return await self._storage.list_workflows()
+            return Page(await self._in_doubt_ids(in_doubt))
         page = await self.list_workflow_records(
             status,
             agent_status=agent_status,
@@ -553,8 +562,18 @@ class CheckpointManager:
             updated_before=updated_before,
             limit=limit,
             cursor=cursor,
+            in_doubt=in_doubt,
         )
         return Page([record.workflow_id for record in page], page.next_cursor)
+
+    async def _in_doubt_ids(self, in_doubt: object) -> list[str]:
+        if not isinstance(in_doubt, bool):
+            raise InvalidArgumentError(f"in_doubt must be a bool or None: {in_doubt!r}")
+        doubtful = await self._effect_storage().in_doubt_workflows()
+        if in_doubt:
+            return doubtful
+        skip = set(doubtful)
+        return [wf for wf in await self._storage.list_workflows() if wf not in skip]
 
     # --- workflow records and leases --------------------------------------------------
 
@@ -573,21 +592,27 @@ class CheckpointManager:
         updated_before: datetime | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        in_doubt: bool | None = None,
     ) -> Page[WorkflowRecord]:
         """Workflow records ordered by id, filtered, one page at a time.
 
         Filters (all optional, combined with AND): the workflow ``status``; the
         ``agent_status`` of its latest step (e.g. ``"blocked"``); ``metadata`` equality on
         each given top-level key; ``updated_after`` / ``updated_before`` (exclusive,
-        aware datetimes). ``limit`` (1-10,000) caps the page; pass the returned page's
-        ``next_cursor`` as ``cursor`` for the next one (None: it was the last). On SQLite
-        and PostgreSQL a page filtered by status, agent status or a metadata key is an
-        index walk: it costs about the page, however many workflows the store holds.
+        aware datetimes); ``in_doubt`` True, only the workflows with an effect in doubt
+        (``docs/effects.md``), False only those without. ``limit`` (1-10,000) caps the
+        page; pass the returned page's ``next_cursor`` as ``cursor`` for the next one
+        (None: it was the last). On SQLite and PostgreSQL a page filtered by status, agent
+        status or a metadata key is an index walk: it costs about the page, however many
+        workflows the store holds. Records only: a workflow killed in its first step,
+        before any checkpoint and without a lease, has no record, and only
+        :meth:`list_in_doubt_workflows` (or ``list_workflows(in_doubt=True)``) lists it.
         """
         self._check_open()
         wanted = None if status is None else _workflow_status(status)
         agent = None if agent_status is None else _status(agent_status).value
-        query = build_query(wanted, agent, metadata, (updated_after, updated_before), limit, cursor)
+        updated = (updated_after, updated_before)
+        query = build_query(wanted, agent, metadata, updated, limit, cursor, in_doubt)
         records = await self._workflow_storage().query_workflow_records(query)
         full = limit is not None and len(records) == limit
         return Page(records, encode_cursor(records[-1].workflow_id) if full else None)
@@ -815,7 +840,31 @@ class CheckpointManager:
         without calling the function); ``happened=False`` records it as failed (the re-run
         calls the function again). Raises :class:`~aiocheckpoint.InvalidArgumentError` if
         the step has no effect ``key`` in doubt.
+
+        The write is fenced: by ``lease`` when given (a runner settling its own effect);
+        otherwise, on a backend with leases, by a lease of its own taken for the write and
+        released after it, so that it raises :class:`~aiocheckpoint.LeaseHeldError` while
+        a runner holds the workflow, and a stale runner cannot write after it.
         """
+        if not isinstance(happened, bool):
+            raise InvalidArgumentError(f"happened must be a bool, not {happened!r}")
+        if lease is not None or not isinstance(self._storage, WorkflowStorage):
+            return await self._resolve(workflow_id, step, key, happened, result, lease)
+        own = await self.acquire_lease(workflow_id, _RESOLVER, _RESOLVE_TTL)
+        try:
+            return await self._resolve(workflow_id, step, key, happened, result, own)
+        finally:
+            await self.release_lease(own)
+
+    async def _resolve(
+        self,
+        workflow_id: str,
+        step: int,
+        key: str,
+        happened: bool,
+        result: Any,
+        lease: Lease | None,
+    ) -> EffectRecord:
         wanted = check_effect_key(key)
         found = [r for r in await self.get_effects(workflow_id, step) if r.key == wanted]
         if not found or not found[0].in_doubt:

@@ -282,11 +282,12 @@ class InMemoryCheckpointStorage(BaseStorage):
         """The records passing ``query``, ordered by workflow id (a pass over every record)."""
         self._check_open()
         found: list[WorkflowRecord] = []
+        doubtful = set(await self.in_doubt_workflows()) if query.in_doubt is not None else ()
         for workflow_id in sorted(self._records):
             if query.limit is not None and len(found) >= query.limit:
                 break
             record = self._records[workflow_id]
-            if matches(record, query):
+            if matches(record, query, doubtful):
                 found.append(record)
         return found
 

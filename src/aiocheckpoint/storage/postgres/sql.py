@@ -39,6 +39,7 @@ class Sql:
 
     workflows_table: str
     metadata_table: str
+    in_doubt: str
     upsert: str
     prune: str
     latest: str
@@ -97,6 +98,11 @@ class Sql:
         return cls(
             workflows_table=w,
             metadata_table=f"{quoted}.workflow_metadata",
+            # ``w`` has an effect in doubt: a lookup in the journal's partial index.
+            in_doubt=(
+                f"EXISTS (SELECT 1 FROM {quoted}.effects AS e "
+                "WHERE e.workflow_id = w.workflow_id AND e.in_doubt)"
+            ),
             # One statement per batch: create missing records for unfenced rows, lock the
             # records of fenced rows FOR SHARE (a takeover's UPDATE then waits for this
             # commit, and a takeover that committed first is seen: FOR SHARE reads the latest
