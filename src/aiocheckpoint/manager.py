@@ -196,6 +196,11 @@ class CheckpointManager:
         # Everything between a validated call and the storage: copies, encoding, decoding.
         self._codec = RecordCodec(self._storage, blobs, values)
         self._keeps_records = isinstance(self._storage, WorkflowStorage)
+        # Checked once: a runtime protocol check walks the protocol's members (~90 us), and
+        # every effect record would pay it.
+        self._effects: EffectStorage | None = (
+            self._storage if isinstance(self._storage, EffectStorage) else None
+        )
         self._closed = False
         #: Workflows an active ResumableWorkflow block (or a fork) drives: one at a time.
         self._drivers: set[str] = set()
@@ -774,7 +779,7 @@ class CheckpointManager:
 
     def supports_effects(self) -> bool:
         """Whether the storage keeps an effect journal (every bundled backend does)."""
-        return isinstance(self._storage, EffectStorage)
+        return self._effects is not None
 
     async def record_effect(
         self, record: EffectRecord, *, lease: Lease | None = None
@@ -793,11 +798,12 @@ class CheckpointManager:
         data, result = self._codec.encode_effect(record)
         if lease is not None:
             fence_token(lease, workflow_id)
-            self._workflow_storage()
+            if not self._keeps_records:
+                self._workflow_storage()  # raises: no leases here
         await self._effect_storage().put_effect(
             workflow_id, step, key, data, in_doubt=record.in_doubt, fence=lease
         )
-        return replace(record, result=result)
+        return record if result is record.result else replace(record, result=result)
 
     async def get_effects(self, workflow_id: str, step: int) -> list[EffectRecord]:
         """The effect journal of one step, ordered by key (empty when it has none)."""
@@ -848,7 +854,7 @@ class CheckpointManager:
         """
         if not isinstance(happened, bool):
             raise InvalidArgumentError(f"happened must be a bool, not {happened!r}")
-        if lease is not None or not isinstance(self._storage, WorkflowStorage):
+        if lease is not None or not self._keeps_records:
             return await self._resolve(workflow_id, step, key, happened, result, lease)
         own = await self.acquire_lease(workflow_id, _RESOLVER, _RESOLVE_TTL)
         try:
@@ -879,11 +885,11 @@ class CheckpointManager:
         return await self.record_effect(record, lease=lease)
 
     def _effect_storage(self) -> EffectStorage:
-        if not isinstance(self._storage, EffectStorage):
+        if self._effects is None:
             raise UnsupportedOperationError(
                 f"{type(self._storage).__name__} keeps no effect journal (docs/effects.md)"
             )
-        return self._storage
+        return self._effects
 
     async def close(self) -> None:
         """Close the storage. Calling it again does nothing."""
