@@ -125,7 +125,10 @@ def encode_effect(record: EffectRecord, values: ValueStage = DEFAULT_VALUES) -> 
     The result goes through the value stage ``values``: a result it cannot store raises
     :class:`~aiocheckpoint.CheckpointSerializationError`.
     """
-    result, finite = values.copy(record.result, f"effect {record.key!r} result")
+    if record.result is None:  # an intent, a failure: no value to copy
+        result, finite = None, True
+    else:
+        result, finite = values.copy(record.result, f"effect {record.key!r} result")
     body = {
         "workflow_id": record.workflow_id,
         "step": record.step,
