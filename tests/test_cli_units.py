@@ -211,6 +211,7 @@ _DOC_VALUES = {
     "FILE.jsonl": "f.jsonl",
     "TIME": "2026-01-31T12:00:00Z",
     "KEY=VALUE": "tenant=acme",
+    "JSON": '{"charged": 30}',
 }
 
 
@@ -248,6 +249,7 @@ def test_every_synopsis_in_the_docs_parses() -> None:
     takes the workflow."""
     synopses = _doc_synopses()
     commands = {"workflows", "history", "show", "diff", "verify", "prune", "rm", "fork", "copy"}
+    commands.add("effect")
     assert {s.split()[0] for s in synopses} == commands | {"export", "import"}
     parser = build_parser()
     for synopsis in synopses:
