@@ -59,11 +59,11 @@ CONFIGS: dict[str, Config] = {
     "file-1-nosyncfs": _file("file, 1 writer, use_syncfs=False", 1, False, 70),
     "file-1": _file("file, 1 writer, group commit on", 1, True, 70),
     # Effect records in the same group commits as checkpoints: acknowledged ones survive.
-    "file-50-effects": _file("file, 50 writers, effects, group commit", 50, True, 40, EFFECTS),
+    "file-50-effects": _file("file, 50 writers, effects, group commit", 50, True, 30, EFFECTS),
     "file-50-effects-nosyncfs": _file(
-        "file, 50 writers, effects, use_syncfs=False", 50, False, 30, EFFECTS
+        "file, 50 writers, effects, use_syncfs=False", 50, False, 20, EFFECTS
     ),
-    "sqlite-50-effects": _sqlite("sqlite, 50 writers, effects", 50, 30, EFFECTS),
+    "sqlite-50-effects": _sqlite("sqlite, 50 writers, effects", 50, 20, EFFECTS),
 }
 #: Configurations run side by side (each has its own LazyFS): a trial mostly waits.
 JOBS = int(os.environ.get("AIOCHECKPOINT_POWERLOSS_JOBS", "2"))
