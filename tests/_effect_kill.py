@@ -6,7 +6,8 @@ a line to a call log and fsyncs it *before* returning: the durable count of the 
 happened. A child may SIGKILL itself at any of the points a crash can fall on: before an
 effect record is written and after it (before the intent, between intent and call, between
 call and result, after the result), inside the call before and after its action, and
-before each step's checkpoint.
+before each step's checkpoint; and, from a timer thread, at a random moment (inside a
+storage write, a group commit, the event loop: anywhere).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,16 +58,28 @@ def expected(workflow_id: str, step: int, label: int) -> dict[str, Any]:
 
 
 class Killer:
-    """SIGKILLs this process at a point with probability ``p``."""
+    """SIGKILLs this process at a point with probability ``p``.
 
-    def __init__(self, seed: int, p: float) -> None:
+    Half the children also arm a timer that SIGKILLs the process at a random moment of its
+    first ``timer_s`` seconds, wherever it is (a write in a worker thread included).
+    """
+
+    def __init__(self, seed: int, p: float, timer_s: float = 0.0) -> None:
         self.random = random.Random(seed)
         self.p = p
+        if p and timer_s and self.random.random() < 0.5:
+            timer = threading.Timer(self.random.uniform(0, timer_s), _die)
+            timer.daemon = True
+            timer.start()
 
     def maybe(self) -> None:
         """Die here, sometimes."""
         if self.p and self.random.random() < self.p:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class CallLog:
@@ -167,14 +181,20 @@ async def settle(
     )
 
 
-def child(open_store: Callable[[], CheckpointStorage], log: Path, seed: int, p: float) -> None:
+def child(
+    open_store: Callable[[], CheckpointStorage], log: Path, seed: int, p: float, timer_s: float
+) -> None:
     """A forked child: run the unfinished workflows (names in order), dying at random."""
-    killer = Killer(seed, p)
+    killer = Killer(seed, p, timer_s)
     hook_records(killer)
+    calls = CallLog(log).lines()
+    # Children go in order and finish a workflow before the next: every one before the
+    # workflow of the last logged call is finished (the final pass checks them all).
+    first = int(calls[-1][0].removeprefix("wf-")) if calls and p else 0
 
     async def main() -> None:
         async with CheckpointManager(open_store()) as manager:
-            for n in range(10_000):
+            for n in range(first, 10_000):
                 workflow_id = f"wf-{n}"
                 point = await manager.get_resume_point(workflow_id)
                 if point is not None and point[0] >= STEPS:
@@ -215,6 +235,7 @@ def pool_child(
                         manager, lease.workflow_id, calls, killer, lease=lease, stall=stall
                     )
                 except LeaseLostError:
+                    calls.append(f"lost|{lease.workflow_id}|{lease.token}")
                     continue
 
     asyncio.run(main())

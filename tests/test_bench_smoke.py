@@ -65,7 +65,8 @@ def test_measurements_carry_figures_and_ratios_are_computed(
 
 
 def test_effects_bench_runs() -> None:
-    """`bench/effects.py --tiny` prints its three rows and the summary (no timings checked)."""
+    """`bench/effects.py --tiny` prints its three rows per backend and each backend's summary
+    (no timings checked)."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "effects.py"), "--tiny"],
         cwd=ROOT,
@@ -75,8 +76,10 @@ def test_effects_bench_runs() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert {line.get("row") for line in lines[:-1]} == {"plain", "effects", "journal"}
-    assert lines[-1]["summary"] == "sqlite"
+    rows = {(line["backend"], line["row"]) for line in lines if "row" in line}
+    backends = ("sqlite", "file", "postgres")
+    assert rows == {(b, r) for b in backends for r in ("plain", "effects", "journal")}
+    assert [line["summary"] for line in lines if "summary" in line] == list(backends)
 
 
 def test_sweep_bench_runs() -> None:

@@ -1,14 +1,21 @@
-"""`history` and `show` list a step's effects and their state (done, failed, in doubt)."""
+"""The CLI and effects: `history` and `show` list a step's effects and their state (done,
+failed, in doubt); `workflows --in-doubt` finds them; `effect resolve` settles them."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aiocheckpoint import ResumableWorkflow
+from aiocheckpoint import EffectInDoubtError, EffectState, LeaseLostError, ResumableWorkflow
 from aiocheckpoint.cli.store import open_store
-from tests.test_cli import BACKENDS, NewStore, cli, new_store
+from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
 
 __all__ = ["new_store"]
 
@@ -62,3 +69,97 @@ async def test_history_and_show_list_effects(kind: str, new_store: NewStore) -> 
     }
     page: Any = cli("history", url, "wf", "--json").json()
     assert [e["key"] for e in page["checkpoints"][0]["effects"]] == ["fetch", "mail", "pay"]
+
+
+#: A run killed (SIGKILL) inside its effect's call, in step 1, after step 0's checkpoint.
+KILLED_RUN = """
+import asyncio, os, signal, sys
+from aiocheckpoint import ResumableWorkflow
+from aiocheckpoint.cli.store import open_store
+
+async def charge(amount):
+    os.kill(os.getpid(), signal.SIGKILL)  # the call may have reached the provider
+
+async def main(url):
+    async with open_store(url, must_exist=False) as manager:
+        async with ResumableWorkflow("order", manager) as wf:
+            async with wf.step(0, agent_id="a"):
+                wf.state.set("cart", 3)
+            async with wf.step(1, agent_id="a"):
+                await wf.effect("charge", charge, 30)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def finish(url: str, calls: list[int]) -> Any:
+    """Run the order workflow to its end; ``charge`` appends to ``calls``."""
+
+    async def charge(amount: int) -> str:
+        calls.append(amount)
+        return f"ch-{amount}"
+
+    async with open_store(url, must_exist=True) as manager:
+        async with ResumableWorkflow("order", manager) as wf:
+            await wf.try_resume()
+            async with wf.step(1, agent_id="a"):
+                wf.state.set("receipt", await wf.effect("charge", charge, 30))
+        return wf.state.get("receipt"), await manager.list_in_doubt_workflows()
+
+
+def kill_in_call(url: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, url], env=env, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("happened", [True, False])
+async def test_resolve_a_killed_runs_effect(kind: str, happened: bool, new_store: NewStore) -> None:
+    """Killed in a call: `workflows --in-doubt` lists it, `effect resolve` settles it."""
+    url = new_store(kind)
+    kill_in_call(url)
+    listed: Any = cli("workflows", url, "--in-doubt", "--json").json()
+    assert [w["workflow_id"] for w in listed["workflows"]] == ["order"]
+    if kind != "file":  # a query of the records, with the in-doubt filter
+        query: Any = cli("workflows", url, "--in-doubt", "--agent-status", "completed", "--json")
+        assert [w["workflow_id"] for w in query.json()["workflows"]] == ["order"]
+    with pytest.raises(EffectInDoubtError):
+        await finish(url, [])
+    outcome = ["--result", '"ch-manual"'] if happened else ["--rerun"]
+    done = cli("effect", "resolve", url, "order", "1", "charge", *outcome)
+    assert done.code == 0, done.err
+    assert ("done" if happened else "failed") in done.out
+    again = cli("effect", "resolve", url, "order", "1", "charge", "--rerun")
+    assert "no effect 'charge' in doubt" in again.error_line() and again.code == 2
+    calls: list[int] = []
+    assert await finish(url, calls) == ("ch-manual" if happened else "ch-30", [])
+    assert calls == ([] if happened else [30])
+    assert cli("workflows", url, "--in-doubt", "--json").json() == {"workflows": []}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_resolve_is_fenced_by_a_live_lease(kind: str, new_store: NewStore) -> None:
+    """While a runner holds the workflow, resolving is refused; after it, a stale one is."""
+    url = new_store(kind)
+    kill_in_call(url)
+    async with open_store(url, must_exist=True) as manager:
+        runner = await manager.acquire_lease("order", "runner", ttl=60)
+        refused = cli("effect", "resolve", url, "order", "1", "charge", "--result", "1")
+        assert "lease" in refused.error_line() and refused.code == 4
+        assert await manager.list_in_doubt_workflows() == ["order"]
+        await manager.release_lease(runner)
+        assert cli("effect", "resolve", url, "order", "1", "charge", "--result", "1").code == 0
+        [record] = await manager.get_effects("order", 1)
+        assert record.state is EffectState.DONE and record.result == 1
+        with pytest.raises(LeaseLostError):  # the runner's old lease writes nothing more
+            await manager.record_effect(replace(record, state=EffectState.IN_DOUBT), lease=runner)
+        assert [r.state for r in await manager.get_effects("order", 1)] == [EffectState.DONE]
+
+
+def test_resolve_arguments(tmp_path: Path) -> None:
+    """--result and --rerun: exactly one; --result is JSON."""
+    url = f"sqlite://{tmp_path}/x.db"
+    for extra in ([], ["--rerun", "--result", "1"], ["--result", "{bad"]):
+        result = cli("effect", "resolve", url, "wf", "0", "k", *extra)
+        assert result.code == 2 and "Traceback" not in result.err

@@ -230,6 +230,9 @@ def slugify(title: str) -> str:
     return re.sub(r"[-\s]+", "-", text)
 
 
+_ATTR_ID = re.compile(r"\{\s*#([\w-]+)\s*\}\s*$")
+
+
 def _anchors(page: Path) -> set[str]:
     """The heading ids Python-Markdown's toc extension (used by mkdocs) gives a page."""
     anchors: set[str] = set()
@@ -242,6 +245,10 @@ def _anchors(page: Path) -> set[str]:
         elif opening:
             fence = opening["fence"]
         elif heading := _HEADING.match(line):
+            explicit = _ATTR_ID.search(heading["text"])  # attr_list's `{#id}` sets the id
+            if explicit:
+                anchors.add(explicit[1])
+                continue
             slug = slugify(heading["text"])
             # A repeated id gets "_1", "_2", ... like the toc extension's unique().
             unique, n = slug, 0

@@ -1,7 +1,9 @@
 """SIGKILL at random points of steps that make 3-5 effects, hundreds of times per backend.
 
 The parent (this module, everything imported) forks a child per run; the child resumes the
-workflows and SIGKILLs itself at a random point (tests/_effect_kill.py lists them). After
+workflows and SIGKILLs itself at a random point (tests/_effect_kill.py lists them: each
+effect record's write, before and after; inside each call; before each checkpoint; and, in
+half the children, a timer's random moment, inside a storage write too). After
 ``KILLS`` killed children and a final clean pass, every workflow is finished and:
 
 * no effect ran twice unless it is idempotent (the fsynced call log counts the calls: an
@@ -10,7 +12,7 @@ workflows and SIGKILLs itself at a random point (tests/_effect_kill.py lists the
 * an idempotent effect's calls all carry the same idempotency key;
 * every recorded result is the one the call returned.
 
-``AIOCHECKPOINT_EFFECT_KILLS`` sets the number of kills per backend (default 100).
+``AIOCHECKPOINT_EFFECT_KILLS`` sets the number of kills per backend (default 200).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from tests import _effect_kill as kill
 from tests.pg_support import DSN, drop_schema, new_schema_name
 
-KILLS = int(os.environ.get("AIOCHECKPOINT_EFFECT_KILLS", "100"))
+KILLS = int(os.environ.get("AIOCHECKPOINT_EFFECT_KILLS", "200"))
 #: The chance of dying at each kill point: a child gets through a step or two.
 P_KILL = 0.04
+#: The timer kill falls in a child's first this many seconds (it runs ~0.1-0.3 s).
+TIMER_S = 0.3
 
 Open = Callable[[], CheckpointStorage]
 
@@ -71,7 +75,7 @@ def fork(work: Callable[[], None]) -> int:
 
 def run_child(open_store: Open, log: Path, seed: int, p: float) -> int:
     """Fork a child that runs the workflows; return its wait status."""
-    pid = fork(lambda: kill.child(open_store, log, seed, p))
+    pid = fork(lambda: kill.child(open_store, log, seed, p, TIMER_S))
     return os.waitpid(pid, 0)[1]
 
 
@@ -180,14 +184,20 @@ def test_runner_pool_with_killed_and_stalled_runners(open_leased: Open, tmp_path
         deaths += os.WIFSIGNALED(status)
     lines = kill.CallLog(log).lines()
     check_fencing(lines)
-    calls = [line for line in lines if line[0] != "claim"]
+    calls = [line for line in lines if line[0] not in ("claim", "lost")]
     assert asyncio.run(check(open_leased, calls)) == WORKFLOWS and deaths > 0
+    # Takeovers happened (a workflow claimed again), and stale runners were refused.
+    claims = Counter(line[1] for line in lines if line[0] == "claim")
+    assert max(claims.values()) > 1
+    assert any(line[0] == "lost" for line in lines), "no stale runner was ever fenced off"
 
 
 def check_fencing(lines: list[list[str]]) -> None:
     """No call is logged under a token after a newer claim of its workflow was logged."""
     newest: dict[str, int] = {}
     for line in lines:
+        if line[0] == "lost":
+            continue
         if line[0] == "claim":
             newest[line[1]] = max(newest.get(line[1], 0), int(line[2]))
             continue

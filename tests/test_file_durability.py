@@ -157,6 +157,37 @@ def assert_fsync_barriers(calls: list[str]) -> None:
     assert calls[first_rename:] == ["rename"] * 8 + ["fsync_dir"] * 8
 
 
+async def mixed_group(base: Path, **options: bool) -> list[str]:
+    """Four saves and four effect records at once (one group; directories made first)."""
+    store = FileCheckpointStorage(base, **options)
+    for i in range(8):
+        await store.save(f"wf-{i}", 0, b"zero")
+        await store.put_effect(f"wf-{i}", 0, "k", b"made effects/", in_doubt=True)
+    log = CallLog()
+    store._os = log
+    await asyncio.gather(
+        *(store.save(f"wf-{i}", 1, b"one %d" % i) for i in range(4)),
+        *(store.put_effect(f"wf-{i}", 1, "k", b"fx %d" % i, in_doubt=False) for i in range(4, 8)),
+    )
+    for i in range(4, 8):
+        [effect] = await store.load_effects(f"wf-{i}", 1)
+        assert (effect.in_doubt, effect.data) == (False, b"fx %d" % i)
+    await store.close()
+    return log.calls
+
+
+async def test_effect_records_share_the_groups_barriers(mounts: dict[str, Path]) -> None:
+    """Effect records join the saves' group: on overlayfs every temp file (and raised hint)
+    is fsynced before any rename, every directory (effects/ too) after the last; on ext4
+    the whole group costs two syncfs."""
+    calls = await mixed_group(mounts["overlay"] / "store")
+    first_rename = calls.index("rename")
+    assert calls[:first_rename] == ["fsync"] * 12  # 8 temp files, 4 raised hints
+    assert calls[first_rename:] == ["rename"] * 8 + ["fsync_dir"] * 8
+    calls = await mixed_group(mounts["ext4"] / "store")
+    assert calls == ["syncfs"] + ["rename"] * 8 + ["syncfs"]
+
+
 async def test_a_group_on_overlayfs_fsyncs_every_file_then_every_directory(
     mounts: dict[str, Path],
 ) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from aiocheckpoint import CheckpointManager, InvalidArgumentError, StorageBackendError
 from aiocheckpoint.storage.file import FileCheckpointStorage
+from aiocheckpoint.storage.file.effects import EffectFiles
 from aiocheckpoint.storage.file.io import FileOps
 
 from .reliability._support import dump_store
@@ -104,6 +105,39 @@ async def test_concurrent_saves_share_two_syncfs(
     for i in range(8):
         got = await store.load(f"wf-{i}")
         assert got is not None and got.step == 1 and got.data == b"one %d" % i
+
+
+async def test_effect_records_and_saves_share_two_syncfs(
+    grouped: tuple[FileCheckpointStorage, GroupOps],
+) -> None:
+    """Four saves and four effect records at once: one group, its two syncfs."""
+    store, ops = grouped
+    await asyncio.gather(
+        *(store.save(f"wf-{i}", 1, b"one %d" % i) for i in range(4)),
+        *(store.put_effect(f"wf-{i}", 1, f"k{i}", b"fx", in_doubt=True) for i in range(8)),
+    )
+    assert ops.calls == ["write hint"] * 4 + ["syncfs"] + ["rename"] * 12 + ["syncfs"]
+    for i in range(8):
+        assert [e.key for e in await store.load_effects(f"wf-{i}", 1)] == [f"k{i}"]
+
+
+async def test_a_failing_effect_record_does_not_fail_the_group(
+    grouped: tuple[FileCheckpointStorage, GroupOps],
+) -> None:
+    """An effect record whose write fails raises a typed error; the rest of its group lands."""
+    store, ops = grouped
+    poisoned = EffectFiles.op("wf-1", 1, "bad", b"poison", False).data
+    ops.poison.add(poisoned)
+    results = await asyncio.gather(
+        store.save("wf-0", 1, b"one"),
+        store.put_effect("wf-1", 1, "bad", b"poison", in_doubt=False),
+        store.put_effect("wf-1", 1, "good", b"fine", in_doubt=False),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], StorageBackendError) and "effect" in str(results[1])
+    assert [e.key for e in await store.load_effects("wf-1", 1)] == ["good"]
+    assert (await store.load("wf-0", 1)) is not None
 
 
 async def test_one_failing_save_does_not_fail_the_others(
@@ -357,6 +391,55 @@ async def group_fault_scenario(
         for wf, top in (("a", 2), ("b", 2), ("c", 0)):
             latest = await store.load(wf)
             assert latest is not None and (latest.step, latest.data) == (top, new[wf, top])
+        await store.close()
+        if not fault.fired:
+            break
+        fired += fault.fired
+        nth += 1
+    assert fired > 0
+
+
+#: A group's effect records: an existing key replaced, a new key, a workflow's first one.
+GROUP_EFFECTS = [("a", 1, "k"), ("a", 2, "new"), ("d", 0, "first")]
+
+
+@pytest.mark.parametrize("use_syncfs", [True, False], ids=["syncfs", "fsync"])
+@pytest.mark.parametrize("method", GROUP_CALLS)
+async def test_every_fault_in_a_group_with_effects_is_typed_and_harmless(
+    tmp_path: Path, method: str, use_syncfs: bool
+) -> None:
+    """Each call of each OS function in a group of two saves and three effect records,
+    failed once with EIO: what it hits raises a StorageBackendError chaining it and keeps
+    its old record or the new one, the rest land, no temporary file remains."""
+    if method == "syncfs" and not use_syncfs:
+        return  # never called: covered by the fsync barriers' own calls
+    nth, fired = 1, 0
+    while True:
+        root = tmp_path / f"run-{nth}"
+        async with FileCheckpointStorage(root) as setup:
+            await setup.save("a", 0, b"old")
+            await setup.put_effect("a", 1, "k", b"old", in_doubt=True)
+        store = FileCheckpointStorage(root, use_syncfs=use_syncfs)
+        fault = PlannedFault(method, nth, errno.EIO, False)
+        store._os = fault
+        results = await asyncio.gather(
+            store.save("a", 1, b"new a 1", keep_last=1),
+            store.save("b", 0, b"new b 0"),
+            *(store.put_effect(wf, s, k, b"new", in_doubt=False) for wf, s, k in GROUP_EFFECTS),
+            return_exceptions=True,
+        )
+        store._os = FileOps()
+        for (wf, s, k), result in zip(GROUP_EFFECTS, results[2:], strict=True):
+            got = [(e.key, e.data) for e in await store.load_effects(wf, s) if e.key == k]
+            if result is None:
+                assert got == [(k, b"new")]
+            else:
+                assert isinstance(result, StorageBackendError) and _caused_by(result, errno.EIO)
+                assert got in ([(k, b"new")], [(k, b"old")] if k == "k" else [])
+        for (wf, s), result in zip([("a", 1), ("b", 0)], results[:2], strict=True):
+            loaded = await store.load(wf, s)
+            assert result is not None or (loaded is not None and loaded.data.startswith(b"new"))
+        assert litter(root) == []
         await store.close()
         if not fault.fired:
             break

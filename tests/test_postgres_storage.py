@@ -18,6 +18,7 @@ from aiocheckpoint import (
     CheckpointCorruptedError,
     CheckpointManager,
     InvalidArgumentError,
+    LeaseLostError,
     StorageBackendError,
     StorageSchemaError,
 )
@@ -392,6 +393,53 @@ async def test_batch_error_fails_only_the_guilty_caller(
         assert sorted(await storage.list_workflows()) == sorted(
             f"wf-{n}" for n in range(40) if n != 17
         )
+
+
+async def test_effect_records_share_the_checkpoints_transactions(pg_schema: str) -> None:
+    """Effect records and checkpoints queued together commit in one batch (one transaction);
+    a stale lease's effect record in it is refused alone."""
+    async with store(pg_schema, write_concurrency=1) as storage:
+        await storage.exists("open")
+        old = await storage.acquire_lease("fenced", "a", 0.05)
+        await asyncio.sleep(0.1)
+        new = await storage.acquire_lease("fenced", "b", 30)
+        before = storage.stats.batches
+        results = await asyncio.gather(
+            *(storage.save(f"wf-{n}", 1, b"ckpt") for n in range(20)),
+            *(storage.put_effect(f"wf-{n}", 1, "k", b"fx", in_doubt=True) for n in range(20)),
+            storage.put_effect("fenced", 0, "k", b"stale", in_doubt=True, fence=old),
+            storage.put_effect("fenced", 0, "j", b"fresh", in_doubt=True, fence=new),
+            return_exceptions=True,
+        )
+        assert storage.stats.batches == before + 1
+        assert isinstance(results[40], LeaseLostError) and "effect record" in str(results[40])
+        assert [r for n, r in enumerate(results) if n != 40] == [None] * 41
+        for n in range(20):
+            assert [e.data for e in await storage.load_effects(f"wf-{n}", 1)] == [b"fx"]
+        assert [e.key for e in await storage.load_effects("fenced", 0)] == ["j"]
+
+
+async def test_a_bad_effect_record_fails_only_its_caller(
+    pg_schema: str, admin: asyncpg.Connection
+) -> None:
+    """An effect record the server rejects fails its own put; its batch's checkpoints land."""
+    async with store(pg_schema, write_concurrency=1) as storage:
+        await storage.exists("open")
+        await admin.execute(
+            f'ALTER TABLE "{pg_schema}".effects '
+            "ADD CONSTRAINT no_poison CHECK (data <> 'poison'::bytea)"
+        )
+        results = await asyncio.gather(
+            *(storage.save(f"wf-{n}", 0, b"ok") for n in range(10)),
+            storage.put_effect("wf-3", 0, "k", b"poison", in_doubt=True),
+            storage.put_effect("wf-4", 0, "k", b"fine", in_doubt=True),
+            return_exceptions=True,
+        )
+        assert isinstance(results[10], StorageBackendError)
+        assert isinstance(results[10].__cause__, asyncpg.CheckViolationError)
+        assert [r for n, r in enumerate(results) if n != 10] == [None] * 11
+        assert len(await storage.list_workflows()) == 10
+        assert await storage.in_doubt_workflows() == ["wf-4"]
 
 
 async def test_cancelled_while_queued_is_dropped_in_flight_completes(

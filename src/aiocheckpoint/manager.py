@@ -100,6 +100,9 @@ _PAGE = 100
 #: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
 _HELD_LONG = 0.0002
 _RETRIES = 8
+#: The owner and TTL of the lease :meth:`CheckpointManager.resolve_effect` takes for its write.
+_RESOLVER = "aiocheckpoint-resolve-effect"
+_RESOLVE_TTL = 30.0
 #: The leases held in this process, shared by every manager.
 _HOLDERS = LocalHolders()
 
@@ -210,6 +213,11 @@ class CheckpointManager:
         # Everything between a validated call and the storage: copies, encoding, decoding.
         self._codec = RecordCodec(self._storage, blobs, values, sealer)
         self._keeps_records = isinstance(self._storage, WorkflowStorage)
+        # Checked once: a runtime protocol check walks the protocol's members (~90 us), and
+        # every effect record would pay it.
+        self._effects: EffectStorage | None = (
+            self._storage if isinstance(self._storage, EffectStorage) else None
+        )
         self._closed = False
         #: Workflows an active ResumableWorkflow block (or a fork) drives: one at a time.
         self._drivers: set[str] = set()
@@ -640,6 +648,7 @@ class CheckpointManager:
         updated_before: datetime | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        in_doubt: bool | None = None,
     ) -> list[str]:
         """Every workflow id that has at least one checkpoint, sorted.
 
@@ -647,12 +656,17 @@ class CheckpointManager:
         restart, or ``"paused"``, what waits for a human) or any other filter of
         :meth:`list_workflow_records`, the ids of the matching workflow records instead
         (a :class:`~aiocheckpoint.Page`, whose ``next_cursor`` continues it); this needs a
-        backend with workflow records.
+        backend with workflow records. ``in_doubt=True`` alone lists, on any backend with
+        an effect journal, every workflow with an effect in doubt (as
+        :meth:`list_in_doubt_workflows`); ``in_doubt=False`` alone, the workflows
+        with checkpoints and no effect in doubt.
         """
         self._check_open()
         filters = (agent_status, metadata, updated_after, updated_before, limit, cursor)
         if status is None and all(f is None for f in filters):
-            return await self._storage.list_workflows()
+            if in_doubt is None:
+                return await self._storage.list_workflows()
+            return Page(await self._in_doubt_ids(in_doubt))
         page = await self.list_workflow_records(
             status,
             agent_status=agent_status,
@@ -661,8 +675,18 @@ class CheckpointManager:
             updated_before=updated_before,
             limit=limit,
             cursor=cursor,
+            in_doubt=in_doubt,
         )
         return Page([record.workflow_id for record in page], page.next_cursor)
+
+    async def _in_doubt_ids(self, in_doubt: object) -> list[str]:
+        if not isinstance(in_doubt, bool):
+            raise InvalidArgumentError(f"in_doubt must be a bool or None: {in_doubt!r}")
+        doubtful = await self._effect_storage().in_doubt_workflows()
+        if in_doubt:
+            return doubtful
+        skip = set(doubtful)
+        return [wf for wf in await self._storage.list_workflows() if wf not in skip]
 
     # --- workflow records and leases --------------------------------------------------
 
@@ -681,21 +705,27 @@ class CheckpointManager:
         updated_before: datetime | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        in_doubt: bool | None = None,
     ) -> Page[WorkflowRecord]:
         """Workflow records ordered by id, filtered, one page at a time.
 
         Filters (all optional, combined with AND): the workflow ``status``; the
         ``agent_status`` of its latest step (e.g. ``"blocked"``); ``metadata`` equality on
         each given top-level key; ``updated_after`` / ``updated_before`` (exclusive,
-        aware datetimes). ``limit`` (1-10,000) caps the page; pass the returned page's
-        ``next_cursor`` as ``cursor`` for the next one (None: it was the last). On SQLite
-        and PostgreSQL a page filtered by status, agent status or a metadata key is an
-        index walk: it costs about the page, however many workflows the store holds.
+        aware datetimes); ``in_doubt`` True, only the workflows with an effect in doubt
+        (``docs/effects.md``), False only those without. ``limit`` (1-10,000) caps the
+        page; pass the returned page's ``next_cursor`` as ``cursor`` for the next one
+        (None: it was the last). On SQLite and PostgreSQL a page filtered by status, agent
+        status or a metadata key is an index walk: it costs about the page, however many
+        workflows the store holds. Records only: a workflow killed in its first step,
+        before any checkpoint and without a lease, has no record, and only
+        :meth:`list_in_doubt_workflows` (or ``list_workflows(in_doubt=True)``) lists it.
         """
         self._check_open()
         wanted = None if status is None else _workflow_status(status)
         agent = None if agent_status is None else _status(agent_status).value
-        query = build_query(wanted, agent, metadata, (updated_after, updated_before), limit, cursor)
+        updated = (updated_after, updated_before)
+        query = build_query(wanted, agent, metadata, updated, limit, cursor, in_doubt)
         records = await self._workflow_storage().query_workflow_records(query)
         full = limit is not None and len(records) == limit
         return Page(records, encode_cursor(records[-1].workflow_id) if full else None)
@@ -857,7 +887,7 @@ class CheckpointManager:
 
     def supports_effects(self) -> bool:
         """Whether the storage keeps an effect journal (every bundled backend does)."""
-        return isinstance(self._storage, EffectStorage)
+        return self._effects is not None
 
     async def record_effect(
         self, record: EffectRecord, *, lease: Lease | None = None
@@ -877,11 +907,12 @@ class CheckpointManager:
         data = await self._codec.seal_effect(workflow_id, step, key, data)
         if lease is not None:
             fence_token(lease, workflow_id)
-            self._workflow_storage()
+            if not self._keeps_records:
+                self._workflow_storage()  # raises: no leases here
         await self._effect_storage().put_effect(
             workflow_id, step, key, data, in_doubt=record.in_doubt, fence=lease
         )
-        return replace(record, result=result)
+        return record if result is record.result else replace(record, result=result)
 
     async def get_effects(self, workflow_id: str, step: int) -> list[EffectRecord]:
         """The effect journal of one step, ordered by key (empty when it has none)."""
@@ -924,7 +955,31 @@ class CheckpointManager:
         without calling the function); ``happened=False`` records it as failed (the re-run
         calls the function again). Raises :class:`~aiocheckpoint.InvalidArgumentError` if
         the step has no effect ``key`` in doubt.
+
+        The write is fenced: by ``lease`` when given (a runner settling its own effect);
+        otherwise, on a backend with leases, by a lease of its own taken for the write and
+        released after it, so that it raises :class:`~aiocheckpoint.LeaseHeldError` while
+        a runner holds the workflow, and a stale runner cannot write after it.
         """
+        if not isinstance(happened, bool):
+            raise InvalidArgumentError(f"happened must be a bool, not {happened!r}")
+        if lease is not None or not self._keeps_records:
+            return await self._resolve(workflow_id, step, key, happened, result, lease)
+        own = await self.acquire_lease(workflow_id, _RESOLVER, _RESOLVE_TTL)
+        try:
+            return await self._resolve(workflow_id, step, key, happened, result, own)
+        finally:
+            await self.release_lease(own)
+
+    async def _resolve(
+        self,
+        workflow_id: str,
+        step: int,
+        key: str,
+        happened: bool,
+        result: Any,
+        lease: Lease | None,
+    ) -> EffectRecord:
         wanted = check_effect_key(key)
         found = [r for r in await self.get_effects(workflow_id, step) if r.key == wanted]
         if not found or not found[0].in_doubt:
@@ -939,11 +994,11 @@ class CheckpointManager:
         return await self.record_effect(record, lease=lease)
 
     def _effect_storage(self) -> EffectStorage:
-        if not isinstance(self._storage, EffectStorage):
+        if self._effects is None:
             raise UnsupportedOperationError(
                 f"{type(self._storage).__name__} keeps no effect journal (docs/effects.md)"
             )
-        return self._storage
+        return self._effects
 
     async def close(self) -> None:
         """Close the storage. Calling it again does nothing."""

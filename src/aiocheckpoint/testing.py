@@ -1001,6 +1001,41 @@ class EffectStorageConformance:
         await storage.put_effect("b", 0, "k", b"d", in_doubt=False)
         assert await storage.in_doubt_workflows() == ["a"]
 
+    async def test_list_workflows_in_doubt(self, storage: EffectStorage) -> None:
+        """list_workflows(in_doubt=...) splits the workflows by whether an effect is in doubt."""
+        manager = CheckpointManager(storage)  # type: ignore[arg-type]
+        for wf in ("a", "b", "c"):
+            await manager.create_checkpoint(wf, 0, "agent", "completed", {"n": 1})
+        await storage.put_effect("b", 0, "k", b"intent", in_doubt=True)
+        await storage.put_effect("c", 0, "k", b"done", in_doubt=False)
+        assert await manager.list_workflows(in_doubt=True) == ["b"]
+        assert await manager.list_workflows(in_doubt=False) == ["a", "c"]
+        await storage.put_effect("b", 0, "k", b"done", in_doubt=False)
+        assert await manager.list_workflows(in_doubt=True) == []
+        with pytest.raises(InvalidArgumentError):
+            await manager.list_workflows(in_doubt="yes")  # type: ignore[arg-type]
+
+    async def test_query_records_in_doubt(self, storage: EffectStorage) -> None:
+        """The in_doubt filter of list_workflow_records combines with the others, paged."""
+        if not isinstance(storage, WorkflowStorage):
+            with pytest.raises(UnsupportedOperationError):
+                await CheckpointManager(storage).list_workflow_records(in_doubt=True)  # type: ignore[arg-type]
+            return
+        manager = CheckpointManager(storage)
+        for n, wf in enumerate(("a", "b", "c", "d")):
+            await manager.register_workflow(wf, metadata={"team": n % 2})
+            if wf != "a":
+                await storage.put_effect(wf, 1, "k", b"intent", in_doubt=True)
+        await storage.put_effect("d", 1, "k", b"done", in_doubt=False)
+        await storage.put_effect("d", 2, "j", b"done", in_doubt=False)
+        first = await manager.list_workflow_records(in_doubt=True, limit=1)
+        rest = await manager.list_workflow_records(in_doubt=True, cursor=first.next_cursor)
+        assert [r.workflow_id for r in [*first, *rest]] == ["b", "c"]
+        assert await manager.list_workflows(in_doubt=False) == []  # no checkpoints
+        assert await manager.list_workflows("unfinished", in_doubt=False) == ["a", "d"]
+        assert await manager.list_workflows(metadata={"team": 1}, in_doubt=True) == ["b"]
+        assert await manager.list_workflows(metadata={"team": 0}, in_doubt=True) == ["c"]
+
     async def test_effects_go_with_deleted_steps(self, storage: EffectStorage) -> None:
         """delete(wf, step) takes the step's effects, with or without a checkpoint."""
         store: Any = storage

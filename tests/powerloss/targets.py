@@ -131,6 +131,64 @@ class Aiocheckpoint(Target):
         await self.reader.close()
 
 
+class AiocheckpointEffects(Aiocheckpoint):
+    """As :class:`Aiocheckpoint`, each save first durably records an effect of its step
+    (``put_effect``, the state's digest as the record), then checkpoints the step: with
+    many writer tasks, effect records and checkpoints share group commits.
+
+    A step's outcome is its state's digest only if its effect record is there and holds
+    that digest: the effect was acknowledged before the checkpoint was written, so a visible
+    checkpoint, and every acknowledged step, must have it (``!effect ...`` otherwise).
+    """
+
+    async def save(self, wf: str, step: int, state: dict[str, Any], keep: int | None) -> None:
+        await self.put_effect(wf, step, digest(state).encode())
+        await super().save(wf, step, state, keep)
+
+    async def put_effect(self, wf: str, step: int, record: bytes) -> None:
+        """Record the step's effect; durable when it returns."""
+        await self.storage.put_effect(wf, step, "effect", record, in_doubt=False)
+
+    async def effects(self, wf: str, step: int) -> list[tuple[str, bool, bytes]]:
+        """The step's effect records: key, in doubt, bytes."""
+        return [(e.key, e.in_doubt, e.data) for e in await self.storage.load_effects(wf, step)]
+
+    async def records(self, wf: str, since: int) -> dict[int, Outcome]:
+        found = await super().records(wf, since)
+        return {step: await self._with_effect(wf, step, out) for step, out in found.items()}
+
+    async def load(self, wf: str, step: int) -> Outcome | None:
+        outcome = await super().load(wf, step)
+        return None if outcome is None else await self._with_effect(wf, step, outcome)
+
+    async def _with_effect(self, wf: str, step: int, outcome: Outcome) -> Outcome:
+        if outcome.startswith("!"):
+            return outcome
+        effects = await self.effects(wf, step)
+        if effects != [("effect", False, outcome.encode())]:
+            return f"!effect lost or torn: {effects!r}"
+        return outcome
+
+
+class EffectsWithoutFsync(AiocheckpointEffects):
+    """Deliberately unsafe effect records (a file written without fsync) beside the store's
+    checkpoints: the harness must catch the effect records it loses."""
+
+    def _path(self, wf: str, step: int) -> Path:
+        return self.path / "unsafe-effects" / wf / str(step)
+
+    async def put_effect(self, wf: str, step: int, record: bytes) -> None:
+        path = self._path(wf, step)
+        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(path.write_bytes, record)
+
+    async def effects(self, wf: str, step: int) -> list[tuple[str, bool, bytes]]:
+        try:
+            return [("effect", False, await asyncio.to_thread(self._path(wf, step).read_bytes))]
+        except FileNotFoundError:
+            return []
+
+
 class RenameWithoutFsync(Target):
     """Deliberately unsafe: a JSON file per step, written and renamed into place without
     any fsync (what the seed's file store does). The harness must catch it losing data."""

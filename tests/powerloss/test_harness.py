@@ -32,6 +32,19 @@ def test_a_rename_without_fsync_is_caught_losing_acknowledged_checkpoints(
     assert any("Expecting value" in p for p in result.problems["corrupt"].values())
 
 
+def test_unsynced_effect_records_are_caught_lost(lazyfs_binary: Path, tmp_path: Path) -> None:
+    """The effect check can fail: effect records written without fsync (beside a safe
+    store's checkpoints) are found lost or empty by the first cuts."""
+    target = "tests.powerloss.targets:EffectsWithoutFsync"
+    options = {"backend": "file", "storage": {"use_syncfs": False}}
+    config = Config("effects without fsync", target, options, 50, 5, retention=False)
+    result = Trials(config, lazyfs_binary, tmp_path, seed=4).run(stop_at_failure=True)
+    RESULTS.append(result)
+    assert result.acknowledged > 0
+    assert result.lost > 0 or result.count("torn") > 0, result.summary()
+    assert any("!effect lost or torn" in p for f in result.problems.values() for p in f.values())
+
+
 class _KillLazyFSOnce(Trials):
     """Kills LazyFS (as its segfaults do) while the first writer runs."""
 

@@ -1,5 +1,8 @@
 """Power cuts at random moments (LazyFS): no acknowledged checkpoint is lost or corrupted.
 
+The ``-effects`` configurations also record an effect per step (acknowledged before the
+step's checkpoint): no acknowledged effect record is lost either (targets.py).
+
 Each configuration runs a writer process (one task cycling a small, a small-with-retention
 and a large incremental workflow, or 50 concurrent tasks with a workflow each), cuts the
 power under it at random moments and checks after every cut that the store opens, that
@@ -24,6 +27,8 @@ from .conftest import RESULTS
 from .harness import Config, Result, Trials
 
 TARGET = "tests.powerloss.targets:Aiocheckpoint"
+#: Each step also records an effect, acknowledged before its checkpoint (docs/effects.md).
+EFFECTS = "tests.powerloss.targets:AiocheckpointEffects"
 #: Garbage collection every 0.2 s (and the writer calls it every 0.1 s); blobs older than
 #: 2 s are fair game, so the blobs that retention frees in one run go in the next ones.
 FILE_OPTIONS: dict[str, Any] = {"gc_interval": 0.2, "blob_grace_seconds": 2.0}
@@ -36,13 +41,13 @@ def _cuts(default: int) -> int:
     return default * 10 if os.environ.get("AIOCHECKPOINT_SOAK") == "1" else default
 
 
-def _file(name: str, tasks: int, use_syncfs: bool, cuts: int) -> Config:
+def _file(name: str, tasks: int, use_syncfs: bool, cuts: int, target: str = TARGET) -> Config:
     storage = {**FILE_OPTIONS, "use_syncfs": use_syncfs}
-    return Config(name, TARGET, {"backend": "file", "storage": storage}, tasks, _cuts(cuts))
+    return Config(name, target, {"backend": "file", "storage": storage}, tasks, _cuts(cuts))
 
 
-def _sqlite(name: str, tasks: int, cuts: int) -> Config:
-    return Config(name, TARGET, {"backend": "sqlite"}, tasks, _cuts(cuts))
+def _sqlite(name: str, tasks: int, cuts: int, target: str = TARGET) -> Config:
+    return Config(name, target, {"backend": "sqlite"}, tasks, _cuts(cuts))
 
 
 #: The longest first: they start first, and each test waits only for its own.
@@ -53,6 +58,12 @@ CONFIGS: dict[str, Config] = {
     "sqlite-1": _sqlite("sqlite, 1 writer", 1, 100),
     "file-1-nosyncfs": _file("file, 1 writer, use_syncfs=False", 1, False, 70),
     "file-1": _file("file, 1 writer, group commit on", 1, True, 70),
+    # Effect records in the same group commits as checkpoints: acknowledged ones survive.
+    "file-50-effects": _file("file, 50 writers, effects, group commit", 50, True, 30, EFFECTS),
+    "file-50-effects-nosyncfs": _file(
+        "file, 50 writers, effects, use_syncfs=False", 50, False, 20, EFFECTS
+    ),
+    "sqlite-50-effects": _sqlite("sqlite, 50 writers, effects", 50, 20, EFFECTS),
 }
 #: Configurations run side by side (each has its own LazyFS): a trial mostly waits.
 JOBS = int(os.environ.get("AIOCHECKPOINT_POWERLOSS_JOBS", "2"))

@@ -85,9 +85,9 @@ class PlannedFault(FileOps):
         self._hit("unlink")
         super().unlink(path, dir_fd=dir_fd)
 
-    def mkdir(self, path: str, mode: int = 0o700) -> None:
+    def mkdir(self, path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:
         self._hit("mkdir")
-        super().mkdir(path, mode)
+        super().mkdir(path, mode, dir_fd=dir_fd)
 
     def close(self, fd: int) -> None:
         super().close(fd)  # like the kernel: the descriptor is gone even when close fails

@@ -1,16 +1,30 @@
-"""The effects of a step, as ``history`` and ``show`` print them (docs/effects.md)."""
+"""The effects of a step, as ``history`` and ``show`` print them, and ``effect resolve``.
+
+See docs/effects.md: ``effect resolve`` settles an effect in doubt without code.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections import Counter
 from typing import Any
 
+from .._validation import check_workflow_id
 from ..codec.effects import EffectRecord, EffectState
 from ..errors import CheckpointCorruptedError
 from ..manager import CheckpointManager
 from .output import Output, printable, when
+from .store import CommandError, open_store
 
-__all__ = ["effect_counts", "effects_json", "print_effects", "step_effects"]
+__all__ = [
+    "cmd_effect",
+    "effect_counts",
+    "effects_json",
+    "json_value",
+    "print_effects",
+    "step_effects",
+]
 
 #: How each state is printed (an intent without an outcome is "in doubt").
 _LABELS = {EffectState.DONE: "done", EffectState.FAILED: "failed", EffectState.IN_DOUBT: "in doubt"}
@@ -54,6 +68,36 @@ def effects_json(effects: list[EffectRecord] | str) -> list[dict[str, Any]] | di
         }
         for e in effects
     ]
+
+
+def json_value(text: str) -> Any:
+    """``--result``'s JSON text, parsed (argparse reports a bad one as a usage error)."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--result is not JSON: {exc}") from None
+
+
+async def cmd_effect(args: argparse.Namespace, out: Output) -> int:
+    """``effect resolve``: record an in-doubt effect's result, or that it must run again."""
+    workflow_id = check_workflow_id(args.workflow)
+    happened = not args.rerun
+    async with open_store(args.url, must_exist=True) as manager:
+        if not manager.supports_effects():
+            raise CommandError(f"{type(manager.storage).__name__} keeps no effect journal")
+        record = await manager.resolve_effect(
+            workflow_id, args.step, args.key, happened=happened, result=args.result
+        )
+    if out.json_mode:
+        entries: Any = effects_json([record])
+        out.json({"workflow_id": workflow_id, "step": args.step, **entries[0]})
+        return 0
+    what = "done (its result recorded)" if happened else "failed (the next run calls it again)"
+    out.line(
+        f"effect {printable(record.key)} of step {args.step} of workflow "
+        f"{printable(workflow_id)}: {what}"
+    )
+    return 0
 
 
 def print_effects(out: Output, effects: list[EffectRecord] | str) -> None:

@@ -46,6 +46,8 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
                 f"({type(manager.storage).__name__}) keeps none"
             )
         ids, foreign = await workflow_ids(manager, records)
+        if args.in_doubt:  # those too that have no checkpoint yet (killed in their first step)
+            ids = await manager.list_in_doubt_workflows()
         if args.unfinished:
             unfinished = WorkflowStatus.UNFINISHED
             ids = [i for i in ids if i in records and records[i].status is unfinished]
@@ -60,7 +62,7 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
         return 0
     note_foreign(out, foreign)
     if not rows:
-        out.note("no workflows" + (" unfinished" if args.unfinished else ""))
+        out.note("no workflows" + _filtered(args))
     else:
         out.table(
             ["WORKFLOW", "STEPS", "LATEST", "STATUS", "LAST WRITE", "WORKFLOW STATUS"],
@@ -78,6 +80,11 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
             statuses=(3, 5),
         )
     return 0
+
+
+def _filtered(args: argparse.Namespace) -> str:
+    words = [" unfinished" if args.unfinished else "", " in doubt" if args.in_doubt else ""]
+    return "".join(words)
 
 
 async def _summary(

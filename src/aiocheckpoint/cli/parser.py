@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 from .diff import cmd_diff
+from .effects import cmd_effect, json_value
 from .export import cmd_export
 from .importer import cmd_import
 from .inspect import cmd_history, cmd_show, cmd_workflows
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unfinished", action="store_true", help="only unfinished workflows")
     p.add_argument("--status", help="only this workflow status (a query of the records)")
     p.add_argument("--agent-status", help="only workflows whose latest step has this status")
+    p.add_argument("--in-doubt", action="store_true", help="only workflows with an effect in doubt")
     p.add_argument(
         "--meta", type=meta_pair, action="append", metavar="KEY=VALUE", help="metadata equals"
     )
@@ -134,6 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workflow", metavar="WORKFLOW")
     p.add_argument("step_a", metavar="STEP_A", type=_step)
     p.add_argument("step_b", metavar="STEP_B", type=_step)
+
+    p = command("effect", cmd_effect, "settle an effect in doubt: its result, or run it again")
+    p.add_argument("action", metavar="ACTION", choices=["resolve"], help="resolve")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW")
+    p.add_argument("step", metavar="STEP", type=_step)
+    p.add_argument("key", metavar="KEY")
+    outcome = p.add_mutually_exclusive_group(required=True)
+    outcome.add_argument(
+        "--result", type=json_value, metavar="JSON", help="it happened: its result, as JSON"
+    )
+    outcome.add_argument(
+        "--rerun", action="store_true", help="it did not happen: the next run calls it"
+    )
 
     p = command("verify", cmd_verify, "decode and check every checkpoint; exit 1 if corrupted")
     p.add_argument("url", metavar="URL")

@@ -2,8 +2,9 @@
 
 Any of ``--status``, ``--agent-status``, ``--meta``, ``--updated-after``,
 ``--updated-before``, ``--limit`` or ``--cursor`` turns ``workflows`` into a query of the
-workflow records (``CheckpointManager.list_workflow_records``): nothing is counted or
-decoded, so a page costs about its size however many workflows the store holds.
+workflow records (``CheckpointManager.list_workflow_records``; ``--in-doubt`` keeps those
+with an effect in doubt): nothing is counted or decoded, so a page costs about its size
+however many workflows the store holds.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ async def cmd_query(args: argparse.Namespace, out: Output) -> int:
                 updated_before=args.updated_before,
                 limit=args.limit or 50,
                 cursor=args.cursor,
+                in_doubt=True if args.in_doubt else None,
             )
         except InvalidArgumentError as exc:
             raise CommandError(str(exc)) from exc
@@ -133,6 +135,8 @@ def _next_command(args: argparse.Namespace, cursor: str) -> str:
     ):
         if value is not None:
             words += [flag, value]
+    if args.in_doubt:
+        words.append("--in-doubt")
     for key, value in args.meta or ():
         words += ["--meta", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
     return shlex.join([*words, "--cursor", cursor])

@@ -254,6 +254,8 @@ class RecordCodec:
         return self.decode_effect(data)
 
     def _effect_result(self, stored: Any, key: str) -> Any:
+        if stored is None:  # an intent, a failure: nothing to restore
+            return None
         return self._values.decode_value(stored, f"effect {key!r} result", "typed")
 
     # --- encoding -----------------------------------------------------------------------

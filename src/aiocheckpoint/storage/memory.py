@@ -37,8 +37,8 @@ class _Workflow:
         self.records: dict[int, bytes] = {}
 
 
-#: One workflow's effect journal: ``(step, key) -> (in_doubt, record)``.
-_Effects = dict[tuple[int, str], tuple[bool, bytes]]
+#: One workflow's effect journal: ``step -> key -> (in_doubt, record)``.
+_Effects = dict[int, dict[str, tuple[bool, bytes]]]
 
 
 class InMemoryCheckpointStorage(BaseStorage):
@@ -176,14 +176,13 @@ class InMemoryCheckpointStorage(BaseStorage):
         check_effect_key(key)
         check_record_size(data, self._max_record_bytes)
         self._check_fence(workflow_id, fence)
-        journal = self._effects.setdefault(workflow_id, {})
-        journal[(step, key)] = (bool(in_doubt), bytes(data))
+        journal = self._effects.setdefault(workflow_id, {}).setdefault(step, {})
+        journal[key] = (bool(in_doubt), bytes(data))
 
     async def load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
         """The effect records of ``step``, ordered by key."""
         self._check_open()
-        journal = self._effects.get(workflow_id, {})
-        found = sorted((k, v) for (s, k), v in journal.items() if s == step)
+        found = sorted(self._effects.get(workflow_id, {}).get(step, {}).items())
         return [StoredEffect(step, k, doubt, data) for k, (doubt, data) in found][
             :MAX_EFFECTS_PER_STEP
         ]
@@ -192,15 +191,17 @@ class InMemoryCheckpointStorage(BaseStorage):
         """Every workflow with an effect in doubt, sorted."""
         self._check_open()
         return sorted(
-            wf for wf, journal in self._effects.items() if any(d for d, _ in journal.values())
+            wf
+            for wf, journal in self._effects.items()
+            if any(d for keys in journal.values() for d, _ in keys.values())
         )
 
     def _drop_effects(self, workflow_id: str, doomed: Callable[[int], bool]) -> None:
         journal = self._effects.get(workflow_id)
         if journal is None:
             return
-        for step, key in [k for k in journal if doomed(k[0])]:
-            del journal[(step, key)]
+        for step in [s for s in journal if doomed(s)]:
+            del journal[step]
         if not journal:
             del self._effects[workflow_id]
 
@@ -285,11 +286,12 @@ class InMemoryCheckpointStorage(BaseStorage):
         """The records passing ``query``, ordered by workflow id (a pass over every record)."""
         self._check_open()
         found: list[WorkflowRecord] = []
+        doubtful = set(await self.in_doubt_workflows()) if query.in_doubt is not None else ()
         for workflow_id in sorted(self._records):
             if query.limit is not None and len(found) >= query.limit:
                 break
             record = self._records[workflow_id]
-            if matches(record, query):
+            if matches(record, query, doubtful):
                 found.append(record)
         return found
 

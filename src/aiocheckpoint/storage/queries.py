@@ -13,7 +13,7 @@ import base64
 import binascii
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -58,6 +58,7 @@ class WorkflowQuery:
 
     ``metadata`` holds canonical JSON texts (:func:`metadata_pairs`); ``after`` is the last
     workflow id of the previous page (exclusive); ``limit`` None means every match.
+    ``in_doubt`` True keeps the workflows with an effect in doubt, False those without.
     """
 
     status: WorkflowStatus | None = None
@@ -67,6 +68,7 @@ class WorkflowQuery:
     updated_before: datetime | None = None
     after: str | None = None
     limit: int | None = None
+    in_doubt: bool | None = None
 
 
 def build_query(
@@ -76,6 +78,7 @@ def build_query(
     updated: tuple[datetime | None, datetime | None],
     limit: int | None,
     cursor: str | None,
+    in_doubt: bool | None = None,
 ) -> WorkflowQuery:
     """Check a listing's filters (statuses already checked) and make its query."""
     if metadata is not None and not isinstance(metadata, Mapping):
@@ -90,6 +93,8 @@ def build_query(
             raise InvalidArgumentError(f"updated_after/before must be aware datetimes: {moment!r}")
     if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_PAGE):
         raise InvalidArgumentError(f"limit must be an int in 1..{MAX_PAGE} or None: {limit!r}")
+    if in_doubt is not None and not isinstance(in_doubt, bool):
+        raise InvalidArgumentError(f"in_doubt must be a bool or None: {in_doubt!r}")
     return WorkflowQuery(
         status=status,
         agent_status=agent_status,
@@ -98,6 +103,7 @@ def build_query(
         updated_before=updated[1],
         after=None if cursor is None else decode_cursor(cursor),
         limit=limit,
+        in_doubt=in_doubt,
     )
 
 
@@ -143,9 +149,14 @@ def metadata_pairs(metadata: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((key, json_text(value, "metadata")) for key, value in metadata.items()))
 
 
-def matches(record: WorkflowRecord, query: WorkflowQuery) -> bool:
-    """Whether ``record`` passes ``query``'s filters (for stores that filter in Python)."""
+def matches(record: WorkflowRecord, query: WorkflowQuery, in_doubt: Collection[str] = ()) -> bool:
+    """Whether ``record`` passes ``query``'s filters (for stores that filter in Python).
+
+    ``in_doubt`` holds the workflows with an effect in doubt (read when the query asks).
+    """
     if query.after is not None and record.workflow_id <= query.after:
+        return False
+    if query.in_doubt is not None and (record.workflow_id in in_doubt) is not query.in_doubt:
         return False
     if query.status is not None and record.status is not query.status:
         return False
@@ -175,6 +186,7 @@ def query_sql(
     metadata_table: str,
     mark: Callable[[int], str],
     moment: Callable[[datetime], Any],
+    in_doubt: str = "",
 ) -> tuple[str, list[Any]]:
     """The SELECT of ``query`` for a database: one join per metadata key, ordered by id.
 
@@ -183,6 +195,8 @@ def query_sql(
     (``key, value, workflow_id``) drive the walk in workflow id order; otherwise the
     ``(status, workflow_id)`` or ``(latest_agent_status, workflow_id)`` index does, or the
     primary key: a page costs about its own size, not the number of workflows.
+    ``in_doubt`` is the database's condition "workflow ``w`` has an effect in doubt" (an
+    ``EXISTS`` over the effect journal's partial index), for ``query.in_doubt``.
     """
     args: list[Any] = []
 
@@ -213,6 +227,8 @@ def query_sql(
         )
         if value is not None
     ]
+    if query.in_doubt is not None:
+        where.append(in_doubt if query.in_doubt else f"NOT {in_doubt}")
     selected = ", ".join(f"w.{c}" for c in columns)
     sql = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
     if where:

@@ -7,6 +7,11 @@ with retention; the locks released; **barrier 2** (the renames and unlinks durab
 barrier is one ``syncfs(2)`` where that is known to be durable (:mod:`.durability`); else
 each temp file is fsynced as it is written, barrier 1 fsyncs the raised hints and barrier 2
 every directory, issued together.
+
+A group also carries effect records (:class:`EffectOp`, docs/effects.md): each is a temp
+file in its workflow's ``effects/`` directory, renamed under the same lock and made durable
+by the same barriers (its directory is among those barrier 2 fsyncs); it raises no hint and
+prunes nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from .durability import fsync_in, run_all, syncfs_is_durable
 from .format import HINT, encode_name, step_name
 from .io import DIR_FLAGS, discard, write_temp
 
-__all__ = ["Batch", "SaveOp"]
+__all__ = ["Batch", "EffectOp", "Op", "SaveOp"]
 
 
 class SaveOp(NamedTuple):
@@ -32,6 +37,19 @@ class SaveOp(NamedTuple):
     step: int
     data: bytes
     keep_last: int | None
+
+
+class EffectOp(NamedTuple):
+    """One effect record: its file's name in ``effects/`` and its content (``.effects``)."""
+
+    workflow_id: str
+    step: int
+    file: str
+    data: bytes
+
+
+#: What a group commit writes.
+Op = SaveOp | EffectOp
 
 
 class _Abandon(Exception):
@@ -54,7 +72,7 @@ class Batch:
     fsyncs file by file.
     """
 
-    def __init__(self, dirs: WorkflowDirs, saves: list[SaveOp], *, syncfs: bool) -> None:
+    def __init__(self, dirs: WorkflowDirs, saves: list[Op], *, syncfs: bool) -> None:
         self.dirs = dirs
         self.saves = saves
         self.names = [encode_name(s.workflow_id) for s in saves]
@@ -62,6 +80,7 @@ class Batch:
         self.retry: list[int] = []
         self._syncfs = syncfs
         self._opened: dict[str, _Dir] = {}
+        self._effect_dirs: dict[str, int] = {}  # workflow directory -> its effects/
         self._temps: dict[int, str] = {}  # save index -> its temp file, until renamed
         self._hinted: list[str] = []  # directories whose hint now names a step of the group
         self._renamed: list[int] = []
@@ -87,6 +106,8 @@ class Batch:
         finally:
             for i, tmp in self._temps.items():
                 discard(tmp, self._dfd(i))
+            for efd in self._effect_dirs.values():
+                os.close(efd)
             for entry in self._opened.values():
                 os.close(entry.fd)
             os.close(sync_fd)
@@ -127,6 +148,7 @@ class Batch:
             data = self.saves[i].data
             self._temps[i] = write_temp(self.dirs.ops, self._dfd(i), data, durable=durable)
 
+        ready = self._open_effect_dirs(ready)
         results = run_all([functools.partial(write, i) for i in ready])
         for i, error in zip(ready, results, strict=True):
             if isinstance(error, FileNotFoundError):
@@ -161,16 +183,16 @@ class Batch:
         # Sorted, so that two processes' groups never wait for each other's locks.
         for name, members in sorted(self._by_dir(self._temps).items()):
             entry = self._opened[name]
+            steps = [self.saves[i].step for i in members if isinstance(self.saves[i], SaveOp)]
             try:
                 locks.enter_context(self.dirs.lock(entry.fd, name))
                 # Raised before the renames and made durable by the first barrier, as in
                 # the single path: never lower than a step on disk.
-                high = max(self.saves[i].step for i in members)
-                if self.dirs.raise_hint(entry.fd, entry.ino, high, durable=False):
+                if steps and self.dirs.raise_hint(entry.fd, entry.ino, max(steps), durable=False):
                     self._hinted.append(name)
             except (Replaced, OSError) as exc:
                 for i in members:
-                    discard(self._temps.pop(i), entry.fd)
+                    discard(self._temps.pop(i), self._dfd(i))
                     if isinstance(exc, OSError):
                         self.outcomes[i] = exc
                     else:
@@ -179,19 +201,17 @@ class Batch:
     def _rename_all(self) -> None:
         dirs = self.dirs
         for i in sorted(self._temps):
-            dfd = self._dfd(i)
+            dfd, op = self._dfd(i), self.saves[i]
+            final = op.file if isinstance(op, EffectOp) else step_name(op.step)
             try:
-                dirs.ops.rename(
-                    self._temps[i], step_name(self.saves[i].step), src_dir_fd=dfd, dst_dir_fd=dfd
-                )
+                dirs.ops.rename(self._temps[i], final, src_dir_fd=dfd, dst_dir_fd=dfd)
             except OSError as exc:
                 self.outcomes[i] = exc
                 continue
             del self._temps[i]
             self._renamed.append(i)
-            keep_last = self.saves[i].keep_last
-            if keep_last is not None:
-                dirs.prune(dfd, keep_last)
+            if isinstance(op, SaveOp) and op.keep_last is not None:
+                dirs.prune(dfd, op.keep_last)
 
     # --- the barriers -----------------------------------------------------------------
 
@@ -228,12 +248,39 @@ class Batch:
                 for i in self._renamed:
                     self.outcomes[i] = exc
             return
-        by_dir = self._by_dir(self._renamed)
+        by_fd: dict[int, list[int]] = {}
+        for i in self._renamed:
+            by_fd.setdefault(self._dfd(i), []).append(i)
         fsync_dir = self.dirs.ops.fsync_dir
-        results = run_all([functools.partial(fsync_dir, self._opened[n].fd) for n in by_dir])
-        for members, error in zip(by_dir.values(), results, strict=True):
+        results = run_all([functools.partial(fsync_dir, fd) for fd in by_fd])
+        for members, error in zip(by_fd.values(), results, strict=True):
             for i in members if error is not None else ():
                 self.outcomes[i] = error
 
     def _dfd(self, i: int) -> int:
+        """The directory op ``i``'s files go in: its workflow's, or that one's ``effects/``."""
+        if isinstance(self.saves[i], EffectOp):
+            return self._effect_dirs[self.names[i]]
         return self._opened[self.names[i]].fd
+
+    def _open_effect_dirs(self, ready: list[int]) -> list[int]:
+        """Open (making it if needed) ``effects/`` where ``ready`` effects go; still ready."""
+        failed: dict[str, OSError | None] = {}
+        for name in sorted({self.names[i] for i in ready if isinstance(self.saves[i], EffectOp)}):
+            try:
+                self._effect_dirs[name] = self.dirs.open_effects_dir(self._opened[name].fd)
+            except FileNotFoundError:
+                failed[name] = None  # the workflow directory was deleted: redone alone
+            except OSError as exc:
+                failed[name] = exc
+        still = []
+        for i in ready:
+            if isinstance(self.saves[i], EffectOp) and self.names[i] in failed:
+                error = failed[self.names[i]]
+                if error is None:
+                    self.retry.append(i)
+                else:
+                    self.outcomes[i] = error
+            else:
+                still.append(i)
+        return still

@@ -242,6 +242,16 @@ class WorkflowDirs:
         except OSError as exc:
             logger.warning("retention could not delete old checkpoints: %s", exc)
 
+    def open_effects_dir(self, dfd: int) -> int:
+        """A descriptor of ``effects/`` in ``dfd``, made (durably) if it is missing."""
+        try:
+            self.ops.mkdir(EFFECTS, dir_fd=dfd)
+        except FileExistsError:
+            pass
+        else:
+            self.ops.fsync_dir(dfd)
+        return os.open(EFFECTS, DIR_FLAGS, dir_fd=dfd)
+
     def drop_effects(self, dfd: int, step: int) -> None:
         """Unlink the effect files of ``step`` (under the lock), then fsync their directory."""
         try:

@@ -2,9 +2,10 @@
 
 A workflow directory's ``effects/`` holds ``<step, 20 digits>-<sha-256 of the key, 32 hex
 digits>.fx``; a file is ``b"ACKF"``, the in-doubt flag byte, the key's UTF-8 length (2
-bytes), the key, then the record. A put is the single write path of a step file: a
-temporary file written and fsynced, renamed under the workflow's lock (so a concurrent
-``delete(wf)`` never loses it), the directory fsynced. Deleting a step (``delete``,
+bytes), the key, then the record. A put joins the store's group commit (:mod:`.batch`), or
+alone takes the single write path of a step file: a temporary file written and fsynced,
+renamed under the workflow's lock (so a concurrent ``delete(wf)`` never loses it), the
+directory fsynced. Deleting a step (``delete``,
 retention) unlinks its effects (:meth:`WorkflowDirs.drop_effects`); deleting the workflow
 renames its whole directory away. Every function runs in a worker thread.
 """
@@ -19,6 +20,7 @@ from typing import Final
 
 from ...errors import CheckpointCorruptedError
 from ..base import MAX_EFFECTS_PER_STEP, StoredEffect
+from .batch import EffectOp
 from .dirs import EFFECTS, Replaced, WorkflowDirs, effect_prefix
 from .format import encode_name
 from .io import DIR_FLAGS, OddEntry, discard, is_missing, open_regular, read_bounded, write_temp
@@ -40,17 +42,22 @@ class EffectFiles:
         self.dirs = dirs
         self.max = max_bytes
 
-    def put(self, workflow_id: str, step: int, key: str, data: bytes, in_doubt: bool) -> None:
-        """Durably store one effect record, creating the directories it needs."""
-        name = encode_name(workflow_id)
+    @staticmethod
+    def op(workflow_id: str, step: int, key: str, data: bytes, in_doubt: bool) -> EffectOp:
+        """The write of one effect record: its file's name and content."""
         raw = key.encode("utf-8")
         content = _HEAD.pack(_MAGIC, int(in_doubt), len(raw)) + raw + data
-        file = _file_name(step, key)
-        self.dirs.write_in(name, workflow_id, lambda dfd: self._put_in(dfd, name, file, content))
+        return EffectOp(workflow_id, step, _file_name(step, key), content)
 
-    def _put_in(self, dfd: int, name: str, file: str, content: bytes) -> bool:
+    def put(self, op: EffectOp) -> None:
+        """Durably store one effect record alone, creating the directories it needs."""
+        name = encode_name(op.workflow_id)
+        self.dirs.write_in(name, op.workflow_id, lambda dfd: self._put_in(dfd, name, op))
+
+    def _put_in(self, dfd: int, name: str, op: EffectOp) -> bool:
         """Write into workflow directory ``dfd``; False if it was replaced (start again)."""
-        efd = self._effects_dir(dfd)
+        file, content = op.file, op.data
+        efd = self.dirs.open_effects_dir(dfd)
         tmp: str | None = None
         try:
             tmp = write_temp(self.dirs.ops, efd, content)
@@ -65,16 +72,6 @@ class EffectFiles:
             if tmp is not None:
                 discard(tmp, efd)
             os.close(efd)
-
-    def _effects_dir(self, dfd: int) -> int:
-        """A descriptor of ``effects/`` in ``dfd``, made (durably) if it is missing."""
-        try:
-            self.dirs.ops.mkdir(EFFECTS, dir_fd=dfd)
-        except FileExistsError:
-            pass
-        else:
-            self.dirs.ops.fsync_dir(dfd)
-        return os.open(EFFECTS, DIR_FLAGS, dir_fd=dfd)
 
     def load(self, workflow_id: str, step: int) -> list[StoredEffect]:
         """One step's records, ordered by key; at most MAX_EFFECTS_PER_STEP."""

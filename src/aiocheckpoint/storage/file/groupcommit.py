@@ -1,4 +1,7 @@
-"""The file store's group commit: saves queued behind a busy writer are written together.
+"""The file store's group commit: writes queued behind a busy writer are written together.
+
+A write is a save (:class:`SaveOp`) or an effect record (:class:`EffectOp`): concurrent
+checkpoints and effect records share one group's barriers.
 
 The event-loop half queues each save and hands every save queued when the writer is free
 to one worker-thread hop (at most ``_MAX_GROUP`` saves or ``_MAX_GROUP_BYTES``); the
@@ -20,10 +23,10 @@ from typing import Final
 import anyio
 
 from ...errors import StorageBackendError, StorageClosedError
-from .batch import Batch, SaveOp
+from .batch import Batch, EffectOp, Op, SaveOp
 from .dirs import WorkflowDirs
 
-__all__ = ["GroupCommit", "SaveOp"]
+__all__ = ["EffectOp", "GroupCommit", "Op", "SaveOp"]
 
 #: A group commit takes at most this many saves, and stops growing at this many bytes.
 _MAX_GROUP: Final = 256
@@ -38,7 +41,7 @@ _GROUP_MIN: Final = 2
 class _Pending:
     """A queued save and the future its caller waits on."""
 
-    op: SaveOp
+    op: Op
     future: asyncio.Future[None] = field(repr=False)
     taken: bool = False  # in a group commit now: it lands whole or not at all
 
@@ -56,7 +59,7 @@ class GroupCommit:
         self,
         base: str,
         dirs: WorkflowDirs,
-        save_one: Callable[[SaveOp], None],
+        save_one: Callable[[Op], None],
         prepare: Callable[[], None],
         after_prune: Callable[[], None],
         *,
@@ -75,7 +78,7 @@ class GroupCommit:
 
     # --- the event-loop half ----------------------------------------------------------
 
-    async def commit(self, op: SaveOp) -> None:
+    async def commit(self, op: Op) -> None:
         """Queue ``op`` for the next group commit and wait until it is durable."""
         item = _Pending(op, asyncio.get_running_loop().create_future())
         self._queue.append(item)
@@ -174,8 +177,8 @@ class GroupCommit:
 
     # --- the worker-thread half -------------------------------------------------------
 
-    def write_group(self, ops: list[SaveOp]) -> list[BaseException | None]:
-        """Write a group of saves; return each one's exception or None (durable)."""
+    def write_group(self, ops: list[Op]) -> list[BaseException | None]:
+        """Write a group of writes; return each one's exception or None (durable)."""
         if len(ops) < _GROUP_MIN:
             try:
                 self._save_one(ops[0])
@@ -199,8 +202,10 @@ class GroupCommit:
         return outcomes
 
 
-def _describe(op: SaveOp) -> str:
+def _describe(op: Op) -> str:
     """What failed, for an error message: "cannot save step N of workflow 'wf'"."""
+    if isinstance(op, EffectOp):
+        return f"cannot record an effect of step {op.step} of workflow {op.workflow_id!r}"
     return f"cannot save step {op.step} of workflow {op.workflow_id!r}"
 
 

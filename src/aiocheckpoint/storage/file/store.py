@@ -42,7 +42,7 @@ from .dirs import WorkflowDirs
 from .effects import EffectFiles
 from .format import FORMAT_BLOBS, FORMAT_VERSION, encode_name
 from .gc import Collector
-from .groupcommit import GroupCommit, SaveOp
+from .groupcommit import EffectOp, GroupCommit, Op, SaveOp
 from .io import FileOps
 from .layout import StoreDir
 from .records import RecordFiles
@@ -140,7 +140,7 @@ class FileCheckpointStorage(BaseStorage):
         self._group = GroupCommit(
             self._base,
             self._dirs,
-            self._save_op,
+            self._write_op,
             self._ensure_store,
             self._after_delete,
             use_syncfs=use_syncfs,
@@ -322,9 +322,10 @@ class FileCheckpointStorage(BaseStorage):
         in_doubt: bool,
         fence: Lease | None = None,
     ) -> None:
-        """Durably store an effect record: one file write, its fsync, a rename, a dir fsync.
+        """Durably store an effect record: in the group commit, like :meth:`save`.
 
-        Not part of the group commit of saves (a put takes the single write path).
+        Alone, one file write, its fsync, a rename and a directory fsync; queued behind a
+        busy writer, a share of the next group's barriers, with the saves queued with it.
         """
         self._check_open()
         if fence is not None:
@@ -333,15 +334,7 @@ class FileCheckpointStorage(BaseStorage):
         check_step(step)
         check_effect_key(key)
         check_record_size(data, self._max)
-        await self._run(
-            f"cannot record an effect of workflow {workflow_id!r}",
-            self._put_effect,
-            workflow_id,
-            step,
-            key,
-            bytes(data),
-            bool(in_doubt),
-        )
+        await self._group.commit(EffectFiles.op(workflow_id, step, key, bytes(data), in_doubt))
 
     async def load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
         """The effect records of ``step``, ordered by key (a listing and a read each)."""
@@ -421,11 +414,13 @@ class FileCheckpointStorage(BaseStorage):
         self._blobs.put(split)  # durable before the record that references them
         self._save_op(SaveOp(workflow_id, step, record, keep_last))
 
-    def _put_effect(
-        self, workflow_id: str, step: int, key: str, data: bytes, in_doubt: bool
-    ) -> None:
-        self._ensure_store()
-        self._effects.put(workflow_id, step, key, data, in_doubt)
+    def _write_op(self, op: Op) -> None:
+        """One write alone (a group of one, or redone after its directory was replaced)."""
+        if isinstance(op, EffectOp):
+            self._ensure_store()
+            self._effects.put(op)
+        else:
+            self._save_op(op)
 
     def _load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
         self._layout.check_marker()

@@ -6,7 +6,9 @@ unnest(...)`` (plus one retention ``DELETE`` in the same transaction when ``keep
 used). A caller returns only after the transaction holding its row has committed. A fenced
 row's token is checked in the same statement (:mod:`.leases`); a batch of trees adds its
 blobs' references first and releases those of the records it replaced or pruned last, in
-the same transaction (:mod:`.blobs`). See docs/postgres-storage.md, "Batching".
+the same transaction (:mod:`.blobs`). Effect records (``put_effect``, a :class:`Write`
+with a ``key``) join the batches of plain rows: a batch's effect records and checkpoints
+commit in one transaction. See docs/postgres-storage.md, "Batching".
 """
 
 from __future__ import annotations
@@ -54,6 +56,16 @@ class Write:
     future: asyncio.Future[None] = field(repr=False)
     split: SplitResult | None = field(default=None, repr=False)
     step_info: StepInfo | None = None
+    #: An effect record's key (``data`` is the record); None for a checkpoint.
+    key: str | None = None
+    in_doubt: bool = False
+
+    @property
+    def name(self) -> tuple[str, int] | tuple[str, int, str]:
+        """What the row replaces: a checkpoint's step, or an effect's step and key."""
+        if self.key is None:
+            return (self.workflow_id, self.step)
+        return (self.workflow_id, self.step, self.key)
 
 
 @dataclass(frozen=True)
@@ -121,9 +133,9 @@ class GroupCommit:
         """Take queued rows for one transaction, oldest first.
 
         A workflow being written by another batch, or whose rows in this batch would repeat
-        a step or mix ``keep_last`` values, is left queued (with its later rows, keeping
-        their order): retention then stays exact, and one statement never touches a row
-        twice.
+        a step (an effect key) or mix ``keep_last`` values, is left queued (with its later
+        rows, keeping their order): retention then stays exact, and one statement never
+        touches a row twice.
 
         A batch holds either trees (``save_tree``) or plain rows, and one tree batch at most
         is in flight: tree batches of a store commit one at a time anyway (the blob lock),
@@ -131,7 +143,7 @@ class GroupCommit:
         """
         batch: list[Write] = []
         keeps: dict[str, int | None] = {}
-        steps: set[tuple[str, int]] = set()
+        names: set[tuple[str, int] | tuple[str, int, str]] = set()
         blocked: set[str] = set()
         left: deque[Write] = deque()
         size = 0
@@ -144,7 +156,9 @@ class GroupCommit:
             full = len(batch) >= self._limits.max_batch_rows or (
                 batch and size + weight > self._limits.max_batch_bytes
             )
-            clash = wf in keeps and (keeps[wf] != item.keep_last or (wf, item.step) in steps)
+            clash = item.name in names or (
+                item.key is None and wf in keeps and keeps[wf] != item.keep_last
+            )
             tree = item.split is not None
             other_kind = (
                 (batch[0].split is not None) != tree if batch else (tree and self._trees_in_flight)
@@ -154,11 +168,12 @@ class GroupCommit:
                 left.append(item)
                 continue
             batch.append(item)
-            keeps[wf] = item.keep_last
-            steps.add((wf, item.step))
+            if item.key is None:
+                keeps[wf] = item.keep_last
+            names.add(item.name)
             size += weight
         self._queue = left
-        self._in_flight.update(keeps)
+        self._in_flight.update(w.workflow_id for w in batch)
         if batch and batch[0].split is not None:
             self._trees_in_flight = True
         return batch
@@ -218,11 +233,12 @@ class GroupCommit:
         self._stats.batches += 1
         self._stats.largest_batch = max(self._stats.largest_batch, len(batch))
         for item in batch:
-            if (item.workflow_id, item.step) not in tx.written and not item.future.done():
+            if item.name not in tx.written and not item.future.done():
+                what = "checkpoint" if item.key is None else "effect record"
                 item.future.set_exception(
                     LeaseLostError(
                         f"lease {item.token} on workflow {item.workflow_id!r} is no longer "
-                        "current; the checkpoint was not written"
+                        f"current; the {what} was not written"
                     )
                 )
 
@@ -232,13 +248,23 @@ class _BatchTransaction:
 
     In the transaction: the blob lock, when the batch holds trees or a run found it needed
     the lock only after its row locks (``lock_first``); the trees' adds; the upsert; the
-    prune; the releases of what the upsert replaced and the prune removed (:mod:`.blobs`).
+    effect records; the prune; the releases of what the upsert replaced and the prune
+    removed (:mod:`.blobs`).
     """
 
     def __init__(self, batch: list[Write], sql: Sql, blobs: Blobs) -> None:
         # A stable order makes concurrent writers (other processes too) lock rows in the same
         # order, so two batches cannot deadlock on their records.
-        batch = sorted(batch, key=lambda w: (w.workflow_id, w.step))
+        effects = sorted((w for w in batch if w.key is not None), key=lambda w: w.name)
+        self._effects = [
+            [w.workflow_id for w in effects],
+            [w.step for w in effects],
+            [w.key for w in effects],
+            [w.in_doubt for w in effects],
+            [w.data for w in effects],
+            [w.token for w in effects],
+        ]
+        batch = sorted((w for w in batch if w.key is None), key=lambda w: (w.workflow_id, w.step))
         self._args = (
             [w.workflow_id for w in batch],
             [w.step for w in batch],
@@ -254,15 +280,18 @@ class _BatchTransaction:
         self._splits = {(w.workflow_id, w.step): w.split for w in batch if w.split is not None}
         self._sql = sql
         self._blobs = blobs
-        #: The rows the last run wrote: those of a stale lease are missing.
-        self.written: set[tuple[str, int]] = set()
+        #: The rows the last run wrote (``Write.name``): those of a stale lease are missing.
+        self.written: set[tuple[str, int] | tuple[str, int, str]] = set()
         #: Take the blob lock before any row lock (set after a run found it taken too late).
         self.lock_first = False
 
     async def run(self, con: Any) -> None:
         """Write the batch: in one statement if it can, else in a transaction."""
         self.written.clear()
-        if not self._keeps and not self._splits and not self.lock_first:
+        if not self._args[0]:  # effect records only: one statement, its own commit
+            await self._put_effects(con)
+            return
+        if not self._keeps and not self._splits and not self.lock_first and not self._effects[0]:
             # One statement, its implicit transaction committing before it returns, unless
             # it would replace a version-2 record (refs to release): then it writes nothing
             # and the batch runs in a transaction below.
@@ -285,6 +314,8 @@ class _BatchTransaction:
             self._sql.upsert, *self._args, False, sorted(self._keeps), *self._infos
         )
         released = self._record(rows, committed=False)
+        if self._effects[0]:
+            await self._put_effects(con)
         for key, split in self._splits.items():
             if key not in self.written:
                 released.update(split.root_refs)  # stale lease: undo its adds
@@ -293,10 +324,18 @@ class _BatchTransaction:
             await self._blobs.lock_late(con)
         await self._blobs.release(con, released.elements())
 
+    async def _put_effects(self, con: Any) -> None:
+        rows = await con.fetch(self._sql.effect_put, *self._effects)
+        self.written.update((row[0], row[1], row[2]) for row in rows)
+
     async def _prune(self, con: Any) -> Counter[bytes]:
         """Apply ``keep_last``; return the refs the pruned version-2 records held."""
         # Only workflows that got a row: a stale writer prunes nothing.
-        prune = {wf: n for wf, n in self._keeps.items() if any(w == wf for w, _ in self.written)}
+        prune = {
+            wf: n
+            for wf, n in self._keeps.items()
+            if any(len(k) == 2 and k[0] == wf for k in self.written)
+        }
         released: Counter[bytes] = Counter()
         if prune:
             rows = await con.fetch(self._sql.prune, list(prune), list(prune.values()))

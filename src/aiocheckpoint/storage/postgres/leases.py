@@ -124,6 +124,7 @@ class Leases:
             self._sql.metadata_table,
             _placeholder,
             _same,
+            self._sql.in_doubt,
         )
         rows = await self._connection.run("query_workflows", lambda con: con.fetch(sql, *args))
         return [_workflow_record(row) for row in rows]

@@ -39,6 +39,8 @@ class Sql:
 
     workflows_table: str
     metadata_table: str
+    in_doubt: str
+    effect_put: str
     upsert: str
     prune: str
     latest: str
@@ -102,6 +104,27 @@ class Sql:
         return cls(
             workflows_table=w,
             metadata_table=f"{quoted}.workflow_metadata",
+            # A batch of effect records: each fenced row's token checked against its
+            # workflow's record, locked FOR SHARE as the checkpoints' upsert does; RETURNING
+            # names the rows written (the others had stale leases).
+            effect_put=(
+                "WITH r AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::bigint[], "
+                "$3::text[], $4::boolean[], $5::bytea[], $6::bigint[]) AS r(w, s, k, x, d, t)), "
+                f"held AS MATERIALIZED (SELECT workflow_id, fencing_token FROM {w} "
+                "WHERE workflow_id IN (SELECT w FROM r WHERE t IS NOT NULL) "
+                "ORDER BY workflow_id FOR SHARE) "
+                f"INSERT INTO {quoted}.effects AS e (workflow_id, step, key, in_doubt, data) "
+                "SELECT r.w, r.s, r.k, r.x, r.d FROM r LEFT JOIN held ON held.workflow_id = r.w "
+                "WHERE r.t IS NULL OR held.fencing_token = r.t ORDER BY 1, 2, 3 "
+                "ON CONFLICT (workflow_id, step, key) DO UPDATE "
+                "SET in_doubt = EXCLUDED.in_doubt, data = EXCLUDED.data "
+                "RETURNING workflow_id, step, key"
+            ),
+            # ``w`` has an effect in doubt: a lookup in the journal's partial index.
+            in_doubt=(
+                f"EXISTS (SELECT 1 FROM {quoted}.effects AS e "
+                "WHERE e.workflow_id = w.workflow_id AND e.in_doubt)"
+            ),
             # One statement per batch: create missing records for unfenced rows, lock the
             # records of fenced rows FOR SHARE (a takeover's UPDATE then waits for this
             # commit, and a takeover that committed first is seen: FOR SHARE reads the latest

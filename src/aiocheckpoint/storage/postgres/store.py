@@ -265,16 +265,23 @@ class PostgresCheckpointStorage(BaseStorage):
         in_doubt: bool,
         fence: Lease | None = None,
     ) -> None:
-        """Store an effect record of ``step`` (batched with concurrent ones), fenced if asked."""
+        """Store an effect record of ``step``, fenced if asked, in the group commit.
+
+        It shares the batches and transactions of concurrent checkpoints (one commit).
+        """
         self._check_open()
         check_workflow_id(workflow_id)
+        step, key = check_step(step), check_effect_key(key)
         data = _bytes("data", data)
         check_record_size(data, self._max_record_bytes)
         token = None if fence is None else fence_token(fence, workflow_id)
         await self._connection.pool()
-        await self._effects.put(
-            workflow_id, check_step(step), check_effect_key(key), data, bool(in_doubt), token
+        self._check_open()
+        future = asyncio.get_running_loop().create_future()
+        write = Write(
+            workflow_id, step, data, None, token, future, key=key, in_doubt=bool(in_doubt)
         )
+        await self._group_commit.write(write)
 
     async def load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
         """The effect records of ``step``, ordered by key (code point order)."""
@@ -381,7 +388,6 @@ class PostgresCheckpointStorage(BaseStorage):
             return
         self._closed = True
         await self._group_commit.drain()
-        await self._effects.drain()
         await self._connection.close()
 
     # --- internals ----------------------------------------------------------------------

@@ -382,10 +382,18 @@ def _seconds(moment: datetime) -> float:
     return moment.timestamp()
 
 
+#: ``w`` has an effect in doubt: a lookup in the journal's partial index (``effects``).
+_IN_DOUBT: Final = (
+    "EXISTS (SELECT 1 FROM effects AS e WHERE e.workflow_id = w.workflow_id AND e.in_doubt = 1)"
+)
+
+
 def query_records(conn: sqlite3.Connection, query: WorkflowQuery) -> list[WorkflowRecord]:
     """One page of the records passing ``query`` (see :func:`query_sql`)."""
     columns = [c.strip() for c in _COLUMNS.split(",")]
-    sql, args = query_sql(query, columns, "workflows", "workflow_metadata", _placeholder, _seconds)
+    sql, args = query_sql(
+        query, columns, "workflows", "workflow_metadata", _placeholder, _seconds, _IN_DOUBT
+    )
     return _valid_records(conn.execute(sql, args).fetchall())
 
 
