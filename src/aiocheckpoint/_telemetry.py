@@ -1,0 +1,409 @@
+"""OpenTelemetry spans and metrics, when ``opentelemetry-api`` is installed (docs/observability.md).
+
+Every span and metric the library reports is made here, so call sites stay one line:
+
+* :func:`traced` decorates an async method: a span named ``aiocheckpoint.<operation>``
+  around each call, attributed from the call's ``workflow_id``, ``step``, ``lease``,
+  ``record``, ``owner`` and ``key`` arguments, with the error recorded if it raises, and
+  the call's duration in a histogram when it is a save or a load.
+* :func:`round_trip` calls a storage method inside a ``CLIENT`` span named by the database
+  semantic conventions (``{db.operation.name} {db.system.name}``, e.g. ``save sqlite``),
+  a child of the current span, and records its duration, bytes and batch size.
+* :func:`record_in_doubt`, :func:`record_commit` and :func:`record_sweep_deletions` count
+  events and sizes where they happen (an effect replayed, a group commit, a sweep).
+
+Without the package, :data:`ENABLED` is False, :func:`traced` returns the method itself and
+:func:`round_trip` only calls it: nothing is imported and nothing is measured. With the
+package but no SDK configured (no tracer or meter provider set), each call costs one check
+of two globals before the method runs as it would without telemetry.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from typing_extensions import ParamSpec
+
+from .errors import LeaseLostError
+
+__all__ = [
+    "ENABLED",
+    "SCOPE",
+    "record_commit",
+    "record_in_doubt",
+    "record_sweep_deletions",
+    "round_trip",
+    "traced",
+]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+Method = Callable[P, Coroutine[Any, Any, T]]
+Attributes = dict[str, "str | int | bool"]
+
+#: The instrumentation scope: the name of the library's tracer and meter.
+SCOPE = "aiocheckpoint"
+
+try:
+    from opentelemetry import context as _context
+    from opentelemetry import metrics as _metrics
+    from opentelemetry import trace as _trace
+except ImportError:  # the [otel] extra is not installed: every helper below is a no-op
+    ENABLED = False
+else:
+    ENABLED = True
+
+
+def traced(
+    operation: str, *, duration: str | None = None, acquires: bool = False
+) -> Callable[[Method[P, T]], Method[P, T]]:
+    """Decorate an async method with a span ``aiocheckpoint.<operation>``.
+
+    ``duration`` ("save" or "load") names the latency histogram the call is timed in;
+    ``acquires`` counts a result that is not None as a lease acquisition. Without
+    OpenTelemetry the method is returned as it is.
+    """
+    if not ENABLED:
+        return _identity
+    return functools.partial(_wrap, _Operation(operation, duration, acquires))
+
+
+def round_trip(
+    method: Callable[P, Coroutine[Any, Any, T]], /, *args: P.args, **kwargs: P.kwargs
+) -> Coroutine[Any, Any, T]:
+    """``method(*args, **kwargs)`` (a bound storage method) in a ``CLIENT`` span when enabled.
+
+    The storage's ``db_system`` attribute names the system (``sqlite``, ``postgresql``...);
+    ``bytes`` arguments count as bytes written and a ``SplitResult``'s blobs as its batch.
+    """
+    live = _live() if ENABLED else None
+    if live is None:
+        return method(*args, **kwargs)
+    return live.round_trip(method, args, kwargs)
+
+
+def record_in_doubt(workflow_id: str, step: int, key: str) -> None:
+    """Count an effect found in doubt (an intent without an outcome) on replay."""
+    live = _live() if ENABLED else None
+    if live is not None:
+        live.in_doubt(workflow_id, step, key)
+
+
+def record_commit(system: str, writes: int) -> None:
+    """Record the size of one group commit: ``writes`` saves in one transaction."""
+    live = _live() if ENABLED else None
+    if live is not None:
+        live.instruments.commit_size.record(writes, {"db.system.name": system})
+
+
+def record_sweep_deletions(kind: str, count: int) -> None:
+    """Count ``count`` things of ``kind`` ("workflow", "checkpoint", "blob") a sweep deleted."""
+    live = _live() if ENABLED else None
+    if live is not None and count:
+        live.instruments.sweep_deletions.add(count, {"aiocheckpoint.sweep.kind": kind})
+
+
+def _identity(fn: Method[P, T]) -> Method[P, T]:
+    return fn
+
+
+class _Operation:
+    """What :func:`traced` knows of one decorated method."""
+
+    __slots__ = ("acquires", "duration", "name", "params", "span_name")
+
+    def __init__(self, name: str, duration: str | None, acquires: bool) -> None:
+        self.name = name
+        self.span_name = f"{SCOPE}.{name}"
+        self.duration = duration
+        self.acquires = acquires
+        self.params: tuple[tuple[int, str], ...] = ()
+
+    def attributes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attributes:
+        """The span's attributes, from the call's arguments (unvalidated: types checked)."""
+        attributes: Attributes = {}
+        if args:
+            _from_object(args[0], attributes)
+        for index, name in self.params:
+            value = args[index] if index < len(args) else kwargs.get(name)
+            if value is not None:
+                _ARGUMENTS[name](value, attributes)
+        return attributes
+
+
+def _wrap(operation: _Operation, fn: Method[P, T]) -> Method[P, T]:
+    names = list(inspect.signature(fn).parameters)
+    operation.params = tuple((i, n) for i, n in enumerate(names) if n in _ARGUMENTS)
+
+    @functools.wraps(fn)
+    def traced_method(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        live = _live()
+        if live is None:
+            return fn(*args, **kwargs)  # no SDK configured: the method as it is
+        return live.run(operation, fn, args, kwargs)
+
+    return traced_method
+
+
+def _text(key: str) -> Callable[[Any, Attributes], None]:
+    def put(value: Any, attributes: Attributes) -> None:
+        if type(value) is str:
+            attributes[key] = value
+
+    return put
+
+
+def _number(key: str) -> Callable[[Any, Attributes], None]:
+    def put(value: Any, attributes: Attributes) -> None:
+        if type(value) is int:
+            attributes[key] = value
+
+    return put
+
+
+def _from_object(value: Any, attributes: Attributes) -> None:
+    """A lease's or an effect record's (or a workflow's) workflow id, step, key, owner."""
+    for name in ("workflow_id", "step", "key", "owner", "token"):
+        found = getattr(value, name, None)
+        if found is not None and name in _ARGUMENTS:
+            _ARGUMENTS[name](found, attributes)
+
+
+_ARGUMENTS: dict[str, Callable[[Any, Attributes], None]] = {
+    "workflow_id": _text("aiocheckpoint.workflow.id"),
+    "step": _number("aiocheckpoint.step"),
+    "key": _text("aiocheckpoint.effect.key"),
+    "owner": _text("aiocheckpoint.lease.owner"),
+    "token": _number("aiocheckpoint.lease.token"),
+    "lease": _from_object,
+    "record": _from_object,
+}
+
+
+def _system(storage: object) -> str:
+    system = getattr(storage, "db_system", None)
+    return system if isinstance(system, str) else "other"
+
+
+def _measure(args: tuple[Any, ...]) -> tuple[int, int]:
+    """Bytes written and records in the batch of a storage call's arguments."""
+    size, batch = 0, 0
+    for value in args:
+        if isinstance(value, bytes):
+            size, batch = size + len(value), batch + 1
+        blobs = getattr(value, "blobs", None)
+        if isinstance(blobs, dict):  # a SplitResult: its new blobs go in the same write
+            size += sum(len(blob) for blob in blobs.values())
+            batch += len(blobs)
+    return size, batch
+
+
+if ENABLED:
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    try:  # read directly: get_*_provider() costs microseconds (it looks up the environment)
+        _TRACE_GLOBALS: Any = _trace
+        _METRIC_GLOBALS: Any = __import__(
+            "opentelemetry.metrics._internal", fromlist=["_METER_PROVIDER"]
+        )
+        _TRACE_GLOBALS._TRACER_PROVIDER  # noqa: B018
+        _METRIC_GLOBALS._METER_PROVIDER  # noqa: B018
+    except (ImportError, AttributeError):  # another API version: ask it (correct, slower)
+        _TRACE_GLOBALS = _METRIC_GLOBALS = None
+
+    # Providers named by environment variables are made on first ask: ask once, now.
+    _trace.get_tracer_provider()
+    _metrics.get_meter_provider()
+
+    def _providers() -> tuple[Any, Any]:
+        if _TRACE_GLOBALS is None:
+            return _trace.get_tracer_provider(), _metrics.get_meter_provider()
+        return _TRACE_GLOBALS._TRACER_PROVIDER, _METRIC_GLOBALS._METER_PROVIDER
+
+    class _Instruments:
+        """The library's metric instruments, made from one meter."""
+
+        def __init__(self, meter: _metrics.Meter) -> None:
+            self.save_duration = meter.create_histogram(
+                "aiocheckpoint.checkpoint.save.duration",
+                unit="s",
+                description="Time to store a checkpoint (create_checkpoint), until durable.",
+            )
+            self.load_duration = meter.create_histogram(
+                "aiocheckpoint.checkpoint.load.duration",
+                unit="s",
+                description="Time to read and verify a checkpoint or a resume point.",
+            )
+            self.client_duration = meter.create_histogram(
+                "db.client.operation.duration",
+                unit="s",
+                description="Duration of one storage round trip.",
+            )
+            self.bytes_written = meter.create_counter(
+                "aiocheckpoint.storage.bytes_written",
+                unit="By",
+                description="Bytes of records and blobs handed to the storage to write.",
+            )
+            self.batch_size = meter.create_histogram(
+                "aiocheckpoint.storage.batch.size",
+                unit="{record}",
+                description="Records and blobs written by one storage call.",
+            )
+            self.commit_size = meter.create_histogram(
+                "aiocheckpoint.storage.commit.size",
+                unit="{write}",
+                description="Writes committed together by one group commit (one transaction).",
+            )
+            self.lease_acquisitions = meter.create_counter(
+                "aiocheckpoint.lease.acquisitions",
+                unit="{lease}",
+                description="Leases granted (acquire_lease, claim_workflow).",
+            )
+            self.lease_losses = meter.create_counter(
+                "aiocheckpoint.lease.losses",
+                unit="{lease}",
+                description="Operations refused because their lease was lost.",
+            )
+            self.in_doubt = meter.create_counter(
+                "aiocheckpoint.effect.in_doubt",
+                unit="{effect}",
+                description="Effects found in doubt (an intent without an outcome) on replay.",
+            )
+            self.sweep_deletions = meter.create_counter(
+                "aiocheckpoint.sweep.deletions",
+                unit="{item}",
+                description="Workflows, checkpoints and blobs deleted by retention sweeps.",
+            )
+
+    class _Live:
+        """The tracer and instruments of the providers configured now."""
+
+        def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
+            self.providers = (tracer_provider, meter_provider)
+            version = _version()
+            self.tracer = (
+                _trace.NoOpTracer()
+                if tracer_provider is None
+                else tracer_provider.get_tracer(SCOPE, version)
+            )
+            meter = (
+                _metrics.NoOpMeter(SCOPE)
+                if meter_provider is None
+                else meter_provider.get_meter(SCOPE, version)
+            )
+            self.instruments = _Instruments(meter)
+
+        async def run(
+            self,
+            operation: _Operation,
+            fn: Callable[..., Coroutine[Any, Any, T]],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+        ) -> T:
+            """Call ``fn`` in the operation's span; time it, count what it says."""
+            attributes = operation.attributes(args, kwargs)
+            span = self.tracer.start_span(operation.span_name, attributes=attributes)
+            measured: Attributes = {"aiocheckpoint.operation": operation.name}
+            if args:
+                measured["db.system.name"] = _system(getattr(args[0], "storage", None))
+            histogram = (
+                None
+                if operation.duration is None
+                else getattr(self.instruments, f"{operation.duration}_duration")
+            )
+            result = await self._in_span(span, fn, args, kwargs, measured, histogram)
+            if operation.acquires and result is not None:
+                self.instruments.lease_acquisitions.add(1, measured)
+            return result
+
+        async def _in_span(
+            self,
+            span: _trace.Span,
+            fn: Callable[..., Coroutine[Any, Any, T]],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+            measured: Attributes,
+            histogram: Any,
+        ) -> T:
+            """Await ``fn(*args, **kwargs)`` with ``span`` current; end it, time the call."""
+            token = _context.attach(_trace.set_span_in_context(span))
+            start = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                self._failed(span, exc, measured)
+                raise
+            finally:
+                elapsed = time.perf_counter() - start
+                _context.detach(token)
+                span.end()
+                if histogram is not None:
+                    histogram.record(elapsed, measured)
+
+        def _failed(self, span: _trace.Span, exc: Exception, measured: Attributes) -> None:
+            error = type(exc).__qualname__
+            measured["error.type"] = error
+            span.set_attribute("error.type", error)
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{error}: {exc}"[:1000]))
+            # Counted once, by the library's operation (its storage round trip fails too).
+            if isinstance(exc, LeaseLostError) and "aiocheckpoint.operation" in measured:
+                self.instruments.lease_losses.add(1, measured)
+
+        async def round_trip(
+            self,
+            method: Callable[..., Coroutine[Any, Any, T]],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+        ) -> T:
+            """The storage call in a ``CLIENT`` span; its bytes, batch and duration."""
+            system = _system(getattr(method, "__self__", None))
+            operation = method.__name__
+            measured: Attributes = {"db.system.name": system, "db.operation.name": operation}
+            attributes = dict(measured)
+            size, batch = _measure(args)
+            if batch > 1:  # the conventions set a batch size only for batches of two or more
+                attributes["db.operation.batch.size"] = batch
+            if size:
+                attributes["aiocheckpoint.write.size"] = size
+                self.instruments.bytes_written.add(size, measured)
+                self.instruments.batch_size.record(batch, measured)
+            span = self.tracer.start_span(
+                f"{operation} {system}", kind=SpanKind.CLIENT, attributes=attributes
+            )
+            histogram = self.instruments.client_duration
+            return await self._in_span(span, method, args, kwargs, measured, histogram)
+
+        def in_doubt(self, workflow_id: str, step: int, key: str) -> None:
+            self.instruments.in_doubt.add(1)
+            _trace.get_current_span().add_event(
+                "aiocheckpoint.effect.in_doubt",
+                {
+                    "aiocheckpoint.workflow.id": workflow_id,
+                    "aiocheckpoint.step": step,
+                    "aiocheckpoint.effect.key": key,
+                },
+            )
+
+    _CURRENT: list[_Live] = []
+
+    def _live() -> _Live | None:
+        """The live telemetry, or None while no tracer or meter provider is configured."""
+        providers = _providers()
+        if providers[0] is None and providers[1] is None:
+            return None
+        if not _CURRENT or _CURRENT[0].providers != providers:
+            _CURRENT[:] = [_Live(*providers)]  # a provider was set (or a test replaced it)
+        return _CURRENT[0]
+
+    def _version() -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("aiocheckpoint")
+        except PackageNotFoundError:
+            return "0"
