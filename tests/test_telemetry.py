@@ -94,7 +94,7 @@ async def test_a_workflow_run_on_each_backend(
     assert otel.total("aiocheckpoint.checkpoint.save.duration", **{"db.system.name": system}) == 2
     assert otel.total("aiocheckpoint.checkpoint.load.duration") == 1  # the resume point
     assert otel.total("aiocheckpoint.storage.bytes_written", **{"db.operation.name": "save"}) > 2000
-    assert otel.total("db.client.operation.duration", **{"db.operation.name": "put_effect"}) == 4
+    assert otel.total("aiocheckpoint.storage.bytes_written", **{"db.operation.name": "put_effect"}) > 0
     assert otel.total("aiocheckpoint.lease.acquisitions") == (1 if owner else 0)
     assert otel.total("aiocheckpoint.lease.losses") == 0
 

@@ -8,7 +8,7 @@ Every span and metric the library reports is made here, so call sites stay one l
   the call's duration in a histogram when it is a save or a load.
 * :func:`round_trip` calls a storage method inside a ``CLIENT`` span named by the database
   semantic conventions (``{db.operation.name} {db.system.name}``, e.g. ``save sqlite``),
-  a child of the current span, and records its duration, bytes and batch size.
+  a child of the current span, and counts the bytes it writes.
 * :func:`record_in_doubt`, :func:`record_commit` and :func:`record_sweep_deletions` count
   events and sizes where they happen (an effect replayed, a group commit, a sweep).
 
@@ -238,20 +238,10 @@ if ENABLED:
                 unit="s",
                 description="Time to read and verify a checkpoint or a resume point.",
             )
-            self.client_duration = meter.create_histogram(
-                "db.client.operation.duration",
-                unit="s",
-                description="Duration of one storage round trip.",
-            )
             self.bytes_written = meter.create_counter(
                 "aiocheckpoint.storage.bytes_written",
                 unit="By",
                 description="Bytes of records and blobs handed to the storage to write.",
-            )
-            self.batch_size = meter.create_histogram(
-                "aiocheckpoint.storage.batch.size",
-                unit="{record}",
-                description="Records and blobs written by one storage call.",
             )
             self.commit_size = meter.create_histogram(
                 "aiocheckpoint.storage.commit.size",
@@ -371,12 +361,10 @@ if ENABLED:
             if size:
                 attributes["aiocheckpoint.write.size"] = size
                 self.instruments.bytes_written.add(size, measured)
-                self.instruments.batch_size.record(batch, measured)
             span = self.tracer.start_span(
                 f"{operation} {system}", kind=SpanKind.CLIENT, attributes=attributes
             )
-            histogram = self.instruments.client_duration
-            return await self._in_span(span, method, args, kwargs, measured, histogram)
+            return await self._in_span(span, method, args, kwargs, measured, None)
 
         def in_doubt(self, workflow_id: str, step: int, key: str) -> None:
             self.instruments.in_doubt.add(1)
