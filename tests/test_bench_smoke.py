@@ -77,3 +77,21 @@ def test_effects_bench_runs() -> None:
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert {line.get("row") for line in lines[:-1]} == {"plain", "effects", "journal"}
     assert lines[-1]["summary"] == "sqlite"
+
+
+def test_otel_bench_runs() -> None:
+    """`bench/run.py --tiny --otel` prints every mode of every workload and their ratios."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--tiny", "--otel"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    rows = {(r["workload"], r["mode"]) for r in lines if r["kind"] == "measurement"}
+    assert rows == {(w, m) for w in ("memory", "sqlite-c20", "sqlite-c1", "postgres-c1")
+                    for m in ("absent", "noop", "sdk")}  # fmt: skip
+    ratios = [r for r in lines if r["kind"] == "ratio"]
+    assert len(ratios) == 4 * 3 * 2 and all(r["ratio"] > 0 for r in ratios)

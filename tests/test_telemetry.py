@@ -7,6 +7,7 @@ imported and the decorated methods are the methods themselves.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -94,7 +95,9 @@ async def test_a_workflow_run_on_each_backend(
     assert otel.total("aiocheckpoint.checkpoint.save.duration", **{"db.system.name": system}) == 2
     assert otel.total("aiocheckpoint.checkpoint.load.duration") == 1  # the resume point
     assert otel.total("aiocheckpoint.storage.bytes_written", **{"db.operation.name": "save"}) > 2000
-    assert otel.total("aiocheckpoint.storage.bytes_written", **{"db.operation.name": "put_effect"}) > 0
+    assert (
+        otel.total("aiocheckpoint.storage.bytes_written", **{"db.operation.name": "put_effect"}) > 0
+    )
     assert otel.total("aiocheckpoint.lease.acquisitions") == (1 if owner else 0)
     assert otel.total("aiocheckpoint.lease.losses") == 0
 
@@ -204,6 +207,8 @@ async def test_sweep_deletions_are_counted_by_kind(otel: Telemetry) -> None:
 async def test_without_a_configured_sdk_no_span_is_made() -> None:
     """The API installed but no provider set: one check, then the method as it is."""
     assert telemetry._live() is None
+    assert CheckpointManager.create_checkpoint.__wrapped__  # type: ignore[attr-defined]
+    assert asyncio.iscoroutinefunction(CheckpointManager.create_checkpoint)
     manager = CheckpointManager()
     call = telemetry.round_trip(manager.storage.load, "wf")
     assert call.cr_code is InMemoryCheckpointStorage.load.__code__  # type: ignore[attr-defined]

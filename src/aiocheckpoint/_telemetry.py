@@ -20,6 +20,7 @@ of two globals before the method runs as it would without telemetry.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import time
@@ -59,17 +60,22 @@ else:
 
 
 def traced(
-    operation: str, *, duration: str | None = None, acquires: bool = False
+    operation: str,
+    *,
+    duration: str | None = None,
+    acquires: bool = False,
+    instance: bool = False,
 ) -> Callable[[Method[P, T]], Method[P, T]]:
     """Decorate an async method with a span ``aiocheckpoint.<operation>``.
 
     ``duration`` ("save" or "load") names the latency histogram the call is timed in;
-    ``acquires`` counts a result that is not None as a lease acquisition. Without
-    OpenTelemetry the method is returned as it is.
+    ``acquires`` counts a result that is not None as a lease acquisition; ``instance``
+    takes the workflow id and step from the method's object too. Without OpenTelemetry the
+    method is returned as it is.
     """
     if not ENABLED:
         return _identity
-    return functools.partial(_wrap, _Operation(operation, duration, acquires))
+    return functools.partial(_wrap, _Operation(operation, duration, acquires, instance))
 
 
 def round_trip(
@@ -114,19 +120,20 @@ def _identity(fn: Method[P, T]) -> Method[P, T]:
 class _Operation:
     """What :func:`traced` knows of one decorated method."""
 
-    __slots__ = ("acquires", "duration", "name", "params", "span_name")
+    __slots__ = ("acquires", "duration", "instance", "name", "params", "span_name")
 
-    def __init__(self, name: str, duration: str | None, acquires: bool) -> None:
+    def __init__(self, name: str, duration: str | None, acquires: bool, instance: bool) -> None:
         self.name = name
         self.span_name = f"{SCOPE}.{name}"
-        self.duration = duration
+        self.duration = None if duration is None else f"{duration}_duration"
         self.acquires = acquires
+        self.instance = instance
         self.params: tuple[tuple[int, str], ...] = ()
 
     def attributes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attributes:
         """The span's attributes, from the call's arguments (unvalidated: types checked)."""
         attributes: Attributes = {}
-        if args:
+        if self.instance and args:
             _from_object(args[0], attributes)
         for index, name in self.params:
             value = args[index] if index < len(args) else kwargs.get(name)
@@ -139,6 +146,7 @@ def _wrap(operation: _Operation, fn: Method[P, T]) -> Method[P, T]:
     names = list(inspect.signature(fn).parameters)
     operation.params = tuple((i, n) for i, n in enumerate(names) if n in _ARGUMENTS)
 
+    # A plain function returning the coroutine: no frame of its own while no SDK is set.
     @functools.wraps(fn)
     def traced_method(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
         live = _live()
@@ -146,7 +154,16 @@ def _wrap(operation: _Operation, fn: Method[P, T]) -> Method[P, T]:
             return fn(*args, **kwargs)  # no SDK configured: the method as it is
         return live.run(operation, fn, args, kwargs)
 
-    return traced_method
+    return _coroutine_function(traced_method)
+
+
+def _coroutine_function(fn: Method[P, T]) -> Method[P, T]:
+    """Mark ``fn`` (which returns a coroutine) as a coroutine function for introspection."""
+    mark = getattr(inspect, "markcoroutinefunction", None)  # Python 3.12+
+    if mark is not None:
+        return mark(fn)  # type: ignore[no-any-return]
+    fn._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+    return fn
 
 
 def _text(key: str) -> Callable[[Any, Attributes], None]:
@@ -189,6 +206,10 @@ def _system(storage: object) -> str:
     return system if isinstance(system, str) else "other"
 
 
+#: The storage calls that write: their ``bytes`` arguments count as bytes written.
+_WRITES = frozenset({"save", "save_tree", "put_effect"})
+
+
 def _measure(args: tuple[Any, ...]) -> tuple[int, int]:
     """Bytes written and records in the batch of a storage call's arguments."""
     size, batch = 0, 0
@@ -218,11 +239,6 @@ if ENABLED:
     # Providers named by environment variables are made on first ask: ask once, now.
     _trace.get_tracer_provider()
     _metrics.get_meter_provider()
-
-    def _providers() -> tuple[Any, Any]:
-        if _TRACE_GLOBALS is None:
-            return _trace.get_tracer_provider(), _metrics.get_meter_provider()
-        return _TRACE_GLOBALS._TRACER_PROVIDER, _METRIC_GLOBALS._METER_PROVIDER
 
     class _Instruments:
         """The library's metric instruments, made from one meter."""
@@ -300,11 +316,8 @@ if ENABLED:
             measured: Attributes = {"aiocheckpoint.operation": operation.name}
             if args:
                 measured["db.system.name"] = _system(getattr(args[0], "storage", None))
-            histogram = (
-                None
-                if operation.duration is None
-                else getattr(self.instruments, f"{operation.duration}_duration")
-            )
+            duration = operation.duration
+            histogram = None if duration is None else getattr(self.instruments, duration)
             result = await self._in_span(span, fn, args, kwargs, measured, histogram)
             if operation.acquires and result is not None:
                 self.instruments.lease_acquisitions.add(1, measured)
@@ -355,7 +368,7 @@ if ENABLED:
             operation = method.__name__
             measured: Attributes = {"db.system.name": system, "db.operation.name": operation}
             attributes = dict(measured)
-            size, batch = _measure(args)
+            size, batch = _measure(args) if operation in _WRITES else (0, 0)
             if batch > 1:  # the conventions set a batch size only for batches of two or more
                 attributes["db.operation.batch.size"] = batch
             if size:
@@ -381,11 +394,21 @@ if ENABLED:
 
     def _live() -> _Live | None:
         """The live telemetry, or None while no tracer or meter provider is configured."""
-        providers = _providers()
-        if providers[0] is None and providers[1] is None:
-            return None
+        if _TRACE_GLOBALS is None:
+            return _rebuilt((_trace.get_tracer_provider(), _metrics.get_meter_provider()))
+        tracer_provider = _TRACE_GLOBALS._TRACER_PROVIDER
+        meter_provider = _METRIC_GLOBALS._METER_PROVIDER
+        if tracer_provider is None and meter_provider is None:
+            return None  # the API's no-op default: the one check on the hot path
+        for current in _CURRENT:
+            if current.providers == (tracer_provider, meter_provider):
+                return current
+        return _rebuilt((tracer_provider, meter_provider))
+
+    def _rebuilt(providers: tuple[Any, Any]) -> _Live:
+        """The telemetry of ``providers``: made anew when one was set (or a test replaced it)."""
         if not _CURRENT or _CURRENT[0].providers != providers:
-            _CURRENT[:] = [_Live(*providers)]  # a provider was set (or a test replaced it)
+            _CURRENT[:] = [_Live(*providers)]
         return _CURRENT[0]
 
     def _version() -> str:

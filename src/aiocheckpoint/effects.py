@@ -81,7 +81,7 @@ class StepEffects:
             raise InvalidArgumentError(f"explicit effect keys may not start with '#': {key!r}")
         return key
 
-    @traced("effect")
+    @traced("effect", instance=True)
     async def run(
         self,
         key: str,

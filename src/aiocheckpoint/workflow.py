@@ -138,7 +138,7 @@ class ResumableWorkflow:
         self.resumed_app_version: str | None = None
         self._effects: StepEffects | None = None
 
-    @traced("resume")
+    @traced("resume", instance=True)
     async def try_resume(self) -> int:
         """Restore state and metrics from the last checkpoint; return the step to run next.
 
