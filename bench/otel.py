@@ -223,7 +223,9 @@ def _ratios(workload: str, runs: dict[str, list[dict[str, Any]]]) -> None:
                 "mode": mode,
                 "absent": round(statistics.median(base), 2),
                 mode: round(statistics.median(mine), 2),
-                "ratio": round(statistics.median(m / b for m, b in zip(mine, base)), 3),
+                "ratio": round(
+                    statistics.median(m / b for m, b in zip(mine, base, strict=True)), 3
+                ),
             }
             print(json.dumps(record))
 
