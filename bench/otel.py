@@ -17,7 +17,10 @@ on the in-memory store (the manager's own work: the worst case for relative over
 before the next (the latency one agent sees). Figures are CPU
 microseconds per checkpoint, of the event-loop thread (``loop_us``) and of the whole process
 including the exporter's thread (``process_us``), and wall-clock microseconds per checkpoint
-(``wall_us``: 1 / throughput); the best of five repeats in each process.
+(``wall_us``: 1 / throughput); the best of five repeats in each process. The ``sdk`` rows
+also give the SDK's own floor in that process: one bare span started and ended
+(``sdk_span_us``) and one histogram point (``sdk_point_us``); a checkpoint makes two spans
+(the call and its storage round trip) and two points (its duration and its bytes).
 
 Usage: ``python bench/otel.py [--rounds N] [--checkpoints N] [--tiny]``
 """
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -152,7 +156,29 @@ def child(mode: str, workload: str, count: int) -> dict[str, Any]:
         loop.append((time.thread_time() - cpu) / count * 1e6)
         process.append((time.process_time() - total) / count * 1e6)
         wall.append((time.perf_counter() - start) / count * 1e6)
-    return {"loop_us": min(loop), "process_us": min(process), "wall_us": min(wall)}
+    figures = {"loop_us": min(loop), "process_us": min(process), "wall_us": min(wall)}
+    if mode == "sdk":
+        figures.update(_sdk_floor())
+    return figures
+
+
+def _sdk_floor() -> dict[str, float]:
+    """The SDK's own cost, in the same process: one bare span, one histogram point."""
+    from opentelemetry import metrics, trace
+
+    tracer = trace.get_tracer("bench")
+    histogram = metrics.get_meter("bench").create_histogram("bench.h")
+
+    def span() -> None:
+        tracer.start_span("bare", attributes={"a": "b"}).end()
+
+    def point() -> None:
+        histogram.record(1.0, {"a": "b"})
+
+    return {
+        name: min(timeit.repeat(fn, number=2000, repeat=5, timer=time.thread_time)) / 2000 * 1e6
+        for name, fn in (("sdk_span_us", span), ("sdk_point_us", point))
+    }
 
 
 def _spawn(mode: str, workload: str, count: int, schema: str) -> dict[str, Any]:

@@ -64,32 +64,29 @@ def test_measurements_carry_figures_and_ratios_are_computed(
     assert "### write" in proc.stdout
 
 
-def test_effects_bench_runs() -> None:
-    """`bench/effects.py --tiny` prints its three rows and the summary (no timings checked)."""
+def _bench_lines(script: str, *args: str) -> list[dict[str, Any]]:
+    """The JSON lines a bench script prints (it must exit 0)."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "effects.py"), "--tiny"],
+        [sys.executable, str(ROOT / "bench" / script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_effects_bench_runs() -> None:
+    """`bench/effects.py --tiny` prints its three rows and the summary (no timings checked)."""
+    lines = _bench_lines("effects.py", "--tiny")
     assert {line.get("row") for line in lines[:-1]} == {"plain", "effects", "journal"}
     assert lines[-1]["summary"] == "sqlite"
 
 
 def test_otel_bench_runs() -> None:
     """`bench/run.py --tiny --otel` prints every mode of every workload and their ratios."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "run.py"), "--tiny", "--otel"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    lines = _bench_lines("run.py", "--tiny", "--otel")
     rows = {(r["workload"], r["mode"]) for r in lines if r["kind"] == "measurement"}
     assert rows == {(w, m) for w in ("memory", "sqlite-c20", "sqlite-c1", "postgres-c1")
                     for m in ("absent", "noop", "sdk")}  # fmt: skip

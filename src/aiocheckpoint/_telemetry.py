@@ -216,10 +216,11 @@ def _measure(args: tuple[Any, ...]) -> tuple[int, int]:
     for value in args:
         if isinstance(value, bytes):
             size, batch = size + len(value), batch + 1
-        blobs = getattr(value, "blobs", None)
-        if isinstance(blobs, dict):  # a SplitResult: its new blobs go in the same write
-            size += sum(len(blob) for blob in blobs.values())
-            batch += len(blobs)
+        elif not isinstance(value, (str, int)):
+            blobs = getattr(value, "blobs", None)
+            if isinstance(blobs, dict):  # a SplitResult: its new blobs go in the same write
+                size += sum(len(blob) for blob in blobs.values())
+                batch += len(blobs)
     return size, batch
 
 
@@ -240,50 +241,42 @@ if ENABLED:
     _trace.get_tracer_provider()
     _metrics.get_meter_provider()
 
+    #: Each instrument: its attribute on _Instruments, histogram or counter, name, unit, what.
+    _INSTRUMENTS = (
+        ("save_duration", True, "aiocheckpoint.checkpoint.save.duration", "s",
+         "Time to store a checkpoint (create_checkpoint), until durable."),
+        ("load_duration", True, "aiocheckpoint.checkpoint.load.duration", "s",
+         "Time to read and verify a checkpoint or a resume point."),
+        ("bytes_written", False, "aiocheckpoint.storage.bytes_written", "By",
+         "Bytes of records, blobs and effect records handed to the storage to write."),
+        ("commit_size", True, "aiocheckpoint.storage.commit.size", "{write}",
+         "Writes committed together by one group commit (one transaction)."),
+        ("lease_acquisitions", False, "aiocheckpoint.lease.acquisitions", "{lease}",
+         "Leases granted (acquire_lease, claim_workflow)."),
+        ("lease_losses", False, "aiocheckpoint.lease.losses", "{lease}",
+         "Operations refused because their lease was lost."),
+        ("in_doubt", False, "aiocheckpoint.effect.in_doubt", "{effect}",
+         "Effects found in doubt (an intent without an outcome) on replay."),
+        ("sweep_deletions", False, "aiocheckpoint.sweep.deletions", "{item}",
+         "Workflows, checkpoints and blobs deleted by retention sweeps."),
+    )  # fmt: skip
+
     class _Instruments:
-        """The library's metric instruments, made from one meter."""
+        """The library's metric instruments, made from one meter (see _INSTRUMENTS)."""
+
+        save_duration: _metrics.Histogram
+        load_duration: _metrics.Histogram
+        bytes_written: _metrics.Counter
+        commit_size: _metrics.Histogram
+        lease_acquisitions: _metrics.Counter
+        lease_losses: _metrics.Counter
+        in_doubt: _metrics.Counter
+        sweep_deletions: _metrics.Counter
 
         def __init__(self, meter: _metrics.Meter) -> None:
-            self.save_duration = meter.create_histogram(
-                "aiocheckpoint.checkpoint.save.duration",
-                unit="s",
-                description="Time to store a checkpoint (create_checkpoint), until durable.",
-            )
-            self.load_duration = meter.create_histogram(
-                "aiocheckpoint.checkpoint.load.duration",
-                unit="s",
-                description="Time to read and verify a checkpoint or a resume point.",
-            )
-            self.bytes_written = meter.create_counter(
-                "aiocheckpoint.storage.bytes_written",
-                unit="By",
-                description="Bytes of records and blobs handed to the storage to write.",
-            )
-            self.commit_size = meter.create_histogram(
-                "aiocheckpoint.storage.commit.size",
-                unit="{write}",
-                description="Writes committed together by one group commit (one transaction).",
-            )
-            self.lease_acquisitions = meter.create_counter(
-                "aiocheckpoint.lease.acquisitions",
-                unit="{lease}",
-                description="Leases granted (acquire_lease, claim_workflow).",
-            )
-            self.lease_losses = meter.create_counter(
-                "aiocheckpoint.lease.losses",
-                unit="{lease}",
-                description="Operations refused because their lease was lost.",
-            )
-            self.in_doubt = meter.create_counter(
-                "aiocheckpoint.effect.in_doubt",
-                unit="{effect}",
-                description="Effects found in doubt (an intent without an outcome) on replay.",
-            )
-            self.sweep_deletions = meter.create_counter(
-                "aiocheckpoint.sweep.deletions",
-                unit="{item}",
-                description="Workflows, checkpoints and blobs deleted by retention sweeps.",
-            )
+            for attribute, histogram, name, unit, description in _INSTRUMENTS:
+                make = meter.create_histogram if histogram else meter.create_counter
+                setattr(self, attribute, make(name, unit=unit, description=description))
 
     class _Live:
         """The tracer and instruments of the providers configured now."""
