@@ -33,12 +33,12 @@ from aiocheckpoint.codec.effects import EffectRecord, EffectState
 from aiocheckpoint.effects import idempotency_key
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
-from tests.backend_support import any_storage, pg_schema
+from tests.backend_support import any_storage, blob_storage, pg_schema
 from tests.otel_support import Telemetry, installed
 
 APP = trace.get_tracer("the-application")
 
-__all__ = ["any_storage", "pg_schema"]
+__all__ = ["any_storage", "blob_storage", "pg_schema"]
 
 
 @pytest.fixture
@@ -100,6 +100,21 @@ async def test_a_workflow_run_on_each_backend(
     )
     assert otel.total("aiocheckpoint.lease.acquisitions") == (1 if owner else 0)
     assert otel.total("aiocheckpoint.lease.losses") == 0
+
+
+async def test_an_incremental_save_is_one_batch_of_a_record_and_its_blobs(
+    otel: Telemetry, blob_storage: CheckpointStorage
+) -> None:
+    manager = CheckpointManager(blob_storage)
+    state = {f"part-{n}": [f"{n}-{i}" for i in range(400)] for n in range(20)}  # ~150 KB
+    await manager.create_checkpoint("wf", 0, "agent", "completed", state)
+    (save,) = otel.named(f"save_tree {blob_storage.db_system}")  # type: ignore[attr-defined]
+    assert int(save.attributes["db.operation.batch.size"]) > 2
+    assert int(save.attributes["aiocheckpoint.write.size"]) > 10_000
+    written = otel.total(
+        "aiocheckpoint.storage.bytes_written", **{"db.operation.name": "save_tree"}
+    )
+    assert written == save.attributes["aiocheckpoint.write.size"]
 
 
 async def test_a_resumed_workflow_shows_its_resume_and_only_the_steps_left(
