@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import aiocheckpoint
-from aiocheckpoint import CheckpointManager, ResumableWorkflow
+from aiocheckpoint import CheckpointManager, LeaseLostError, ResumableWorkflow
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.sqlite.connections import BusyRetry
 from tests.backend_support import any_storage, pg_schema
@@ -48,6 +48,30 @@ async def test_a_normal_run_logs_nothing_at_warning_or_above(
     assert (await manager.get_latest_checkpoint("wf")) is not None
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert loud == []
+
+
+async def test_an_effect_failing_after_its_lease_was_lost_logs_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The effect's failure cannot be recorded (fenced out): one WARNING line in all."""
+    manager = CheckpointManager()
+    stale = await manager.acquire_lease("wf", "runner-a", ttl=0.1)
+
+    async def call_after_takeover() -> None:
+        await anyio.sleep(0.2)
+        await manager.acquire_lease("wf", "runner-b", ttl=30)
+        raise ValueError("the remote call failed")
+
+    caplog.set_level(logging.DEBUG, logger="aiocheckpoint")
+    with pytest.raises((ValueError, LeaseLostError)):
+        async with ResumableWorkflow("wf", manager, lease=stale, lease_ttl=600) as wf:
+            async with wf.step(0, agent_id="a"):
+                await wf.effect("call", call_after_takeover)
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(records) == 1
+    assert "lease lost" in records[0].getMessage()
+    assert all(r.exc_info is None for r in caplog.records)
+    assert [e.in_doubt for e in await manager.get_effects("wf", 0)] == [True]
 
 
 def test_a_busy_sqlite_database_is_retried_with_debug_lines_only(
