@@ -127,6 +127,7 @@ async def test_a_resumed_workflow_shows_its_resume_and_only_the_steps_left(
         await _run(manager, range(3), owner="runner")
     spans = otel.finished()
     (resume,) = otel.named("aiocheckpoint.resume")
+    assert resume.attributes["aiocheckpoint.resume.step"] == 1
     (point,) = otel.named("aiocheckpoint.get_resume_point")
     assert _parent(point, spans) is resume
     assert [s.name for s in spans if _parent(s, spans) is point] == ["load aiocheckpoint.memory"]

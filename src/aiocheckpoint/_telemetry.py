@@ -9,7 +9,8 @@ Every span and metric the library reports is made here, so call sites stay one l
 * :func:`round_trip` calls a storage method inside a ``CLIENT`` span named by the database
   semantic conventions (``{db.operation.name} {db.system.name}``, e.g. ``save sqlite``),
   a child of the current span, and counts the bytes it writes.
-* :func:`record_in_doubt`, :func:`record_commit` and :func:`record_sweep_deletions` count
+* :func:`annotate` sets an attribute of the current span from inside a traced method;
+  :func:`record_in_doubt`, :func:`record_commit` and :func:`record_sweep_deletions` count
   events and sizes where they happen (an effect replayed, a group commit, a sweep).
 
 Without the package, :data:`ENABLED` is False, :func:`traced` returns the method itself and
@@ -34,6 +35,7 @@ from .errors import LeaseLostError
 __all__ = [
     "ENABLED",
     "SCOPE",
+    "annotate",
     "record_commit",
     "record_in_doubt",
     "record_sweep_deletions",
@@ -90,6 +92,12 @@ def round_trip(
     if live is None:
         return method(*args, **kwargs)
     return live.round_trip(method, args, kwargs)
+
+
+def annotate(key: str, value: str | int | bool) -> None:
+    """Set an attribute on the current span (the traced call this runs in), when enabled."""
+    if ENABLED and _live() is not None:
+        _trace.get_current_span().set_attribute(key, value)
 
 
 def record_in_doubt(workflow_id: str, step: int, key: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import anyio
 from typing_extensions import Self
 
-from ._telemetry import traced
+from ._telemetry import annotate, traced
 from ._validation import check_step, check_workflow_id
 from .effects import Reconcile, StepEffects
 from .errors import InvalidArgumentError, LeaseError, LeaseLostError
@@ -153,6 +153,7 @@ class ResumableWorkflow:
         self.resumed_app_version = point.app_version
         self.is_resumed = True
         self.resume_step = self.current_step = step
+        annotate("aiocheckpoint.resume.step", step)
         return step
 
     def is_completed(self, step: int) -> bool:
