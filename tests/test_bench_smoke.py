@@ -92,3 +92,20 @@ def test_otel_bench_runs() -> None:
                     for m in ("absent", "noop", "sdk")}  # fmt: skip
     ratios = [r for r in lines if r["kind"] == "ratio"]
     assert len(ratios) == 4 * 3 * 2 and all(r["ratio"] > 0 for r in ratios)
+
+
+def test_sweep_bench_runs() -> None:
+    """`bench/sweep.py --tiny` prints its three rows and the summary (no timings checked)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sweep.py"), "--tiny"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    rows = {line.get("row") for line in lines[:-1]}
+    assert rows == {"sweep-same-store", "sweep-other-store", "alone"}
+    assert lines[-1]["summary"] == "sqlite"
+    assert lines[-1]["sweep-same-store_workflows_deleted"] == 20

@@ -211,6 +211,8 @@ _DOC_VALUES = {
     "FILE.jsonl": "f.jsonl",
     "TIME": "2026-01-31T12:00:00Z",
     "KEY=VALUE": "tenant=acme",
+    "K": "10",
+    "DURATION": "30d",
 }
 
 
@@ -248,6 +250,7 @@ def test_every_synopsis_in_the_docs_parses() -> None:
     takes the workflow."""
     synopses = _doc_synopses()
     commands = {"workflows", "history", "show", "diff", "verify", "prune", "rm", "fork", "copy"}
+    commands |= {"sweep"}
     assert {s.split()[0] for s in synopses} == commands | {"export", "import"}
     parser = build_parser()
     for synopsis in synopses:

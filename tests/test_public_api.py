@@ -47,6 +47,8 @@ EXPECTED = {
     "WorkflowRecord",
     "Page",
     "RetryPolicy",
+    "RetentionPolicy",
+    "SweepReport",
     "WorkflowStatus",
     "WorkflowStorage",
     "__version__",

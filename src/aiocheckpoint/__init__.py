@@ -35,6 +35,7 @@ from .errors import (
 from .leases import Lease, Page, RetryPolicy, WorkflowRecord, WorkflowStatus
 from .manager import CheckpointManager, ResumePoint
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, StateVersion
+from .retention import RetentionPolicy, SweepReport
 from .state import SharedState
 from .storage import (
     BlobCheckpointStorage,
@@ -105,6 +106,7 @@ __all__ = [
     "Reconciled",
     "ResumableWorkflow",
     "ResumePoint",
+    "RetentionPolicy",
     "RetryPolicy",
     "SQLiteCheckpointStorage",
     "SharedState",
@@ -114,6 +116,7 @@ __all__ = [
     "StorageClosedError",
     "StorageSchemaError",
     "StoredCheckpoint",
+    "SweepReport",
     "TaggedValue",
     "TypeRegistry",
     "TypeVersionError",

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+import anyio
 import anyio.lowlevel
 from typing_extensions import Self
 
@@ -27,6 +29,7 @@ from .codec.fork import fork_tree
 from .codec.stages import DEFAULT_VALUES, View
 from .errors import (
     CheckpointCorruptedError,
+    CheckpointError,
     CheckpointNotFoundError,
     InvalidArgumentError,
     LeaseLostError,
@@ -53,6 +56,7 @@ from .models import (
     default_metrics,
     utcnow,
 )
+from .retention import RetentionPolicy, SweepReport, policy_from, run_sweep, run_thinning
 from .state import SharedState
 from .storage.base import (
     BlobCheckpointStorage,
@@ -149,6 +153,10 @@ class CheckpointManager:
     besides the standard types (``docs/serialization.md``); ``app_version``, when given, is
     recorded in every checkpoint and handed back by :meth:`get_resume_point`.
 
+    ``retention`` is a :class:`~aiocheckpoint.RetentionPolicy`: which checkpoints and
+    workflows to keep, applied by :meth:`sweep` and :meth:`sweeping` (``docs/retention.md``);
+    ``max_checkpoints=N`` is its shorthand for "the newest N, pruned at each write".
+
     Use it as ``async with CheckpointManager(storage) as manager:`` or call :meth:`close`.
     """
 
@@ -160,17 +168,15 @@ class CheckpointManager:
         incremental: bool | None = None,
         types: TypeRegistry | None = None,
         app_version: str | None = None,
+        retention: RetentionPolicy | None = None,
     ) -> None:
-        if max_checkpoints is not None and (
-            type(max_checkpoints) is not int or max_checkpoints < 1
-        ):
-            raise InvalidArgumentError(
-                f"max_checkpoints must be an int >= 1 or None, got {max_checkpoints!r}"
-            )
+        self._retention = policy_from(max_checkpoints, retention)
         self._storage: CheckpointStorage = (
             storage if storage is not None else InMemoryCheckpointStorage()
         )
-        self._max_checkpoints = max_checkpoints
+        # What a save prunes itself, in its transaction (see RetentionPolicy.write_keep_last).
+        self._max_checkpoints = None if self._retention is None else self._retention.write_keep_last
+        self._sweepers: set[anyio.CancelScope] = set()
         if incremental not in (None, True, False):
             raise InvalidArgumentError(f"incremental must be a bool or None, got {incremental!r}")
         supports = isinstance(self._storage, BlobCheckpointStorage)
@@ -215,8 +221,92 @@ class CheckpointManager:
 
     @property
     def max_checkpoints(self) -> int | None:
-        """How many checkpoints per workflow are kept (None: all)."""
+        """How many checkpoints per workflow each write keeps (None: it prunes nothing)."""
         return self._max_checkpoints
+
+    # --- retention and TTL (docs/retention.md) -------------------------------------------
+
+    @property
+    def retention(self) -> RetentionPolicy | None:
+        """The retention policy (``max_checkpoints=N`` shows as its policy), or None."""
+        return self._retention
+
+    async def sweep(
+        self,
+        *,
+        dry_run: bool = False,
+        now: datetime | None = None,
+        policy: RetentionPolicy | None = None,
+        collect_garbage: bool = True,
+    ) -> SweepReport:
+        """Apply the retention policy (or ``policy``) to the whole store once.
+
+        Deletes, in short batches, the workflows past their TTL (never a leased one) and
+        the checkpoints the history rules do not keep, then collects garbage blobs; returns
+        a :class:`~aiocheckpoint.SweepReport`. ``dry_run=True`` deletes nothing and reports
+        what would go. ``now`` is the moment TTLs count back from (default: now).
+        """
+        self._check_open()
+        chosen = policy if policy is not None else self._retention
+        if chosen is None:
+            raise InvalidArgumentError("sweep needs a retention policy: this manager has none")
+        return await run_sweep(
+            self._storage,
+            chosen,
+            now=now,
+            dry_run=dry_run,
+            collect_garbage=collect_garbage,
+            forget=self._codec.forget,
+        )
+
+    async def thin_workflow(
+        self, workflow_id: str, *, policy: RetentionPolicy | None = None, dry_run: bool = False
+    ) -> SweepReport:
+        """Apply the history rules of the policy (or of ``policy``) to one workflow now.
+
+        For a workflow that needs other rules than the rest (a long chat kept denser, a
+        finished run thinned at once); a paused one is left whole under ``keep_paused``.
+        """
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        chosen = policy if policy is not None else self._retention
+        if not isinstance(chosen, RetentionPolicy):
+            raise InvalidArgumentError(f"thin_workflow needs a RetentionPolicy, got {chosen!r}")
+        return await run_thinning(self._storage, chosen, workflow_id, dry_run=dry_run)
+
+    @asynccontextmanager
+    async def sweeping(self, every: timedelta = timedelta(minutes=5)) -> AsyncIterator[None]:
+        """Sweep in the background every ``every`` while the block runs (and the manager is open).
+
+        The sweeper is a task of the block's own task group: it stops when the block ends or
+        the manager closes. A failed sweep is logged and tried again at the next interval.
+        """
+        self._check_open()
+        if self._retention is None:
+            raise InvalidArgumentError("sweeping needs a retention policy: this manager has none")
+        if not isinstance(every, timedelta) or every <= timedelta(0):
+            raise InvalidArgumentError(f"every must be a positive timedelta, got {every!r}")
+        # The sweeper's own scope: closing the manager stops it, not the caller's block.
+        scope = anyio.CancelScope()
+        async with anyio.create_task_group() as group:
+            self._sweepers.add(scope)
+            group.start_soon(self._sweep_forever, every.total_seconds(), scope)
+            try:
+                yield
+            finally:
+                self._sweepers.discard(scope)
+                scope.cancel()
+
+    async def _sweep_forever(self, seconds: float, scope: anyio.CancelScope) -> None:
+        with scope:
+            while not self._closed:
+                await anyio.sleep(seconds)
+                try:
+                    await self.sweep()
+                except StorageClosedError:
+                    return
+                except CheckpointError as exc:
+                    logger.warning("background sweep failed, retrying in %.0f s: %s", seconds, exc)
 
     @traced("create_checkpoint", duration="save")
     async def create_checkpoint(
@@ -871,6 +961,8 @@ class CheckpointManager:
         """Close the storage. Calling it again does nothing."""
         if not self._closed:
             self._closed = True
+            for scope in self._sweepers:
+                scope.cancel()
             await self._storage.close()
 
     async def __aenter__(self) -> Self:

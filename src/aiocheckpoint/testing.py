@@ -22,7 +22,10 @@ object on the same location. Backends with workflow records and leases also subc
 ``collect_garbage()`` free unreferenced blobs at once (e.g. a near-zero grace period).
 Backends with an effect journal (:class:`~aiocheckpoint.storage.base.EffectStorage`)
 subclass :class:`EffectStorageConformance` (and, if durable,
-:class:`PersistentEffectConformance`). The suite needs pytest and pytest-asyncio. The
+:class:`PersistentEffectConformance`). Sweeps (``docs/retention.md``) are checked by
+:class:`RetentionConformance` (every backend), :class:`WorkflowRetentionConformance`
+(workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs).
+The suite needs pytest and pytest-asyncio. The
 suites share this one module, so that a backend's tests import everything from one place.
 """
 
@@ -34,8 +37,10 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import anyio
+import anyio.lowlevel
 import pytest
 
+from . import retention as _retention
 from .codec.effects import EffectState
 from .codec.v1 import decode_checkpoint
 from .codec.v2 import encode_checkpoint_v2
@@ -55,6 +60,7 @@ from .format.header import record_format_version
 from .leases import Lease, RetryPolicy, WorkflowStatus
 from .manager import CheckpointManager
 from .models import AgentStatus, utcnow
+from .retention import RetentionPolicy, SweepReport
 from .storage.base import (
     BlobCheckpointStorage,
     CheckpointStorage,
@@ -65,12 +71,15 @@ from .storage.base import (
 from .workflow import ResumableWorkflow
 
 __all__ = [
+    "BlobRetentionConformance",
     "BlobStorageConformance",
     "EffectStorageConformance",
     "PersistentEffectConformance",
     "PersistentStorageConformance",
+    "RetentionConformance",
     "StorageConformance",
     "WorkflowLifecycleConformance",
+    "WorkflowRetentionConformance",
     "WorkflowStorageConformance",
 ]
 
@@ -584,6 +593,29 @@ class WorkflowLifecycleConformance:
                 raise KeyError("flaky")
         record = await manager.get_workflow("other")
         assert record is not None and record.status is WorkflowStatus.UNFINISHED
+
+    async def test_reviving_a_failed_workflow_restores_its_retry_budget(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Marking a FAILED workflow unfinished resets attempts; other moves keep them."""
+        manager = _manager(storage)
+        policy = RetryPolicy(max_attempts=2, backoff=0)
+        for _ in range(2):
+            with pytest.raises(_Boom):
+                async with ResumableWorkflow("wf", manager, retry=policy):
+                    raise _Boom("again")
+        record = await manager.mark_workflow("wf", "paused")
+        assert (record.status, record.attempts) == (WorkflowStatus.PAUSED, 2)
+        await manager.mark_workflow("wf", "failed")
+        record = await manager.mark_workflow("wf", "unfinished")
+        assert (record.status, record.attempts) == (WorkflowStatus.UNFINISHED, 0)
+        assert record.last_error == {"type": "_Boom", "message": "again"}
+        with pytest.raises(_Boom):
+            async with ResumableWorkflow("wf", manager, retry=policy):
+                raise _Boom("once more")
+        after = await manager.get_workflow("wf")
+        assert after is not None
+        assert (after.status, after.attempts) == (WorkflowStatus.UNFINISHED, 1)
 
     async def test_record_names_latest_step_agent_and_status(
         self, storage: WorkflowStorage
@@ -1101,3 +1133,299 @@ class PersistentEffectConformance:
             assert await again.in_doubt_workflows() == ["wf"]
         finally:
             await again.close()
+
+
+# --- retention and TTL (docs/retention.md) ---------------------------------------------
+
+#: A policy that thins histories: the newest 3, every 5th step, the terminal checkpoints.
+_THIN = RetentionPolicy(keep_last=3, keep_every=5, batch_size=4)
+_LATER = timedelta(days=2)
+
+
+async def _history(manager: CheckpointManager, workflow_id: str, steps: int) -> None:
+    """Steps 0..steps-1, all RUNNING except step 7 (FAILED) and steps 2 and 11 (COMPLETED)."""
+    for step in range(steps):
+        status = {7: "failed", 2: "completed", 11: "completed"}.get(step, "running")
+        await manager.create_checkpoint(workflow_id, step, "a", status, {"step": step})
+
+
+async def _steps(storage: CheckpointStorage, workflow_id: str) -> list[int]:
+    return [r.step for r in await storage.scan(workflow_id)]
+
+
+class RetentionConformance:
+    """What a sweep does to any storage: thin histories by a :class:`RetentionPolicy`."""
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_sweep_thins_by_the_policy(self, storage: CheckpointStorage) -> None:
+        """Newest 3, every 5th, every FAILED and the newest COMPLETED stay; the rest goes."""
+        manager = CheckpointManager(storage, retention=_THIN)
+        await _history(manager, "wf", 20)
+        assert len(await _steps(storage, "wf")) == 20  # sweeps prune, not writes
+        report = await manager.sweep()
+        assert await _steps(storage, "wf") == [0, 5, 7, 10, 11, 15, 17, 18, 19]
+        assert report.checkpoints_deleted == 11 and report.workflows_thinned == 1
+        assert report.checkpoint_bytes > 0 and report.deleted == 11
+        assert await manager.list_workflows() == ["wf"]
+        assert (await manager.sweep()).checkpoints_deleted == 0
+
+    async def test_dry_run_deletes_nothing_and_reports_the_same(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """A dry run counts what a sweep deletes, and deletes none of it."""
+        manager = CheckpointManager(storage, retention=_THIN)
+        await _history(manager, "wf", 20)
+        dry = await manager.sweep(dry_run=True)
+        assert dry.dry_run and len(await _steps(storage, "wf")) == 20
+        real = await manager.sweep()
+        assert (dry.checkpoints_deleted, dry.checkpoint_bytes) == (
+            real.checkpoints_deleted,
+            real.checkpoint_bytes,
+        )
+
+    async def test_without_terminal_rule_only_the_window_and_multiples_stay(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """keep_terminal=False lets FAILED and COMPLETED checkpoints go like any other."""
+        policy = RetentionPolicy(keep_last=2, keep_every=10, keep_terminal=False)
+        manager = CheckpointManager(storage, retention=policy)
+        await _history(manager, "wf", 14)
+        await manager.sweep()
+        assert await _steps(storage, "wf") == [0, 10, 12, 13]
+
+    async def test_max_checkpoints_is_the_write_time_shorthand(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """max_checkpoints=N prunes at each write, as RetentionPolicy.latest(N) does."""
+        short = CheckpointManager(storage, max_checkpoints=2)
+        assert short.retention == RetentionPolicy.latest(2)
+        await _history(short, "a", 6)
+        assert await _steps(storage, "a") == [4, 5]
+        assert (await short.sweep()).checkpoints_deleted == 0
+        with pytest.raises(InvalidArgumentError):
+            CheckpointManager(storage, max_checkpoints=2, retention=_THIN)
+
+    async def test_sweep_racing_writers_keeps_every_kept_step(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """Sweeps running while writers add steps never delete one the policy keeps."""
+        policy = RetentionPolicy(keep_last=4, keep_every=8, keep_terminal=False, batch_size=3)
+        manager = CheckpointManager(storage, retention=policy)
+        ids = ["w0", "w1", "w2"]
+
+        async def write(workflow_id: str) -> None:
+            for step in range(40):
+                await manager.create_checkpoint(workflow_id, step, "a", "running", {"n": step})
+
+        async def sweep_while(done: anyio.Event) -> None:
+            while not done.is_set():
+                await manager.sweep()
+                await anyio.lowlevel.checkpoint()
+
+        done = anyio.Event()
+        async with anyio.create_task_group() as group:
+            group.start_soon(sweep_while, done)
+            async with anyio.create_task_group() as writers:
+                for workflow_id in ids:
+                    writers.start_soon(write, workflow_id)
+            done.set()
+        await manager.sweep()
+        for workflow_id in ids:
+            assert await _steps(storage, workflow_id) == [0, 8, 16, 24, 32, 36, 37, 38, 39]
+        assert await manager.list_workflows() == ids
+
+    async def test_thin_workflow_applies_a_policy_to_one_workflow(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """thin_workflow thins the one workflow, by the manager's policy or the one given."""
+        manager = CheckpointManager(storage, retention=_THIN)
+        await _history(manager, "a", 12)
+        await _history(manager, "b", 12)
+        dense = RetentionPolicy(keep_last=6, keep_terminal=False)
+        report = await manager.thin_workflow("a", policy=dense)
+        assert report.checkpoints_deleted == 6 and report.workflows_thinned == 1
+        assert await _steps(storage, "a") == [6, 7, 8, 9, 10, 11]
+        assert len(await _steps(storage, "b")) == 12
+        assert (await manager.thin_workflow("b")).checkpoints_deleted == 6
+
+    async def test_bad_policies_are_refused(self, storage: CheckpointStorage) -> None:
+        """Bad policies raise InvalidArgumentError; a manager without one cannot sweep."""
+        for bad in (
+            {"keep_last": 0},
+            {"keep_last": True},
+            {"keep_every": 5},
+            {"keep_last": 3, "keep_interval": timedelta(0)},
+            {"finished_ttl": 3600},
+            {"idle_ttl": timedelta(seconds=-1)},
+            {"batch_size": 0},
+            {"keep_lastt": 3},
+        ):
+            with pytest.raises(InvalidArgumentError):
+                RetentionPolicy(**bad)
+        with pytest.raises(InvalidArgumentError):
+            CheckpointManager(storage, retention={"keep_last": 3})  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            await CheckpointManager(storage).sweep()
+
+
+class WorkflowRetentionConformance:
+    """Workflow TTLs on a storage with workflow records, leases and effects."""
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def _statuses(self, manager: CheckpointManager) -> None:
+        for workflow_id, status in (
+            ("done", WorkflowStatus.FINISHED),
+            ("failed", WorkflowStatus.FAILED),
+            ("idle", WorkflowStatus.UNFINISHED),
+            ("paused", WorkflowStatus.PAUSED),
+        ):
+            await manager.create_checkpoint(workflow_id, 0, "a", "completed", {"k": 1})
+            await manager.mark_workflow(workflow_id, status)
+
+    async def test_ttls_delete_whole_workflows_by_status(self, storage: WorkflowStorage) -> None:
+        """Each TTL takes its status's workflows, with their records and effects."""
+        policy = RetentionPolicy(finished_ttl=timedelta(days=1), failed_ttl=timedelta(days=1))
+        manager = CheckpointManager(storage, retention=policy)
+        await self._statuses(manager)
+        await storage.put_effect("done", 0, "send", b"x", in_doubt=False)  # type: ignore[attr-defined]
+        assert (await manager.sweep()).deleted == 0  # not old enough yet
+        report = await manager.sweep(now=utcnow() + _LATER)
+        assert report.workflows_deleted == {"finished": 1, "failed": 1}
+        assert await manager.list_workflows() == ["idle", "paused"]
+        assert await storage.get_workflow("done") is None
+        assert await storage.load_effects("done", 0) == []  # type: ignore[attr-defined]
+        idle = RetentionPolicy(idle_ttl=timedelta(hours=1))
+        report = await manager.sweep(now=utcnow() + _LATER, policy=idle)
+        assert report.workflows_deleted == {"idle": 1}
+        assert await manager.list_workflows() == ["paused"]
+
+    async def test_a_leased_workflow_is_never_swept(self, storage: WorkflowStorage) -> None:
+        """A live lease keeps its workflow, however old; once released it goes."""
+        manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
+        await manager.create_checkpoint("held", 0, "a", "running", {"k": 1})
+        lease = await storage.acquire_lease("held", "runner", 30)
+        report = await manager.sweep(now=utcnow() + _LATER)
+        assert report.skipped_leased == 1 and report.deleted == 0
+        await manager.create_checkpoint("held", 1, "a", "running", {"k": 2}, lease=lease)
+        await storage.release_lease(lease)
+        assert (await manager.sweep(now=utcnow() + _LATER)).workflows_deleted == {"idle": 1}
+        assert await manager.list_workflows() == []
+
+    async def test_sweep_leaves_paused_workflows_whole(self, storage: WorkflowStorage) -> None:
+        """keep_paused keeps a paused workflow's whole history; thinning the others."""
+        manager = CheckpointManager(storage, retention=_THIN)
+        await _history(manager, "paused", 12)
+        await _history(manager, "running", 12)
+        await manager.mark_workflow("paused", WorkflowStatus.PAUSED)
+        await manager.sweep()
+        assert len(await _steps(storage, "paused")) == 12
+        assert await _steps(storage, "running") == [0, 5, 7, 9, 10, 11]
+
+    async def test_two_sweepers_delete_each_workflow_once(self, storage: WorkflowStorage) -> None:
+        """Concurrent sweeps split the work: every expired workflow is deleted exactly once."""
+        policy = RetentionPolicy(finished_ttl=timedelta(hours=1), batch_size=3)
+        manager = CheckpointManager(storage, retention=policy)
+        for n in range(12):
+            await manager.create_checkpoint(f"wf{n:02}", 0, "a", "completed", {"n": n})
+            await manager.mark_workflow(f"wf{n:02}", WorkflowStatus.FINISHED)
+        await manager.create_checkpoint("live", 0, "a", "running", {"n": 0})
+        reports: list[SweepReport] = []
+
+        async def sweep() -> None:
+            reports.append(await manager.sweep(now=utcnow() + _LATER))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(sweep)
+            group.start_soon(sweep)
+        assert sum(r.workflows_deleted.get("finished", 0) for r in reports) == 12
+        assert await manager.list_workflows() == ["live"]
+
+    async def test_runners_and_a_ttl_sweep_racing_leave_no_half_workflow(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Runners writing under leases never lose a write to a concurrent TTL sweep.
+
+        Every workflow ends either whole (record and checkpoints) or gone (neither).
+        """
+        manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
+        ids = [f"wf{n:02}" for n in range(12)]
+        for workflow_id in ids:
+            await manager.create_checkpoint(workflow_id, 0, "a", "running", {"n": 0})
+
+        async def runner() -> None:
+            for workflow_id in ids:
+                try:
+                    lease = await storage.acquire_lease(workflow_id, "runner", 30)
+                except LeaseHeldError:  # the sweeper holds it: it is being deleted
+                    continue
+                await manager.create_checkpoint(workflow_id, 1, "a", "running", {}, lease=lease)
+                await storage.release_lease(lease)
+
+        async def sweeper() -> None:
+            for _ in range(3):
+                await manager.sweep(now=utcnow() + _LATER)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(runner)
+            group.start_soon(sweeper)
+        for workflow_id in ids:
+            record = await storage.get_workflow(workflow_id)
+            assert (record is None) == (await _steps(storage, workflow_id) == []), workflow_id
+
+    async def test_a_workflow_written_during_the_sweep_is_kept(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A workflow resumed between the sweep's read and its delete survives it."""
+        manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
+        await manager.create_checkpoint("wf", 0, "a", "running", {"k": 1})
+        seen = await storage.get_workflow("wf")
+        assert seen is not None
+        await manager.create_checkpoint("wf", 1, "a", "running", {"k": 2})
+        # The sweep's own step: a lease, then the check against what it read.
+        report = SweepReport(dry_run=False, started_at=utcnow())
+        sweep = _retention._Sweep(storage, RetentionPolicy(), report, False, lambda _id: None)
+        lease = await storage.acquire_lease("wf", sweep.owner, 30)
+        assert not await sweep.delete_if_unchanged(seen, lease)
+        assert await _steps(storage, "wf") == [0, 1]
+        assert (await storage.get_workflow("wf")).lease_owner is None  # type: ignore[union-attr]
+
+
+class BlobRetentionConformance:
+    """Sweeps on a storage with content-addressed blobs: forks share, GC reclaims."""
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_sweep_frees_the_blobs_of_thinned_checkpoints(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """A thinned checkpoint's own blobs are gone after the sweep; kept ones still load."""
+        assert isinstance(storage, BlobCheckpointStorage)
+        manager = CheckpointManager(storage, retention=RetentionPolicy(keep_last=2))
+        written = [
+            await manager.create_checkpoint("wf", i, "a", "running", _big_state(i, f"v{i}"))
+            for i in range(4)
+        ]
+        splits = [encode_checkpoint_v2(c, storage.blob_params)[1] for c in written]
+        await manager.sweep()
+        kept = set(splits[2].blobs) | set(splits[3].blobs)
+        gone = (set(splits[0].blobs) | set(splits[1].blobs)) - kept
+        assert gone and await storage.fetch_blobs(list(gone)) == {}
+        got = await manager.list_checkpoints("wf")
+        assert [c.state_snapshot.data for c in got] == [_big_state(i, f"v{i}") for i in (2, 3)]
+
+    async def test_forks_keep_shared_blobs_when_the_source_is_swept(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """Deleting a fork's source (by TTL or thinning) keeps every blob the fork reads."""
+        assert isinstance(storage, BlobCheckpointStorage)
+        manager = CheckpointManager(storage, retention=RetentionPolicy(keep_last=1))
+        for i in range(3):
+            await manager.create_checkpoint("src", i, "a", "running", _big_state(i, "s"))
+        await manager.fork_workflow("src", 1, "fork")
+        await manager.sweep()  # thins src to [2] and the fork to [1]: src's step 1 goes
+        assert await _steps(storage, "src") == [2]
+        got = await manager.list_checkpoints("fork")
+        assert [c.step for c in got] == [1]
+        assert got[0].state_snapshot.data == _big_state(1, "s")

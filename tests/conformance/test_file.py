@@ -5,10 +5,12 @@ import pytest
 
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.testing import (
+    BlobRetentionConformance,
     BlobStorageConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
+    RetentionConformance,
     StorageConformance,
 )
 
@@ -18,6 +20,7 @@ class TestFileConformance(
     PersistentStorageConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
+    RetentionConformance,
 ):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[FileCheckpointStorage]:
@@ -33,7 +36,7 @@ class TestFileConformance(
         return _reopen
 
 
-class TestFileBlobConformance(BlobStorageConformance):
+class TestFileBlobConformance(BlobStorageConformance, BlobRetentionConformance):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[FileCheckpointStorage]:
         store = FileCheckpointStorage(tmp_path / "store", blob_grace_seconds=1e-9)

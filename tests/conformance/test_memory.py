@@ -5,13 +5,19 @@ import pytest
 from aiocheckpoint import InMemoryCheckpointStorage
 from aiocheckpoint.testing import (
     EffectStorageConformance,
+    RetentionConformance,
     StorageConformance,
+    WorkflowRetentionConformance,
     WorkflowStorageConformance,
 )
 
 
 class TestInMemoryConformance(
-    StorageConformance, WorkflowStorageConformance, EffectStorageConformance
+    StorageConformance,
+    WorkflowStorageConformance,
+    EffectStorageConformance,
+    RetentionConformance,
+    WorkflowRetentionConformance,
 ):
     @pytest.fixture
     async def storage(self) -> AsyncIterator[InMemoryCheckpointStorage]:

@@ -4,12 +4,15 @@ import pytest
 
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.testing import (
+    BlobRetentionConformance,
     BlobStorageConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
     Reopen,
+    RetentionConformance,
     StorageConformance,
+    WorkflowRetentionConformance,
     WorkflowStorageConformance,
 )
 from tests.pg_support import DSN, pg_schema
@@ -23,6 +26,8 @@ class TestPostgresConformance(
     WorkflowStorageConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
+    RetentionConformance,
+    WorkflowRetentionConformance,
 ):
     @pytest.fixture
     async def storage(self, pg_schema: str) -> AsyncIterator[PostgresCheckpointStorage]:
@@ -44,7 +49,7 @@ class TestPostgresConformance(
             await store.close()
 
 
-class TestPostgresBlobConformance(BlobStorageConformance):
+class TestPostgresBlobConformance(BlobStorageConformance, BlobRetentionConformance):
     @pytest.fixture
     async def storage(self, pg_schema: str) -> AsyncIterator[PostgresCheckpointStorage]:
         store = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)

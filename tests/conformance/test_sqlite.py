@@ -5,11 +5,14 @@ import pytest
 
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.testing import (
+    BlobRetentionConformance,
     BlobStorageConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
+    RetentionConformance,
     StorageConformance,
+    WorkflowRetentionConformance,
     WorkflowStorageConformance,
 )
 
@@ -20,6 +23,8 @@ class TestSQLiteConformance(
     WorkflowStorageConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
+    RetentionConformance,
+    WorkflowRetentionConformance,
 ):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:
@@ -43,7 +48,7 @@ class TestSQLiteConformance(
             await store.close()
 
 
-class TestSQLiteBlobConformance(BlobStorageConformance):
+class TestSQLiteBlobConformance(BlobStorageConformance, BlobRetentionConformance):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:
         store = SQLiteCheckpointStorage(tmp_path / "checkpoints.db")

@@ -15,6 +15,7 @@ from .maintain import cmd_fork, cmd_prune, cmd_rm, cmd_verify
 from .output import Output
 from .query import meta_pair, moment
 from .store import EXIT_USAGE
+from .sweep import cmd_sweep, duration
 from .transfer import cmd_copy
 
 __all__ = ["Command", "build_parser"]
@@ -133,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=_positive, required=True, metavar="N")
     p.add_argument("--dry-run", action="store_true", help="count, delete nothing")
 
+    _sweep_command(command("sweep", cmd_sweep, "apply a retention policy: thin, expire, GC"))
+
     p = command("rm", cmd_rm, "delete one checkpoint, or a whole workflow")
     p.add_argument("url", metavar="URL")
     p.add_argument("workflow", metavar="WORKFLOW")
@@ -159,3 +162,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", metavar="URL")
     p.add_argument("--overwrite", action="store_true", help="replace differing records")
     return parser
+
+
+def _sweep_command(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", metavar="URL")
+    p.add_argument("--keep-last", type=_positive, metavar="N", help="keep the newest N")
+    p.add_argument("--keep-every", type=_positive, metavar="K", help="and every K-th step")
+    p.add_argument(
+        "--keep-interval", type=duration, metavar="DURATION", help="and one per interval (1h)"
+    )
+    p.add_argument(
+        "--drop-terminal", action="store_true", help="thin FAILED/COMPLETED checkpoints too"
+    )
+    p.add_argument("--thin-paused", action="store_true", help="thin paused workflows too")
+    p.add_argument("--finished-ttl", type=duration, metavar="DURATION", help="e.g. 30d")
+    p.add_argument("--failed-ttl", type=duration, metavar="DURATION", help="e.g. 90d")
+    p.add_argument("--idle-ttl", type=duration, metavar="DURATION", help="unfinished, untouched")
+    p.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    p.add_argument("--no-gc", action="store_true", help="do not collect garbage blobs after")

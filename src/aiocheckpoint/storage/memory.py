@@ -216,12 +216,15 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._check_fence(workflow_id, fence)
         now = utcnow()
         ends = status in (WorkflowStatus.FINISHED, WorkflowStatus.FAILED)
+        record = self._ensure_record(workflow_id)
+        revived = record.status is WorkflowStatus.FAILED and status is WorkflowStatus.UNFINISHED
         return self._update(
-            self._ensure_record(workflow_id),
+            record,
             status=status,
             updated_at=now,
             finished_at=now if ends else None,
             retry_at=None,
+            attempts=0 if revived else record.attempts,
         )
 
     async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:

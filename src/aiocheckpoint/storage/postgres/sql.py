@@ -86,6 +86,11 @@ class Sql:
         record = ", ".join(RECORD_COLUMNS)
         expiry = "now() + make_interval(secs => {ttl})"
         finished = "CASE WHEN $2 IN ('finished', 'failed') THEN now() END"
+        # Reviving a failed workflow by hand gives it its whole retry budget again.
+        revive = (
+            "attempts = CASE WHEN x.status = 'failed' AND $2 = 'unfinished' THEN 0 "
+            "ELSE x.attempts END"
+        )
         # After failed run attempts + 1: retried while the delays ($3) last, else FAILED.
         retried = "x.attempts + 1 <= cardinality($3::float8[])"
         # $n of the size cap: the row's length is checked before its bytes are sent.
@@ -211,11 +216,12 @@ class Sql:
                 f"INSERT INTO {w} AS x (workflow_id, status, finished_at) "
                 f"VALUES ($1, $2, {finished}) ON CONFLICT (workflow_id) DO UPDATE "
                 "SET status = EXCLUDED.status, finished_at = EXCLUDED.finished_at, "
-                f"updated_at = now(), retry_at = NULL RETURNING {record}"
+                f"updated_at = now(), retry_at = NULL, {revive} RETURNING {record}"
             ),
             status_fenced=(
-                f"UPDATE {w} SET status = $2, finished_at = {finished}, updated_at = now(), "
-                f"retry_at = NULL WHERE workflow_id = $1 AND fencing_token = $3 RETURNING {record}"
+                f"UPDATE {w} AS x SET status = $2, finished_at = {finished}, updated_at = now(), "
+                f"retry_at = NULL, {revive} "
+                f"WHERE workflow_id = $1 AND fencing_token = $3 RETURNING {record}"
             ),
             get_record=f"SELECT {record} FROM {w} WHERE workflow_id = $1",
             list_records=(

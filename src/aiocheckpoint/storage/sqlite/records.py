@@ -44,8 +44,9 @@ _GET: Final = f"SELECT {_COLUMNS} FROM workflows WHERE workflow_id = ?"
 _LIST: Final = f"SELECT {_COLUMNS} FROM workflows ORDER BY workflow_id"
 _LIST_STATUS: Final = f"SELECT {_COLUMNS} FROM workflows WHERE status = ? ORDER BY workflow_id"
 _SET_STATUS: Final = (
-    "UPDATE workflows SET status = ?, finished_at = ?, updated_at = ?, retry_at = NULL "
-    "WHERE workflow_id = ?"
+    "UPDATE workflows SET status = ?1, finished_at = ?2, updated_at = ?3, retry_at = NULL, "
+    "attempts = CASE WHEN status = 'failed' AND ?1 = 'unfinished' THEN 0 ELSE attempts END "
+    "WHERE workflow_id = ?4"
 )
 # The latest step moves only forward; any checkpoint consumes the resume input.
 _NOTE_STEP: Final = (

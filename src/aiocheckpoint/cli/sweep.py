@@ -1,0 +1,81 @@
+"""``aiocheckpoint sweep``: apply a retention policy to a store once (``docs/retention.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import timedelta
+from typing import Any
+
+from ..errors import InvalidArgumentError
+from ..retention import RetentionPolicy, SweepReport
+from .output import Output
+from .store import open_store
+
+__all__ = ["cmd_sweep", "duration"]
+
+_DURATION = re.compile(r"^(\d+)([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+#: The RetentionPolicy fields the options set (each is unset unless given).
+_RULES = (
+    "keep_last",
+    "keep_every",
+    "keep_interval",
+    "finished_ttl",
+    "failed_ttl",
+    "idle_ttl",
+)
+
+
+def duration(text: str) -> timedelta:
+    """A duration such as ``90s``, ``15m``, ``12h``, ``30d`` or ``2w``."""
+    found = _DURATION.match(text.strip())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"not a duration (like 30d, 12h, 15m, 90s): {text!r}")
+    return timedelta(**{_UNITS[found.group(2)]: int(found.group(1))})
+
+
+def _policy(args: argparse.Namespace) -> RetentionPolicy:
+    rules: dict[str, Any] = {
+        name: getattr(args, name) for name in _RULES if getattr(args, name) is not None
+    }
+    if not rules:
+        raise InvalidArgumentError(
+            "sweep needs a rule: --keep-last, --finished-ttl, --failed-ttl or --idle-ttl"
+        )
+    return RetentionPolicy(
+        **rules,
+        keep_terminal=not args.drop_terminal,
+        keep_paused=not args.thin_paused,
+    )
+
+
+async def cmd_sweep(args: argparse.Namespace, out: Output) -> int:
+    """Delete what the policy given by the options does not keep (or count it)."""
+    policy = _policy(args)
+    async with open_store(args.url, must_exist=True) as manager:
+        report = await manager.sweep(
+            policy=policy, dry_run=args.dry_run, collect_garbage=not args.no_gc
+        )
+    if out.json_mode:
+        out.json(report.as_dict())
+    else:
+        out.line(_summary(report))
+    return 0
+
+
+def _summary(report: SweepReport) -> str:
+    verb = "would delete" if report.dry_run else "deleted"
+    gone = ", ".join(f"{n} {why}" for why, n in sorted(report.workflows_deleted.items()))
+    text = (
+        f"{verb} {sum(report.workflows_deleted.values())} workflows ({gone or 'none'}) and "
+        f"{report.checkpoints_deleted} checkpoints ({report.checkpoint_bytes} bytes) "
+        f"in {report.workflows_thinned} workflows"
+    )
+    if report.blobs_freed:
+        text += f"; freed {report.blobs_freed} blobs"
+    if report.skipped_leased:
+        text += f"; kept {report.skipped_leased} leased workflows"
+    if report.skipped_unreadable:
+        text += f"; kept {report.skipped_unreadable} unreadable checkpoints"
+    return text

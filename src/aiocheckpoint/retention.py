@@ -1,0 +1,470 @@
+"""Retention and TTL: which checkpoints and workflows a store keeps (``docs/retention.md``).
+
+A :class:`RetentionPolicy` says what to keep of each workflow's history (the newest N, then
+every K-th step or one per time interval, always the terminal checkpoints) and when whole
+workflows go (a time after they finished or failed, or after they were last updated).
+:func:`run_sweep` applies it to a store in small batches: every delete is its own short
+write, so writers are never held up for long. It is the one place a sweep starts and ends;
+its :class:`SweepReport` says what it deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .codec.facts import RecordFacts, record_facts
+from .errors import (
+    CheckpointCorruptedError,
+    CheckpointError,
+    InvalidArgumentError,
+    LeaseHeldError,
+    UnsupportedOperationError,
+)
+from .leases import Lease, WorkflowRecord, WorkflowStatus
+from .models import AgentStatus, utcnow
+from .storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
+from .storage.base import WorkflowStorage as _WorkflowStorage
+from .storage.queries import WorkflowQuery
+
+__all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep", "run_thinning"]
+
+logger = logging.getLogger(__name__)
+
+#: How long the sweeper's own lease on a workflow it deletes lasts (it is released by the
+#: delete, which takes the lease with the record).
+_SWEEP_LEASE_SECONDS: Final = 60.0
+#: A version-1 record longer than this has its fields parsed in a worker thread.
+_PARSE_ON_LOOP: Final = 64 * 1024
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class RetentionPolicy(BaseModel):
+    """What a store keeps: each workflow's history, and whole workflows.
+
+    History (applied by :meth:`~aiocheckpoint.CheckpointManager.sweep`):
+
+    * ``keep_last``: the newest N checkpoints of every workflow are kept. Beyond them,
+      ``keep_every=K`` keeps the steps that are multiples of K, and ``keep_interval`` keeps
+      one checkpoint (the newest) per interval of checkpoint time. Everything else beyond
+      the newest N is deleted. Without ``keep_last``, every checkpoint is kept.
+    * ``keep_terminal`` (default True) always keeps the newest COMPLETED checkpoint and every
+      FAILED one; ``keep_paused`` (default True) keeps PAUSED workflows whole.
+
+    Workflows (on stores with workflow records): ``finished_ttl``, ``failed_ttl`` and
+    ``idle_ttl`` delete a FINISHED, FAILED or UNFINISHED workflow (its record, checkpoints,
+    effects, and the blobs it alone holds) when its record was last changed that long ago
+    (for a finished workflow: when it finished). A leased workflow is never deleted.
+
+    ``keep_last`` alone with ``keep_terminal=False`` is ``max_checkpoints``: it prunes at
+    every write, in the save's transaction. Any other history rule is applied by sweeps,
+    because a write that prunes the oldest step could otherwise delete a step it keeps.
+    ``batch_size`` is how many records a sweep reads or deletes per round trip.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    keep_last: int | None = Field(default=None, ge=1, strict=True)
+    keep_every: int | None = Field(default=None, ge=1, strict=True)
+    keep_interval: timedelta | None = Field(default=None, strict=True)
+    keep_terminal: bool = Field(default=True, strict=True)
+    keep_paused: bool = Field(default=True, strict=True)
+    finished_ttl: timedelta | None = Field(default=None, strict=True)
+    failed_ttl: timedelta | None = Field(default=None, strict=True)
+    idle_ttl: timedelta | None = Field(default=None, strict=True)
+    batch_size: int = Field(default=100, ge=1, le=10_000, strict=True)
+
+    def __init__(self, **fields: Any) -> None:
+        try:
+            super().__init__(**fields)
+        except ValidationError as exc:
+            raise InvalidArgumentError(f"invalid RetentionPolicy: {exc}") from None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RetentionPolicy:
+        for name in ("keep_interval", "finished_ttl", "failed_ttl", "idle_ttl"):
+            span = getattr(self, name)
+            if span is not None and span <= timedelta(0):
+                raise ValueError(f"{name} must be a positive timedelta, got {span!r}")
+        if self.keep_last is None and (self.keep_every or self.keep_interval):
+            raise ValueError("keep_every and keep_interval thin what is beyond keep_last: set it")
+        return self
+
+    @classmethod
+    def latest(cls, count: int) -> RetentionPolicy:
+        """The policy ``max_checkpoints=count`` stands for: the newest ``count``, at write."""
+        return cls(keep_last=count, keep_terminal=False)
+
+    @property
+    def write_keep_last(self) -> int | None:
+        """The ``keep_last`` a save may apply itself (None: pruning is left to sweeps)."""
+        plain = self.keep_every is None and self.keep_interval is None and not self.keep_terminal
+        return self.keep_last if plain else None
+
+    def ttls(self) -> list[tuple[WorkflowStatus, timedelta]]:
+        """The workflow TTLs that are set, by the status they apply to."""
+        pairs = [
+            (WorkflowStatus.FINISHED, self.finished_ttl),
+            (WorkflowStatus.FAILED, self.failed_ttl),
+            (WorkflowStatus.UNFINISHED, self.idle_ttl),
+        ]
+        return [(status, ttl) for status, ttl in pairs if ttl is not None]
+
+
+def policy_from(max_checkpoints: object, retention: object) -> RetentionPolicy | None:
+    """The manager's policy from its ``max_checkpoints`` and ``retention`` arguments."""
+    if max_checkpoints is not None and (type(max_checkpoints) is not int or max_checkpoints < 1):
+        raise InvalidArgumentError(
+            f"max_checkpoints must be an int >= 1 or None, got {max_checkpoints!r}"
+        )
+    if retention is not None and not isinstance(retention, RetentionPolicy):
+        raise InvalidArgumentError(
+            f"retention must be a RetentionPolicy, not {type(retention).__qualname__}"
+        )
+    if retention is not None and max_checkpoints is not None:
+        raise InvalidArgumentError(
+            "give max_checkpoints or retention, not both (max_checkpoints=N is "
+            "RetentionPolicy(keep_last=N, keep_terminal=False))"
+        )
+    if max_checkpoints is not None:
+        return RetentionPolicy.latest(max_checkpoints)
+    return retention
+
+
+@dataclass
+class SweepReport:
+    """What one sweep deleted (or, with ``dry_run``, would delete).
+
+    ``workflows_deleted`` counts whole workflows by reason (``finished``, ``failed``,
+    ``idle``); ``checkpoints_deleted`` and ``checkpoint_bytes`` count the checkpoints the
+    history rules thinned out, and their record bytes (blobs not included);
+    ``blobs_freed`` is what the garbage collection that ends a sweep freed (0 on stores
+    that free blobs with their records). ``skipped_leased`` counts workflows past their TTL
+    left alone because they are leased; ``skipped_unreadable`` records kept because their
+    fields could not be read.
+    """
+
+    dry_run: bool
+    started_at: datetime
+    finished_at: datetime | None = None
+    workflows_deleted: dict[str, int] = field(default_factory=dict)
+    workflows_thinned: int = 0
+    checkpoints_deleted: int = 0
+    checkpoint_bytes: int = 0
+    blobs_freed: int = 0
+    skipped_leased: int = 0
+    skipped_unreadable: int = 0
+
+    @property
+    def deleted(self) -> int:
+        """Workflows plus checkpoints deleted: what a "sweep deletions" metric counts."""
+        return sum(self.workflows_deleted.values()) + self.checkpoints_deleted
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (times as ISO text)."""
+        data = asdict(self)
+        for name in ("started_at", "finished_at"):
+            moment = data[name]
+            data[name] = None if moment is None else moment.isoformat()
+        return data
+
+    def _count(self, reason: str) -> None:
+        self.workflows_deleted[reason] = self.workflows_deleted.get(reason, 0) + 1
+
+
+_REASONS: Final = {
+    WorkflowStatus.FINISHED: "finished",
+    WorkflowStatus.FAILED: "failed",
+    WorkflowStatus.UNFINISHED: "idle",
+}
+
+
+async def run_sweep(
+    storage: CheckpointStorage,
+    policy: RetentionPolicy,
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    collect_garbage: bool = True,
+    forget: Callable[[str], None] | None = None,
+) -> SweepReport:
+    """Apply ``policy`` to ``storage`` once, in batches; return what was deleted.
+
+    ``now`` (an aware datetime, default the current time) is what the TTLs count back
+    from. ``forget(workflow_id)`` is called for each workflow deleted whole (the manager
+    drops what it remembers of it). This is the one function every sweep runs through.
+    """
+    if not isinstance(policy, RetentionPolicy):
+        raise InvalidArgumentError(f"policy must be a RetentionPolicy, not {policy!r}")
+    if now is None:
+        now = utcnow()
+    elif not isinstance(now, datetime) or now.tzinfo is None:
+        raise InvalidArgumentError(f"now must be an aware datetime, got {now!r}")
+    report = SweepReport(dry_run=dry_run, started_at=utcnow())
+    sweep = _Sweep(storage, policy, report, dry_run, forget or (lambda _id: None))
+    await sweep.expire(now)
+    if policy.keep_last is not None:
+        await sweep.thin_all()
+    if collect_garbage and not dry_run and isinstance(storage, BlobCheckpointStorage):
+        report.blobs_freed = await storage.collect_garbage()
+    return _ended(report, "sweep")
+
+
+async def run_thinning(
+    storage: CheckpointStorage, policy: RetentionPolicy, workflow_id: str, *, dry_run: bool = False
+) -> SweepReport:
+    """Apply ``policy``'s history rules to one workflow now (its TTLs do not apply)."""
+    report = SweepReport(dry_run=dry_run, started_at=utcnow())
+    sweep = _Sweep(storage, policy, report, dry_run, lambda _id: None)
+    thinnable = policy.keep_last is not None and not await sweep.paused(workflow_id)
+    if thinnable and await sweep.thin(workflow_id):
+        report.workflows_thinned = 1
+    return _ended(report, f"thinning of {workflow_id!r}")
+
+
+def _ended(report: SweepReport, what: str) -> SweepReport:
+    """Where every sweep and thinning ends: the report is complete here."""
+    report.finished_at = utcnow()
+    logger.info("%s%s: %s", what, " (dry run)" if report.dry_run else "", report.as_dict())
+    return report
+
+
+class _Sweep:
+    """One sweep's state: the store, the policy, the report it fills."""
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        policy: RetentionPolicy,
+        report: SweepReport,
+        dry_run: bool,
+        forget: Callable[[str], None],
+    ) -> None:
+        self.storage = storage
+        self.policy = policy
+        self.report = report
+        self.dry_run = dry_run
+        self.forget = forget
+        # Unique per sweep: two sweepers never both get a workflow's lease.
+        self.owner = f"aiocheckpoint-sweep:{uuid.uuid4().hex}"
+
+    def records(self) -> _WorkflowStorage:
+        if not isinstance(self.storage, _WorkflowStorage):
+            raise UnsupportedOperationError(
+                f"{type(self.storage).__name__} keeps no workflow records: "
+                "workflow TTLs need a backend that does (in-memory, SQLite or PostgreSQL)"
+            )
+        return self.storage
+
+    # --- workflow TTLs -------------------------------------------------------------------
+
+    async def expire(self, now: datetime) -> None:
+        for status, ttl in self.policy.ttls():
+            query = WorkflowQuery(
+                status=status, updated_before=now - ttl, limit=self.policy.batch_size
+            )
+            async for record in self.pages(query):
+                await self.expire_one(record, _REASONS[status])
+
+    async def pages(self, query: WorkflowQuery) -> AsyncIterator[WorkflowRecord]:
+        """Every record ``query`` matches, one page (one short read) at a time."""
+        storage = self.records()
+        while True:
+            page = await storage.query_workflow_records(query)
+            for record in page:
+                yield record
+            if query.limit is None or len(page) < query.limit:
+                return
+            query = replace(query, after=page[-1].workflow_id)
+
+    async def expire_one(self, record: WorkflowRecord, reason: str) -> None:
+        if _leased(record):
+            self.report.skipped_leased += 1
+            return
+        if self.dry_run:
+            self.report._count(reason)
+            return
+        storage = self.records()
+        try:
+            # Our own lease keeps runners (and other sweepers) out while we check and delete.
+            lease = await storage.acquire_lease(
+                record.workflow_id, self.owner, _SWEEP_LEASE_SECONDS
+            )
+        except LeaseHeldError:
+            self.report.skipped_leased += 1
+            return
+        if await self.delete_if_unchanged(record, lease):
+            self.forget(record.workflow_id)
+            self.report._count(reason)
+
+    async def delete_if_unchanged(self, seen: WorkflowRecord, lease: Lease) -> bool:
+        storage = self.records()
+        try:
+            current = await storage.get_workflow(seen.workflow_id)
+            if current is not None and _unchanged(seen, current, lease):
+                return await storage.delete(seen.workflow_id)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _release(storage, lease)
+            raise
+        await _release(storage, lease)
+        return False
+
+    # --- history -----------------------------------------------------------------------
+
+    async def thin_all(self) -> None:
+        async for workflow_id, status in self.workflows():
+            if status is WorkflowStatus.PAUSED and self.policy.keep_paused:
+                continue
+            if await self.thin(workflow_id):
+                self.report.workflows_thinned += 1
+
+    async def paused(self, workflow_id: str) -> bool:
+        """Whether the policy keeps this workflow whole because it is paused."""
+        if not self.policy.keep_paused or not isinstance(self.storage, _WorkflowStorage):
+            return False
+        record = await self.storage.get_workflow(workflow_id)
+        return record is not None and record.status is WorkflowStatus.PAUSED
+
+    async def workflows(self) -> AsyncIterator[tuple[str, WorkflowStatus | None]]:
+        if isinstance(self.storage, _WorkflowStorage):
+            async for record in self.pages(WorkflowQuery(limit=self.policy.batch_size)):
+                yield record.workflow_id, record.status
+            return
+        # A store without records lists its workflows in one call (the protocol's only way).
+        for workflow_id in await self.storage.list_workflows():
+            yield workflow_id, None
+
+    async def thin(self, workflow_id: str) -> int:
+        """Delete what the policy does not keep of one workflow; return how many.
+
+        Newest first, a page at a time. A record the storage refuses to read (over its
+        size limit, say) is kept: the page then ends above it and the next starts below.
+        """
+        keeper = _Keeper(self.policy)
+        before: int | None = None
+        low: int | None = None
+        deleted = 0
+        while True:
+            try:
+                page = await self.storage.scan(
+                    workflow_id,
+                    after=low,
+                    before=before,
+                    limit=self.policy.batch_size,
+                    descending=True,
+                )
+            except CheckpointCorruptedError as bad:
+                low = _refused_step(bad, low, before)
+                continue
+            for record in page:
+                if not await self.kept(keeper, record):
+                    deleted += await self.drop(workflow_id, record)
+            if len(page) == self.policy.batch_size:
+                before = page[-1].step
+            elif low is not None:
+                self.report.skipped_unreadable += 1
+                before, low = low, None
+            else:
+                return deleted
+
+    async def kept(self, keeper: _Keeper, record: StoredCheckpoint) -> bool:
+        try:
+            facts = await _facts(record)
+        except CheckpointCorruptedError:
+            self.report.skipped_unreadable += 1
+            return True
+        return keeper.keeps(facts)
+
+    async def drop(self, workflow_id: str, record: StoredCheckpoint) -> int:
+        if not self.dry_run and not await self.storage.delete(workflow_id, record.step):
+            return 0
+        self.report.checkpoints_deleted += 1
+        self.report.checkpoint_bytes += len(record.data)
+        return 1
+
+
+class _Keeper:
+    """Decides, newest first, which checkpoints of one workflow the policy keeps."""
+
+    def __init__(self, policy: RetentionPolicy) -> None:
+        self.policy = policy
+        self.seen = 0
+        self.completed_seen = False
+        self.last_bucket: int | None = None
+
+    def keeps(self, facts: RecordFacts) -> bool:
+        self.seen += 1
+        newest_completed = facts.status is AgentStatus.COMPLETED and not self.completed_seen
+        if facts.status is AgentStatus.COMPLETED:
+            self.completed_seen = True
+        policy = self.policy
+        if policy.keep_last is None or self.seen <= policy.keep_last:
+            return True
+        if policy.keep_terminal and (newest_completed or facts.status is AgentStatus.FAILED):
+            return True
+        if policy.keep_every is not None and facts.step % policy.keep_every == 0:
+            return True
+        return self.first_of_interval(facts.timestamp)
+
+    def first_of_interval(self, moment: datetime) -> bool:
+        if self.policy.keep_interval is None:
+            return False
+        span = self.policy.keep_interval / timedelta(microseconds=1)
+        bucket = math.floor(((moment - _EPOCH) / timedelta(microseconds=1)) / span)
+        if bucket == self.last_bucket:
+            return False
+        self.last_bucket = bucket
+        return True
+
+
+async def _facts(record: StoredCheckpoint) -> RecordFacts:
+    if len(record.data) > _PARSE_ON_LOOP:
+        return await anyio.to_thread.run_sync(record_facts, record.data)
+    return record_facts(record.data)
+
+
+def _refused_step(bad: CheckpointCorruptedError, low: int | None, before: int | None) -> int:
+    """The step of a record the storage refused inside ``(low, before)``; else re-raise."""
+    step = bad.step
+    if step is None or (before is not None and step >= before) or (low is not None and step <= low):
+        raise bad
+    return step
+
+
+def _leased(record: WorkflowRecord) -> bool:
+    # The wall clock, not the sweep's ``now``: the storage judges leases by its own clock.
+    expires = record.lease_expires_at
+    return record.lease_owner is not None and expires is not None and expires > utcnow()
+
+
+def _unchanged(seen: WorkflowRecord, current: WorkflowRecord, lease: Lease) -> bool:
+    """Whether the workflow still stands where we read it, under our lease.
+
+    A run that wrote a step, failed, finished or was resumed between our read and our
+    lease shows in these fields (the fencing token cannot tell: some stores number leases
+    across all workflows).
+    """
+    return (
+        current.fencing_token == lease.token
+        and current.status is seen.status
+        and current.latest_step == seen.latest_step
+        and current.latest_agent_status == seen.latest_agent_status
+        and current.attempts == seen.attempts
+    )
+
+
+async def _release(storage: _WorkflowStorage, lease: Lease) -> None:
+    try:
+        await storage.release_lease(lease)
+    except CheckpointError as exc:  # a closed store: the lease expires on its own
+        logger.info("sweep could not release its lease on %r: %s", lease.workflow_id, exc)
