@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import anyio
@@ -26,6 +26,7 @@ from aiocheckpoint import (
     InMemoryCheckpointStorage,
     LeaseLostError,
     ResumableWorkflow,
+    RetentionPolicy,
     StorageBackendError,
 )
 from aiocheckpoint import _telemetry as telemetry
@@ -33,12 +34,12 @@ from aiocheckpoint.codec.effects import EffectRecord, EffectState
 from aiocheckpoint.effects import idempotency_key
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
-from tests.backend_support import any_storage, blob_storage, pg_schema
+from tests.backend_support import any_storage, blob_storage, leasing_storage, pg_schema
 from tests.otel_support import Telemetry, installed
 
 APP = trace.get_tracer("the-application")
 
-__all__ = ["any_storage", "blob_storage", "pg_schema"]
+__all__ = ["any_storage", "blob_storage", "leasing_storage", "pg_schema"]
 
 
 @pytest.fixture
@@ -210,14 +211,30 @@ async def test_sqlite_group_commits_record_their_size(otel: Telemetry, tmp_path:
     assert point.count < 20  # concurrent saves shared a transaction
 
 
-async def test_sweep_deletions_are_counted_by_kind(otel: Telemetry) -> None:
-    telemetry.record_sweep_deletions("checkpoint", 3)
-    telemetry.record_sweep_deletions("workflow", 1)
-    telemetry.record_sweep_deletions("blob", 0)
-    kind = "aiocheckpoint.sweep.kind"
-    assert otel.total("aiocheckpoint.sweep.deletions", **{kind: "checkpoint"}) == 3
-    assert otel.total("aiocheckpoint.sweep.deletions", **{kind: "workflow"}) == 1
-    assert len(otel.points("aiocheckpoint.sweep.deletions")) == 2
+async def test_a_sweep_is_a_span_and_counts_what_it_deleted(
+    otel: Telemetry, leasing_storage: CheckpointStorage
+) -> None:
+    policy = RetentionPolicy(keep_last=1, finished_ttl=timedelta(days=1))  # pruned by sweeps
+    manager = CheckpointManager(leasing_storage, retention=policy)
+    for name in ("done", "running"):
+        for step in range(3):
+            await manager.create_checkpoint(name, step, "a", "running", {"step": step})
+    await manager.mark_workflow("done", "finished")
+    later = datetime.now(timezone.utc) + timedelta(days=2)
+    dry = await manager.sweep(now=later, dry_run=True)
+    report = await manager.sweep(now=later)
+    assert report.deleted == 3  # "done" whole, two steps of "running"
+    assert dry.deleted >= 3
+    first, second = otel.named("aiocheckpoint.sweep")
+    assert (
+        first.attributes["aiocheckpoint.sweep.dry_run"],
+        second.attributes["aiocheckpoint.sweep.dry_run"],
+    ) == (True, False)
+    assert second.attributes["aiocheckpoint.sweep.deleted"] == 3
+    kind, reason = "aiocheckpoint.sweep.kind", "aiocheckpoint.sweep.reason"
+    deletions = "aiocheckpoint.sweep.deletions"
+    assert otel.total(deletions, **{kind: "workflow", reason: "finished"}) == 1
+    assert otel.total(deletions, **{kind: "checkpoint"}) == 2  # the dry run counted nothing
 
 
 async def test_without_a_configured_sdk_no_span_is_made() -> None:

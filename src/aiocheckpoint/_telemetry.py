@@ -114,11 +114,17 @@ def record_commit(system: str, writes: int) -> None:
         live.instruments.commit_size.record(writes, {"db.system.name": system})
 
 
-def record_sweep_deletions(kind: str, count: int) -> None:
-    """Count ``count`` things of ``kind`` ("workflow", "checkpoint", "blob") a sweep deleted."""
+def record_sweep_deletions(kind: str, count: int, reason: str | None = None) -> None:
+    """Count ``count`` things of ``kind`` ("workflow", "checkpoint", "blob") a sweep deleted.
+
+    ``reason`` says why a workflow went (its TTL: "finished", "failed", "idle").
+    """
     live = _live() if ENABLED else None
     if live is not None and count:
-        live.instruments.sweep_deletions.add(count, {"aiocheckpoint.sweep.kind": kind})
+        attributes: Attributes = {"aiocheckpoint.sweep.kind": kind}
+        if reason is not None:
+            attributes["aiocheckpoint.sweep.reason"] = reason
+        live.instruments.sweep_deletions.add(count, attributes)
 
 
 def _identity(fn: Method[P, T]) -> Method[P, T]:

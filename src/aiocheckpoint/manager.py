@@ -231,6 +231,7 @@ class CheckpointManager:
         """The retention policy (``max_checkpoints=N`` shows as its policy), or None."""
         return self._retention
 
+    @traced("sweep")
     async def sweep(
         self,
         *,
@@ -259,6 +260,7 @@ class CheckpointManager:
             forget=self._codec.forget,
         )
 
+    @traced("thin_workflow")
     async def thin_workflow(
         self, workflow_id: str, *, policy: RetentionPolicy | None = None, dry_run: bool = False
     ) -> SweepReport:

@@ -22,6 +22,7 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._telemetry import annotate, record_sweep_deletions
 from .codec.facts import RecordFacts, record_facts
 from .errors import (
     CheckpointCorruptedError,
@@ -235,7 +236,20 @@ def _ended(report: SweepReport, what: str) -> SweepReport:
     """Where every sweep and thinning ends: the report is complete here."""
     report.finished_at = utcnow()
     logger.info("%s%s: %s", what, " (dry run)" if report.dry_run else "", report.as_dict())
+    _measured(report)
     return report
+
+
+def _measured(report: SweepReport) -> None:
+    """The report on the sweep's span and, unless a dry run, in the deletions metric."""
+    annotate("aiocheckpoint.sweep.deleted", report.deleted)
+    annotate("aiocheckpoint.sweep.dry_run", report.dry_run)
+    if report.dry_run:
+        return
+    for reason, count in report.workflows_deleted.items():
+        record_sweep_deletions("workflow", count, reason)
+    record_sweep_deletions("checkpoint", report.checkpoints_deleted)
+    record_sweep_deletions("blob", report.blobs_freed)
 
 
 class _Sweep:
