@@ -1,6 +1,6 @@
 """What OpenTelemetry costs on the ~1 KB hot path: without it, with a no-op tracer, recording.
 
-Not a test: it prints one JSON line per measurement, then one per ratio. Three modes, each in
+Not a test: it prints one JSON line per measurement, then one per ratio. Five modes, each in
 a fresh interpreter, run one after the other in each of ``--rounds`` rounds so that the
 machine's load hits them alike; a ratio is the median over the rounds of each round's ratio:
 
@@ -9,6 +9,9 @@ machine's load hits them alike; a ratio is the median over the rounds of each ro
 * ``noop``: the API installed, no SDK configured: the API's no-op tracer and meter.
 * ``sdk``: the SDK recording every span (a ``BatchSpanProcessor`` exporting to nowhere, as a
   production exporter would in its thread) and every metric (an in-memory reader).
+* ``sampled``: the same with a ``ParentBased(TraceIdRatioBased(0.01))`` sampler: 1% of the
+  checkpoints (root spans here) are traced; every metric is recorded.
+* ``metrics``: a meter provider only (no tracer provider): metrics, no spans.
 
 Workloads, each ``create_checkpoint`` of the bench's ~1 KB state: ``memory``, back to back
 on the in-memory store (the manager's own work: the worst case for relative overhead);
@@ -50,7 +53,7 @@ if str(ROOT) not in sys.path:
 if (ROOT / "src").is_dir() and str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))  # measure this checkout, not an installed copy
 
-MODES = ("absent", "noop", "sdk")
+MODES = ("absent", "noop", "sdk", "sampled", "metrics")
 #: Each workload, and the share of ``--checkpoints`` it writes (a durable one-by-one save
 #: waits for its own commit: fewer of them).
 WORKLOADS = {"memory": 1.0, "sqlite-c20": 1.0, "sqlite-c1": 0.1, "postgres-c1": 0.1}
@@ -66,7 +69,8 @@ class _Blocker(importlib.abc.MetaPathFinder):
             raise ImportError(f"{name} is blocked")
 
 
-def _install_sdk() -> None:
+def _install_sdk(mode: str = "sdk") -> None:
+    """The SDK's providers for ``mode``: every span, 1% of root spans, or metrics only."""
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -76,14 +80,17 @@ def _install_sdk() -> None:
         SpanExporter,
         SpanExportResult,
     )
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     class Nowhere(SpanExporter):
         def export(self, spans: Sequence[Any]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Nowhere()))
-    trace.set_tracer_provider(provider)
+    if mode != "metrics":
+        sampler = ParentBased(TraceIdRatioBased(0.01)) if mode == "sampled" else None
+        provider = TracerProvider(sampler=sampler)
+        provider.add_span_processor(BatchSpanProcessor(Nowhere()))
+        trace.set_tracer_provider(provider)
     metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
 
 
@@ -142,8 +149,8 @@ def child(mode: str, workload: str, count: int) -> dict[str, Any]:
     """One process's figures: the best of five repeats of ``count`` checkpoints."""
     if mode == "absent":
         sys.meta_path.insert(0, _Blocker())
-    elif mode == "sdk":
-        _install_sdk()
+    elif mode != "noop":
+        _install_sdk(mode)
     from aiocheckpoint import _telemetry
 
     assert _telemetry.ENABLED is (mode != "absent")
@@ -240,7 +247,7 @@ def _ratios(workload: str, runs: dict[str, list[dict[str, Any]]]) -> None:
     """Per figure and mode: the median of the rounds' ratios (each round's modes ran together)."""
     for figure in ("loop_us", "process_us", "wall_us"):
         base = [r[figure] for r in runs["absent"]]
-        for mode in ("noop", "sdk"):
+        for mode in MODES[1:]:
             mine = [r[figure] for r in runs[mode]]
             record = {
                 "kind": "ratio",

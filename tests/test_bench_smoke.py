@@ -89,9 +89,9 @@ def test_otel_bench_runs() -> None:
     lines = _bench_lines("run.py", "--tiny", "--otel")
     rows = {(r["workload"], r["mode"]) for r in lines if r["kind"] == "measurement"}
     assert rows == {(w, m) for w in ("memory", "sqlite-c20", "sqlite-c1", "postgres-c1")
-                    for m in ("absent", "noop", "sdk")}  # fmt: skip
+                    for m in ("absent", "noop", "sdk", "sampled", "metrics")}  # fmt: skip
     ratios = [r for r in lines if r["kind"] == "ratio"]
-    assert len(ratios) == 4 * 3 * 2 and all(r["ratio"] > 0 for r in ratios)
+    assert len(ratios) == 4 * 3 * 4 and all(r["ratio"] > 0 for r in ratios)
 
 
 def test_sweep_bench_runs() -> None:

@@ -292,12 +292,23 @@ if ENABLED:
                 make = meter.create_histogram if histogram else meter.create_counter
                 setattr(self, attribute, make(name, unit=unit, description=description))
 
+    #: The metric attributes of each (operation or storage call, system): built once, shared.
+    _MEASURED: dict[tuple[str, str, str], Attributes] = {}
+
+    def _measured(key: str, name: str, system: str) -> Attributes:
+        found = _MEASURED.get((key, name, system))
+        if found is None:
+            found = _MEASURED[key, name, system] = {key: name, "db.system.name": system}
+        return found
+
     class _Live:
         """The tracer and instruments of the providers configured now."""
 
         def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
             self.providers = (tracer_provider, meter_provider)
             version = _version()
+            #: False with a meter provider only: metrics, and no span is even started.
+            self.tracing = tracer_provider is not None
             self.tracer = (
                 _trace.NoOpTracer()
                 if tracer_provider is None
@@ -318,21 +329,22 @@ if ENABLED:
             kwargs: dict[str, Any],
         ) -> T:
             """Call ``fn`` in the operation's span; time it, count what it says."""
-            attributes = operation.attributes(args, kwargs)
-            span = self.tracer.start_span(operation.span_name, attributes=attributes)
-            measured: Attributes = {"aiocheckpoint.operation": operation.name}
-            if args:
-                measured["db.system.name"] = _system(getattr(args[0], "storage", None))
+            system = _system(getattr(args[0], "storage", None)) if args else "other"
+            measured = _measured("aiocheckpoint.operation", operation.name, system)
             duration = operation.duration
             histogram = None if duration is None else getattr(self.instruments, duration)
-            result = await self._in_span(span, fn, args, kwargs, measured, histogram)
+            span = None
+            if self.tracing:
+                attributes = operation.attributes(args, kwargs)
+                span = self.tracer.start_span(operation.span_name, attributes=attributes)
+            result = await self._call(span, fn, args, kwargs, measured, histogram)
             if operation.acquires and result is not None:
                 self.instruments.lease_acquisitions.add(1, measured)
             return result
 
-        async def _in_span(
+        async def _call(
             self,
-            span: _trace.Span,
+            span: _trace.Span | None,
             fn: Callable[..., Coroutine[Any, Any, T]],
             args: tuple[Any, ...],
             kwargs: dict[str, Any],
@@ -340,29 +352,39 @@ if ENABLED:
             histogram: Any,
         ) -> T:
             """Await ``fn(*args, **kwargs)`` with ``span`` current; end it, time the call."""
-            token = _context.attach(_trace.set_span_in_context(span))
+            # A span sampled out is not made current: its round trips then make no span either.
+            token = None
+            if span is not None and span.is_recording():
+                token = _context.attach(_trace.set_span_in_context(span))
             start = time.perf_counter()
             try:
                 return await fn(*args, **kwargs)
             except Exception as exc:
-                self._failed(span, exc, measured)
+                measured = self._failed(span, exc, measured)
                 raise
             finally:
                 elapsed = time.perf_counter() - start
-                _context.detach(token)
-                span.end()
+                if token is not None:
+                    _context.detach(token)
+                if span is not None:
+                    span.end()
                 if histogram is not None:
                     histogram.record(elapsed, measured)
 
-        def _failed(self, span: _trace.Span, exc: Exception, measured: Attributes) -> None:
+        def _failed(
+            self, span: _trace.Span | None, exc: Exception, measured: Attributes
+        ) -> Attributes:
+            """Record ``exc`` on the span; the metric attributes of the failed call."""
             error = type(exc).__qualname__
-            measured["error.type"] = error
-            span.set_attribute("error.type", error)
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{error}: {exc}"[:1000]))
+            if span is not None:
+                span.set_attribute("error.type", error)
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{error}: {exc}"[:1000]))
+            failed = {**measured, "error.type": error}
             # Counted once, by the library's operation (its storage round trip fails too).
             if isinstance(exc, LeaseLostError) and "aiocheckpoint.operation" in measured:
-                self.instruments.lease_losses.add(1, measured)
+                self.instruments.lease_losses.add(1, failed)
+            return failed
 
         async def round_trip(
             self,
@@ -370,21 +392,24 @@ if ENABLED:
             args: tuple[Any, ...],
             kwargs: dict[str, Any],
         ) -> T:
-            """The storage call in a ``CLIENT`` span; its bytes, batch and duration."""
+            """The storage call in a ``CLIENT`` span (under a recording one); its bytes."""
             system = _system(getattr(method, "__self__", None))
             operation = method.__name__
-            measured: Attributes = {"db.system.name": system, "db.operation.name": operation}
-            attributes = dict(measured)
+            measured = _measured("db.operation.name", operation, system)
             size, batch = _measure(args) if operation in _WRITES else (0, 0)
+            if size:
+                self.instruments.bytes_written.add(size, measured)
+            if not self.tracing or not _trace.get_current_span().is_recording():
+                return await method(*args, **kwargs)  # not traced (or sampled out): no span
+            attributes = dict(measured)
             if batch > 1:  # the conventions set a batch size only for batches of two or more
                 attributes["db.operation.batch.size"] = batch
             if size:
                 attributes["aiocheckpoint.write.size"] = size
-                self.instruments.bytes_written.add(size, measured)
             span = self.tracer.start_span(
                 f"{operation} {system}", kind=SpanKind.CLIENT, attributes=attributes
             )
-            return await self._in_span(span, method, args, kwargs, measured, None)
+            return await self._call(span, method, args, kwargs, measured, None)
 
         def in_doubt(self, workflow_id: str, step: int, key: str) -> None:
             self.instruments.in_doubt.add(1)
