@@ -19,6 +19,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.util._once import Once
 
 
@@ -65,14 +66,15 @@ def _reset() -> None:
 
 
 @contextmanager
-def installed() -> Iterator[Telemetry]:
-    """The SDK as the global tracer and meter providers, exporting to memory."""
+def installed(sampler: Sampler | None = None, *, tracing: bool = True) -> Iterator[Telemetry]:
+    """The SDK as the global tracer (unless not ``tracing``) and meter providers, in memory."""
     _reset()
     exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
+    tracer_provider = TracerProvider(sampler=sampler)
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
-    trace.set_tracer_provider(tracer_provider)
+    if tracing:
+        trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
     try:
         yield Telemetry(exporter, reader)

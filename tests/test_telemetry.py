@@ -19,6 +19,7 @@ import anyio
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 
 from aiocheckpoint import (
@@ -235,6 +236,29 @@ async def test_a_sweep_is_a_span_and_counts_what_it_deleted(
     deletions = "aiocheckpoint.sweep.deletions"
     assert otel.total(deletions, **{kind: "workflow", reason: "finished"}) == 1
     assert otel.total(deletions, **{kind: "checkpoint"}) == 2  # the dry run counted nothing
+
+
+async def test_sampled_out_checkpoints_make_no_span_but_are_measured() -> None:
+    with installed(sampler=ALWAYS_OFF) as otel:
+        manager = CheckpointManager()
+        with APP.start_as_current_span("caller"):
+            await manager.create_checkpoint("wf", 0, "a", "completed", {"a": 1})
+        assert otel.finished() == []
+        assert otel.total("aiocheckpoint.checkpoint.save.duration") == 1
+        assert otel.total("aiocheckpoint.storage.bytes_written") > 0
+
+
+async def test_a_meter_provider_alone_gives_metrics_and_starts_no_span() -> None:
+    with installed(tracing=False) as otel:
+        live = telemetry._live()
+        assert live is not None
+        assert not live.tracing
+        manager = CheckpointManager()
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"a": 1})
+        await manager.get_checkpoint("wf", 0)
+        assert otel.total("aiocheckpoint.checkpoint.save.duration") == 1
+        assert otel.total("aiocheckpoint.checkpoint.load.duration") == 1
+    assert otel.finished() == []
 
 
 async def test_without_a_configured_sdk_no_span_is_made() -> None:
