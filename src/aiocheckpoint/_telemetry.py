@@ -16,7 +16,9 @@ Every span and metric the library reports is made here, so call sites stay one l
 Without the package, :data:`ENABLED` is False, :func:`traced` returns the method itself and
 :func:`round_trip` only calls it: nothing is imported and nothing is measured. With the
 package but no SDK configured (no tracer or meter provider set), each call costs one check
-of two globals before the method runs as it would without telemetry.
+of two globals before the method runs as it would without telemetry. A meter provider alone
+gives the metrics without starting a span; a span sampled out is not made current, and its
+storage round trips make no span.
 """
 
 from __future__ import annotations
