@@ -9,12 +9,14 @@ ones on a loaded machine; compare them between two checkouts run one after the o
   those parts alone.
 * ``loop C=N`` (memory, sqlite): loop-thread CPU per checkpoint with N workflows writing back
   to back, yielding once between checkpoints as ``bench/run.py``'s write workload does.
+* ``encryption``: the ~1 KB write on the memory backend and SQLite throughput at C=100,
+  plain and encrypted (``docs/encryption.md``) alternately in one run, and their ratios.
 * ``sqlite round``: at C=100 the share of wall time the loop sat idle in ``epoll`` (waiting
   for the writer thread), the writer's busy share, the batch sizes, and the writer's phases
   per batch (BEGIN, applying the saves, COMMIT with its fsync, the hand-over gap between
   two batches) as p50/p99/max.
 
-Usage: ``python bench/hot_path.py [--seconds S] [--dir DIR]``
+Usage: ``python bench/hot_path.py [--seconds S] [--dir DIR] [--only encryption]``
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ if str(ROOT) not in sys.path:
 if (ROOT / "src").is_dir() and str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))  # measure this checkout, not an installed copy
 
-from aiocheckpoint import CheckpointManager, open_storage  # noqa: E402
+from aiocheckpoint import CheckpointManager, Keyring, open_storage  # noqa: E402
 from aiocheckpoint.models import (  # noqa: E402
     AgentStatus,
     Checkpoint,
@@ -251,15 +253,63 @@ async def loops(seconds: float, root: Path) -> None:
         probe.close()
 
 
+_KEYS = Keyring(keys={"bench": bytes(range(32))}, primary="bench")
+
+
+async def _write_cpu_us(manager: CheckpointManager, state: dict[str, Any], count: int) -> float:
+    start = time.thread_time()
+    for step in range(count):
+        await manager.create_checkpoint("wf-0001", step, "bench", "completed", state)
+    return (time.thread_time() - start) / count * 1e6
+
+
+async def encryption(seconds: float, root: Path) -> None:
+    """Plain vs encrypted, alternating in one run: the ~1 KB write; SQLite at C=100."""
+    state = small_state(3)
+    managers = {
+        "plain": CheckpointManager(_NullStorage()),
+        "encrypted": CheckpointManager(_NullStorage(), encryption=_KEYS),
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in managers}
+    for _ in range(7):
+        for name, manager in managers.items():
+            cpu[name].append(await _write_cpu_us(manager, state, 3000))
+    best = {name: min(runs) for name, runs in cpu.items()}
+    emit(
+        figure="encryption: ~1 KB create_checkpoint, memory (save returns at once)",
+        plain_cpu_us=round(best["plain"], 2),
+        encrypted_cpu_us=round(best["encrypted"], 2),
+        ratio=round(best["encrypted"] / best["plain"], 3),
+    )
+    per_s: dict[str, list[float]] = {"plain": [], "encrypted": []}
+    for repeat in range(3):
+        for name in per_s:
+            url = f"sqlite://{root / f'enc-{name}-{repeat}.db'}"
+            keys = _KEYS if name == "encrypted" else None
+            async with CheckpointManager(open_storage(url), encryption=keys) as manager:
+                run = await _writers(manager, 100, seconds, f"{name}{repeat}")
+            per_s[name].append(run["per_s"])
+    medians = {name: statistics.median(runs) for name, runs in per_s.items()}
+    emit(
+        figure="encryption: SQLite C=100 throughput",
+        plain_per_s=round(medians["plain"]),
+        encrypted_per_s=round(medians["encrypted"]),
+        ratio=round(medians["encrypted"] / medians["plain"], 3),
+    )
+
+
 def main() -> None:
     """Parse arguments and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="per write run (3 repeats)")
     parser.add_argument("--dir", type=Path, default=None, help="where the database goes")
+    parser.add_argument("--only", choices=["encryption"], default=None, help="one section")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
-        asyncio.run(manager_parts())
-        asyncio.run(loops(args.seconds, Path(root)))
+        if args.only is None:
+            asyncio.run(manager_parts())
+            asyncio.run(loops(args.seconds, Path(root)))
+        asyncio.run(encryption(args.seconds, Path(root)))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,12 @@ EXPECTED = {
     "TypeRegistry",
     "TypeVersionError",
     "UnknownTypeError",
+    "DecryptionError",
+    "EncryptionError",
+    "KeyProvider",
+    "Keyring",
+    "PlaintextRecordError",
+    "UnknownKeyError",
 }
 
 

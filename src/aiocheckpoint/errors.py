@@ -5,6 +5,9 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     CheckpointError
     ├── CheckpointNotFoundError       a requested step does not exist
     ├── CheckpointCorruptedError      stored bytes fail to decode or verify
+    │   └── DecryptionError           an encrypted record fails authentication
+    │       ├── UnknownKeyError       sealed under a key id the keyring does not hold
+    │       └── PlaintextRecordError  plaintext where an encrypted manager needs ciphertext
     ├── CheckpointSerializationError  a state that cannot be stored (nothing is written)
     ├── CheckpointTypeError           a stored typed value this registry cannot read
     │   ├── UnknownTypeError          its type name is not registered
@@ -19,6 +22,7 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     │   └── StoragePermissionError    the store's files belong to another user or are shared
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     ├── WorkflowBusyError             a second driver for a workflow this manager drives
+    ├── EncryptionError               encryption cannot run (no keys, no cryptography)
     ├── EffectError
     │   ├── EffectInDoubtError        an effect's call may or may not have happened
     │   └── EffectOrderError          a step's effects no longer match its journal
@@ -40,20 +44,24 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointSerializationError",
     "CheckpointTypeError",
+    "DecryptionError",
     "EffectError",
     "EffectInDoubtError",
     "EffectOrderError",
+    "EncryptionError",
     "InvalidArgumentError",
     "InvalidStepError",
     "InvalidWorkflowIdError",
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
+    "PlaintextRecordError",
     "StorageBackendError",
     "StorageClosedError",
     "StoragePermissionError",
     "StorageSchemaError",
     "TypeVersionError",
+    "UnknownKeyError",
     "UnknownTypeError",
     "UnsupportedOperationError",
     "WorkflowBusyError",
@@ -91,6 +99,33 @@ class CheckpointCorruptedError(CheckpointError):
                 where += f" step {step}"
             where += ": "
         super().__init__(f"corrupted checkpoint: {where}{reason}")
+
+
+class DecryptionError(CheckpointCorruptedError):
+    """An encrypted record or effect failed authentication (``docs/encryption.md``).
+
+    Its bytes were changed, it was moved from another workflow, step or key, or it was
+    sealed under a key other than the one its key id names. Resuming skips it, as it skips
+    any corrupted checkpoint.
+    """
+
+
+class UnknownKeyError(DecryptionError):
+    """A record names a key id that the keyring (or key provider) does not hold."""
+
+
+class PlaintextRecordError(DecryptionError):
+    """A plaintext record where an encrypted manager requires ciphertext (fail closed).
+
+    A manager made with ``allow_plaintext=True`` reads such records (while migrating).
+    """
+
+
+class EncryptionError(CheckpointError):
+    """Encryption cannot run: an encrypted record read without keys, or no ``cryptography``.
+
+    Not a corruption: the record may be sound, this process lacks what reads it.
+    """
 
 
 class CheckpointSerializationError(CheckpointError, TypeError):

@@ -26,6 +26,7 @@ from ._validation import (
 from .codec import RecordCodec, TypedValues, TypeRegistry
 from .codec.effects import EffectRecord, EffectState
 from .codec.fork import fork_tree
+from .codec.sealing import KeyProvider, Sealer
 from .codec.stages import DEFAULT_VALUES, View
 from .errors import (
     CheckpointCorruptedError,
@@ -153,6 +154,13 @@ class CheckpointManager:
     besides the standard types (``docs/serialization.md``); ``app_version``, when given, is
     recorded in every checkpoint and handed back by :meth:`get_resume_point`.
 
+    ``encryption`` (a :class:`~aiocheckpoint.Keyring` or another
+    :class:`~aiocheckpoint.KeyProvider`) seals every checkpoint and effect record with
+    AES-256-GCM, bound to its workflow, step and kind, and refuses plaintext records
+    unless ``allow_plaintext`` is True (``docs/encryption.md``). It needs
+    ``aiocheckpoint[crypto]``; incremental checkpoints are not encrypted yet, so it writes
+    whole records (``incremental=True`` with it raises).
+
     ``retention`` is a :class:`~aiocheckpoint.RetentionPolicy`: which checkpoints and
     workflows to keep, applied by :meth:`sweep` and :meth:`sweeping` (``docs/retention.md``);
     ``max_checkpoints=N`` is its shorthand for "the newest N, pruned at each write".
@@ -168,6 +176,8 @@ class CheckpointManager:
         incremental: bool | None = None,
         types: TypeRegistry | None = None,
         app_version: str | None = None,
+        encryption: KeyProvider | None = None,
+        allow_plaintext: bool = False,
         retention: RetentionPolicy | None = None,
     ) -> None:
         self._retention = policy_from(max_checkpoints, retention)
@@ -185,9 +195,10 @@ class CheckpointManager:
                 f"incremental=True needs a storage that keeps blobs; "
                 f"{type(self._storage).__name__} does not"
             )
+        sealer = _sealer(encryption, allow_plaintext, incremental)
         blobs: BlobCheckpointStorage | None = (
             self._storage  # type: ignore[assignment]
-            if supports and incremental is not False
+            if supports and incremental is not False and sealer is None
             else None
         )
         if types is not None and not isinstance(types, TypeRegistry):
@@ -198,7 +209,7 @@ class CheckpointManager:
         self._types = types
         values = DEFAULT_VALUES if types is None else TypedValues(types)
         # Everything between a validated call and the storage: copies, encoding, decoding.
-        self._codec = RecordCodec(self._storage, blobs, values)
+        self._codec = RecordCodec(self._storage, blobs, values, sealer)
         self._keeps_records = isinstance(self._storage, WorkflowStorage)
         self._closed = False
         #: Workflows an active ResumableWorkflow block (or a fork) drives: one at a time.
@@ -258,6 +269,7 @@ class CheckpointManager:
             dry_run=dry_run,
             collect_garbage=collect_garbage,
             forget=self._codec.forget,
+            opened=self._codec.opener(),
         )
 
     @traced("thin_workflow")
@@ -274,7 +286,9 @@ class CheckpointManager:
         chosen = policy if policy is not None else self._retention
         if not isinstance(chosen, RetentionPolicy):
             raise InvalidArgumentError(f"thin_workflow needs a RetentionPolicy, got {chosen!r}")
-        return await run_thinning(self._storage, chosen, workflow_id, dry_run=dry_run)
+        return await run_thinning(
+            self._storage, chosen, workflow_id, dry_run=dry_run, opened=self._codec.opener()
+        )
 
     @asynccontextmanager
     async def sweeping(self, every: timedelta = timedelta(minutes=5)) -> AsyncIterator[None]:
@@ -395,6 +409,8 @@ class CheckpointManager:
                 return returned
         data = codec.encode(checkpoint, finite)
         returned = codec.returned(checkpoint, data)  # before the save: it may refuse a value
+        if codec.sealer is not None:
+            data = await codec.sealer.seal_record(workflow_id, step, data)
         if info is None:
             await round_trip(
                 self._storage.save, workflow_id, step, data, keep_last=self._max_checkpoints
@@ -615,13 +631,15 @@ class CheckpointManager:
 
     async def _fork_record(self, source_id: str, record: StoredCheckpoint, new_id: str) -> None:
         storage, keep = self._storage, self._max_checkpoints
-        if isinstance(storage, BlobCheckpointStorage):
+        if isinstance(storage, BlobCheckpointStorage) and self._codec.sealer is None:
             tree = await fork_tree(storage, record.data, new_id)
             if tree is not None:
                 await storage.save_tree(new_id, record.step, tree[0], tree[1], keep_last=keep)
                 return
-        checkpoint = await self._codec.decode(source_id, record)
+        # In the stored (tagged) form: typed values are copied as they are, not re-encoded.
+        checkpoint = await self._codec.decode(source_id, record, "stored")
         data = self._codec.encode(checkpoint.model_copy(update={"workflow_id": new_id}), False)
+        data = await self._codec.seal(new_id, record.step, data)
         await storage.save(new_id, record.step, data, keep_last=keep)
 
     async def list_workflows(
@@ -881,6 +899,7 @@ class CheckpointManager:
         step = check_step(record.step)
         key = check_effect_key(record.key)
         data, result = self._codec.encode_effect(record)
+        data = await self._codec.seal_effect(workflow_id, step, key, data)
         if lease is not None:
             fence_token(lease, workflow_id)
             self._workflow_storage()
@@ -904,7 +923,7 @@ class CheckpointManager:
         )
         records = []
         for item in stored:
-            record = self._codec.decode_effect(item.data)
+            record = await self._codec.open_effect(workflow_id, item.step, item.key, item.data)
             if (record.workflow_id, record.step, record.key) != (workflow_id, item.step, item.key):
                 raise CheckpointCorruptedError(
                     f"effect record {item.key!r} is stored under another workflow, step or key",
@@ -1060,6 +1079,24 @@ class CheckpointManager:
     def _check_open(self) -> None:
         if self._closed:
             raise StorageClosedError("CheckpointManager is closed")
+
+
+def _sealer(
+    encryption: KeyProvider | None, allow_plaintext: bool, incremental: bool | None
+) -> Sealer | None:
+    """The bytes stage of ``encryption=`` (``docs/encryption.md``), or None without it."""
+    if type(allow_plaintext) is not bool:
+        raise InvalidArgumentError(f"allow_plaintext must be a bool, got {allow_plaintext!r}")
+    if encryption is None:
+        if allow_plaintext:
+            raise InvalidArgumentError("allow_plaintext=True needs encryption=")
+        return None
+    if incremental:
+        raise InvalidArgumentError(
+            "incremental=True cannot be combined with encryption= yet: "
+            "encrypted managers write whole records"
+        )
+    return Sealer(encryption, allow_plaintext=allow_plaintext)
 
 
 def _check_text(value: Any, name: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
@@ -38,6 +38,9 @@ from .storage.base import WorkflowStorage as _WorkflowStorage
 from .storage.queries import WorkflowQuery
 
 __all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep", "run_thinning"]
+
+#: A stored record's plain bytes, from its workflow id and the record (unsealed).
+Opener = Callable[[str, StoredCheckpoint], Awaitable[bytes]]
 
 logger = logging.getLogger(__name__)
 
@@ -197,12 +200,15 @@ async def run_sweep(
     dry_run: bool = False,
     collect_garbage: bool = True,
     forget: Callable[[str], None] | None = None,
+    opened: Opener | None = None,
 ) -> SweepReport:
     """Apply ``policy`` to ``storage`` once, in batches; return what was deleted.
 
     ``now`` (an aware datetime, default the current time) is what the TTLs count back
     from. ``forget(workflow_id)`` is called for each workflow deleted whole (the manager
-    drops what it remembers of it). This is the one function every sweep runs through.
+    drops what it remembers of it). ``opened`` gives a stored record's plain bytes (an
+    encrypted manager's unsealing, ``docs/encryption.md``). This is the one function every
+    sweep runs through.
     """
     if not isinstance(policy, RetentionPolicy):
         raise InvalidArgumentError(f"policy must be a RetentionPolicy, not {policy!r}")
@@ -211,7 +217,7 @@ async def run_sweep(
     elif not isinstance(now, datetime) or now.tzinfo is None:
         raise InvalidArgumentError(f"now must be an aware datetime, got {now!r}")
     report = SweepReport(dry_run=dry_run, started_at=utcnow())
-    sweep = _Sweep(storage, policy, report, dry_run, forget or (lambda _id: None))
+    sweep = _Sweep(storage, policy, report, dry_run, forget or (lambda _id: None), opened)
     await sweep.expire(now)
     if policy.keep_last is not None:
         await sweep.thin_all()
@@ -221,11 +227,16 @@ async def run_sweep(
 
 
 async def run_thinning(
-    storage: CheckpointStorage, policy: RetentionPolicy, workflow_id: str, *, dry_run: bool = False
+    storage: CheckpointStorage,
+    policy: RetentionPolicy,
+    workflow_id: str,
+    *,
+    dry_run: bool = False,
+    opened: Opener | None = None,
 ) -> SweepReport:
     """Apply ``policy``'s history rules to one workflow now (its TTLs do not apply)."""
     report = SweepReport(dry_run=dry_run, started_at=utcnow())
-    sweep = _Sweep(storage, policy, report, dry_run, lambda _id: None)
+    sweep = _Sweep(storage, policy, report, dry_run, lambda _id: None, opened)
     thinnable = policy.keep_last is not None and not await sweep.paused(workflow_id)
     if thinnable and await sweep.thin(workflow_id):
         report.workflows_thinned = 1
@@ -262,8 +273,10 @@ class _Sweep:
         report: SweepReport,
         dry_run: bool,
         forget: Callable[[str], None],
+        opened: Opener | None = None,
     ) -> None:
         self.storage = storage
+        self.opened = opened
         self.policy = policy
         self.report = report
         self.dry_run = dry_run
@@ -381,7 +394,7 @@ class _Sweep:
                 low = _refused_step(bad, low, before)
                 continue
             for record in page:
-                if not await self.kept(keeper, record):
+                if not await self.kept(keeper, workflow_id, record):
                     deleted += await self.drop(workflow_id, record)
             if len(page) == self.policy.batch_size:
                 before = page[-1].step
@@ -391,8 +404,10 @@ class _Sweep:
             else:
                 return deleted
 
-    async def kept(self, keeper: _Keeper, record: StoredCheckpoint) -> bool:
+    async def kept(self, keeper: _Keeper, workflow_id: str, record: StoredCheckpoint) -> bool:
         try:
+            if self.opened is not None:
+                record = StoredCheckpoint(record.step, await self.opened(workflow_id, record))
             facts = await _facts(record)
         except CheckpointCorruptedError:
             self.report.skipped_unreadable += 1

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .inspect import load_checkpoint
+from .keys import command_keys
 from .output import Output, compact, printable
 from .store import open_store
 
@@ -84,7 +85,7 @@ def _same(a: Any, b: Any) -> bool:
 
 async def cmd_diff(args: argparse.Namespace, out: Output) -> int:
     """What changed in the state between two steps, path by path."""
-    async with open_store(args.url, must_exist=True) as manager:
+    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
         old, _ = await load_checkpoint(manager, args.workflow, args.step_a)
         new, _ = await load_checkpoint(manager, args.workflow, args.step_b)
     changes = diff_states(old.state_snapshot.data, new.state_snapshot.data)

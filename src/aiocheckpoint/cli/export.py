@@ -20,6 +20,7 @@ from ..format import FORMAT_VERSION as RECORD_FORMAT
 from ..leases import WorkflowRecord
 from ..manager import CheckpointManager
 from ..models import utcnow
+from .keys import command_keys
 from .output import Output, Progress, bar
 from .store import EXIT_STORE, CommandError, open_store, read_page, workflow_ids
 from .transfer import Tally, list_records, report, verified
@@ -136,7 +137,7 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
     """Write every verified record of a store to a JSON-lines file."""
     tally = Tally()
     progress = Progress(out.err)
-    async with open_store(args.url, must_exist=True) as src:
+    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as src:
         records = await list_records(src)
         ids, tally.foreign = await workflow_ids(src, records)
         tally.workflows = len(ids)
@@ -151,7 +152,9 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
             }
             await file.write([_line(header)])
             for n, workflow_id in enumerate(ids, 1):
-                await _export_workflow(src, workflow_id, records.get(workflow_id), file, tally)
+                await _export_workflow(
+                    src, workflow_id, records.get(workflow_id), file, tally, args.plaintext
+                )
                 progress.update(
                     f"export: {bar(n, len(ids))} workflows, {tally.written} checkpoints"
                 )
@@ -178,11 +181,12 @@ async def _export_workflow(
     record: WorkflowRecord | None,
     file: _ExportFile,
     tally: Tally,
+    plaintext: bool,
 ) -> None:
     cursor: int | None = None
     while page := await read_page(src.storage, workflow_id, after=cursor):
         cursor = page[-1].step
-        good = await verified(src, workflow_id, page, tally)
+        good = await verified(src, workflow_id, page, tally, plaintext=plaintext)
         await file.write(
             [
                 _line(

@@ -11,10 +11,12 @@ import sys
 from typing import IO, Any
 
 from .._validation import check_step, check_workflow_id
+from ..codec.sealing import Sealer, is_sealed_record
 from ..codec.v1 import decode_checkpoint
 from ..errors import CheckpointCorruptedError, InvalidArgumentError
 from ..leases import WorkflowStatus
 from .export import EXPORT_FORMAT, EXPORT_VERSION
+from .keys import KEYS_VARIABLE, command_keys
 from .output import Output, Progress
 from .store import EXIT_STORE, PAGE, CommandError, open_store
 from .transfer import Sink, Tally, report
@@ -83,8 +85,10 @@ def _read_lines(fh: IO[bytes], count: int) -> list[bytes]:
 class _Importer:
     """Feeds parsed lines to a Sink, one workflow's page at a time."""
 
-    def __init__(self, sink: Sink, tally: Tally) -> None:
+    def __init__(self, sink: Sink, tally: Tally, sealer: Sealer | None = None) -> None:
         self.sink = sink
+        #: Unseals encrypted records to verify them (they are stored as they are).
+        self.sealer = sealer
         self.tally = tally
         self.workflow: str | None = None
         self.pending: dict[int, bytes] = {}
@@ -121,7 +125,7 @@ class _Importer:
             return
         self.checkpoints += 1
         try:
-            decode_checkpoint(obj["record"], workflow_id=workflow_id, step=obj["step"])
+            await self._verify(workflow_id, obj["step"], obj["record"])
         except CheckpointCorruptedError as exc:
             self.tally.corrupted.append(
                 {
@@ -133,6 +137,16 @@ class _Importer:
             )
             return
         self._add(number, workflow_id, obj["step"], obj["record"])
+
+    async def _verify(self, workflow_id: str, step: int, record: bytes) -> None:
+        """Raise CheckpointCorruptedError unless the record verifies (unsealed, if sealed)."""
+        if is_sealed_record(record):
+            if self.sealer is None:
+                raise CheckpointCorruptedError(
+                    f"encrypted: pass --keys FILE (or {KEYS_VARIABLE}) to verify it"
+                )
+            record = await self.sealer.unseal_record(workflow_id, step, record)
+        decode_checkpoint(record, workflow_id=workflow_id, step=step)
 
     def _add(self, number: int, workflow_id: str, step: int, record: bytes) -> None:
         """Queue a record; a second one for the same step meets the rule the store applies."""
@@ -157,8 +171,10 @@ async def cmd_import(args: argparse.Namespace, out: Output) -> int:
         raise CommandError(f"cannot read {args.file}: {exc.strerror}", EXIT_STORE) from exc
     try:
         await asyncio.to_thread(_read_header, fh, args.file)
-        async with open_store(args.url, must_exist=False) as dst:
-            importer = _Importer(Sink(dst, tally, overwrite=args.overwrite), tally)
+        async with open_store(args.url, must_exist=False, keys=command_keys(args)) as dst:
+            keys = command_keys(args)
+            sealer = None if keys is None else Sealer(keys, allow_plaintext=True)
+            importer = _Importer(Sink(dst, tally, overwrite=args.overwrite), tally, sealer)
             number = 1
             while lines := await asyncio.to_thread(_read_lines, fh, PAGE):
                 for raw in lines:

@@ -10,6 +10,7 @@ from typing import Any
 from .._validation import check_workflow_id
 from ..errors import CheckpointNotFoundError
 from ..manager import CheckpointManager
+from .keys import command_keys
 from .output import Output, Progress, bar, note_foreign, printable
 from .store import (
     EXIT_PROBLEMS,
@@ -30,7 +31,7 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     progress = Progress(out.err)
     corrupted: list[dict[str, Any]] = []
     checked = 0
-    async with open_store(args.url, must_exist=True) as manager:
+    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
         ids, foreign = await workflow_ids(manager)
         for n, workflow_id in enumerate(ids, 1):
             async for record in iter_records(manager.storage, workflow_id):
@@ -70,7 +71,7 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
 async def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     """Delete all but the newest N checkpoints of one workflow or of every workflow."""
     results: list[dict[str, Any]] = []
-    async with open_store(args.url, must_exist=True) as manager:
+    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
         if args.workflow is not None:
             ids = [check_workflow_id(args.workflow)]
             if not await manager.has_checkpoint(ids[0]):
@@ -113,7 +114,7 @@ async def _prune_one(
 async def cmd_rm(args: argparse.Namespace, out: Output) -> int:
     """Delete one checkpoint, or a whole workflow after confirmation."""
     workflow_id = check_workflow_id(args.workflow)
-    async with open_store(args.url, must_exist=True) as manager:
+    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
         if args.step is not None:
             if not await manager.delete_checkpoints(workflow_id, args.step):
                 raise CheckpointNotFoundError(workflow_id, args.step)
@@ -151,7 +152,7 @@ async def _confirm(out: Output, workflow_id: str, latest: int) -> bool:
 
 async def cmd_fork(args: argparse.Namespace, out: Output) -> int:
     """Copy a workflow's history up to a step into a new workflow (blobs are shared)."""
-    async with open_store(args.url, must_exist=True) as manager:
+    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
         copied = await manager.fork_workflow(args.source, args.step, args.new_id)
     if out.json_mode:
         out.json(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
@@ -11,9 +12,11 @@ from .diff import cmd_diff
 from .export import cmd_export
 from .importer import cmd_import
 from .inspect import cmd_history, cmd_show, cmd_workflows
+from .keys import KEYS_VARIABLE, keyring_file
 from .maintain import cmd_fork, cmd_prune, cmd_rm, cmd_verify
 from .output import Output
 from .query import meta_pair, moment
+from .rekey import cmd_encrypt, cmd_rekey
 from .store import EXIT_USAGE
 from .sweep import cmd_sweep, duration
 from .transfer import cmd_copy
@@ -86,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )
+    common.add_argument(
+        "--keys",
+        type=keyring_file,
+        default=os.environ.get(KEYS_VARIABLE),
+        metavar="FILE",
+        help=f"the keys of an encrypted store (default: ${KEYS_VARIABLE})",
+    )
     sub = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser
     )
@@ -156,6 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", cmd_export, "write a store to a JSON-lines file ('-': stdout)")
     p.add_argument("url", metavar="URL")
     p.add_argument("file", metavar="FILE.jsonl")
+    p.add_argument(
+        "--plaintext", action="store_true", help="write encrypted records decrypted (--keys)"
+    )
+
+    p = command("rekey", cmd_rekey, "re-encrypt every record under the primary key (resumable)")
+    p.add_argument("url", metavar="URL")
+
+    p = command("encrypt", cmd_encrypt, "encrypt every plaintext record of a store (resumable)")
+    p.add_argument("url", metavar="URL")
 
     p = command("import", cmd_import, "load a JSON-lines export into a store ('-': stdin)")
     p.add_argument("file", metavar="FILE.jsonl")

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..leases import WorkflowRecord
+from .keys import command_keys
 from .output import Output, printable, when
 from .redact import redact_url
 from .store import CommandError, open_store
@@ -61,7 +62,7 @@ def moment(text: str) -> datetime:
 
 async def cmd_query(args: argparse.Namespace, out: Output) -> int:
     """One page of workflow records passing the filters, and the command for the next."""
-    async with open_store(args.url, must_exist=True) as manager:
+    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
         if not manager.supports_workflow_records():
             raise CommandError(
                 "filters need workflow records, and this store's backend "

@@ -9,13 +9,15 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from .._validation import check_workflow_id
+from ..codec.sealing import Keyring
 from ..codec.v1 import encode_checkpoint
-from ..errors import CheckpointCorruptedError, InvalidArgumentError
+from ..errors import CheckpointCorruptedError, EncryptionError, InvalidArgumentError
 from ..manager import CheckpointManager
 from ..models import Checkpoint
 from ..storage.base import CheckpointStorage, StoredCheckpoint
 from ..storage.sqlite import SQLiteCheckpointStorage
 from ..urls import open_storage
+from .keys import KEYS_VARIABLE
 from .redact import redact
 
 __all__ = [
@@ -150,16 +152,19 @@ def _check_exists(url: str, storage: CheckpointStorage) -> None:
 
 
 @asynccontextmanager
-async def open_store(url: str, *, must_exist: bool) -> AsyncIterator[CheckpointManager]:
+async def open_store(
+    url: str, *, must_exist: bool, keys: Keyring | None = None
+) -> AsyncIterator[CheckpointManager]:
     """A manager over the store ``url`` names, closed on exit.
 
     With ``must_exist`` a ``file:`` or ``sqlite:`` store that is not there is an error,
-    rather than an empty store silently created by a command that only reads.
+    rather than an empty store silently created by a command that only reads. With
+    ``keys`` the manager reads (and writes) encrypted records (``docs/encryption.md``).
     """
     storage = open_storage(url)
     if must_exist:
         _check_exists(url, storage)
-    manager = CheckpointManager(storage)
+    manager = CheckpointManager(storage, encryption=keys)
     try:
         yield manager
     finally:
@@ -231,18 +236,23 @@ async def decode(manager: CheckpointManager, workflow_id: str, record: Record) -
         return await manager.decode_record(workflow_id, record, view="stored")
     except CheckpointCorruptedError as exc:
         return redact(exc.reason)
+    except EncryptionError:
+        return f"encrypted: pass --keys FILE (or {KEYS_VARIABLE}) to read it"
 
 
-async def portable(manager: CheckpointManager, workflow_id: str, record: Record) -> bytes | str:
+async def portable(
+    manager: CheckpointManager, workflow_id: str, record: Record, *, plaintext: bool = False
+) -> bytes | str:
     """The record's bytes in a form any store can take, or the reason it is corrupted.
 
-    Version-1 records are returned as they are. An incremental (version-2) record needs its
-    blobs, which another store does not have: it is re-encoded as the equivalent version-1
-    record of the same checkpoint.
+    Version-1 records are returned as they are (an encrypted one still encrypted, unless
+    ``plaintext``). An incremental (version-2) record needs its blobs, which another store
+    does not have: it is re-encoded as the equivalent version-1 record of the same
+    checkpoint.
     """
     result = await decode(manager, workflow_id, record)
     if isinstance(result, str) or isinstance(record, Unreadable):
         return str(result)
-    if len(record.data) > 4 and record.data[4] == 1:
+    if len(record.data) > 4 and record.data[4] == 1 and not (plaintext and record.data[5]):
         return record.data
     return encode_checkpoint(result)

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..retention import RetentionPolicy, SweepReport
+from .keys import command_keys
 from .output import Output
 from .store import open_store
 
@@ -53,7 +54,7 @@ def _policy(args: argparse.Namespace) -> RetentionPolicy:
 async def cmd_sweep(args: argparse.Namespace, out: Output) -> int:
     """Delete what the policy given by the options does not keep (or count it)."""
     policy = _policy(args)
-    async with open_store(args.url, must_exist=True) as manager:
+    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
         report = await manager.sweep(
             policy=policy, dry_run=args.dry_run, collect_garbage=not args.no_gc
         )

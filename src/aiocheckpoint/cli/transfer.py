@@ -19,6 +19,7 @@ from .._validation import MAX_STEP
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..storage.base import StoredCheckpoint
+from .keys import command_keys
 from .output import Output, Progress, bar, printable
 from .store import (
     EXIT_PROBLEMS,
@@ -173,8 +174,8 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
     tally = Tally()
     progress = Progress(out.err)
     async with (
-        open_store(args.src, must_exist=True) as src,
-        open_store(args.dst, must_exist=False) as dst,
+        open_store(args.src, must_exist=True, keys=command_keys(args)) as src,
+        open_store(args.dst, must_exist=False, keys=command_keys(args)) as dst,
     ):
         if _same_store(args.src, src, args.dst, dst):
             raise CommandError("the source and destination are the same store", EXIT_USAGE)
@@ -206,12 +207,20 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
 
 
 async def verified(
-    src: CheckpointManager, workflow_id: str, page: list[Record], tally: Tally
+    src: CheckpointManager,
+    workflow_id: str,
+    page: list[Record],
+    tally: Tally,
+    *,
+    plaintext: bool = False,
 ) -> dict[int, bytes]:
-    """The page's records that verify, as portable bytes; the others go to the tally."""
+    """The page's records that verify, as portable bytes; the others go to the tally.
+
+    Encrypted records stay encrypted unless ``plaintext``.
+    """
     good: dict[int, bytes] = {}
     for record in page:
-        result = await portable(src, workflow_id, record)
+        result = await portable(src, workflow_id, record, plaintext=plaintext)
         if isinstance(result, str):
             tally.corrupted.append(
                 {"workflow_id": workflow_id, "step": record.step, "reason": result}

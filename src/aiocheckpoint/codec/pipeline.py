@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Generator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final, Protocol, TypeVar
@@ -24,6 +24,7 @@ from ..errors import (
     CheckpointCorruptedError,
     CheckpointSerializationError,
     CheckpointTypeError,
+    EncryptionError,
     InvalidArgumentError,
 )
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
@@ -33,6 +34,7 @@ from ..models import Checkpoint, StateSnapshot, StateVersion, built
 from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
 from .effects import EffectRecord, decode_effect, encode_effect
 from .memory import MemoryCache, recovered_memory
+from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
 from .split import exceeds
 from .stages import DEFAULT_VALUES, ValueStage, View
 from .subtrees import SharedSplit, SubtreeCache, shared_split_work
@@ -71,8 +73,11 @@ class RecordCodec:
         storage: CheckpointStorage,
         blobs: BlobCheckpointStorage | None,
         values: ValueStage = DEFAULT_VALUES,
+        sealer: Sealer | None = None,
     ) -> None:
         self._storage = storage
+        #: The bytes stage (encryption, ``docs/encryption.md``), or None.
+        self.sealer = sealer
         #: The storage that receives version-2 trees, or None.
         self.blobs = blobs
         #: The most a record's tree may hold (its nodes; its state's text).
@@ -216,6 +221,20 @@ class RecordCodec:
         record = decode_effect(data)
         return replace(record, result=self._effect_result(record.result, record.key))
 
+    async def seal_effect(self, workflow_id: str, step: int, key: str, data: bytes) -> bytes:
+        """What to store for an effect record :meth:`encode_effect` made (sealed, if sealing)."""
+        sealer = self.sealer
+        return data if sealer is None else await sealer.seal_effect(workflow_id, step, key, data)
+
+    async def open_effect(self, workflow_id: str, step: int, key: str, data: bytes) -> EffectRecord:
+        """:meth:`decode_effect` of stored bytes, unsealing them first when sealing."""
+        sealer = self.sealer
+        if sealer is not None:
+            data = await sealer.unseal_effect(workflow_id, step, key, data)
+        elif data.startswith(ENVELOPE_MAGIC):
+            raise _needs_keys(workflow_id, step, f"effect {key!r}")
+        return self.decode_effect(data)
+
     def _effect_result(self, stored: Any, key: str) -> Any:
         return self._values.decode_value(stored, f"effect {key!r} result", "typed")
 
@@ -281,7 +300,28 @@ class RecordCodec:
         """The version-1 record of ``checkpoint`` (``finite`` as in :meth:`encode_tree`)."""
         return encode_checkpoint(checkpoint, finite=finite)
 
+    async def seal(self, workflow_id: str, step: int, record: bytes) -> bytes:
+        """What to store for a version-1 record (sealed, if this codec seals).
+
+        Callers on the hot path test :attr:`sealer` and call its ``seal_record`` directly.
+        """
+        sealer = self.sealer
+        return record if sealer is None else await sealer.seal_record(workflow_id, step, record)
+
     # --- decoding -----------------------------------------------------------------------
+
+    def opener(self) -> Callable[[str, StoredCheckpoint], Awaitable[bytes]] | None:
+        """What gives a stored record's plain bytes when this codec seals (None: as stored)."""
+        return None if self.sealer is None else self._unsealed
+
+    async def _unsealed(self, workflow_id: str, stored: StoredCheckpoint) -> bytes:
+        """The plain record of a stored one: unsealed, or refused when it cannot be."""
+        sealer = self.sealer
+        if sealer is not None:
+            return await sealer.unseal_record(workflow_id, stored.step, stored.data)
+        if is_sealed_record(stored.data):
+            raise _needs_keys(workflow_id, stored.step, "checkpoint")
+        return stored.data
 
     async def decode(
         self, workflow_id: str, stored: StoredCheckpoint, view: View = "typed"
@@ -292,6 +332,8 @@ class RecordCodec:
         :class:`~aiocheckpoint.CheckpointTypeError` for a typed value ``view`` cannot give.
         """
         data = stored.data
+        if self.sealer is not None or is_sealed_record(data):
+            data = await self._unsealed(workflow_id, stored)
         # A version-1 record holds all the values' text: without a tag in it, no walk.
         text = data if len(data) > 4 and data[4] == 1 else None
         decode: Callable[[], Checkpoint]
@@ -367,6 +409,13 @@ async def _encode_tree(
         functools.partial(
             encode_checkpoint_v2, checkpoint, params, previous=previous, max_bytes=max_bytes
         )
+    )
+
+
+def _needs_keys(workflow_id: str, step: int, what: str) -> EncryptionError:
+    return EncryptionError(
+        f"workflow {workflow_id!r} step {step}: the {what} is encrypted; "
+        "read it with a manager given its keys (encryption=)"
     )
 
 

@@ -11,14 +11,24 @@ hash per page.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import hmac
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
 
 from ...errors import CheckpointCorruptedError
 
-__all__ = ["PAGE_ITEMS", "hashes_of", "page_hash", "paginate", "referenced", "unpage"]
+__all__ = [
+    "PAGE_ITEMS",
+    "PageHash",
+    "hashes_of",
+    "keyed_page_hash",
+    "page_hash",
+    "paginate",
+    "referenced",
+    "unpage",
+]
 
 #: Items per page.
 PAGE_ITEMS: Final = 64
@@ -26,9 +36,25 @@ _PAGES: Final = "pages"
 _ITEMS: Final = "items"
 
 
+#: How a page is named: its content hash, or a keyed one.
+PageHash = Callable[[Sequence[Any]], str]
+
+
 def page_hash(items: Sequence[Any]) -> str:
     """The content hash of a page's encoded items (hex, 128 bits)."""
     return hashlib.sha256(orjson.dumps(items)).hexdigest()[:32]
+
+
+def keyed_page_hash(key: bytes) -> PageHash:
+    """Page names keyed by ``key`` (HMAC-SHA-256), for encrypted stores.
+
+    Such a name lets nobody confirm a guess of the page's content (``docs/encryption.md``).
+    """
+
+    def named(items: Sequence[Any]) -> str:
+        return hmac.new(key, orjson.dumps(items), hashlib.sha256).hexdigest()[:32]
+
+    return named
 
 
 def _same(values: Sequence[Any], parent: Sequence[Any], start: int) -> bool:
@@ -43,6 +69,7 @@ def paginate(
     encoded: list[Any],
     parent: tuple[Sequence[Any], Sequence[str]] | None,
     new_pages: dict[str, list[Any]],
+    name: PageHash = page_hash,
 ) -> dict[str, Any]:
     """A list channel's stored form; pages not in ``parent`` are added to ``new_pages``.
 
@@ -60,7 +87,7 @@ def paginate(
             hashes.append(parent[1][index])
             continue
         page = encoded[start : start + PAGE_ITEMS]
-        digest = page_hash(page)
+        digest = name(page)
         new_pages[digest] = page
         hashes.append(digest)
     return {_PAGES: hashes, _ITEMS: encoded[full * PAGE_ITEMS :]}

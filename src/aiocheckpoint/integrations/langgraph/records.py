@@ -69,6 +69,7 @@ def _channel(
     value: Any,
     known: tuple[Any, Any, Any, Any] | None,
     new_pages: dict[str, list[Any]],
+    name: paging.PageHash,
 ) -> tuple[Any, list[Any] | None]:
     if type(value) is not list:
         return typed(serde, value), None
@@ -81,7 +82,7 @@ def _channel(
         reuse = {id(item): code for item, code in zip(known[2], known[3], strict=True)}
         parent = (known[2], paging.hashes_of(known[1]))
     encoded = [reuse.get(id(item)) or typed(serde, item) for item in value]
-    return paging.paginate(value, encoded, parent, new_pages), encoded
+    return paging.paginate(value, encoded, parent, new_pages, name), encoded
 
 
 def _unchannel(serde: SerializerProtocol, stored: Any, pages: Mapping[str, list[Any]]) -> Any:
@@ -96,6 +97,7 @@ def checkpoint_state(
     metadata: Mapping[str, Any],
     previous: ChannelCache,
     new_pages: dict[str, list[Any]],
+    name: paging.PageHash = paging.page_hash,
 ) -> tuple[dict[str, Any], ChannelCache]:
     """The state stored for one checkpoint, and its encoded channels for the next one.
 
@@ -103,7 +105,8 @@ def checkpoint_state(
     version is the parent's is unchanged (LangGraph bumps a channel's version whenever its
     value changes), so its encoding is reused rather than serialized again; so is each
     list item that is the same object as one in the parent's list. The pages of long lists
-    that the parent did not have are added to ``new_pages`` (to be stored first).
+    that the parent did not have are added to ``new_pages`` (to be stored first), named
+    by ``name``.
     """
     rest = {key: value for key, value in checkpoint.items() if key != "channel_values"}
     versions = checkpoint.get("channel_versions", {})
@@ -115,7 +118,7 @@ def checkpoint_state(
         if version is not None and known is not None and known[0] == version:
             fresh[channel] = known
         else:
-            stored, items = _channel(serde, value, known, new_pages)
+            stored, items = _channel(serde, value, known, new_pages, name)
             fresh[channel] = (version, stored, value, items)
         values[channel] = fresh[channel][1]
     state = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -23,11 +24,13 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from typing_extensions import Self
 
+from ...codec.sealing import KeyProvider
 from ...errors import InvalidArgumentError
 from ...manager import CheckpointManager
 from ...storage.base import CheckpointStorage
 from ...urls import open_storage
 from . import keys, records
+from . import pages as paging
 from .leases import ThreadLeases, default_owner
 from .store import Pair, ThreadStore
 
@@ -77,7 +80,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
     same thread gets :class:`~aiocheckpoint.LeaseHeldError`; ``max_checkpoints`` keeps
     only the newest N checkpoints of each thread namespace; ``thread_ttl`` is the idle
     time (seconds) after which :meth:`aprune_idle` deletes a thread; ``serde`` is
-    LangGraph's serializer (its default when None).
+    LangGraph's serializer (its default when None); ``encryption`` (a
+    :class:`~aiocheckpoint.Keyring` or :class:`~aiocheckpoint.KeyProvider`) seals every
+    record the saver writes, checkpoints, writes and channel values alike
+    (``docs/encryption.md``).
 
     The sync methods (``invoke`` and ``stream`` use them) work from any thread other than
     the one running the event loop the saver was opened on; from inside that loop use
@@ -94,6 +100,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         max_checkpoints: int | None = None,
         thread_ttl: float | None = None,
         close_storage: bool = False,
+        encryption: KeyProvider | None = None,
     ) -> None:
         super().__init__(serde=serde)
         if max_checkpoints is not None and (
@@ -102,7 +109,12 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             raise InvalidArgumentError(
                 f"max_checkpoints must be an int >= 1 or None, got {max_checkpoints!r}"
             )
-        self.manager = CheckpointManager(storage)
+        self.manager = CheckpointManager(storage, encryption=encryption)
+        # Encrypted: pages are named by a key of this saver's, so a page's name (its step
+        # in the store) confirms no guess of its content.
+        self._page_name = (
+            paging.page_hash if encryption is None else paging.keyed_page_hash(os.urandom(32))
+        )
         self._store = ThreadStore(self.manager)
         self._leases = (
             ThreadLeases(self.manager, default_owner(), lease_ttl) if single_writer else None
@@ -184,6 +196,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             get_checkpoint_metadata(config, metadata),
             parent_channels,
             new_pages,
+            self._page_name,
         )
         info = {
             "thread_id": thread_id,

@@ -1,0 +1,195 @@
+"""``rekey`` and ``encrypt``: every record of a store sealed under the primary key.
+
+``rekey URL`` re-encrypts the records sealed under another key of the keyring, so that key
+can be retired; ``encrypt URL`` also seals the plaintext ones (an incremental record becomes
+the equivalent whole record). Each record is verified, sealed and saved on its own (a save
+is atomic), so a run stopped anywhere, even by SIGKILL, leaves every record readable with
+the keyring and the next run goes on where it stopped: records already under the primary key
+are skipped. A record is rewritten only if it still holds the bytes that were read (checked
+just before the save); a record a writer changed meanwhile is left to the writer. Effects in
+doubt (a call running now) are left for a later run. ``docs/encryption.md`` has the details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..codec.effects import decode_effect
+from ..codec.sealing import Sealer, sealed_key_id
+from ..codec.v1 import decode_checkpoint, encode_checkpoint
+from ..errors import CheckpointCorruptedError
+from ..manager import CheckpointManager
+from ..storage.base import EffectStorage, StoredCheckpoint, StoredEffect
+from .keys import KEYS_VARIABLE, command_keys
+from .output import Output, Progress, bar, printable
+from .redact import redact
+from .store import (
+    EXIT_PROBLEMS,
+    CommandError,
+    Unreadable,
+    foreign_json,
+    iter_records,
+    open_store,
+    workflow_ids,
+)
+
+__all__ = ["cmd_encrypt", "cmd_rekey"]
+
+
+@dataclass
+class _Tally:
+    """What a run did and what it left."""
+
+    checked: int = 0
+    resealed: int = 0
+    #: Plaintext records a ``rekey`` leaves (``encrypt`` seals them).
+    plaintext: int = 0
+    #: Records a writer changed between the read and the save, and effects in doubt.
+    left: int = 0
+    bad: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "resealed": self.resealed,
+            "plaintext": self.plaintext,
+            "left": self.left,
+            "corrupted": self.bad,
+        }
+
+
+async def cmd_rekey(args: argparse.Namespace, out: Output) -> int:
+    """Re-encrypt every record sealed under an older key with the primary key."""
+    return await _run(args, out, encrypt=False)
+
+
+async def cmd_encrypt(args: argparse.Namespace, out: Output) -> int:
+    """Seal every plaintext record (and re-encrypt older keys' records) with the primary key."""
+    return await _run(args, out, encrypt=True)
+
+
+async def _run(args: argparse.Namespace, out: Output, *, encrypt: bool) -> int:
+    keys = command_keys(args)
+    if keys is None:
+        raise CommandError(f"{args.command} needs the keys: --keys FILE or ${KEYS_VARIABLE}")
+    tally = _Tally()
+    progress = Progress(out.err)
+    # A manager without keys: it decodes plaintext incremental records for ``encrypt``.
+    async with open_store(args.url, must_exist=True) as plain:
+        job = _Job(plain, Sealer(keys, allow_plaintext=True), keys.primary, encrypt, tally)
+        ids, foreign = await workflow_ids(plain)
+        for n, workflow_id in enumerate(ids, 1):
+            await job.workflow(workflow_id)
+            progress.update(f"{args.command}: {bar(n, len(ids))} workflows")
+    progress.clear()
+    return _report(out, tally, foreign_json(foreign), encrypt)
+
+
+def _report(out: Output, tally: _Tally, foreign: dict[str, Any], encrypt: bool) -> int:
+    ok = not (tally.bad or tally.left or foreign or (tally.plaintext and not encrypt))
+    if out.json_mode:
+        out.json({"ok": ok, **tally.to_json(), **foreign})
+        return 0 if ok else EXIT_PROBLEMS
+    if tally.bad:
+        rows = [[printable(b["workflow_id"]), str(b["step"]), b["reason"]] for b in tally.bad]
+        out.table(["WORKFLOW", "STEP", "PROBLEM"], rows)
+    summary = f"checked {tally.checked} records: {tally.resealed} sealed under the primary key"
+    if tally.plaintext:
+        summary += f", {tally.plaintext} plaintext left (aiocheckpoint encrypt seals them)"
+    if tally.left:
+        summary += f", {tally.left} changed meanwhile or in doubt (run again)"
+    out.line(out.style(summary, "green" if ok else "red"))
+    return 0 if ok else EXIT_PROBLEMS
+
+
+class _Job:
+    """Re-seals one store's records and effects, one record per save."""
+
+    def __init__(
+        self,
+        plain: CheckpointManager,
+        sealer: Sealer,
+        primary: str,
+        encrypt: bool,
+        tally: _Tally,
+    ) -> None:
+        self.plain = plain
+        self.storage = plain.storage
+        self.sealer = sealer
+        self.primary = primary
+        self.encrypt = encrypt
+        self.tally = tally
+
+    def _wanted(self, key_id: str | None) -> bool:
+        """Whether a record under ``key_id`` (None: plaintext) is to be sealed again."""
+        if key_id is None:
+            self.tally.plaintext += not self.encrypt
+            return self.encrypt
+        return key_id != self.primary
+
+    async def workflow(self, workflow_id: str) -> None:
+        steps: list[int] = []
+        async for record in iter_records(self.storage, workflow_id):
+            steps.append(record.step)
+            self.tally.checked += 1
+            if isinstance(record, Unreadable):
+                self._bad(workflow_id, record.step, record.reason)
+            elif self._wanted(sealed_key_id(record.data)):
+                await self._record(workflow_id, record)
+        if isinstance(self.storage, EffectStorage):
+            # Effects sit at the steps of checkpoints and at the step after the latest.
+            for step in [*steps, steps[-1] + 1 if steps else 0]:
+                for item in await self.storage.load_effects(workflow_id, step):
+                    await self._effect(workflow_id, item)
+
+    async def _record(self, workflow_id: str, stored: StoredCheckpoint) -> None:
+        try:
+            plain = await self._plain_record(workflow_id, stored)
+        except CheckpointCorruptedError as exc:
+            self._bad(workflow_id, stored.step, redact(exc.reason))
+            return
+        sealed = await self.sealer.seal_record(workflow_id, stored.step, plain)
+        current = await self.storage.load(workflow_id, stored.step)
+        if current is None or current.data != stored.data:
+            self.tally.left += current is not None  # deleted meanwhile: nothing to do
+            return
+        await self.storage.save(workflow_id, stored.step, sealed)
+        self.tally.resealed += 1
+
+    async def _plain_record(self, workflow_id: str, stored: StoredCheckpoint) -> bytes:
+        """The verified plain version-1 record a stored one holds."""
+        data = stored.data
+        if len(data) > 4 and data[4] == 2:  # a plaintext incremental record: made whole
+            checkpoint = await self.plain.decode_record(workflow_id, stored, view="stored")
+            return encode_checkpoint(checkpoint)
+        plain = await self.sealer.unseal_record(workflow_id, stored.step, data)
+        await asyncio.to_thread(decode_checkpoint, plain, workflow_id=workflow_id, step=stored.step)
+        return plain
+
+    async def _effect(self, workflow_id: str, item: StoredEffect) -> None:
+        self.tally.checked += 1
+        if not self._wanted(sealed_key_id(item.data, effect=True)):
+            return
+        if item.in_doubt:  # its call may be running: its outcome is about to replace it
+            self.tally.left += 1
+            return
+        try:
+            plain = await self.sealer.unseal_effect(workflow_id, item.step, item.key, item.data)
+            decode_effect(plain)
+        except CheckpointCorruptedError as exc:
+            self._bad(workflow_id, item.step, f"effect {item.key!r}: {redact(exc.reason)}")
+            return
+        sealed = await self.sealer.seal_effect(workflow_id, item.step, item.key, plain)
+        storage: Any = self.storage
+        now = {e.key: e.data for e in await storage.load_effects(workflow_id, item.step)}
+        if now.get(item.key) != item.data:
+            self.tally.left += item.key in now
+            return
+        await storage.put_effect(workflow_id, item.step, item.key, sealed, in_doubt=False)
+        self.tally.resealed += 1
+
+    def _bad(self, workflow_id: str, step: int, reason: str) -> None:
+        self.tally.bad.append({"workflow_id": workflow_id, "step": step, "reason": reason})

@@ -1,0 +1,376 @@
+"""Encryption at rest: the bytes stage that seals records and effect records.
+
+``docs/encryption.md`` is the threat model. A sealed *envelope*::
+
+    offset size  field
+    0      4     magic  b"ACKX"
+    4      1     envelope version (1)
+    5      1     kind (1: a checkpoint record, 2: an effect record)
+    6      1     key id length k (1..255)
+    7      k     key id, UTF-8
+    .      2     wrapped data key length w, big-endian
+    .      w     the data key wrapped by the key provider under that key id
+    .      12    nonce: 4 random bytes per data key, then a 64-bit counter
+    .      ...   AES-256-GCM ciphertext of the plain record, with its 16-byte tag
+
+The associated data is every byte before the ciphertext, then the workflow id, the step
+and (for an effect) its key, so a sealed record authenticates only where it was written.
+A sealed checkpoint record keeps the 20-byte record header in front of the envelope
+(format version 1, flags :data:`FLAG_SEALED`, the body's CRC-32 field 0: the tag
+authenticates every byte): backends still read the version byte, and a reader without this
+stage refuses the unknown flag. A sealed effect record is the bare
+envelope. What is sealed is the whole plain record, header and checksum included, so
+unsealing hands the ordinary decoder exactly what it reads without encryption.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections import OrderedDict
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar, runtime_checkable
+
+import anyio.to_thread
+
+from ..errors import (
+    CheckpointError,
+    DecryptionError,
+    EncryptionError,
+    InvalidArgumentError,
+    PlaintextRecordError,
+    UnknownKeyError,
+)
+from ..format.header import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+__all__ = [
+    "FLAG_SEALED",
+    "KIND_CHECKPOINT",
+    "KIND_EFFECT",
+    "KeyProvider",
+    "Keyring",
+    "Sealer",
+    "is_sealed_record",
+    "sealed_key_id",
+]
+
+#: The record header's flags bit of a sealed record.
+FLAG_SEALED: Final = 0x01
+KIND_CHECKPOINT: Final = 1
+KIND_EFFECT: Final = 2
+ENVELOPE_MAGIC: Final = b"ACKX"
+_VERSION: Final = 1
+_NONCE: Final = 12
+_TAG: Final = 16
+KEY_SIZE: Final = 32
+#: Records above this size are sealed and unsealed in a worker thread (~1 ms per MB).
+_ON_LOOP: Final = 1 << 20
+#: A data key seals at most this many records (random 96-bit nonces: far below 2**32).
+_KEY_USES: Final = 1 << 30
+#: Unwrapped data keys a reader keeps (one per writing manager instance seen).
+_CACHED_KEYS: Final = 256
+_WRAP_AD: Final = b"aiocheckpoint data key\x00"
+_EXTRA: Final = "pip install 'aiocheckpoint[crypto]'"
+_U16: Final = struct.Struct(">H")
+_U64: Final = struct.Struct(">Q")
+_T = TypeVar("_T")
+
+
+def _aesgcm() -> type[AESGCM]:
+    """The AESGCM class; EncryptionError naming the extra when cryptography is missing."""
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError as exc:
+        raise EncryptionError(f"encryption needs the cryptography package: {_EXTRA}") from exc
+    return AESGCM
+
+
+@runtime_checkable
+class KeyProvider(Protocol):
+    """Wraps and unwraps data keys (envelope encryption): a keyring, or a KMS client.
+
+    ``wrap_key`` encrypts a fresh 32-byte data key under the primary key and returns that
+    key's id with the wrapped bytes; ``unwrap_key`` gives the data key back, raising
+    :class:`~aiocheckpoint.UnknownKeyError` for a key id it does not hold and
+    :class:`~aiocheckpoint.DecryptionError` when the wrapped bytes do not authenticate.
+    Each manager wraps one data key when it first writes, and unwraps each data key it
+    reads once.
+    """
+
+    @property
+    def primary(self) -> str:
+        """The id of the key new data keys are wrapped under."""
+        ...
+
+    async def wrap_key(self, data_key: bytes) -> tuple[str, bytes]:
+        """``(key_id, wrapped)`` for a new data key."""
+        ...
+
+    async def unwrap_key(self, key_id: str, wrapped: bytes) -> bytes:
+        """The data key that ``wrap_key`` wrapped under ``key_id``."""
+        ...
+
+
+class Keyring:
+    """Named 32-byte keys, one of them the ``primary`` that new records are written under.
+
+    ``Keyring(keys={"k2": new, "k1": old}, primary="k2")``: records under any of the keys
+    read; keys are raw bytes (``os.urandom(32)``, or from a secrets manager). The local
+    :class:`KeyProvider`: it wraps data keys with AES-256-GCM under the primary key.
+    Bad keys raise :class:`~aiocheckpoint.InvalidArgumentError`.
+    """
+
+    __slots__ = ("_keys", "_primary")
+
+    def __init__(self, keys: dict[str, bytes], primary: str) -> None:
+        if not isinstance(keys, dict) or not keys:
+            raise InvalidArgumentError("keys must be a non-empty dict of key id -> 32 bytes")
+        aesgcm = _aesgcm()
+        self._keys = {_key_id(name): aesgcm(_key_bytes(name, key)) for name, key in keys.items()}
+        if not isinstance(primary, str) or primary not in keys:
+            raise InvalidArgumentError(f"primary {primary!r} is not one of the keyring's ids")
+        self._primary = primary
+
+    @property
+    def primary(self) -> str:
+        """The id of the key new records are written under."""
+        return self._primary
+
+    @property
+    def key_ids(self) -> frozenset[str]:
+        """The ids of every key this keyring holds."""
+        return frozenset(self._keys)
+
+    def __repr__(self) -> str:
+        return f"Keyring(key_ids={sorted(self._keys)!r}, primary={self._primary!r})"
+
+    async def wrap_key(self, data_key: bytes) -> tuple[str, bytes]:
+        """See :meth:`KeyProvider.wrap_key`."""
+        nonce = os.urandom(_NONCE)
+        ad = _WRAP_AD + self._primary.encode()
+        return self._primary, nonce + self._keys[self._primary].encrypt(nonce, data_key, ad)
+
+    async def unwrap_key(self, key_id: str, wrapped: bytes) -> bytes:
+        """See :meth:`KeyProvider.unwrap_key`."""
+        aead = self._keys.get(key_id)
+        if aead is None:
+            raise UnknownKeyError(f"no key {key_id!r} in the keyring")
+        try:
+            return aead.decrypt(wrapped[:_NONCE], wrapped[_NONCE:], _WRAP_AD + key_id.encode())
+        except Exception as exc:  # InvalidTag, or a nonce of the wrong size
+            raise DecryptionError(f"the data key does not authenticate under {key_id!r}") from exc
+
+
+def _key_id(name: object) -> str:
+    if not isinstance(name, str) or not 1 <= len(name.encode("utf-8", "replace")) <= 255:
+        raise InvalidArgumentError(f"a key id must be a str of 1..255 UTF-8 bytes: {name!r}")
+    if not name.isprintable():
+        raise InvalidArgumentError(f"a key id must be printable: {name!r}")
+    return name
+
+
+def _key_bytes(name: str, key: object) -> bytes:
+    if not isinstance(key, bytes) or len(key) != KEY_SIZE:
+        size = len(key) if isinstance(key, bytes) else type(key).__name__
+        raise InvalidArgumentError(f"key {name!r} must be {KEY_SIZE} bytes, not {size}")
+    return key
+
+
+def is_sealed_record(data: bytes) -> bool:
+    """Whether a checkpoint record is sealed (its header's sealed flag is set)."""
+    return len(data) > 5 and data[:4] == MAGIC and data[4] == FORMAT_VERSION and data[5] != 0
+
+
+def sealed_key_id(data: bytes, *, effect: bool = False) -> str | None:
+    """The key id a sealed checkpoint (or ``effect``) record names; None for plaintext.
+
+    Only what the record says: it is not authenticated until it is unsealed.
+    """
+    if effect:
+        envelope = data if data.startswith(ENVELOPE_MAGIC) else b""
+    else:
+        envelope = data[HEADER_SIZE:] if is_sealed_record(data) else b""
+    if len(envelope) < 7:
+        return None
+    return envelope[7 : 7 + envelope[6]].decode("utf-8", "replace")
+
+
+class _Writing:
+    """The data key a manager seals with: its envelope heads, its cipher, its nonces.
+
+    A data key is this object's alone, so a counter makes its nonces unique; the random
+    prefix keeps two data keys' nonce sequences apart should a key ever repeat.
+    """
+
+    __slots__ = ("aead", "heads", "prefix", "uses")
+
+    def __init__(self, key_id: str, wrapped: bytes, aead: AESGCM) -> None:
+        name = key_id.encode()
+        ident = bytes([len(name)]) + name + _U16.pack(len(wrapped)) + wrapped
+        self.heads = {
+            kind: ENVELOPE_MAGIC + bytes((_VERSION, kind)) + ident
+            for kind in (KIND_CHECKPOINT, KIND_EFFECT)
+        }
+        self.prefix = os.urandom(4)
+        self.aead = aead
+        self.uses = 0
+
+    def nonce(self) -> bytes:
+        """The next nonce: taken on the event loop, so no two seals ever share one."""
+        self.uses += 1
+        return self.prefix + _U64.pack(self.uses)
+
+    def seal(self, kind: int, context: bytes, plain: bytes, nonce: bytes) -> bytes:
+        """The envelope of ``plain`` for ``context`` (any thread: it changes nothing)."""
+        head = self.heads[kind] + nonce
+        return head + self.aead.encrypt(nonce, plain, head + context)
+
+
+class Sealer:
+    """Seals records under a provider's data key and unseals them (the bytes stage).
+
+    ``allow_plaintext`` lets plaintext records read (migrating a store); without it they
+    raise :class:`~aiocheckpoint.PlaintextRecordError`.
+    """
+
+    def __init__(self, provider: KeyProvider, *, allow_plaintext: bool = False) -> None:
+        if not isinstance(provider, KeyProvider):
+            raise InvalidArgumentError(
+                f"encryption must be a Keyring or a KeyProvider, not {type(provider).__name__}"
+            )
+        self._aesgcm = _aesgcm()
+        self.provider = provider
+        self.allow_plaintext = allow_plaintext
+        self._writing: _Writing | None = None
+        self._reading: OrderedDict[bytes, AESGCM] = OrderedDict()
+
+    async def seal_record(self, workflow_id: str, step: int, record: bytes) -> bytes:
+        """A plain checkpoint record sealed for ``workflow_id``/``step``."""
+        context = _context(workflow_id, step, None)
+        writing = self._writing
+        if writing is None or writing.uses >= _KEY_USES or len(record) > _ON_LOOP:
+            envelope = await self._seal(KIND_CHECKPOINT, context, record)
+        else:  # the hot path: no further await
+            envelope = writing.seal(KIND_CHECKPOINT, context, record, writing.nonce())
+        return HEADER.pack(MAGIC, FORMAT_VERSION, FLAG_SEALED, 0, len(envelope), 0) + envelope
+
+    async def seal_effect(self, workflow_id: str, step: int, key: str, record: bytes) -> bytes:
+        """A plain effect record sealed for its workflow, step and key."""
+        return await self._seal(KIND_EFFECT, _context(workflow_id, step, key), record)
+
+    async def unseal_record(self, workflow_id: str, step: int, data: bytes) -> bytes:
+        """The plain record a stored checkpoint record holds; DecryptionError if it fails."""
+        if not is_sealed_record(data):
+            return self._plaintext(data, workflow_id, step, "checkpoint record")
+        try:
+            _magic, _version, flags, reserved, length, crc = HEADER.unpack_from(data)
+            envelope = data[HEADER_SIZE:]
+            _check(flags == FLAG_SEALED and reserved == 0, f"unknown record flags {flags:#x}")
+            _check(len(envelope) == length, "sealed record truncated or padded")
+            _check(crc == 0, "the checksum field of a sealed record is not zero")
+            return await self._open(KIND_CHECKPOINT, _context(workflow_id, step, None), envelope)
+        except DecryptionError as exc:
+            raise type(exc)(exc.reason, workflow_id=workflow_id, step=step) from exc
+
+    async def unseal_effect(self, workflow_id: str, step: int, key: str, data: bytes) -> bytes:
+        """The plain effect record stored bytes hold; DecryptionError if they fail."""
+        if not data.startswith(ENVELOPE_MAGIC):
+            return self._plaintext(data, workflow_id, step, f"effect record {key!r}")
+        try:
+            return await self._open(KIND_EFFECT, _context(workflow_id, step, key), data)
+        except DecryptionError as exc:
+            reason = f"effect {key!r}: {exc.reason}"
+            raise type(exc)(reason, workflow_id=workflow_id, step=step) from exc
+
+    def _plaintext(self, data: bytes, workflow_id: str, step: int, what: str) -> bytes:
+        if self.allow_plaintext:
+            return data
+        raise PlaintextRecordError(
+            f"{what} is not encrypted (pass allow_plaintext=True only to migrate a store)",
+            workflow_id=workflow_id,
+            step=step,
+        )
+
+    async def _seal(self, kind: int, context: bytes, plain: bytes) -> bytes:
+        writing = self._writing
+        if writing is None or writing.uses >= _KEY_USES:
+            writing = await self._new_data_key()
+        nonce = writing.nonce()
+        if len(plain) > _ON_LOOP:
+            return await anyio.to_thread.run_sync(writing.seal, kind, context, plain, nonce)
+        return writing.seal(kind, context, plain, nonce)
+
+    async def _new_data_key(self) -> _Writing:
+        data_key = os.urandom(KEY_SIZE)
+        key_id, wrapped = await self._provider_call(self.provider.wrap_key(data_key))
+        if not 1 <= len(key_id.encode()) <= 255 or len(wrapped) > 0xFFFF:
+            raise EncryptionError("the key provider returned an unusable key id or wrapped key")
+        writing = _Writing(key_id, wrapped, self._aesgcm(data_key))
+        self._writing = writing
+        return writing
+
+    async def _open(self, kind: int, context: bytes, envelope: bytes) -> bytes:
+        _check(envelope[:4] == ENVELOPE_MAGIC, "not a sealed envelope (bad magic)")
+        _check(len(envelope) > 7 and envelope[4] == _VERSION, "unknown envelope version")
+        _check(envelope[5] == kind, "sealed as another kind of record")
+        start = 7 + envelope[6]
+        _check(len(envelope) >= start + 2, "sealed record truncated")
+        (size,) = _U16.unpack_from(envelope, start)
+        nonce_at = start + 2 + size
+        body_at = nonce_at + _NONCE
+        _check(len(envelope) >= body_at + _TAG, "sealed record truncated")
+        key_part = envelope[6:nonce_at]
+        aead = await self._data_key(envelope[7:start], envelope[start + 2 : nonce_at], key_part)
+        nonce, body = envelope[nonce_at:body_at], envelope[body_at:]
+        try:
+            if len(body) > _ON_LOOP:
+                return await anyio.to_thread.run_sync(
+                    aead.decrypt, nonce, body, envelope[:body_at] + context
+                )
+            return aead.decrypt(nonce, body, envelope[:body_at] + context)
+        except Exception as exc:  # cryptography's InvalidTag
+            raise DecryptionError("does not authenticate (changed, moved or forged)") from exc
+
+    async def _data_key(self, name: bytes, wrapped: bytes, cache_key: bytes) -> AESGCM:
+        aead = self._reading.get(cache_key)
+        if aead is not None:
+            return aead
+        try:
+            key_id = name.decode()
+        except UnicodeDecodeError:
+            raise DecryptionError("the key id is not UTF-8") from None
+        data_key = await self._provider_call(self.provider.unwrap_key(key_id, wrapped))
+        _check(len(data_key) == KEY_SIZE, "the unwrapped data key is not 32 bytes")
+        aead = self._aesgcm(data_key)
+        self._reading[cache_key] = aead
+        if len(self._reading) > _CACHED_KEYS:
+            self._reading.popitem(last=False)
+        return aead
+
+    @staticmethod
+    async def _provider_call(call: Awaitable[_T]) -> _T:
+        """Await a provider's call; what it raises besides our errors is EncryptionError."""
+        try:
+            return await call
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise EncryptionError(f"the key provider failed: {type(exc).__name__}") from exc
+
+
+def _check(ok: bool, reason: str) -> None:
+    if not ok:
+        raise DecryptionError(reason)
+
+
+def _context(workflow_id: str, step: int, key: str | None) -> bytes:
+    """The associated data that binds a record to its workflow, step and effect key."""
+    name = workflow_id.encode()
+    out = _U16.pack(len(name)) + name + _U64.pack(step)
+    if key is not None:
+        effect = key.encode()
+        out += _U16.pack(len(effect)) + effect
+    return out

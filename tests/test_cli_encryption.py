@@ -1,0 +1,209 @@
+"""The command line on encrypted stores: --keys, show/diff/verify/export, rekey and encrypt.
+
+Real subprocesses against real stores (docs/encryption.md, docs/cli.md). The rotation test
+SIGKILLs ``rekey`` while writers keep writing, restarts it, and checks that every record and
+effect then reads with the new key alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import random
+import signal
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from aiocheckpoint import (
+    CheckpointManager,
+    EffectRecord,
+    EffectState,
+    Keyring,
+    open_storage,
+)
+from aiocheckpoint.codec.sealing import sealed_key_id
+from aiocheckpoint.storage.base import EffectStorage
+from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
+
+__all__ = ["new_store"]
+
+K1, K2 = os.urandom(32), os.urandom(32)
+OLD = Keyring(keys={"k1": K1}, primary="k1")
+BOTH = Keyring(keys={"k1": K1, "k2": K2}, primary="k2")
+NEW = Keyring(keys={"k2": K2}, primary="k2")
+CANARY = "cli-CANARY-58c2"
+
+
+def keys_file(path: Path, keys: dict[str, bytes], primary: str, mode: int = 0o600) -> str:
+    text = {"primary": primary, "keys": {k: base64.b64encode(v).decode() for k, v in keys.items()}}
+    path.write_text(json.dumps(text))
+    path.chmod(mode)
+    return str(path)
+
+
+def effect(workflow_id: str, step: int, result: object) -> EffectRecord:
+    now = datetime.now(timezone.utc)
+    record = EffectRecord(workflow_id, step, "call", "tool", EffectState.IN_DOUBT, 1, now, "i")
+    return record.finished(EffectState.DONE, result=result)
+
+
+async def populate(url: str, keys: Keyring | None, workflows: int = 3, steps: int = 4) -> None:
+    async with CheckpointManager(open_storage(url), encryption=keys) as manager:
+        for w in range(workflows):
+            for step in range(steps):
+                state = {"secret": CANARY, "n": step}
+                await manager.create_checkpoint(f"wf-{w}", step, "a", "running", state)
+                await manager.record_effect(effect(f"wf-{w}", step, {"out": CANARY}))
+
+
+async def key_ids(url: str) -> set[str | None]:
+    """The key id of every record and effect of the store (None: plaintext)."""
+    storage = open_storage(url)
+    found: set[str | None] = set()
+    async with storage:
+        for wf in await storage.list_workflows():
+            for record in await storage.scan(wf):
+                found.add(sealed_key_id(record.data))
+                assert isinstance(storage, EffectStorage)
+                for item in await storage.load_effects(wf, record.step):
+                    found.add(sealed_key_id(item.data, effect=True))
+    return found
+
+
+async def read_all(url: str, keys: Keyring) -> int:
+    """Read every checkpoint and effect with ``keys``; how many checkpoints there were."""
+    count = 0
+    async with CheckpointManager(open_storage(url), encryption=keys) as manager:
+        for wf in await manager.list_workflows():
+            for checkpoint in await manager.list_checkpoints(wf):
+                assert checkpoint.state_snapshot.data["secret"] == CANARY
+                for record in await manager.get_effects(wf, checkpoint.step):
+                    assert record.result == {"out": CANARY}
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "message"),
+    [
+        ({"primary": "k1", "keys": {"k1": base64.b64encode(K1).decode()}}, 0o644, "chmod 600"),
+        ({"primary": "k1", "keys": {"k1": base64.b64encode(b"short").decode()}}, 0o600, "32"),
+        ({"primary": "k9", "keys": {"k1": base64.b64encode(K1).decode()}}, 0o600, "primary"),
+        ({"keys": {}}, 0o600, "KeyError"),
+        ("not json", 0o600, "JSONDecodeError"),
+        ({"primary": "k1", "keys": {"k1": "%%%"}}, 0o600, "not base64"),
+    ],
+)
+def test_bad_keys_files_are_usage_errors(
+    tmp_path: Path, content: object, mode: int, message: str
+) -> None:
+    path = tmp_path / "keys.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    path.chmod(mode)
+    result = cli("verify", f"sqlite://{tmp_path}/x.db", "--keys", str(path))
+    assert result.code == 2
+    assert message in result.error_line()
+    assert base64.b64encode(K1).decode() not in result.err
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_reading_commands_take_the_keys(
+    kind: str, new_store: NewStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = new_store(kind)
+    await populate(url, OLD)
+    keys = keys_file(tmp_path / "k.json", {"k1": K1}, "k1")
+    without = cli("verify", url)
+    assert without.code == 1 and "encrypted: pass --keys" in without.out
+    assert cli("verify", url, "--keys", keys).code == 0
+    with monkeypatch.context() as patched:
+        patched.setenv("AIOCHECKPOINT_KEYS", keys)
+        assert cli("verify", url).code == 0
+    shown = cli("--json", "show", url, "wf-0", "--keys", keys)
+    assert shown.code == 0 and CANARY in shown.out
+    diff = cli("diff", url, "wf-0", "1", "2", "--keys", keys)
+    assert diff.code == 0 and "n" in diff.out
+    sealed, plain = tmp_path / "sealed.jsonl", tmp_path / "plain.jsonl"
+    assert cli("export", url, str(sealed), "--keys", keys).code == 0
+    assert cli("export", url, str(plain), "--keys", keys, "--plaintext").code == 0
+    sealed_text, plain_text = sealed.read_text(), plain.read_text()
+    canary_b64 = [base64.b64encode(bytes(p) + CANARY.encode() + bytes(2))[4:-4] for p in range(3)]
+    assert not any(form.decode() in sealed_text for form in canary_b64)
+    assert any(form.decode() in plain_text for form in canary_b64)
+    # The ciphertext export imports into another store and reads there with the keys.
+    other = new_store(kind)
+    assert cli("import", str(sealed), other, "--keys", keys).code == 0
+    assert await read_all(other, OLD) == 12
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_encrypt_then_rekey_then_retire_the_old_key(
+    kind: str, new_store: NewStore, tmp_path: Path
+) -> None:
+    url = new_store(kind)
+    await populate(url, None)
+    old = keys_file(tmp_path / "old.json", {"k1": K1}, "k1")
+    both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
+    new = keys_file(tmp_path / "new.json", {"k2": K2}, "k2")
+    assert cli("rekey", url, "--keys", old).code == 1  # plaintext left: rekey does not seal it
+    result = cli("--json", "encrypt", url, "--keys", old)
+    assert result.code == 0, result.out + result.err
+    assert await key_ids(url) == {"k1"}
+    assert cli("rekey", url, "--keys", both).code == 0
+    assert await key_ids(url) == {"k2"}
+    again = cli("--json", "rekey", url, "--keys", both)
+    assert again.code == 0 and again.json()["resealed"] == 0  # type: ignore[index]
+    assert await read_all(url, NEW) == 12
+    assert cli("verify", url, "--keys", new).code == 0
+
+
+async def test_rekey_survives_sigkill_with_writers_running(
+    new_store: NewStore, tmp_path: Path
+) -> None:
+    url = new_store("sqlite")
+    await populate(url, OLD, workflows=20, steps=10)
+    both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    stop = asyncio.Event()
+
+    async def writer(n: int) -> None:
+        async with CheckpointManager(open_storage(url), encryption=BOTH) as manager:
+            step = 10
+            while not stop.is_set():
+                wf = f"wf-{(n * 7 + step) % 20}"
+                state = {"secret": CANARY, "n": step}
+                await manager.create_checkpoint(wf, 1000 * (n + 1) + step, "w", "running", state)
+                step += 1
+                await asyncio.sleep(0.005)
+
+    async def rekey(kill_after: float | None) -> int:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aiocheckpoint", "rekey", url, "--keys", both,
+            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        if kill_after is not None:
+            await asyncio.sleep(kill_after)
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+        return await proc.wait()
+
+    writers = [asyncio.create_task(writer(n)) for n in range(3)]
+    rng = random.Random(19)
+    codes = []
+    try:
+        for _ in range(4):
+            codes.append(await rekey(rng.uniform(0.6, 1.6)))
+            assert await read_all(url, BOTH) >= 200  # between kills: everything reads
+        assert await rekey(None) in (0, 1)  # 1: writers changed records meanwhile
+    finally:
+        stop.set()
+        await asyncio.gather(*writers)
+    assert set(codes) <= {-signal.SIGKILL, 0, 1} and -signal.SIGKILL in codes
+    assert await rekey(None) == 0
+    assert await key_ids(url) == {"k2"}
+    assert await read_all(url, NEW) >= 200
