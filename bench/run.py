@@ -1,6 +1,7 @@
 """Run the benchmark suite: every workload on every available system, in one process.
 
     python bench/run.py [--quick | --tiny] [--only NAME ...] [--markdown FILE]
+    python bench/run.py [--quick | --tiny] --otel    # OpenTelemetry's overhead (bench/otel.py)
 
 Prints one JSON line per measurement (medians of the repeats), one per ratio of each of our
 backends against each peer and raw limit, then markdown tables. ``--only`` takes workload
@@ -168,6 +169,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
     parser.add_argument("--dsn", default=os.environ.get("AIOCHECKPOINT_BENCH_DSN", DEFAULT_DSN))
     parser.add_argument("--dir", type=Path, help="where stores are created (default: a temp dir)")
+    parser.add_argument(
+        "--otel", action="store_true", help="only the OpenTelemetry overhead rows (bench/otel.py)"
+    )
     parser.add_argument("--render", type=Path, metavar="JSONL",
                         help="print a saved run's tables; measure nothing")  # fmt: skip
     return parser.parse_args(argv)
@@ -179,6 +183,11 @@ async def main(argv: list[str] | None = None) -> int:
     if args.render:
         print(render(args.render))
         return 0
+    if args.otel:  # its modes need fresh interpreters: bench/otel.py spawns them
+        from bench import otel
+
+        size = ["--tiny"] if args.tiny else ["--rounds", "3"] if args.quick else []
+        return await asyncio.to_thread(otel.main, size)
     sizes = Sizes.tiny() if args.tiny else Sizes.quick() if args.quick else Sizes.full()
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     names = {n.strip() for item in args.only for n in item.split(",") if n.strip()}

@@ -64,35 +64,42 @@ def test_measurements_carry_figures_and_ratios_are_computed(
     assert "### write" in proc.stdout
 
 
-def test_effects_bench_runs() -> None:
-    """`bench/effects.py --tiny` prints its three rows per backend and each backend's summary
-    (no timings checked)."""
+def _bench_lines(script: str, *args: str) -> list[dict[str, Any]]:
+    """The JSON lines a bench script prints (it must exit 0)."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "effects.py"), "--tiny"],
+        [sys.executable, str(ROOT / "bench" / script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_effects_bench_runs() -> None:
+    """`bench/effects.py --tiny` prints its three rows per backend and each backend's summary
+    (no timings checked)."""
+    lines = _bench_lines("effects.py", "--tiny")
     rows = {(line["backend"], line["row"]) for line in lines if "row" in line}
     backends = ("sqlite", "file", "postgres")
     assert rows == {(b, r) for b in backends for r in ("plain", "effects", "journal")}
     assert [line["summary"] for line in lines if "summary" in line] == list(backends)
 
 
+def test_otel_bench_runs() -> None:
+    """`bench/run.py --tiny --otel` prints every mode of every workload and their ratios."""
+    lines = _bench_lines("run.py", "--tiny", "--otel")
+    rows = {(r["workload"], r["mode"]) for r in lines if r["kind"] == "measurement"}
+    assert rows == {(w, m) for w in ("memory", "sqlite-c20", "sqlite-c1", "postgres-c1")
+                    for m in ("absent", "noop", "sdk", "sampled", "metrics")}  # fmt: skip
+    ratios = [r for r in lines if r["kind"] == "ratio"]
+    assert len(ratios) == 4 * 3 * 4 and all(r["ratio"] > 0 for r in ratios)
+
+
 def test_sweep_bench_runs() -> None:
     """`bench/sweep.py --tiny` prints its three rows and the summary (no timings checked)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sweep.py"), "--tiny"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    lines = _bench_lines("sweep.py", "--tiny")
     rows = {line.get("row") for line in lines[:-1]}
     assert rows == {"sweep-same-store", "sweep-other-store", "alone"}
     assert lines[-1]["summary"] == "sqlite"

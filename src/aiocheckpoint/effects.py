@@ -17,15 +17,16 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from ._telemetry import record_in_doubt, traced
 from .codec.effects import EffectRecord, EffectState, Reconciled
-from .errors import EffectInDoubtError, EffectOrderError, InvalidArgumentError
+from .errors import EffectInDoubtError, EffectOrderError, InvalidArgumentError, LeaseError
 from .leases import Lease
 from .manager import CheckpointManager
 from .storage.base import MAX_EFFECTS_PER_STEP, check_effect_key
 
 __all__ = ["Reconcile", "StepEffects", "idempotency_key"]
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 #: A ``reconcile`` callback: asked about an effect in doubt, says whether it happened.
 Reconcile = Callable[[EffectRecord], Awaitable[Reconciled]]
@@ -59,6 +60,16 @@ class StepEffects:
         self._order = 0
         self._running: set[str] = set()
 
+    @property
+    def workflow_id(self) -> str:
+        """The workflow whose step this is."""
+        return self._workflow_id
+
+    @property
+    def step(self) -> int:
+        """The step whose effects these are."""
+        return self._step
+
     def name(self, key: str | None) -> str:
         """The effect's key: ``key``, or the next ``#n`` (taken when the call starts)."""
         if key is None:
@@ -70,6 +81,7 @@ class StepEffects:
             raise InvalidArgumentError(f"explicit effect keys may not start with '#': {key!r}")
         return key
 
+    @traced("effect", instance=True)
     async def run(
         self,
         key: str,
@@ -94,6 +106,7 @@ class StepEffects:
                 if earlier.state is EffectState.DONE:
                     return earlier.result
                 if earlier.in_doubt:
+                    record_in_doubt(self._workflow_id, self._step, key)
                     found = await self._settle(earlier, idempotent, reconcile)
                     if found is not None:
                         return found.result
@@ -168,6 +181,8 @@ class StepEffects:
         error = {"type": type(exc).__qualname__, "message": str(exc)}
         try:
             await self._record(intent.finished(EffectState.FAILED, error=error))
+        except LeaseError:
+            pass  # another runner drives the workflow: reported once, when the block exits
         except Exception:
             logger.exception(
                 "workflow %r: could not record the failure of effect %r of step %d",

@@ -16,6 +16,7 @@ import anyio.lowlevel
 from typing_extensions import Self
 
 from ._holders import LocalHolders
+from ._telemetry import round_trip, traced
 from ._validation import (
     check_limit,
     check_optional_step,
@@ -71,7 +72,7 @@ from .storage.queries import StepInfo, build_query, encode_cursor, json_text
 
 __all__ = ["CheckpointManager", "ResumePoint"]
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 
 class ResumePoint(tuple[int, StateSnapshot, ExecutionMetrics]):
@@ -249,6 +250,7 @@ class CheckpointManager:
         """The retention policy (``max_checkpoints=N`` shows as its policy), or None."""
         return self._retention
 
+    @traced("sweep")
     async def sweep(
         self,
         *,
@@ -278,6 +280,7 @@ class CheckpointManager:
             opened=self._codec.opener(),
         )
 
+    @traced("thin_workflow")
     async def thin_workflow(
         self, workflow_id: str, *, policy: RetentionPolicy | None = None, dry_run: bool = False
     ) -> SweepReport:
@@ -329,6 +332,7 @@ class CheckpointManager:
                 except CheckpointError as exc:
                     logger.warning("background sweep failed, retrying in %.0f s: %s", seconds, exc)
 
+    @traced("create_checkpoint", duration="save")
     async def create_checkpoint(
         self,
         workflow_id: str,
@@ -399,7 +403,8 @@ class CheckpointManager:
             if tree is not None:
                 record, split = tree
                 returned = await codec.returned_tree(workflow_id, checkpoint)
-                await blobs.save_tree(
+                await round_trip(
+                    blobs.save_tree,
                     workflow_id,
                     step,
                     record,
@@ -415,12 +420,15 @@ class CheckpointManager:
         if codec.sealer is not None:
             data = await codec.sealer.seal_record(workflow_id, step, data)
         if info is None:
-            await self._storage.save(workflow_id, step, data, keep_last=self._max_checkpoints)
+            await round_trip(
+                self._storage.save, workflow_id, step, data, keep_last=self._max_checkpoints
+            )
         else:
             # Known to be a WorkflowStorage (_keeps_records): a protocol isinstance check
             # here would cost the hot path ~10 us per checkpoint.
             records: WorkflowStorage = self._storage  # type: ignore[assignment]
-            await records.save(
+            await round_trip(
+                records.save,
                 workflow_id,
                 step,
                 data,
@@ -455,6 +463,7 @@ class CheckpointManager:
         meta, finite = self._codec.copy(dict(metadata), "metadata")
         return workflow_id, step, agent_status, meta, finite
 
+    @traced("get_checkpoint", duration="load")
     async def get_checkpoint(self, workflow_id: str, step: int, *, raw: bool = False) -> Checkpoint:
         """Return one step's checkpoint; raise :class:`CheckpointNotFoundError` if absent.
 
@@ -465,7 +474,7 @@ class CheckpointManager:
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
-        stored = await self._storage.load(workflow_id, step)
+        stored = await round_trip(self._storage.load, workflow_id, step)
         view: View = "raw" if raw else "typed"
         checkpoint = (
             None if stored is None else await self._codec.decode_live(workflow_id, stored, view)
@@ -474,6 +483,7 @@ class CheckpointManager:
             raise CheckpointNotFoundError(workflow_id, step)
         return checkpoint
 
+    @traced("get_latest_checkpoint", duration="load")
     async def get_latest_checkpoint(self, workflow_id: str) -> Checkpoint | None:
         """Return the checkpoint with the highest step, or None if the workflow has none.
 
@@ -483,7 +493,7 @@ class CheckpointManager:
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         for _ in range(_RETRIES):
-            stored = await self._storage.load(workflow_id)
+            stored = await round_trip(self._storage.load, workflow_id)
             if stored is None:
                 return None
             checkpoint = await self._codec.decode_live(workflow_id, stored)
@@ -556,6 +566,7 @@ class CheckpointManager:
             self._codec.forget(workflow_id)
         return await self._storage.delete(workflow_id, step)
 
+    @traced("get_resume_point", duration="load")
     async def get_resume_point(self, workflow_id: str) -> ResumePoint | None:
         """Where to resume a workflow: ``(step, state_snapshot, metrics)``, or None.
 
@@ -575,6 +586,7 @@ class CheckpointManager:
             step, checkpoint.state_snapshot, checkpoint.metrics, checkpoint.app_version
         )
 
+    @traced("fork_workflow")
     async def fork_workflow(self, source_id: str, step: int, new_id: str) -> int:
         """Make ``new_id`` a copy of ``source_id``'s history up to ``step``; return the count.
 
@@ -760,6 +772,7 @@ class CheckpointManager:
         workflow_id = check_workflow_id(workflow_id)
         return await storage.resume_workflow(workflow_id, json_text(input, "resume input"))
 
+    @traced("record_failure")
     async def record_failure(
         self,
         workflow_id: str,
@@ -785,10 +798,15 @@ class CheckpointManager:
             fence_token(lease, workflow_id)
         text = json_text(_error_fields(error), "error")
         delays = tuple(retry.delays()) if retry is not None and retry.retryable(error) else ()
-        return await self._workflow_storage().record_failure(
-            workflow_id, text, retry_delays=delays, fence=lease
+        return await round_trip(
+            self._workflow_storage().record_failure,
+            workflow_id,
+            text,
+            retry_delays=delays,
+            fence=lease,
         )
 
+    @traced("mark_workflow")
     async def mark_workflow(
         self,
         workflow_id: str,
@@ -801,10 +819,14 @@ class CheckpointManager:
         workflow_id = check_workflow_id(workflow_id)
         if lease is not None:
             fence_token(lease, workflow_id)
-        return await self._workflow_storage().set_workflow_status(
-            workflow_id, _workflow_status(status), fence=lease
+        return await round_trip(
+            self._workflow_storage().set_workflow_status,
+            workflow_id,
+            _workflow_status(status),
+            fence=lease,
         )
 
+    @traced("acquire_lease", acquires=True)
     async def acquire_lease(self, workflow_id: str, owner: str, ttl: float = 30.0) -> Lease:
         """Take the workflow's lease for ``ttl`` seconds.
 
@@ -816,31 +838,34 @@ class CheckpointManager:
         # One owner name never holds a lease twice at once in this process (see _holders).
         _HOLDERS.reserve(storage, workflow_id, owner)
         try:
-            lease = await storage.acquire_lease(workflow_id, owner, ttl)
+            lease = await round_trip(storage.acquire_lease, workflow_id, owner, ttl)
         except BaseException:
             _HOLDERS.cancel(storage, workflow_id, owner)
             raise
         _HOLDERS.granted(storage, lease)
         return lease
 
+    @traced("renew_lease")
     async def renew_lease(self, lease: Lease, ttl: float = 30.0) -> Lease:
         """Extend a lease to ``ttl`` seconds from now; ``LeaseLostError`` if taken over."""
         self._check_open()
         storage = self._workflow_storage()
         try:
-            renewed = await storage.renew_lease(lease, check_ttl(ttl))
+            renewed = await round_trip(storage.renew_lease, lease, check_ttl(ttl))
         except LeaseLostError:
             _HOLDERS.dropped(storage, lease)
             raise
         _HOLDERS.renewed(storage, renewed)
         return renewed
 
+    @traced("release_lease")
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up; releasing a lease that was taken over does nothing."""
         self._check_open()
-        await self._workflow_storage().release_lease(lease)
+        await round_trip(self._workflow_storage().release_lease, lease)
         _HOLDERS.dropped(self._storage, lease)
 
+    @traced("claim_workflow", acquires=True)
     async def claim_workflow(
         self, owner: str, ttl: float = 30.0, *, retry: RetryPolicy | None = None
     ) -> Lease | None:
@@ -854,8 +879,8 @@ class CheckpointManager:
         self._check_open()
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise InvalidArgumentError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
-        lease = await self._workflow_storage().claim_next_workflow(
-            _check_owner(owner), check_ttl(ttl)
+        lease = await round_trip(
+            self._workflow_storage().claim_next_workflow, _check_owner(owner), check_ttl(ttl)
         )
         if lease is None:
             return None
@@ -909,8 +934,14 @@ class CheckpointManager:
             fence_token(lease, workflow_id)
             if not self._keeps_records:
                 self._workflow_storage()  # raises: no leases here
-        await self._effect_storage().put_effect(
-            workflow_id, step, key, data, in_doubt=record.in_doubt, fence=lease
+        await round_trip(
+            self._effect_storage().put_effect,
+            workflow_id,
+            step,
+            key,
+            data,
+            in_doubt=record.in_doubt,
+            fence=lease,
         )
         return record if result is record.result else replace(record, result=result)
 
@@ -918,7 +949,9 @@ class CheckpointManager:
         """The effect journal of one step, ordered by key (empty when it has none)."""
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
-        stored = await self._effect_storage().load_effects(workflow_id, check_step(step))
+        stored = await round_trip(
+            self._effect_storage().load_effects, workflow_id, check_step(step)
+        )
         records = []
         for item in stored:
             record = await self._codec.open_effect(workflow_id, item.step, item.key, item.data)
@@ -1024,7 +1057,7 @@ class CheckpointManager:
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         try:
-            stored = await self._storage.load(workflow_id)
+            stored = await round_trip(self._storage.load, workflow_id)
         except CheckpointCorruptedError as first:  # the storage refused the latest record
             if first.step is None:
                 raise
@@ -1070,8 +1103,13 @@ class CheckpointManager:
         low: int | None = None
         while True:
             try:
-                page = await self._storage.scan(
-                    workflow_id, after=low, before=cursor, limit=_PAGE, descending=True
+                page = await round_trip(
+                    self._storage.scan,
+                    workflow_id,
+                    after=low,
+                    before=cursor,
+                    limit=_PAGE,
+                    descending=True,
                 )
             except CheckpointCorruptedError as bad:
                 if bad.step is None or bad.step >= cursor or (low is not None and bad.step <= low):

@@ -22,6 +22,7 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._telemetry import annotate, record_sweep_deletions
 from .codec.facts import RecordFacts, record_facts
 from .errors import (
     CheckpointCorruptedError,
@@ -41,7 +42,7 @@ __all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep", "run_th
 #: A stored record's plain bytes, from its workflow id and the record (unsealed).
 Opener = Callable[[str, StoredCheckpoint], Awaitable[bytes]]
 
-logger = logging.getLogger("aiocheckpoint.retention")
+logger = logging.getLogger(__name__)
 
 #: How long the sweeper's own lease on a workflow it deletes lasts (it is released by the
 #: delete, which takes the lease with the record).
@@ -246,7 +247,20 @@ def _ended(report: SweepReport, what: str) -> SweepReport:
     """Where every sweep and thinning ends: the report is complete here."""
     report.finished_at = utcnow()
     logger.info("%s%s: %s", what, " (dry run)" if report.dry_run else "", report.as_dict())
+    _measured(report)
     return report
+
+
+def _measured(report: SweepReport) -> None:
+    """The report on the sweep's span and, unless a dry run, in the deletions metric."""
+    annotate("aiocheckpoint.sweep.deleted", report.deleted)
+    annotate("aiocheckpoint.sweep.dry_run", report.dry_run)
+    if report.dry_run:
+        return
+    for reason, count in report.workflows_deleted.items():
+        record_sweep_deletions("workflow", count, reason)
+    record_sweep_deletions("checkpoint", report.checkpoints_deleted)
+    record_sweep_deletions("blob", report.blobs_freed)
 
 
 class _Sweep:

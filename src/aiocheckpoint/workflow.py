@@ -13,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import anyio
 from typing_extensions import Self
 
+from ._telemetry import annotate, traced
 from ._validation import check_step, check_workflow_id
 from .effects import Reconcile, StepEffects
 from .errors import InvalidArgumentError, LeaseError, LeaseLostError
@@ -23,7 +24,7 @@ from .state import SharedState
 
 __all__ = ["ResumableWorkflow"]
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -137,6 +138,7 @@ class ResumableWorkflow:
         self.resumed_app_version: str | None = None
         self._effects: StepEffects | None = None
 
+    @traced("resume", instance=True)
     async def try_resume(self) -> int:
         """Restore state and metrics from the last checkpoint; return the step to run next.
 
@@ -151,6 +153,7 @@ class ResumableWorkflow:
         self.resumed_app_version = point.app_version
         self.is_resumed = True
         self.resume_step = self.current_step = step
+        annotate("aiocheckpoint.resume.step", step)
         return step
 
     def is_completed(self, step: int) -> bool:

@@ -383,6 +383,8 @@ class BaseStorage:
     """Lifecycle helpers shared by the bundled backends: ``async with`` and the closed check."""
 
     _closed: bool = False
+    #: The system's name in telemetry: OpenTelemetry's ``db.system.name`` attribute.
+    db_system: str = "other"
     #: Backends set their own limit here (or override :attr:`max_record_bytes`).
     _max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 

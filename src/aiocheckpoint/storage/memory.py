@@ -50,6 +50,8 @@ class InMemoryCheckpointStorage(BaseStorage):
     :class:`~aiocheckpoint.InvalidArgumentError`, as the durable backends refuse them.
     """
 
+    db_system = "aiocheckpoint.memory"
+
     def __init__(self, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
         self._max_record_bytes = check_max_record_bytes(max_record_bytes)
         self._workflows: dict[str, _Workflow] = {}

@@ -54,7 +54,7 @@ from .packs import (
 
 __all__ = ["BlobStore"]
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 #: Ranges of one pack closer than this are read with one ``pread`` (the gap is discarded).
 _GAP: Final = 64 * 1024

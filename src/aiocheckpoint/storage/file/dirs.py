@@ -51,7 +51,7 @@ from .io import (
 
 __all__ = ["EFFECTS", "RETRIES", "Replaced", "WorkflowDirs", "effect_prefix"]
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 #: How often an operation starts again when its directory is replaced under it.
 RETRIES: Final = 16

@@ -39,7 +39,7 @@ from .packs import GC_LOCK, TRASH, Index, pack_base
 
 __all__ = ["Collector"]
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 #: A pack whose unreferenced blobs exceed this fraction of its blob bytes is compacted.
 _COMPACT: Final = 0.5

@@ -36,7 +36,7 @@ __all__ = [
     "write_temp",
 ]
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 #: On every open: never through a symlink, never a device as controlling terminal.
 OPEN_FLAGS: Final = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY

@@ -49,7 +49,7 @@ from .records import RecordFiles
 
 __all__ = ["FileCheckpointStorage"]
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -93,6 +93,8 @@ class FileCheckpointStorage(BaseStorage):
     only when called). A blob younger than ``blob_grace_seconds`` is never deleted; it must
     exceed the longest save and the longest read (see docs/file-storage.md).
     """
+
+    db_system = "aiocheckpoint.file"
 
     def __init__(
         self,

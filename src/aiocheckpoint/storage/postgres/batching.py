@@ -14,11 +14,13 @@ commit in one transaction. See docs/postgres-storage.md, "Batching".
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._telemetry import record_commit
 from ...errors import CheckpointError, LeaseLostError, StorageBackendError
 from ...format import SplitResult
 from ..queries import StepInfo
@@ -36,6 +38,8 @@ from .connection import (
 )
 from .sql import Sql
 from .stats import WriteStats
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["GroupCommit", "Write"]
 
@@ -220,17 +224,21 @@ class GroupCommit:
                 if isinstance(exc, BlobLockBusy):
                     tx.lock_first = True
                 if conflict(exc) and conflicts < _CONFLICT_ATTEMPTS:
+                    # Expected under contention: logged without a warning or a traceback.
+                    logger.debug("batch of %d writes lost a conflict; retrying", len(batch))
                     conflicts += 1
                     self._stats.retries += 1
                     await asyncio.sleep(random.uniform(0, 0.002 * conflicts))
                     continue
                 if attempt < self._connection.retries and is_transient(exc):
+                    logger.debug("batch of %d writes: %s; retrying", len(batch), exc)
                     attempt += 1
                     self._stats.retries += 1
                     continue
                 raise
         self._stats.rows += len(tx.written)
         self._stats.batches += 1
+        record_commit("postgresql", len(batch))
         self._stats.largest_batch = max(self._stats.largest_batch, len(batch))
         for item in batch:
             if item.name not in tx.written and not item.future.done():

@@ -55,6 +55,8 @@ class PostgresCheckpointStorage(BaseStorage):
     scan, exists, list_workflows); otherwise it raises :class:`StorageBackendError`.
     """
 
+    db_system = "postgresql"
+
     def __init__(
         self,
         dsn_or_pool: Any,

@@ -104,6 +104,8 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     queued writes before closing.
     """
 
+    db_system = "sqlite"
+
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -29,7 +29,7 @@ from ...errors import StorageBackendError, StoragePermissionError
 
 T = TypeVar("T")
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 _SQLITE_BUSY: Final = 5
 _SQLITE_LOCKED: Final = 6
@@ -68,6 +68,8 @@ class BusyRetry:
             except sqlite3.OperationalError as exc:
                 if attempt >= self.retries or not is_busy(exc):
                     raise
+                # Expected with other processes writing: no warning, no traceback.
+                logger.debug("SQLite is busy (%s); retry %d of %d", exc, attempt + 1, self.retries)
             delay = min(self.cap, self.base * 2**attempt)
             time.sleep(delay * (0.5 + random.random()))
             attempt += 1

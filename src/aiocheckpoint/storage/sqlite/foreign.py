@@ -18,7 +18,7 @@ from ...errors import InvalidArgumentError
 
 __all__ = ["ForeignRow", "id_problem", "warn_skipped"]
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+from ..._telemetry import record_commit
 from ...errors import StorageClosedError
 from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
 from .writer import Op, Outcome, Writer
@@ -112,6 +113,7 @@ class GroupCommit:
             self._maybe_checkpoint(idle=True)
             return
         self._last_batch = asyncio.get_running_loop().time()
+        record_commit("sqlite", len(batch))
         try:
             done = asyncio.get_running_loop().run_in_executor(
                 self._write_thread, self._writer.run_batch, [item.op for item in batch]

@@ -17,7 +17,7 @@ from typing import Final
 
 from .connections import connect
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 #: Estimated WAL pages written since the last checkpoint after which a background
 #: checkpoint starts (SQLite's automatic checkpoint, turned off here, uses 1,000).

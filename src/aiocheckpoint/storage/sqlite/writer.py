@@ -40,7 +40,7 @@ from .schema import MIGRATIONS, Migration, migrate
 from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, _UPSERT
 from .walcheckpoint import wal_checkpoint
 
-logger = logging.getLogger("aiocheckpoint")
+logger = logging.getLogger(__name__)
 
 _PAGE_SIZE: Final = 4096
 #: What a record operation raises before it writes anything: only its caller fails.
