@@ -95,6 +95,7 @@ def kill_once(
     return fresh
 
 
+@pytest.mark.slow
 def test_sigkill_loses_no_acknowledged_checkpoint(tmp_path: Path) -> None:
     """After each of many SIGKILLs, every acknowledged step is present and verifies."""
     base = tmp_path / "store"
@@ -116,6 +117,7 @@ def test_sigkill_loses_no_acknowledged_checkpoint(tmp_path: Path) -> None:
     assert anyio.run(sweep_and_count) == []
 
 
+@pytest.mark.slow
 def test_sigkill_during_group_commits_loses_nothing(tmp_path: Path) -> None:
     """Forty workflows saving at once (group commits): after each SIGKILL every
     acknowledged step is present and verifies, and no temporary file is listed."""

@@ -112,6 +112,7 @@ def kill_once(zygote: Zygote, db: Path, rng: random.Random) -> list[tuple[str, i
     ]
 
 
+@pytest.mark.slow
 def test_sigkill_never_loses_an_acknowledged_checkpoint(tmp_path: Path) -> None:
     """Across many SIGKILLs at random moments, every acknowledged checkpoint survives and
     verifies, and the database passes integrity_check after each kill."""
