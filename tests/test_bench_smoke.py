@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: One tiny run for all of them: under pytest-xdist the module runs on one worker.
+pytestmark = pytest.mark.xdist_group("bench-smoke")
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,8 @@ from .test_docs import DOCS, ROOT, _anchors
 
 REQUIRED = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "griffe")
 BUILD_TIMEOUT_SECONDS = 300
+#: One build for all of them: under pytest-xdist the module runs on one worker.
+pytestmark = pytest.mark.xdist_group("docs-site")
 
 #: Backends that aiocheckpoint exports lazily (module ``__getattr__``, name -> module): the
 #: reference names them by their module path.

@@ -20,12 +20,15 @@ import pytest
 import aiocheckpoint
 from aiocheckpoint import CheckpointManager
 from aiocheckpoint.storage.file import FileCheckpointStorage
+from tests._zygote import Zygote
 
 CHILD = Path(__file__).with_name("_file_writer_child.py")
 KILLS = int(os.environ.get("AIOCHECKPOINT_CRASH_KILLS", "30"))
 SMALL = ("small-0", "small-1", "small-2", "a/b", "Ünïcode ✓", "shared")
 BIG = ("big-0", "big-1")
 BIG_KEEP = 3
+#: What the writers import, once, in the zygote they are forked from (tests/_zygote.py).
+PRELOAD = ("anyio", "aiocheckpoint", "aiocheckpoint.storage.file")
 
 Acks = dict[str, set[int]]
 
@@ -75,14 +78,16 @@ async def verify(base: Path, acks: Acks, fresh: Acks) -> None:
                     assert cp.state_snapshot.data["n"] == step
 
 
-def kill_once(base: Path, rng: random.Random, acks: Acks, mode: str = "crash") -> Acks:
-    proc = spawn(str(base), mode)
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == b"ready\n"
-    time.sleep(rng.uniform(0.05, 0.8))
-    proc.send_signal(signal.SIGKILL)
-    rest = proc.stdout.read()
-    proc.wait()
+def kill_once(
+    zygote: Zygote, base: Path, rng: random.Random, acks: Acks, mode: str = "crash"
+) -> Acks:
+    proc = zygote.spawn(str(base), mode)
+    with proc.stdout:
+        assert proc.stdout.readline() == b"ready\n"
+        time.sleep(rng.uniform(0.05, 0.8))
+        proc.send_signal(signal.SIGKILL)
+        rest = proc.stdout.read()
+    assert proc.wait() == -signal.SIGKILL
     fresh: Acks = defaultdict(set)
     parse_acks(rest, fresh)
     for wf, steps in fresh.items():
@@ -90,14 +95,16 @@ def kill_once(base: Path, rng: random.Random, acks: Acks, mode: str = "crash") -
     return fresh
 
 
+@pytest.mark.slow
 def test_sigkill_loses_no_acknowledged_checkpoint(tmp_path: Path) -> None:
     """After each of many SIGKILLs, every acknowledged step is present and verifies."""
     base = tmp_path / "store"
     rng = random.Random(int(os.environ.get("AIOCHECKPOINT_CRASH_SEED", "1234")))
     acks: Acks = defaultdict(set)
-    for _ in range(KILLS):
-        fresh = kill_once(base, rng, acks)
-        anyio.run(verify, base, acks, fresh)
+    with Zygote(CHILD, *PRELOAD) as zygote:
+        for _ in range(KILLS):
+            fresh = kill_once(zygote, base, rng, acks)
+            anyio.run(verify, base, acks, fresh)
     assert set(acks) == set(SMALL) | set(BIG)
     assert sum(len(s) for s in acks.values()) > KILLS  # the children made real progress
 
@@ -110,15 +117,17 @@ def test_sigkill_loses_no_acknowledged_checkpoint(tmp_path: Path) -> None:
     assert anyio.run(sweep_and_count) == []
 
 
+@pytest.mark.slow
 def test_sigkill_during_group_commits_loses_nothing(tmp_path: Path) -> None:
     """Forty workflows saving at once (group commits): after each SIGKILL every
     acknowledged step is present and verifies, and no temporary file is listed."""
     base = tmp_path / "store"
     rng = random.Random(int(os.environ.get("AIOCHECKPOINT_CRASH_SEED", "4321")))
     acks: Acks = defaultdict(set)
-    for _ in range(max(5, KILLS // 2)):
-        fresh = kill_once(base, rng, acks, "group")
-        anyio.run(verify, base, acks, fresh)
+    with Zygote(CHILD, *PRELOAD) as zygote:
+        for _ in range(max(5, KILLS // 2)):
+            fresh = kill_once(zygote, base, rng, acks, "group")
+            anyio.run(verify, base, acks, fresh)
     assert len(acks) == 40
     assert sum(len(s) for s in acks.values()) > 40 * KILLS // 2  # groups made real progress
 

@@ -131,6 +131,7 @@ finite_states = states_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(states)
 def test_random_states_round_trip_exactly_through_deep_trees(data: dict[str, Any]) -> None:

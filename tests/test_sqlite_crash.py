@@ -23,6 +23,7 @@ import pytest
 import aiocheckpoint
 from aiocheckpoint import CheckpointManager
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from tests._zygote import Child, Zygote
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
 
@@ -30,6 +31,8 @@ CHILD = Path(__file__).with_name("sqlite_child.py")
 SRC = Path(aiocheckpoint.__file__).resolve().parents[1]
 KILLS = int(os.environ.get("AIOCHECKPOINT_CRASH_KILLS", "30"))
 SEED = int(os.environ.get("AIOCHECKPOINT_CRASH_SEED", str(random.randrange(2**32))))
+#: What the crash-mode writers import, once, in the zygote they are forked from.
+PRELOAD = ("asyncio", "aiocheckpoint", "aiocheckpoint.storage.sqlite")
 
 
 def spawn(*args: str, stdin: int | None = None) -> subprocess.Popen[str]:
@@ -46,13 +49,13 @@ def spawn(*args: str, stdin: int | None = None) -> subprocess.Popen[str]:
 class Lines:
     """Drains a child's stdout in a thread so the child never blocks on a full pipe."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[str] | Child) -> None:
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
         self.thread.start()
 
-    def _read(self, proc: subprocess.Popen[str]) -> None:
+    def _read(self, proc: subprocess.Popen[str] | Child) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line == "ready\n":
@@ -89,6 +92,27 @@ async def verify(db: Path, new: list[tuple[str, int]], acked: dict[str, set[int]
                     assert len(cp.state_snapshot.data["blob"]) == 1024 * 1024
 
 
+def kill_once(zygote: Zygote, db: Path, rng: random.Random) -> list[tuple[str, int]]:
+    """SIGKILL a crash-mode writer at a random moment; the steps it acknowledged."""
+    proc = zygote.spawn("crash", str(db), text=True)
+    with proc.stdout:
+        out = Lines(proc)
+        if rng.random() < 0.2:
+            time.sleep(rng.uniform(0.0, 0.6))  # may land during the start-up or the open
+        else:
+            out.ready.wait(60)
+            time.sleep(rng.uniform(0.01, 0.5))
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+        out.thread.join(10)
+    return [
+        (parts[1], int(parts[2]))
+        for parts in (line.split() for line in out.lines)
+        if parts and parts[0] == "ack"
+    ]
+
+
+@pytest.mark.slow
 def test_sigkill_never_loses_an_acknowledged_checkpoint(tmp_path: Path) -> None:
     """Across many SIGKILLs at random moments, every acknowledged checkpoint survives and
     verifies, and the database passes integrity_check after each kill."""
@@ -96,27 +120,14 @@ def test_sigkill_never_loses_an_acknowledged_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     acked: dict[str, set[int]] = defaultdict(set)
     rounds_with_acks = 0
-    for kill in range(KILLS):
-        proc = spawn("crash", str(db))
-        out = Lines(proc)
-        if rng.random() < 0.2:
-            time.sleep(rng.uniform(0.0, 0.6))  # may land during startup or the open
-        else:
-            out.ready.wait(60)
-            time.sleep(rng.uniform(0.01, 0.5))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        out.thread.join(10)
-        new = [
-            (parts[1], int(parts[2]))
-            for parts in (line.split() for line in out.lines)
-            if parts and parts[0] == "ack"
-        ]
-        for wf, step in new:
-            acked[wf].add(step)
-        rounds_with_acks += bool(new)
-        assert integrity(db) == "ok", f"kill {kill} (seed {SEED})"
-        asyncio.run(verify(db, new, acked))
+    with Zygote(CHILD, *PRELOAD) as zygote:
+        for kill in range(KILLS):
+            new = kill_once(zygote, db, rng)
+            for wf, step in new:
+                acked[wf].add(step)
+            rounds_with_acks += bool(new)
+            assert integrity(db) == "ok", f"kill {kill} (seed {SEED})"
+            asyncio.run(verify(db, new, acked))
     assert rounds_with_acks >= KILLS // 2, f"the child rarely got to write (seed {SEED})"
 
     async def everything() -> None:

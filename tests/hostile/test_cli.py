@@ -50,6 +50,7 @@ async def record_of(url: str, workflow_id: str, step: int, state: dict[str, obje
 # --- 3: ints of millions of digits --------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_three_million_digit_int_is_decoded_and_printed_shortened(tmp_path: Path) -> None:
     """A record holding a 3,000,000-digit int: `verify` decodes it with the library's own
     parser (Python's digit limit stays on) and `show`/`diff` print it shortened, first and

@@ -184,6 +184,7 @@ def assert_refused_and_skipped(result: dict[str, Any], reason: str) -> None:
 # --- 1. expansion ("billion laughs") ------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_tree_expanding_past_max_record_bytes_is_refused_in_bounded_memory(
     tmp_path: Path,
 ) -> None:
@@ -270,6 +271,7 @@ def zstd_bomb(index: int, size: int, *, declare: bool) -> tuple[bytes, bytes]:
     return hasher.digest()[:16], b"\x01" + b"".join(frame)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("declare", [True, False], ids=["size-declared", "size-unknown"])
 async def test_zstd_bombs_are_refused_while_decompressing(tmp_path: Path, declare: bool) -> None:
     """Six blobs of a few KB each inflating to 300 MB: the reader's decompression budget

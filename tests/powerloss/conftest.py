@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests import _summary
 
 from .harness import Result
 from .lazyfs import build
@@ -20,9 +21,11 @@ def lazyfs_binary() -> Path:
     return build()
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print each configuration's cuts, acknowledged and lost checkpoints."""
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Publish each configuration's cuts, acknowledged and lost checkpoints (tests/_summary.py)."""
+    lines = []
     for result in RESULTS:
-        terminalreporter.write_line(f"power loss: {result.summary()}")
+        lines.append(f"power loss: {result.summary()}")
         if result.lazyfs:
-            terminalreporter.write_line(f"    LazyFS failures: {result.lazyfs_failures()}")
+            lines.append(f"    LazyFS failures: {result.lazyfs_failures()}")
+    _summary.publish(session.config, lines)

@@ -67,6 +67,9 @@ CONFIGS: dict[str, Config] = {
 }
 #: Configurations run side by side (each has its own LazyFS): a trial mostly waits.
 JOBS = int(os.environ.get("AIOCHECKPOINT_POWERLOSS_JOBS", "2"))
+#: The trials of every configuration start together (see ``trials``): under pytest-xdist
+#: they all run on one worker, queued first.
+pytestmark = [pytest.mark.xdist_group("powerloss"), pytest.mark.slow]
 
 
 def _selected(session: pytest.Session) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from aiocheckpoint import CheckpointManager, CheckpointStorage, open_storage
+from tests import _summary
 
 from ._support import TALLY
 
@@ -169,8 +170,6 @@ def manager(storage: CheckpointStorage) -> CheckpointManager:
 Reopen = Callable[[], Awaitable[CheckpointStorage]]
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print what the reliability suite did: kills dealt, faults injected, writers cancelled."""
-    if TALLY:
-        counts = ", ".join(f"{name}: {n}" for name, n in sorted(TALLY.items()))
-        terminalreporter.write_line(f"reliability: {counts}")
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Publish what the suite did: kills dealt, faults injected, writers cancelled."""
+    _summary.publish(session.config, counts={"reliability": TALLY})
