@@ -180,8 +180,18 @@ def _key_bytes(name: str, key: object) -> bytes:
 
 
 def is_sealed_record(data: bytes) -> bool:
-    """Whether a checkpoint record is sealed (its header's sealed flag is set)."""
-    return len(data) > 5 and data[:4] == MAGIC and data[4] == FORMAT_VERSION and data[5] != 0
+    """Whether a checkpoint record is sealed: its flags say so and an envelope follows.
+
+    Both, so that a flipped bit in a plain record's flags is reported as the corruption it
+    is, not as a record that needs keys.
+    """
+    return (
+        len(data) > HEADER_SIZE + 4
+        and data[:4] == MAGIC
+        and data[4] == FORMAT_VERSION
+        and data[5] == FLAG_SEALED
+        and data[HEADER_SIZE : HEADER_SIZE + 4] == ENVELOPE_MAGIC
+    )
 
 
 def sealed_key_id(data: bytes, *, effect: bool = False) -> str | None:
