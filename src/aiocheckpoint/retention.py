@@ -67,7 +67,8 @@ class RetentionPolicy(BaseModel):
     Workflows (on stores with workflow records): ``finished_ttl``, ``failed_ttl`` and
     ``idle_ttl`` delete a FINISHED, FAILED or UNFINISHED workflow (its record, checkpoints,
     effects, and the blobs it alone holds) when its record was last changed that long ago
-    (for a finished workflow: when it finished). A leased workflow is never deleted.
+    (for a finished or failed workflow: when it finished or failed, its ``finished_at``).
+    A leased workflow is never deleted.
 
     ``keep_last`` alone with ``keep_terminal=False`` is ``max_checkpoints``: it prunes at
     every write, in the save's transaction. Any other history rule is applied by sweeps,
@@ -296,9 +297,7 @@ class _Sweep:
 
     async def expire(self, now: datetime) -> None:
         for status, ttl in self.policy.ttls():
-            query = WorkflowQuery(
-                status=status, updated_before=now - ttl, limit=self.policy.batch_size
-            )
+            query = _expired(status, now - ttl, self.policy.batch_size)
             async for record in self.pages(query):
                 await self.expire_one(record, _REASONS[status])
 
@@ -470,6 +469,18 @@ def _refused_step(bad: CheckpointCorruptedError, low: int | None, before: int | 
     return step
 
 
+def _expired(status: WorkflowStatus, cutoff: datetime, limit: int) -> WorkflowQuery:
+    """The query of ``status``'s workflows past a TTL that ends at ``cutoff``.
+
+    A finished or failed workflow counts from when it ended (``finished_at``; a record
+    without one from its last change), so touching its metadata or lease later does not
+    keep it; an unfinished one counts from its last change.
+    """
+    if status is WorkflowStatus.UNFINISHED:
+        return WorkflowQuery(status=status, updated_before=cutoff, limit=limit)
+    return WorkflowQuery(status=status, finished_before=cutoff, limit=limit)
+
+
 def _leased(record: WorkflowRecord) -> bool:
     # The wall clock, not the sweep's ``now``: the storage judges leases by its own clock.
     expires = record.lease_expires_at
@@ -486,6 +497,7 @@ def _unchanged(seen: WorkflowRecord, current: WorkflowRecord, lease: Lease) -> b
     return (
         current.fencing_token == lease.token
         and current.status is seen.status
+        and current.finished_at == seen.finished_at
         and current.latest_step == seen.latest_step
         and current.latest_agent_status == seen.latest_agent_status
         and current.attempts == seen.attempts

@@ -1336,6 +1336,59 @@ class WorkflowRetentionConformance:
         assert report.workflows_deleted == {"idle": 1}
         assert await manager.list_workflows() == ["paused"]
 
+    async def test_finished_ttls_count_from_when_the_workflow_ended(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A finished or failed workflow touched after it ended still goes by its end time.
+
+        Metadata and leases change ``updated_at``, not ``finished_at``; the idle TTL keeps
+        counting from the last change, so a touched unfinished workflow stays.
+        """
+        policy = RetentionPolicy(
+            finished_ttl=timedelta(days=1),
+            failed_ttl=timedelta(days=1),
+            idle_ttl=timedelta(days=1),
+        )
+        manager = CheckpointManager(storage, retention=policy)
+        await self._statuses(manager)
+        ended = {}
+        for workflow_id in ("done", "failed"):
+            record = await storage.get_workflow(workflow_id)
+            assert record is not None and record.finished_at is not None
+            ended[workflow_id] = record.finished_at
+        await anyio.sleep(0.05)
+        middle = utcnow()
+        await anyio.sleep(0.05)
+        for workflow_id in ("done", "failed", "idle"):  # touched after the middle
+            await manager.register_workflow(workflow_id, metadata={"seen": True})
+            lease = await storage.acquire_lease(workflow_id, "reader", 30)
+            await storage.release_lease(lease)
+        for workflow_id, moment in ended.items():
+            record = await storage.get_workflow(workflow_id)
+            assert record is not None and record.finished_at == moment
+            assert record.updated_at > middle
+        report = await manager.sweep(now=middle + timedelta(days=1))
+        assert report.workflows_deleted == {"finished": 1, "failed": 1}
+        assert await manager.list_workflows() == ["idle", "paused"]
+
+    async def test_a_workflow_marked_finished_again_counts_from_the_new_end(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Marking a finished workflow finished again moves its end: the TTL restarts."""
+        manager = CheckpointManager(storage, retention=RetentionPolicy(finished_ttl=timedelta(1)))
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"k": 1})
+        await manager.mark_workflow("wf", WorkflowStatus.FINISHED)
+        await anyio.sleep(0.05)
+        middle = utcnow()
+        await anyio.sleep(0.05)
+        await manager.mark_workflow("wf", WorkflowStatus.FINISHED)
+        record = await storage.get_workflow("wf")
+        assert record is not None and record.finished_at is not None
+        assert record.finished_at > middle
+        assert (await manager.sweep(now=middle + timedelta(1))).deleted == 0
+        report = await manager.sweep(now=record.finished_at + timedelta(1, seconds=1))
+        assert report.workflows_deleted == {"finished": 1}
+
     async def test_a_leased_workflow_is_never_swept(self, storage: WorkflowStorage) -> None:
         """A live lease keeps its workflow, however old; once released it goes."""
         manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
