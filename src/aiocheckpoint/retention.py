@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -26,12 +25,10 @@ from ._telemetry import annotate, record_sweep_deletions
 from .codec.facts import RecordFacts, record_facts
 from .errors import (
     CheckpointCorruptedError,
-    CheckpointError,
     InvalidArgumentError,
-    LeaseHeldError,
     UnsupportedOperationError,
 )
-from .leases import Lease, WorkflowRecord, WorkflowStatus
+from .leases import WorkflowRecord, WorkflowStatus
 from .models import AgentStatus, utcnow
 from .storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
 from .storage.base import WorkflowStorage as _WorkflowStorage
@@ -44,9 +41,6 @@ Opener = Callable[[str, StoredCheckpoint], Awaitable[bytes]]
 
 logger = logging.getLogger(__name__)
 
-#: How long the sweeper's own lease on a workflow it deletes lasts (it is released by the
-#: delete, which takes the lease with the record).
-_SWEEP_LEASE_SECONDS: Final = 60.0
 #: A version-1 record longer than this has its fields parsed in a worker thread.
 _PARSE_ON_LOOP: Final = 64 * 1024
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -150,23 +144,27 @@ class SweepReport:
     """What one sweep deleted (or, with ``dry_run``, would delete).
 
     ``workflows_deleted`` counts whole workflows by reason (``finished``, ``failed``,
-    ``idle``); ``checkpoints_deleted`` and ``checkpoint_bytes`` count the checkpoints the
+    ``idle``) and ``workflow_bytes`` their checkpoint records' bytes (not counted by dry
+    runs); ``checkpoints_deleted`` and ``checkpoint_bytes`` count the checkpoints the
     history rules thinned out, and their record bytes (blobs not included);
     ``blobs_freed`` is what the garbage collection that ends a sweep freed (0 on stores
     that free blobs with their records). ``skipped_leased`` counts workflows past their TTL
-    left alone because they are leased; ``skipped_unreadable`` records kept because their
-    fields could not be read.
+    left alone because they are leased, ``skipped_changed`` those whose record changed
+    between the sweep's read and its delete; ``skipped_unreadable`` records kept because
+    their fields could not be read.
     """
 
     dry_run: bool
     started_at: datetime
     finished_at: datetime | None = None
     workflows_deleted: dict[str, int] = field(default_factory=dict)
+    workflow_bytes: int = 0
     workflows_thinned: int = 0
     checkpoints_deleted: int = 0
     checkpoint_bytes: int = 0
     blobs_freed: int = 0
     skipped_leased: int = 0
+    skipped_changed: int = 0
     skipped_unreadable: int = 0
 
     @property
@@ -282,8 +280,6 @@ class _Sweep:
         self.report = report
         self.dry_run = dry_run
         self.forget = forget
-        # Unique per sweep: two sweepers never both get a workflow's lease.
-        self.owner = f"aiocheckpoint-sweep:{uuid.uuid4().hex}"
 
     def records(self) -> _WorkflowStorage:
         if not isinstance(self.storage, _WorkflowStorage):
@@ -319,31 +315,17 @@ class _Sweep:
         if self.dry_run:
             self.report._count(reason)
             return
-        storage = self.records()
-        try:
-            # Our own lease keeps runners (and other sweepers) out while we check and delete.
-            lease = await storage.acquire_lease(
-                record.workflow_id, self.owner, _SWEEP_LEASE_SECONDS
-            )
-        except LeaseHeldError:
-            self.report.skipped_leased += 1
+        # Deleted only if nothing touched the record since this page read it: a write, a
+        # lease, a status or metadata change moves ``updated_at``.
+        size = await self.records().delete_workflow(
+            record.workflow_id, updated_at=record.updated_at
+        )
+        if size is None:
+            self.report.skipped_changed += 1
             return
-        if await self.delete_if_unchanged(record, lease):
-            self.forget(record.workflow_id)
-            self.report._count(reason)
-
-    async def delete_if_unchanged(self, seen: WorkflowRecord, lease: Lease) -> bool:
-        storage = self.records()
-        try:
-            current = await storage.get_workflow(seen.workflow_id)
-            if current is not None and _unchanged(seen, current, lease):
-                return await storage.delete(seen.workflow_id)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await _release(storage, lease)
-            raise
-        await _release(storage, lease)
-        return False
+        self.forget(record.workflow_id)
+        self.report._count(reason)
+        self.report.workflow_bytes += size
 
     # --- history -----------------------------------------------------------------------
 
@@ -485,27 +467,3 @@ def _leased(record: WorkflowRecord) -> bool:
     # The wall clock, not the sweep's ``now``: the storage judges leases by its own clock.
     expires = record.lease_expires_at
     return record.lease_owner is not None and expires is not None and expires > utcnow()
-
-
-def _unchanged(seen: WorkflowRecord, current: WorkflowRecord, lease: Lease) -> bool:
-    """Whether the workflow still stands where we read it, under our lease.
-
-    A run that wrote a step, failed, finished or was resumed between our read and our
-    lease shows in these fields (the fencing token cannot tell: some stores number leases
-    across all workflows).
-    """
-    return (
-        current.fencing_token == lease.token
-        and current.status is seen.status
-        and current.finished_at == seen.finished_at
-        and current.latest_step == seen.latest_step
-        and current.latest_agent_status == seen.latest_agent_status
-        and current.attempts == seen.attempts
-    )
-
-
-async def _release(storage: _WorkflowStorage, lease: Lease) -> None:
-    try:
-        await storage.release_lease(lease)
-    except CheckpointError as exc:  # a closed store: the lease expires on its own
-        logger.info("sweep could not release its lease on %r: %s", lease.workflow_id, exc)

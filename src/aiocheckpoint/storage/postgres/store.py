@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Mapping
+from datetime import datetime
 from typing import Any
 
 from ..._validation import check_limit, check_optional_step, check_step, check_workflow_id
@@ -248,6 +249,20 @@ class PostgresCheckpointStorage(BaseStorage):
         deleted = await self._records.delete(workflow_id, step)
         # The trigger took the effects of deleted checkpoints; these are of steps without one.
         await self._effects.delete(workflow_id, step)
+        return deleted
+
+    async def delete_workflow(self, workflow_id: str, *, updated_at: datetime) -> int | None:
+        """Delete the workflow whole if its record is untouched since ``updated_at``.
+
+        Returns its checkpoint records' bytes, or None when nothing was deleted. The record
+        row is deleted first, so a save (which updates that row before its checkpoint rows)
+        either committed first and moved ``updated_at``, or waits and writes a new workflow.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        deleted = await self._records.delete_untouched(workflow_id, updated_at)
+        if deleted is not None:
+            await self._effects.delete(workflow_id, None)
         return deleted
 
     async def list_workflows(self) -> list[str]:
