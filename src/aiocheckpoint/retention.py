@@ -30,7 +30,12 @@ from .errors import (
 )
 from .leases import WorkflowRecord, WorkflowStatus
 from .models import AgentStatus, utcnow
-from .storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
+from .storage.base import (
+    BlobCheckpointStorage,
+    CheckpointStorage,
+    EffectStorage,
+    StoredCheckpoint,
+)
 from .storage.base import WorkflowStorage as _WorkflowStorage
 from .storage.queries import WorkflowQuery
 
@@ -147,6 +152,9 @@ class SweepReport:
     ``idle``) and ``workflow_bytes`` their checkpoint records' bytes (not counted by dry
     runs); ``checkpoints_deleted`` and ``checkpoint_bytes`` count the checkpoints the
     history rules thinned out, and their record bytes (blobs not included);
+    ``effects_deleted`` the effect records of steps without a checkpoint below the oldest
+    checkpoint thinning kept (not counted by dry runs; those of the thinned steps go with
+    them, uncounted);
     ``blobs_freed`` is what the garbage collection that ends a sweep freed (0 on stores
     that free blobs with their records). ``skipped_leased`` counts workflows past their TTL
     left alone because they are leased, ``skipped_changed`` those whose record changed
@@ -162,6 +170,7 @@ class SweepReport:
     workflows_thinned: int = 0
     checkpoints_deleted: int = 0
     checkpoint_bytes: int = 0
+    effects_deleted: int = 0
     blobs_freed: int = 0
     skipped_leased: int = 0
     skipped_changed: int = 0
@@ -357,6 +366,8 @@ class _Sweep:
 
         Newest first, a page at a time. A record the storage refuses to read (over its
         size limit, say) is kept: the page then ends above it and the next starts below.
+        Then the effect records of steps below the oldest kept checkpoint that have no
+        checkpoint go too (the steps that may still be running are above it).
         """
         keeper = _Keeper(self.policy)
         before: int | None = None
@@ -375,15 +386,26 @@ class _Sweep:
                 low = _refused_step(bad, low, before)
                 continue
             for record in page:
-                if not await self.kept(keeper, workflow_id, record):
+                if await self.kept(keeper, workflow_id, record):
+                    keeper.oldest = record.step
+                else:
                     deleted += await self.drop(workflow_id, record)
             if len(page) == self.policy.batch_size:
                 before = page[-1].step
             elif low is not None:
                 self.report.skipped_unreadable += 1
+                keeper.oldest = low
                 before, low = low, None
             else:
+                await self.drop_orphan_effects(workflow_id, keeper.oldest)
                 return deleted
+
+    async def drop_orphan_effects(self, workflow_id: str, oldest_kept: int | None) -> None:
+        if self.dry_run or oldest_kept is None or not isinstance(self.storage, EffectStorage):
+            return
+        self.report.effects_deleted += await self.storage.drop_orphan_effects(
+            workflow_id, oldest_kept
+        )
 
     async def kept(self, keeper: _Keeper, workflow_id: str, record: StoredCheckpoint) -> bool:
         try:
@@ -411,6 +433,8 @@ class _Keeper:
         self.seen = 0
         self.completed_seen = False
         self.last_bucket: int | None = None
+        #: The lowest step kept so far (records are judged newest first).
+        self.oldest: int | None = None
 
     def keeps(self, facts: RecordFacts) -> bool:
         self.seen += 1

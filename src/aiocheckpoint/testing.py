@@ -1284,6 +1284,36 @@ class RetentionConformance:
         assert len(await _steps(storage, "b")) == 12
         assert (await manager.thin_workflow("b")).checkpoints_deleted == 6
 
+    async def test_thinning_drops_effects_below_the_oldest_kept_checkpoint(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """Thinning drops the effects of its steps, and of checkpointless steps below.
+
+        Below the oldest kept checkpoint, a step without a checkpoint has no run that may
+        still use its journal; above it (and the running step after the newest) all stay.
+        """
+        assert isinstance(storage, EffectStorage)
+        manager = CheckpointManager(storage, retention=RetentionPolicy(keep_last=2))
+        for step in (0, 2, 4, 6, 8):
+            await manager.create_checkpoint("wf", step, "a", "running", {"s": step})
+        effects = {1: ["a"], 3: ["a", "b"], 4: ["a"], 7: ["a"], 8: ["a"], 9: ["a"]}
+        for step, keys in effects.items():
+            for key in keys:
+                await storage.put_effect("wf", step, key, b"r", in_doubt=step == 9)
+
+        async def journal() -> dict[int, int]:
+            found = {s: len(await storage.load_effects("wf", s)) for s in range(10)}
+            return {s: n for s, n in found.items() if n}
+
+        dry = await manager.sweep(dry_run=True)
+        assert dry.effects_deleted == 0 and await journal() == {1: 1, 3: 2, 4: 1, 7: 1, 8: 1, 9: 1}
+        report = await manager.sweep()
+        assert await _steps(storage, "wf") == [6, 8]
+        assert report.effects_deleted == 3  # steps 1 and 3; step 4's went with its checkpoint
+        assert await journal() == {7: 1, 8: 1, 9: 1}
+        assert await storage.in_doubt_workflows() == ["wf"]  # the running step 9's intent
+        assert (await manager.sweep()).effects_deleted == 0
+
     async def test_bad_policies_are_refused(self, storage: CheckpointStorage) -> None:
         """Bad policies raise InvalidArgumentError; a manager without one cannot sweep."""
         for bad in (

@@ -334,6 +334,10 @@ class EffectStorage(Protocol):
       workflow's. Replacing a step's checkpoint keeps its effects.
     * ``in_doubt_workflows`` lists, sorted, every workflow with a record put with
       ``in_doubt=True`` and not replaced since.
+    * ``drop_orphan_effects(wf, below)`` deletes the records of the steps below ``below``
+      that have no checkpoint (checked in the delete's transaction, or under the
+      workflow's lock) and returns how many it deleted: retention's cleanup under the
+      oldest checkpoint it keeps.
     """
 
     async def put_effect(
@@ -355,6 +359,10 @@ class EffectStorage(Protocol):
 
     async def in_doubt_workflows(self) -> list[str]:
         """Every workflow that has an effect in doubt, sorted."""
+        ...
+
+    async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Delete the effect records of steps below ``below`` without a checkpoint."""
         ...
 
 

@@ -214,6 +214,17 @@ class InMemoryCheckpointStorage(BaseStorage):
             if any(d for keys in journal.values() for d, _ in keys.values())
         )
 
+    async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Delete the effect records of steps below ``below`` without a checkpoint."""
+        self._check_open()
+        wf = self._workflows.get(workflow_id)
+        steps = set() if wf is None else set(wf.records)
+        journal = self._effects.get(workflow_id, {})
+        doomed = [s for s in journal if s < below and s not in steps]
+        count = sum(len(journal[s]) for s in doomed)
+        self._drop_effects(workflow_id, set(doomed).__contains__)
+        return count
+
     def _drop_effects(self, workflow_id: str, doomed: Callable[[int], bool]) -> None:
         journal = self._effects.get(workflow_id)
         if journal is None:

@@ -311,6 +311,12 @@ class PostgresCheckpointStorage(BaseStorage):
         self._check_open()
         return await self._effects.in_doubt_workflows()
 
+    async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Delete the effect records of steps below ``below`` without a checkpoint."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._effects.drop_orphans(workflow_id, check_step(below))
+
     # --- workflow records and leases (WorkflowStorage) ----------------------------------
 
     async def set_workflow_status(

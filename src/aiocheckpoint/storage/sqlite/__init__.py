@@ -321,6 +321,17 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._check_open()
         return await self._read(effects.read_in_doubt)
 
+    async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Delete the effect records of steps below ``below`` without a checkpoint."""
+        self._check_open()
+        fn = functools.partial(
+            effects.drop_orphans,
+            workflow_id=check_workflow_id(workflow_id),
+            below=check_step(below),
+        )
+        dropped: int = await self._submit(RecordOp("effect cleanup", fn), 0)
+        return dropped
+
     # --- workflow records and leases (WorkflowStorage) ------------------------------------
 
     async def set_workflow_status(
