@@ -75,6 +75,8 @@ def _summary(report: SweepReport) -> str:
         f"{report.checkpoints_deleted} checkpoints ({report.checkpoint_bytes} bytes) "
         f"in {report.workflows_thinned} workflows"
     )
+    if report.effects_deleted:
+        text += f"; dropped {report.effects_deleted} effect records"
     if report.blobs_freed:
         text += f"; freed {report.blobs_freed} blobs"
     if report.skipped_leased:
