@@ -83,7 +83,13 @@ async def writers(manager: CheckpointManager, count: int, stop: asyncio.Event) -
 
 def timed_calls(storage: CheckpointStorage, longest: list[float]) -> None:
     """Record the longest storage call the sweep makes (a bench-only wrapper)."""
-    for name in ("delete", "scan", "query_workflow_records", "acquire_lease", "get_workflow"):
+    for name in (
+        "delete",
+        "delete_workflow",
+        "drop_orphan_effects",
+        "scan",
+        "query_workflow_records",
+    ):
         call = getattr(storage, name)
 
         async def wrapped(*args: Any, _call: Any = call, **kwargs: Any) -> Any:

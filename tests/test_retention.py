@@ -273,6 +273,26 @@ async def test_cli_sweep_dry_run_then_for_real(tmp_path: Path) -> None:
         assert await steps(manager.storage, "wf") == [0, 5, 7, 8, 9]
 
 
+async def test_cli_sweep_reports_the_effect_records_it_dropped(tmp_path: Path) -> None:
+    """The summary line and the JSON count the orphan effect records a thinning dropped."""
+    url = f"sqlite:{tmp_path / 'store.db'}"
+    storage = SQLiteCheckpointStorage(tmp_path / "store.db")
+    async with CheckpointManager(storage) as manager:
+        for step in range(2, 6):
+            await manager.create_checkpoint("wf", step, "a", "running", {"n": step})
+        await storage.put_effect("wf", 1, "send", b"r", in_doubt=False)  # no checkpoint
+        await storage.put_effect("wf", 6, "send", b"r", in_doubt=True)  # the running step
+    dry = cli("sweep", url, "--keep-last", "2", "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    assert dry.json()["effects_deleted"] == 0  # type: ignore[index]
+    text = cli("sweep", url, "--keep-last", "2")
+    assert text.code == 0, text.err
+    assert "2 checkpoints" in text.out and "; dropped 1 effect records" in text.out
+    async with CheckpointManager(SQLiteCheckpointStorage(tmp_path / "store.db")) as manager:
+        assert await manager.storage.load_effects("wf", 1) == []  # type: ignore[attr-defined]
+        assert len(await manager.storage.load_effects("wf", 6)) == 1  # type: ignore[attr-defined]
+
+
 async def test_cli_sweep_refuses_a_sweep_without_rules_and_bad_durations(
     tmp_path: Path,
 ) -> None:

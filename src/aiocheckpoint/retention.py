@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -26,14 +25,17 @@ from ._telemetry import annotate, record_sweep_deletions
 from .codec.facts import RecordFacts, record_facts
 from .errors import (
     CheckpointCorruptedError,
-    CheckpointError,
     InvalidArgumentError,
-    LeaseHeldError,
     UnsupportedOperationError,
 )
-from .leases import Lease, WorkflowRecord, WorkflowStatus
+from .leases import WorkflowRecord, WorkflowStatus
 from .models import AgentStatus, utcnow
-from .storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
+from .storage.base import (
+    BlobCheckpointStorage,
+    CheckpointStorage,
+    EffectStorage,
+    StoredCheckpoint,
+)
 from .storage.base import WorkflowStorage as _WorkflowStorage
 from .storage.queries import WorkflowQuery
 
@@ -44,9 +46,6 @@ Opener = Callable[[str, StoredCheckpoint], Awaitable[bytes]]
 
 logger = logging.getLogger(__name__)
 
-#: How long the sweeper's own lease on a workflow it deletes lasts (it is released by the
-#: delete, which takes the lease with the record).
-_SWEEP_LEASE_SECONDS: Final = 60.0
 #: A version-1 record longer than this has its fields parsed in a worker thread.
 _PARSE_ON_LOOP: Final = 64 * 1024
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -67,7 +66,8 @@ class RetentionPolicy(BaseModel):
     Workflows (on stores with workflow records): ``finished_ttl``, ``failed_ttl`` and
     ``idle_ttl`` delete a FINISHED, FAILED or UNFINISHED workflow (its record, checkpoints,
     effects, and the blobs it alone holds) when its record was last changed that long ago
-    (for a finished workflow: when it finished). A leased workflow is never deleted.
+    (for a finished or failed workflow: when it finished or failed, its ``finished_at``).
+    A leased workflow is never deleted.
 
     ``keep_last`` alone with ``keep_terminal=False`` is ``max_checkpoints``: it prunes at
     every write, in the save's transaction. Any other history rule is applied by sweeps,
@@ -149,23 +149,31 @@ class SweepReport:
     """What one sweep deleted (or, with ``dry_run``, would delete).
 
     ``workflows_deleted`` counts whole workflows by reason (``finished``, ``failed``,
-    ``idle``); ``checkpoints_deleted`` and ``checkpoint_bytes`` count the checkpoints the
+    ``idle``) and ``workflow_bytes`` their checkpoint records' bytes (not counted by dry
+    runs); ``checkpoints_deleted`` and ``checkpoint_bytes`` count the checkpoints the
     history rules thinned out, and their record bytes (blobs not included);
+    ``effects_deleted`` the effect records of steps without a checkpoint below the oldest
+    checkpoint thinning kept (not counted by dry runs; those of the thinned steps go with
+    them, uncounted);
     ``blobs_freed`` is what the garbage collection that ends a sweep freed (0 on stores
     that free blobs with their records). ``skipped_leased`` counts workflows past their TTL
-    left alone because they are leased; ``skipped_unreadable`` records kept because their
-    fields could not be read.
+    left alone because they are leased, ``skipped_changed`` those whose record changed
+    between the sweep's read and its delete; ``skipped_unreadable`` records kept because
+    their fields could not be read.
     """
 
     dry_run: bool
     started_at: datetime
     finished_at: datetime | None = None
     workflows_deleted: dict[str, int] = field(default_factory=dict)
+    workflow_bytes: int = 0
     workflows_thinned: int = 0
     checkpoints_deleted: int = 0
     checkpoint_bytes: int = 0
+    effects_deleted: int = 0
     blobs_freed: int = 0
     skipped_leased: int = 0
+    skipped_changed: int = 0
     skipped_unreadable: int = 0
 
     @property
@@ -281,8 +289,6 @@ class _Sweep:
         self.report = report
         self.dry_run = dry_run
         self.forget = forget
-        # Unique per sweep: two sweepers never both get a workflow's lease.
-        self.owner = f"aiocheckpoint-sweep:{uuid.uuid4().hex}"
 
     def records(self) -> _WorkflowStorage:
         if not isinstance(self.storage, _WorkflowStorage):
@@ -296,9 +302,7 @@ class _Sweep:
 
     async def expire(self, now: datetime) -> None:
         for status, ttl in self.policy.ttls():
-            query = WorkflowQuery(
-                status=status, updated_before=now - ttl, limit=self.policy.batch_size
-            )
+            query = _expired(status, now - ttl, self.policy.batch_size)
             async for record in self.pages(query):
                 await self.expire_one(record, _REASONS[status])
 
@@ -320,31 +324,17 @@ class _Sweep:
         if self.dry_run:
             self.report._count(reason)
             return
-        storage = self.records()
-        try:
-            # Our own lease keeps runners (and other sweepers) out while we check and delete.
-            lease = await storage.acquire_lease(
-                record.workflow_id, self.owner, _SWEEP_LEASE_SECONDS
-            )
-        except LeaseHeldError:
-            self.report.skipped_leased += 1
+        # Deleted only if nothing touched the record since this page read it: a write, a
+        # lease, a status or metadata change moves ``updated_at``.
+        size = await self.records().delete_workflow(
+            record.workflow_id, updated_at=record.updated_at
+        )
+        if size is None:
+            self.report.skipped_changed += 1
             return
-        if await self.delete_if_unchanged(record, lease):
-            self.forget(record.workflow_id)
-            self.report._count(reason)
-
-    async def delete_if_unchanged(self, seen: WorkflowRecord, lease: Lease) -> bool:
-        storage = self.records()
-        try:
-            current = await storage.get_workflow(seen.workflow_id)
-            if current is not None and _unchanged(seen, current, lease):
-                return await storage.delete(seen.workflow_id)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await _release(storage, lease)
-            raise
-        await _release(storage, lease)
-        return False
+        self.forget(record.workflow_id)
+        self.report._count(reason)
+        self.report.workflow_bytes += size
 
     # --- history -----------------------------------------------------------------------
 
@@ -376,6 +366,8 @@ class _Sweep:
 
         Newest first, a page at a time. A record the storage refuses to read (over its
         size limit, say) is kept: the page then ends above it and the next starts below.
+        Then the effect records of steps below the oldest kept checkpoint that have no
+        checkpoint go too (the steps that may still be running are above it).
         """
         keeper = _Keeper(self.policy)
         before: int | None = None
@@ -394,15 +386,26 @@ class _Sweep:
                 low = _refused_step(bad, low, before)
                 continue
             for record in page:
-                if not await self.kept(keeper, workflow_id, record):
+                if await self.kept(keeper, workflow_id, record):
+                    keeper.oldest = record.step
+                else:
                     deleted += await self.drop(workflow_id, record)
             if len(page) == self.policy.batch_size:
                 before = page[-1].step
             elif low is not None:
                 self.report.skipped_unreadable += 1
+                keeper.oldest = low
                 before, low = low, None
             else:
+                await self.drop_orphan_effects(workflow_id, keeper.oldest)
                 return deleted
+
+    async def drop_orphan_effects(self, workflow_id: str, oldest_kept: int | None) -> None:
+        if self.dry_run or oldest_kept is None or not isinstance(self.storage, EffectStorage):
+            return
+        self.report.effects_deleted += await self.storage.drop_orphan_effects(
+            workflow_id, oldest_kept
+        )
 
     async def kept(self, keeper: _Keeper, workflow_id: str, record: StoredCheckpoint) -> bool:
         try:
@@ -430,6 +433,8 @@ class _Keeper:
         self.seen = 0
         self.completed_seen = False
         self.last_bucket: int | None = None
+        #: The lowest step kept so far (records are judged newest first).
+        self.oldest: int | None = None
 
     def keeps(self, facts: RecordFacts) -> bool:
         self.seen += 1
@@ -470,30 +475,19 @@ def _refused_step(bad: CheckpointCorruptedError, low: int | None, before: int | 
     return step
 
 
+def _expired(status: WorkflowStatus, cutoff: datetime, limit: int) -> WorkflowQuery:
+    """The query of ``status``'s workflows past a TTL that ends at ``cutoff``.
+
+    A finished or failed workflow counts from when it ended (``finished_at``; a record
+    without one from its last change), so touching its metadata or lease later does not
+    keep it; an unfinished one counts from its last change.
+    """
+    if status is WorkflowStatus.UNFINISHED:
+        return WorkflowQuery(status=status, updated_before=cutoff, limit=limit)
+    return WorkflowQuery(status=status, finished_before=cutoff, limit=limit)
+
+
 def _leased(record: WorkflowRecord) -> bool:
     # The wall clock, not the sweep's ``now``: the storage judges leases by its own clock.
     expires = record.lease_expires_at
     return record.lease_owner is not None and expires is not None and expires > utcnow()
-
-
-def _unchanged(seen: WorkflowRecord, current: WorkflowRecord, lease: Lease) -> bool:
-    """Whether the workflow still stands where we read it, under our lease.
-
-    A run that wrote a step, failed, finished or was resumed between our read and our
-    lease shows in these fields (the fencing token cannot tell: some stores number leases
-    across all workflows).
-    """
-    return (
-        current.fencing_token == lease.token
-        and current.status is seen.status
-        and current.latest_step == seen.latest_step
-        and current.latest_agent_status == seen.latest_agent_status
-        and current.attempts == seen.attempts
-    )
-
-
-async def _release(storage: _WorkflowStorage, lease: Lease) -> None:
-    try:
-        await storage.release_lease(lease)
-    except CheckpointError as exc:  # a closed store: the lease expires on its own
-        logger.info("sweep could not release its lease on %r: %s", lease.workflow_id, exc)

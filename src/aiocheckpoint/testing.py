@@ -1284,6 +1284,36 @@ class RetentionConformance:
         assert len(await _steps(storage, "b")) == 12
         assert (await manager.thin_workflow("b")).checkpoints_deleted == 6
 
+    async def test_thinning_drops_effects_below_the_oldest_kept_checkpoint(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """Thinning drops the effects of its steps, and of checkpointless steps below.
+
+        Below the oldest kept checkpoint, a step without a checkpoint has no run that may
+        still use its journal; above it (and the running step after the newest) all stay.
+        """
+        assert isinstance(storage, EffectStorage)
+        manager = CheckpointManager(storage, retention=RetentionPolicy(keep_last=2))
+        for step in (0, 2, 4, 6, 8):
+            await manager.create_checkpoint("wf", step, "a", "running", {"s": step})
+        effects = {1: ["a"], 3: ["a", "b"], 4: ["a"], 7: ["a"], 8: ["a"], 9: ["a"]}
+        for step, keys in effects.items():
+            for key in keys:
+                await storage.put_effect("wf", step, key, b"r", in_doubt=step == 9)
+
+        async def journal() -> dict[int, int]:
+            found = {s: len(await storage.load_effects("wf", s)) for s in range(10)}
+            return {s: n for s, n in found.items() if n}
+
+        dry = await manager.sweep(dry_run=True)
+        assert dry.effects_deleted == 0 and await journal() == {1: 1, 3: 2, 4: 1, 7: 1, 8: 1, 9: 1}
+        report = await manager.sweep()
+        assert await _steps(storage, "wf") == [6, 8]
+        assert report.effects_deleted == 3  # steps 1 and 3; step 4's went with its checkpoint
+        assert await journal() == {7: 1, 8: 1, 9: 1}
+        assert await storage.in_doubt_workflows() == ["wf"]  # the running step 9's intent
+        assert (await manager.sweep()).effects_deleted == 0
+
     async def test_bad_policies_are_refused(self, storage: CheckpointStorage) -> None:
         """Bad policies raise InvalidArgumentError; a manager without one cannot sweep."""
         for bad in (
@@ -1305,9 +1335,15 @@ class RetentionConformance:
 
 
 class WorkflowRetentionConformance:
-    """Workflow TTLs on a storage with workflow records, leases and effects."""
+    """Workflow TTLs on a storage with workflow records, leases and effects.
+
+    ``racing_save_keeps_record`` False (PostgreSQL): a lease-less save that races a whole
+    workflow's delete keeps its checkpoint, but may leave it without a record until the
+    workflow's next write (``docs/retention.md``).
+    """
 
     pytestmark: ClassVar = [pytest.mark.asyncio]
+    racing_save_keeps_record: ClassVar[bool] = True
 
     async def _statuses(self, manager: CheckpointManager) -> None:
         for workflow_id, status in (
@@ -1326,8 +1362,14 @@ class WorkflowRetentionConformance:
         await self._statuses(manager)
         await storage.put_effect("done", 0, "send", b"x", in_doubt=False)  # type: ignore[attr-defined]
         assert (await manager.sweep()).deleted == 0  # not old enough yet
+        await manager.create_checkpoint("done", 1, "a", "completed", {"k": "x" * 500})
+        await manager.mark_workflow("done", WorkflowStatus.FINISHED)
+        size = 0
+        for workflow_id in ("done", "failed"):
+            size += sum(len(r.data) for r in await storage.scan(workflow_id))
         report = await manager.sweep(now=utcnow() + _LATER)
         assert report.workflows_deleted == {"finished": 1, "failed": 1}
+        assert report.workflow_bytes == size > 500
         assert await manager.list_workflows() == ["idle", "paused"]
         assert await storage.get_workflow("done") is None
         assert await storage.load_effects("done", 0) == []  # type: ignore[attr-defined]
@@ -1335,6 +1377,59 @@ class WorkflowRetentionConformance:
         report = await manager.sweep(now=utcnow() + _LATER, policy=idle)
         assert report.workflows_deleted == {"idle": 1}
         assert await manager.list_workflows() == ["paused"]
+
+    async def test_finished_ttls_count_from_when_the_workflow_ended(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A finished or failed workflow touched after it ended still goes by its end time.
+
+        Metadata and leases change ``updated_at``, not ``finished_at``; the idle TTL keeps
+        counting from the last change, so a touched unfinished workflow stays.
+        """
+        policy = RetentionPolicy(
+            finished_ttl=timedelta(days=1),
+            failed_ttl=timedelta(days=1),
+            idle_ttl=timedelta(days=1),
+        )
+        manager = CheckpointManager(storage, retention=policy)
+        await self._statuses(manager)
+        ended = {}
+        for workflow_id in ("done", "failed"):
+            record = await storage.get_workflow(workflow_id)
+            assert record is not None and record.finished_at is not None
+            ended[workflow_id] = record.finished_at
+        await anyio.sleep(0.05)
+        middle = utcnow()
+        await anyio.sleep(0.05)
+        for workflow_id in ("done", "failed", "idle"):  # touched after the middle
+            await manager.register_workflow(workflow_id, metadata={"seen": True})
+            lease = await storage.acquire_lease(workflow_id, "reader", 30)
+            await storage.release_lease(lease)
+        for workflow_id, moment in ended.items():
+            record = await storage.get_workflow(workflow_id)
+            assert record is not None and record.finished_at == moment
+            assert record.updated_at > middle
+        report = await manager.sweep(now=middle + timedelta(days=1))
+        assert report.workflows_deleted == {"finished": 1, "failed": 1}
+        assert await manager.list_workflows() == ["idle", "paused"]
+
+    async def test_a_workflow_marked_finished_again_counts_from_the_new_end(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Marking a finished workflow finished again moves its end: the TTL restarts."""
+        manager = CheckpointManager(storage, retention=RetentionPolicy(finished_ttl=timedelta(1)))
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"k": 1})
+        await manager.mark_workflow("wf", WorkflowStatus.FINISHED)
+        await anyio.sleep(0.05)
+        middle = utcnow()
+        await anyio.sleep(0.05)
+        await manager.mark_workflow("wf", WorkflowStatus.FINISHED)
+        record = await storage.get_workflow("wf")
+        assert record is not None and record.finished_at is not None
+        assert record.finished_at > middle
+        assert (await manager.sweep(now=middle + timedelta(1))).deleted == 0
+        report = await manager.sweep(now=record.finished_at + timedelta(1, seconds=1))
+        assert report.workflows_deleted == {"finished": 1}
 
     async def test_a_leased_workflow_is_never_swept(self, storage: WorkflowStorage) -> None:
         """A live lease keeps its workflow, however old; once released it goes."""
@@ -1409,22 +1504,81 @@ class WorkflowRetentionConformance:
             record = await storage.get_workflow(workflow_id)
             assert (record is None) == (await _steps(storage, workflow_id) == []), workflow_id
 
+    async def _expired_record(self, storage: WorkflowStorage, workflow_id: str) -> Any:
+        """The record as the sweep's page read sees it, two days later with a 1-day TTL."""
+        query = _retention._expired(WorkflowStatus.UNFINISHED, utcnow() + _LATER, 1000)
+        found = [r for r in await storage.query_workflow_records(query)]
+        return next(r for r in found if r.workflow_id == workflow_id)
+
+    def _sweep(self, storage: WorkflowStorage) -> Any:
+        report = SweepReport(dry_run=False, started_at=utcnow())
+        policy = RetentionPolicy(idle_ttl=timedelta(1))
+        return _retention._Sweep(storage, policy, report, False, lambda _id: None)
+
     async def test_a_workflow_written_during_the_sweep_is_kept(
         self, storage: WorkflowStorage
     ) -> None:
-        """A workflow resumed between the sweep's read and its delete survives it."""
+        """A write (even of the same latest step, without a lease) after the read survives.
+
+        Between the sweep's read and its delete, the write moved the record's updated_at:
+        the conditional delete refuses. A write after the delete makes a new workflow.
+        """
         manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
         await manager.create_checkpoint("wf", 0, "a", "running", {"k": 1})
-        seen = await storage.get_workflow("wf")
-        assert seen is not None
-        await manager.create_checkpoint("wf", 1, "a", "running", {"k": 2})
-        # The sweep's own step: a lease, then the check against what it read.
-        report = SweepReport(dry_run=False, started_at=utcnow())
-        sweep = _retention._Sweep(storage, RetentionPolicy(), report, False, lambda _id: None)
-        lease = await storage.acquire_lease("wf", sweep.owner, 30)
-        assert not await sweep.delete_if_unchanged(seen, lease)
-        assert await _steps(storage, "wf") == [0, 1]
-        assert (await storage.get_workflow("wf")).lease_owner is None  # type: ignore[union-attr]
+        seen = await self._expired_record(storage, "wf")
+        await manager.create_checkpoint("wf", 0, "a", "running", {"k": 2})  # same step
+        sweep = self._sweep(storage)
+        await sweep.expire_one(seen, "idle")
+        assert sweep.report.workflows_deleted == {} and sweep.report.skipped_changed == 1
+        got = await manager.get_checkpoint("wf", 0)
+        assert got.state_snapshot.data == {"k": 2}
+        seen = await self._expired_record(storage, "wf")
+        await sweep.expire_one(seen, "idle")  # nothing wrote since this read: it goes
+        assert sweep.report.workflows_deleted == {"idle": 1} and sweep.report.workflow_bytes > 0
+        assert await storage.get_workflow("wf") is None and await _steps(storage, "wf") == []
+
+    async def test_a_lease_taken_after_the_read_keeps_the_workflow(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A runner that leases the workflow between the read and the delete keeps it."""
+        manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
+        await manager.create_checkpoint("wf", 0, "a", "running", {"k": 1})
+        seen = await self._expired_record(storage, "wf")
+        lease = await storage.acquire_lease("wf", "runner", 30)
+        sweep = self._sweep(storage)
+        await sweep.expire_one(seen, "idle")
+        assert await _steps(storage, "wf") == [0]
+        await storage.release_lease(lease)
+        assert await storage.delete_workflow("wf", updated_at=seen.updated_at) is None
+
+    async def test_lease_less_writers_racing_ttl_sweeps_lose_nothing(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A lease-less rewrite of the latest step racing its workflow's delete loses nothing.
+
+        Many rounds, the write started at varying points of the sweep's delete: whatever
+        the order, the acknowledged write is there afterwards, with its record.
+        """
+        manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
+        for n in range(40):
+            workflow_id = f"wf{n:02}"
+            await manager.create_checkpoint(workflow_id, 3, "a", "running", {"v": "old"})
+            seen = await self._expired_record(storage, workflow_id)
+            sweep = self._sweep(storage)
+
+            async def write(pause: int = n % 8, workflow_id: str = workflow_id) -> None:
+                for _ in range(pause):
+                    await anyio.lowlevel.checkpoint()
+                await manager.create_checkpoint(workflow_id, 3, "a", "running", {"v": "new"})
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(write)
+                group.start_soon(sweep.expire_one, seen, "idle")
+            got = await manager.get_checkpoint(workflow_id, 3)
+            assert got.state_snapshot.data == {"v": "new"}, (n, sweep.report)
+            assert workflow_id in await manager.list_workflows()
+            if self.racing_save_keeps_record:
+                assert await storage.get_workflow(workflow_id) is not None
 
 
 class BlobRetentionConformance:

@@ -68,15 +68,21 @@ async def cmd_sweep(args: argparse.Namespace, out: Output) -> int:
 def _summary(report: SweepReport) -> str:
     verb = "would delete" if report.dry_run else "deleted"
     gone = ", ".join(f"{n} {why}" for why, n in sorted(report.workflows_deleted.items()))
+    if report.workflow_bytes:
+        gone += f"; {report.workflow_bytes} bytes"
     text = (
         f"{verb} {sum(report.workflows_deleted.values())} workflows ({gone or 'none'}) and "
         f"{report.checkpoints_deleted} checkpoints ({report.checkpoint_bytes} bytes) "
         f"in {report.workflows_thinned} workflows"
     )
+    if report.effects_deleted:
+        text += f"; dropped {report.effects_deleted} effect records"
     if report.blobs_freed:
         text += f"; freed {report.blobs_freed} blobs"
     if report.skipped_leased:
         text += f"; kept {report.skipped_leased} leased workflows"
+    if report.skipped_changed:
+        text += f"; kept {report.skipped_changed} workflows changed during the sweep"
     if report.skipped_unreadable:
         text += f"; kept {report.skipped_unreadable} unreadable checkpoints"
     return text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -131,6 +132,10 @@ class WorkflowStorage(CheckpointStorage, Protocol):
       save is refused with ``LeaseLostError`` unless ``lease.token`` is the workflow's
       current fencing token (checked in the same transaction as the write).
     * ``delete(workflow_id)`` (the whole workflow) also deletes its record and lease.
+      ``delete_workflow(workflow_id, updated_at=t)`` does that only if the record's
+      ``updated_at`` is still ``t`` and no live lease holds it, checked in the delete's
+      transaction, and returns the bytes of the checkpoint records it deleted (None: it
+      deleted nothing). Every change to a record moves its ``updated_at``.
     * ``acquire_lease`` grants the lease when it is free, expired, or already held by the same
       owner, incrementing the fencing token; otherwise it raises ``LeaseHeldError``. It creates
       an UNFINISHED record when there is none.
@@ -171,6 +176,10 @@ class WorkflowStorage(CheckpointStorage, Protocol):
         step_info: StepInfo | None = None,
     ) -> None:
         """Store a record, as in :class:`CheckpointStorage`, optionally fenced by a lease."""
+        ...
+
+    async def delete_workflow(self, workflow_id: str, *, updated_at: datetime) -> int | None:
+        """Delete the workflow whole if its record is untouched since ``updated_at``."""
         ...
 
     async def register_workflow(
@@ -325,6 +334,10 @@ class EffectStorage(Protocol):
       workflow's. Replacing a step's checkpoint keeps its effects.
     * ``in_doubt_workflows`` lists, sorted, every workflow with a record put with
       ``in_doubt=True`` and not replaced since.
+    * ``drop_orphan_effects(wf, below)`` deletes the records of the steps below ``below``
+      that have no checkpoint (checked in the delete's transaction, or under the
+      workflow's lock) and returns how many it deleted: retention's cleanup under the
+      oldest checkpoint it keeps.
     """
 
     async def put_effect(
@@ -346,6 +359,10 @@ class EffectStorage(Protocol):
 
     async def in_doubt_workflows(self) -> list[str]:
         """Every workflow that has an effect in doubt, sorted."""
+        ...
+
+    async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Delete the effect records of steps below ``below`` without a checkpoint."""
         ...
 
 

@@ -146,6 +146,22 @@ class InMemoryCheckpointStorage(BaseStorage):
             del self._workflows[workflow_id]
         return True
 
+    async def delete_workflow(self, workflow_id: str, *, updated_at: datetime) -> int | None:
+        """Delete the workflow whole if its record is untouched since ``updated_at``.
+
+        Returns its checkpoint records' bytes, or None when nothing was deleted.
+        """
+        self._check_open()
+        record = self._records.get(workflow_id)
+        if record is None or record.updated_at != updated_at:
+            return None
+        if record.lease_owner is not None and not _expired(record, utcnow()):
+            return None
+        wf = self._workflows.get(workflow_id)
+        size = 0 if wf is None else sum(map(len, wf.records.values()))
+        await self.delete(workflow_id)
+        return size
+
     async def list_workflows(self) -> list[str]:
         """Every workflow id with at least one record, sorted."""
         self._check_open()
@@ -197,6 +213,17 @@ class InMemoryCheckpointStorage(BaseStorage):
             for wf, journal in self._effects.items()
             if any(d for keys in journal.values() for d, _ in keys.values())
         )
+
+    async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Delete the effect records of steps below ``below`` without a checkpoint."""
+        self._check_open()
+        wf = self._workflows.get(workflow_id)
+        steps = set() if wf is None else set(wf.records)
+        journal = self._effects.get(workflow_id, {})
+        doomed = [s for s in journal if s < below and s not in steps]
+        count = sum(len(journal[s]) for s in doomed)
+        self._drop_effects(workflow_id, set(doomed).__contains__)
+        return count
 
     def _drop_effects(self, workflow_id: str, doomed: Callable[[int], bool]) -> None:
         journal = self._effects.get(workflow_id)
@@ -331,9 +358,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._check_open()
         record = self._records.get(lease.workflow_id)
         if record is not None and record.fencing_token == lease.token:
-            self._records[lease.workflow_id] = record.model_copy(
-                update={"lease_owner": None, "lease_expires_at": None}
-            )
+            self._update(record, lease_owner=None, lease_expires_at=None)
 
     async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
         """Lease the oldest unfinished workflow whose lease is free or expired."""
@@ -399,8 +424,14 @@ class InMemoryCheckpointStorage(BaseStorage):
         self, record: WorkflowRecord, owner: str, ttl: float, now: datetime, token: int
     ) -> Lease:
         expires = now + timedelta(seconds=ttl)
+        # Every change moves updated_at, as in the databases: a sweep's delete checks it.
         self._records[record.workflow_id] = record.model_copy(
-            update={"lease_owner": owner, "lease_expires_at": expires, "fencing_token": token}
+            update={
+                "lease_owner": owner,
+                "lease_expires_at": expires,
+                "fencing_token": token,
+                "updated_at": now,
+            }
         )
         return Lease(
             workflow_id=record.workflow_id, owner=owner, token=token, expires_at=expires, ttl=ttl

@@ -59,6 +59,9 @@ class WorkflowQuery:
     ``metadata`` holds canonical JSON texts (:func:`metadata_pairs`); ``after`` is the last
     workflow id of the previous page (exclusive); ``limit`` None means every match.
     ``in_doubt`` True keeps the workflows with an effect in doubt, False those without.
+    ``finished_before`` keeps the records that finished or failed before that time (a
+    record without ``finished_at`` counts from its ``updated_at``): what finished and
+    failed TTLs count from.
     """
 
     status: WorkflowStatus | None = None
@@ -69,6 +72,7 @@ class WorkflowQuery:
     after: str | None = None
     limit: int | None = None
     in_doubt: bool | None = None
+    finished_before: datetime | None = None
 
 
 def build_query(
@@ -166,6 +170,9 @@ def matches(record: WorkflowRecord, query: WorkflowQuery, in_doubt: Collection[s
         return False
     if query.updated_before is not None and record.updated_at >= query.updated_before:
         return False
+    ended = record.updated_at if record.finished_at is None else record.finished_at
+    if query.finished_before is not None and ended >= query.finished_before:
+        return False
     have = dict(metadata_pairs(record.metadata)) if query.metadata else {}
     return all(have.get(key) == value for key, value in query.metadata)
 
@@ -222,6 +229,10 @@ def query_sql(
             (
                 "w.updated_at <",
                 None if query.updated_before is None else moment(query.updated_before),
+            ),
+            (
+                "COALESCE(w.finished_at, w.updated_at) <",
+                None if query.finished_before is None else moment(query.finished_before),
             ),
             (f"{order} >", query.after),
         )

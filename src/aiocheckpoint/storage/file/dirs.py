@@ -254,12 +254,9 @@ class WorkflowDirs:
 
     def drop_effects(self, dfd: int, step: int) -> None:
         """Unlink the effect files of ``step`` (under the lock), then fsync their directory."""
-        try:
-            efd = os.open(EFFECTS, DIR_FLAGS, dir_fd=dfd)
-        except OSError as exc:
-            if is_missing(exc):
-                return
-            raise
+        efd = self._effects_dir(dfd)
+        if efd is None:
+            return
         try:
             prefix = effect_prefix(step)
             doomed = [n for n in os.listdir(efd) if n.startswith(prefix)]
@@ -270,6 +267,41 @@ class WorkflowDirs:
                 self.ops.fsync_dir(efd)
         finally:
             os.close(efd)
+
+    def drop_orphan_effects(self, dfd: int, below: int) -> int:
+        """Unlink (under the lock) the effect files of steps below ``below`` with no step file."""
+        efd = self._effects_dir(dfd)
+        if efd is None:
+            return 0
+        try:
+            doomed = [n for n in os.listdir(efd) if self._orphan(dfd, n, below)]
+            for entry in doomed:
+                with contextlib.suppress(FileNotFoundError):
+                    self.ops.unlink(entry, dir_fd=efd)
+            if doomed:
+                self.ops.fsync_dir(efd)
+            return len(doomed)
+        finally:
+            os.close(efd)
+
+    @staticmethod
+    def _orphan(dfd: int, entry: str, below: int) -> bool:
+        digits = entry[:20]
+        if not (digits.isdigit() and entry[20:21] == "-" and int(digits) < below):
+            return False
+        try:
+            os.stat(step_name(int(digits)), dir_fd=dfd)
+        except FileNotFoundError:
+            return True
+        return False
+
+    def _effects_dir(self, dfd: int) -> int | None:
+        try:
+            return os.open(EFFECTS, DIR_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if is_missing(exc):
+                return None
+            raise
 
     # --- the latest-step hint ---------------------------------------------------------
 

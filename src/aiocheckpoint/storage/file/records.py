@@ -222,6 +222,22 @@ class RecordFiles:
                 os.close(dfd)
         raise StorageBackendError(f"workflow directory {name!r} kept being replaced")
 
+    def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Unlink the effects of steps below ``below`` that have no step file; how many."""
+        name = encode_name(workflow_id)
+        for _ in range(RETRIES):
+            dfd = self.dirs.open_dir(name)
+            if dfd is None:
+                return 0
+            try:
+                with self.dirs.lock(dfd, name):
+                    return self.dirs.drop_orphan_effects(dfd, below)
+            except Replaced:
+                continue
+            finally:
+                os.close(dfd)
+        raise StorageBackendError(f"workflow directory {name!r} kept being replaced")
+
     def delete_workflow(self, workflow_id: str) -> bool:
         """Rename the workflow's directory away durably, then remove it; whether it had steps."""
         name = encode_name(workflow_id)

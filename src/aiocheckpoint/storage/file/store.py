@@ -355,6 +355,18 @@ class FileCheckpointStorage(BaseStorage):
         self._check_open()
         return await self._run("cannot list effects in doubt", self._in_doubt_workflows)
 
+    async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Unlink the effect files of steps below ``below`` that have no step file."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        check_step(below)
+        return await self._run(
+            f"cannot drop effects of workflow {workflow_id!r}",
+            self._drop_orphan_effects,
+            workflow_id,
+            below,
+        )
+
     async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
         """Return the stored blobs among ``hashes`` (one thread hop, a few reads per pack)."""
         self._check_open()
@@ -427,6 +439,10 @@ class FileCheckpointStorage(BaseStorage):
     def _load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
         self._layout.check_marker()
         return self._effects.load(workflow_id, step)
+
+    def _drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        self._layout.check_marker()
+        return self._records.drop_orphan_effects(workflow_id, below)
 
     def _in_doubt_workflows(self) -> list[str]:
         self._layout.check_marker()

@@ -64,6 +64,11 @@ class Effects:
         self._delete = (
             f"DELETE FROM {e} WHERE workflow_id = $1 AND ($2::bigint IS NULL OR step = $2)"
         )
+        self._orphans = (
+            f"DELETE FROM {e} AS x WHERE workflow_id = $1 AND step < $2 AND NOT EXISTS "
+            f"(SELECT 1 FROM {quoted}.checkpoints AS c "
+            "WHERE c.workflow_id = $1 AND c.step = x.step)"
+        )
 
     async def load(self, workflow_id: str, step: int) -> list[StoredEffect]:
         """One step's records, ordered by key; an oversized one is corruption."""
@@ -87,6 +92,15 @@ class Effects:
             "in_doubt_workflows", lambda con: con.fetch(self._in_doubt)
         )
         return [row[0] for row in rows]
+
+    async def drop_orphans(self, workflow_id: str, below: int) -> int:
+        """Delete the records of steps below ``below`` without a checkpoint; how many."""
+        status = await self._connection.run(
+            "drop orphan effects",
+            lambda con: con.execute(self._orphans, workflow_id, below),
+            retry=True,
+        )
+        return int(status.split()[-1])
 
     async def delete(self, workflow_id: str, step: int | None) -> None:
         """Delete one step's effects, or the workflow's (after its checkpoints went)."""

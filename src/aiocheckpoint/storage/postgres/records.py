@@ -7,8 +7,9 @@ server (``octet_length``) before any of its bytes are sent: a record over
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from datetime import datetime
+from typing import Any, TypeVar
 
 from ...errors import CheckpointCorruptedError
 from ..base import StoredCheckpoint
@@ -19,6 +20,8 @@ from .sql import Sql
 __all__ = ["MAX_STEP", "Records"]
 
 MAX_STEP = 2**63 - 1
+
+_T = TypeVar("_T")
 
 
 class Records:
@@ -68,35 +71,52 @@ class Records:
 
     async def delete(self, workflow_id: str, step: int | None) -> bool:
         """Delete one step, or the workflow with its record; release their blobs' refs."""
-        args: list[object]
-        if step is None:
-            sql, args = self._sql.delete_all, [workflow_id]
-        else:
-            sql, args = self._sql.delete_step, [workflow_id, step]
 
-        async def delete(con: Any, lock_first: bool) -> bool:
+        async def delete_all(con: Any) -> tuple[bool, list[bytes] | None]:
+            count, records = await con.fetchrow(self._sql.delete_all, workflow_id)
+            return bool(count), records
+
+        async def delete_step(con: Any) -> tuple[bool, list[bytes] | None]:
+            rows = await con.fetch(self._sql.delete_step, workflow_id, step)
+            return bool(rows), [row[0] for row in rows]
+
+        return await self._releasing("delete", delete_all if step is None else delete_step)
+
+    async def delete_untouched(self, workflow_id: str, updated_at: datetime) -> int | None:
+        """Delete the workflow whole if its record is untouched since ``updated_at``.
+
+        Returns its checkpoint records' bytes, or None when nothing was deleted.
+        """
+
+        async def delete(con: Any) -> tuple[int | None, list[bytes] | None]:
+            size, records = await con.fetchrow(self._sql.delete_untouched, workflow_id, updated_at)
+            return (None if size is None else int(size)), records
+
+        return await self._releasing("conditional delete", delete)
+
+    async def _releasing(
+        self, what: str, run: Callable[[Any], Awaitable[tuple[_T, list[bytes] | None]]]
+    ) -> _T:
+        """``run``'s delete in a transaction that releases the deleted records' blob refs."""
+
+        async def attempt(con: Any, lock_first: bool) -> _T:
             async with con.transaction():
                 if lock_first:
                     await self._blobs.lock(con)
-                if step is None:
-                    count, records = await con.fetchrow(sql, *args)
-                    found = bool(count)
-                else:
-                    rows = await con.fetch(sql, *args)
-                    found, records = bool(rows), [row[0] for row in rows]
+                result, records = await run(con)
                 if records:
                     if not lock_first:
                         await self._blobs.lock_late(con)
                     await self._blobs.release_records(con, records)
-            return found
+            return result
 
-        async def delete_in_lock_order(con: Any) -> bool:
+        async def in_lock_order(con: Any) -> _T:
             try:
-                return await delete(con, lock_first=False)
+                return await attempt(con, lock_first=False)
             except BlobLockBusy:  # rolled back: nothing was deleted yet
-                return await delete(con, lock_first=True)
+                return await attempt(con, lock_first=True)
 
-        return await self._connection.run("delete", delete_in_lock_order, retry=False)
+        return await self._connection.run(what, in_lock_order, retry=False)
 
     async def list_workflows(self) -> list[str]:
         """Every workflow id with at least one record, in code point order."""

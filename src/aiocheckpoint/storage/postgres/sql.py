@@ -51,6 +51,7 @@ class Sql:
     exists_step: str
     delete_step: str
     delete_all: str
+    delete_untouched: str
     workflows: str
     status_upsert: str
     status_fenced: str
@@ -225,6 +226,19 @@ class Sql:
                 f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 AND step IN (SELECT step FROM lk) "
                 f"RETURNING {v2.format(c='data')} AS d) "
                 "SELECT (SELECT count(*) FROM rec) + (SELECT count(*) FROM cps), "
+                "(SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
+            ),
+            # delete_all's statement, only while the record was last changed at $2 and no
+            # live lease holds it; it also sums the deleted records' bytes.
+            delete_untouched=(
+                f"WITH rec AS (DELETE FROM {w} WHERE workflow_id = $1 AND updated_at = $2 "
+                "AND (lease_owner IS NULL OR lease_expires_at <= now()) RETURNING 1), "
+                f"lk AS MATERIALIZED (SELECT step FROM {t} WHERE workflow_id = $1 "
+                "AND (SELECT count(*) FROM rec) > 0 ORDER BY step FOR UPDATE), "
+                f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 AND step IN (SELECT step FROM lk) "
+                f"RETURNING {v2.format(c='data')} AS d, octet_length(data) AS n) "
+                "SELECT CASE WHEN (SELECT count(*) FROM rec) > 0 "
+                "THEN (SELECT coalesce(sum(n), 0) FROM cps) END, "
                 "(SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
             ),
             # A loose index scan: one PK probe per distinct workflow, not a scan of every row.

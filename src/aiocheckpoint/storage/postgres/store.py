@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Mapping
+from datetime import datetime
 from typing import Any
 
 from ..._validation import check_limit, check_optional_step, check_step, check_workflow_id
@@ -250,6 +251,20 @@ class PostgresCheckpointStorage(BaseStorage):
         await self._effects.delete(workflow_id, step)
         return deleted
 
+    async def delete_workflow(self, workflow_id: str, *, updated_at: datetime) -> int | None:
+        """Delete the workflow whole if its record is untouched since ``updated_at``.
+
+        Returns its checkpoint records' bytes, or None when nothing was deleted. The record
+        row is deleted first, so a save (which updates that row before its checkpoint rows)
+        either committed first and moved ``updated_at``, or waits and writes a new workflow.
+        """
+        self._check_open()
+        check_workflow_id(workflow_id)
+        deleted = await self._records.delete_untouched(workflow_id, updated_at)
+        if deleted is not None:
+            await self._effects.delete(workflow_id, None)
+        return deleted
+
     async def list_workflows(self) -> list[str]:
         """Every workflow id with at least one record, in code point order."""
         self._check_open()
@@ -295,6 +310,12 @@ class PostgresCheckpointStorage(BaseStorage):
         """Every workflow with an effect in doubt, in code point order (a partial index)."""
         self._check_open()
         return await self._effects.in_doubt_workflows()
+
+    async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Delete the effect records of steps below ``below`` without a checkpoint."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._effects.drop_orphans(workflow_id, check_step(below))
 
     # --- workflow records and leases (WorkflowStorage) ----------------------------------
 

@@ -33,6 +33,7 @@ import functools
 import os
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,7 +65,7 @@ from .readers import (
     read_workflows,
 )
 from .walcheckpoint import Checkpointer
-from .writer import DeleteOp, Op, RecordOp, SaveOp, Writer
+from .writer import DeleteOp, Op, RecordOp, SaveOp, Writer, delete_untouched
 
 __all__ = ["ForeignRow", "SQLiteCheckpointStorage"]
 
@@ -267,6 +268,18 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         op = DeleteOp(check_workflow_id(workflow_id), check_optional_step(step))
         return bool(await self._submit(op, 0))
 
+    async def delete_workflow(self, workflow_id: str, *, updated_at: datetime) -> int | None:
+        """Delete the workflow whole if its record is untouched since ``updated_at``.
+
+        Returns its checkpoint records' bytes, or None when nothing was deleted.
+        """
+        self._check_open()
+        fn = functools.partial(
+            delete_untouched, workflow_id=check_workflow_id(workflow_id), updated_at=updated_at
+        )
+        deleted: int | None = await self._submit(RecordOp("conditional delete", fn), 0)
+        return deleted
+
     # --- the effect journal (EffectStorage) ------------------------------------------------
 
     async def put_effect(
@@ -307,6 +320,17 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         """Every workflow with an effect in doubt, sorted (a partial index)."""
         self._check_open()
         return await self._read(effects.read_in_doubt)
+
+    async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
+        """Delete the effect records of steps below ``below`` without a checkpoint."""
+        self._check_open()
+        fn = functools.partial(
+            effects.drop_orphans,
+            workflow_id=check_workflow_id(workflow_id),
+            below=check_step(below),
+        )
+        dropped: int = await self._submit(RecordOp("effect cleanup", fn), 0)
+        return dropped
 
     # --- workflow records and leases (WorkflowStorage) ------------------------------------
 

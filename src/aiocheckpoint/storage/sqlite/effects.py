@@ -51,6 +51,10 @@ _READ: Final = (
 _IN_DOUBT: Final = "SELECT DISTINCT workflow_id FROM effects WHERE in_doubt = 1 ORDER BY 1"
 _DELETE_STEP: Final = "DELETE FROM effects WHERE workflow_id = ? AND step = ?"
 _DELETE_ALL: Final = "DELETE FROM effects WHERE workflow_id = ?"
+_DELETE_ORPHANS: Final = (
+    "DELETE FROM effects WHERE workflow_id = ?1 AND step < ?2 AND NOT EXISTS "
+    "(SELECT 1 FROM checkpoints AS c WHERE c.workflow_id = ?1 AND c.step = effects.step)"
+)
 
 
 def put(
@@ -76,6 +80,11 @@ def delete(conn: sqlite3.Connection, workflow_id: str, step: int | None) -> None
         conn.execute(_DELETE_ALL, (workflow_id,))
     else:
         conn.execute(_DELETE_STEP, (workflow_id, step))
+
+
+def drop_orphans(conn: sqlite3.Connection, _now: float, *, workflow_id: str, below: int) -> int:
+    """Delete the effect records of steps below ``below`` without a checkpoint; how many."""
+    return conn.execute(_DELETE_ORPHANS, (workflow_id, below)).rowcount
 
 
 def read_effects(

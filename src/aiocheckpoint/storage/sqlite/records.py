@@ -63,6 +63,9 @@ _GRANT: Final = (
     "UPDATE workflows SET lease_owner = ?, lease_expires_at = ?, fencing_token = ?, "
     "updated_at = ? WHERE workflow_id = ?"
 )
+_UNTOUCHED: Final = (
+    "SELECT updated_at, lease_owner, lease_expires_at FROM workflows WHERE workflow_id = ?"
+)
 _HOLDER: Final = "SELECT lease_owner, lease_expires_at FROM workflows WHERE workflow_id = ?"
 _RELEASE: Final = (
     "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ? "
@@ -345,6 +348,15 @@ def claim(conn: sqlite3.Connection, now: float, owner: str, ttl: float) -> Lease
     if workflow_id is None:
         return None
     return _grant(conn, now, workflow_id, owner, ttl, _next_token(conn))
+
+
+def untouched(conn: sqlite3.Connection, now: float, workflow_id: str, updated_at: datetime) -> bool:
+    """Whether the record was last changed at ``updated_at`` and no live lease holds it."""
+    row = conn.execute(_UNTOUCHED, (workflow_id,)).fetchone()
+    if row is None or not isinstance(row[0], float) or _time(row[0]) != updated_at:
+        return False
+    owner, expires = row[1], row[2]
+    return owner is None or expires is None or expires <= now
 
 
 def read_record(conn: sqlite3.Connection, workflow_id: str) -> WorkflowRecord | None:

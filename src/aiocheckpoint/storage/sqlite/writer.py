@@ -15,6 +15,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Final
 
@@ -41,6 +42,10 @@ from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, _UPSERT
 from .walcheckpoint import wal_checkpoint
 
 logger = logging.getLogger(__name__)
+
+_WORKFLOW_BYTES: Final = (
+    "SELECT coalesce(sum(length(data)), 0) FROM checkpoints WHERE workflow_id = ?"
+)
 
 _PAGE_SIZE: Final = 4096
 #: What a record operation raises before it writes anything: only its caller fails.
@@ -315,6 +320,24 @@ class Writer:
             gone = conn.execute(records.DELETE_RECORD, (wf,)).rowcount > 0
             return conn.execute(_DELETE_WORKFLOW, (wf,)).rowcount > 0 or gone
         return conn.execute(_DELETE_STEP, (wf, op.step)).rowcount > 0
+
+
+def delete_untouched(
+    conn: sqlite3.Connection, now: float, *, workflow_id: str, updated_at: datetime
+) -> int | None:
+    """Delete the workflow whole if its record is untouched since ``updated_at``.
+
+    Returns the bytes of the checkpoint records deleted, or None (changed, leased, gone).
+    The writer's one transaction makes the check and the delete one step: a save that
+    commits first moved ``updated_at``, one that commits after writes a new workflow.
+    """
+    if not records.untouched(conn, now, workflow_id, updated_at):
+        return None
+    size = conn.execute(_WORKFLOW_BYTES, (workflow_id,)).fetchone()[0]
+    effects.delete(conn, workflow_id, None)
+    conn.execute(records.DELETE_RECORD, (workflow_id,))
+    conn.execute(_DELETE_WORKFLOW, (workflow_id,))
+    return int(size)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
