@@ -31,7 +31,8 @@ library and read by the SDK when it collects).
 e.g. a ``git worktree`` of the previous commit) in the same rounds: ``sdk-before``...
 rows and ratios, to compare a change to the instrumentation side by side.
 
-Usage: ``python bench/otel.py [--rounds N] [--checkpoints N] [--tiny] [--before DIR]``
+Usage: ``python bench/otel.py [--rounds N] [--checkpoints N] [--tiny] [--before DIR]
+[--workload NAME ...]``
 """
 
 from __future__ import annotations
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--checkpoints", type=int, default=4000)
     parser.add_argument("--tiny", action="store_true", help="seconds; checks the script runs")
+    parser.add_argument("--workload", action="append", choices=WORKLOADS, help="only these")
     parser.add_argument("--before", metavar="DIR", help="also measure DIR/src's SDK modes")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "WORKLOAD"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -244,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"kind": "env", "load": os.getloadavg(), "nproc": os.cpu_count()}))
     schema = f"aiocp_bench_otel_{uuid.uuid4().hex[:8]}"
     try:
-        for workload, share in WORKLOADS.items():
+        for workload in args.workload or WORKLOADS:
+            share = WORKLOADS[workload]
             size = max(WRITERS, int(count * share))
             _workload_rows(workload, rounds, size, schema, args.before)
     finally:

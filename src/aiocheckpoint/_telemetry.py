@@ -13,6 +13,9 @@ Every span and metric the library reports is made here, so call sites stay one l
   :func:`record_in_doubt`, :func:`record_commit` and :func:`record_sweep_deletions` count
   events and sizes where they happen (an effect replayed, a group commit, a sweep).
 
+The counters are summed here and handed to the SDK when it collects (observable counters):
+an SDK counter's ``add`` costs as much as a histogram point, a sum in a dict a tenth of it.
+
 Without the package, :data:`ENABLED` is False, :func:`traced` returns the method itself and
 :func:`round_trip` only calls it: nothing is imported and nothing is measured. With the
 package but no SDK configured (no tracer or meter provider set), each call costs one check
