@@ -93,6 +93,7 @@ def round_trip(
 
     The storage's ``db_system`` attribute names the system (``sqlite``, ``postgresql``...);
     ``bytes`` arguments count as bytes written and a ``SplitResult``'s blobs as its batch.
+    Await it where it is called: its span (if any) starts with the call.
     """
     live = _live() if ENABLED else None
     if live is None:
