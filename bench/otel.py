@@ -22,10 +22,17 @@ microseconds per checkpoint, of the event-loop thread (``loop_us``) and of the w
 including the exporter's thread (``process_us``), and wall-clock microseconds per checkpoint
 (``wall_us``: 1 / throughput); the best of five repeats in each process. The ``sdk`` rows
 also give the SDK's own floor in that process: one bare span started and ended
-(``sdk_span_us``) and one histogram point (``sdk_point_us``); a checkpoint makes two spans
-(the call and its storage round trip) and two points (its duration and its bytes).
+(``sdk_span_us``), one histogram point (``sdk_point_us``), and the SDK calls one
+checkpoint makes (``sdk_checkpoint_us``): two spans, the storage round trip's current
+inside the call's, and one histogram point, its duration (its bytes are summed in the
+library and read by the SDK when it collects).
 
-Usage: ``python bench/otel.py [--rounds N] [--checkpoints N] [--tiny]``
+``--before DIR`` also runs the three SDK modes with another checkout's library (``DIR/src``,
+e.g. a ``git worktree`` of the previous commit) in the same rounds: ``sdk-before``...
+rows and ratios, to compare a change to the instrumentation side by side.
+
+Usage: ``python bench/otel.py [--rounds N] [--checkpoints N] [--tiny] [--before DIR]
+[--workload NAME ...]``
 """
 
 from __future__ import annotations
@@ -50,8 +57,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-if (ROOT / "src").is_dir() and str(ROOT / "src") not in sys.path:
-    sys.path.insert(0, str(ROOT / "src"))  # measure this checkout, not an installed copy
+#: The library measured: this checkout's, or (``--before``) another's, not an installed copy.
+SRC = os.environ.get("BENCH_OTEL_SRC", str(ROOT / "src"))
+if Path(SRC).is_dir() and SRC not in sys.path:
+    sys.path.insert(0, SRC)
 
 MODES = ("absent", "noop", "sdk", "sampled", "metrics")
 #: Each workload, and the share of ``--checkpoints`` it writes (a durable one-by-one save
@@ -169,9 +178,18 @@ def child(mode: str, workload: str, count: int) -> dict[str, Any]:
     return figures
 
 
+#: A storage round trip's span attributes: system, operation, bytes written.
+CLIENT: dict[str, str | int] = {
+    "db.system.name": "memory",
+    "db.operation.name": "save",
+    "size": 1100,
+}
+
+
 def _sdk_floor() -> dict[str, float]:
-    """The SDK's own cost, in the same process: one bare span, one histogram point."""
-    from opentelemetry import metrics, trace
+    """The SDK's own cost, in the same process: a bare span, a point, one save's calls."""
+    from opentelemetry import context, metrics, trace
+    from opentelemetry.trace import SpanKind
 
     tracer = trace.get_tracer("bench")
     histogram = metrics.get_meter("bench").create_histogram("bench.h")
@@ -182,15 +200,30 @@ def _sdk_floor() -> dict[str, float]:
     def point() -> None:
         histogram.record(1.0, {"a": "b"})
 
+    def checkpoint() -> None:  # what the SDK itself does for one instrumented save
+        outer = tracer.start_span("save", attributes={"w": "wf-0001", "s": 3})
+        token = context.attach(trace.set_span_in_context(outer))
+        inner = tracer.start_span("db", kind=SpanKind.CLIENT, attributes=CLIENT)
+        inner_token = context.attach(trace.set_span_in_context(inner))
+        context.detach(inner_token)
+        inner.end()
+        context.detach(token)
+        outer.end()
+        histogram.record(1e-4, {"o": "create_checkpoint", "d": "memory"})
+
+    fns = (("sdk_span_us", span), ("sdk_point_us", point), ("sdk_checkpoint_us", checkpoint))
     return {
         name: min(timeit.repeat(fn, number=2000, repeat=5, timer=time.thread_time)) / 2000 * 1e6
-        for name, fn in (("sdk_span_us", span), ("sdk_point_us", point))
+        for name, fn in fns
     }
 
 
-def _spawn(mode: str, workload: str, count: int, schema: str) -> dict[str, Any]:
+def _spawn(mode: str, workload: str, count: int, schema: str, before: str | None) -> dict[str, Any]:
+    mode, _, other = mode.partition("-")  # "sdk-before": the SDK mode, the other checkout
     command = [sys.executable, __file__, "--child", mode, workload, "--checkpoints", str(count)]
     env = {**os.environ, "BENCH_OTEL_SCHEMA": schema}
+    if other and before:
+        env["BENCH_OTEL_SRC"] = str(Path(before, "src").resolve())
     done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
     figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return figures
@@ -202,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--checkpoints", type=int, default=4000)
     parser.add_argument("--tiny", action="store_true", help="seconds; checks the script runs")
+    parser.add_argument("--workload", action="append", choices=WORKLOADS, help="only these")
+    parser.add_argument("--before", metavar="DIR", help="also measure DIR/src's SDK modes")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "WORKLOAD"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -211,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"kind": "env", "load": os.getloadavg(), "nproc": os.cpu_count()}))
     schema = f"aiocp_bench_otel_{uuid.uuid4().hex[:8]}"
     try:
-        for workload, share in WORKLOADS.items():
-            _workload_rows(workload, rounds, max(WRITERS, int(count * share)), schema)
+        for workload in args.workload or WORKLOADS:
+            share = WORKLOADS[workload]
+            size = max(WRITERS, int(count * share))
+            _workload_rows(workload, rounds, size, schema, args.before)
     finally:
         asyncio.run(_drop(schema))
     print(json.dumps({"kind": "env", "load": os.getloadavg()}))
@@ -232,11 +269,12 @@ async def _drop(schema: str) -> None:
         await connection.close()
 
 
-def _workload_rows(workload: str, rounds: int, count: int, schema: str) -> None:
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+def _workload_rows(workload: str, rounds: int, count: int, schema: str, before: str | None) -> None:
+    modes = MODES + (tuple(f"{mode}-before" for mode in MODES[2:]) if before else ())
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for _ in range(rounds):
-        for mode in MODES:
-            figures = _spawn(mode, workload, count, schema)
+        for mode in modes:
+            figures = _spawn(mode, workload, count, schema, before)
             runs[mode].append(figures)
             print(json.dumps({"kind": "measurement", "workload": workload, "mode": mode,
                               **{k: round(v, 2) for k, v in figures.items()}}))  # fmt: skip
@@ -247,7 +285,7 @@ def _ratios(workload: str, runs: dict[str, list[dict[str, Any]]]) -> None:
     """Per figure and mode: the median of the rounds' ratios (each round's modes ran together)."""
     for figure in ("loop_us", "process_us", "wall_us"):
         base = [r[figure] for r in runs["absent"]]
-        for mode in MODES[1:]:
+        for mode in list(runs)[1:]:
             mine = [r[figure] for r in runs[mode]]
             record = {
                 "kind": "ratio",

@@ -11,6 +11,7 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -200,6 +201,29 @@ async def test_an_effect_found_in_doubt_is_counted_and_marked_on_its_span(
     assert otel.total("aiocheckpoint.effect.in_doubt") == 1
     (effect,) = otel.named("aiocheckpoint.effect")
     assert [event.name for event in effect.events] == ["aiocheckpoint.effect.in_doubt"]
+
+
+def test_counters_summed_in_process_lose_no_add_from_other_threads(otel: Telemetry) -> None:
+    """Counters are summed here and read by the SDK when it collects: sums, never reset."""
+    live = telemetry._live()
+    assert live is not None
+    attributes = {"db.operation.name": "save", "db.system.name": "sqlite"}
+
+    def add() -> None:
+        for _ in range(5000):
+            live.instruments.bytes_written.add(3, dict(reversed(attributes.items())))
+
+    threads = [threading.Thread(target=add) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    written = "aiocheckpoint.storage.bytes_written"
+    (point,) = otel.points(written)  # one attribute set, in whatever order it was given
+    assert point.value == 4 * 5000 * 3
+    assert point.attributes == attributes
+    live.instruments.bytes_written.add(1, attributes)
+    assert otel.total(written) == 60001  # cumulative: the next collection adds to it
 
 
 async def test_sqlite_group_commits_record_their_size(otel: Telemetry, tmp_path: Any) -> None:
