@@ -26,6 +26,8 @@ COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
         ("ms_at_10", "ms/step @10", False),
         ("ms_at_100", "ms/step @100", False),
         ("ms_at_1000", "ms/step @1000", False),
+        ("cpu_ms_at_10", "CPU ms/step @10", False),
+        ("cpu_ms_at_1000", "CPU ms/step @1000", False),
     ],
     "resume": [("resume_ms", "resume ms", False)],
 }
@@ -34,7 +36,7 @@ RATIO_METRICS = {
     "write": ["per_s", "p99_ms"],
     "lag": ["lag_p99_ms", "lag_max_ms"],
     "lookup": ["latest_long_ms", "long_over_short", "page10_long_ms"],
-    "growth": ["bytes"],
+    "growth": ["bytes", "cpu_ms_at_1000"],
     "resume": ["resume_ms"],
 }
 _HIGHER_IS_BETTER = {"per_s"}

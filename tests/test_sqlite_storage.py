@@ -334,6 +334,34 @@ async def test_500_tasks_writing_at_once(store: SQLiteCheckpointStorage) -> None
     assert store._writer.commits < 1000 / 5  # writes shared transactions
 
 
+async def test_one_batch_of_saves_keeps_every_workflow_record_exact(
+    store: SQLiteCheckpointStorage,
+) -> None:
+    """The records of a batch are written by a few multi-row statements: each of 150
+    workflows (over two chunks of 64) gets its record, and a workflow saved twice in the
+    batch, newer step first, keeps the newer step's agent as its latest."""
+    await store.open()
+    manager = CheckpointManager(store)
+    before = store._writer.commits
+    saves = [
+        manager.create_checkpoint(f"wf-{n}", n % 3, f"agent-{n}", "running", {"n": n})
+        for n in range(150)
+    ]
+    saves.append(manager.create_checkpoint("wf-7", 9, "newest", "completed", {}))
+    saves.append(manager.create_checkpoint("wf-7", 4, "older", "failed", {}))
+    await asyncio.gather(*saves)
+    assert store._writer.commits == before + 1  # one batch
+    for n in range(150):
+        record = await store.get_workflow(f"wf-{n}")
+        assert record is not None
+        if n != 7:
+            assert (record.latest_step, record.latest_agent_id) == (n % 3, f"agent-{n}")
+    seven = await store.get_workflow("wf-7")
+    assert seven is not None
+    assert (seven.latest_step, seven.latest_agent_id) == (9, "newest")
+    assert seven.latest_agent_status == "completed"
+
+
 async def test_writers_that_yield_between_saves_share_one_commit_per_round(
     store: SQLiteCheckpointStorage,
 ) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import AsyncIterator, Generator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,6 +25,7 @@ from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.codec.split import finish, split_work
 from aiocheckpoint.codec.stages import TypedValues
 from aiocheckpoint.codec.subtrees import crc_combine, crc_shift, shared_split_work
+from aiocheckpoint.format.tags import MARK
 from aiocheckpoint.format.tree import SplitMemory, SplitResult, TreeParams
 from aiocheckpoint.storage.base import BlobCheckpointStorage
 from tests.pg_support import DSN, pg_schema
@@ -70,6 +73,8 @@ OPS = st.one_of(
     st.tuples(st.just("restore"), st.integers(0, 30)),
     st.tuples(st.just("failed_step"), PATHS, VALUES),
     st.tuples(st.just("checkpoint")),
+    st.tuples(st.just("append"), st.sampled_from(["base", "a.log", "b"]), st.lists(VALUES)),
+    st.tuples(st.just("chat"), st.integers(1, 6)),
 )
 
 
@@ -84,6 +89,14 @@ def _apply(state: SharedState, op: tuple[Any, ...]) -> None:
             state.merge(op[1])
         elif kind == "restore":
             state.restore(max(0, state.version - op[1]))
+        elif kind == "append":
+            state.append(op[1], *op[2])
+        elif kind == "chat":  # the growing chat: a long list, appended to one by one
+            _chat(state, op[1])
+        elif kind == "failed_chat":  # a step that appended, failed and was rolled back
+            mark = state._mark()
+            _chat(state, op[1])
+            state._rewind(mark)
         elif kind == "failed_step":
             # What a workflow does when a step fails: its changes are rolled back.
             mark = state._mark()
@@ -91,6 +104,12 @@ def _apply(state: SharedState, op: tuple[Any, ...]) -> None:
             state._rewind(mark)
     except (TypeError, ValueError):  # a path through a non-dict, a version out of history
         pass
+
+
+def _chat(state: SharedState, messages: int) -> None:
+    for _ in range(messages):
+        n = len(state.get("base", []))
+        state.append("base", {"n": n, "t": "m" * (n * 7 % 150)})
 
 
 def _scratch(data: dict[str, Any], previous: SplitMemory | None) -> SplitResult:
@@ -109,14 +128,36 @@ def _same(cached: SplitResult, scratch: SplitResult) -> None:
     assert cached.memory.edges == scratch.memory.edges
 
 
+# Mostly a growing chat, checkpointed often, with the other edits in between.
+CHAT_OPS = st.one_of(
+    st.tuples(st.just("chat"), st.integers(1, 12)),
+    st.tuples(st.just("checkpoint")),
+    st.tuples(st.just("chat"), st.integers(1, 3)),
+    st.tuples(st.just("failed_chat"), st.integers(1, 3)),
+    OPS,
+)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(OPS, max_size=25))
 def test_cached_split_equals_a_split_from_scratch(ops: list[tuple[Any, ...]]) -> None:
+    _check_cached_splits(ops)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(CHAT_OPS, max_size=30))
+def test_cached_split_of_a_growing_chat_equals_a_split_from_scratch(
+    ops: list[tuple[Any, ...]],
+) -> None:
+    _check_cached_splits(ops)
+
+
+def _check_cached_splits(ops: list[tuple[Any, ...]]) -> None:
     state = SharedState({"base": [{"n": i, "t": "y" * (i % 90)} for i in range(40)]})
     previous = _scratch(state._peek()[0], None).memory
     assert previous is not None
     previous.first_chunks.clear()
-    cache: dict[int, Any] = {}
+    cache: dict[int | str, Any] = {}
     for op in [*ops, ("checkpoint",)]:
         _apply(state, op)
         if op[0] != "checkpoint":
@@ -127,6 +168,7 @@ def test_cached_split_equals_a_split_from_scratch(ops: list[tuple[Any, ...]]) ->
         assert shared is not None
         _same(shared.split, _scratch(data, previous))
         assert shared.copy == to_storable(data)
+        assert shared.tagged == (MARK in orjson.dumps(shared.copy))
         previous, cache = shared.split.memory, shared.entries
         assert previous is not None
         previous.first_chunks.clear()
@@ -136,15 +178,64 @@ def test_cached_split_equals_a_split_from_scratch(ops: list[tuple[Any, ...]]) ->
     _same(again.split, _scratch(data, previous))
 
 
+def test_an_append_cuts_only_the_lists_last_region() -> None:
+    """A long list that grows is cut again from its last region's end, not from its start."""
+    values = CountingValues()
+    state = SharedState({"chat": [{"n": n, "t": "m" * (n % 90)} for n in range(400)]})
+    shared = finish(shared_split_work(state._peek()[0], values, PARAMS, None, {}, None))
+    assert shared is not None and shared.split.memory is not None
+    previous, cache = shared.split.memory, shared.entries
+    for n in range(400, 430):
+        state.append("chat", {"n": n, "t": "new"})
+        values.sizes.clear()
+        data = state._peek()[0]
+        shared = finish(shared_split_work(data, values, PARAMS, previous, cache, None))
+        assert shared is not None
+        _same(shared.split, _scratch(data, previous))
+        assert values.sizes == [1]  # the new message alone went through the value stage
+        entry = shared.entries["state.chat"]
+        assert entry.scan is not None and entry.scan.index > n - 40  # resumed near the end
+        assert shared.split.memory is not None
+        previous, cache = shared.split.memory, shared.entries
+    assert shared.copy == to_storable(data)
+
+
+async def test_tagged_values_come_back_typed_from_a_cached_split(tmp_path: Path) -> None:
+    """A checkpoint that reused the cache still hands typed values back as themselves
+    (the split knows which sub-trees hold tags), and plain ones as they are."""
+    when = datetime(2026, 12, 1, 12, 30, tzinfo=timezone.utc)
+    storage = open_storage(f"sqlite://{tmp_path / 's.db'}")
+    manager = CheckpointManager(storage)
+    chat = [{"n": n, "text": "w" * 500} for n in range(40)]
+    state = SharedState({"chat": chat, "notes": {"text": "q" * 3000}})
+    try:
+        for step in range(4):
+            if step == 2:
+                state.append("chat", {"n": 40, "at": when})
+            else:
+                state.append("chat", {"n": 40 + step, "text": "plain"})
+            saved = await manager.create_checkpoint("wf", step, "a", "running", state)
+            last = saved.state_snapshot.data["chat"]
+            assert last[-1] == state.get("chat")[-1]
+            if step >= 2:
+                assert [m for m in last if "at" in m] == [{"n": 40, "at": when}]
+        point = await manager.get_resume_point("wf")
+        assert point is not None and point[1].data["chat"][42] == {"n": 40, "at": when}
+    finally:
+        await storage.close()
+
+
 class CountingValues(TypedValues):
     """The default value stage, counting the bytes of JSON text it copies in slices."""
 
     def __init__(self) -> None:
         super().__init__()
         self.copied: list[str] = []
+        self.sizes: list[int] = []
 
     def copy_work(self, value: Any, path: str) -> Generator[None, None, tuple[Any, bool]]:
         self.copied.append(path)
+        self.sizes.append(len(value) if isinstance(value, list) else -1)
         return super().copy_work(value, path)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol, TypeVar
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
+import orjson
 
 from ..errors import (
     CheckpointCorruptedError,
@@ -36,7 +37,7 @@ from .effects import EffectRecord, decode_effect, encode_effect
 from .memory import MemoryCache, recovered_memory
 from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
 from .split import exceeds
-from .stages import DEFAULT_VALUES, ValueStage, View
+from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
 from .subtrees import SharedSplit, SubtreeCache, shared_split_work
 from .v1 import decode_checkpoint, encode_checkpoint
 from .v2 import decode_checkpoint_v2, encode_checkpoint_v2, encode_v2_work, record_v2
@@ -124,7 +125,21 @@ class RecordCodec:
         return self._restored(checkpoint, record)
 
     async def returned_tree(self, checkpoint: Checkpoint) -> Checkpoint:
-        """:meth:`returned` for a checkpoint just encoded as a tree, in a worker thread."""
+        """:meth:`returned` for a checkpoint just encoded as a tree, in a worker thread.
+
+        Not even that for a SharedState's split that found no tag in what it encoded (its
+        cached sub-trees know), when the metadata hold none either: the default value stage
+        would hand the checkpoint back as it is, after encoding the whole state to look.
+        """
+        shared = self._staged.get(checkpoint.workflow_id)
+        if (
+            shared is not None
+            and not shared.tagged
+            and shared.copy is checkpoint.state_snapshot.data
+            and type(self._values) is TypedValues
+            and not _metadata_tagged(checkpoint)
+        ):
+            return checkpoint
         return await anyio.to_thread.run_sync(self._restored, checkpoint, None)
 
     def _restored(self, checkpoint: Checkpoint, record: bytes | None) -> Checkpoint:
@@ -437,3 +452,12 @@ async def cooperate(work: Generator[None, None, _R]) -> _R:
     except StopIteration as stop:
         result: _R = stop.value
         return result
+
+
+def _metadata_tagged(checkpoint: Checkpoint) -> bool:
+    """Whether the checkpoint's metadata (its own and its state's) may hold a tag."""
+    try:
+        text = orjson.dumps((checkpoint.state_snapshot.metadata, checkpoint.metadata))
+    except TypeError:  # an int beyond 64 bits: look the slow way
+        return True
+    return MARK in text

@@ -18,7 +18,7 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Callable, Collection, Generator, Iterable
+from collections.abc import Callable, Collection, Generator, Iterable, Sequence
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -49,6 +49,10 @@ Node = tuple[bytes, tuple[bytes, ...], bytes | None, int, int]
 #: A region as a split cut it: its memory key (None for one chunk), whether it was stored
 #: whole, the boundary checksums of its first and last entries.
 Region = tuple[int | None, bool, int, int]
+#: One level of a container's index as far as it stays when the container grows: how
+#: many of the level's hashes closed groups took, those groups' hashes and their nodes.
+IndexLevel = tuple[int, tuple[bytes, ...], tuple[Node, ...]]
+_NO_LEVEL: Final[IndexLevel] = (0, (), ())
 _NO_REFS: Final[_Refs] = []
 _NO_HASHES: Final[list[bytes]] = []
 _REF_WEIGHT: Final = 20  # what one reference adds to a node: hash and offset, roughly
@@ -121,10 +125,12 @@ class _Splitter:
         "_wrap",
         "blobs",
         "children",
+        "levels",
         "log",
         "memory",
         "node_bytes",
         "p",
+        "point",
         "previous",
         "region_log",
         "sizes",
@@ -151,6 +157,8 @@ class _Splitter:
         # keeps what each sub-tree made (codec/subtrees.py); None: nobody does.
         self.log: list[Node] | None = None
         self.region_log: list[Region] = []
+        self.point: tuple[int, int, int, int] | None = None
+        self.levels: list[IndexLevel] = []
         compressor = Compressor(params)
         self._compress = compressor.active
         self._wrap = compressor.wrap
@@ -293,13 +301,15 @@ class _Splitter:
         mix: Callable[[int], int],
         chunk: Callable[[int, int, bytes], _Encoded],
         is_dict: bool,
+        chunks: list[bytes] | None = None,
     ) -> _Work[_Encoded]:
         """Encode a container of ``len(lens)`` elements: inline, one node, or chunked.
 
         ``lens[i]`` is element ``i``'s text length, ``refmap[i]`` its references, ``mix(i)``
         the checksum that decides boundaries, and ``chunk(start, end, head)`` the text of
         elements ``start:end`` as a container, after ``head``. Chunks are grouped into
-        regions, each stored as one node or one node per chunk (:meth:`_region`).
+        regions, each stored as one node or one node per chunk (:meth:`_region`); the
+        chunks' nodes are appended to ``chunks`` if given.
         """
         p = self.p
         n = len(lens)
@@ -311,15 +321,41 @@ class _Splitter:
             # Too small to be worth cutting: one node. A container that grows past this
             # is cut once; from then on its boundaries are stable.
             return b"null", [(0, self._chunk_node(refmap, chunk, 0, n))]
-        chunks: list[bytes] = []
+        if chunks is None:
+            chunks = []
+        yield from self.scan(lens, refmap, mix, chunk, 0, chunks)
+        stable = 0 if self.point is None else self.point[1]
+        return b"null", [(0, self.index(chunks, KIND_DICT if is_dict else KIND_LIST, (), stable))]
+
+    def scan(
+        self,
+        lens: list[int],
+        refmap: dict[int, _Refs],
+        mix: Callable[[int], int],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        base: int,
+        chunks: list[bytes],
+    ) -> _Work[None]:
+        """Cut elements ``base:base + len(lens)`` into chunks, appending their nodes to ``chunks``.
+
+        ``lens[i - base]`` is element ``i``'s text length; the other arguments index elements
+        as :meth:`_container`'s. Every boundary depends only on the elements before it, so a
+        scan that starts at a region's end (``base``, with the ``chunks`` made before it)
+        cuts the rest as a scan from the start would. The last such end this scan passed is
+        left in :attr:`point` (None if none): ``(element, len(chunks), len(log),
+        len(region_log))`` there, when a caller keeps the log.
+        """
+        p = self.p
+        n = base + len(lens)
+        self.point = None
         chunk_min, chunk_avg, chunk_max = p.chunk_min, p.chunk_avg, p.chunk_max
         bundle, bundle_max = p.bundle_chunks, p.bundle_max
         # Chunks are grouped into regions (their ends: content-defined too, a subset of
         # the chunk ends); a region becomes one node or one per chunk (see _region).
-        region: list[int] = [0]  # the region's chunk ends, after its start
-        start = size = region_size = 0
-        for i in range(n):
-            weight = lens[i] + 1
+        region: list[int] = [base]  # the region's chunk ends, after its start
+        start, size, region_size = base, 0, 0
+        for i in range(base, n):
+            weight = lens[i - base] + 1
             if refmap:
                 refs = refmap.get(i)
                 if refs:
@@ -338,6 +374,8 @@ class _Splitter:
                 self._region(region, refmap, mix, chunk, chunks)
                 region = [i + 1]
                 region_size = 0
+                if self.log is not None:
+                    self.point = (i + 1, len(chunks), len(self.log), len(self.region_log))
                 if self._budget < 0:
                     self._budget = _SLICE_BYTES
                     yield
@@ -348,7 +386,6 @@ class _Splitter:
             region.append(n)
         if len(region) > 1:
             self._region(region, refmap, mix, chunk, chunks)
-        return b"null", [(0, self._index(chunks, KIND_DICT if is_dict else KIND_LIST))]
 
     def _region(
         self,
@@ -395,23 +432,49 @@ class _Splitter:
         else:
             out.extend([self._chunk_node(refmap, chunk, a, b) for a, b in itertools.pairwise(ends)])
 
-    def _index(self, hashes: list[bytes], kind: int) -> bytes:
+    def index(
+        self,
+        hashes: list[bytes],
+        kind: int,
+        resume: Sequence[IndexLevel] = (),
+        stable: int = 0,
+    ) -> bytes:
+        """The root of the index nodes over the chunk nodes ``hashes`` of a container.
+
+        Groups are content-defined: whether a group closes depends only on its hashes, so
+        the groups closed over a prefix that did not change are taken from ``resume`` (per
+        level, what :attr:`levels` held after an index of those hashes). When a caller
+        keeps the log, :attr:`levels` is left holding, per level, the groups closed within
+        the first ``stable`` hashes (the chunks of regions that have ended).
+        """
         p = self.p
+        fanout_min, fanout_avg, fanout_max = p.fanout_min, p.fanout_avg, p.fanout_max
         head = bytes((0, kind))
+        log = self.log
+        levels: list[IndexLevel] = []
         while len(hashes) > 1:
-            groups: list[list[bytes]] = []
-            current: list[bytes] = []
-            for h in hashes:
+            taken, outs, nodes = resume[len(levels)] if len(levels) < len(resume) else _NO_LEVEL
+            self.adopt(nodes, ())
+            out, current, start = list(outs), [], 0 if log is None else len(log)
+            kept = taken, len(outs), start
+            for i in range(taken, len(hashes)):
+                h = hashes[i]
                 current.append(h)
                 n = len(current)
-                if n >= p.fanout_max or (
-                    n >= p.fanout_min and int.from_bytes(h[-4:], "big") % p.fanout_avg == 0
+                if n >= fanout_max or (
+                    n >= fanout_min and int.from_bytes(h[-4:], "big") % fanout_avg == 0
                 ):
-                    groups.append(current)
+                    out.append(self._index_node(head, current))
                     current = []
+                    if log is not None and i < stable:
+                        kept = i + 1, len(out), len(log)
             if current:
-                groups.append(current)
-            hashes = [g[0] if len(g) == 1 else self._index_node(head, g) for g in groups]
+                out.append(current[0] if len(current) == 1 else self._index_node(head, current))
+            if log is not None:
+                levels.append((kept[0], tuple(out[: kept[1]]), nodes + tuple(log[start : kept[2]])))
+                stable = kept[1]
+            hashes = out
+        self.levels = levels
         return hashes[0]
 
     def _index_node(self, head: bytes, hashes: list[bytes]) -> bytes:
@@ -487,9 +550,61 @@ class _Splitter:
             self.log.extend(nodes)
             self.region_log.extend(regions)
 
+    def adopt_set(self, kept: NodeSet, regions: Iterable[Region]) -> None:
+        """:meth:`adopt` for many nodes at once: dict updates instead of a loop per node."""
+        children = self.children
+        if children:
+            again = children.keys() & kept.children.keys()
+            self.node_bytes -= sum(map(kept.lengths.__getitem__, again))
+        self.node_bytes += kept.length
+        children.update(kept.children)
+        self.sizes.update(kept.sizes)
+        known = self._known
+        if known:
+            self.blobs.update((h, b) for h, b in kept.blobs.items() if h not in known)
+        else:
+            self.blobs.update(kept.blobs)
+        if self.log is not None:
+            self.log.extend(kept.nodes)
+        self.adopt((), regions)
+
     def wrap(self, node: bytes | memoryview) -> bytes:
         """The stored blob of ``node`` (compressed if the parameters say so)."""
         return self._wrap(node)
+
+
+class NodeSet:
+    """Nodes a split named, in order, kept to be adopted whole (:meth:`_Splitter.adopt_set`).
+
+    By hash: each distinct node's children, size, stored blob and length (what adopting
+    them one by one would add), and ``length``, their lengths' sum.
+    """
+
+    __slots__ = ("blobs", "children", "length", "lengths", "nodes", "sizes")
+
+    def __init__(self, nodes: Iterable[Node] = (), base: NodeSet | None = None) -> None:
+        nodes = tuple(nodes)
+        if base is None:
+            self.nodes = nodes
+            self.children: dict[bytes, tuple[bytes, ...]] = {}
+            self.sizes: dict[bytes, int] = {}
+            self.blobs: dict[bytes, bytes] = {}
+            self.lengths: dict[bytes, int] = {}
+            self.length = 0
+        else:
+            self.nodes = base.nodes + nodes
+            self.children, self.sizes = dict(base.children), dict(base.sizes)
+            self.blobs, self.lengths = dict(base.blobs), dict(base.lengths)
+            self.length = base.length
+        for h, kids, blob, size, length in nodes:
+            if h not in self.children:
+                self.children[h], self.sizes[h], self.lengths[h] = kids, size, length
+                self.length += length
+                if blob is not None:
+                    self.blobs[h] = blob
+
+
+NO_NODES: Final = NodeSet()
 
 
 def _value_node(data: bytes, refs: _Refs) -> bytes:

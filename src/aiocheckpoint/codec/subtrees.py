@@ -11,8 +11,10 @@ from-scratch :func:`~aiocheckpoint.codec.split.split_work` of the same state wit
 split memory makes, byte for byte (``tests/test_subtrees.py`` checks it on random edit
 sequences), so readers and backends see nothing new.
 
-The walk descends only into plain dicts with ``str`` keys (JSON objects, which a value
-stage maps key for key); every other value goes through the configured value stage whole.
+The walk descends into plain dicts with ``str`` keys (JSON objects, which a value stage
+maps key for key) and into long lists, whose content-defined cut resumes where the list
+last cut at the same path ended its last region when the new list extends it (an append:
+:meth:`_Walk.walk_list`); every other value goes through the configured value stage whole.
 A state the fast encoder cannot take (a NaN, an int beyond 64 bits) is left to the
 pipeline's ordinary path (None).
 """
@@ -23,13 +25,20 @@ import gc
 import zlib
 from collections import OrderedDict
 from collections.abc import Generator
+from operator import is_
 from typing import Any, Final
 
+from ..errors import CheckpointSerializationError
 from ..format.limits import MAX_DEPTH
-from ..format.tree import SplitMemory, SplitResult, TreeParams
+from ..format.tags import MARK, TAG_START
+from ..format.tree import KIND_LIST, SplitMemory, SplitResult, TreeParams
 from .copy import child_path
 from .split import (
+    _SLICE_BYTES,
+    NO_NODES,
+    IndexLevel,
     Node,
+    NodeSet,
     Region,
     _check_size,
     _fast_dumps,
@@ -47,6 +56,9 @@ _Work = Generator[None, None, Any]
 _POLY: Final = 0xEDB88320
 #: Dicts nested deeper than this are taken whole, like any other value.
 _WALK_DEPTH: Final = 32
+#: Lists shorter than this are taken whole (a list is walked so that an append resumes
+#: its cut, which needs a list long enough to be cut into regions).
+_LIST_MIN: Final = 16
 #: Bounds of the cached sub-trees kept: workflows, and bytes of their blobs in all.
 _CACHE_WORKFLOWS: Final = 1024
 _CACHE_BYTES: Final = 128 * 1024 * 1024
@@ -122,10 +134,13 @@ class _Entry:
         "inner",
         "length",
         "nodes",
+        "path",
         "refs",
         "regions",
+        "scan",
         "shift",
         "source",
+        "tagged",
         "text",
     )
 
@@ -147,19 +162,86 @@ class _Entry:
         self.regions: tuple[Region, ...] = ()
         #: The cached sub-trees inside this one (kept with it).
         self.inner: tuple[_Entry, ...] = ()
+        #: A list cut into chunks: where its cut can resume when it grows, and its path.
+        self.scan: _Scan | None = None
+        self.path = ""
+        #: Whether the sub-tree's text may hold a tag (``format.tags.MARK``).
+        self.tagged = True
+
+
+class _Scan:
+    """A chunked list's cut up to its last region end: all that an append leaves as it is.
+
+    Elements ``0:index`` lie in regions that end there; the chunks of those regions, the
+    nodes they and those elements made and the regions themselves are what a split of any
+    list that starts with the same elements (the same objects) makes of them too.
+    """
+
+    __slots__ = (
+        "chunk_nodes",
+        "chunks",
+        "crc",
+        "depth",
+        "element_nodes",
+        "index",
+        "length",
+        "levels",
+        "tagged",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        chunks: tuple[bytes, ...],
+        element_nodes: NodeSet,
+        chunk_nodes: tuple[NodeSet, tuple[Region, ...]],
+        text: tuple[int, int, int],
+        levels: tuple[IndexLevel, ...] = (),
+    ) -> None:
+        self.index = index
+        self.chunks = chunks
+        self.element_nodes = element_nodes
+        self.chunk_nodes = chunk_nodes
+        #: CRC-32 and length of ``[`` and the elements' texts before ``index``, comma
+        #: separated; the depth of the list of those elements.
+        self.crc, self.length, self.depth = text
+        #: The index levels over ``chunks`` (``_Splitter.index``).
+        self.levels = levels
+        #: Whether the elements before ``index`` may hold a tag.
+        self.tagged = False
+
+
+_START: Final = _Scan(0, (), NO_NODES, (NO_NODES, ()), (zlib.crc32(b"["), 1, 1))
+#: A workflow's cached sub-trees: by the id of their source, and chunked lists by path too.
+Entries = dict[int | str, _Entry]
+
+
+def _tagged(entry: _Entry, text: bytes) -> _Entry:
+    """``entry``, marked with whether its whole ``text`` may hold a tag."""
+    entry.tagged = MARK in text
+    return entry
+
+
+def _with_tags(tagged: bool, scan: _Scan) -> _Scan:
+    scan.tagged = tagged
+    return scan
 
 
 class SharedSplit:
     """The outcome of :func:`shared_split_work`: the copy, the split, the cache to keep."""
 
-    __slots__ = ("copy", "entries", "split")
+    __slots__ = ("copy", "entries", "split", "tagged")
 
-    def __init__(self, copy: dict[str, Any], split: SplitResult, entries: dict[int, _Entry]):
+    def __init__(
+        self, copy: dict[str, Any], split: SplitResult, entries: Entries, tagged: bool = True
+    ):
         #: The state's value-stage copy (unchanged sub-trees: the copies made before).
         self.copy = copy
         self.split = split
         #: The cached sub-trees this split used or made, for the next one.
         self.entries = entries
+        #: Whether the copy's text may hold a tag (False: nothing to decode back).
+        self.tagged = tagged
 
 
 class _Fallback(Exception):
@@ -169,20 +251,22 @@ class _Fallback(Exception):
 class _Walk:
     __slots__ = ("cache", "kept", "limit", "new", "splitter", "values")
 
-    def __init__(self, splitter: _Splitter, values: ValueStage, cache: dict[int, _Entry]):
+    def __init__(self, splitter: _Splitter, values: ValueStage, cache: Entries):
         self.splitter = splitter
         self.values = values
         self.cache = cache
-        self.new: dict[int, _Entry] = {}
+        self.new: Entries = {}
         self.kept: list[_Entry] = []  # the entries of ``new``, in the order they were kept
         self.limit = splitter.p.inline_limit
 
     def value(self, source: Any, path: str, depth: int) -> Generator[None, None, _Entry]:
         entry = self.cached(source)
         if entry is None:
-            walked = type(source) is dict and depth < _WALK_DEPTH
-            if walked and all(type(k) is str for k in source):
+            walked = depth < _WALK_DEPTH
+            if walked and type(source) is dict and all(type(k) is str for k in source):
                 entry = yield from self.walk_dict(source, path, depth, False)
+            elif walked and type(source) is list and len(source) >= _LIST_MIN:
+                entry = yield from self.walk_list(source, path)
             else:
                 entry = yield from self.leaf(source, path)
         if depth + entry.depth > MAX_DEPTH:
@@ -197,6 +281,8 @@ class _Walk:
         self.splitter.adopt(entry.nodes, entry.regions)
         for kept in (*entry.inner, entry):
             self.new[id(kept.source)] = kept
+            if kept.scan is not None:
+                self.new[kept.path] = kept
             self.kept.append(kept)
         return entry
 
@@ -208,11 +294,11 @@ class _Walk:
         item = _fast_dumps(copy)
         splitter = self.splitter
         if len(item) <= self.limit:
-            return _Entry(source, copy, item, [], 0, len(item), _depth(copy))
+            return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
         marks = self._marks()
         text, refs = yield from splitter.encode_fast(copy, item)
         entry = _Entry(source, copy, text, refs, zlib.crc32(item), len(item), _depth(copy))
-        return self._kept(entry, marks)
+        return self._kept(_tagged(entry, item), marks)
 
     def walk_dict(
         self, source: dict[str, Any], path: str, depth: int, top: bool
@@ -250,9 +336,13 @@ class _Walk:
         crc = zlib.crc32(b"}", crc)
         length = max(length, 2)
         inner = 1 + max((e.depth for e in entries), default=0)
+        tagged = keys[0].startswith(TAG_START) if keys else False
+        tagged = tagged or any(e.tagged for e in entries)
         if length <= self.limit and not top:
             whole = b"".join((b"{", b",".join(texts), b"}"))
-            return _Entry(source, copy, whole, [], crc, length, inner)
+            entry = _Entry(source, copy, whole, [], crc, length, inner)
+            entry.tagged = tagged
+            return entry
 
         def chunk(first: int, end: int, head: bytes) -> tuple[bytes, _Refs]:
             return _join_entries(texts, refmap, first, end, True, head)
@@ -261,7 +351,55 @@ class _Walk:
         text, refs = yield from self.splitter._container(
             lens, refmap, mixes.__getitem__, chunk, True
         )
-        return self._kept(_Entry(source, copy, text, refs, crc, length, inner), marks)
+        entry = _Entry(source, copy, text, refs, crc, length, inner)
+        entry.tagged = tagged
+        return self._kept(entry, marks)
+
+    def walk_list(self, source: list[Any], path: str) -> Generator[None, None, _Entry]:
+        """A long list, its cut resumed where the list last cut at ``path`` ended a region.
+
+        Resumed when this list starts with that one's elements (an append), else cut from
+        its start. Encodes, copies and cuts only the elements after that region end, and makes the
+        nodes a from-scratch cut of the whole list makes.
+        """
+        base = self._base(source, path)
+        if base is None:
+            copy, finite = yield from self.values.copy_work(source, path)
+        else:
+            try:
+                tail, finite = yield from self.values.copy_work(source[len(base.source) :], path)
+            except CheckpointSerializationError:  # the whole list's copy names the element
+                return (yield from self.leaf(source, path))
+            copy = [*base.copy, *tail]
+        if not finite:
+            raise _Fallback
+        scan = _START if base is None or base.scan is None else base.scan
+        items = list(map(_fast_dumps, copy[scan.index :]))
+        if base is None and scan.length + sum(map(len, items)) + len(items) <= self.limit:
+            item = _fast_dumps(copy)
+            return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
+        marks = self._marks()
+        cut = _ListCut(self.splitter, copy, scan)
+        text, refs = yield from cut.run(items, base is not None)
+        entry = _Entry(source, copy, text, refs, cut.crc, cut.length, cut.depth())
+        entry.scan, entry.path = cut.resumable(), path
+        entry.tagged = scan.tagged or any(MARK in item for item in items)
+        self._kept(entry, marks)
+        if entry.scan is not None:
+            self.new[path] = entry
+        return entry
+
+    def _base(self, source: list[Any], path: str) -> _Entry | None:
+        """The entry of the list last cut at ``path`` if ``source`` extends it, else None."""
+        if self.splitter.previous is None:
+            return None  # a split without memory keeps more of it (``first_chunks``)
+        entry = self.cache.get(path)
+        if entry is None or entry.scan is None:
+            return None
+        old = entry.source
+        if len(old) > len(source) or not all(map(is_, old, source)):
+            return None
+        return entry
 
     def _marks(self) -> tuple[int, int, int]:
         log = self.splitter.log
@@ -281,12 +419,166 @@ class _Walk:
         return entry
 
 
+class _ListCut:
+    """The cut of one list's elements from ``scan.index`` on, as ``encode_fast`` cuts them."""
+
+    __slots__ = (
+        "after",
+        "chunks",
+        "copy",
+        "crc",
+        "ends",
+        "items",
+        "length",
+        "lens",
+        "mixes",
+        "refmap",
+        "scan",
+        "scan_from",
+        "splitter",
+        "texts",
+    )
+
+    def __init__(self, splitter: _Splitter, copy: list[Any], scan: _Scan) -> None:
+        self.splitter = splitter
+        self.copy = copy
+        self.scan = scan
+        self.lens: list[int] = []
+        self.mixes: list[int] = []
+        self.refmap: dict[int, _Refs] = {}
+        self.texts: dict[int, bytes] = {}  # the entries that hold references
+        #: The log's length before each element's nodes, and after the last one's.
+        self.ends: list[int] = []
+        #: CRC-32 and length of the list's text up to the end of each element.
+        self.after: list[tuple[int, int]] = []
+        self.chunks: list[bytes] = list(scan.chunks)
+        #: The texts of the elements from ``scan.index`` on.
+        self.items: list[bytes] = []
+        #: The log's and the region log's lengths where this cut's own chunks start.
+        self.scan_from = (0, 0)
+        self.crc = self.length = 0
+
+    def run(self, items: list[bytes], resumed: bool) -> Generator[None, None, tuple[bytes, _Refs]]:
+        """The list's encoded text and references, its nodes named in the splitter."""
+        splitter = self.splitter
+        log = splitter.log
+        assert log is not None
+        scan = self.scan
+        if resumed:
+            splitter.adopt_set(scan.element_nodes, ())
+        yield from self._elements(items)
+        splitter.point = None
+        if not resumed:
+            self.scan_from = (len(log), len(splitter.region_log))
+            return (
+                yield from splitter._container(
+                    self.lens, self.refmap, self._mix, self._chunk, False, self.chunks
+                )
+            )
+        splitter.adopt_set(*scan.chunk_nodes)
+        self.scan_from = (len(log), len(splitter.region_log))
+        yield from splitter.scan(
+            self.lens, self.refmap, self._mix, self._chunk, scan.index, self.chunks
+        )
+        point = splitter.point
+        stable = len(scan.chunks) if point is None else point[1]
+        return b"null", [(0, splitter.index(self.chunks, KIND_LIST, scan.levels, stable))]
+
+    def _elements(self, items: list[bytes]) -> Generator[None, None, None]:
+        """Each element's length, boundary checksum and references, and the text's CRC."""
+        splitter, base = self.splitter, self.scan.index
+        self.items = items
+        log = splitter.log
+        assert log is not None
+        limit = splitter.p.inline_limit
+        crc, length = self.scan.crc, self.scan.length
+        budget = _SLICE_BYTES
+        for i, item in enumerate(items, base):
+            self.ends.append(len(log))
+            if i:
+                crc = zlib.crc32(b",", crc)
+                length += 1
+            crc = zlib.crc32(item, crc)
+            length += len(item)
+            self.after.append((crc, length))
+            if len(item) > limit:
+                inner, refs = yield from splitter.encode_fast(self.copy[i], item)
+                self.refmap[i], self.texts[i] = refs, inner
+                self.lens.append(len(inner))
+                self.mixes.append(_mix(zlib.crc32(inner), refs))
+            else:
+                self.lens.append(len(item))
+                self.mixes.append(_mix(zlib.crc32(item), None))
+            budget -= len(item)
+            if budget < 0:
+                budget = _SLICE_BYTES
+                yield
+        self.ends.append(len(log))
+        self.crc, self.length = zlib.crc32(b"]", crc), length + 1
+
+    def _mix(self, i: int) -> int:
+        return self.mixes[i - self.scan.index]
+
+    def _chunk(self, start: int, end: int, head: bytes) -> tuple[bytes, _Refs]:
+        """Elements ``start:end`` as a list after ``head``, as ``encode_fast``'s chunks."""
+        copy, refmap = self.copy, self.refmap
+        if not refmap or not any(i in refmap for i in range(start, end)):
+            return b"".join((head, _fast_dumps(copy[start:end]))), []
+        texts = [self.texts.get(i) or _fast_dumps(copy[i]) for i in range(start, end)]
+        refs = {i - start: r for i, r in refmap.items() if start <= i < end}
+        return _join_entries(texts, refs, 0, end - start, False, head)
+
+    def depth(self) -> int:
+        """The depth of the whole list."""
+        return max(self.scan.depth, _depth(self.copy[self.scan.index :]))
+
+    def resumable(self) -> _Scan | None:
+        """Where the next cut of a longer list can resume: this cut's last region end."""
+        point, scan = self.splitter.point, self.scan
+        if point is None:
+            if scan is _START:
+                return None
+            return _with_tags(
+                scan.tagged,
+                _Scan(
+                    scan.index,
+                    scan.chunks,
+                    scan.element_nodes,
+                    scan.chunk_nodes,
+                    (scan.crc, scan.length, scan.depth),
+                    tuple(self.splitter.levels),
+                ),
+            )
+        index, chunks, nodes, regions = point
+        base = scan.index
+        log = self.splitter.log
+        assert log is not None
+        start, region_start = self.scan_from
+        chunk_nodes = (
+            NodeSet(log[start:nodes], scan.chunk_nodes[0]),
+            scan.chunk_nodes[1] + tuple(self.splitter.region_log[region_start:regions]),
+        )
+        depth = max(scan.depth, _depth(self.copy[base:index]))
+        tagged = scan.tagged or any(MARK in item for item in self.items[: index - base])
+        return _with_tags(
+            tagged,
+            _Scan(
+                index,
+                tuple(self.chunks[:chunks]),
+                NodeSet(log[self.ends[0] : self.ends[index - base]], scan.element_nodes),
+                chunk_nodes,
+                (*self.after[index - base - 1], depth),
+                tuple(self.splitter.levels),
+            ),
+        )
+
+
 def shared_split_work(
     data: dict[str, Any],
     values: ValueStage,
     params: TreeParams,
     previous: SplitMemory | None,
-    cache: dict[int, _Entry],
+    cache: Entries,
     max_bytes: int | None,
 ) -> Generator[None, None, SharedSplit | None]:
     """Copy and split a SharedState's tree ``data``, reusing ``cache``'s sub-trees.
@@ -315,7 +607,7 @@ def shared_split_work(
         root.crc,
         splitter.memory,
     )
-    return SharedSplit(root.copy, split, walk.new)
+    return SharedSplit(root.copy, split, walk.new, root.tagged)
 
 
 class SubtreeCache:
@@ -327,15 +619,15 @@ class SubtreeCache:
     __slots__ = ("entries", "size")
 
     def __init__(self) -> None:
-        self.entries: OrderedDict[str, tuple[dict[int, _Entry], int]] = OrderedDict()
+        self.entries: OrderedDict[str, tuple[Entries, int]] = OrderedDict()
         self.size = 0
 
-    def get(self, workflow_id: str) -> dict[int, _Entry]:
+    def get(self, workflow_id: str) -> Entries:
         """The workflow's cached sub-trees (empty if none are kept)."""
         kept = self.entries.get(workflow_id)
         return {} if kept is None else kept[0]
 
-    def keep(self, workflow_id: str, entries: dict[int, _Entry] | None, size: int = 0) -> None:
+    def keep(self, workflow_id: str, entries: Entries | None, size: int = 0) -> None:
         """Keep ``entries`` (of ``size`` bytes) for the workflow; None forgets it."""
         old = self.entries.pop(workflow_id, None)
         if old is not None:

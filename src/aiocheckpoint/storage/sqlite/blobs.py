@@ -193,11 +193,8 @@ def save_tree(conn: sqlite3.Connection, op: SaveTreeOp) -> None:
     elif op.root_refs:
         missing = set(table.add(dict.fromkeys(op.root_refs, 1)))
         held = [h for h in op.root_refs if h not in missing]
-    now = time.time()
-    records.ensure_records(conn, [wf], now)
+    records.note_saves(conn, time.time(), [(wf, op.step, op.step_info)])
     conn.execute(_UPSERT_TREE, (wf, op.step, op.data, encode_refs(held)))
-    if op.step_info is not None:
-        records.note_steps(conn, now, [(wf, op.step, op.step_info)])
     if op.keep_last is not None:
         conn.execute(_PRUNE, (wf, wf, op.keep_last - 1))
 

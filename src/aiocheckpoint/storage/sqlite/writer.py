@@ -287,12 +287,8 @@ class Writer:
             for o in run
         ]
         ok = [o for o, outcome in zip(run, outcomes, strict=True) if outcome is None]
-        now = time.time()
-        records.ensure_records(conn, (o.workflow_id for o in ok), now)
+        records.note_saves(conn, time.time(), [(o.workflow_id, o.step, o.step_info) for o in ok])
         conn.executemany(_UPSERT, [(o.workflow_id, o.step, o.data) for o in ok])
-        noted = [(o.workflow_id, o.step, o.step_info) for o in ok if o.step_info is not None]
-        if noted:
-            records.note_steps(conn, now, noted)
         keep_last = run[0].keep_last
         if keep_last is not None:
             workflows = dict.fromkeys(o.workflow_id for o in ok)
