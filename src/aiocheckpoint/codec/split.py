@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import itertools
 import json
 import math
@@ -39,7 +40,7 @@ from ..format.tree import (
 from .compress import Compressor
 from .jsontext import dumps, int_to_decimal
 
-__all__ = ["exceeds", "finish", "split_state", "split_work"]
+__all__ = ["exceeds", "finish", "namer", "split_state", "split_work"]
 
 _T = TypeVar("_T")
 _Refs = list[tuple[int, bytes]]
@@ -62,6 +63,7 @@ _MIX: Final = 0x9E3779B1
 # hashlib's BLAKE2b, and every node is hashed on every write (and on reads of records
 # without a text checksum: docs/incremental.md).
 _sha256 = hashlib.sha256
+_hmac_digest = hmac.digest
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring
 
 
@@ -106,6 +108,18 @@ _fast_dumps: Final = functools.partial(
 )
 
 
+def namer(params: TreeParams) -> Callable[[bytes | memoryview], bytes]:
+    """What names a node: its truncated SHA-256, or HMAC-SHA256 under ``params.name_key``.
+
+    A keyed name (an encrypted tree's) still deduplicates equal nodes, but nobody without
+    the key can tell from a name what the node holds.
+    """
+    digest, key = params.digest_size, params.name_key
+    if key is None:
+        return lambda node: _sha256(node).digest()[:digest]
+    return lambda node: _hmac_digest(key, node, "sha256")[:digest]
+
+
 def finish(work: _Work[_T]) -> _T:
     """Run split work to its end in one go."""
     try:
@@ -120,8 +134,8 @@ class _Splitter:
     __slots__ = (
         "_budget",
         "_compress",
-        "_digest",
         "_known",
+        "_name",
         "_wrap",
         "blobs",
         "children",
@@ -143,7 +157,7 @@ class _Splitter:
         self.p = params
         self.previous = previous
         self.memory = SplitMemory()
-        self._digest = params.digest_size
+        self._name = namer(params)
         self._known = known
         self._budget = _SLICE_BYTES
         self.blobs: dict[bytes, bytes] = {}
@@ -502,7 +516,7 @@ class _Splitter:
             if keep:
                 return self._add(blob, _NO_HASHES, len(blob) - len(PLAIN_LEAF))
             node = memoryview(blob)[1:]
-        return _sha256(node).digest()[: self._digest]
+        return self._name(node)
 
     def value_node(self, text: bytes, refs: _Refs) -> bytes:
         if not refs:
@@ -520,7 +534,7 @@ class _Splitter:
         ``size`` is the length of the node's text once its references are spliced in.
         """
         node = memoryview(blob)[1:]
-        h = _sha256(node).digest()[: self._digest]
+        h = self._name(node)
         if h not in self.children:
             self.children[h] = tuple(dict.fromkeys(hashes)) if hashes else ()
             self.sizes[h] = size
