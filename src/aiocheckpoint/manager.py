@@ -156,8 +156,8 @@ class CheckpointManager:
     :class:`~aiocheckpoint.KeyProvider`) seals every checkpoint and effect record with
     AES-256-GCM, bound to its workflow, step and kind, and refuses plaintext records
     unless ``allow_plaintext`` is True (``docs/encryption.md``). It needs
-    ``aiocheckpoint[crypto]``. An encrypting manager writes whole records unless
-    ``incremental=True``: then its trees' blobs are sealed too, under keyed names.
+    ``aiocheckpoint[crypto]``. Incremental checkpoints are encrypted too: their blobs are
+    sealed, under keyed names.
 
     ``retention`` is a :class:`~aiocheckpoint.RetentionPolicy`: which checkpoints and
     workflows to keep, applied by :meth:`sweep` and :meth:`sweeping` (``docs/retention.md``);
@@ -196,7 +196,7 @@ class CheckpointManager:
         sealer = _sealer(encryption, allow_plaintext)
         blobs: BlobCheckpointStorage | None = (
             self._storage  # type: ignore[assignment]
-            if supports and (incremental or (incremental is None and sealer is None))
+            if supports and incremental is not False
             else None
         )
         if types is not None and not isinstance(types, TypeRegistry):
