@@ -96,10 +96,10 @@ class RecordCodec:
         # SharedState splits by id of the copy they made; each workflow's split being saved.
         self._prepared: OrderedDict[int, SharedSplit] = OrderedDict()
         self._staged: dict[str, SharedSplit] = {}
-        # Encrypting: the tree parameters with the blob name key; each workflow's sealed
-        # split being saved, with the plain split it came from (what remember keeps).
+        # Encrypting: the tree parameters with the blob name key; the id of each
+        # workflow's sealed split being saved, with the plain split it came from.
         self._keyed: TreeParams | None = None
-        self._sealed: dict[str, tuple[SplitResult, SplitResult]] = {}
+        self._sealed: dict[str, tuple[int, SplitResult]] = {}
 
     # --- the value stage ----------------------------------------------------------------
 
@@ -311,7 +311,7 @@ class RecordCodec:
         sealed_record, sealed = await sealer.seal_tree(
             workflow_id, step, record, split, params.digest_size
         )
-        self._sealed[workflow_id] = sealed, split
+        self._sealed[workflow_id] = id(sealed), split  # not the sealed blobs: the plain split
         return sealed_record, sealed
 
     async def _tree_params(self, blobs: BlobCheckpointStorage) -> TreeParams:
@@ -351,7 +351,7 @@ class RecordCodec:
     def remember(self, workflow_id: str, split: SplitResult) -> None:
         """Keep a stored split's memory (and cached sub-trees) for the workflow's next save."""
         pair = self._sealed.pop(workflow_id, None)
-        if pair is not None and pair[0] is split:
+        if pair is not None and pair[0] == id(split):
             split = pair[1]  # what was sealed: the cache keeps plain nodes
         self.memory.remember(workflow_id, split.memory)
         shared = self._staged.pop(workflow_id, None)

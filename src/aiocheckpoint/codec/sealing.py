@@ -206,12 +206,9 @@ def _key_bytes(name: str, key: object) -> bytes:
 
 def is_sealed_record(data: bytes) -> bool:
     """Whether a checkpoint record is sealed (its header's sealed flag is set)."""
-    return (
-        len(data) > 5
-        and data[:4] == MAGIC
-        and data[4] in (FORMAT_VERSION, FORMAT_VERSION_2)
-        and data[5] != 0
-    )
+    if len(data) > 5 and data[:4] == MAGIC and data[4] == FORMAT_VERSION:
+        return data[5] != 0
+    return is_sealed_tree_record(data)
 
 
 def sealed_key_id(data: bytes, *, effect: bool = False) -> str | None:
