@@ -22,12 +22,25 @@ from aiocheckpoint import (
     DecryptionError,
     EncryptionError,
     Keyring,
+    SharedState,
 )
+from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.format.sealed import BLOB_SEALED, is_sealed_tree_record
 from aiocheckpoint.format.tree import PLAIN_LEAF
 from tests.backend_support import WITH_BLOBS, make_storage
 from tests.pg_support import DSN, pg_schema
-from tests.test_encryption import CANARY, K1, K2, Provider, chat, reachable, ring
+from tests.test_encryption import (
+    CANARY,
+    K1,
+    K2,
+    Provider,
+    assert_no_canary,
+    chat,
+    dump_store,
+    reachable,
+    ring,
+)
+from tests.test_subtrees import CountingValues
 
 __all__ = ["pg_schema"]
 
@@ -207,3 +220,30 @@ async def test_a_key_provider_without_a_name_key_names_blobs_per_manager(
 def test_the_name_key_is_derived_not_a_data_key() -> None:
     names = Keyring(keys={"k1": K1}, primary="k1")._names
     assert len(names) == 32 and names != K1 and names not in (K2, os.urandom(32))
+
+
+async def test_a_shared_state_keeps_its_cached_sub_trees_when_encrypted(
+    tmp_path: Path, pg_schema: str
+) -> None:
+    """Only what changed is copied and encoded, encrypted as plain; nothing readable stored."""
+    async with make_storage("sqlite", tmp_path, pg_schema) as store:
+        assert isinstance(store, BlobCheckpointStorage)
+        manager = CheckpointManager(store, encryption=ring())
+        values = CountingValues()
+        sealer = manager._codec.sealer
+        manager._codec = RecordCodec(store, store, values, sealer)
+        docs = [{"id": i, "text": f"{CANARY} {i} " + "z" * 1000} for i in range(300)]
+        state = SharedState({"documents": docs, "notes": {"a": "q" * 3000, "b": 1}})
+        for step in range(3):
+            state.set("notes.b", step)
+            values.copied.clear()
+            await manager.create_checkpoint("wf", step, "agent", "running", state)
+            if step:
+                assert "state.notes.b" in values.copied
+                assert "state.documents" not in values.copied and "state" not in values.copied
+        reader = CheckpointManager(store, encryption=ring())
+        assert (await reader.get_checkpoint("wf", 2)).state_snapshot.data == state.to_dict()
+        stored = await store.load("wf", 2)
+        assert stored is not None and is_sealed_tree_record(stored.data)
+        dumps = await dump_store("sqlite", store, tmp_path, pg_schema)
+    assert_no_canary(dumps)
