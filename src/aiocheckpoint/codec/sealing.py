@@ -89,6 +89,8 @@ _WRAP_AD: Final = b"aiocheckpoint data key\x00"
 _NAMES_INFO: Final = b"aiocheckpoint blob names\x00"
 #: Sealing many blobs: the loop gets a turn after about this many bytes.
 _SLICE: Final = 256 * 1024
+#: The sealed blobs a sealer keeps for the next saves (bytes, least recently used dropped).
+_SEALED_CACHE: Final = 16 << 20
 _EXTRA: Final = "pip install 'aiocheckpoint[crypto]'"
 _U16: Final = struct.Struct(">H")
 _U64: Final = struct.Struct(">Q")
@@ -281,6 +283,10 @@ class Sealer:
         self._writing: _Writing | None = None
         self._reading: OrderedDict[bytes, AESGCM] = OrderedDict()
         self._name_key: bytes | None = None
+        # Blobs sealed lately, by name: a save hands the store every blob of its tree, and
+        # most are the last save's. Sealing them again would cost a pass over the state.
+        self._sealed_blobs: OrderedDict[bytes, bytes] = OrderedDict()
+        self._sealed_bytes = 0
 
     async def seal_record(self, workflow_id: str, step: int, record: bytes) -> bytes:
         """A plain checkpoint record sealed for ``workflow_id``/``step``."""
@@ -322,9 +328,16 @@ class Sealer:
             workflow_id, step, record, digest, split.root_refs
         )
         blobs: dict[bytes, bytes] = {}
+        cache = self._sealed_blobs
         budget = _SLICE
         for name, blob in split.blobs.items():
-            blobs[name] = await self._seal_blob(name, split.children.get(name, ()), blob)
+            done = cache.get(name)
+            if done is not None:  # a name is its content: sealed once, stored as it was
+                cache.move_to_end(name)
+                blobs[name] = done
+                continue
+            blobs[name] = done = await self._seal_blob(name, split.children.get(name, ()), blob)
+            self._keep_sealed(name, done)
             budget -= len(blob)
             if budget < 0:
                 budget = _SLICE
@@ -342,6 +355,17 @@ class Sealer:
         length = len(clear) + len(envelope)
         head = HEADER.pack(MAGIC, FORMAT_VERSION_2, FLAG_SEALED | FLAG_REFS, 0, length, 0)
         return head + clear + envelope
+
+    def _keep_sealed(self, name: bytes, sealed: bytes) -> None:
+        """Keep a blob sealed for the next saves (they hold it too, mostly), within a bound."""
+        if len(sealed) > _SEALED_CACHE // 16:
+            return
+        cache = self._sealed_blobs
+        cache[name] = sealed
+        self._sealed_bytes += len(sealed)
+        while self._sealed_bytes > _SEALED_CACHE:
+            _, dropped = cache.popitem(last=False)
+            self._sealed_bytes -= len(dropped)
 
     async def _seal_blob(self, name: bytes, children: tuple[bytes, ...], blob: bytes) -> bytes:
         clear = bytes((BLOB_SEALED,)) + refs_block(children)
