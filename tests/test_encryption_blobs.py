@@ -18,6 +18,7 @@ import pytest
 
 from aiocheckpoint import (
     BlobCheckpointStorage,
+    CheckpointCorruptedError,
     CheckpointManager,
     DecryptionError,
     EncryptionError,
@@ -25,7 +26,12 @@ from aiocheckpoint import (
     SharedState,
 )
 from aiocheckpoint.codec.pipeline import RecordCodec
-from aiocheckpoint.format.sealed import BLOB_SEALED, is_sealed_tree_record
+from aiocheckpoint.format import node_children, record_root_refs
+from aiocheckpoint.format.sealed import (
+    BLOB_SEALED,
+    is_sealed_tree_record,
+    sealed_blob_children,
+)
 from aiocheckpoint.format.tree import PLAIN_LEAF
 from tests.backend_support import WITH_BLOBS, make_storage
 from tests.pg_support import DSN, pg_schema
@@ -247,3 +253,26 @@ async def test_a_shared_state_keeps_its_cached_sub_trees_when_encrypted(
         assert stored is not None and is_sealed_tree_record(stored.data)
         dumps = await dump_store("sqlite", store, tmp_path, pg_schema)
     assert_no_canary(dumps)
+
+
+async def test_sealed_layouts_name_their_references_and_refuse_damage(
+    tmp_path: Path, pg_schema: str
+) -> None:
+    async with make_storage("sqlite", tmp_path, pg_schema) as store:
+        assert isinstance(store, BlobCheckpointStorage)
+        await history(CheckpointManager(store, encryption=ring()), "wf", 1)
+        stored = await store.load("wf", 0)
+        assert stored is not None
+        refs = record_root_refs(stored.data)
+        assert refs and set(refs) <= await reachable(store, "wf", 0)
+        blob = (await store.fetch_blobs(refs[:1]))[refs[0]]
+        assert node_children(blob, 16) == sealed_blob_children(blob, 16)
+        for damaged in (stored.data[:30], stored.data[:24] + b"\xff" * 4 + stored.data[28:]):
+            with pytest.raises(CheckpointCorruptedError):
+                record_root_refs(damaged)
+            await store.save("wf", 0, damaged)
+            with pytest.raises(DecryptionError) as caught:
+                await CheckpointManager(store, encryption=ring()).get_checkpoint("wf", 0)
+            assert (caught.value.workflow_id, caught.value.step) == ("wf", 0)
+        with pytest.raises(CheckpointCorruptedError):
+            node_children(blob[:3], 16)

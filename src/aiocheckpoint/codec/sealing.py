@@ -5,7 +5,7 @@
     offset size  field
     0      4     magic  b"ACKX"
     4      1     envelope version (1)
-    5      1     kind (1: a checkpoint record, 2: an effect record)
+    5      1     kind (1: a checkpoint record, 2: an effect record, 3: a blob)
     6      1     key id length k (1..255)
     7      k     key id, UTF-8
     .      2     wrapped data key length w, big-endian
@@ -21,6 +21,11 @@ authenticates every byte): backends still read the version byte, and a reader wi
 stage refuses the unknown flag. A sealed effect record is the bare
 envelope. What is sealed is the whole plain record, header and checksum included, so
 unsealing hands the ordinary decoder exactly what it reads without encryption.
+
+An encrypted tree (an incremental checkpoint) names its nodes by HMAC under a name key
+(:meth:`Sealer.name_key`), seals each blob with its name and the names it references as
+associated data, and seals its version-2 record with the root's references in the clear
+(:mod:`aiocheckpoint.format.sealed` holds both layouts, which backends read).
 """
 
 from __future__ import annotations
