@@ -175,10 +175,19 @@ async def test_rekey_makes_encrypted_incremental_records_whole_under_the_new_key
             await manager.create_checkpoint("wf-big", step, "a", "running", big)
     assert await tree_records(url) == 3
     both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
+    # Exported as it is, an encrypted tree would be written whole in the clear: refused.
+    early = tmp_path / "early.jsonl"
+    refused = cli("export", url, str(early), "--keys", both)
+    assert refused.code != 0 and "rekey" in refused.out + refused.err
+    forms = [base64.b64encode(bytes(p) + CANARY.encode() + bytes(2))[4:-4] for p in range(3)]
+    assert not any(form.decode() in early.read_text() for form in forms)
     result = cli("--json", "rekey", url, "--keys", both)
     assert result.code == 0, result.out + result.err
     assert result.json()["resealed"] == 3  # type: ignore[index]
     assert await tree_records(url) == 0 and await key_ids(url) == {"k2"}
+    late = tmp_path / "late.jsonl"
+    assert cli("export", url, str(late), "--keys", both).code == 0
+    assert not any(form.decode() in late.read_text() for form in forms)
     # Only the new key: the records read, and none relies on a blob sealed under k1.
     async with CheckpointManager(open_storage(url), encryption=NEW) as manager:
         checkpoint = await manager.get_checkpoint("wf-big", 2)
