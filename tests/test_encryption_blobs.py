@@ -8,7 +8,6 @@ falls back to the newest checkpoint that authenticates.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -223,9 +222,12 @@ async def test_a_key_provider_without_a_name_key_names_blobs_per_manager(
         assert (await reader.get_checkpoint("wf", 2)).state_snapshot.data == state
 
 
-def test_the_name_key_is_derived_not_a_data_key() -> None:
-    names = Keyring(keys={"k1": K1}, primary="k1")._names
-    assert len(names) == 32 and names != K1 and names not in (K2, os.urandom(32))
+async def test_the_name_key_follows_the_primary_key_only() -> None:
+    names = await ring().blob_name_key()
+    assert len(names) == 32 and names != K1
+    assert await ring("k1", k1=K1, k2=K2).blob_name_key() == names  # other keys: no change
+    assert await ring("k2", k1=K1, k2=K2).blob_name_key() != names  # rotation: new names
+    assert await Keyring(keys={"k1": K2}, primary="k1").blob_name_key() != names
 
 
 async def test_a_shared_state_keeps_its_cached_sub_trees_when_encrypted(
