@@ -8,6 +8,8 @@ byte; and through a manager, only what changed goes through the value stage.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import zlib
 from collections.abc import AsyncIterator, Generator
 from datetime import datetime, timezone
@@ -223,6 +225,50 @@ async def test_tagged_values_come_back_typed_from_a_cached_split(tmp_path: Path)
         assert point is not None and point[1].data["chat"][42] == {"n": 40, "at": when}
     finally:
         await storage.close()
+
+
+async def test_a_chat_written_whole_goes_on_growing_with_resumed_cuts(tmp_path: Path) -> None:
+    """A store written without the cache (plain dict states: every list cut from its start,
+    as before resumed cuts existed) is read back and continued by a new manager through a
+    SharedState: each resumed checkpoint reads back exactly, and shares the old blobs."""
+    url = f"sqlite://{tmp_path / 's.db'}"
+    messages = [{"n": n, "text": f"{n}" * 300} for n in range(60)]
+    storage = open_storage(url)
+    manager = CheckpointManager(storage)
+    for step in range(3):
+        state = {"chat": messages[: 50 + step]}
+        await manager.create_checkpoint("wf", step, "a", "running", state)
+    await storage.close()
+    before = _blob_count(tmp_path / "s.db")
+    storage = open_storage(url)
+    manager = CheckpointManager(storage)
+    values = CountingValues()
+    assert isinstance(storage, BlobCheckpointStorage)
+    manager._codec = RecordCodec(storage, storage, values)
+    try:
+        point = await manager.get_resume_point("wf")
+        assert point is not None
+        state = SharedState.from_snapshot(point[1])
+        for step in range(3, 10):
+            state.append("chat", messages[49 + step])
+            values.sizes.clear()
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+            if step >= 5:  # after the first save of this manager and one to fill the cache
+                assert values.sizes == [1]
+            checkpoint = await manager.get_checkpoint("wf", step)
+            assert checkpoint.state_snapshot.data == {"chat": messages[: 50 + step]}
+        old = await manager.get_checkpoint("wf", 0)
+        assert old.state_snapshot.data == {"chat": messages[:50]}
+    finally:
+        await storage.close()
+    # Each step adds its chunk, the last region's and the index path, not the whole list.
+    assert _blob_count(tmp_path / "s.db") - before < 7 * 12
+
+
+def _blob_count(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        count: int = db.execute("SELECT count(*) FROM blobs").fetchone()[0]
+    return count
 
 
 class CountingValues(TypedValues):

@@ -230,7 +230,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         if refs != split.root_refs:
             raise InvalidArgumentError("record does not reference the root of split")
         token = None if fence is None else fence_token(fence, workflow_id)
-        size = len(record) + sum(len(blob) for blob in split.blobs.values())
+        size = len(record) + sum(map(len, split.blobs.values()))
         op = SaveTreeOp(workflow_id, step, record, refs, split, keep_last, token, step_info)
         await self._submit(op, size)
 

@@ -91,7 +91,7 @@ def _estimate_pages(ops: Sequence[Op]) -> int:
         if isinstance(op, SaveOp | SaveTreeOp):
             size += len(op.data)
             if isinstance(op, SaveTreeOp) and op.split is not None:
-                size += sum(len(blob) for blob in op.split.blobs.values())
+                size += sum(map(len, op.split.blobs.values()))
     return size // _PAGE_SIZE + 2 * len(ops)
 
 
