@@ -24,6 +24,7 @@ from aiocheckpoint import (
     Keyring,
     SharedState,
 )
+from aiocheckpoint.codec.join import areferenced_hashes
 from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.format import node_children, record_root_refs
 from aiocheckpoint.format.sealed import (
@@ -269,6 +270,9 @@ async def test_sealed_layouts_name_their_references_and_refuse_damage(
         assert refs and set(refs) <= await reachable(store, "wf", 0)
         blob = (await store.fetch_blobs(refs[:1]))[refs[0]]
         assert node_children(blob, 16) == sealed_blob_children(blob, 16)
+        tops = list((await store.fetch_blobs(refs)).values())
+        below = await areferenced_hashes(tops, store.fetch_blobs)
+        assert below | set(refs) == await reachable(store, "wf", 0)
         for damaged in (stored.data[:30], stored.data[:24] + b"\xff" * 4 + stored.data[28:]):
             with pytest.raises(CheckpointCorruptedError):
                 record_root_refs(damaged)

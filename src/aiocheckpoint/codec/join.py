@@ -21,6 +21,7 @@ from ..errors import CheckpointCorruptedError
 from ..format.blob import Unwrapper
 from ..format.jsontext import loads
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
+from ..format.sealed import BLOB_SEALED, sealed_blob_children
 from ..format.tree import KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
 
 __all__ = [
@@ -57,6 +58,7 @@ def _corrupt(reason: str) -> CheckpointCorruptedError:
 # C-level callables mapped over a tree level's blobs, so that the per-blob Python work of
 # a resume is a few builtin calls rather than bytecode (docs/incremental.md, "Reading").
 _is_plain_leaf: Final = operator.methodcaller("startswith", PLAIN_LEAF)
+_SEALED: Final = bytes((BLOB_SEALED,))
 _view: Final[Callable[[bytes], memoryview]] = memoryview
 _after_flags: Final = operator.itemgetter(slice(1, None))
 _digest_of: Final = operator.methodcaller("digest")
@@ -353,6 +355,13 @@ async def ajoin_state(
     return await adrive(guard(Joiner(digest_size, max_bytes).steps(root)), fetch)
 
 
+def _stored_refs(stored: bytes, unwrap: Unwrapper, digest: int) -> Collection[bytes]:
+    """What a stored root or blob references (a sealed one: the names in its clear part)."""
+    if stored[:1] == _SEALED:
+        return sealed_blob_children(stored, digest)
+    return node_refs(unwrap(stored), digest)
+
+
 def _reference_steps(
     roots: Collection[bytes], digest: int, skip: Collection[bytes]
 ) -> Steps[set[bytes]]:
@@ -360,7 +369,7 @@ def _reference_steps(
     seen: set[bytes] = set()
     if isinstance(roots, (bytes, bytearray)):  # one root rather than a collection of them
         roots = [bytes(roots)]
-    pending = {h for root in roots for h in node_refs(unwrap(root), digest) if h not in skip}
+    pending = {h for root in roots for h in _stored_refs(root, unwrap, digest) if h not in skip}
     while pending:
         got = yield list(pending)
         seen |= pending
@@ -369,6 +378,9 @@ def _reference_steps(
             stored = got.get(h)
             if stored is None:
                 raise _corrupt(f"missing blob {h.hex()}")
+            if stored[:1] == _SEALED:  # an encrypted tree's: its children's names in the clear
+                level.update(sealed_blob_children(stored, digest))
+                continue
             node = unwrap(stored)
             if _sha256(node).digest()[:digest] != h:
                 raise _corrupt(f"blob {h.hex()} does not match its hash")
@@ -389,7 +401,8 @@ def referenced_hashes(
     ``roots`` are stored roots (or blobs: their descendants are returned); one root may be
     passed as plain bytes. Hashes in ``skip`` (already marked) are not descended into: a
     blob's sub-tree is immutable, so marking costs one fetch per distinct blob, not per
-    checkpoint.
+    checkpoint. A sealed blob (an encrypted tree's) is followed through the names it lists
+    in the clear, without a key and so without verifying it.
     """
     return drive(guard(_reference_steps(roots, digest_size, skip)), fetch)
 
