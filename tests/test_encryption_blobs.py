@@ -23,6 +23,7 @@ from aiocheckpoint import (
     EncryptionError,
     Keyring,
     SharedState,
+    UnknownKeyError,
 )
 from aiocheckpoint.codec.join import areferenced_hashes
 from aiocheckpoint.codec.pipeline import RecordCodec
@@ -282,3 +283,20 @@ async def test_sealed_layouts_name_their_references_and_refuse_damage(
             assert (caught.value.workflow_id, caught.value.step) == ("wf", 0)
         with pytest.raises(CheckpointCorruptedError):
             node_children(blob[:3], 16)
+
+
+async def test_a_blob_under_a_key_the_reader_lacks_is_an_unknown_key(
+    tmp_path: Path, pg_schema: str
+) -> None:
+    """A fork made after a rotation: its record is under the new key, its blobs the old."""
+    async with make_storage("sqlite", tmp_path, pg_schema) as store:
+        state = await history(CheckpointManager(store, encryption=ring()), "wf", 1)
+        rotated = CheckpointManager(store, encryption=ring("k2", k1=K1, k2=K2))
+        await rotated.fork_workflow("wf", 0, "fork")
+        assert (await rotated.get_checkpoint("fork", 0)).state_snapshot.data == state
+        only_new = CheckpointManager(store, encryption=Keyring(keys={"k2": K2}, primary="k2"))
+        with pytest.raises(UnknownKeyError) as caught:
+            await only_new.get_checkpoint("fork", 0)
+        assert (caught.value.workflow_id, caught.value.step) == ("fork", 0)
+        with pytest.raises(UnknownKeyError):  # no checkpoint of it authenticates
+            await only_new.get_resume_point("fork")
