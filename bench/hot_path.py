@@ -11,12 +11,15 @@ ones on a loaded machine; compare them between two checkouts run one after the o
   to back, yielding once between checkpoints as ``bench/run.py``'s write workload does.
 * ``encryption``: the ~1 KB write on the memory backend and SQLite throughput at C=100,
   plain and encrypted (``docs/encryption.md``) alternately in one run, and their ratios.
+* ``encrypted-incremental``: a growing ~2 MB chat saved incrementally to SQLite, plain and
+  encrypted alternately: wall and loop-CPU time per save, bytes stored, the read back (least of 5).
 * ``sqlite round``: at C=100 the share of wall time the loop sat idle in ``epoll`` (waiting
   for the writer thread), the writer's busy share, the batch sizes, and the writer's phases
   per batch (BEGIN, applying the saves, COMMIT with its fsync, the hand-over gap between
   two batches) as p50/p99/max.
 
-Usage: ``python bench/hot_path.py [--seconds S] [--dir DIR] [--only encryption]``
+Usage: ``python bench/hot_path.py [--seconds S] [--dir DIR] [--only SECTION]`` (SECTION:
+``encryption`` or ``encrypted-incremental``)
 """
 
 from __future__ import annotations
@@ -298,18 +301,79 @@ async def encryption(seconds: float, root: Path) -> None:
     )
 
 
+def _chat(messages: int) -> dict[str, Any]:
+    """A chat state of ``messages`` ~1 KB messages (what an agent's history grows into)."""
+    return {"messages": [_message(i) for i in range(messages)], "summary": "s" * 500}
+
+
+def _message(i: int) -> dict[str, Any]:
+    return {"role": "user" if i % 2 else "assistant", "n": i, "text": f"{i} " + "w" * 1000}
+
+
+async def _chat_run(url: str, keys: Keyring | None, base: int, steps: int) -> dict[str, float]:
+    """One growing chat: wall ms and loop CPU us per save, bytes stored, ms to read it back."""
+    state = _chat(base)
+    async with CheckpointManager(open_storage(url), encryption=keys, incremental=True) as manager:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for step in range(steps):
+            state["messages"].append(_message(base + step))
+            await manager.create_checkpoint("chat", step, "bench", "running", state)
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        reads = []
+        for _ in range(5):  # the least of five: reads are short, the machine is shared
+            read = time.perf_counter()
+            checkpoint = await manager.get_checkpoint("chat", steps - 1)
+            reads.append(time.perf_counter() - read)
+            assert checkpoint.state_snapshot.data == state
+        read = min(reads)
+    size = sum(p.stat().st_size for p in Path(url.removeprefix("sqlite://")).parent.glob("*"))
+    return {
+        "save_ms": wall / steps * 1e3,
+        "cpu_us": cpu / steps * 1e6,
+        "read_ms": read * 1e3,
+        "bytes": size,
+    }
+
+
+async def encrypted_incremental(root: Path, base: int = 2000, steps: int = 60) -> None:
+    """Plain vs encrypted incremental checkpoints of a growing ~2 MB chat on SQLite."""
+    runs: dict[str, list[dict[str, float]]] = {"plain": [], "encrypted": []}
+    for repeat in range(3):
+        for name, keys in (("plain", None), ("encrypted", _KEYS)):
+            where = root / f"chat-{name}-{repeat}"
+            where.mkdir()
+            runs[name].append(await _chat_run(f"sqlite://{where / 'c.db'}", keys, base, steps))
+    med = {
+        name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        for name, rows in runs.items()
+    }
+    emit(
+        figure=f"encryption: incremental growing chat, SQLite, {base} + {steps} messages",
+        **{f"{name}_{k}": round(v, 2) for name, m in med.items() for k, v in m.items()},
+        **{f"ratio_{k}": round(med["encrypted"][k] / med["plain"][k], 3) for k in med["plain"]},
+    )
+
+
 def main() -> None:
     """Parse arguments and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="per write run (3 repeats)")
     parser.add_argument("--dir", type=Path, default=None, help="where the database goes")
-    parser.add_argument("--only", choices=["encryption"], default=None, help="one section")
+    parser.add_argument(
+        "--only",
+        choices=["encryption", "encrypted-incremental"],
+        default=None,
+        help="one section",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         if args.only is None:
             asyncio.run(manager_parts())
             asyncio.run(loops(args.seconds, Path(root)))
-        asyncio.run(encryption(args.seconds, Path(root)))
+        if args.only != "encrypted-incremental":
+            asyncio.run(encryption(args.seconds, Path(root)))
+        if args.only != "encryption":
+            asyncio.run(encrypted_incremental(Path(root)))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from aiocheckpoint import (
     open_storage,
 )
 from aiocheckpoint.codec.sealing import sealed_key_id
+from aiocheckpoint.format.sealed import is_sealed_tree_record
 from aiocheckpoint.storage.base import EffectStorage
 from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
 
@@ -160,6 +161,51 @@ async def test_encrypt_then_rekey_then_retire_the_old_key(
     assert again.code == 0 and again.json()["resealed"] == 0  # type: ignore[index]
     assert await read_all(url, NEW) == 12
     assert cli("verify", url, "--keys", new).code == 0
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_rekey_makes_encrypted_incremental_records_whole_under_the_new_key(
+    kind: str, new_store: NewStore, tmp_path: Path
+) -> None:
+    url = new_store(kind)
+    big = {"secret": CANARY, "log": [f"{CANARY} line {i}" for i in range(3000)]}
+    async with CheckpointManager(open_storage(url), encryption=OLD) as manager:
+        for step in range(3):
+            big["log"].append(f"step {step}")
+            await manager.create_checkpoint("wf-big", step, "a", "running", big)
+    assert await tree_records(url) == 3
+    both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
+    # Exported as it is, an encrypted tree would be written whole in the clear: refused.
+    early = tmp_path / "early.jsonl"
+    refused = cli("export", url, str(early), "--keys", both)
+    assert refused.code != 0 and "rekey" in refused.out + refused.err
+    forms = [base64.b64encode(bytes(p) + CANARY.encode() + bytes(2))[4:-4] for p in range(3)]
+    assert not any(form.decode() in early.read_text() for form in forms)
+    result = cli("--json", "rekey", url, "--keys", both)
+    assert result.code == 0, result.out + result.err
+    assert result.json()["resealed"] == 3  # type: ignore[index]
+    assert await tree_records(url) == 0 and await key_ids(url) == {"k2"}
+    late = tmp_path / "late.jsonl"
+    assert cli("export", url, str(late), "--keys", both).code == 0
+    assert not any(form.decode() in late.read_text() for form in forms)
+    # Only the new key: the records read, and none relies on a blob sealed under k1.
+    async with CheckpointManager(open_storage(url), encryption=NEW) as manager:
+        checkpoint = await manager.get_checkpoint("wf-big", 2)
+        assert checkpoint.state_snapshot.data == big
+        await manager.create_checkpoint("wf-big", 3, "a", "running", big)
+    assert await tree_records(url) == 1  # later checkpoints are incremental again
+    assert (
+        cli("verify", url, "--keys", keys_file(tmp_path / "new.json", {"k2": K2}, "k2")).code == 0
+    )
+
+
+async def tree_records(url: str) -> int:
+    """How many records of the store are encrypted incremental (sealed tree) records."""
+    count = 0
+    async with open_storage(url) as storage:
+        for wf in await storage.list_workflows():
+            count += sum(is_sealed_tree_record(r.data) for r in await storage.scan(wf))
+    return count
 
 
 async def test_rekey_survives_sigkill_with_writers_running(

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import anyio
 import asyncpg
 import pytest
 
@@ -32,15 +33,18 @@ from aiocheckpoint import (
     RetentionPolicy,
     UnknownKeyError,
 )
+from aiocheckpoint.format import node_children, record_root_refs
 from aiocheckpoint.format.header import HEADER_SIZE
 from aiocheckpoint.storage.base import EffectStorage
-from tests.backend_support import ALL, make_storage
+from tests.backend_support import ALL, WITH_BLOBS, make_storage
 from tests.pg_support import DSN, pg_schema
 
 __all__ = ["pg_schema"]
 
 CANARY = "zq-CANARY-4f1d9e"
 K1, K2 = os.urandom(32), os.urandom(32)
+#: Collect a file store's unreferenced blobs at once (not after the default grace period).
+GRACE: dict[str, dict[str, Any]] = {"file": {"blob_grace_seconds": 0.01}}
 
 
 def ring(primary: str = "k1", **keys: bytes) -> Keyring:
@@ -228,6 +232,65 @@ async def test_no_canary_in_any_byte_of_the_store(
     assert (await manager.get_checkpoint("wf-a", 4)).metadata == {"note": CANARY}
     assert (await manager.get_effects("wf-a", 4))[0].result == {"out": CANARY}
     dumps = await dump_store(kind, store, tmp_path, pg_schema)
+    if encrypted:
+        assert_no_canary(dumps)
+    else:
+        with pytest.raises(AssertionError, match="found in"):
+            assert_no_canary(dumps)
+
+
+async def reachable(store: BlobCheckpointStorage, workflow_id: str, step: int) -> set[bytes]:
+    """The names of every blob a stored record reaches, read as a backend reads them."""
+    stored = await store.load(workflow_id, step)
+    assert stored is not None
+    digest = store.blob_params.digest_size
+    level, seen = set(record_root_refs(stored.data)), set()
+    while level:
+        seen |= level
+        found = await store.fetch_blobs(level)
+        assert found.keys() == level
+        level = {k for b in found.values() for k in node_children(b, digest)} - seen
+    return seen
+
+
+def chat(messages: int, canary: str = CANARY) -> dict[str, Any]:
+    """A large state of many strings, each holding the canary: cut into many blobs."""
+    return {
+        "chat": [{"role": "user", "text": f"{canary} message {i}"} for i in range(messages)],
+        "notes": {f"n{i}": f"{canary} note {i}" * 40 for i in range(40)},
+    }
+
+
+@pytest.mark.parametrize("kind", WITH_BLOBS)
+@pytest.mark.parametrize("encrypted", [True, False])
+async def test_no_canary_in_any_byte_of_an_incremental_store(
+    kind: str, tmp_path: Path, pg_schema: str, encrypted: bool
+) -> None:
+    """Encrypted incremental checkpoints: records, blobs, names, counts all canary-free."""
+    async with make_storage(kind, tmp_path, pg_schema, **GRACE.get(kind, {})) as store:
+        manager = CheckpointManager(
+            store, encryption=ring() if encrypted else None, max_checkpoints=3, incremental=True
+        )
+        state = chat(3000)
+        for step in range(5):
+            state["chat"].append({"role": "agent", "text": f"{CANARY} reply {step}"})
+            await manager.create_checkpoint("wf-a", step, "agent", "running", state)
+        await manager.fork_workflow("wf-a", 4, "wf-f")
+        await manager.delete_checkpoints("wf-a", 4)
+        await manager.create_checkpoint("wf-g", 0, "agent", "running", chat(500, "other"))
+        assert isinstance(store, BlobCheckpointStorage)
+        garbage = await reachable(store, "wf-g", 0)
+        assert len(garbage) > 3
+        await manager.delete_checkpoints("wf-g")
+        await anyio.sleep(0.05)  # past the file store's grace period
+        await store.collect_garbage()
+        assert await store.fetch_blobs(garbage) == {}
+        assert (await manager.get_checkpoint("wf-f", 4)).state_snapshot.data == state
+        assert (await manager.get_checkpoint("wf-a", 3)).state_snapshot.data["chat"][-1] == {
+            "role": "agent",
+            "text": f"{CANARY} reply 3",
+        }
+        dumps = await dump_store(kind, store, tmp_path, pg_schema)
     if encrypted:
         assert_no_canary(dumps)
     else:

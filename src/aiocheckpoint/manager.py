@@ -25,7 +25,6 @@ from ._validation import (
 )
 from .codec import RecordCodec, TypedValues, TypeRegistry
 from .codec.effects import EffectRecord, EffectState
-from .codec.fork import fork_tree
 from .codec.sealing import KeyProvider, Sealer
 from .codec.stages import DEFAULT_VALUES, View
 from .errors import (
@@ -161,8 +160,8 @@ class CheckpointManager:
     :class:`~aiocheckpoint.KeyProvider`) seals every checkpoint and effect record with
     AES-256-GCM, bound to its workflow, step and kind, and refuses plaintext records
     unless ``allow_plaintext`` is True (``docs/encryption.md``). It needs
-    ``aiocheckpoint[crypto]``; incremental checkpoints are not encrypted yet, so it writes
-    whole records (``incremental=True`` with it raises).
+    ``aiocheckpoint[crypto]``. Incremental checkpoints are encrypted too: their blobs are
+    sealed, under keyed names.
 
     ``retention`` is a :class:`~aiocheckpoint.RetentionPolicy`: which checkpoints and
     workflows to keep, applied by :meth:`sweep` and :meth:`sweeping` (``docs/retention.md``);
@@ -198,10 +197,10 @@ class CheckpointManager:
                 f"incremental=True needs a storage that keeps blobs; "
                 f"{type(self._storage).__name__} does not"
             )
-        sealer = _sealer(encryption, allow_plaintext, incremental)
+        sealer = _sealer(encryption, allow_plaintext)
         blobs: BlobCheckpointStorage | None = (
             self._storage  # type: ignore[assignment]
-            if supports and incremental is not False and sealer is None
+            if supports and incremental is not False
             else None
         )
         if types is not None and not isinstance(types, TypeRegistry):
@@ -639,8 +638,8 @@ class CheckpointManager:
 
     async def _fork_record(self, source_id: str, record: StoredCheckpoint, new_id: str) -> None:
         storage, keep = self._storage, self._max_checkpoints
-        if isinstance(storage, BlobCheckpointStorage) and self._codec.sealer is None:
-            tree = await fork_tree(storage, record.data, new_id)
+        if isinstance(storage, BlobCheckpointStorage):
+            tree = await self._codec.fork_tree(storage, source_id, record, new_id)
             if tree is not None:
                 await storage.save_tree(new_id, record.step, tree[0], tree[1], keep_last=keep)
                 return
@@ -1136,9 +1135,7 @@ class CheckpointManager:
             raise StorageClosedError("CheckpointManager is closed")
 
 
-def _sealer(
-    encryption: KeyProvider | None, allow_plaintext: bool, incremental: bool | None
-) -> Sealer | None:
+def _sealer(encryption: KeyProvider | None, allow_plaintext: bool) -> Sealer | None:
     """The bytes stage of ``encryption=`` (``docs/encryption.md``), or None without it."""
     if type(allow_plaintext) is not bool:
         raise InvalidArgumentError(f"allow_plaintext must be a bool, got {allow_plaintext!r}")
@@ -1146,11 +1143,6 @@ def _sealer(
         if allow_plaintext:
             raise InvalidArgumentError("allow_plaintext=True needs encryption=")
         return None
-    if incremental:
-        raise InvalidArgumentError(
-            "incremental=True cannot be combined with encryption= yet: "
-            "encrypted managers write whole records"
-        )
     return Sealer(encryption, allow_plaintext=allow_plaintext)
 
 

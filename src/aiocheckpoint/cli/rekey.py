@@ -1,8 +1,10 @@
 """``rekey`` and ``encrypt``: every record of a store sealed under the primary key.
 
 ``rekey URL`` re-encrypts the records sealed under another key of the keyring, so that key
-can be retired; ``encrypt URL`` also seals the plaintext ones (an incremental record becomes
-the equivalent whole record). Each record is verified, sealed and saved on its own (a save
+can be retired; ``encrypt URL`` also seals the plaintext ones. An incremental record, plain
+or encrypted, becomes the equivalent whole record sealed under the primary key: its blobs
+(sealed under whichever key wrote them) are then released, and later checkpoints are
+incremental again. Each record is verified, sealed and saved on its own (a save
 is atomic), so a run stopped anywhere, even by SIGKILL, leaves every record readable with
 the keyring and the next run goes on where it stopped: records already under the primary key
 are skipped. A record is rewritten only if it still holds the bytes that were read (checked
@@ -21,6 +23,7 @@ from ..codec.effects import decode_effect
 from ..codec.sealing import Sealer, sealed_key_id
 from ..codec.v1 import decode_checkpoint, encode_checkpoint
 from ..errors import CheckpointCorruptedError
+from ..format.sealed import is_sealed_tree_record
 from ..manager import CheckpointManager
 from ..storage.base import EffectStorage, StoredCheckpoint, StoredEffect
 from .keys import KEYS_VARIABLE, command_keys
@@ -118,6 +121,10 @@ class _Job:
     ) -> None:
         self.plain = plain
         self.storage = plain.storage
+        # Reads encrypted incremental records (their blobs are sealed too).
+        self.keyed = CheckpointManager(
+            plain.storage, encryption=sealer.provider, allow_plaintext=True, incremental=False
+        )
         self.sealer = sealer
         self.primary = primary
         self.encrypt = encrypt
@@ -137,7 +144,7 @@ class _Job:
             self.tally.checked += 1
             if isinstance(record, Unreadable):
                 self._bad(workflow_id, record.step, record.reason)
-            elif self._wanted(sealed_key_id(record.data)):
+            elif is_sealed_tree_record(record.data) or self._wanted(sealed_key_id(record.data)):
                 await self._record(workflow_id, record)
         if isinstance(self.storage, EffectStorage):
             # Effects sit at the steps of checkpoints and at the step after the latest.
@@ -162,8 +169,9 @@ class _Job:
     async def _plain_record(self, workflow_id: str, stored: StoredCheckpoint) -> bytes:
         """The verified plain version-1 record a stored one holds."""
         data = stored.data
-        if len(data) > 4 and data[4] == 2:  # a plaintext incremental record: made whole
-            checkpoint = await self.plain.decode_record(workflow_id, stored, view="stored")
+        if len(data) > 4 and data[4] == 2:  # an incremental record: made whole
+            reader = self.keyed if is_sealed_tree_record(data) else self.plain
+            checkpoint = await reader.decode_record(workflow_id, stored, view="stored")
             return encode_checkpoint(checkpoint)
         plain = await self.sealer.unseal_record(workflow_id, stored.step, data)
         await asyncio.to_thread(decode_checkpoint, plain, workflow_id=workflow_id, step=stored.step)

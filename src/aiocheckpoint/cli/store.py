@@ -12,6 +12,7 @@ from .._validation import check_workflow_id
 from ..codec.sealing import Keyring
 from ..codec.v1 import encode_checkpoint
 from ..errors import CheckpointCorruptedError, EncryptionError, InvalidArgumentError
+from ..format.sealed import is_sealed_tree_record
 from ..manager import CheckpointManager
 from ..models import Checkpoint
 from ..storage.base import CheckpointStorage, StoredCheckpoint
@@ -19,6 +20,12 @@ from ..storage.sqlite import SQLiteCheckpointStorage
 from ..urls import open_storage
 from .keys import KEYS_VARIABLE
 from .redact import redact
+
+#: Why an encrypted incremental record is not exported or copied as it is.
+_SEALED_TREE: Final = (
+    "an encrypted incremental record: `aiocheckpoint rekey` makes it a whole encrypted "
+    "record (export --plaintext writes it decrypted)"
+)
 
 __all__ = [
     "EXIT_NOT_FOUND",
@@ -248,11 +255,14 @@ async def portable(
     Version-1 records are returned as they are (an encrypted one still encrypted, unless
     ``plaintext``). An incremental (version-2) record needs its blobs, which another store
     does not have: it is re-encoded as the equivalent version-1 record of the same
-    checkpoint.
+    checkpoint. An encrypted one is refused unless ``plaintext`` (never written out in the
+    clear unasked): ``rekey`` makes it a whole encrypted record first.
     """
     result = await decode(manager, workflow_id, record)
     if isinstance(result, str) or isinstance(record, Unreadable):
         return str(result)
+    if is_sealed_tree_record(record.data) and not plaintext:
+        return _SEALED_TREE
     if len(record.data) > 4 and record.data[4] == 1 and not (plaintext and record.data[5]):
         return record.data
     return encode_checkpoint(result)

@@ -24,6 +24,7 @@ from ..errors import CheckpointCorruptedError
 from ..format.blob import Unwrapper
 from ..format.jsontext import loads, loads_fast
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
+from ..format.sealed import BLOB_SEALED, sealed_blob_children
 from ..format.tags import may_hold_tag as has_tags
 from ..format.tree import KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
 
@@ -61,6 +62,7 @@ def _corrupt(reason: str) -> CheckpointCorruptedError:
 # C-level callables mapped over a tree level's blobs, so that the per-blob Python work of
 # a resume is a few builtin calls rather than bytecode (docs/incremental.md, "Reading").
 _is_plain_leaf: Final = operator.methodcaller("startswith", PLAIN_LEAF)
+_SEALED: Final = bytes((BLOB_SEALED,))
 _view: Final[Callable[[bytes], memoryview]] = memoryview
 _after_flags: Final = operator.itemgetter(slice(1, None))
 _digest_of: Final = operator.methodcaller("digest")
@@ -87,8 +89,10 @@ class Joiner:
     at least one byte (empty values are refused), so the time is bounded by the limit too.
     """
 
-    def __init__(self, digest: int, max_bytes: int) -> None:
+    def __init__(self, digest: int, max_bytes: int, authenticated: bool = False) -> None:
         self._digest = digest
+        #: Blobs come authenticated (unsealed under their names): no hash to check.
+        self._authenticated = authenticated
         self._name = operator.itemgetter(slice(0, digest))
         self._max = max_bytes
         self._unwrap = Unwrapper(max_bytes)
@@ -111,7 +115,8 @@ class Joiner:
         digest = self._digest
         unwrap = self._unwrap
         nodes = self._nodes
-        hashed = text_crc is None
+        authenticated = self._authenticated
+        hashed = text_crc is None and not authenticated
         root_node = unwrap(root)
         root_refs = node_refs(root_node, digest)
         pending = list(dict.fromkeys(root_refs))
@@ -142,7 +147,11 @@ class Joiner:
                 value = node.startswith(LEAF)
                 # Nodes that reference others are hashed whatever the text checksum says:
                 # a damaged reference must be named as such, not as the blob it misnames.
-                if (hashed or not value) and _sha256(node).digest()[:digest] != h:
+                if (
+                    (hashed or not value)
+                    and not authenticated
+                    and _sha256(node).digest()[:digest] != h
+                ):
                     raise _corrupt(f"blob {h.hex()} does not match its hash")
                 refs = _NO_HASHES if value else node_refs(node, digest)
                 nodes[h] = (node, refs)
@@ -159,12 +168,12 @@ class Joiner:
                 self._check_all()  # a damaged node names itself before a malformed one
             raise
         parts = self._parts
-        if not hashed and self._text_crc(text) != text_crc:
+        if text_crc is not None and self._text_crc(text) != text_crc:
             self._check_all()
             raise _corrupt("state text does not match its checksum")
         self.tagged = has_tags(text) or any(has_tags(b) for p in parts for b in p.blobs)
         # A text checksum says the fast encoder wrote the text: orjson reads it exactly.
-        parse = loads if hashed else loads_fast
+        parse = loads if text_crc is None else loads_fast
         value = parse(text)
         return _substituted(value, {p.token: p.parse(parse) for p in parts}) if parts else value
 
@@ -178,6 +187,8 @@ class Joiner:
 
     def _check_all(self) -> None:
         """Hash every node fetched so far; raise for the first that does not match."""
+        if self._authenticated:
+            return  # each was authenticated when it was unsealed
         for h, node in self._nodes.items():
             if isinstance(node, tuple):
                 if _sha256(node[0]).digest()[: self._digest] != h:
@@ -477,6 +488,13 @@ async def ajoin_state(
     return await adrive(guard(Joiner(digest_size, max_bytes).steps(root)), fetch)
 
 
+def _stored_refs(stored: bytes, unwrap: Unwrapper, digest: int) -> Collection[bytes]:
+    """What a stored root or blob references (a sealed one: the names in its clear part)."""
+    if stored[:1] == _SEALED:
+        return sealed_blob_children(stored, digest)
+    return node_refs(unwrap(stored), digest)
+
+
 def _reference_steps(
     roots: Collection[bytes], digest: int, skip: Collection[bytes]
 ) -> Steps[set[bytes]]:
@@ -484,7 +502,7 @@ def _reference_steps(
     seen: set[bytes] = set()
     if isinstance(roots, (bytes, bytearray)):  # one root rather than a collection of them
         roots = [bytes(roots)]
-    pending = {h for root in roots for h in node_refs(unwrap(root), digest) if h not in skip}
+    pending = {h for root in roots for h in _stored_refs(root, unwrap, digest) if h not in skip}
     while pending:
         got = yield list(pending)
         seen |= pending
@@ -493,6 +511,9 @@ def _reference_steps(
             stored = got.get(h)
             if stored is None:
                 raise _corrupt(f"missing blob {h.hex()}")
+            if stored[:1] == _SEALED:  # an encrypted tree's: its children's names in the clear
+                level.update(sealed_blob_children(stored, digest))
+                continue
             node = unwrap(stored)
             if _sha256(node).digest()[:digest] != h:
                 raise _corrupt(f"blob {h.hex()} does not match its hash")
@@ -513,7 +534,8 @@ def referenced_hashes(
     ``roots`` are stored roots (or blobs: their descendants are returned); one root may be
     passed as plain bytes. Hashes in ``skip`` (already marked) are not descended into: a
     blob's sub-tree is immutable, so marking costs one fetch per distinct blob, not per
-    checkpoint.
+    checkpoint. A sealed blob (an encrypted tree's) is followed through the names it lists
+    in the clear, without a key and so without verifying it.
     """
     return drive(guard(_reference_steps(roots, digest_size, skip)), fetch)
 

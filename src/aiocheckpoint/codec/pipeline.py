@@ -25,14 +25,18 @@ from ..errors import (
     CheckpointCorruptedError,
     CheckpointSerializationError,
     CheckpointTypeError,
+    DecryptionError,
     EncryptionError,
     InvalidArgumentError,
 )
+from ..format.header import HEADER_SIZE
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
+from ..format.sealed import is_sealed_tree_record, tree_refs_end
 from ..format.tree import SplitMemory, SplitResult, TreeParams
 from ..models import Checkpoint, StateSnapshot, StateVersion, built
 from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
 from .effects import EffectRecord, decode_effect, encode_effect
+from .fork import fork_tree
 from .memory import MemoryCache, recovered_memory
 from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
 from .split import Job, exceeds
@@ -94,6 +98,10 @@ class RecordCodec:
         # SharedState splits by id of the copy they made; each workflow's split being saved.
         self._prepared: OrderedDict[int, SharedSplit] = OrderedDict()
         self._staged: dict[str, SharedSplit] = {}
+        # Encrypting: the tree parameters with the blob name key; the id of each
+        # workflow's sealed split being saved, with the plain split it came from.
+        self._keyed: TreeParams | None = None
+        self._sealed: dict[str, tuple[int, SplitResult]] = {}
 
     # --- the value stage ----------------------------------------------------------------
 
@@ -217,7 +225,7 @@ class RecordCodec:
         blobs = self.blobs
         if blobs is None:
             return None
-        params = blobs.blob_params
+        params = await self._tree_params(blobs)
         if not exceeds(data, params.root_inline_limit):
             return None
         previous = self.memory.get(workflow_id)
@@ -280,7 +288,7 @@ class RecordCodec:
         blobs = self.blobs
         if blobs is None:
             return None
-        params = blobs.blob_params
+        params = await self._tree_params(blobs)
         data = checkpoint.state_snapshot.data
         shared = self._prepared.pop(id(data), None)
         previous = self.memory.get(workflow_id)
@@ -299,10 +307,57 @@ class RecordCodec:
             recovered = recovered_memory(memory, stored)
             if recovered is not None:
                 record, split = await _encode_tree(checkpoint, finite, params, recovered, limit)
-        return (record, split) if split.root else None
+        if not split.root:
+            return None
+        sealer = self.sealer
+        if sealer is None:
+            return record, split
+        step = checkpoint.step
+        sealed_record, sealed = await sealer.seal_tree(
+            workflow_id, step, record, split, params.digest_size
+        )
+        self._sealed[workflow_id] = id(sealed), split  # not the sealed blobs: the plain split
+        return sealed_record, sealed
+
+    async def _tree_params(self, blobs: BlobCheckpointStorage) -> TreeParams:
+        """The storage's tree parameters; encrypting, with the key that names blobs."""
+        sealer = self.sealer
+        if sealer is None:
+            return blobs.blob_params
+        keyed = self._keyed
+        if keyed is None:
+            name_key = await sealer.name_key()
+            keyed = self._keyed = replace(blobs.blob_params, name_key=name_key)
+        return keyed
+
+    async def fork_tree(
+        self, storage: BlobCheckpointStorage, source_id: str, stored: StoredCheckpoint, new_id: str
+    ) -> tuple[bytes, SplitResult] | None:
+        """A version-2 record rewritten for ``new_id``, sharing its blobs (:mod:`.fork`).
+
+        Encrypting, the record is unsealed (authenticated for its source) and sealed for its
+        new workflow; its sealed blobs are shared as they are. None for a record to copy
+        whole (version 1, or plaintext while encrypting).
+        """
+        sealer = self.sealer
+        if sealer is None:
+            return await fork_tree(storage, stored.data, new_id)
+        if not is_sealed_tree_record(stored.data):
+            return None
+        plain = await sealer.unseal_record(source_id, stored.step, stored.data)
+        tree = await fork_tree(storage, plain, new_id)
+        if tree is None:
+            return None
+        record, split = tree
+        digest = tree_refs_end(stored.data)[0]
+        sealed = await sealer.seal_tree_record(new_id, stored.step, record, digest, split.root_refs)
+        return sealed, split
 
     def remember(self, workflow_id: str, split: SplitResult) -> None:
         """Keep a stored split's memory (and cached sub-trees) for the workflow's next save."""
+        pair = self._sealed.pop(workflow_id, None)
+        if pair is not None and pair[0] == id(split):
+            split = pair[1]  # what was sealed: the cache keeps plain nodes
         self.memory.remember(workflow_id, split.memory)
         shared = self._staged.pop(workflow_id, None)
         if shared is not None and shared.split is split:
@@ -352,6 +407,7 @@ class RecordCodec:
         :class:`~aiocheckpoint.CheckpointTypeError` for a typed value ``view`` cannot give.
         """
         data = stored.data
+        sealed_tree = is_sealed_tree_record(data)
         if self.sealer is not None or is_sealed_record(data):
             data = await self._unsealed(workflow_id, stored)
         restore = self._values.restore
@@ -359,7 +415,7 @@ class RecordCodec:
             # Joining a tree is CPU work (its parse alone ~2 ms per MB), and each tree
             # level's fetch hops back to the event loop.
             def decode_tree() -> Checkpoint:
-                checkpoint, tagged = self._decode_tree(data, workflow_id, stored.step)
+                checkpoint, tagged = self._decode_tree(data, workflow_id, stored.step, sealed_tree)
                 # The joiner looked at every text the values came from: without a tag in
                 # them, no walk (and no re-encoding of the state to look for one).
                 return restore(checkpoint, None if tagged else _UNTAGGED, view)
@@ -401,18 +457,46 @@ class RecordCodec:
                     return await self.decode(workflow_id, current, view)
             raise
 
-    def _decode_tree(self, data: bytes, workflow_id: str, step: int) -> tuple[Checkpoint, bool]:
+    def _decode_tree(
+        self, data: bytes, workflow_id: str, step: int, sealed: bool
+    ) -> tuple[Checkpoint, bool]:
+        # The body's digest size byte (checked when the record is opened).
+        digest = data[HEADER_SIZE + 4] if len(data) > HEADER_SIZE + 4 else 16
+        where = workflow_id, step
+
         def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+            if sealed:
+                return anyio.from_thread.run(self._fetch_sealed, hashes, digest, where)
             return anyio.from_thread.run(self._fetch_blobs, hashes)
 
         return decode_tagged(
-            data, fetch, workflow_id=workflow_id, step=step, max_bytes=self.max_bytes
+            data,
+            fetch,
+            workflow_id=workflow_id,
+            step=step,
+            max_bytes=self.max_bytes,
+            authenticated=sealed,
         )
 
     async def _fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
         if isinstance(self._storage, BlobCheckpointStorage):
             return await self._storage.fetch_blobs(hashes)
         return {}  # a version-2 record in a store without blobs: reported as missing blobs
+
+    async def _fetch_sealed(
+        self, hashes: Collection[bytes], digest: int, where: tuple[str, int]
+    ) -> Mapping[bytes, bytes]:
+        """The blobs of an encrypted tree, each authenticated under its name (or refused).
+
+        A blob that fails raises DecryptionError naming the checkpoint (``where``).
+        """
+        sealer = self.sealer
+        if sealer is None:  # only reached for a record this codec unsealed
+            raise EncryptionError("an encrypted tree's blobs need the keys (encryption=)")
+        try:
+            return await sealer.unseal_blobs(await self._fetch_blobs(hashes), digest)
+        except DecryptionError as exc:
+            raise type(exc)(exc.reason, workflow_id=where[0], step=where[1]) from exc
 
 
 async def _encode_tree(

@@ -5,7 +5,7 @@
     offset size  field
     0      4     magic  b"ACKX"
     4      1     envelope version (1)
-    5      1     kind (1: a checkpoint record, 2: an effect record)
+    5      1     kind (1: a checkpoint record, 2: an effect record, 3: a blob)
     6      1     key id length k (1..255)
     7      k     key id, UTF-8
     .      2     wrapped data key length w, big-endian
@@ -21,16 +21,23 @@ authenticates every byte): backends still read the version byte, and a reader wi
 stage refuses the unknown flag. A sealed effect record is the bare
 envelope. What is sealed is the whole plain record, header and checksum included, so
 unsealing hands the ordinary decoder exactly what it reads without encryption.
+
+An encrypted tree (an incremental checkpoint) names its nodes by HMAC under a name key
+(:meth:`Sealer.name_key`), seals each blob with its name and the names it references as
+associated data, and seals its version-2 record with the root's references in the clear
+(:mod:`aiocheckpoint.format.sealed` holds both layouts, which backends read).
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 import struct
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Final, Protocol, TypeVar, runtime_checkable
 
+import anyio.lowlevel
 import anyio.to_thread
 
 from ..errors import (
@@ -41,7 +48,17 @@ from ..errors import (
     PlaintextRecordError,
     UnknownKeyError,
 )
-from ..format.header import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC
+from ..format.header import FORMAT_VERSION, FORMAT_VERSION_2, HEADER, HEADER_SIZE, MAGIC
+from ..format.sealed import (
+    BLOB_SEALED,
+    FLAG_REFS,
+    FLAG_SEALED,
+    blob_refs_end,
+    is_sealed_tree_record,
+    refs_block,
+    tree_refs_end,
+)
+from ..format.tree import SplitResult
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -57,10 +74,10 @@ __all__ = [
     "sealed_key_id",
 ]
 
-#: The record header's flags bit of a sealed record.
-FLAG_SEALED: Final = 0x01
 KIND_CHECKPOINT: Final = 1
 KIND_EFFECT: Final = 2
+#: A node of an encrypted tree (a blob), sealed under its keyed name.
+KIND_BLOB: Final = 3
 ENVELOPE_MAGIC: Final = b"ACKX"
 _VERSION: Final = 1
 _NONCE: Final = 12
@@ -73,6 +90,12 @@ _KEY_USES: Final = 1 << 30
 #: Unwrapped data keys a reader keeps (one per writing manager instance seen).
 _CACHED_KEYS: Final = 256
 _WRAP_AD: Final = b"aiocheckpoint data key\x00"
+#: What a key is HMACed with to derive the key that names an encrypted tree's blobs.
+_NAMES_INFO: Final = b"aiocheckpoint blob names\x00"
+#: Sealing many blobs: the loop gets a turn after about this many bytes.
+_SLICE: Final = 256 * 1024
+#: The sealed blobs a sealer keeps for the next saves (bytes, least recently used dropped).
+_SEALED_CACHE: Final = 16 << 20
 _EXTRA: Final = "pip install 'aiocheckpoint[crypto]'"
 _U16: Final = struct.Struct(">H")
 _U64: Final = struct.Struct(">Q")
@@ -123,7 +146,7 @@ class Keyring:
     Bad keys raise :class:`~aiocheckpoint.InvalidArgumentError`.
     """
 
-    __slots__ = ("_keys", "_primary")
+    __slots__ = ("_keys", "_names", "_primary")
 
     def __init__(self, keys: dict[str, bytes], primary: str) -> None:
         if not isinstance(keys, dict) or not keys:
@@ -133,6 +156,7 @@ class Keyring:
         if not isinstance(primary, str) or primary not in keys:
             raise InvalidArgumentError(f"primary {primary!r} is not one of the keyring's ids")
         self._primary = primary
+        self._names = hmac.digest(keys[primary], _NAMES_INFO + primary.encode(), "sha256")
 
     @property
     def primary(self) -> str:
@@ -152,6 +176,14 @@ class Keyring:
         nonce = os.urandom(_NONCE)
         ad = _WRAP_AD + self._primary.encode()
         return self._primary, nonce + self._keys[self._primary].encrypt(nonce, data_key, ad)
+
+    async def blob_name_key(self) -> bytes:
+        """The key that names an encrypted tree's blobs: derived from the primary key.
+
+        Optional for a :class:`KeyProvider` (``docs/encryption.md``): without it, names
+        are keyed per data key, so blobs deduplicate only within one manager.
+        """
+        return self._names
 
     async def unwrap_key(self, key_id: str, wrapped: bytes) -> bytes:
         """See :meth:`KeyProvider.unwrap_key`."""
@@ -180,18 +212,15 @@ def _key_bytes(name: str, key: object) -> bytes:
 
 
 def is_sealed_record(data: bytes) -> bool:
-    """Whether a checkpoint record is sealed: its flags say so and an envelope follows.
+    """Whether a checkpoint record is sealed (a whole record or a tree record).
 
-    Both, so that a flipped bit in a plain record's flags is reported as the corruption it
-    is, not as a record that needs keys.
+    A whole record needs both its sealed flag and an envelope after its header, so that a
+    flipped bit in a plain record's flags is reported as the corruption it is, not as a
+    record that needs keys.
     """
-    return (
-        len(data) > HEADER_SIZE + 4
-        and data[:4] == MAGIC
-        and data[4] == FORMAT_VERSION
-        and data[5] == FLAG_SEALED
-        and data[HEADER_SIZE : HEADER_SIZE + 4] == ENVELOPE_MAGIC
-    )
+    if len(data) > 5 and data[:4] == MAGIC and data[4] == FORMAT_VERSION:
+        return data[5] == FLAG_SEALED and data[HEADER_SIZE : HEADER_SIZE + 4] == ENVELOPE_MAGIC
+    return is_sealed_tree_record(data)
 
 
 def sealed_key_id(data: bytes, *, effect: bool = False) -> str | None:
@@ -201,6 +230,11 @@ def sealed_key_id(data: bytes, *, effect: bool = False) -> str | None:
     """
     if effect:
         envelope = data if data.startswith(ENVELOPE_MAGIC) else b""
+    elif is_sealed_tree_record(data):
+        try:
+            envelope = data[tree_refs_end(data)[2] :]
+        except CheckpointError:
+            envelope = b""
     else:
         envelope = data[HEADER_SIZE:] if is_sealed_record(data) else b""
     if len(envelope) < 7:
@@ -215,17 +249,19 @@ class _Writing:
     prefix keeps two data keys' nonce sequences apart should a key ever repeat.
     """
 
-    __slots__ = ("aead", "heads", "prefix", "uses")
+    __slots__ = ("aead", "heads", "names", "prefix", "uses")
 
-    def __init__(self, key_id: str, wrapped: bytes, aead: AESGCM) -> None:
+    def __init__(self, key_id: str, wrapped: bytes, aead: AESGCM, names: bytes) -> None:
         name = key_id.encode()
         ident = bytes([len(name)]) + name + _U16.pack(len(wrapped)) + wrapped
         self.heads = {
             kind: ENVELOPE_MAGIC + bytes((_VERSION, kind)) + ident
-            for kind in (KIND_CHECKPOINT, KIND_EFFECT)
+            for kind in (KIND_CHECKPOINT, KIND_EFFECT, KIND_BLOB)
         }
         self.prefix = os.urandom(4)
         self.aead = aead
+        #: A key for blob names derived from this data key (for providers without one).
+        self.names = names
         self.uses = 0
 
     def nonce(self) -> bytes:
@@ -256,6 +292,11 @@ class Sealer:
         self.allow_plaintext = allow_plaintext
         self._writing: _Writing | None = None
         self._reading: OrderedDict[bytes, AESGCM] = OrderedDict()
+        self._name_key: bytes | None = None
+        # Blobs sealed lately, by name: a save hands the store every blob of its tree, and
+        # most are the last save's. Sealing them again would cost a pass over the state.
+        self._sealed_blobs: OrderedDict[bytes, bytes] = OrderedDict()
+        self._sealed_bytes = 0
 
     async def seal_record(self, workflow_id: str, step: int, record: bytes) -> bytes:
         """A plain checkpoint record sealed for ``workflow_id``/``step``."""
@@ -267,6 +308,114 @@ class Sealer:
             envelope = writing.seal(KIND_CHECKPOINT, context, record, writing.nonce())
         return HEADER.pack(MAGIC, FORMAT_VERSION, FLAG_SEALED, 0, len(envelope), 0) + envelope
 
+    async def name_key(self) -> bytes:
+        """The key that names the blobs of the trees this sealer writes (32 bytes).
+
+        The provider's ``blob_name_key()`` if it has one (a :class:`Keyring` derives it
+        from its primary key), else one derived from this sealer's data key.
+        """
+        if self._name_key is None:
+            source = getattr(self.provider, "blob_name_key", None)
+            if source is not None:
+                key = await self._provider_call(source())
+            else:
+                key = (await self._current()).names
+            if not isinstance(key, bytes) or len(key) != KEY_SIZE:
+                raise EncryptionError("the key provider's blob_name_key() is not 32 bytes")
+            self._name_key = key
+        return self._name_key
+
+    async def seal_tree(
+        self, workflow_id: str, step: int, record: bytes, split: SplitResult, digest: int
+    ) -> tuple[bytes, SplitResult]:
+        """A plain version-2 record and its split's new blobs, sealed.
+
+        The record keeps its root's references in the clear and each blob its children's
+        names (what a backend counts), both authenticated with the sealed bytes; a blob is
+        sealed under its name, so a blob moved to another name fails to open.
+        """
+        sealed_record = await self.seal_tree_record(
+            workflow_id, step, record, digest, split.root_refs
+        )
+        blobs: dict[bytes, bytes] = {}
+        cache = self._sealed_blobs
+        budget = _SLICE
+        for name, blob in split.blobs.items():
+            done = cache.get(name)
+            if done is not None:  # a name is its content: sealed once, stored as it was
+                cache.move_to_end(name)
+                blobs[name] = done
+                continue
+            blobs[name] = done = await self._seal_blob(name, split.children.get(name, ()), blob)
+            self._keep_sealed(name, done)
+            budget -= len(blob)
+            if budget < 0:
+                budget = _SLICE
+                await anyio.lowlevel.checkpoint()
+        sealed = SplitResult(b"", blobs, split.children, split.root_refs, None, split.memory)
+        return sealed_record, sealed
+
+    async def seal_tree_record(
+        self, workflow_id: str, step: int, record: bytes, digest: int, refs: tuple[bytes, ...]
+    ) -> bytes:
+        """A plain version-2 record sealed, its root's references ``refs`` in the clear."""
+        clear = bytes((digest,)) + refs_block(refs)
+        context = _context(workflow_id, step, None) + clear
+        envelope = await self._seal(KIND_CHECKPOINT, context, record)
+        length = len(clear) + len(envelope)
+        head = HEADER.pack(MAGIC, FORMAT_VERSION_2, FLAG_SEALED | FLAG_REFS, 0, length, 0)
+        return head + clear + envelope
+
+    def _keep_sealed(self, name: bytes, sealed: bytes) -> None:
+        """Keep a blob sealed for the next saves (they hold it too, mostly), within a bound."""
+        if len(sealed) > _SEALED_CACHE // 16:
+            return
+        cache = self._sealed_blobs
+        cache[name] = sealed
+        self._sealed_bytes += len(sealed)
+        while self._sealed_bytes > _SEALED_CACHE:
+            _, dropped = cache.popitem(last=False)
+            self._sealed_bytes -= len(dropped)
+
+    async def _seal_blob(self, name: bytes, children: tuple[bytes, ...], blob: bytes) -> bytes:
+        clear = bytes((BLOB_SEALED,)) + refs_block(children)
+        writing = await self._current()
+        nonce = writing.nonce()
+        if len(blob) > _ON_LOOP:
+            sealed = await anyio.to_thread.run_sync(
+                writing.seal, KIND_BLOB, clear + name, blob, nonce
+            )
+        else:
+            sealed = writing.seal(KIND_BLOB, clear + name, blob, nonce)
+        return clear + sealed
+
+    async def unseal_blobs(self, found: Mapping[bytes, bytes], digest: int) -> dict[bytes, bytes]:
+        """The plain blobs of sealed ones fetched by name; DecryptionError if one fails.
+
+        A plaintext blob in an encrypted tree is refused whatever ``allow_plaintext`` says:
+        its name is keyed, so it was never written as it is.
+        """
+        out: dict[bytes, bytes] = {}
+        budget = _SLICE
+        for name, stored in found.items():
+            try:
+                _children, start = blob_refs_end(stored, digest)
+            except CheckpointError:
+                raise DecryptionError(f"blob {name.hex()} is not sealed") from None
+            out[name] = await self._open(KIND_BLOB, stored[:start] + name, stored[start:])
+            budget -= len(stored)
+            if budget < 0:
+                budget = _SLICE
+                await anyio.lowlevel.checkpoint()
+        return out
+
+    async def _current(self) -> _Writing:
+        """The data key to seal with, a new one when there is none or it is used up."""
+        writing = self._writing
+        if writing is None or writing.uses >= _KEY_USES:
+            writing = await self._new_data_key()
+        return writing
+
     async def seal_effect(self, workflow_id: str, step: int, key: str, record: bytes) -> bytes:
         """A plain effect record sealed for its workflow, step and key."""
         return await self._seal(KIND_EFFECT, _context(workflow_id, step, key), record)
@@ -275,6 +424,8 @@ class Sealer:
         """The plain record a stored checkpoint record holds; DecryptionError if it fails."""
         if not is_sealed_record(data):
             return self._plaintext(data, workflow_id, step, "checkpoint record")
+        if is_sealed_tree_record(data):
+            return await self._unseal_tree(workflow_id, step, data)
         try:
             _magic, _version, flags, reserved, length, crc = HEADER.unpack_from(data)
             envelope = data[HEADER_SIZE:]
@@ -282,6 +433,19 @@ class Sealer:
             _check(len(envelope) == length, "sealed record truncated or padded")
             _check(crc == 0, "the checksum field of a sealed record is not zero")
             return await self._open(KIND_CHECKPOINT, _context(workflow_id, step, None), envelope)
+        except DecryptionError as exc:
+            raise type(exc)(exc.reason, workflow_id=workflow_id, step=step) from exc
+
+    async def _unseal_tree(self, workflow_id: str, step: int, data: bytes) -> bytes:
+        """The plain version-2 record a sealed tree record holds (its clear refs checked)."""
+        try:
+            _check(HEADER.unpack_from(data)[5] == 0, "a sealed record's checksum field is not 0")
+            try:
+                _digest, _refs, start = tree_refs_end(data)
+            except CheckpointError as exc:
+                raise DecryptionError(str(exc)) from None
+            context = _context(workflow_id, step, None) + data[HEADER_SIZE:start]
+            return await self._open(KIND_CHECKPOINT, context, data[start:])
         except DecryptionError as exc:
             raise type(exc)(exc.reason, workflow_id=workflow_id, step=step) from exc
 
@@ -305,9 +469,7 @@ class Sealer:
         )
 
     async def _seal(self, kind: int, context: bytes, plain: bytes) -> bytes:
-        writing = self._writing
-        if writing is None or writing.uses >= _KEY_USES:
-            writing = await self._new_data_key()
+        writing = await self._current()
         nonce = writing.nonce()
         if len(plain) > _ON_LOOP:
             return await anyio.to_thread.run_sync(writing.seal, kind, context, plain, nonce)
@@ -318,7 +480,8 @@ class Sealer:
         key_id, wrapped = await self._provider_call(self.provider.wrap_key(data_key))
         if not 1 <= len(key_id.encode()) <= 255 or len(wrapped) > 0xFFFF:
             raise EncryptionError("the key provider returned an unusable key id or wrapped key")
-        writing = _Writing(key_id, wrapped, self._aesgcm(data_key))
+        names = hmac.digest(data_key, _NAMES_INFO, "sha256")
+        writing = _Writing(key_id, wrapped, self._aesgcm(data_key), names)
         self._writing = writing
         return writing
 

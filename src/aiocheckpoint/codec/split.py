@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import itertools
 import json
 import math
@@ -47,6 +48,7 @@ __all__ = [
     "exceeds",
     "finish",
     "job",
+    "namer",
     "split_state",
     "split_work",
 ]
@@ -72,6 +74,7 @@ _MIX: Final = 0x9E3779B1
 # hashlib's BLAKE2b, and every node is hashed on every write (and on reads of records
 # without a text checksum: docs/incremental.md).
 _sha256 = hashlib.sha256
+_hmac_digest = hmac.digest
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring
 
 
@@ -125,6 +128,18 @@ _fast_dumps: Final = functools.partial(
     | orjson.OPT_PASSTHROUGH_DATACLASS
     | orjson.OPT_PASSTHROUGH_SUBCLASS,
 )
+
+
+def namer(params: TreeParams) -> Callable[[bytes | memoryview], bytes]:
+    """What names a node: its truncated SHA-256, or HMAC-SHA256 under ``params.name_key``.
+
+    A keyed name (an encrypted tree's) still deduplicates equal nodes, but nobody without
+    the key can tell from a name what the node holds.
+    """
+    digest, key = params.digest_size, params.name_key
+    if key is None:
+        return lambda node: _sha256(node).digest()[:digest]
+    return lambda node: _hmac_digest(key, node, "sha256")[:digest]
 
 
 def finish(work: _Work[_T]) -> _T:
@@ -199,17 +214,12 @@ def _list_parts(value: list[Any]) -> Generator[None, Any, list[bytes]]:
     return parts
 
 
-def _name(blob: bytes, digest: int) -> bytes:
-    """The hash that names stored ``blob`` (a flags byte and a node)."""
-    return _sha256(memoryview(blob)[1:]).digest()[:digest]
-
-
 class _Splitter:
     __slots__ = (
         "_budget",
         "_compress",
-        "_digest",
         "_known",
+        "_name",
         "_wrap",
         "blobs",
         "children",
@@ -231,7 +241,7 @@ class _Splitter:
         self.p = params
         self.previous = previous
         self.memory = SplitMemory()
-        self._digest = params.digest_size
+        self._name = namer(params)
         self._known = known
         self._budget = _SLICE_BYTES
         self.blobs: dict[bytes, bytes] = {}
@@ -596,12 +606,12 @@ class _Splitter:
             if keep:
                 return self._add(blob, _NO_HASHES, len(blob) - len(PLAIN_LEAF))
             node = memoryview(blob)[1:]
-        return _sha256(node).digest()[: self._digest]
+        return self._name(node)
 
     def large_leaf(self, text: bytes) -> _Work[bytes]:
         """:meth:`value_node` of a large text without references: copied and hashed by jobs."""
         blob = yield from job(b"".join, (PLAIN_LEAF, text))
-        name = yield from job(_name, blob, self._digest)
+        name = yield from job(self._name, memoryview(blob)[1:])
         return self._add(blob, _NO_HASHES, len(text), name)
 
     def value_node(self, text: bytes, refs: _Refs) -> bytes:
@@ -621,7 +631,7 @@ class _Splitter:
         ``name`` the blob's hash when the caller has it.
         """
         node = memoryview(blob)[1:]
-        h = name or _sha256(node).digest()[: self._digest]
+        h = name or self._name(node)
         if h not in self.children:
             self.children[h] = tuple(dict.fromkeys(hashes)) if hashes else ()
             self.sizes[h] = size

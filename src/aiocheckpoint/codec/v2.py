@@ -149,7 +149,9 @@ def record_v2(
     return _record(_meta_bytes(meta), params.digest_size, split.root)
 
 
-def _decode_steps(record: bytes, max_bytes: int, tagged: list[bool]) -> Steps[Checkpoint]:
+def _decode_steps(
+    record: bytes, max_bytes: int, tagged: list[bool], authenticated: bool = False
+) -> Steps[Checkpoint]:
     """The read of ``record``; appends to ``tagged`` whether its texts may hold a tag."""
     if record_format_version(record) == 1:
         tagged.append(has_tags(record))
@@ -160,7 +162,7 @@ def _decode_steps(record: bytes, max_bytes: int, tagged: list[bool]) -> Steps[Ch
         raise _corrupt("malformed text checksum")
     found = has_tags(record)  # the fields, and a state kept inline
     if root:
-        joiner = Joiner(digest, max_bytes)
+        joiner = Joiner(digest, max_bytes, authenticated)
         meta["state"]["data"] = yield from joiner.steps(root, text_crc)
         found = found or joiner.tagged
     tagged.append(found)
@@ -172,8 +174,8 @@ def _checked(
 ) -> Steps[Checkpoint]:
     try:
         checkpoint = yield from guard(steps)
-    except CheckpointCorruptedError as exc:
-        raise CheckpointCorruptedError(exc.reason, workflow_id=workflow_id, step=step) from exc
+    except CheckpointCorruptedError as exc:  # DecryptionError (a blob's) keeps its type
+        raise type(exc)(exc.reason, workflow_id=workflow_id, step=step) from exc
     return check_owner(checkpoint, workflow_id, step)
 
 
@@ -184,6 +186,7 @@ def decode_checkpoint_v2(
     workflow_id: str | None = None,
     step: int | None = None,
     max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    authenticated: bool = False,
 ) -> Checkpoint:
     """Decode a record of format version 1 or 2, fetching blobs one tree level at a time.
 
@@ -193,8 +196,17 @@ def decode_checkpoint_v2(
     is, as does a record of another workflow or step, and a tree whose nodes or whose
     rebuilt text would be longer than ``max_bytes`` (the store's ``max_record_bytes``).
     ``fetch`` is not called for version-1 records or states stored inline.
+    ``authenticated=True`` says ``fetch`` returns only blobs it authenticated (unsealed
+    under their keyed names): their names are then not checked against hashes.
     """
-    return decode_tagged(record, fetch, workflow_id=workflow_id, step=step, max_bytes=max_bytes)[0]
+    return decode_tagged(
+        record,
+        fetch,
+        workflow_id=workflow_id,
+        step=step,
+        max_bytes=max_bytes,
+        authenticated=authenticated,
+    )[0]
 
 
 def decode_tagged(
@@ -204,6 +216,7 @@ def decode_tagged(
     workflow_id: str | None = None,
     step: int | None = None,
     max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    authenticated: bool = False,
 ) -> tuple[Checkpoint, bool]:
     """:func:`decode_checkpoint_v2`, and whether the texts read may hold a typed value's tag.
 
@@ -211,7 +224,7 @@ def decode_tagged(
     (:meth:`~aiocheckpoint.codec.stages.ValueStage.restore` with an empty text).
     """
     tagged: list[bool] = []
-    steps = _checked(_decode_steps(record, max_bytes, tagged), workflow_id, step)
+    steps = _checked(_decode_steps(record, max_bytes, tagged, authenticated), workflow_id, step)
     return drive(steps, fetch), tagged[0]
 
 

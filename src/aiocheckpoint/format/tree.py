@@ -39,6 +39,7 @@ from ..errors import CheckpointCorruptedError, InvalidArgumentError
 from .blob import Unwrapper, zstd
 from .header import FORMAT_VERSION_2, HEADER, HEADER_SIZE, MAGIC, record_format_version
 from .jsontext import loads
+from .sealed import BLOB_SEALED, is_sealed_tree_record, sealed_blob_children, sealed_tree_refs
 
 __all__ = [
     "COUNT",
@@ -103,8 +104,13 @@ class TreeParams:
     #: ``None`` or ``"zstd"`` (needs the ``zstandard`` package: ``aiocheckpoint[zstd]``).
     compression: str | None = None
     zstd_level: int = 3
+    #: Set by an encrypting codec, never by a backend: nodes are then named by the first
+    #: ``digest_size`` bytes of their HMAC-SHA256 under this key (``docs/encryption.md``).
+    name_key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.name_key is not None and len(self.name_key) != 32:
+            raise InvalidArgumentError("name_key must be 32 bytes")
         if not 16 <= self.digest_size <= 32:
             raise InvalidArgumentError(f"digest_size must be 16..32, got {self.digest_size}")
         if not 0 < self.chunk_min <= self.chunk_avg <= self.chunk_max:
@@ -223,8 +229,11 @@ def node_refs(node: bytes, digest: int) -> list[bytes]:
 def node_children(stored: bytes, digest_size: int = 16) -> tuple[bytes, ...]:
     """The distinct hashes a stored blob (or a root) references directly.
 
-    Backends use it to cascade reference-count decrements without decoding values.
+    Backends use it to cascade reference-count decrements without decoding values. A
+    sealed blob lists its children in the clear (:mod:`aiocheckpoint.format.sealed`).
     """
+    if stored and stored[0] == BLOB_SEALED:
+        return sealed_blob_children(stored, digest_size)
     return tuple(dict.fromkeys(node_refs(Unwrapper()(stored), digest_size)))
 
 
@@ -265,10 +274,13 @@ def open_record_v2(record: bytes) -> tuple[dict[str, Any], int, bytes]:
 def record_root_refs(record: bytes) -> tuple[bytes, ...]:
     """The blob hashes a record references directly (none for version 1 or inline states).
 
-    Backends use it to release a replaced or deleted record's references.
+    Backends use it to release a replaced or deleted record's references; a sealed tree
+    record lists them in the clear (:mod:`aiocheckpoint.format.sealed`).
     """
     if record_format_version(record) == 1:
         return ()
+    if is_sealed_tree_record(record):
+        return sealed_tree_refs(record)
     try:
         _meta, digest, root = open_record_v2(record)
         return node_children(root, digest) if root else ()

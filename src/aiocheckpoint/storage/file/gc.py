@@ -32,6 +32,7 @@ from typing import Final
 
 from ...format import HEADER_SIZE, node_children, record_format_version
 from ...format import open_record_v2 as _open_v2
+from ...format.sealed import is_sealed_tree_record, tree_refs_end
 from .blobs import BlobStore
 from .format import parse_step_name, pid_is_dead
 from .io import DIR_FLAGS, OddEntry, open_regular, read_bounded
@@ -237,15 +238,15 @@ class Collector:
                 if name.startswith(shard) and stat.S_ISREG(info.st_mode):
                     yield h, (shard, info.st_mtime)
 
-    def _mark(self, roots: Iterable[tuple[int, bytes]]) -> set[bytes]:
-        """Every hash reachable from ``roots``; missing or damaged blobs end their branch."""
+    def _mark(self, roots: Iterable[tuple[int, tuple[bytes, ...]]]) -> set[bytes]:
+        """Every hash reachable from ``roots`` (digest size, the root's references).
+
+        Missing or damaged blobs end their branch.
+        """
         marked: set[bytes] = set()
         by_digest: dict[int, set[bytes]] = {}
-        for digest, root in roots:
-            try:
-                by_digest.setdefault(digest, set()).update(node_children(root, digest))
-            except Exception as exc:  # checksummed records make this unlikely; skip it
-                logger.warning("GC: skipping a damaged root (%s)", exc)
+        for digest, refs in roots:
+            by_digest.setdefault(digest, set()).update(refs)
         for digest, frontier in by_digest.items():
             while frontier:
                 level = frontier - marked
@@ -281,8 +282,8 @@ class Collector:
         return freed
 
 
-def _roots(workflows_dir: str, limit: int) -> Iterator[tuple[int, bytes]]:
-    """``(digest size, root)`` of every version-2 record under ``workflows_dir``.
+def _roots(workflows_dir: str, limit: int) -> Iterator[tuple[int, tuple[bytes, ...]]]:
+    """``(digest size, root references)`` of every version-2 record under ``workflows_dir``.
 
     Records are read as ``load`` reads them (non-blocking, regular files of at most
     ``limit`` bytes); anything else at a step's path is reported and skipped.
@@ -309,7 +310,9 @@ def _roots(workflows_dir: str, limit: int) -> Iterator[tuple[int, bytes]]:
             os.close(dfd)
 
 
-def _root_of(dfd: int, name: str, limit: int, where: str) -> Iterator[tuple[int, bytes]]:
+def _root_of(
+    dfd: int, name: str, limit: int, where: str
+) -> Iterator[tuple[int, tuple[bytes, ...]]]:
     try:
         record = _read_v2(dfd, name, limit)
     except OddEntry as exc:
@@ -320,12 +323,16 @@ def _root_of(dfd: int, name: str, limit: int, where: str) -> Iterator[tuple[int,
     try:
         if record_format_version(record) != 2:
             return
+        if is_sealed_tree_record(record):  # encrypted: its references are in the clear
+            digest, refs, _end = tree_refs_end(record)
+            yield digest, refs
+            return
         _meta, digest, root = _open_v2(record)
+        refs = node_children(root, digest) if root else ()
     except Exception as exc:  # unreadable: nothing to keep alive for it
         logger.warning("GC: skipping unreadable record %s: %s", where, exc)
         return
-    if root:
-        yield digest, root
+    yield digest, refs
 
 
 def _read_v2(dfd: int, name: str, limit: int) -> bytes | None:
