@@ -39,6 +39,8 @@ class _Workflow:
 
 #: One workflow's effect journal: ``step -> key -> (in_doubt, record)``.
 _Effects = dict[int, dict[str, tuple[bool, bytes]]]
+#: A workflow's latest step, its agent and agent status, and when it was saved.
+_Latest = tuple[int | None, str | None, str | None, datetime]
 
 
 class InMemoryCheckpointStorage(BaseStorage):
@@ -55,7 +57,10 @@ class InMemoryCheckpointStorage(BaseStorage):
     def __init__(self, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
         self._max_record_bytes = check_max_record_bytes(max_record_bytes)
         self._workflows: dict[str, _Workflow] = {}
-        self._records: dict[str, WorkflowRecord] = {}
+        self._raw: dict[str, WorkflowRecord] = {}
+        # The newest step of saved workflows not yet written into their records (a pydantic
+        # copy per save is most of an in-memory save's cost): folded in by any read.
+        self._pending: dict[str, _Latest] = {}
         self._effects: dict[str, _Effects] = {}
 
     async def save(
@@ -74,9 +79,10 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._check_open()
         check_record_size(data, self._max_record_bytes)
         self._check_fence(workflow_id, fence)
-        record = self._ensure_record(workflow_id)
         if step_info is not None:
-            self._note_step(record, step, step_info)
+            self._note_step(workflow_id, step, step_info)
+        elif workflow_id not in self._raw:
+            self._ensure_record(workflow_id)
         wf = self._workflows.setdefault(workflow_id, _Workflow())
         if step not in wf.records:
             bisect.insort(wf.steps, step)
@@ -394,17 +400,42 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._records[record.workflow_id] = record
         return record
 
-    def _note_step(self, record: WorkflowRecord, step: int, info: StepInfo) -> None:
-        if record.latest_step is None or step >= record.latest_step:
-            self._update(
-                record,
-                latest_step=step,
-                latest_agent_id=info.agent_id,
-                latest_agent_status=info.agent_status,
-                resume_input=None,
+    @property
+    def _records(self) -> dict[str, WorkflowRecord]:
+        """The workflow records, with every save's newest step written in."""
+        if self._pending:
+            self._fold()
+        return self._raw
+
+    def _fold(self) -> None:
+        raw, pending = self._raw, self._pending
+        for workflow_id, (step, agent_id, agent_status, when) in pending.items():
+            raw[workflow_id] = raw[workflow_id].model_copy(
+                update={
+                    "latest_step": step,
+                    "latest_agent_id": agent_id,
+                    "latest_agent_status": agent_status,
+                    "updated_at": when,
+                }
             )
+        pending.clear()
+
+    def _note_step(self, workflow_id: str, step: int, info: StepInfo) -> None:
+        """Note a save of ``step``: the latest step moves only forward; the time always."""
+        record = self._raw.get(workflow_id)
+        if record is None or record.resume_input is not None:
+            record = self._update(self._ensure_record(workflow_id), resume_input=None)
+        noted = self._pending.get(workflow_id)
+        latest = (
+            (record.latest_step, record.latest_agent_id, record.latest_agent_status)
+            if noted is None
+            else noted[:3]
+        )
+        now = utcnow()
+        if latest[0] is None or step >= latest[0]:
+            self._pending[workflow_id] = (step, info.agent_id, info.agent_status, now)
         else:
-            self._update(record, resume_input=None)
+            self._pending[workflow_id] = (*latest, now)
 
     def _current(self, lease: Lease) -> WorkflowRecord:
         record = self._records.get(lease.workflow_id)
