@@ -336,6 +336,19 @@ async def test_500_tasks_writing_at_once(store: SQLiteCheckpointStorage) -> None
     assert store._writer.commits < 1000 / 5  # writes shared transactions
 
 
+async def _check_150_records(store: SQLiteCheckpointStorage) -> None:
+    """Workflows ``wf-0``..``wf-149`` at step ``n % 3`` by ``agent-n``; ``wf-7`` at its
+    newer step 9 by ``newest`` (saved after an older step in the same batch)."""
+    for n in range(150):
+        record = await store.get_workflow(f"wf-{n}")
+        assert record is not None
+        if n != 7:
+            assert (record.latest_step, record.latest_agent_id) == (n % 3, f"agent-{n}")
+    seven = await store.get_workflow("wf-7")
+    assert seven is not None
+    assert (seven.latest_step, seven.latest_agent_id) == (9, "newest")
+
+
 async def test_one_batch_of_saves_keeps_every_workflow_record_exact(
     store: SQLiteCheckpointStorage,
 ) -> None:
@@ -352,15 +365,9 @@ async def test_one_batch_of_saves_keeps_every_workflow_record_exact(
     saves.append(manager.create_checkpoint("wf-7", 9, "newest", "completed", {}))
     saves.append(manager.create_checkpoint("wf-7", 4, "older", "failed", {}))
     await asyncio.gather(*saves)
-    for n in range(150):
-        record = await store.get_workflow(f"wf-{n}")
-        assert record is not None
-        if n != 7:
-            assert (record.latest_step, record.latest_agent_id) == (n % 3, f"agent-{n}")
+    await _check_150_records(store)
     seven = await store.get_workflow("wf-7")
-    assert seven is not None
-    assert (seven.latest_step, seven.latest_agent_id) == (9, "newest")
-    assert seven.latest_agent_status == "completed"
+    assert seven is not None and seven.latest_agent_status == "completed"
 
 
 async def test_one_call_of_note_saves_writes_every_record_of_a_batch(
@@ -381,14 +388,7 @@ async def test_one_call_of_note_saves_writes_every_record_of_a_batch(
         conn.execute("COMMIT")
     finally:
         conn.close()
-    for n in range(150):
-        record = await store.get_workflow(f"wf-{n}")
-        assert record is not None
-        if n != 7:
-            assert (record.latest_step, record.latest_agent_id) == (n % 3, f"agent-{n}")
-    seven = await store.get_workflow("wf-7")
-    assert seven is not None
-    assert (seven.latest_step, seven.latest_agent_id) == (9, "newest")
+    await _check_150_records(store)
     assert await store.get_workflow("plain") is not None
 
 
