@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from ..errors import CheckpointSerializationError
 from ..format.limits import MAX_DEPTH
-from ..format.tags import MARK, TAG_START
+from ..format.tags import TAG_START
 from ..format.tree import KIND_LIST, SplitMemory, SplitResult, TreeParams
 from .copy import child_path
 from .split import (
@@ -169,7 +169,7 @@ class _Entry:
         #: A list cut into chunks: where its cut can resume when it grows, and its path.
         self.scan: _Scan | None = None
         self.path = ""
-        #: Whether the sub-tree's text may hold a tag (``format.tags.MARK``).
+        #: Whether the sub-tree's text may hold a tag (:func:`~.typed.has_tags`).
         self.tagged = True
 
 
@@ -222,7 +222,7 @@ Entries = dict[int | str, _Entry]
 
 def _tagged(entry: _Entry, text: bytes) -> _Entry:
     """``entry``, marked with whether its whole ``text`` may hold a tag."""
-    entry.tagged = MARK in text
+    entry.tagged = has_tags(text)
     return entry
 
 
@@ -391,7 +391,7 @@ class _Walk:
         text, refs = yield from cut.run(items, base is not None)
         entry = _Entry(source, copy, text, refs, cut.crc, cut.length, cut.depth())
         entry.scan, entry.path = cut.resumable(), path
-        entry.tagged = scan.tagged or any(MARK in item for item in items)
+        entry.tagged = scan.tagged or any(map(has_tags, items))
         self._kept(entry, marks)
         if entry.scan is not None:
             self.new[path] = entry
@@ -569,7 +569,7 @@ class _ListCut:
             scan.chunk_nodes[1] + tuple(self.splitter.region_log[region_start:regions]),
         )
         depth = max(scan.depth, _depth(self.copy[base:index]))
-        tagged = scan.tagged or any(MARK in item for item in self.items[: index - base])
+        tagged = scan.tagged or any(map(has_tags, self.items[: index - base]))
         return _with_tags(
             tagged,
             _Scan(
