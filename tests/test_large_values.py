@@ -220,3 +220,31 @@ async def test_a_value_of_several_megabytes_reads_back(tmp_path: Path, url: str)
     async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
         back = await manager.get_resume_point("wf")
     assert back is not None and back[1].data == state
+
+
+@pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
+async def test_a_tree_is_read_in_the_stores_thread_without_a_loop_hop_per_level(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store with read_blobs_in_thread is read through it alone: every level of the tree
+    is fetched in one call, off the loop, and fetch_blobs is never called.
+    """
+    state = _big_state({"n": 1})
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        await manager.create_checkpoint("wf", 1, "a", "completed", state)
+        storage = manager.storage
+        calls: list[int] = []
+        real = storage.read_blobs_in_thread  # type: ignore[attr-defined]
+
+        def hop(_hashes: Any) -> Any:
+            raise AssertionError("a tree level hopped to the event loop")
+
+        async def counted(fn: Any) -> Any:
+            calls.append(threading.get_ident())
+            return await real(fn)
+
+        monkeypatch.setattr(storage, "fetch_blobs", hop)
+        monkeypatch.setattr(storage, "read_blobs_in_thread", counted)
+        back = await manager.get_resume_point("wf")
+    assert back is not None and back[1].data == state
+    assert calls == [threading.get_ident()]  # one call, from the loop's thread
