@@ -878,8 +878,9 @@ class BlobStorageConformance:
         assert all(got[h] == split.blobs[h] for h in wanted)
 
     async def test_thread_reads_answer_like_fetch_blobs(self, storage: CheckpointStorage) -> None:
-        """read_blobs_in_thread (optional, BlobReads) runs its function off the event loop's
-        thread with a fetch that answers like fetch_blobs, and passes on what it raises.
+        """read_blobs_in_thread (optional: BlobReads) runs off the loop, fetches like fetch_blobs.
+
+        What its function raises is passed on.
         """
         if not isinstance(storage, BlobReads):
             pytest.skip("the store has no read_blobs_in_thread")
