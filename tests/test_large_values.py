@@ -248,3 +248,14 @@ async def test_a_tree_is_read_in_the_stores_thread_without_a_loop_hop_per_level(
         back = await manager.get_resume_point("wf")
     assert back is not None and back[1].data == state
     assert calls == [threading.get_ident()]  # one call, from the loop's thread
+
+
+@pytest.mark.parametrize("needle", [b"\\", join.MARK])
+def test_the_sliced_search_finds_a_needle_across_slice_ends(needle: bytes) -> None:
+    """join._contains searches ~1 MB at a time and still finds a needle cut by a slice end."""
+    size = 3 * join.PART_BYTES
+    for at in (0, join.PART_BYTES - 1, join.PART_BYTES - len(needle) + 1, size - len(needle)):
+        data = bytearray(b"x" * size)
+        data[at : at + len(needle)] = needle
+        assert join._contains(bytes(data), needle)
+    assert not join._contains(b"x" * size, needle)
