@@ -429,10 +429,11 @@ class _Walk:
 
 
 def _encoded(elements: list[Any], start: int) -> Generator[None, Any, tuple[list[bytes], int]]:
-    """The compact texts of ``elements[start:]``, a run of about ``_SLICE_BYTES`` at a time,
-    and the index (in those texts) of the first that may hold a tag (their count if none).
+    """The compact texts of ``elements[start:]``, and where the first tag may be.
 
-    One ``map`` over a 50,000-message chat held the GIL for its whole encode (~50 MB).
+    Encoded a run of about ``_SLICE_BYTES`` at a time: one ``map`` over a 50,000-message
+    chat held the GIL for its whole encode (~50 MB). The index returned is that (in the
+    texts) of the first text that may hold a tag, or their count if none may.
     """
     items: list[bytes] = []
     first_tagged = -1
