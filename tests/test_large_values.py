@@ -259,3 +259,22 @@ def test_the_sliced_search_finds_a_needle_across_slice_ends(needle: bytes) -> No
         data[at : at + len(needle)] = needle
         assert join._contains(bytes(data), needle)
     assert not join._contains(b"x" * size, needle)
+
+
+@pytest.mark.parametrize("at", [0, 700, 2999])
+async def test_a_typed_value_deep_in_a_long_list_comes_back_typed(tmp_path: Path, at: int) -> None:
+    """A long list's texts are encoded a run at a time and the first that may hold a tag is
+    noted: a datetime in any run, before or after the resumed cut of an append, stays typed.
+    """
+    when = datetime(2026, 12, 2, 0, 0, tzinfo=UTC)
+    messages: list[Any] = [{"role": "user", "text": f"message {i} " * 30} for i in range(3000)]
+    messages[at] = {"role": "user", "at": when}
+    shared = SharedState({"messages": messages})
+    async with CheckpointManager(open_storage(f"file://{tmp_path}/store")) as manager:
+        written = [await manager.create_checkpoint("wf", 1, "a", "running", shared)]
+        shared.append("messages", {"role": "assistant", "text": "one more"})
+        written.append(await manager.create_checkpoint("wf", 2, "a", "running", shared))
+        read = [await manager.get_checkpoint("wf", step) for step in (1, 2)]
+    for checkpoint in written + read:
+        assert checkpoint.state_snapshot.data["messages"][at]["at"] == when
+    assert read[1].state_snapshot.data["messages"][-1]["text"] == "one more"
