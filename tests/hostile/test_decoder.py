@@ -39,7 +39,8 @@ from aiocheckpoint.format.tree import V2_PREFIX
 WF = "wf"
 #: The crafted stores' max_record_bytes: what a reader may hold for one record.
 LIMIT = 16 * 1024 * 1024
-#: The store class the SQLite tests plant trees in and read them from.
+#: The store classes the tests plant trees in and read them from.
+FILE = "FileCheckpointStorage"
 SQLITE = "SQLiteCheckpointStorage"
 #: The address space the child readers get.
 MEMORY = 1024 * 1024 * 1024
@@ -110,7 +111,7 @@ def body_of(step: int, data: Any, fields: dict[str, Any] | None = None) -> dict[
 
 
 async def plant_tree(
-    base: Path, root_node: bytes, blobs: dict[bytes, bytes], store: str = "FileCheckpointStorage"
+    base: Path, root_node: bytes, blobs: dict[bytes, bytes], store: str = FILE
 ) -> None:
     """A store (a file store, or ``store``) holding a valid step 0 and, as step 1, a forged
     tree.
@@ -162,7 +163,7 @@ asyncio.run(main())
 
 
 def read_in_child(
-    base: Path, *, memory: int = MEMORY, prelude: str = "", store: str = "FileCheckpointStorage"
+    base: Path, *, memory: int = MEMORY, prelude: str = "", store: str = FILE
 ) -> dict[str, Any]:
     """What a child process reading the store (a file store, or ``store``) gets: the latest
     and the resume point.
@@ -223,10 +224,14 @@ async def test_a_tree_expanding_past_max_record_bytes_is_refused_in_bounded_memo
     assert_refused_and_skipped(result, "beyond the record size limit")
 
 
+@pytest.mark.parametrize(("store", "where"), [(FILE, "store"), (SQLITE, "store.db")])
 async def test_index_nodes_repeating_one_chunk_are_refused_in_bounded_memory(
-    tmp_path: Path,
+    tmp_path: Path, store: str, where: str
 ) -> None:
-    """The same expansion through list index nodes (chunks collected, not spliced)."""
+    """The same expansion through list index nodes (chunks collected, not spliced); also
+    from a SQLite store, which reads the whole tree in one read thread, level after level,
+    without the event loop between levels (storage.base.BlobReads).
+    """
     chunk = value_node(b"[7]")
     blobs = {name(chunk): b"\x00" + chunk}
     child = name(chunk)
@@ -234,29 +239,8 @@ async def test_index_nodes_repeating_one_chunk_are_refused_in_bounded_memory(
         index = b"L" + child * 256
         child = name(index)
         blobs[child] = b"\x00" + index
-    await plant_tree(tmp_path / "store", value_node(b"null", [(0, child)]), blobs)
-    result = read_in_child(tmp_path / "store")
-    assert_refused_and_skipped(result, "beyond the record size limit")
-
-
-# A SQLite store reads a whole tree in one read thread, level after level, without the
-# event loop between levels (storage.base.BlobReads): the same budgets hold there.
-
-
-async def test_a_sqlite_store_refuses_an_expanding_tree_in_bounded_memory(
-    tmp_path: Path,
-) -> None:
-    """Index nodes repeating one chunk, planted in SQLite: refused at the limit."""
-    chunk = value_node(b"[7]")
-    blobs = {name(chunk): b"\x00" + chunk}
-    child = name(chunk)
-    for _ in range(4):
-        index = b"L" + child * 256
-        child = name(index)
-        blobs[child] = b"\x00" + index
-    db = tmp_path / "store.db"
-    await plant_tree(db, value_node(b"null", [(0, child)]), blobs, SQLITE)
-    result = read_in_child(db, store=SQLITE)
+    await plant_tree(tmp_path / where, value_node(b"null", [(0, child)]), blobs, store)
+    result = read_in_child(tmp_path / where, store=store)
     assert_refused_and_skipped(result, "beyond the record size limit")
 
 
