@@ -160,15 +160,18 @@ def _check_exists(url: str, storage: CheckpointStorage) -> None:
 
 @asynccontextmanager
 async def open_store(
-    url: str, *, must_exist: bool, keys: Keyring | None = None
+    url: str, *, must_exist: bool, keys: Keyring | None = None, allow_shared: bool = False
 ) -> AsyncIterator[CheckpointManager]:
     """A manager over the store ``url`` names, closed on exit.
 
     With ``must_exist`` a ``file:`` or ``sqlite:`` store that is not there is an error,
     rather than an empty store silently created by a command that only reads. With
     ``keys`` the manager reads (and writes) encrypted records (``docs/encryption.md``).
+    ``allow_shared`` (``--allow-shared``) opens a ``file:`` or ``sqlite:`` store that
+    another user owns or may write; the other backends have no such check.
     """
-    storage = open_storage(url)
+    local = _scheme(url) in ("file", "sqlite")
+    storage = open_storage(url, **({"allow_shared": True} if allow_shared and local else {}))
     if must_exist:
         _check_exists(url, storage)
     manager = CheckpointManager(storage, encryption=keys)
