@@ -106,3 +106,18 @@ def test_sweep_bench_runs() -> None:
     assert rows == {"sweep-same-store", "sweep-other-store", "alone"}
     assert lines[-1]["summary"] == "sqlite"
     assert lines[-1]["sweep-same-store_workflows_deleted"] == 20
+
+
+def test_gc_pauses_bench_runs() -> None:
+    """`bench/gc_pauses.py` prints one line per run with the collection figures (no timings
+    checked); with ``--freeze`` almost nothing is left tracked."""
+    args = ("--systems", "ours-memory", "--seconds", "0.2", "--repeats", "1", "--promoted")
+    plain, frozen = (
+        _bench_lines("gc_pauses.py", *args),
+        _bench_lines("gc_pauses.py", *args, "--freeze"),
+    )
+    assert [line["system"] for line in plain + frozen] == ["ours-memory"] * 2
+    for line in plain + frozen:
+        assert line["checkpoints"] > 0 and line["promoted_per_save"] >= 0
+        assert len(line["full_cpu_ms"]) == round(line["full_per_10k"] * line["checkpoints"] / 1e4)
+    assert frozen[0]["frozen"] and frozen[0]["tracked"] < plain[0]["tracked"] / 10

@@ -264,3 +264,15 @@ def test_every_synopsis_in_the_docs_parses() -> None:
         assert parser.parse_args(argv).command == argv[0], argv
     late = parser.parse_args(["prune", "memory://", "--keep", "5", "wf"])
     assert (late.workflow, late.keep) == ("wf", 5)
+
+
+def test_every_command_takes_allow_shared_before_or_after_its_name() -> None:
+    """`--allow-shared` (docs/cli.md, "Other users' stores") is taken by every command of the
+    docs, before the command name, after it or after its arguments; without it, it is off."""
+    parser = build_parser()
+    for synopsis in _doc_synopses():
+        argv = _variants(synopsis)[-1]
+        assert parser.parse_args(argv).allow_shared is False, argv
+        for given in (["--allow-shared", *argv], [argv[0], "--allow-shared", *argv[1:]]):
+            assert parser.parse_args(given).allow_shared is True, given
+        assert parser.parse_args([*argv, "--allow-shared"]).allow_shared is True, argv

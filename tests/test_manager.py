@@ -1,5 +1,6 @@
 import asyncio
 import logging
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -388,3 +389,77 @@ async def test_large_version_1_records_are_decoded_off_the_event_loop(
         assert (await manager.get_checkpoint("wf", 1)).state_snapshot.data == big
     assert threading.current_thread() is threading.main_thread()
     assert threads == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "metadata", "app_version"),
+    [
+        (None, None, None),
+        (ExecutionMetrics(total_tokens=3, start_time=datetime(2026, 1, 2, 3, 4, 5)), {"m": 1}, "7"),
+        (
+            ExecutionMetrics(start_time=datetime(2026, 1, 2, tzinfo=timezone(timedelta(hours=2)))),
+            {},
+            None,
+        ),
+    ],
+)
+async def test_a_plain_state_is_stored_as_its_built_checkpoint_encodes(
+    metrics: ExecutionMetrics | None, metadata: dict[str, Any] | None, app_version: str | None
+) -> None:
+    """The record of a plain dict (encoded without models) is byte for byte the built one's.
+
+    The returned checkpoint, built only once stored, equals what pydantic validates from it.
+    """
+    from aiocheckpoint import Checkpoint
+    from aiocheckpoint.codec.v1 import encode_checkpoint
+
+    state = {"a": [1, {"b": None}], "c": "text", "d": 2.5}
+    async with CheckpointManager(app_version=app_version) as manager:
+        made = await manager.create_checkpoint("wf", 3, "a", "running", state, metrics, metadata)
+        stored = await manager.storage.load("wf", 3)
+    assert stored is not None
+    assert stored.data == encode_checkpoint(made, finite=True)
+    assert Checkpoint.model_validate(made.model_dump()) == made
+    # As ExecutionMetrics() leaves it (nothing set), or a copy of the caller's (every field).
+    fields_set = set() if metrics is None else set(ExecutionMetrics.model_fields)
+    assert made.metrics.model_fields_set == fields_set
+    assert made.app_version == app_version
+
+
+async def test_a_save_keeps_none_of_the_callers_objects_while_it_is_stored(tmp_path: Any) -> None:
+    """While a write waits for the store, the library holds copies, not the caller's objects.
+
+    A plain dict (its refcount: nothing of ours refers to it), a tagged value in it (a set;
+    the returned checkpoint holds an equal one) and a dict subclass (another code path) die
+    once the caller drops them, before the save returns.
+    """
+    import sys
+    import weakref
+
+    from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+
+    class Held(dict[str, Any]):
+        pass
+
+    async with CheckpointManager(SQLiteCheckpointStorage(tmp_path / "s.db")) as manager:
+        plain = {"a": [1, 2], "b": "x"}
+        counts = sys.getrefcount(plain), sys.getrefcount(plain["a"])
+        tagged = {1, 2}
+        subclass = Held(a=[3])
+        refs = weakref.ref(tagged), weakref.ref(subclass)
+        metrics = ExecutionMetrics(total_tokens=1)
+        saves = [
+            asyncio.create_task(manager.create_checkpoint("wf", 0, "a", "running", plain)),
+            asyncio.create_task(
+                manager.create_checkpoint("wf", 1, "a", "running", {"t": tagged}, metrics)
+            ),
+            asyncio.create_task(manager.create_checkpoint("wf", 2, "a", "running", subclass)),
+        ]
+        await asyncio.sleep(0)  # each save runs up to its wait for the writer thread
+        del tagged, subclass
+        assert not any(save.done() for save in saves)  # else this test would prove nothing
+        assert (sys.getrefcount(plain), sys.getrefcount(plain["a"])) == counts
+        assert [ref() for ref in refs] == [None, None]
+        made = await asyncio.gather(*saves)
+    assert [m.state_snapshot.data for m in made] == [plain, {"t": {1, 2}}, {"a": [3]}]
+    assert made[1].metrics == metrics

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -27,6 +27,7 @@ from .codec import RecordCodec, TypedValues, TypeRegistry
 from .codec.effects import EffectRecord, EffectState
 from .codec.sealing import KeyProvider, Sealer
 from .codec.stages import DEFAULT_VALUES, View
+from .codec.typed import has_tags
 from .errors import (
     CheckpointCorruptedError,
     CheckpointError,
@@ -50,6 +51,7 @@ from .leases import (
 from .models import (
     AgentStatus,
     Checkpoint,
+    CheckpointFields,
     ExecutionMetrics,
     StateSnapshot,
     built,
@@ -362,6 +364,58 @@ class CheckpointManager:
         workflow_id, step, agent_status, meta, meta_finite = self._check_arguments(
             workflow_id, step, agent_id, status, metadata
         )
+        if type(state) is not dict:
+            created = self._create(
+                workflow_id, step, agent_id, agent_status, state, metrics, meta, meta_finite, lease
+            )
+            del state, metrics, metadata  # kept by _create only as long as it needs them
+            return await created
+        # A plain dict, the common case: while its record is stored this frame keeps only
+        # CheckpointFields (copies and atoms), not the caller's objects nor built models,
+        # which the garbage collector would promote by the thousand (docs/performance.md).
+        copying = time.perf_counter()
+        data, finite = self._codec.copy(state, "state")
+        copied = time.perf_counter()
+        fields = CheckpointFields(
+            workflow_id,
+            step,
+            agent_id,
+            agent_status,
+            data,
+            _metrics_fields(metrics),
+            utcnow(),
+            meta,
+            self._app_version,
+        )
+        del state, metrics, metadata
+        info = self._step_info(agent_id, agent_status, workflow_id, lease)
+        if copied - copying > _HELD_LONG:
+            await anyio.lowlevel.checkpoint()  # as in _create: a long copy held the loop
+        finite = finite and meta_finite
+        codec = self._codec
+        if codec.wants_tree(data):
+            return await self._store(fields.checkpoint(), finite, lease, info)
+        record = codec.encode_fields(fields, finite)
+        if record is None:  # only the exact encoder writes it (or names what it cannot)
+            return await self._store(fields.checkpoint(), finite, lease, info)
+        # Built only once stored (a tagged value must be restored, and may refuse, before).
+        returned = codec.returned(fields.checkpoint(), record) if has_tags(record) else None
+        await self._write_record(workflow_id, step, record, lease, info)
+        return fields.checkpoint() if returned is None else returned
+
+    async def _create(
+        self,
+        workflow_id: str,
+        step: int,
+        agent_id: str,
+        agent_status: AgentStatus,
+        state: SharedState | StateSnapshot | Mapping[str, Any],
+        metrics: ExecutionMetrics | None,
+        meta: dict[str, Any],
+        meta_finite: bool,
+        lease: Lease | None,
+    ) -> Checkpoint:
+        """:meth:`create_checkpoint` of a state that is not a plain dict."""
         codec = self._codec
         now = utcnow()
         copying = time.perf_counter()
@@ -371,7 +425,6 @@ class CheckpointManager:
         else:
             snapshot, finite = codec.snapshot(state, now)
         copied = time.perf_counter()
-        finite = finite and meta_finite
         checkpoint = built(
             Checkpoint,
             workflow_id=workflow_id,
@@ -384,19 +437,36 @@ class CheckpointManager:
             metadata=meta,
             app_version=self._app_version,
         )
-        if lease is not None:
-            fence_token(lease, workflow_id)
-            self._workflow_storage()
-        # What the workflow's record says of its latest step (stores with records only).
-        info = StepInfo(agent_id, checkpoint.status.value) if self._keeps_records else None
+        del state, metrics
+        info = self._step_info(agent_id, agent_status, workflow_id, lease)
         if copied - copying > _HELD_LONG:
             # A large state's copy (which must happen before any await: the caller may
             # change the state afterwards) held the loop: let it run before the encoding,
             # which works on our private copy. Each writer then holds the loop for one
             # step at a time, and a round of the loop over 20 writers stays short.
             await anyio.lowlevel.checkpoint()
+        return await self._store(checkpoint, finite and meta_finite, lease, info)
+
+    def _step_info(
+        self, agent_id: str, status: AgentStatus, workflow_id: str, lease: Lease | None
+    ) -> StepInfo | None:
+        """What the workflow's record says of its latest step (stores with records only).
+
+        Checks ``lease`` first: it must be the workflow's and the storage must keep leases.
+        """
+        if lease is not None:
+            fence_token(lease, workflow_id)
+            self._workflow_storage()
+        return StepInfo(agent_id, status.value) if self._keeps_records else None
+
+    async def _store(
+        self, checkpoint: Checkpoint, finite: bool, lease: Lease | None, info: StepInfo | None
+    ) -> Checkpoint:
+        """Encode and store ``checkpoint`` (private copies); return what the caller gets."""
+        codec = self._codec
+        workflow_id, step = checkpoint.workflow_id, checkpoint.step
         blobs = codec.blobs
-        if blobs is not None and codec.wants_tree(checkpoint):
+        if blobs is not None and codec.wants_tree(checkpoint.state_snapshot.data):
             # ``checkpoint`` holds private copies made above, so nothing else changes it.
             tree = await codec.encode_tree(workflow_id, checkpoint, finite)
             if tree is not None:
@@ -416,26 +486,52 @@ class CheckpointManager:
                 return returned
         data = codec.encode(checkpoint, finite)
         returned = codec.returned(checkpoint, data)  # before the save: it may refuse a value
-        if codec.sealer is not None:
-            data = await codec.sealer.seal_record(workflow_id, step, data)
+        await self._write_record(workflow_id, step, data, lease, info)
+        return returned
+
+    def _write_record(
+        self, workflow_id: str, step: int, data: bytes, lease: Lease | None, info: StepInfo | None
+    ) -> Awaitable[None]:
+        """The save of a version-1 record, sealed first if this manager seals.
+
+        Not a coroutine unless it seals: a frame less for each waiting save to keep.
+        """
+        sealer = self._codec.sealer
+        if sealer is not None:
+            return self._write_sealed(sealer, workflow_id, step, data, lease, info)
+        return self._write_plain(workflow_id, step, data, lease, info)
+
+    async def _write_sealed(
+        self,
+        sealer: Sealer,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        lease: Lease | None,
+        info: StepInfo | None,
+    ) -> None:
+        sealed = await sealer.seal_record(workflow_id, step, data)
+        await self._write_plain(workflow_id, step, sealed, lease, info)
+
+    def _write_plain(
+        self, workflow_id: str, step: int, data: bytes, lease: Lease | None, info: StepInfo | None
+    ) -> Awaitable[None]:
         if info is None:
-            await round_trip(
+            return round_trip(
                 self._storage.save, workflow_id, step, data, keep_last=self._max_checkpoints
             )
-        else:
-            # Known to be a WorkflowStorage (_keeps_records): a protocol isinstance check
-            # here would cost the hot path ~10 us per checkpoint.
-            records: WorkflowStorage = self._storage  # type: ignore[assignment]
-            await round_trip(
-                records.save,
-                workflow_id,
-                step,
-                data,
-                keep_last=self._max_checkpoints,
-                fence=lease,
-                step_info=info,
-            )
-        return returned
+        # Known to be a WorkflowStorage (_keeps_records): a protocol isinstance check
+        # here would cost the hot path ~10 us per checkpoint.
+        records: WorkflowStorage = self._storage  # type: ignore[assignment]
+        return round_trip(
+            records.save,
+            workflow_id,
+            step,
+            data,
+            keep_last=self._max_checkpoints,
+            fence=lease,
+            step_info=info,
+        )
 
     def _check_arguments(
         self,
@@ -1177,11 +1273,16 @@ def _error_fields(error: BaseException) -> dict[str, str]:
 
 
 def _metrics_copy(metrics: ExecutionMetrics | None) -> ExecutionMetrics:
+    fields = _metrics_fields(metrics)
+    return default_metrics() if fields is None else built(ExecutionMetrics, **fields)
+
+
+def _metrics_fields(metrics: ExecutionMetrics | None) -> dict[str, Any] | None:
+    """A copy of ``metrics``' fields (None for None): independent, every field is immutable."""
     if metrics is None:
-        return default_metrics()
+        return None
     if not isinstance(metrics, ExecutionMetrics):
         raise InvalidArgumentError(
             f"metrics must be ExecutionMetrics or None, not {type(metrics).__qualname__}"
         )
-    # Every field is immutable, so a shallow copy is independent of the caller's object.
-    return built(ExecutionMetrics, **metrics.__dict__)
+    return dict(metrics.__dict__)

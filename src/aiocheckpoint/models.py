@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -76,12 +76,13 @@ class ExecutionMetrics(BaseModel):
     elapsed_seconds: float = 0.0
 
 
-_METRICS_DEFAULTS: dict[str, Any] = dict(ExecutionMetrics().__dict__)
+#: The fields of ``ExecutionMetrics()`` (never change it).
+METRICS_DEFAULTS: dict[str, Any] = dict(ExecutionMetrics().__dict__)
 
 
 def default_metrics() -> ExecutionMetrics:
     """``ExecutionMetrics()`` without validation (every default is immutable)."""
-    metrics = built(ExecutionMetrics, **_METRICS_DEFAULTS)
+    metrics = built(ExecutionMetrics, **METRICS_DEFAULTS)
     _set_fields_set(metrics, set())  # as ExecutionMetrics() leaves it: nothing set
     return metrics
 
@@ -122,3 +123,46 @@ class Checkpoint(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     #: The application version that wrote it (``CheckpointManager(app_version=...)``).
     app_version: str | None = None
+
+
+def plain_snapshot(data: dict[str, Any], now: datetime) -> StateSnapshot:
+    """The snapshot of a plain dict state (already copied) saved at ``now``: version 0."""
+    version = built(StateVersion, version=0, timestamp=now, agent_id=None, changed_fields=[])
+    return built(StateSnapshot, data=data, version=version, metadata={})
+
+
+class CheckpointFields(NamedTuple):
+    """A checkpoint of a plain dict state before its models are built.
+
+    What ``create_checkpoint`` keeps while the record is stored: private copies and atoms
+    in one tuple, where the built models would be a dozen objects per waiting save for the
+    garbage collector to promote (docs/performance.md). :meth:`checkpoint` builds them.
+    """
+
+    workflow_id: str
+    step: int
+    agent_id: str
+    status: AgentStatus
+    #: The copied state.
+    data: dict[str, Any]
+    #: The copied fields of the caller's ExecutionMetrics; None for ``ExecutionMetrics()``.
+    metrics: dict[str, Any] | None
+    timestamp: datetime
+    metadata: dict[str, Any]
+    app_version: str | None
+
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint these fields describe (its state at version 0)."""
+        metrics = self.metrics
+        return built(
+            Checkpoint,
+            workflow_id=self.workflow_id,
+            step=self.step,
+            agent_id=self.agent_id,
+            status=self.status,
+            state_snapshot=plain_snapshot(self.data, self.timestamp),
+            metrics=default_metrics() if metrics is None else built(ExecutionMetrics, **metrics),
+            timestamp=self.timestamp,
+            metadata=self.metadata,
+            app_version=self.app_version,
+        )

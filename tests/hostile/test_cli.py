@@ -432,3 +432,111 @@ async def test_foreign_rows_in_a_sqlite_store_are_reported_not_fatal(tmp_path: P
     assert copied.json()["verified"] == 1  # type: ignore[index]
     text = cli("verify", src)
     assert "foreign row" in text.out and "Traceback" not in text.err
+
+
+# --- a file store's entries that are no workflow's directory ----------------------------------
+
+
+async def test_verify_lists_a_file_stores_foreign_entries(tmp_path: Path) -> None:
+    """Directories under a file store's workflows/ that are not the store's (a name that is no
+    id's, a hashed directory with a wrong id file, a planted file, a symlink, a name holding
+    C1 and bidi characters): `verify` lists each as a foreign row by its path, escaped in the
+    table, exact in JSON, and exits 1; the store's own temporaries are not listed."""
+    url = f"file:{tmp_path}/store"
+    await record_of(url, "good", 0, {"x": 1})
+    clean = cli("--json", "verify", url)
+    assert (clean.code, clean.json()) == (
+        0,
+        {"ok": True, "workflows": 1, "checkpoints": 1, "corrupted": []},
+    )
+    root = tmp_path / "store" / "workflows"
+    hashed = "#" + "0" * 64
+    hostile = "x\u009by\u202ez"
+    for name in ("UPPER", hashed, hostile, ".new-0-1-x"):
+        (root / name).mkdir()
+        (root / name / "00000000000000000000.ckpt").write_bytes(b"forged")
+    (root / hashed / "id").write_bytes(b"good")
+    (root / "planted.txt").write_bytes(b"x")
+    (root / "link").symlink_to(root / "good")
+    os.mkdir(os.fsencode(root) + b"/not-utf8-\xff")
+
+    report = cli("--json", "verify", url)
+    assert report.code == 1 and "Traceback" not in report.err
+    found = report.json()
+    assert isinstance(found, dict) and (found["workflows"], found["corrupted"]) == (1, [])
+    names = (hashed, "UPPER", "link", "not-utf8-\udcff", "planted.txt", hostile)
+    paths = [f"workflows/{n}" for n in names]
+    assert [f["id"] for f in found["foreign"]] == paths
+    text = cli("verify", url)
+    assert text.code == 1
+    assert not [c for c in RAW if c in text.out]
+    rows = [line for line in text.out.splitlines() if line.startswith("workflows/")]
+    escaped = ["workflows/not-utf8-\\udcff", paths[4], "workflows/x\\x9by\\u202ez"]
+    assert [row.split()[0] for row in rows] == [*paths[:3], *escaped]
+    assert all("foreign row: " in row for row in rows)
+    assert text.out.splitlines()[-1].endswith(", 6 foreign rows")
+
+
+# --- stores another user owns or may write: --allow-shared ----------------------------------
+
+
+def entries(top: Path) -> dict[str, tuple[int, int, int, int]]:
+    """Every entry under ``top``: mode, owner, size, modification time (what a write changes)."""
+    found = {}
+    for path in [top, *top.rglob("*")]:
+        info = path.lstat()
+        found[str(path)] = (info.st_mode, info.st_uid, info.st_size, info.st_mtime_ns)
+    return found
+
+
+def share(target: Path, how: str) -> str:
+    """Make ``target`` (and what is under it) another uid's, or writable by its group; the
+    words of the refusal expected for it."""
+    if how == "group-writable":
+        mode = 0o770 if target.is_dir() else 0o660
+        target.chmod(mode)
+        return f"mode {mode:04o} lets group or others write it"
+    for path in [target, *target.rglob("*")]:
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+    return f"belongs to uid 65534, not to this process's uid {os.geteuid()}"
+
+
+@pytest.mark.parametrize("how", ["group-writable", "another uid"])
+@pytest.mark.parametrize("scheme", ["file", "sqlite"])
+async def test_allow_shared_opens_a_store_that_is_refused_without_it(
+    tmp_path: Path, scheme: str, how: str
+) -> None:
+    """A file store directory or SQLite database (the tests run as root) made group-writable
+    or another uid's: every command refuses it, exit status 4, one line naming the path, the
+    reason and `--allow-shared`, and changes nothing; with `--allow-shared` (before or after
+    the command) it is read and written; it stays refused without the flag."""
+    top = tmp_path / "shared"
+    target = top / ("store" if scheme == "file" else "store.db")
+    url = f"{scheme}:{target}"
+    await record_of(url, "wf", 0, {"x": 1})
+    expected = share(target, how)
+    before = entries(top)
+    for argv in (["verify", url], ["fork", url, "wf", "0", "wf2"], ["--json", "workflows", url]):
+        line = cli(*argv).error_line()
+        assert line.startswith(f"aiocheckpoint: error: refusing to open '{target}': "), line
+        assert expected in line and line.endswith(
+            "(on the command line: aiocheckpoint --allow-shared)"
+        )
+    assert entries(top) == before
+    assert cli("verify", url).code == 4
+
+    verify = cli("--allow-shared", "verify", url)
+    assert (verify.code, verify.err) == (0, "")
+    assert "checked 1 checkpoints in 1 workflows: 0 corrupted" in verify.out
+    forked = cli("fork", url, "wf", "0", "wf2", "--allow-shared")
+    assert forked.code == 0, forked.err
+    listed = cli("--json", "workflows", "--allow-shared", url)
+    assert listed.code == 0, listed.err
+    assert [w["workflow_id"] for w in listed.json()["workflows"]] == ["wf", "wf2"]  # type: ignore[index]
+    assert cli("show", url, "wf2").code == 4
+
+
+def test_allow_shared_is_harmless_where_there_is_no_owner_check() -> None:
+    """`--allow-shared` with a store that has no owner check (memory://) is accepted."""
+    result = cli("--allow-shared", "--json", "workflows", "memory://")
+    assert (result.code, result.json()) == (0, {"workflows": []})

@@ -310,6 +310,37 @@ async def test_a_hashed_directory_with_an_invalid_id_is_skipped(
     await store.save("wf", 0, b"v")
     plant_hashed(store, raw_id)
     assert await store.list_workflows() == ["wf"]
+    [entry] = await store.foreign_entries()
+    assert entry.path == f"workflows/{hashed_name(raw_id)}"
+    assert "id file" in entry.reason
+
+
+async def test_foreign_entries_name_what_listings_skip_and_nothing_of_ours(
+    store: FileCheckpointStorage,
+) -> None:
+    """foreign_entries() reports each entry of workflows/ that listings skip (a name that is
+    no id's, a hashed directory for a short id, a file, a symlink), by path and reason; the
+    store's own directories (plain, hashed, emptied) and its temporaries are not reported."""
+    assert await store.foreign_entries() == []  # nothing written yet
+    for workflow_id in ("wf", "e" * 250, "emptied"):
+        await store.save(workflow_id, 0, b"v")
+    await store.delete("emptied", 0)
+    root = Path(store.base_dir) / "workflows"
+    (root / "UPPER").mkdir()
+    plant_hashed(store, b"wf")
+    (root / "notes.txt").write_bytes(b"x")
+    (root / "link").symlink_to(root / "wf")
+    (root / ".new-0-1-x").mkdir()
+    assert {(e.path, e.reason) for e in await store.foreign_entries()} == {
+        ("workflows/UPPER", "not the directory name of any workflow id"),
+        (
+            f"workflows/{hashed_name(b'wf')}",
+            "a hashed directory whose id file is missing or names no workflow stored here",
+        ),
+        ("workflows/notes.txt", "not a directory"),
+        ("workflows/link", "not a directory"),
+    }
+    assert await store.list_workflows() == sorted(["e" * 250, "wf"])
 
 
 # --- item 12: the storage's own refusals fall back like decoding failures ------------------

@@ -85,7 +85,9 @@ def _same(a: Any, b: Any) -> bool:
 
 async def cmd_diff(args: argparse.Namespace, out: Output) -> int:
     """What changed in the state between two steps, path by path."""
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         old, _ = await load_checkpoint(manager, args.workflow, args.step_a)
         new, _ = await load_checkpoint(manager, args.workflow, args.step_b)
     changes = diff_states(old.state_snapshot.data, new.state_snapshot.data)

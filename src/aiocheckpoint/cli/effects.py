@@ -82,7 +82,7 @@ async def cmd_effect(args: argparse.Namespace, out: Output) -> int:
     """``effect resolve``: record an in-doubt effect's result, or that it must run again."""
     workflow_id = check_workflow_id(args.workflow)
     happened = not args.rerun
-    async with open_store(args.url, must_exist=True) as manager:
+    async with open_store(args.url, must_exist=True, allow_shared=args.allow_shared) as manager:
         if not manager.supports_effects():
             raise CommandError(f"{type(manager.storage).__name__} keeps no effect journal")
         record = await manager.resolve_effect(

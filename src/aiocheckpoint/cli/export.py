@@ -137,7 +137,9 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
     """Write every verified record of a store to a JSON-lines file."""
     tally = Tally()
     progress = Progress(out.err)
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as src:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as src:
         records = await list_records(src)
         ids, tally.foreign = await workflow_ids(src, records)
         tally.workflows = len(ids)

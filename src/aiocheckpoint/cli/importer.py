@@ -171,7 +171,9 @@ async def cmd_import(args: argparse.Namespace, out: Output) -> int:
         raise CommandError(f"cannot read {args.file}: {exc.strerror}", EXIT_STORE) from exc
     try:
         await asyncio.to_thread(_read_header, fh, args.file)
-        async with open_store(args.url, must_exist=False, keys=command_keys(args)) as dst:
+        async with open_store(
+            args.url, must_exist=False, allow_shared=args.allow_shared, keys=command_keys(args)
+        ) as dst:
             keys = command_keys(args)
             sealer = None if keys is None else Sealer(keys, allow_plaintext=True)
             importer = _Importer(Sink(dst, tally, overwrite=args.overwrite), tally, sealer)

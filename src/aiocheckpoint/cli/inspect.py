@@ -36,7 +36,9 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
     """Table of workflows: steps, latest step and status, last write, finished or not."""
     if wants_query(args):
         return await cmd_query(args, out)
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         records: dict[str, WorkflowRecord] = {}
         if manager.supports_workflow_records():
             records = {r.workflow_id: r for r in await manager.list_workflow_records()}
@@ -117,7 +119,9 @@ async def _summary(
 async def cmd_history(args: argparse.Namespace, out: Output) -> int:
     """One page of a workflow's checkpoints, newest first."""
     workflow_id = check_workflow_id(args.workflow)
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         page = await read_page(
             manager.storage,
             workflow_id,
@@ -239,7 +243,9 @@ def checkpoint_json(checkpoint: Checkpoint, size: int) -> dict[str, Any]:
 
 async def cmd_show(args: argparse.Namespace, out: Output) -> int:
     """One checkpoint with its state pretty-printed."""
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         checkpoint, size = await load_checkpoint(manager, args.workflow, args.step)
         effects = await step_effects(manager, checkpoint.workflow_id, checkpoint.step)
     if out.json_mode:

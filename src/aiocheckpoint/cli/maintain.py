@@ -31,7 +31,9 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
     progress = Progress(out.err)
     corrupted: list[dict[str, Any]] = []
     checked = 0
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         ids, foreign = await workflow_ids(manager)
         for n, workflow_id in enumerate(ids, 1):
             async for record in iter_records(manager.storage, workflow_id):
@@ -71,7 +73,9 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
 async def cmd_prune(args: argparse.Namespace, out: Output) -> int:
     """Delete all but the newest N checkpoints of one workflow or of every workflow."""
     results: list[dict[str, Any]] = []
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         if args.workflow is not None:
             ids = [check_workflow_id(args.workflow)]
             if not await manager.has_checkpoint(ids[0]):
@@ -114,7 +118,9 @@ async def _prune_one(
 async def cmd_rm(args: argparse.Namespace, out: Output) -> int:
     """Delete one checkpoint, or a whole workflow after confirmation."""
     workflow_id = check_workflow_id(args.workflow)
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         if args.step is not None:
             if not await manager.delete_checkpoints(workflow_id, args.step):
                 raise CheckpointNotFoundError(workflow_id, args.step)
@@ -152,7 +158,9 @@ async def _confirm(out: Output, workflow_id: str, latest: int) -> bool:
 
 async def cmd_fork(args: argparse.Namespace, out: Output) -> int:
     """Copy a workflow's history up to a step into a new workflow (blobs are shared)."""
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         copied = await manager.fork_workflow(args.source, args.step, args.new_id)
     if out.json_mode:
         out.json(

@@ -24,6 +24,9 @@ from .transfer import cmd_copy
 
 __all__ = ["Command", "build_parser"]
 
+#: What ``--allow-shared`` does (docs/cli.md, "Other users' stores").
+_SHARED = "open file: and sqlite: stores that another user owns or may write"
+
 #: A command: its parsed arguments and where to write, to its exit status.
 Command = Callable[[argparse.Namespace, Output], Coroutine[Any, Any, int]]
 
@@ -86,9 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--allow-shared", action="store_true", help=_SHARED)
     common = _CommandParser(add_help=False)
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    common.add_argument(
+        "--allow-shared", action="store_true", default=argparse.SUPPRESS, help=_SHARED
     )
     common.add_argument(
         "--keys",

@@ -63,7 +63,9 @@ def moment(text: str) -> datetime:
 
 async def cmd_query(args: argparse.Namespace, out: Output) -> int:
     """One page of workflow records passing the filters, and the command for the next."""
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         if not manager.supports_workflow_records():
             raise CommandError(
                 "filters need workflow records, and this store's backend "

@@ -81,7 +81,7 @@ async def _run(args: argparse.Namespace, out: Output, *, encrypt: bool) -> int:
     tally = _Tally()
     progress = Progress(out.err)
     # A manager without keys: it decodes plaintext incremental records for ``encrypt``.
-    async with open_store(args.url, must_exist=True) as plain:
+    async with open_store(args.url, must_exist=True, allow_shared=args.allow_shared) as plain:
         job = _Job(plain, Sealer(keys, allow_plaintext=True), keys.primary, encrypt, tally)
         ids, foreign = await workflow_ids(plain)
         for n, workflow_id in enumerate(ids, 1):

@@ -16,6 +16,7 @@ from ..format.sealed import is_sealed_tree_record
 from ..manager import CheckpointManager
 from ..models import Checkpoint
 from ..storage.base import CheckpointStorage, StoredCheckpoint
+from ..storage.file import FileCheckpointStorage
 from ..storage.sqlite import SQLiteCheckpointStorage
 from ..urls import open_storage
 from .keys import KEYS_VARIABLE
@@ -84,7 +85,9 @@ Record: TypeAlias = "StoredCheckpoint | Unreadable"
 class Foreign:
     """A workflow id a store lists that no workflow can have: a damaged or foreign row."""
 
-    shown: str  #: repr() of what the store returned, cut to a readable length
+    #: repr() of the id the store listed, cut to a readable length; or where the store
+    #: found it (``checkpoints rowid 7`` in a SQLite store, ``workflows/NAME`` in a file store)
+    shown: str
     reason: str
 
     def to_json(self) -> dict[str, str]:
@@ -105,7 +108,8 @@ async def workflow_ids(
     A store damaged by hand (a bytes id in a SQLite table, a bad id file in a file store)
     may list ids that are not valid: those are reported, never used. A SQLite store lists
     only valid ids and names its damaged rows itself (``foreign_rows``): those are reported
-    by table and rowid.
+    by table and rowid; a file store's entries that are no workflow's directory
+    (``foreign_entries``) by their path under the store.
     """
     good: set[str] = set()
     foreign = {f.shown: f for f in await _stored_foreign(manager)}
@@ -120,12 +124,14 @@ async def workflow_ids(
 
 
 async def _stored_foreign(manager: CheckpointManager) -> list[Foreign]:
-    """The damaged rows a store reports itself (the SQLite store does), as Foreign rows."""
+    """The damaged rows or entries a store reports itself (SQLite, file), as Foreign rows."""
     storage = manager.storage
-    if not isinstance(storage, SQLiteCheckpointStorage):
-        return []
-    rows = await storage.foreign_rows()
-    return [Foreign(f"{row.table} rowid {row.rowid}", row.reason) for row in rows]
+    if isinstance(storage, SQLiteCheckpointStorage):
+        rows = await storage.foreign_rows()
+        return [Foreign(f"{row.table} rowid {row.rowid}", row.reason) for row in rows]
+    if isinstance(storage, FileCheckpointStorage):
+        return [Foreign(entry.path, entry.reason) for entry in await storage.foreign_entries()]
+    return []
 
 
 def _scheme(url: str) -> str:
@@ -160,15 +166,18 @@ def _check_exists(url: str, storage: CheckpointStorage) -> None:
 
 @asynccontextmanager
 async def open_store(
-    url: str, *, must_exist: bool, keys: Keyring | None = None
+    url: str, *, must_exist: bool, keys: Keyring | None = None, allow_shared: bool = False
 ) -> AsyncIterator[CheckpointManager]:
     """A manager over the store ``url`` names, closed on exit.
 
     With ``must_exist`` a ``file:`` or ``sqlite:`` store that is not there is an error,
     rather than an empty store silently created by a command that only reads. With
     ``keys`` the manager reads (and writes) encrypted records (``docs/encryption.md``).
+    ``allow_shared`` (``--allow-shared``) opens a ``file:`` or ``sqlite:`` store that
+    another user owns or may write; the other backends have no such check.
     """
-    storage = open_storage(url)
+    local = _scheme(url) in ("file", "sqlite")
+    storage = open_storage(url, **({"allow_shared": True} if allow_shared and local else {}))
     if must_exist:
         _check_exists(url, storage)
     manager = CheckpointManager(storage, encryption=keys)

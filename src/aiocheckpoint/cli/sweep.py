@@ -54,7 +54,9 @@ def _policy(args: argparse.Namespace) -> RetentionPolicy:
 async def cmd_sweep(args: argparse.Namespace, out: Output) -> int:
     """Delete what the policy given by the options does not keep (or count it)."""
     policy = _policy(args)
-    async with open_store(args.url, must_exist=True, keys=command_keys(args)) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         report = await manager.sweep(
             policy=policy, dry_run=args.dry_run, collect_garbage=not args.no_gc
         )

@@ -174,8 +174,12 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
     tally = Tally()
     progress = Progress(out.err)
     async with (
-        open_store(args.src, must_exist=True, keys=command_keys(args)) as src,
-        open_store(args.dst, must_exist=False, keys=command_keys(args)) as dst,
+        open_store(
+            args.src, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+        ) as src,
+        open_store(
+            args.dst, must_exist=False, allow_shared=args.allow_shared, keys=command_keys(args)
+        ) as dst,
     ):
         if _same_store(args.src, src, args.dst, dst):
             raise CommandError("the source and destination are the same store", EXIT_USAGE)

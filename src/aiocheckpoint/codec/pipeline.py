@@ -33,7 +33,14 @@ from ..format.header import HEADER_SIZE
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.sealed import is_sealed_tree_record, tree_refs_end
 from ..format.tree import SplitMemory, SplitResult, TreeParams
-from ..models import Checkpoint, StateSnapshot, StateVersion, built
+from ..models import (
+    Checkpoint,
+    CheckpointFields,
+    StateSnapshot,
+    StateVersion,
+    built,
+    plain_snapshot,
+)
 from ..storage.base import (
     BlobCheckpointStorage,
     BlobFetch,
@@ -49,7 +56,7 @@ from .split import Job, exceeds
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
 from .subtrees import SharedSplit, SubtreeCache, shared_split_work
 from .typed import has_tags
-from .v1 import decode_checkpoint, encode_checkpoint
+from .v1 import decode_checkpoint, encode_checkpoint, encode_fields
 from .v2 import decode_tagged, encode_checkpoint_v2, encode_v2_work, record_v2
 
 __all__ = ["RecordCodec", "cooperate"]
@@ -173,10 +180,7 @@ class RecordCodec:
         copy = self._copy
         if type(state) is dict:  # the common case first; the copy is made here
             data, finite = copy(state, "state")
-            version = built(
-                StateVersion, version=0, timestamp=now, agent_id=None, changed_fields=[]
-            )
-            return built(StateSnapshot, data=data, version=version, metadata={}), finite
+            return plain_snapshot(data, now), finite
         if isinstance(state, StateSnapshot):
             data, finite = copy(state.data, "state")
             meta, meta_finite = copy(state.metadata, "state.metadata")
@@ -274,12 +278,10 @@ class RecordCodec:
 
     # --- encoding -----------------------------------------------------------------------
 
-    def wants_tree(self, checkpoint: Checkpoint) -> bool:
-        """Whether the checkpoint's state is large enough to try a version-2 tree."""
+    def wants_tree(self, data: dict[str, Any]) -> bool:
+        """Whether a checkpoint's state ``data`` is large enough to try a version-2 tree."""
         blobs = self.blobs
-        return blobs is not None and exceeds(
-            checkpoint.state_snapshot.data, blobs.blob_params.root_inline_limit
-        )
+        return blobs is not None and exceeds(data, blobs.blob_params.root_inline_limit)
 
     async def encode_tree(
         self, workflow_id: str, checkpoint: Checkpoint, finite: bool
@@ -380,6 +382,13 @@ class RecordCodec:
     def encode(self, checkpoint: Checkpoint, finite: bool) -> bytes:
         """The version-1 record of ``checkpoint`` (``finite`` as in :meth:`encode_tree`)."""
         return encode_checkpoint(checkpoint, finite=finite)
+
+    def encode_fields(self, fields: CheckpointFields, finite: bool) -> bytes | None:
+        """:meth:`encode` of ``fields.checkpoint()`` without building it, or None.
+
+        None when only the exact encoder can write it: then build and :meth:`encode` it.
+        """
+        return encode_fields(fields, finite)
 
     async def seal(self, workflow_id: str, step: int, record: bytes) -> bytes:
         """What to store for a version-1 record (sealed, if this codec seals).

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from .._validation import check_workflow_id
 from ..errors import InvalidArgumentError, InvalidWorkflowIdError
@@ -44,9 +44,12 @@ MAX_FILTER_KEYS: Final = 8
 MAX_FIELD_BYTES: Final = 64 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class StepInfo:
-    """The agent and agent status of a saved step, for the workflow's record."""
+class StepInfo(NamedTuple):
+    """The agent and agent status of a saved step, for the workflow's record.
+
+    A tuple of two strings: the garbage collector stops tracking it, so the thousands a
+    group commit holds while it waits never make it work (docs/performance.md).
+    """
 
     agent_id: str
     agent_status: str

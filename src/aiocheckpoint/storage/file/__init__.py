@@ -16,7 +16,8 @@
 
 from __future__ import annotations
 
+from .dirs import ForeignEntry
 from .format import FORMAT_VERSION
 from .store import FileCheckpointStorage
 
-__all__ = ["FORMAT_VERSION", "FileCheckpointStorage"]
+__all__ = ["FORMAT_VERSION", "FileCheckpointStorage", "ForeignEntry"]

@@ -18,6 +18,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
 from ..._validation import check_workflow_id
@@ -49,7 +50,7 @@ from .io import (
     write_temp,
 )
 
-__all__ = ["EFFECTS", "RETRIES", "Replaced", "WorkflowDirs", "effect_prefix"]
+__all__ = ["EFFECTS", "RETRIES", "ForeignEntry", "Replaced", "WorkflowDirs", "effect_prefix"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,18 @@ EFFECTS: Final = "effects"
 def effect_prefix(step: int) -> str:
     """The start of the names of ``step``'s effect files (fixed width: they sort by step)."""
     return f"{step:020d}-"
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignEntry:
+    """An entry of ``workflows/`` that is no workflow's directory (planted, copied, damaged).
+
+    ``path`` is where it is under ``base_dir`` (``workflows/NAME``), ``reason`` what is
+    wrong with it.
+    """
+
+    path: str
+    reason: str
 
 
 class Replaced(Exception):
@@ -194,6 +207,29 @@ class WorkflowDirs:
             return None  # not ours, or damaged: never guess an id
         # Only the canonical spelling counts: the hash of a short id is not where it lives.
         return workflow_id if encode_name(workflow_id) == name else None
+
+    def foreign_reason(self, name: str) -> str | None:
+        """Why entry ``name`` of ``workflows/`` is no workflow's directory; None if it is one.
+
+        Listings skip such an entry (:meth:`id_of`); a name gone meanwhile is None too.
+        """
+        try:
+            info = os.lstat(os.path.join(self.root, name))
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            return "not a directory"
+        dfd = self.open_dir(name)
+        if dfd is None:
+            return None
+        try:
+            if self.id_of(name, dfd) is not None:
+                return None
+        finally:
+            os.close(dfd)
+        if name.startswith(HASHED_PREFIX):
+            return "a hashed directory whose id file is missing or names no workflow stored here"
+        return "not the directory name of any workflow id"
 
     # --- temporary files and removal --------------------------------------------------
 

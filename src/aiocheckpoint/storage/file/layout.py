@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from typing import Final
 
-from ...errors import StoragePermissionError, StorageSchemaError
+from ...errors import StorageSchemaError
+from ..private import refuse_unless_private
 from .format import FORMAT_PLAIN, MARKER, WORKFLOWS, encode_marker, parse_marker
 from .io import DIR_FLAGS, FileOps, OddEntry, discard, fsync_path, open_regular, write_temp
 
@@ -93,7 +93,7 @@ class StoreDir:
                 if not sub:
                     return  # nothing yet: checked again once it exists
                 continue
-            _refuse_unless_private(path, info)
+            refuse_unless_private(path, info, "file store directory")
         self._trusted = True
 
     def mark(self, fmt: int) -> None:
@@ -133,20 +133,3 @@ class StoreDir:
             self.ops.fsync_dir(dfd)
         finally:
             os.close(dfd)
-
-
-def _refuse_unless_private(path: str, info: os.stat_result) -> None:
-    hint = "pass allow_shared=True to use a directory shared on purpose"
-    if info.st_uid != os.geteuid():
-        raise StoragePermissionError(
-            path,
-            f"the file store directory belongs to uid {info.st_uid}, "
-            f"not to this process's uid {os.geteuid()} ({hint})",
-        )
-    if info.st_mode & 0o022:
-        mode = oct(stat.S_IMODE(info.st_mode))
-        raise StoragePermissionError(
-            path,
-            f"the file store directory's mode {mode} lets group or others write into it "
-            f"(chmod go-w it, or {hint})",
-        )

@@ -12,8 +12,8 @@ import time
 
 from ...errors import CheckpointCorruptedError, StorageBackendError
 from ..base import StoredCheckpoint
-from .dirs import RETRIES, Replaced, WorkflowDirs
-from .format import encode_name, parse_step_name, step_name, temp_name
+from .dirs import RETRIES, ForeignEntry, Replaced, WorkflowDirs
+from .format import WORKFLOWS, encode_name, parse_step_name, step_name, temp_name
 from .io import (
     FileOps,
     OddEntry,
@@ -264,15 +264,9 @@ class RecordFiles:
 
     def list_workflows(self) -> list[str]:
         """Every workflow id with at least one step, sorted (removes leftover temp dirs)."""
-        try:
-            names = os.listdir(self.root)
-        except OSError as exc:
-            if is_missing(exc):
-                return []
-            raise
         now = time.time()
         ids: list[str] = []
-        for name in names:
+        for name in self._names():
             if name.startswith("."):
                 # A renamed-away workflow is garbage at once; a new one may still be in
                 # the making unless its creator is gone.
@@ -291,3 +285,25 @@ class RecordFiles:
             finally:
                 os.close(dfd)
         return sorted(ids)
+
+    def foreign_entries(self) -> list[ForeignEntry]:
+        """The entries of ``workflows/`` that are no workflow's directory, by name.
+
+        Names starting with ``.`` are the store's temporaries (``encode_name`` escapes a
+        leading dot, so no workflow's directory has one): never listed.
+        """
+        found = []
+        for name in sorted(self._names()):
+            reason = None if name.startswith(".") else self.dirs.foreign_reason(name)
+            if reason is not None:
+                found.append(ForeignEntry(f"{WORKFLOWS}/{name}", reason))
+        return found
+
+    def _names(self) -> list[str]:
+        """The entries of ``workflows/`` (none before the first write)."""
+        try:
+            return os.listdir(self.root)
+        except OSError as exc:
+            if is_missing(exc):
+                return []
+            raise

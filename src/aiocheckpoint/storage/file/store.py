@@ -39,7 +39,7 @@ from ..base import (
     check_record_size,
 )
 from .blobs import BlobStore
-from .dirs import WorkflowDirs
+from .dirs import ForeignEntry, WorkflowDirs
 from .effects import EffectFiles
 from .format import FORMAT_BLOBS, FORMAT_VERSION, encode_name
 from .gc import Collector
@@ -272,6 +272,16 @@ class FileCheckpointStorage(BaseStorage):
         """
         self._check_open()
         return await self._run("cannot list workflows", self._list_workflows)
+
+    async def foreign_entries(self) -> list[ForeignEntry]:
+        """Every entry of ``workflows/`` that is no workflow's directory (a full listing).
+
+        A directory whose name is not the canonical name of an id, a hashed directory whose
+        ``id`` file is missing or names another workflow, a file or a symlink: listings
+        and reads skip them; this reports them, for verification tools.
+        """
+        self._check_open()
+        return await self._run("cannot list the store's entries", self._foreign_entries)
 
     async def save_tree(
         self,
@@ -512,3 +522,7 @@ class FileCheckpointStorage(BaseStorage):
     def _list_workflows(self) -> list[str]:
         self._layout.check_marker()
         return self._records.list_workflows()
+
+    def _foreign_entries(self) -> list[ForeignEntry]:
+        self._layout.check_marker()
+        return self._records.foreign_entries()

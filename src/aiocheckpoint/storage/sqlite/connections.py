@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Final, TypeVar
 from urllib.parse import quote
 
-from ...errors import StorageBackendError, StoragePermissionError
+from ...errors import StorageBackendError
+from ..private import refuse_unless_private
 
 T = TypeVar("T")
 
@@ -166,7 +167,6 @@ def secure_files(path: Path) -> None:
     """
     if not hasattr(os, "geteuid"):
         return  # no POSIX owners: nothing to check
-    uid = os.geteuid()
     for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
         try:
             info = os.stat(file)
@@ -174,16 +174,8 @@ def secure_files(path: Path) -> None:
             continue
         if not stat.S_ISREG(info.st_mode):
             continue
+        refuse_unless_private(str(file), info, "SQLite file")
         mode = stat.S_IMODE(info.st_mode)
-        if info.st_uid != uid:
-            reason = f"it is owned by uid {info.st_uid}, not by this process's uid {uid}"
-        elif mode & 0o022:
-            reason = f"its mode {mode:04o} lets group or others write it"
-        else:
-            if mode & 0o044:
-                os.chmod(file, mode & 0o700)
-                logger.info("made %s owner-only (its mode was %04o)", file, mode)
-            continue
-        raise StoragePermissionError(
-            str(file), f"{reason}; a database shared on purpose needs allow_shared=True"
-        )
+        if mode & 0o044:
+            os.chmod(file, mode & 0o700)
+            logger.info("made %s owner-only (its mode was %04o)", file, mode)

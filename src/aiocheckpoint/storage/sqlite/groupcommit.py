@@ -33,7 +33,7 @@ _MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
 _IDLE_SECONDS: Final = 0.1
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Pending:
     op: Op
     size: int
@@ -67,8 +67,14 @@ class GroupCommit:
         self._opened = False
         self._closing = None
 
-    async def _submit(self, op: Op, size: int) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    def _submit(self, op: Op, size: int) -> asyncio.Future[Any]:
+        """Queue ``op``; the future its caller awaits (not a coroutine: one frame less to keep).
+
+        Cancelling the caller cancels the future: a queued write is then skipped when the
+        next batch is taken; a write already taken is committed regardless.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._pending.append(_Pending(op, size, future))
         if not self._busy and not self._kick_due:
             # Hand the writer what is queued one loop iteration later, not now: the other
@@ -76,10 +82,8 @@ class GroupCommit:
             # commit) then join this batch instead of waiting a whole commit behind a
             # batch of one.
             self._kick_due = True
-            asyncio.get_running_loop().call_soon(self._due_kick)
-        # Cancelling the caller cancels the future: a queued write is then skipped when the
-        # next batch is taken; a write already taken is committed regardless.
-        return await future
+            loop.call_soon(self._due_kick)
+        return future
 
     def _due_kick(self) -> None:
         self._kick_due = False

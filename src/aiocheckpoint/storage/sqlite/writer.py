@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from ...errors import (
     CheckpointNotFoundError,
@@ -52,11 +52,11 @@ _PAGE_SIZE: Final = 4096
 _REFUSALS: Final = (InvalidArgumentError, CheckpointNotFoundError)
 
 
-@dataclass(frozen=True, slots=True)
-class SaveOp:
+class SaveOp(NamedTuple):
     """Store ``data`` as ``step``, then keep the ``keep_last`` highest steps.
 
-    With ``token`` (a lease's fencing token), only if it is the workflow's current one.
+    With ``token`` (a lease's fencing token), only if it is the workflow's current one. A
+    tuple of atoms, which the garbage collector stops tracking while the write is queued.
     """
 
     workflow_id: str
