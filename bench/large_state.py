@@ -16,8 +16,9 @@ Measures, in one process per source tree:
 * ``shared`` (instead of ``lag``): the lag runs with each workflow's state in a
   ``SharedState`` (whose copy the manager takes in slices) on the memory and file stores;
 * ``floor``: ``get_resume_point`` of the ~10 MB state on the file and SQLite stores (median
-  wall time) against the raw floor measured alternately in the same process: read the
-  state's compact JSON from a file (in a worker thread) and ``json.loads`` it;
+  wall time, and process CPU time) against raw floors measured alternately in the same
+  process: read the state's compact JSON from a file, or as one row of a SQLite table (in a
+  worker thread), and ``json.loads`` it;
 * ``huge``: a 1 ms heartbeat's lateness (max, p99) while one 50 MB value is written and read
   on the file and SQLite stores (issue #21): a ``SharedState`` holding one 50 MB string, and
   one holding a 50,000-message chat (~1 KB each): its first checkpoint, a second one with
@@ -210,7 +211,13 @@ _FLOOR_STORES: Final = (("file", "file://{dir}/store"), ("sqlite", "sqlite://{di
 
 
 async def floor(quick: bool) -> dict[str, float]:
-    """Resume of the 10 MB state against the raw floor (read a file, ``json.loads``)."""
+    """Resume of the 10 MB state against raw floors: a file, or one SQLite row, + ``json.loads``.
+
+    Each store's resume alternates with both floors in the same process; wall time and the
+    process's CPU time (every thread: robust to other processes' load) are medians.
+    """
+    import sqlite3
+
     from aiocheckpoint import CheckpointManager, open_storage
     from bench.data import DocStates
 
@@ -218,8 +225,16 @@ async def floor(quick: bool) -> dict[str, float]:
     calls = 3 if quick else 7
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="ackp-floor-") as tmp:
+        text = json.dumps(big, separators=(",", ":")).encode()
         raw = Path(tmp, "raw.json")
-        await asyncio.to_thread(raw.write_bytes, json.dumps(big, separators=(",", ":")).encode())
+        await asyncio.to_thread(raw.write_bytes, text)
+        db = sqlite3.connect(Path(tmp, "raw.db"), isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE ck (k INTEGER PRIMARY KEY, data BLOB)")
+        db.execute("INSERT INTO ck VALUES (1, ?)", (text,))
+
+        def row() -> Any:
+            return json.loads(db.execute("SELECT data FROM ck WHERE k = 1").fetchone()[0])
 
         async def floor_call() -> Any:
             return json.loads(await asyncio.to_thread(raw.read_bytes))
@@ -227,18 +242,37 @@ async def floor(quick: bool) -> dict[str, float]:
         for name, url in _FLOOR_STORES:
             async with CheckpointManager(open_storage(url.format(dir=tmp))) as manager:
                 await manager.create_checkpoint("wf", 1, "a", "completed", big)
-                calls_of = {"ours": lambda: manager.get_resume_point("wf"), "raw": floor_call}
-                times: dict[str, list[float]] = {"ours": [], "raw": []}
-                for _ in range(calls + 1):  # the first round warms up
-                    for who, call in calls_of.items():
-                        start = time.perf_counter()
-                        assert await call() is not None
-                        times[who].append(time.perf_counter() - start)
-                ours, floor_ms = (statistics.median(times[w][1:]) * 1e3 for w in ("ours", "raw"))
-                out[f"resume_{name}_ms"] = ours
-                out[f"resume_{name}_floor_ms"] = floor_ms
-                out[f"resume_{name}_over_floor"] = ours / floor_ms
+                calls_of = {
+                    "ours": lambda: manager.get_resume_point("wf"),
+                    "raw": floor_call,
+                    "row": lambda: asyncio.to_thread(row),
+                }
+                out.update(await _alternate(name, calls_of, calls))
+        db.close()
     return out
+
+
+async def _alternate(name: str, calls_of: dict[str, Any], calls: int) -> dict[str, float]:
+    """Wall and CPU medians of each call, run in turns; ours over each floor."""
+    wall: dict[str, list[float]] = {who: [] for who in calls_of}
+    cpu: dict[str, list[float]] = {who: [] for who in calls_of}
+    for i in range(calls + 1):  # the first round warms up
+        for who, call in calls_of.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            assert await call() is not None
+            if i:
+                wall[who].append(time.perf_counter() - start)
+                cpu[who].append(time.process_time() - start_cpu)
+    ours, floor_ms, row_ms = (statistics.median(wall[w]) * 1e3 for w in ("ours", "raw", "row"))
+    ours_cpu, row_cpu = (statistics.median(cpu[w]) * 1e3 for w in ("ours", "row"))
+    return {
+        f"resume_{name}_ms": ours,
+        f"resume_{name}_floor_ms": floor_ms,
+        f"resume_{name}_over_floor": ours / floor_ms,
+        f"resume_{name}_over_sqlite_row": ours / row_ms,
+        f"resume_{name}_cpu_ms": ours_cpu,
+        f"resume_{name}_cpu_over_sqlite_row": ours_cpu / row_cpu,
+    }
 
 
 def _huge_states() -> dict[str, dict[str, Any]]:

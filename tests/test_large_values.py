@@ -220,3 +220,61 @@ async def test_a_value_of_several_megabytes_reads_back(tmp_path: Path, url: str)
     async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
         back = await manager.get_resume_point("wf")
     assert back is not None and back[1].data == state
+
+
+@pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
+async def test_a_tree_is_read_in_the_stores_thread_without_a_loop_hop_per_level(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store with read_blobs_in_thread is read through it alone: every level of the tree
+    is fetched in one call, off the loop, and fetch_blobs is never called.
+    """
+    state = _big_state({"n": 1})
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        await manager.create_checkpoint("wf", 1, "a", "completed", state)
+        storage = manager.storage
+        calls: list[int] = []
+        real = storage.read_blobs_in_thread  # type: ignore[attr-defined]
+
+        def hop(_hashes: Any) -> Any:
+            raise AssertionError("a tree level hopped to the event loop")
+
+        async def counted(fn: Any) -> Any:
+            calls.append(threading.get_ident())
+            return await real(fn)
+
+        monkeypatch.setattr(storage, "fetch_blobs", hop)
+        monkeypatch.setattr(storage, "read_blobs_in_thread", counted)
+        back = await manager.get_resume_point("wf")
+    assert back is not None and back[1].data == state
+    assert calls == [threading.get_ident()]  # one call, from the loop's thread
+
+
+@pytest.mark.parametrize("needle", [b"\\", join.MARK])
+def test_the_sliced_search_finds_a_needle_across_slice_ends(needle: bytes) -> None:
+    """join._contains searches ~1 MB at a time and still finds a needle cut by a slice end."""
+    size = 3 * join.PART_BYTES
+    for at in (0, join.PART_BYTES - 1, join.PART_BYTES - len(needle) + 1, size - len(needle)):
+        data = bytearray(b"x" * size)
+        data[at : at + len(needle)] = needle
+        assert join._contains(bytes(data), needle)
+    assert not join._contains(b"x" * size, needle)
+
+
+@pytest.mark.parametrize("at", [0, 700, 2999])
+async def test_a_typed_value_deep_in_a_long_list_comes_back_typed(tmp_path: Path, at: int) -> None:
+    """A long list's texts are encoded a run at a time and the first that may hold a tag is
+    noted: a datetime in any run, before or after the resumed cut of an append, stays typed.
+    """
+    when = datetime(2026, 12, 2, 0, 0, tzinfo=UTC)
+    messages: list[Any] = [{"role": "user", "text": f"message {i} " * 30} for i in range(3000)]
+    messages[at] = {"role": "user", "at": when}
+    shared = SharedState({"messages": messages})
+    async with CheckpointManager(open_storage(f"file://{tmp_path}/store")) as manager:
+        written = [await manager.create_checkpoint("wf", 1, "a", "running", shared)]
+        shared.append("messages", {"role": "assistant", "text": "one more"})
+        written.append(await manager.create_checkpoint("wf", 2, "a", "running", shared))
+        read = [await manager.get_checkpoint("wf", step) for step in (1, 2)]
+    for checkpoint in written + read:
+        assert checkpoint.state_snapshot.data["messages"][at]["at"] == when
+    assert read[1].state_snapshot.data["messages"][-1]["text"] == "one more"

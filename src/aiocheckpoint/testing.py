@@ -32,6 +32,7 @@ suites share this one module, so that a backend's tests import everything from o
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -63,6 +64,7 @@ from .models import AgentStatus, utcnow
 from .retention import RetentionPolicy, SweepReport
 from .storage.base import (
     BlobCheckpointStorage,
+    BlobReads,
     CheckpointStorage,
     EffectStorage,
     StoredEffect,
@@ -874,6 +876,34 @@ class BlobStorageConformance:
         got = await storage.fetch_blobs([*wanted, unknown])
         assert set(got) == set(wanted)
         assert all(got[h] == split.blobs[h] for h in wanted)
+
+    async def test_thread_reads_answer_like_fetch_blobs(self, storage: CheckpointStorage) -> None:
+        """read_blobs_in_thread (optional: BlobReads) runs off the loop, fetches like fetch_blobs.
+
+        What its function raises is passed on.
+        """
+        if not isinstance(storage, BlobReads):
+            pytest.skip("the store has no read_blobs_in_thread")
+        assert isinstance(storage, BlobCheckpointStorage)
+        manager = CheckpointManager(storage)
+        checkpoint = await manager.create_checkpoint("wf", 0, "a", "running", _big_state(2))
+        _record, split = encode_checkpoint_v2(checkpoint, storage.blob_params)
+        wanted = list(split.blobs)
+        unknown = b"\x00" * storage.blob_params.digest_size
+        loop_thread = threading.get_ident()
+
+        def read(fetch: Callable[[list[bytes]], Any]) -> tuple[int, Any, Any]:
+            return threading.get_ident(), fetch(wanted[:3]), fetch([*wanted[3:], unknown])
+
+        thread, first, rest = await storage.read_blobs_in_thread(read)
+        assert thread != loop_thread
+        assert {**first, **rest} == split.blobs
+
+        def fail(_fetch: Any) -> None:
+            raise KeyError("from fn")
+
+        with pytest.raises(KeyError, match="from fn"):
+            await storage.read_blobs_in_thread(fail)
 
     async def test_mixed_versions_list_in_order(self, storage: CheckpointStorage) -> None:
         """list/iter/latest read a history that mixes version-1 and version-2 records."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import aiocheckpoint
 from aiocheckpoint import (
     AgentStatus,
     Checkpoint,
@@ -38,6 +39,9 @@ from aiocheckpoint.format.tree import V2_PREFIX
 WF = "wf"
 #: The crafted stores' max_record_bytes: what a reader may hold for one record.
 LIMIT = 16 * 1024 * 1024
+#: The store classes the tests plant trees in and read them from.
+FILE = "FileCheckpointStorage"
+SQLITE = "SQLiteCheckpointStorage"
 #: The address space the child readers get.
 MEMORY = 1024 * 1024 * 1024
 
@@ -106,14 +110,19 @@ def body_of(step: int, data: Any, fields: dict[str, Any] | None = None) -> dict[
     return body
 
 
-async def plant_tree(base: Path, root_node: bytes, blobs: dict[bytes, bytes]) -> None:
-    """A file store holding a valid step 0 and, as step 1, a forged tree."""
-    async with FileCheckpointStorage(base, max_record_bytes=LIMIT) as storage:
+async def plant_tree(
+    base: Path, root_node: bytes, blobs: dict[bytes, bytes], store: str = FILE
+) -> None:
+    """A store (a file store, or ``store``) holding a valid step 0 and, as step 1, a forged
+    tree.
+    """
+    async with getattr(aiocheckpoint, store)(base, max_record_bytes=LIMIT) as storage:
         await CheckpointManager(storage).create_checkpoint(WF, 0, "agent", "completed", {"n": 0})
         split = SplitResult(
             root=b"\x00" + root_node,
             blobs=blobs,
-            children={h: () for h in blobs},
+            # The SQLite store counts references down the tree: it needs each blob's.
+            children={h: node_children(b) if store == SQLITE else () for h, b in blobs.items()},
             root_refs=node_children(b"\x00" + root_node),
         )
         await storage.save_tree(WF, 1, record_v2(meta_of(1), b"\x00" + root_node), split)
@@ -131,7 +140,7 @@ import aiocheckpoint
 
 async def main():
     out = {{}}
-    storage = aiocheckpoint.FileCheckpointStorage(sys.argv[1], max_record_bytes=int(sys.argv[2]))
+    storage = aiocheckpoint.{store}(sys.argv[1], max_record_bytes=int(sys.argv[2]))
     async with aiocheckpoint.CheckpointManager(storage) as manager:
         try:
             await manager.get_latest_checkpoint("wf")
@@ -153,11 +162,22 @@ asyncio.run(main())
 """
 
 
-def read_in_child(base: Path, *, memory: int = MEMORY, prelude: str = "") -> dict[str, Any]:
-    """What a child process reading the store gets: the latest and the resume point."""
+def read_in_child(
+    base: Path, *, memory: int = MEMORY, prelude: str = "", store: str = FILE
+) -> dict[str, Any]:
+    """What a child process reading the store (a file store, or ``store``) gets: the latest
+    and the resume point.
+    """
     env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
     proc = subprocess.run(
-        [sys.executable, "-c", _READER.format(prelude=prelude), str(base), str(LIMIT), str(memory)],
+        [
+            sys.executable,
+            "-c",
+            _READER.format(prelude=prelude, store=store),
+            str(base),
+            str(LIMIT),
+            str(memory),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -204,10 +224,14 @@ async def test_a_tree_expanding_past_max_record_bytes_is_refused_in_bounded_memo
     assert_refused_and_skipped(result, "beyond the record size limit")
 
 
+@pytest.mark.parametrize(("store", "where"), [(FILE, "store"), (SQLITE, "store.db")])
 async def test_index_nodes_repeating_one_chunk_are_refused_in_bounded_memory(
-    tmp_path: Path,
+    tmp_path: Path, store: str, where: str
 ) -> None:
-    """The same expansion through list index nodes (chunks collected, not spliced)."""
+    """The same expansion through list index nodes (chunks collected, not spliced); also
+    from a SQLite store, which reads the whole tree in one read thread, level after level,
+    without the event loop between levels (storage.base.BlobReads).
+    """
     chunk = value_node(b"[7]")
     blobs = {name(chunk): b"\x00" + chunk}
     child = name(chunk)
@@ -215,9 +239,38 @@ async def test_index_nodes_repeating_one_chunk_are_refused_in_bounded_memory(
         index = b"L" + child * 256
         child = name(index)
         blobs[child] = b"\x00" + index
-    await plant_tree(tmp_path / "store", value_node(b"null", [(0, child)]), blobs)
-    result = read_in_child(tmp_path / "store")
+    await plant_tree(tmp_path / where, value_node(b"null", [(0, child)]), blobs, store)
+    result = read_in_child(tmp_path / where, store=store)
     assert_refused_and_skipped(result, "beyond the record size limit")
+
+
+async def test_a_sqlite_store_refuses_a_cycle_of_misnamed_blobs(tmp_path: Path) -> None:
+    """Two index nodes stored under names that make each the other's child (a cycle no
+    hash allows): the first one read names itself as damaged, in bounded memory.
+    """
+    a, b = b"a" * 16, b"b" * 16
+    blobs = {a: b"\x00L" + b, b: b"\x00L" + a}
+    db = tmp_path / "store.db"
+    await plant_tree(db, value_node(b"null", [(0, a)]), blobs, SQLITE)
+    result = read_in_child(db, store=SQLITE)
+    assert_refused_and_skipped(result, "does not match its hash")
+
+
+async def test_a_sqlite_store_refuses_a_chain_deeper_than_the_reader_recurses(
+    tmp_path: Path,
+) -> None:
+    """A chain of 5,000 value nodes, each the only child of the one above (5,000 tree
+    levels, each one query in the read thread): a typed error, in bounded memory.
+    """
+    node = value_node(b"7")
+    blobs = {name(node): b"\x00" + node}
+    for _ in range(5000):
+        node = value_node(b"[null]", [(1, name(node))])
+        blobs[name(node)] = b"\x00" + node
+    db = tmp_path / "store.db"
+    await plant_tree(db, value_node(b"null", [(0, name(node))]), blobs, SQLITE)
+    result = read_in_child(db, store=SQLITE)
+    assert_refused_and_skipped(result, "undecodable node (RecursionError)")
 
 
 async def test_empty_values_cannot_multiply_references_for_free(tmp_path: Path) -> None:

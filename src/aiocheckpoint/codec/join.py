@@ -25,6 +25,7 @@ from ..format.blob import Unwrapper
 from ..format.jsontext import loads, loads_fast
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.sealed import BLOB_SEALED, sealed_blob_children
+from ..format.tags import MARK
 from ..format.tags import may_hold_tag as has_tags
 from ..format.tree import KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
 
@@ -171,7 +172,7 @@ class Joiner:
         if text_crc is not None and self._text_crc(text) != text_crc:
             self._check_all()
             raise _corrupt("state text does not match its checksum")
-        self.tagged = has_tags(text) or any(has_tags(b) for p in parts for b in p.blobs)
+        self.tagged = has_tags(text) or any(_may_hold_tag(b) for p in parts for b in p.blobs)
         # A text checksum says the fast encoder wrote the text: orjson reads it exactly.
         parse = loads if text_crc is None else loads_fast
         value = parse(text)
@@ -393,7 +394,7 @@ def _parse_leaf(blob: bytes, parse: Callable[[bytes], Any]) -> Any:
     The leaf's text is not copied out of its blob: a copy of bytes holds the GIL.
     """
     start = len(PLAIN_LEAF)
-    if blob[start] != ord('"') or b"\\" in blob or len(blob) < 2 * PART_BYTES:
+    if blob[start] != ord('"') or len(blob) < 2 * PART_BYTES or _contains(blob, b"\\"):
         return parse(blob[start:])
     view, slices, start, end = memoryview(blob), [], start + 1, len(blob) - 1
     while start < end:
@@ -402,7 +403,22 @@ def _parse_leaf(blob: bytes, parse: Callable[[bytes], Any]) -> Any:
             stop += 1
         slices.append(parse(b"".join((b'"', view[start:stop], b'"'))))
         start = stop
+    # One copy of the whole string, holding the GIL: no Python call builds a str without
+    # it (appending in place is quadratic once other allocations follow the string).
     return "".join(slices)
+
+
+def _contains(data: bytes, needle: bytes) -> bool:
+    """``needle in data``, searched ~1 MB at a time (one search holds the GIL throughout)."""
+    reach = PART_BYTES + len(needle) - 1
+    return any(data.find(needle, at, at + reach) >= 0 for at in range(0, len(data), PART_BYTES))
+
+
+def _may_hold_tag(blob: bytes) -> bool:
+    """:func:`~aiocheckpoint.format.tags.may_hold_tag`, a large blob searched in slices."""
+    if len(blob) < 2 * PART_BYTES:
+        return has_tags(blob)
+    return _contains(blob, b"$") and _contains(blob, MARK)
 
 
 def _substituted(value: Any, parts: dict[str, Any]) -> Any:

@@ -41,7 +41,13 @@ from ..models import (
     built,
     plain_snapshot,
 )
-from ..storage.base import BlobCheckpointStorage, CheckpointStorage, StoredCheckpoint
+from ..storage.base import (
+    BlobCheckpointStorage,
+    BlobFetch,
+    BlobReads,
+    CheckpointStorage,
+    StoredCheckpoint,
+)
 from .effects import EffectRecord, decode_effect, encode_effect
 from .fork import fork_tree
 from .memory import MemoryCache, recovered_memory
@@ -421,15 +427,26 @@ class RecordCodec:
             data = await self._unsealed(workflow_id, stored)
         restore = self._values.restore
         if len(data) > 4 and data[4] == 2:
-            # Joining a tree is CPU work (its parse alone ~2 ms per MB), and each tree
-            # level's fetch hops back to the event loop.
-            def decode_tree() -> Checkpoint:
-                checkpoint, tagged = self._decode_tree(data, workflow_id, stored.step, sealed_tree)
+            # Joining a tree is CPU work (its parse alone ~2 ms per MB): off the loop.
+            def decode_tree(fetch: BlobFetch) -> Checkpoint:
+                checkpoint, tagged = decode_tagged(
+                    data,
+                    fetch,
+                    workflow_id=workflow_id,
+                    step=stored.step,
+                    max_bytes=self.max_bytes,
+                    authenticated=sealed_tree,
+                )
                 # The joiner looked at every text the values came from: without a tag in
                 # them, no walk (and no re-encoding of the state to look for one).
                 return restore(checkpoint, None if tagged else _UNTAGGED, view)
 
-            return await anyio.to_thread.run_sync(decode_tree)
+            storage = self._storage
+            if not sealed_tree and isinstance(storage, BlobReads):
+                # The whole tree read in the store's thread: no hop to the loop per level.
+                return await storage.read_blobs_in_thread(decode_tree)
+            fetch = self._hopping_fetch(data, sealed_tree, (workflow_id, stored.step))
+            return await anyio.to_thread.run_sync(decode_tree, fetch)
         # A version-1 record holds all the values' text: without a tag in it, no walk.
         text = data if len(data) > 4 and data[4] == 1 else None
         decode: Callable[[], Checkpoint]
@@ -466,26 +483,17 @@ class RecordCodec:
                     return await self.decode(workflow_id, current, view)
             raise
 
-    def _decode_tree(
-        self, data: bytes, workflow_id: str, step: int, sealed: bool
-    ) -> tuple[Checkpoint, bool]:
+    def _hopping_fetch(self, data: bytes, sealed: bool, where: tuple[str, int]) -> BlobFetch:
+        """A fetch for a worker thread that asks the event loop for each tree level."""
         # The body's digest size byte (checked when the record is opened).
         digest = data[HEADER_SIZE + 4] if len(data) > HEADER_SIZE + 4 else 16
-        where = workflow_id, step
 
         def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
             if sealed:
                 return anyio.from_thread.run(self._fetch_sealed, hashes, digest, where)
             return anyio.from_thread.run(self._fetch_blobs, hashes)
 
-        return decode_tagged(
-            data,
-            fetch,
-            workflow_id=workflow_id,
-            step=step,
-            max_bytes=self.max_bytes,
-            authenticated=sealed,
-        )
+        return fetch
 
     async def _fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
         if isinstance(self._storage, BlobCheckpointStorage):

@@ -382,16 +382,17 @@ class _Walk:
         if not finite:
             raise _Fallback
         scan = _START if base is None or base.scan is None else base.scan
-        items = list(map(_fast_dumps, copy[scan.index :]))
+        items, first_tagged = yield from _encoded(copy, scan.index)
         if base is None and scan.length + sum(map(len, items)) + len(items) <= self.limit:
             item = _fast_dumps(copy)
             return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
         marks = self._marks()
         cut = _ListCut(self.splitter, copy, scan)
+        cut.first_tagged = first_tagged
         text, refs = yield from cut.run(items, base is not None)
         entry = _Entry(source, copy, text, refs, cut.crc, cut.length, cut.depth())
         entry.scan, entry.path = cut.resumable(), path
-        entry.tagged = scan.tagged or any(map(has_tags, items))
+        entry.tagged = scan.tagged or first_tagged < len(items)
         self._kept(entry, marks)
         if entry.scan is not None:
             self.new[path] = entry
@@ -427,6 +428,27 @@ class _Walk:
         return entry
 
 
+def _encoded(elements: list[Any], start: int) -> Generator[None, Any, tuple[list[bytes], int]]:
+    """The compact texts of ``elements[start:]``, and where the first tag may be.
+
+    Encoded a run of about ``_SLICE_BYTES`` at a time: one ``map`` over a 50,000-message
+    chat held the GIL for its whole encode (~50 MB). The index returned is that (in the
+    texts) of the first text that may hold a tag, or their count if none may.
+    """
+    items: list[bytes] = []
+    first_tagged = -1
+    count = 64
+    while start < len(elements):
+        run = list(map(_fast_dumps, elements[start : start + count]))
+        if first_tagged < 0 and any(tags := list(map(has_tags, run))):
+            first_tagged = len(items) + tags.index(True)
+        items += run
+        start += count
+        count = max(1, min(4 * count, count * _SLICE_BYTES // (sum(map(len, run)) or 1)))
+        yield None
+    return items, len(items) if first_tagged < 0 else first_tagged
+
+
 class _ListCut:
     """The cut of one list's elements from ``scan.index`` on, as ``encode_fast`` cuts them."""
 
@@ -436,6 +458,7 @@ class _ListCut:
         "copy",
         "crc",
         "ends",
+        "first_tagged",
         "items",
         "length",
         "lens",
@@ -462,6 +485,8 @@ class _ListCut:
         self.chunks: list[bytes] = list(scan.chunks)
         #: The texts of the elements from ``scan.index`` on.
         self.items: list[bytes] = []
+        #: The index in ``items`` of the first that may hold a tag (``len(items)``: none).
+        self.first_tagged = 0
         #: The log's and the region log's lengths where this cut's own chunks start.
         self.scan_from = (0, 0)
         self.crc = self.length = 0
@@ -569,7 +594,7 @@ class _ListCut:
             scan.chunk_nodes[1] + tuple(self.splitter.region_log[region_start:regions]),
         )
         depth = max(scan.depth, _depth(self.copy[base:index]))
-        tagged = scan.tagged or any(map(has_tags, self.items[: index - base]))
+        tagged = scan.tagged or self.first_tagged < index - base
         return _with_tags(
             tagged,
             _Scan(

@@ -9,11 +9,11 @@ must still treat ids as arbitrary text (they may contain ``/``, ``..``, quotes, 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from typing_extensions import Self
 
@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
     "BaseStorage",
     "BlobCheckpointStorage",
+    "BlobReads",
     "CheckpointStorage",
     "StepInfo",
     "StoredCheckpoint",
@@ -294,6 +295,28 @@ class BlobCheckpointStorage(CheckpointStorage, Protocol):
 
     async def collect_garbage(self) -> int:
         """Free unreferenced blobs; return how many were freed."""
+        ...
+
+
+_T = TypeVar("_T")
+#: ``fetch(hashes) -> {hash: stored blob}``, a blocking call (see :class:`BlobReads`).
+BlobFetch = Callable[[Collection[bytes]], Mapping[bytes, bytes]]
+
+
+@runtime_checkable
+class BlobReads(Protocol):
+    """A blob store that can run a whole tree read in one of its own threads (optional).
+
+    ``read_blobs_in_thread(fn)`` calls ``fn(fetch)`` in a worker thread, where
+    ``fetch(hashes)`` answers like :meth:`BlobCheckpointStorage.fetch_blobs` without
+    leaving that thread, from one consistent view of the store where it has transactions.
+    The manager decodes a tree this way: every level of the tree is fetched, and the state
+    parsed, without a hop back to the event loop per level. Errors of the store surface
+    as in ``fetch_blobs``; whatever ``fn`` raises is raised.
+    """
+
+    async def read_blobs_in_thread(self, fn: Callable[[BlobFetch], _T]) -> _T:
+        """Return ``fn(fetch)``, run in a worker thread with a blocking blob ``fetch``."""
         ...
 
 

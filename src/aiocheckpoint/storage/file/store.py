@@ -31,6 +31,7 @@ from ...leases import Lease
 from ..base import (
     DEFAULT_MAX_RECORD_BYTES,
     BaseStorage,
+    BlobFetch,
     StoredCheckpoint,
     StoredEffect,
     check_effect_key,
@@ -382,6 +383,10 @@ class FileCheckpointStorage(BaseStorage):
         self._check_open()
         return await self._run("cannot read blobs", self._fetch, list(hashes))
 
+    async def read_blobs_in_thread(self, fn: Callable[[BlobFetch], _T]) -> _T:
+        """``fn(fetch)`` in a worker thread whose ``fetch`` reads blobs there (BlobReads)."""
+        return await self._run("cannot read blobs", fn, self._fetch_list)
+
     async def collect_garbage(self, *, grace: float | None = None) -> int:
         """Delete blobs no record references; return how many were deleted.
 
@@ -457,6 +462,9 @@ class FileCheckpointStorage(BaseStorage):
     def _in_doubt_workflows(self) -> list[str]:
         self._layout.check_marker()
         return self._effects.in_doubt_workflows()
+
+    def _fetch_list(self, hashes: Collection[bytes]) -> dict[bytes, bytes]:
+        return self._fetch(list(hashes))
 
     def _fetch(self, hashes: list[bytes]) -> dict[bytes, bytes]:
         self._layout.check_marker()

@@ -44,6 +44,7 @@ from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_to
 from ..base import (
     DEFAULT_MAX_RECORD_BYTES,
     BaseStorage,
+    BlobFetch,
     StoredCheckpoint,
     StoredEffect,
     check_effect_key,
@@ -52,7 +53,7 @@ from ..base import (
 from ..queries import StepInfo, WorkflowQuery
 from ..refcounts import held_root_refs
 from . import effects, records
-from .blobs import SaveTreeOp, drain_releases, read_blobs, recount
+from .blobs import SaveTreeOp, drain_releases, in_one_read, read_blobs, recount
 from .connections import BusyRetry
 from .foreign import ForeignRow
 from .groupcommit import GroupCommit
@@ -243,6 +244,12 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         wanted = list(dict.fromkeys(bytes(h) for h in hashes))
         limit = self._max_record_bytes
         return await self._read(lambda conn: read_blobs(conn, wanted, limit))
+
+    async def read_blobs_in_thread(self, fn: Callable[[BlobFetch], T]) -> T:
+        """``fn(fetch)`` in a read thread, every fetch in one read transaction (BlobReads)."""
+        self._check_open()
+        limit = self._max_record_bytes
+        return await self._read(lambda conn: in_one_read(conn, fn, limit))
 
     async def collect_garbage(self, *, full: bool = False) -> int:
         """Free blobs whose records were removed behind the store's back; usually 0.

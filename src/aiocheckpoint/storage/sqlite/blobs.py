@@ -14,16 +14,19 @@ import functools
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Final
+from typing import Final, TypeVar
 
 from ...format import SplitResult
+from ..base import BlobFetch
 from ..queries import StepInfo
 from ..refcounts import Rows, add_references, blob_children, missing_blob, release_references
 from . import records
 from .sql import _PRUNE
+
+T = TypeVar("T")
 
 #: Hashes per ``IN (...)`` list: well under SQLite's host-parameter limit.
 _CHUNK: Final = 500
@@ -230,6 +233,19 @@ def read_blobs(
         if own:
             conn.execute("COMMIT")
     return found
+
+
+def in_one_read(conn: sqlite3.Connection, fn: Callable[[BlobFetch], T], max_bytes: int) -> T:
+    """``fn(fetch)``, every ``fetch`` answered by :func:`read_blobs` in one read transaction.
+
+    A tree is read from one snapshot of the database, level by level, without leaving the
+    calling thread.
+    """
+    conn.execute("BEGIN")
+    try:
+        return fn(lambda hashes: read_blobs(conn, list(hashes), max_bytes))
+    finally:
+        conn.execute("COMMIT")
 
 
 #: Blobs from this size on are read in slices: sqlite3 copies a column's value into Python

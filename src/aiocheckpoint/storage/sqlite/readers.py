@@ -20,6 +20,10 @@ from .foreign import ForeignRow, id_problem, warn_skipped
 from .sql import _ALL_ROWS, _EXISTS_ANY, _EXISTS_STEP, _LATEST, _ONE, _SCAN, _WORKFLOWS
 
 T = TypeVar("T")
+#: A read connection's page cache (KiB, negative as SQLite takes it), allocated as used:
+#: the default 2 MiB re-reads a tree of more than 2 MiB from the OS at every resume, a
+#: ``pread`` per 4 KiB page (~7 ms against ~3.5 ms for 10 MB held in the cache).
+_CACHE_KIB = -16384
 
 
 class ReaderPool:
@@ -63,6 +67,7 @@ class ReaderPool:
         try:
             conn = connect(self.path, self.busy_timeout)
             conn.execute("PRAGMA query_only = ON")
+            conn.execute(f"PRAGMA cache_size = {_CACHE_KIB}")
         except sqlite3.Error as exc:
             raise backend_error(f"cannot open SQLite database {str(self.path)!r}", exc) from exc
         return conn
