@@ -22,6 +22,7 @@ pipeline's ordinary path (None).
 from __future__ import annotations
 
 import gc
+import itertools
 import zlib
 from collections import OrderedDict
 from collections.abc import Generator
@@ -382,7 +383,7 @@ class _Walk:
         if not finite:
             raise _Fallback
         scan = _START if base is None or base.scan is None else base.scan
-        items = list(map(_fast_dumps, copy[scan.index :]))
+        items = yield from _dumps_each(copy, scan.index)
         if base is None and scan.length + sum(map(len, items)) + len(items) <= self.limit:
             item = _fast_dumps(copy)
             return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
@@ -391,7 +392,7 @@ class _Walk:
         text, refs = yield from cut.run(items, base is not None)
         entry = _Entry(source, copy, text, refs, cut.crc, cut.length, cut.depth())
         entry.scan, entry.path = cut.resumable(), path
-        entry.tagged = scan.tagged or any(map(has_tags, items))
+        entry.tagged = scan.tagged or cut.first_tag < len(items)
         self._kept(entry, marks)
         if entry.scan is not None:
             self.new[path] = entry
@@ -436,6 +437,7 @@ class _ListCut:
         "copy",
         "crc",
         "ends",
+        "first_tag",
         "items",
         "length",
         "lens",
@@ -465,6 +467,8 @@ class _ListCut:
         #: The log's and the region log's lengths where this cut's own chunks start.
         self.scan_from = (0, 0)
         self.crc = self.length = 0
+        #: The position in ``items`` of the first element that may hold a tag (else its length).
+        self.first_tag = 0
 
     def run(
         self, items: list[bytes], resumed: bool
@@ -503,7 +507,10 @@ class _ListCut:
         limit = splitter.p.inline_limit
         crc, length = self.scan.crc, self.scan.length
         budget = _SLICE_BYTES
+        self.first_tag = len(items)
         for i, item in enumerate(items, base):
+            if self.first_tag == len(items) and has_tags(item):
+                self.first_tag = i - base
             self.ends.append(len(log))
             if i:
                 crc = zlib.crc32(b",", crc)
@@ -569,7 +576,7 @@ class _ListCut:
             scan.chunk_nodes[1] + tuple(self.splitter.region_log[region_start:regions]),
         )
         depth = max(scan.depth, _depth(self.copy[base:index]))
-        tagged = scan.tagged or any(map(has_tags, self.items[: index - base]))
+        tagged = scan.tagged or self.first_tag < index - base
         return _with_tags(
             tagged,
             _Scan(
@@ -581,6 +588,20 @@ class _ListCut:
                 tuple(self.splitter.levels),
             ),
         )
+
+
+def _dumps_each(values: list[Any], start: int) -> Generator[None, Any, list[bytes]]:
+    """The fast encoder's text of each of ``values[start:]``, about ``_SLICE_BYTES`` a slice."""
+    texts: list[bytes] = []
+    budget = _SLICE_BYTES
+    for value in itertools.islice(values, start, None):
+        text = _fast_dumps(value)
+        texts.append(text)
+        budget -= len(text)
+        if budget < 0:
+            budget = _SLICE_BYTES
+            yield None
+    return texts
 
 
 def shared_split_work(
