@@ -277,7 +277,7 @@ async def test_a_large_first_save_lets_the_loop_run_between_its_slices(
     finally:
         await manager.__aexit__(None, None, None)
     assert len(gaps) > 50
-    assert max(gaps) < 0.006  # ~2 ms here; 8-10 ms when one slice encoded the list whole
+    assert max(gaps) < 0.006  # ~2 ms here; 6.5-34 ms when one slice encoded the list whole
 
 
 @pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
@@ -295,7 +295,7 @@ async def test_concurrent_large_saves_take_turns_with_a_timer(tmp_path: Path, ur
         gaps = await _loop_cpu_between_beats(saves, 0.001)
     finally:
         await manager.__aexit__(None, None, None)
-    assert max(gaps) < 0.008  # ~3 ms here; 12-22 ms when all eight sliced in every turn
+    assert max(gaps) < 0.008  # ~3 ms here; 12-27 ms when all eight sliced in every turn
 
 
 async def test_the_pacer_lets_a_due_timer_run_before_work_over_its_budget() -> None:
