@@ -313,3 +313,13 @@ async def test_the_pacer_lets_a_due_timer_run_before_work_over_its_budget() -> N
     await pacer.turn()
     order.append("work")
     assert order == ["soon", "timer", "work"]
+
+
+def test_a_pacer_used_on_a_new_loop_does_not_wait_for_the_closed_one() -> None:
+    pacer = Pacer(budget=0.0)  # spent as soon as it starts
+
+    async def spend() -> None:
+        await pacer.turn()  # starts the budget; its renewal is left pending at close
+
+    asyncio.run(spend())
+    asyncio.run(asyncio.wait_for(pacer.turn(), 5))  # a budget of its own on the new loop

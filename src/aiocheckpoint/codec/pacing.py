@@ -11,6 +11,7 @@ round once more, so whatever was due runs in between.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from time import perf_counter
 from typing import Final
 
@@ -21,7 +22,11 @@ PACE_SECONDS: Final = 0.001
 
 
 class Pacer:
-    """Shares out each event-loop iteration among the large-state saves of one codec."""
+    """Shares out each event-loop iteration among the large-state saves of one codec.
+
+    For one loop at a time (as asyncio objects are); a codec used on a new loop starts
+    afresh there.
+    """
 
     __slots__ = ("_loop", "_start", "_waiters", "budget")
 
@@ -44,10 +49,12 @@ class Pacer:
 
     def _within(self) -> bool:
         loop = asyncio.get_running_loop()
-        if self._start is None or self._loop is not loop:
-            # A renewal left pending on a loop that closed must not keep this one waiting.
-            self._loop, self._start = loop, perf_counter()
-            self._waiters = []
+        if self._loop is not loop:
+            # Another loop's renewal may never run (that loop closed): release its waiters.
+            self._release(self._waiters)
+            self._loop, self._start, self._waiters = loop, None, []
+        if self._start is None:
+            self._start = perf_counter()
             loop.call_soon(self._renew)
             return True
         return perf_counter() - self._start < self.budget
@@ -60,5 +67,16 @@ class Pacer:
         self._start = None
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
-            if not waiter.done():  # a cancelled waiter is gone
-                waiter.set_result(None)
+            _wake(waiter)
+
+    @staticmethod
+    def _release(waiters: list[asyncio.Future[None]]) -> None:
+        """Wake ``waiters`` of a loop that is not the running one (it may be closed)."""
+        for waiter in waiters:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # a cancelled waiter is gone
+        waiter.set_result(None)
