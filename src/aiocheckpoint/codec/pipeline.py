@@ -51,6 +51,7 @@ from ..storage.base import (
 from .effects import EffectRecord, decode_effect, encode_effect
 from .fork import fork_tree
 from .memory import MemoryCache, recovered_memory
+from .pacing import Pacer
 from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
 from .split import Job, exceeds
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
@@ -115,6 +116,8 @@ class RecordCodec:
         # workflow's sealed split being saved, with the plain split it came from.
         self._keyed: TreeParams | None = None
         self._sealed: dict[str, tuple[int, SplitResult]] = {}
+        #: Bounds this codec's large-state work per loop iteration (:mod:`.pacing`).
+        self.pacer = Pacer()
 
     # --- the value stage ----------------------------------------------------------------
 
@@ -241,7 +244,8 @@ class RecordCodec:
         previous = self.memory.get(workflow_id)
         cache = self.subtrees.get(workflow_id) if previous is not None else {}
         work = shared_split_work(data, self._values, params, previous, cache, self.max_bytes)
-        return await cooperate(work)
+        await self.pacer.turn()
+        return await cooperate(work, self.pacer)
 
     def encode_effect(self, record: EffectRecord) -> tuple[bytes, Any]:
         """An effect record's stored bytes and its result as callers get it back.
@@ -305,7 +309,9 @@ class RecordCodec:
             record, split = record_v2(checkpoint, params, shared.split), shared.split
             self._staged[workflow_id] = shared
         else:
-            record, split = await _encode_tree(checkpoint, finite, params, previous, limit)
+            record, split = await _encode_tree(
+                checkpoint, finite, params, previous, limit, self.pacer
+            )
         memory = split.memory
         if previous is None and memory is not None and memory.first_chunks:
             # No memory of this workflow's last split (a new process, or another manager
@@ -314,7 +320,9 @@ class RecordCodec:
             stored = await blobs.fetch_blobs(list(set(memory.first_chunks.values())))
             recovered = recovered_memory(memory, stored)
             if recovered is not None:
-                record, split = await _encode_tree(checkpoint, finite, params, recovered, limit)
+                record, split = await _encode_tree(
+                    checkpoint, finite, params, recovered, limit, self.pacer
+                )
         if not split.root:
             return None
         sealer = self.sealer
@@ -522,15 +530,18 @@ async def _encode_tree(
     params: TreeParams,
     previous: SplitMemory | None,
     max_bytes: int,
+    pacer: Pacer,
 ) -> tuple[bytes, SplitResult]:
     """Split ``checkpoint``'s state into a version-2 record and blobs, off the hot path."""
     if finite:
         # ~5 ms of CPU per MB, mostly Python: a worker thread would hold the GIL against
         # the loop for whole switch intervals (5 ms each), so the loop runs it itself in
         # slices of ~0.1-0.2 ms (docs/incremental.md).
-        return await cooperate(
-            encode_v2_work(checkpoint, params, finite=True, previous=previous, max_bytes=max_bytes)
+        await pacer.turn()
+        work = encode_v2_work(
+            checkpoint, params, finite=True, previous=previous, max_bytes=max_bytes
         )
+        return await cooperate(work, pacer)
     # NaN, infinities: the exact encoder, which does not slice.
     return await anyio.to_thread.run_sync(
         functools.partial(
@@ -552,18 +563,19 @@ def _record_limit(storage: CheckpointStorage) -> int:
     return limit if type(limit) is int and limit > 0 else DEFAULT_MAX_RECORD_BYTES
 
 
-async def cooperate(work: Generator[Job | None, Any, _R]) -> _R:
+async def cooperate(work: Generator[Job | None, Any, _R], pacer: Pacer | None = None) -> _R:
     """Run ``work`` on the event loop, letting other callbacks run between its slices.
 
     The first slice runs at once: work that ends within it never awaits. A job it yields
     (the hashing, checksum or copy of a large text, which release the GIL) runs in a worker
-    thread while the loop goes on, and its result is sent back.
+    thread while the loop goes on, and its result is sent back. With a ``pacer``, slices
+    go on without a wait while its budget for the loop iteration lasts.
     """
     try:
         step = next(work)
         while True:
             if step is None:
-                await anyio.lowlevel.checkpoint()
+                await (anyio.lowlevel.checkpoint() if pacer is None else pacer.turn())
                 step = next(work)
             else:
                 step = work.send(await anyio.to_thread.run_sync(step))

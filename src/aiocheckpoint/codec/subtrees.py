@@ -137,6 +137,7 @@ class _Entry:
         "depth",
         "inner",
         "length",
+        "node_set",
         "nodes",
         "path",
         "refs",
@@ -163,6 +164,8 @@ class _Entry:
         #: ``crc_shift(length)`` once needed (for an entry with references).
         self.shift = 0
         self.nodes: tuple[Node, ...] = ()
+        #: ``nodes`` by hash, made when the entry is first adopted (and kept for the next).
+        self.node_set: NodeSet | None = None
         self.regions: tuple[Region, ...] = ()
         #: The cached sub-trees inside this one (kept with it).
         self.inner: tuple[_Entry, ...] = ()
@@ -282,7 +285,10 @@ class _Walk:
         entry = self.cache.get(id(source))
         if entry is None or entry.source is not source:
             return None
-        self.splitter.adopt(entry.nodes, entry.regions)
+        nodes = entry.node_set
+        if nodes is None:
+            nodes = entry.node_set = NodeSet(entry.nodes)
+        self.splitter.adopt_set(nodes, entry.regions)
         for kept in (*entry.inner, entry):
             self.new[id(kept.source)] = kept
             if kept.scan is not None:

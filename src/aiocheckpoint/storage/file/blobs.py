@@ -124,6 +124,7 @@ class BlobStore:
         self._synced: set[str] = set()  # packs whose directory entry is known durable
         self._midx_read = False  # whether the combined index was read (at the first listing)
         self._midx_covers: set[str] = set()  # the packs the combined index on disk covers
+        self._bases: dict[str, str] = {}  # the last listing's names -> their packs
 
     # --- the pack cache ----------------------------------------------------------------
 
@@ -136,7 +137,7 @@ class BlobStore:
                 names = os.listdir(self.packs_dir)
             except FileNotFoundError:
                 names = []
-            current = {base for n in names if (base := pack_base(n)) is not None}
+            current = self._listed(names)
             cached: dict[str, Index] = {}
             if not self._midx_read:
                 self._midx_read = True
@@ -156,6 +157,23 @@ class BlobStore:
                 self._indexes[name] = index
                 for h in index:
                     self._where.setdefault(h, name)
+
+    def _listed(self, names: list[str]) -> set[str]:
+        """The packs a listing of ``packs/`` names; only names new since the last are parsed.
+
+        A save lists the directory, which grows by a pack per save: set operations keep
+        the Python per listing to the names that changed (a writer thread holding the GIL
+        for a loop over every pack delays the event loop).
+        """
+        bases = self._bases
+        listing = set(names)
+        for name in listing - bases.keys():
+            bases[name] = pack_base(name) or ""  # "": not a pack
+        for name in bases.keys() - listing:
+            del bases[name]
+        current = set(bases.values())
+        current.discard("")
+        return current
 
     def _read_midx(self) -> dict[str, Index]:
         """The combined index on disk ({} if there is none or it is damaged: a cache)."""

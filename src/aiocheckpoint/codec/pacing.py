@@ -1,0 +1,82 @@
+"""A bound on how long concurrent large-state saves hold the event loop in one of its turns.
+
+asyncio runs every callback that is ready at the start of a loop iteration before any timer
+that fell due meanwhile. Twenty saves woken together (a group commit completing) therefore
+run back to back, each slicing its own work, and a task waiting on a timer waits for the sum
+of their slices: twenty times 0.3-2 ms. :class:`Pacer` lets saves go on within one iteration
+only until their combined wall time passes a budget; the rest wait until the loop has been
+round once more, so whatever was due runs in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from time import perf_counter
+from typing import Final
+
+__all__ = ["PACE_SECONDS", "Pacer"]
+
+#: The wall time large-state work may take in one loop iteration before it waits.
+PACE_SECONDS: Final = 0.001
+
+
+class Pacer:
+    """Shares out each event-loop iteration among the large-state saves of one codec.
+
+    For one loop at a time (as asyncio objects are); a codec used on a new loop starts
+    afresh there.
+    """
+
+    __slots__ = ("_loop", "_start", "_waiters", "budget")
+
+    def __init__(self, budget: float = PACE_SECONDS) -> None:
+        self.budget = budget
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: When work in the current iteration began (None: none has yet).
+        self._start: float | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def turn(self) -> None:
+        """Return at once while this iteration's budget lasts; else when the next one's does.
+
+        Returning at once does not suspend, so a caller within the budget pays nothing.
+        """
+        while not self._within():
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    def _within(self) -> bool:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # Another loop's renewal may never run (that loop closed): release its waiters.
+            self._release(self._waiters)
+            self._loop, self._start, self._waiters = loop, None, []
+        if self._start is None:
+            self._start = perf_counter()
+            loop.call_soon(self._renew)
+            return True
+        return perf_counter() - self._start < self.budget
+
+    def _renew(self) -> None:
+        """Runs in the loop's next iteration; the waiters it wakes, in the one after that.
+
+        So they run behind every timer that fell due in between.
+        """
+        self._start = None
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _wake(waiter)
+
+    @staticmethod
+    def _release(waiters: list[asyncio.Future[None]]) -> None:
+        """Wake ``waiters`` of a loop that is not the running one (it may be closed)."""
+        for waiter in waiters:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # a cancelled waiter is gone
+        waiter.set_result(None)
