@@ -314,10 +314,10 @@ class _BatchTransaction:
         # Adds before releases: a blob shared by a replaced record and its replacement never
         # drops to 0 in between.
         locked = bool(self._splits) or self.lock_first
-        if locked:
-            await self._blobs.lock(con)
         if self._splits:
-            await self._blobs.add(con, self._splits.values())
+            await self._blobs.add(con, self._splits.values())  # takes the blob lock first
+        elif locked:
+            await self._blobs.lock(con)
         rows = await con.fetch(
             self._sql.upsert, *self._args, False, sorted(self._keeps), *self._infos
         )
@@ -369,7 +369,7 @@ def _weight(item: Write) -> int:
     """What a queued write adds to its batch's size: its record and its blobs."""
     if item.split is None:
         return len(item.data)
-    return len(item.data) + sum(len(b) for b in item.split.blobs.values())
+    return len(item.data) + sum(map(len, item.split.blobs.values()))
 
 
 def _write_error(exc: Exception) -> Exception:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...format import SplitResult
+from ..base import check_record_size
 from ..refcounts import Rows, aadd_references, arelease_references, held_root_refs, missing_blob
 from .connection import Raced
 from .sql import Sql
@@ -35,10 +36,11 @@ class BlobLockBusy(Raced):
 class Blobs:
     """The blob statements of one store, run on a connection inside the caller's transaction."""
 
-    def __init__(self, sql: Sql, schema: str, stats: WriteStats) -> None:
+    def __init__(self, sql: Sql, schema: str, stats: WriteStats, max_blob_bytes: int) -> None:
         self._sql = sql
         self._schema = schema
         self._stats = stats
+        self._max_blob_bytes = max_blob_bytes
 
     async def lock(self, con: Any) -> None:
         """Serialise this transaction's blob counting with every other writer's.
@@ -53,14 +55,27 @@ class Blobs:
             raise BlobLockBusy("the blob lock is taken; the transaction runs again, lock first")
 
     async def add(self, con: Any, splits: Iterable[SplitResult]) -> None:
-        """Add the references of the new trees ``splits``, inserting the blobs not stored."""
-        await aadd_references(list(splits), _Levels(con, self._sql, self._stats))
+        """Take the blob lock, then add the references of the new trees ``splits``.
+
+        The blobs not stored are inserted. The lock comes with the first level's statement
+        (one round trip fewer), so this too runs before the transaction's first row lock.
+        A blob sent over ``max_blob_bytes`` raises :class:`~aiocheckpoint.InvalidArgumentError` (the
+        caller's transaction rolls back); the walk sends only the levels it descends into,
+        so a save checks what it may store, not every blob of its tree.
+        """
+        levels = self._levels(con, lock=self._schema)
+        await aadd_references(list(splits), levels)
+        if levels.lock is not None:  # no level to add: the lock alone
+            await self.lock(con)
 
     async def release(self, con: Any, released: Iterable[bytes]) -> None:
         """Release the counted hashes level by level, then drop the blobs that reached 0."""
-        freed = await arelease_references(released, _Levels(con, self._sql, self._stats))
+        freed = await arelease_references(released, self._levels(con))
         if freed:
             await con.execute(self._sql.blob_drop, freed)
+
+    def _levels(self, con: Any, lock: str | None = None) -> _Levels:
+        return _Levels(con, self._sql, self._stats, self._max_blob_bytes, lock)
 
     async def release_records(self, con: Any, records: Iterable[bytes | None]) -> None:
         """Release the references of removed records (None: a version-1 record, none held)."""
@@ -75,10 +90,16 @@ class _Levels:
     Hashes go in sorted, so concurrent transactions lock blob rows in the same order.
     """
 
-    def __init__(self, con: Any, sql: Sql, stats: WriteStats) -> None:
+    def __init__(
+        self, con: Any, sql: Sql, stats: WriteStats, max_bytes: int, lock: str | None = None
+    ) -> None:
         self._con = con
         self._sql = sql
         self._stats = stats
+        #: The largest blob an upsert may send.
+        self._max_bytes = max_bytes
+        #: The schema whose blob lock the next upsert takes first; None once it is taken.
+        self.lock = lock
 
     async def upsert(self, rows: Rows) -> list[bytes]:
         """One ``INSERT ... ON CONFLICT DO UPDATE`` for the level; return the hashes inserted."""
@@ -89,9 +110,16 @@ class _Levels:
             n, blob = rows[h]
             if blob is None:  # the statement needs every blob's bytes, stored or not
                 raise missing_blob(h)
+            check_record_size(blob, self._max_bytes)
             counts.append(n)
             data.append(blob)
-        result = await self._con.fetch(self._sql.blob_add, hashes, counts, data)
+        if self.lock is None:
+            result = await self._con.fetch(self._sql.blob_add, hashes, counts, data)
+        else:
+            result = await self._con.fetch(
+                self._sql.blob_add_locked, hashes, counts, data, self.lock
+            )
+            self.lock = None
         self._stats.blob_statements += 1
         # Inserted now if its count is what was sent: an existing blob ends above that.
         return [bytes(r[0]) for r in result if r[1] == rows[bytes(r[0])][0]]

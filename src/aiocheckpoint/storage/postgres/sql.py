@@ -69,6 +69,7 @@ class Sql:
     ensure: str
     fail: str
     blob_add: str
+    blob_add_locked: str
     blob_release: str
     blob_drop: str
     blob_fetch: str
@@ -102,6 +103,21 @@ class Sql:
             f"SELECT {capped.format(cap='$5')} FROM {t} "
             "WHERE workflow_id = $1 AND step > $2 AND step <= $3 ORDER BY step {order} LIMIT $4"
         )
+        # upsert of one level: counts added (rows created at the count sent), and the data
+        # stored for the hashes whose row was created now (its count is what was sent: an
+        # existing blob's ends above it, as no stored count is ever 0 or less once a
+        # transaction commits).
+        blob_add = (
+            "WITH {lock}u AS MATERIALIZED (SELECT * FROM "
+            "unnest($1::bytea[], $2::bigint[], $3::bytea[]) AS u(h, n, d){after}), "
+            f"c AS (INSERT INTO {r} AS x (hash, refs) SELECT h, n FROM u ORDER BY h "
+            "ON CONFLICT (hash) DO UPDATE SET refs = x.refs + EXCLUDED.refs "
+            "RETURNING hash, refs), "
+            f"i AS (INSERT INTO {b} (hash, data) SELECT u.h, u.d FROM u JOIN c "
+            "ON c.hash = u.h AND c.refs = u.n ORDER BY u.h ON CONFLICT (hash) DO NOTHING) "
+            "SELECT hash, refs FROM c"
+        )
+        lock = "SELECT pg_{try_}advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || {arg}::text))"
         return cls(
             workflows_table=w,
             metadata_table=f"{quoted}.workflow_metadata",
@@ -337,19 +353,13 @@ class Sql:
             # which the caller recognises (an existing blob has refs >= 1, so it ends > n)
             # and then adds refs for its children. Sorted input locks rows in one order; a
             # row a concurrent release is deleting is waited for, then inserted again.
-            # upsert of one level: counts added (rows created at the count sent), and the
-            # data stored for the hashes whose row was created now (its count is what was
-            # sent: an existing blob's ends above it, as no stored count is ever 0 or less
-            # once a transaction commits).
-            blob_add=(
-                "WITH u AS MATERIALIZED (SELECT * FROM "
-                "unnest($1::bytea[], $2::bigint[], $3::bytea[]) AS u(h, n, d)), "
-                f"c AS (INSERT INTO {r} AS x (hash, refs) SELECT h, n FROM u ORDER BY h "
-                "ON CONFLICT (hash) DO UPDATE SET refs = x.refs + EXCLUDED.refs "
-                "RETURNING hash, refs), "
-                f"i AS (INSERT INTO {b} (hash, data) SELECT u.h, u.d FROM u JOIN c "
-                "ON c.hash = u.h AND c.refs = u.n ORDER BY u.h ON CONFLICT (hash) DO NOTHING) "
-                "SELECT hash, refs FROM c"
+            blob_add=blob_add.format(lock="", after=""),
+            # blob_add taking the blob lock ($4: the schema name) before any row lock: ``u``
+            # is read only after ``lk`` ran, and the inserts read ``u``. A batch of trees
+            # saves the round trip of blob_lock.
+            blob_add_locked=blob_add.format(
+                lock=f"lk AS MATERIALIZED ({lock.format(try_='', arg='$4')}), ",
+                after=" WHERE (SELECT count(*) FROM lk) > 0",
             ),
             # release of one level: the data comes back only for blobs whose count reached 0,
             # whose children the caller releases next and which blob_drop then deletes.
@@ -371,14 +381,10 @@ class Sql:
             # rows level by level, and two walks over trees that share nodes at different
             # levels would otherwise deadlock often (each costing the server's
             # deadlock_timeout, 1 s by default, before one is cancelled).
-            blob_lock=(
-                "SELECT pg_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
-            ),
+            blob_lock=lock.format(try_="", arg="$1"),
             # The same lock, for a transaction that holds row locks already: it may not wait
             # for it (docs/postgres-storage.md, "Lock order").
-            blob_try_lock=(
-                "SELECT pg_try_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
-            ),
+            blob_try_lock=lock.format(try_="try_", arg="$1"),
             blob_fetch=(
                 f"SELECT hash, data FROM {b} WHERE hash = ANY($1::bytea[]) "
                 "AND octet_length(data) <= $2"
