@@ -593,8 +593,8 @@ def text_tree(workflow_id: str, step: int, text: str) -> tuple[bytes, SplitResul
     return encode_checkpoint_v2(cp)
 
 
-async def test_a_tree_of_stored_blobs_costs_four_statements(pg_schema: str) -> None:
-    """BEGIN, the first blob level with the blob lock, the upsert, COMMIT: nothing else."""
+async def test_a_tree_of_stored_blobs_costs_three_statements(pg_schema: str) -> None:
+    """BEGIN, the blob lock with the first blob level and the upsert, COMMIT: nothing else."""
     logged: list[str] = []
 
     async def log_queries(con: asyncpg.Connection) -> None:
@@ -607,15 +607,16 @@ async def test_a_tree_of_stored_blobs_costs_four_statements(pg_schema: str) -> N
         await storage.save_tree("wf", 1, *text_tree("wf", 1, text))
         assert await storage.exists("wf", 1)
     # The last one is exists'.
-    assert [q.split()[0] for q in logged] == ["BEGIN;", "WITH", "WITH", "COMMIT;", "SELECT"]
-    assert "pg_advisory_xact_lock" in logged[1] and "blob_refs" in logged[1]
+    assert [q.split()[0] for q in logged] == ["BEGIN;", "WITH", "COMMIT;", "SELECT"]
+    lock, level, upsert = (logged[1].index(part) for part in ("lock(", "blob_refs", "checkpoints"))
+    assert lock < level < upsert
     assert not any("pg_advisory_unlock_all" in q for q in logged)  # no reset on release
 
 
 async def test_a_tree_batch_takes_the_blob_lock_before_any_blob_row_lock(
     pg_schema: str, admin: asyncpg.Connection
 ) -> None:
-    """While another transaction holds the blob lock, a tree save waits, locking no blob row."""
+    """While another transaction holds the blob lock, a tree save waits, locking no row."""
     text = "".join(f"{i:05} locked blob " for i in range(500))
     async with store(pg_schema) as storage:
         first = text_tree("wf", 0, text)
@@ -628,7 +629,8 @@ async def test_a_tree_batch_takes_the_blob_lock_before_any_blob_row_lock(
                 "SELECT pg_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))",
                 pg_schema,
             )
-            save = asyncio.create_task(storage.save_tree("wf", 1, *text_tree("wf", 1, text)))
+            second = text_tree("wf", 1, text)
+            save = asyncio.create_task(storage.save_tree("wf", 1, *second, keep_last=2))
             waiting = (
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' "
                 "AND strpos(query, $1) > 0 AND strpos(query, 'blob_refs') > 0"
@@ -639,13 +641,20 @@ async def test_a_tree_batch_takes_the_blob_lock_before_any_blob_row_lock(
                 await asyncio.sleep(0.01)
             else:
                 pytest.fail("the save never waited for the blob lock")
-            async with admin.transaction():
+            async with admin.transaction():  # NOWAIT: a row the save locked raises
                 rows = await admin.fetch(
                     f'SELECT hash FROM "{pg_schema}".blob_refs WHERE hash = ANY($1::bytea[]) '
                     "FOR UPDATE NOWAIT",
                     list(first[1].root_refs),
                 )
                 assert len(rows) == len(first[1].root_refs) == 1
+                for table in ("workflows", "checkpoints"):
+                    rows = await admin.fetch(
+                        f'SELECT 1 FROM "{pg_schema}".{table} WHERE workflow_id = $1 '
+                        "FOR UPDATE NOWAIT",
+                        "wf",
+                    )
+                    assert len(rows) == 1
             assert not save.done()
             await tx.commit()
         finally:

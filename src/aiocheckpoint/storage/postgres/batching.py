@@ -314,13 +314,15 @@ class _BatchTransaction:
         # Adds before releases: a blob shared by a replaced record and its replacement never
         # drops to 0 in between.
         locked = bool(self._splits) or self.lock_first
+        upsert = (*self._args, False, sorted(self._keeps), *self._infos)
         if self._splits:
-            await self._blobs.add(con, self._splits.values())  # takes the blob lock first
-        elif locked:
-            await self._blobs.lock(con)
-        rows = await con.fetch(
-            self._sql.upsert, *self._args, False, sorted(self._keeps), *self._infos
-        )
+            # The blob lock, the trees' adds and the upsert: one statement, then the deeper
+            # levels of the trees (Blobs.add).
+            rows = await self._blobs.add(con, self._splits.values(), upsert)
+        else:
+            if locked:
+                await self._blobs.lock(con)
+            rows = await con.fetch(self._sql.upsert, *upsert)
         released = self._record(rows, committed=False)
         if self._effects[0]:
             await self._put_effects(con)

@@ -16,7 +16,7 @@ those rows: it tries the lock, and if it is taken, :meth:`Blobs.lock_late` raise
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ...format import SplitResult
@@ -54,28 +54,35 @@ class Blobs:
         if not await con.fetchval(self._sql.blob_try_lock, self._schema):
             raise BlobLockBusy("the blob lock is taken; the transaction runs again, lock first")
 
-    async def add(self, con: Any, splits: Iterable[SplitResult]) -> None:
-        """Take the blob lock, then add the references of the new trees ``splits``.
+    async def add(
+        self, con: Any, splits: Iterable[SplitResult], upsert: Sequence[Any]
+    ) -> list[Any]:
+        """Take the blob lock, add the references of the trees ``splits``, write the records.
 
-        The blobs not stored are inserted. The lock comes with the first level's statement
-        (one round trip fewer), so this too runs before the transaction's first row lock.
-        A blob sent over ``max_blob_bytes`` raises :class:`~aiocheckpoint.InvalidArgumentError` (the
-        caller's transaction rolls back); the walk sends only the levels it descends into,
-        so a save checks what it may store, not every blob of its tree.
+        ``upsert`` holds the arguments of the batch's upsert (:attr:`.Sql.upsert`), whose rows
+        this returns. The lock, the trees' first level and the upsert are one statement
+        (:attr:`.Sql.upsert_tree`: the lock before any row lock, the first level's rows before
+        the records'); the deeper levels follow it, before any release. The blobs not stored
+        are inserted. A blob sent over ``max_blob_bytes`` raises
+        :class:`~aiocheckpoint.InvalidArgumentError` (the caller's transaction rolls back):
+        the walk sends only the levels it descends into, so a save checks what it may store,
+        not every blob of its tree.
         """
-        levels = self._levels(con, lock=self._schema)
+        levels = _Levels(con, self._sql, self._stats, self._max_blob_bytes)
+        levels.upsert_with = (*upsert, self._schema)
         await aadd_references(list(splits), levels)
-        if levels.lock is not None:  # no level to add: the lock alone
+        if levels.upsert_with is not None:  # no level to add: the lock, then the upsert
             await self.lock(con)
+            return list(await con.fetch(self._sql.upsert, *upsert))
+        return levels.records
 
     async def release(self, con: Any, released: Iterable[bytes]) -> None:
         """Release the counted hashes level by level, then drop the blobs that reached 0."""
-        freed = await arelease_references(released, self._levels(con))
+        freed = await arelease_references(
+            released, _Levels(con, self._sql, self._stats, self._max_blob_bytes)
+        )
         if freed:
             await con.execute(self._sql.blob_drop, freed)
-
-    def _levels(self, con: Any, lock: str | None = None) -> _Levels:
-        return _Levels(con, self._sql, self._stats, self._max_blob_bytes, lock)
 
     async def release_records(self, con: Any, records: Iterable[bytes | None]) -> None:
         """Release the references of removed records (None: a version-1 record, none held)."""
@@ -90,16 +97,17 @@ class _Levels:
     Hashes go in sorted, so concurrent transactions lock blob rows in the same order.
     """
 
-    def __init__(
-        self, con: Any, sql: Sql, stats: WriteStats, max_bytes: int, lock: str | None = None
-    ) -> None:
+    def __init__(self, con: Any, sql: Sql, stats: WriteStats, max_bytes: int) -> None:
         self._con = con
         self._sql = sql
         self._stats = stats
         #: The largest blob an upsert may send.
         self._max_bytes = max_bytes
-        #: The schema whose blob lock the next upsert takes first; None once it is taken.
-        self.lock = lock
+        #: The batch upsert's arguments and the schema: the next level goes with them, in
+        #: :attr:`.Sql.upsert_tree` (then None).
+        self.upsert_with: tuple[Any, ...] | None = None
+        #: The rows of that upsert, once it ran.
+        self.records: list[Any] = []
 
     async def upsert(self, rows: Rows) -> list[bytes]:
         """One ``INSERT ... ON CONFLICT DO UPDATE`` for the level; return the hashes inserted."""
@@ -113,16 +121,22 @@ class _Levels:
             check_record_size(blob, self._max_bytes)
             counts.append(n)
             data.append(blob)
-        if self.lock is None:
-            result = await self._con.fetch(self._sql.blob_add, hashes, counts, data)
+        if self.upsert_with is None:
+            result = [
+                (r[0], r[1])
+                for r in await self._con.fetch(self._sql.blob_add, hashes, counts, data)
+            ]
         else:
-            result = await self._con.fetch(
-                self._sql.blob_add_locked, hashes, counts, data, self.lock
+            both = await self._con.fetch(
+                self._sql.upsert_tree, *self.upsert_with, hashes, counts, data
             )
-            self.lock = None
+            self.upsert_with = None
+            # The level's rows are those without a workflow id (columns 6 and 7).
+            self.records = [r for r in both if r[0] is not None]
+            result = [(r[5], r[6]) for r in both if r[0] is None]
         self._stats.blob_statements += 1
         # Inserted now if its count is what was sent: an existing blob ends above that.
-        return [bytes(r[0]) for r in result if r[1] == rows[bytes(r[0])][0]]
+        return [bytes(h) for h, n in result if n == rows[bytes(h)][0]]
 
     async def subtract(self, counts: Mapping[bytes, int]) -> dict[bytes, bytes]:
         """One ``UPDATE`` for the level; return the blobs at 0 (dropped after the walk)."""
