@@ -68,8 +68,7 @@ class Blobs:
         the walk sends only the levels it descends into, so a save checks what it may store,
         not every blob of its tree.
         """
-        levels = _Levels(con, self._sql, self._stats, self._max_blob_bytes)
-        levels.upsert_with = (*upsert, self._schema)
+        levels = _Levels(con, self._sql, self._stats, self._max_blob_bytes, (*upsert, self._schema))
         await aadd_references(list(splits), levels)
         if levels.upsert_with is not None:  # no level to add: the lock, then the upsert
             await self.lock(con)
@@ -97,7 +96,14 @@ class _Levels:
     Hashes go in sorted, so concurrent transactions lock blob rows in the same order.
     """
 
-    def __init__(self, con: Any, sql: Sql, stats: WriteStats, max_bytes: int) -> None:
+    def __init__(
+        self,
+        con: Any,
+        sql: Sql,
+        stats: WriteStats,
+        max_bytes: int,
+        upsert_with: tuple[Any, ...] | None = None,
+    ) -> None:
         self._con = con
         self._sql = sql
         self._stats = stats
@@ -105,7 +111,7 @@ class _Levels:
         self._max_bytes = max_bytes
         #: The batch upsert's arguments and the schema: the next level goes with them, in
         #: :attr:`.Sql.upsert_tree` (then None).
-        self.upsert_with: tuple[Any, ...] | None = None
+        self.upsert_with = upsert_with
         #: The rows of that upsert, once it ran.
         self.records: list[Any] = []
 

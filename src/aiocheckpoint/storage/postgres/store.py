@@ -185,7 +185,9 @@ class PostgresCheckpointStorage(BaseStorage):
         behaviour). In the batch's transaction, each tree level costs one statement for all
         the batch's trees: blobs already stored get one more reference and are not
         descended into, missing ones are inserted. The refs of a record this replaces or
-        ``keep_last`` prunes are released after, in the same transaction.
+        ``keep_last`` prunes are released after, in the same transaction. A blob the save
+        sends over ``max_record_bytes`` raises :class:`~aiocheckpoint.InvalidArgumentError`
+        for this caller alone, and nothing of its tree is stored.
         """
         self._check_open()
         self._check_write(workflow_id, step, keep_last)
