@@ -25,6 +25,7 @@ from aiocheckpoint import (
     Checkpoint,
     CheckpointCorruptedError,
     CheckpointManager,
+    InvalidArgumentError,
     LeaseLostError,
     StateSnapshot,
     StorageBackendError,
@@ -578,3 +579,107 @@ async def test_a_batch_of_trees_costs_one_blob_statement_per_level(
             assert await storage.delete(f"wf{n}")
             assert stats.blob_statements - before == depth  # every level reaches 0
     assert await check_counts(admin, pg_schema) == 0
+
+
+def text_tree(workflow_id: str, step: int, text: str) -> tuple[bytes, SplitResult]:
+    """A version-2 record and split of a state holding ``text`` (one blob when it is long)."""
+    cp = Checkpoint(
+        workflow_id=workflow_id,
+        step=step,
+        agent_id="a",
+        status=AgentStatus.RUNNING,
+        state_snapshot=StateSnapshot(data={"text": text, "n": step}),
+    )
+    return encode_checkpoint_v2(cp)
+
+
+async def test_a_tree_of_stored_blobs_costs_three_statements(pg_schema: str) -> None:
+    """BEGIN, the blob lock with the first blob level and the upsert, COMMIT: nothing else."""
+    logged: list[str] = []
+
+    async def log_queries(con: asyncpg.Connection) -> None:
+        con.add_query_logger(lambda query: logged.append(query.query))
+
+    text = "".join(f"{i:05} stored blob " for i in range(500))
+    async with store(pg_schema, init=log_queries) as storage:
+        await storage.save_tree("wf", 0, *text_tree("wf", 0, text))
+        logged.clear()
+        await storage.save_tree("wf", 1, *text_tree("wf", 1, text))
+        assert await storage.exists("wf", 1)
+    # The last one is exists'.
+    assert [q.split()[0] for q in logged] == ["BEGIN;", "WITH", "COMMIT;", "SELECT"]
+    lock, level, upsert = (logged[1].index(part) for part in ("lock(", "blob_refs", "checkpoints"))
+    assert lock < level < upsert
+    assert not any("pg_advisory_unlock_all" in q for q in logged)  # no reset on release
+
+
+async def test_a_tree_batch_takes_the_blob_lock_before_any_blob_row_lock(
+    pg_schema: str, admin: asyncpg.Connection
+) -> None:
+    """While another transaction holds the blob lock, a tree save waits, locking no row."""
+    text = "".join(f"{i:05} locked blob " for i in range(500))
+    async with store(pg_schema) as storage:
+        first = text_tree("wf", 0, text)
+        await storage.save_tree("wf", 0, *first)
+        holder = await asyncpg.connect(DSN)
+        try:
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))",
+                pg_schema,
+            )
+            second = text_tree("wf", 1, text)
+            save = asyncio.create_task(storage.save_tree("wf", 1, *second, keep_last=2))
+            waiting = (
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' "
+                "AND strpos(query, $1) > 0 AND strpos(query, 'blob_refs') > 0"
+            )
+            for _ in range(1000):
+                if await admin.fetchval(waiting, f'"{pg_schema}"'):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                pytest.fail("the save never waited for the blob lock")
+            async with admin.transaction():  # NOWAIT: a row the save locked raises
+                rows = await admin.fetch(
+                    f'SELECT hash FROM "{pg_schema}".blob_refs WHERE hash = ANY($1::bytea[]) '
+                    "FOR UPDATE NOWAIT",
+                    list(first[1].root_refs),
+                )
+                assert len(rows) == len(first[1].root_refs) == 1
+                for table in ("workflows", "checkpoints"):
+                    rows = await admin.fetch(
+                        f'SELECT 1 FROM "{pg_schema}".{table} WHERE workflow_id = $1 '
+                        "FOR UPDATE NOWAIT",
+                        "wf",
+                    )
+                    assert len(rows) == 1
+            assert not save.done()
+            await tx.commit()
+        finally:
+            await holder.close()
+        await save
+    assert await check_counts(admin, pg_schema) == 1
+
+
+async def test_a_blob_over_max_record_bytes_fails_only_its_own_save(
+    pg_schema: str, admin: asyncpg.Connection
+) -> None:
+    """A tree with a blob over the limit is refused alone; nothing of it is stored."""
+    big = text_tree("big", 0, "".join(f"{i:05} big blob " for i in range(2000)))
+    small = text_tree("ok", 0, "".join(f"{i:05} small blob " for i in range(500)))
+    assert max(map(len, big[1].blobs.values())) > 10_000 > len(big[0])
+    assert max(map(len, small[1].blobs.values())) < 10_000
+    async with store(pg_schema, max_record_bytes=10_000) as storage:
+        results = await asyncio.gather(
+            storage.save_tree("big", 0, *big),
+            storage.save_tree("ok", 0, *small),
+            return_exceptions=True,
+        )
+        assert isinstance(results[0], InvalidArgumentError), results
+        assert "max_record_bytes" in str(results[0])
+        assert results[1] is None
+        assert not await storage.exists("big")
+        assert await storage.exists("ok", 0)
+    assert await check_counts(admin, pg_schema) == len(small[1].blobs)

@@ -314,13 +314,15 @@ class _BatchTransaction:
         # Adds before releases: a blob shared by a replaced record and its replacement never
         # drops to 0 in between.
         locked = bool(self._splits) or self.lock_first
-        if locked:
-            await self._blobs.lock(con)
+        upsert = (*self._args, False, sorted(self._keeps), *self._infos)
         if self._splits:
-            await self._blobs.add(con, self._splits.values())
-        rows = await con.fetch(
-            self._sql.upsert, *self._args, False, sorted(self._keeps), *self._infos
-        )
+            # The blob lock, the trees' adds and the upsert: one statement, then the deeper
+            # levels of the trees (Blobs.add).
+            rows = await self._blobs.add(con, self._splits.values(), upsert)
+        else:
+            if locked:
+                await self._blobs.lock(con)
+            rows = await con.fetch(self._sql.upsert, *upsert)
         released = self._record(rows, committed=False)
         if self._effects[0]:
             await self._put_effects(con)
@@ -369,7 +371,7 @@ def _weight(item: Write) -> int:
     """What a queued write adds to its batch's size: its record and its blobs."""
     if item.split is None:
         return len(item.data)
-    return len(item.data) + sum(len(b) for b in item.split.blobs.values())
+    return len(item.data) + sum(map(len, item.split.blobs.values()))
 
 
 def _write_error(exc: Exception) -> Exception:

@@ -42,6 +42,7 @@ class Sql:
     in_doubt: str
     effect_put: str
     upsert: str
+    upsert_tree: str
     prune: str
     latest: str
     at_step: str
@@ -102,6 +103,91 @@ class Sql:
             f"SELECT {capped.format(cap='$5')} FROM {t} "
             "WHERE workflow_id = $1 AND step > $2 AND step <= $3 ORDER BY step {order} LIMIT $4"
         )
+        lock = "SELECT pg_{try_}advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || {arg}::text))"
+
+        def blob_ctes(h: int, lock_at: int | None) -> str:
+            """One level's upsert, as ``WITH`` parts reading $h..$h+2 (the lock's at $lock_at).
+
+            Counts are added (rows created at the count sent), and the data is stored for
+            the hashes whose row was created now (its count is what was sent: an existing
+            blob's ends above it, as no stored count is ever 0 or less once a transaction
+            commits). With ``lock_at``, the blob lock first: ``bu`` is read only after ``blk``
+            ran, and every insert reads ``bu``, so the lock comes before any row lock.
+            """
+            locked = lock_at is not None
+            lk = f"blk AS MATERIALIZED ({lock.format(try_='', arg=f'${lock_at}')}), "
+            return (
+                f"{lk if locked else ''}bu AS MATERIALIZED (SELECT * FROM unnest(${h}::bytea[], "
+                f"${h + 1}::bigint[], ${h + 2}::bytea[]) AS bu(h, n, d)"
+                f"{' WHERE (SELECT count(*) FROM blk) > 0' if locked else ''}), "
+                f"bc AS (INSERT INTO {r} AS x (hash, refs) SELECT h, n FROM bu ORDER BY h "
+                "ON CONFLICT (hash) DO UPDATE SET refs = x.refs + EXCLUDED.refs "
+                "RETURNING hash, refs), "
+                f"bi AS (INSERT INTO {b} (hash, data) SELECT bu.h, bu.d FROM bu JOIN bc "
+                "ON bc.hash = bu.h AND bc.refs = bu.n ORDER BY bu.h ON CONFLICT (hash) DO NOTHING)"
+            )
+
+        # One statement per batch: create missing records for unfenced rows, lock the
+        # records of fenced rows FOR SHARE (a takeover's UPDATE then waits for this
+        # commit, and a takeover that committed first is seen: FOR SHARE reads the latest
+        # row version), and insert only rows that are unfenced or carry the current
+        # token. ``old`` locks the rows about to be replaced and hands back the version-2
+        # ones, whose refs the caller releases in the same transaction; with $5 (no
+        # transaction around this statement) nothing is written when one would be
+        # replaced, and the caller runs the batch again in a transaction. RETURNING names
+        # the rows written (the others had stale leases); ``replaced`` without ``seen``
+        # means a row appeared after this statement's snapshot: the caller retries.
+        upsert = (
+            "WITH {blobs}r AS MATERIALIZED (SELECT * FROM "
+            "unnest($1::text[], $2::bigint[], $3::bytea[], $4::bigint[], $7::text[], "
+            "$8::text[]) AS r(w, s, d, t, a, st){r_after}), "
+            # A new record starts with its latest step; existing ones are moved by ``lat``.
+            f"rec AS (INSERT INTO {w} (workflow_id, latest_step, latest_agent_id, "
+            "latest_agent_status) SELECT DISTINCT ON (w) w, "
+            "CASE WHEN a IS NOT NULL THEN s END, a, st FROM r WHERE t IS NULL "
+            "ORDER BY w, a IS NOT NULL DESC, s DESC "
+            "ON CONFLICT (workflow_id) DO NOTHING RETURNING 1), "
+            f"held AS MATERIALIZED (SELECT workflow_id, fencing_token FROM {w} "
+            "WHERE workflow_id IN (SELECT w FROM r WHERE t IS NOT NULL) "
+            "ORDER BY workflow_id FOR SHARE), "
+            # The records of the workflows $6 names (those the batch's transaction will
+            # prune, after locking its new rows): delete_all waits for this commit before
+            # it locks any of their checkpoint rows.
+            f"kept AS MATERIALIZED (SELECT workflow_id FROM {w} "
+            "WHERE workflow_id = ANY($6::text[]){kept_after} ORDER BY workflow_id FOR KEY SHARE), "
+            # The latest step of the records that existed (same rows as ``ok``): it only
+            # moves forward, and any checkpoint consumes the resume input.
+            f"lat AS (UPDATE {w} AS x SET updated_at = now(), resume_input = NULL, "
+            "latest_agent_id = CASE WHEN u.s >= coalesce(x.latest_step, -1) THEN u.a "
+            "ELSE x.latest_agent_id END, "
+            "latest_agent_status = CASE WHEN u.s >= coalesce(x.latest_step, -1) THEN u.st "
+            "ELSE x.latest_agent_status END, "
+            "latest_step = greatest(u.s, x.latest_step) "
+            "FROM (SELECT DISTINCT ON (r.w) r.w, r.s, r.a, r.st FROM r "
+            "LEFT JOIN held ON held.workflow_id = r.w WHERE r.a IS NOT NULL "
+            "AND (r.t IS NULL OR held.fencing_token = r.t) ORDER BY r.w, r.s DESC) AS u "
+            "WHERE x.workflow_id = u.w RETURNING 1), "
+            # ``rec``, ``kept`` and ``lat`` read here run before any checkpoint row is
+            # locked: records first, then checkpoint rows, the order delete_all takes.
+            "ok AS MATERIALIZED (SELECT r.w, r.s, r.d FROM r "
+            "LEFT JOIN held ON held.workflow_id = r.w "
+            "WHERE (SELECT count(*) FROM rec) + (SELECT count(*) FROM kept) "
+            "+ (SELECT count(*) FROM lat) >= 0 "
+            "AND (r.t IS NULL OR held.fencing_token = r.t)), "
+            f"old AS MATERIALIZED (SELECT c.workflow_id AS w, c.step AS s, "
+            f"{v2.format(c='c.data')} AS d FROM {t} AS c JOIN ok "
+            "ON c.workflow_id = ok.w AND c.step = ok.s ORDER BY 1, 2 FOR UPDATE OF c), "
+            # Joining ``o`` makes ``old`` lock its rows before the first insert: read
+            # after, it would skip the rows this statement has just updated.
+            f"ins AS (INSERT INTO {t} (workflow_id, step, data) SELECT w, s, d FROM ok "
+            "CROSS JOIN (SELECT coalesce(bool_or(d IS NOT NULL), false) AS v2 FROM old) AS o "
+            "WHERE NOT ($5::boolean AND o.v2) "
+            "ON CONFLICT (workflow_id, step) DO UPDATE "
+            "SET data = EXCLUDED.data, created_at = EXCLUDED.created_at "
+            "RETURNING workflow_id, step, xmax::text <> '0' AS replaced) "
+            "SELECT ins.workflow_id, ins.step, ins.replaced, old.w IS NOT NULL, old.d{blob} "
+            "FROM ins LEFT JOIN old ON old.w = ins.workflow_id AND old.s = ins.step{union}"
+        )
         return cls(
             workflows_table=w,
             metadata_table=f"{quoted}.workflow_metadata",
@@ -126,66 +212,18 @@ class Sql:
                 f"EXISTS (SELECT 1 FROM {quoted}.effects AS e "
                 "WHERE e.workflow_id = w.workflow_id AND e.in_doubt)"
             ),
-            # One statement per batch: create missing records for unfenced rows, lock the
-            # records of fenced rows FOR SHARE (a takeover's UPDATE then waits for this
-            # commit, and a takeover that committed first is seen: FOR SHARE reads the latest
-            # row version), and insert only rows that are unfenced or carry the current
-            # token. ``old`` locks the rows about to be replaced and hands back the version-2
-            # ones, whose refs the caller releases in the same transaction; with $5 (no
-            # transaction around this statement) nothing is written when one would be
-            # replaced, and the caller runs the batch again in a transaction. RETURNING names
-            # the rows written (the others had stale leases); ``replaced`` without ``seen``
-            # means a row appeared after this statement's snapshot: the caller retries.
-            upsert=(
-                "WITH r AS MATERIALIZED (SELECT * FROM "
-                "unnest($1::text[], $2::bigint[], $3::bytea[], $4::bigint[], $7::text[], "
-                "$8::text[]) AS r(w, s, d, t, a, st)), "
-                # A new record starts with its latest step; existing ones are moved by ``lat``.
-                f"rec AS (INSERT INTO {w} (workflow_id, latest_step, latest_agent_id, "
-                "latest_agent_status) SELECT DISTINCT ON (w) w, "
-                "CASE WHEN a IS NOT NULL THEN s END, a, st FROM r WHERE t IS NULL "
-                "ORDER BY w, a IS NOT NULL DESC, s DESC "
-                "ON CONFLICT (workflow_id) DO NOTHING RETURNING 1), "
-                f"held AS MATERIALIZED (SELECT workflow_id, fencing_token FROM {w} "
-                "WHERE workflow_id IN (SELECT w FROM r WHERE t IS NOT NULL) "
-                "ORDER BY workflow_id FOR SHARE), "
-                # The records of the workflows $6 names (those the batch's transaction will
-                # prune, after locking its new rows): delete_all waits for this commit before
-                # it locks any of their checkpoint rows.
-                f"kept AS MATERIALIZED (SELECT workflow_id FROM {w} "
-                "WHERE workflow_id = ANY($6::text[]) ORDER BY workflow_id FOR KEY SHARE), "
-                # The latest step of the records that existed (same rows as ``ok``): it only
-                # moves forward, and any checkpoint consumes the resume input.
-                f"lat AS (UPDATE {w} AS x SET updated_at = now(), resume_input = NULL, "
-                "latest_agent_id = CASE WHEN u.s >= coalesce(x.latest_step, -1) THEN u.a "
-                "ELSE x.latest_agent_id END, "
-                "latest_agent_status = CASE WHEN u.s >= coalesce(x.latest_step, -1) THEN u.st "
-                "ELSE x.latest_agent_status END, "
-                "latest_step = greatest(u.s, x.latest_step) "
-                "FROM (SELECT DISTINCT ON (r.w) r.w, r.s, r.a, r.st FROM r "
-                "LEFT JOIN held ON held.workflow_id = r.w WHERE r.a IS NOT NULL "
-                "AND (r.t IS NULL OR held.fencing_token = r.t) ORDER BY r.w, r.s DESC) AS u "
-                "WHERE x.workflow_id = u.w RETURNING 1), "
-                # ``rec``, ``kept`` and ``lat`` read here run before any checkpoint row is
-                # locked: records first, then checkpoint rows, the order delete_all takes.
-                "ok AS MATERIALIZED (SELECT r.w, r.s, r.d FROM r "
-                "LEFT JOIN held ON held.workflow_id = r.w "
-                "WHERE (SELECT count(*) FROM rec) + (SELECT count(*) FROM kept) "
-                "+ (SELECT count(*) FROM lat) >= 0 "
-                "AND (r.t IS NULL OR held.fencing_token = r.t)), "
-                f"old AS MATERIALIZED (SELECT c.workflow_id AS w, c.step AS s, "
-                f"{v2.format(c='c.data')} AS d FROM {t} AS c JOIN ok "
-                "ON c.workflow_id = ok.w AND c.step = ok.s ORDER BY 1, 2 FOR UPDATE OF c), "
-                # Joining ``o`` makes ``old`` lock its rows before the first insert: read
-                # after, it would skip the rows this statement has just updated.
-                f"ins AS (INSERT INTO {t} (workflow_id, step, data) SELECT w, s, d FROM ok "
-                "CROSS JOIN (SELECT coalesce(bool_or(d IS NOT NULL), false) AS v2 FROM old) AS o "
-                "WHERE NOT ($5::boolean AND o.v2) "
-                "ON CONFLICT (workflow_id, step) DO UPDATE "
-                "SET data = EXCLUDED.data, created_at = EXCLUDED.created_at "
-                "RETURNING workflow_id, step, xmax::text <> '0' AS replaced) "
-                "SELECT ins.workflow_id, ins.step, ins.replaced, old.w IS NOT NULL, old.d "
-                "FROM ins LEFT JOIN old ON old.w = ins.workflow_id AND old.s = ins.step"
+            upsert=upsert.format(blobs="", r_after="", kept_after="", blob="", union=""),
+            # A batch of trees: the upsert, after the blob lock ($9) and the first level of
+            # the trees' blobs ($10..$12, as blob_add), whose rows come back last (hash and
+            # count in columns 6 and 7, the others NULL). ``r`` and ``kept`` read ``bc``, so
+            # every row lock of the upsert comes after those of the level, as in separate
+            # statements.
+            upsert_tree=upsert.format(
+                blobs=blob_ctes(10, lock_at=9) + ", ",
+                r_after=" WHERE (SELECT count(*) FROM bc) >= 0",
+                kept_after=" AND (SELECT count(*) FROM bc) >= 0",
+                blob=", NULL::bytea, NULL::bigint",
+                union=" UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, hash, refs FROM bc",
             ),
             # For each (workflow, keep) pair: the keep-th highest step is the lowest kept;
             # a workflow with fewer rows yields no cut and loses nothing. MATERIALIZED makes
@@ -337,20 +375,7 @@ class Sql:
             # which the caller recognises (an existing blob has refs >= 1, so it ends > n)
             # and then adds refs for its children. Sorted input locks rows in one order; a
             # row a concurrent release is deleting is waited for, then inserted again.
-            # upsert of one level: counts added (rows created at the count sent), and the
-            # data stored for the hashes whose row was created now (its count is what was
-            # sent: an existing blob's ends above it, as no stored count is ever 0 or less
-            # once a transaction commits).
-            blob_add=(
-                "WITH u AS MATERIALIZED (SELECT * FROM "
-                "unnest($1::bytea[], $2::bigint[], $3::bytea[]) AS u(h, n, d)), "
-                f"c AS (INSERT INTO {r} AS x (hash, refs) SELECT h, n FROM u ORDER BY h "
-                "ON CONFLICT (hash) DO UPDATE SET refs = x.refs + EXCLUDED.refs "
-                "RETURNING hash, refs), "
-                f"i AS (INSERT INTO {b} (hash, data) SELECT u.h, u.d FROM u JOIN c "
-                "ON c.hash = u.h AND c.refs = u.n ORDER BY u.h ON CONFLICT (hash) DO NOTHING) "
-                "SELECT hash, refs FROM c"
-            ),
+            blob_add=f"WITH {blob_ctes(1, lock_at=None)} SELECT hash, refs FROM bc",
             # release of one level: the data comes back only for blobs whose count reached 0,
             # whose children the caller releases next and which blob_drop then deletes.
             blob_release=(
@@ -371,14 +396,10 @@ class Sql:
             # rows level by level, and two walks over trees that share nodes at different
             # levels would otherwise deadlock often (each costing the server's
             # deadlock_timeout, 1 s by default, before one is cancelled).
-            blob_lock=(
-                "SELECT pg_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
-            ),
+            blob_lock=lock.format(try_="", arg="$1"),
             # The same lock, for a transaction that holds row locks already: it may not wait
             # for it (docs/postgres-storage.md, "Lock order").
-            blob_try_lock=(
-                "SELECT pg_try_advisory_xact_lock(hashtext('aiocheckpoint.blobs:' || $1::text))"
-            ),
+            blob_try_lock=lock.format(try_="try_", arg="$1"),
             blob_fetch=(
                 f"SELECT hash, data FROM {b} WHERE hash = ANY($1::bytea[]) "
                 "AND octet_length(data) <= $2"

@@ -108,6 +108,10 @@ class PostgresCheckpointStorage(BaseStorage):
             # Durability must not depend on the server's default: a commit returns only
             # after its WAL record is flushed, unless the caller explicitly asks otherwise.
             "server_settings": settings,
+            # The store leaves no session state on a connection (no SET, LISTEN, cursor or
+            # session-level advisory lock; asyncpg still rolls back an open transaction), so
+            # asyncpg's reset query on each release would only cost a round trip.
+            "reset": _keep_session,
             **connect_kwargs,
         }
         self._connection = Connection(
@@ -121,7 +125,7 @@ class PostgresCheckpointStorage(BaseStorage):
             check_open=self._check_open,
         )
         sql = Sql.for_schema(quoted)
-        blobs = Blobs(sql, schema, self.stats)
+        blobs = Blobs(sql, schema, self.stats, max_record_bytes)
         self._records = Records(self._connection, sql, blobs, max_record_bytes)
         self._leases = Leases(self._connection, sql)
         limits = BatchLimits(write_concurrency, max_batch_rows, max_batch_bytes)
@@ -181,7 +185,9 @@ class PostgresCheckpointStorage(BaseStorage):
         behaviour). In the batch's transaction, each tree level costs one statement for all
         the batch's trees: blobs already stored get one more reference and are not
         descended into, missing ones are inserted. The refs of a record this replaces or
-        ``keep_last`` prunes are released after, in the same transaction.
+        ``keep_last`` prunes are released after, in the same transaction. A blob the save
+        sends over ``max_record_bytes`` raises :class:`~aiocheckpoint.InvalidArgumentError`
+        for this caller alone, and nothing of its tree is stored.
         """
         self._check_open()
         self._check_write(workflow_id, step, keep_last)
@@ -189,8 +195,8 @@ class PostgresCheckpointStorage(BaseStorage):
             raise InvalidArgumentError(f"split must be a SplitResult, not {type(split).__name__}")
         record = _bytes("record", record)
         check_record_size(record, self._max_record_bytes)
-        for blob in split.blobs.values():
-            check_record_size(blob, self._max_record_bytes)
+        # The blobs' sizes are checked as they are sent (Blobs.add): only the new part of a
+        # large tree is, not every blob of it at every save.
         await self._enqueue(workflow_id, step, record, keep_last, fence, split, step_info)
 
     async def fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
@@ -439,6 +445,10 @@ class PostgresCheckpointStorage(BaseStorage):
         await self._group_commit.write(
             Write(workflow_id, step, data, keep_last, token, future, split, step_info)
         )
+
+
+async def _keep_session(connection: object) -> None:
+    """The pool's ``reset``: nothing to undo on a connection handed back (see ``__init__``)."""
 
 
 def _bytes(name: str, value: object) -> bytes:
