@@ -251,7 +251,9 @@ class InMemoryCheckpointStorage(BaseStorage):
             self._note_step(workflow_id, step, step_info)
         elif workflow_id not in self._raw:
             self._ensure_record(workflow_id)
-        wf = self._workflows.setdefault(workflow_id, _Workflow())
+        wf = self._workflows.get(workflow_id)
+        if wf is None:  # not setdefault: that would build a _Workflow at every save
+            wf = self._workflows[workflow_id] = _Workflow()
         if step not in wf.records:
             bisect.insort(wf.steps, step)
         wf.records[step] = data
