@@ -1,48 +1,28 @@
 """The in-memory store's blobs: reference counts, all-or-nothing saves, what a save costs.
 
-The counts are checked after every operation of a random sequence against the ground
-truth recomputed from the records, as ``tests/test_incremental_gc.py`` does for SQLite.
+The counts are checked after every operation of the random history of
+``tests/_blob_refs.py`` against the ground truth recomputed from the records, as
+``tests/test_incremental_gc.py`` does for SQLite.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
-from collections import Counter
 from typing import Any
 
 import pytest
 
 from aiocheckpoint import (
-    AgentStatus,
-    Checkpoint,
     CheckpointCorruptedError,
     CheckpointManager,
     InMemoryCheckpointStorage,
     InvalidArgumentError,
     SharedState,
-    StateSnapshot,
 )
-from aiocheckpoint.incremental import (
-    TreeParams,
-    decode_checkpoint_v2,
-    encode_checkpoint_v2,
-    node_children,
-    record_root_refs,
-)
-from aiocheckpoint.serde import encode_checkpoint, to_storable
-
-PARAMS = TreeParams(inline_limit=128, root_inline_limit=512, chunk_min=64, chunk_avg=256)
-
-
-def _checkpoint(wf: str, step: int, state: dict[str, Any]) -> Checkpoint:
-    return Checkpoint(
-        workflow_id=wf,
-        step=step,
-        agent_id="a",
-        status=AgentStatus.RUNNING,
-        state_snapshot=StateSnapshot(data=to_storable(state)),
-    )
+from aiocheckpoint.incremental import decode_checkpoint_v2, encode_checkpoint_v2, record_root_refs
+from aiocheckpoint.serde import to_storable
+from tests._blob_refs import PARAMS, random_history, true_counts
+from tests._blob_refs import checkpoint as _checkpoint
 
 
 def _check(store: InMemoryCheckpointStorage) -> dict[tuple[str, int], Any]:
@@ -51,81 +31,40 @@ def _check(store: InMemoryCheckpointStorage) -> dict[tuple[str, int], Any]:
     Returns ``{(wf, step): state}``.
     """
     blobs = store._blobs  # the ground truth, as the SQLite test reads the file
+
+    def fetch(hashes: Any) -> dict[bytes, bytes]:
+        return {h: blobs.data[h] for h in hashes if h in blobs.data}
+
     states: dict[tuple[str, int], Any] = {}
-    counts: Counter[bytes] = Counter()
-    reachable: set[bytes] = set()
-    record_bytes = 0
+    roots = []
     for wf_id, wf in store._workflows.items():
         for step, data in wf.records.items():
-            record_bytes += len(data)
-            fetch = lambda hs: {h: blobs.data[h] for h in hs if h in blobs.data}  # noqa: E731
             checkpoint = decode_checkpoint_v2(data, fetch, workflow_id=wf_id, step=step)
             states[wf_id, step] = checkpoint.state_snapshot.data
             refs = record_root_refs(data)
             assert wf.refs.get(step, ()) == refs
-            counts.update(refs)
-            pending = list(refs)
-            while pending:
-                h = pending.pop()
-                if h not in reachable:
-                    reachable.add(h)
-                    pending.extend(node_children(blobs.data[h]))
+            roots.append(refs)
+    reachable, counts = true_counts(roots, blobs.data)
     assert set(blobs.data) == reachable == set(blobs.counts), "leaked blobs"
-    for h in reachable:
-        counts.update(node_children(blobs.data[h]))
     assert blobs.counts == dict(counts), "wrong counts"
+    record_bytes = sum(len(r) for wf in store._workflows.values() for r in wf.records.values())
     assert store.stored_bytes == record_bytes + sum(map(len, blobs.data.values()))
     return states
 
 
 async def test_reference_counts_free_exactly_the_unreferenced_blobs() -> None:
     """Saves, replacements, deletes, keep_last and version-1 overwrites: exact counts."""
-    rng = random.Random(11)
     store = InMemoryCheckpointStorage(blob_params=PARAMS)
-    shared_docs = {f"doc{i}": "lorem ipsum " * rng.randint(5, 30) for i in range(12)}
-    states = {wf: {"docs": dict(shared_docs), "log": [], "n": 0} for wf in ("a", "b")}
-    expected: dict[tuple[str, int], Any] = {}
-    steps = {"a": 0, "b": 0}
     most_blobs = 0
-    for op in range(200):
-        wf = rng.choice(["a", "b"])
-        state = states[wf]
-        action = rng.random()
-        if action < 0.1 and any(k[0] == wf for k in expected):
-            victim = rng.choice([k for k in expected if k[0] == wf])
-            assert await store.delete(*victim)
-            del expected[victim]
-        elif action < 0.13:
-            await store.delete(wf)
-            expected = {k: v for k, v in expected.items() if k[0] != wf}
-        else:
-            state["n"] += 1
-            state["log"].append({"op": op, "text": f"entry {op} " * rng.randint(1, 8)})
-            if action < 0.4:
-                key = rng.choice(list(state["docs"]))
-                state["docs"][key] += " edit"
-            replace = action > 0.85 and steps[wf] > 0
-            step = steps[wf] if replace else steps[wf] + 1
-            steps[wf] = step
-            keep = 4 if wf == "a" else None
-            checkpoint = _checkpoint(wf, step, state)
-            if action > 0.95:  # a small version-1 record replacing whatever was there
-                checkpoint = _checkpoint(wf, step, {"small": op})
-                await store.save(wf, step, encode_checkpoint(checkpoint), keep_last=keep)
-            else:
-                record, split = encode_checkpoint_v2(checkpoint, PARAMS)
-                await store.save_tree(wf, step, record, split, keep_last=keep)
-            expected[wf, step] = checkpoint.state_snapshot.data
-            if keep is not None:
-                for old in sorted(k for k in expected if k[0] == wf)[:-keep]:
-                    del expected[old]
-        assert _check(store) == expected
+
+    async def check() -> dict[tuple[str, int], Any]:
+        nonlocal most_blobs
         most_blobs = max(most_blobs, len(store._blobs.data))
+        return _check(store)
+
+    await random_history(store, check)
     assert most_blobs > 20
-    for wf, step in list(expected):
-        assert await store.delete(wf, step)
-    assert _check(store) == {}
-    assert store.stored_bytes == 0
+    assert store.stored_bytes == 0 and store._blobs.counts == {}
 
 
 def _big(tag: str) -> dict[str, Any]:

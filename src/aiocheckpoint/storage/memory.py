@@ -14,13 +14,12 @@ import anyio.lowlevel
 
 from .._validation import check_step, check_workflow_id
 from ..errors import (
-    CheckpointCorruptedError,
     CheckpointNotFoundError,
     InvalidArgumentError,
     LeaseHeldError,
     LeaseLostError,
 )
-from ..format import SplitResult, TreeParams, record_root_refs
+from ..format import SplitResult, TreeParams
 from ..leases import Lease, WorkflowRecord, WorkflowStatus
 from ..models import utcnow
 from .base import (
@@ -34,7 +33,14 @@ from .base import (
     check_record_size,
 )
 from .queries import StepInfo, WorkflowQuery, failure_update, matches
-from .refcounts import Rows, add_references, held_root_refs, missing_blob, release_references
+from .refcounts import (
+    Rows,
+    add_references,
+    checked_tree,
+    held_root_refs,
+    missing_blob,
+    release_references,
+)
 
 __all__ = ["InMemoryCheckpointStorage"]
 
@@ -221,18 +227,11 @@ class InMemoryCheckpointStorage(BaseStorage):
         """
         await _yield()
         self._check_open()
-        if not isinstance(split, SplitResult):
-            raise InvalidArgumentError(f"split must be a SplitResult, not {type(split).__name__}")
         record = bytes(record)
+        refs = checked_tree(record, split)
         check_record_size(record, self._max_record_bytes)
         for blob in split.blobs.values():
             check_record_size(blob, self._max_record_bytes)
-        try:
-            refs = record_root_refs(record)
-        except CheckpointCorruptedError as exc:
-            raise InvalidArgumentError(f"record is not a valid version-2 record: {exc}") from exc
-        if refs != split.root_refs:
-            raise InvalidArgumentError("record does not reference the root of split")
         self._check_fence(workflow_id, fence)
         self._blobs.add(split)
         self._write(workflow_id, step, record, refs, keep_last, step_info)

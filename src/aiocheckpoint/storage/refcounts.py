@@ -20,7 +20,7 @@ from collections import ChainMap, Counter
 from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ..errors import CheckpointError, InvalidArgumentError
+from ..errors import CheckpointCorruptedError, CheckpointError, InvalidArgumentError
 from ..format import SplitResult, node_children, record_root_refs
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "add_references",
     "arelease_references",
     "blob_children",
+    "checked_tree",
     "held_root_refs",
     "missing_blob",
     "release_references",
@@ -78,6 +79,24 @@ def missing_blob(h: bytes) -> InvalidArgumentError:
         f"blob {h.hex()} is not stored and not in the split (cut with a stale 'known'?); "
         "encode the checkpoint again without 'known'"
     )
+
+
+def checked_tree(record: bytes, split: object) -> tuple[bytes, ...]:
+    """The root references of a ``save_tree`` call's version-2 ``record``, checked.
+
+    Raises :class:`~aiocheckpoint.InvalidArgumentError` if ``split`` is not a
+    :class:`~aiocheckpoint.incremental.SplitResult`, if ``record`` is not a valid version-2
+    record, or if it does not reference exactly ``split.root_refs``.
+    """
+    if not isinstance(split, SplitResult):
+        raise InvalidArgumentError(f"split must be a SplitResult, not {type(split).__name__}")
+    try:
+        refs = record_root_refs(record)
+    except CheckpointCorruptedError as exc:
+        raise InvalidArgumentError(f"record is not a valid version-2 record: {exc}") from exc
+    if refs != split.root_refs:
+        raise InvalidArgumentError("record does not reference the root of split")
+    return refs
 
 
 def held_root_refs(record: bytes) -> tuple[bytes, ...]:
