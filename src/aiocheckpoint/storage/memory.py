@@ -230,8 +230,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         record = bytes(record)
         refs = checked_tree(record, split)
         check_record_size(record, self._max_record_bytes)
-        for blob in split.blobs.values():
-            check_record_size(blob, self._max_record_bytes)
+        check_record_size(max(split.blobs.values(), key=len, default=b""), self._max_record_bytes)
         self._check_fence(workflow_id, fence)
         self._blobs.add(split)
         self._write(workflow_id, step, record, refs, keep_last, step_info)
