@@ -238,16 +238,13 @@ class OursMemory(_Ours):
 
     name = "ours-memory"
     backend = "memory"
-    note = "in RAM, not durable; 'bytes' = sum of stored record sizes"
+    note = "in RAM, not durable; 'bytes' = the stored records and blobs"
 
     def _url(self) -> str:
         return "memory://"
 
     async def stored_bytes(self) -> int:
-        storage = self.manager.storage
-        total = 0
-        for wf in await storage.list_workflows():
-            total += sum(len(r.data) for r in await storage.scan(wf))
+        total: int = self.manager.storage.stored_bytes  # type: ignore[attr-defined]
         return total
 
 

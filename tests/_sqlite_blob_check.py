@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from aiocheckpoint.incremental import decode_checkpoint_v2, node_children, record_root_refs
+from aiocheckpoint.incremental import decode_checkpoint_v2, record_root_refs
+from tests._blob_refs import true_counts
 
 
 def sql(path: Path, query: str, params: tuple[Any, ...] = ()) -> list[Any]:
@@ -40,23 +40,15 @@ def check_refcounts(path: Path) -> dict[tuple[str, int], Any]:
         return {h: blobs[h][1] for h in hashes if h in blobs}
 
     states: dict[tuple[str, int], Any] = {}
-    counts: Counter[bytes] = Counter()
-    reachable: set[bytes] = set()
+    roots = []
     for wf, step, data, held in rows:
         states[wf, step] = decode_checkpoint_v2(
             data, fetch, workflow_id=wf, step=step
         ).state_snapshot.data
         refs = record_root_refs(data)
         assert held == (bytes([len(refs[0])]) + b"".join(refs) if refs else None)
-        counts.update(refs)
-        pending = list(refs)
-        while pending:
-            h = pending.pop()
-            if h not in reachable:
-                reachable.add(h)
-                pending.extend(node_children(blobs[h][1]))
+        roots.append(refs)
+    reachable, counts = true_counts(roots, {h: data for h, (_refs, data) in blobs.items()})
     assert set(blobs) == reachable, "leaked blobs"
-    for _refs, data in blobs.values():
-        counts.update(node_children(data))
     assert {h: refs for h, (refs, _data) in blobs.items()} == dict(counts), "wrong counts"
     return states

@@ -15,12 +15,20 @@ from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from tests.pg_support import DSN, pg_schema
 
-__all__ = ["any_storage", "blob_storage", "leasing_storage", "make_storage", "pg_schema"]
+__all__ = [
+    "RecordsOnly",
+    "any_storage",
+    "blob_storage",
+    "leasing_storage",
+    "make_storage",
+    "pg_schema",
+]
 
 ALL = ["memory", "file", "sqlite", "postgres"]
 #: The backends that keep workflow records and leases.
 WITH_RECORDS = ["memory", "sqlite", "postgres"]
-#: The backends that keep content-addressed blobs.
+#: The backends that keep content-addressed blobs in files or tables (the memory store
+#: keeps them too, in dicts: ``blob_storage`` gives all four).
 WITH_BLOBS = ["file", "sqlite", "postgres"]
 
 
@@ -50,4 +58,24 @@ def storage_fixture(kinds: list[str]) -> Any:
 
 any_storage = storage_fixture(ALL)
 leasing_storage = storage_fixture(WITH_RECORDS)
-blob_storage = storage_fixture(WITH_BLOBS)
+blob_storage = storage_fixture(["memory", *WITH_BLOBS])
+
+
+class RecordsOnly:
+    """A :class:`CheckpointStorage` that keeps no blobs: the memory store's records alone."""
+
+    def __init__(self) -> None:
+        self._store = InMemoryCheckpointStorage()
+        self.save = self._store.save
+        self.load = self._store.load
+        self.scan = self._store.scan
+        self.exists = self._store.exists
+        self.delete = self._store.delete
+        self.list_workflows = self._store.list_workflows
+        self.close = self._store.close
+
+    async def __aenter__(self) -> RecordsOnly:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -36,7 +36,7 @@ from aiocheckpoint import (
 from aiocheckpoint.format import node_children, record_root_refs
 from aiocheckpoint.format.header import HEADER_SIZE
 from aiocheckpoint.storage.base import EffectStorage
-from tests.backend_support import ALL, WITH_BLOBS, make_storage
+from tests.backend_support import ALL, WITH_BLOBS, RecordsOnly, make_storage
 from tests.pg_support import DSN, pg_schema
 
 __all__ = ["pg_schema"]
@@ -112,7 +112,7 @@ def test_bad_manager_options_are_refused() -> None:
     with pytest.raises(InvalidArgumentError):
         CheckpointManager(allow_plaintext=True)
     with pytest.raises(InvalidArgumentError):
-        CheckpointManager(incremental=True, encryption=ring())
+        CheckpointManager(RecordsOnly(), incremental=True, encryption=ring())
 
 
 # --- on every backend -------------------------------------------------------------------

@@ -41,6 +41,7 @@ from aiocheckpoint.storage.file.packs import (
 )
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 
+from .backend_support import RecordsOnly
 from .reliability._support import same
 
 CHILD = Path(__file__).with_name("_blob_child.py")
@@ -269,8 +270,9 @@ async def test_incremental_false_writes_whole_records(tmp_path: Path) -> None:
 def test_incremental_true_needs_a_blob_storage() -> None:
     """incremental=True with a storage that keeps no blobs is refused up front."""
     with pytest.raises(InvalidArgumentError):
-        CheckpointManager(InMemoryCheckpointStorage(), incremental=True)
-    assert not CheckpointManager(InMemoryCheckpointStorage()).incremental
+        CheckpointManager(RecordsOnly(), incremental=True)
+    assert not CheckpointManager(RecordsOnly()).incremental
+    assert CheckpointManager(InMemoryCheckpointStorage()).incremental
 
 
 async def test_store_written_before_blobs_opens_and_upgrades(tmp_path: Path) -> None:

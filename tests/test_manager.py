@@ -382,7 +382,7 @@ async def test_large_version_1_records_are_decoded_off_the_event_loop(
 
     monkeypatch.setattr(manager_module, "decode_checkpoint", recording)
     big = {"text": "x" * (manager_module._DECODE_ON_LOOP + 1)}
-    async with CheckpointManager() as manager:  # in memory: version-1 records only
+    async with CheckpointManager(incremental=False) as manager:  # version-1 records only
         await manager.create_checkpoint("wf", 0, "a", "running", {"n": 1})
         await manager.create_checkpoint("wf", 1, "a", "running", big)
         assert (await manager.get_checkpoint("wf", 0)).state_snapshot.data == {"n": 1}

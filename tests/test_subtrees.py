@@ -312,13 +312,15 @@ async def test_a_manager_copies_and_encodes_only_what_changed(
     assert checkpoint.state_snapshot.data["notes"]["b"] == 1
 
 
-@pytest.fixture(params=["file", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "file", "sqlite", "postgres"])
 async def any_blob_storage(
     request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
 ) -> AsyncIterator[CheckpointStorage]:
     """Each backend that keeps blobs (version-2 trees), fresh."""
     if request.param == "postgres":
         url, options = DSN, {"schema": pg_schema, "max_size": 2}
+    elif request.param == "memory":
+        url, options = "memory://", {}
     elif request.param == "file":
         url, options = f"file://{tmp_path / 'store'}", {}
     else:

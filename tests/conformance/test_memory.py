@@ -4,6 +4,8 @@ import pytest
 
 from aiocheckpoint import InMemoryCheckpointStorage
 from aiocheckpoint.testing import (
+    BlobRetentionConformance,
+    BlobStorageConformance,
     EffectStorageConformance,
     RetentionConformance,
     StorageConformance,
@@ -19,6 +21,14 @@ class TestInMemoryConformance(
     RetentionConformance,
     WorkflowRetentionConformance,
 ):
+    @pytest.fixture
+    async def storage(self) -> AsyncIterator[InMemoryCheckpointStorage]:
+        store = InMemoryCheckpointStorage()
+        yield store
+        await store.close()
+
+
+class TestInMemoryBlobConformance(BlobStorageConformance, BlobRetentionConformance):
     @pytest.fixture
     async def storage(self) -> AsyncIterator[InMemoryCheckpointStorage]:
         store = InMemoryCheckpointStorage()

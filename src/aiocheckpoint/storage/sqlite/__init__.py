@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._validation import check_optional_step, check_step, check_workflow_id
-from ...errors import CheckpointCorruptedError, InvalidArgumentError
-from ...format import SplitResult, TreeParams, record_root_refs
+from ...errors import InvalidArgumentError
+from ...format import SplitResult, TreeParams
 from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from ..base import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -51,7 +51,7 @@ from ..base import (
     check_record_size,
 )
 from ..queries import StepInfo, WorkflowQuery
-from ..refcounts import held_root_refs
+from ..refcounts import checked_tree, held_root_refs
 from . import effects, records
 from .blobs import SaveTreeOp, drain_releases, in_one_read, read_blobs, recount
 from .connections import BusyRetry
@@ -223,16 +223,9 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         workflow_id = check_workflow_id(workflow_id)
         step = check_step(step)
         _check_keep_last(keep_last)
-        if not isinstance(split, SplitResult):
-            raise InvalidArgumentError(f"split must be a SplitResult, not {type(split).__name__}")
         record = bytes(record)
+        refs = checked_tree(record, split)
         check_record_size(record, self._max_record_bytes)
-        try:
-            refs = record_root_refs(record)
-        except CheckpointCorruptedError as exc:
-            raise InvalidArgumentError(f"record is not a valid version-2 record: {exc}") from exc
-        if refs != split.root_refs:
-            raise InvalidArgumentError("record does not reference the root of split")
         token = None if fence is None else fence_token(fence, workflow_id)
         size = len(record) + sum(map(len, split.blobs.values()))
         op = SaveTreeOp(workflow_id, step, record, refs, split, keep_last, token, step_info)
