@@ -311,8 +311,8 @@ class FileCheckpointStorage(BaseStorage):
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
             raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
         check_record_size(record, self._max)
-        for blob in split.blobs.values():
-            check_record_size(blob, self._max)
+        if split.blobs:
+            check_record_size(max(split.blobs.values(), key=len), self._max)
         await self._run(
             f"cannot save step {step} of workflow {workflow_id!r}",
             self._save_tree,
