@@ -221,6 +221,7 @@ class _Splitter:
         "_known",
         "_name",
         "_wrap",
+        "blob_bytes",
         "blobs",
         "children",
         "levels",
@@ -245,6 +246,7 @@ class _Splitter:
         self._known = known
         self._budget = _SLICE_BYTES
         self.blobs: dict[bytes, bytes] = {}
+        self.blob_bytes = 0  # of ``blobs`` together
         self.children: dict[bytes, tuple[bytes, ...]] = {}
         self.text_crc: int | None = None
         # What a reader will hold: each node's text once spliced (by hash), and the bytes
@@ -637,7 +639,9 @@ class _Splitter:
             self.sizes[h] = size
             self.node_bytes += len(node)
             if h not in self._known:
-                self.blobs[h] = self._wrap(node) if self._compress else blob
+                stored = self._wrap(node) if self._compress else blob
+                self.blobs[h] = stored
+                self.blob_bytes += len(stored)
         if self.log is not None:
             self.log.append((h, self.children[h], self.blobs.get(h), size, len(node)))
         return h
@@ -652,6 +656,7 @@ class _Splitter:
                 self.node_bytes += length
                 if blob is not None and h not in self._known:
                     blobs[h] = blob
+                    self.blob_bytes += len(blob)
         memory = self.memory
         for key, whole, head, tail in regions:
             if key is not None:
@@ -670,11 +675,14 @@ class _Splitter:
         self.node_bytes += kept.length
         children.update(kept.children)
         self.sizes.update(kept.sizes)
-        known = self._known
-        if known:
-            self.blobs.update((h, b) for h, b in kept.blobs.items() if h not in known)
-        else:
-            self.blobs.update(kept.blobs)
+        fresh, size = kept.blobs, kept.blob_bytes
+        if self._known:
+            fresh = {h: b for h, b in fresh.items() if h not in self._known}
+            size = sum(map(len, fresh.values()))
+        blobs = self.blobs
+        # Blobs named twice are counted once (the smaller set is walked).
+        self.blob_bytes += size - sum(len(fresh[h]) for h in blobs.keys() & fresh.keys())
+        blobs.update(fresh)
         if self.log is not None:
             self.log.extend(kept.nodes)
         self.adopt((), regions)
@@ -688,10 +696,11 @@ class NodeSet:
     """Nodes a split named, in order, kept to be adopted whole (:meth:`_Splitter.adopt_set`).
 
     By hash: each distinct node's children, size, stored blob and length (what adopting
-    them one by one would add), and ``length``, their lengths' sum.
+    them one by one would add), ``length``, their lengths' sum, and ``blob_bytes``, the
+    stored blobs' bytes together.
     """
 
-    __slots__ = ("blobs", "children", "length", "lengths", "nodes", "sizes")
+    __slots__ = ("blob_bytes", "blobs", "children", "length", "lengths", "nodes", "sizes")
 
     def __init__(self, nodes: Iterable[Node] = (), base: NodeSet | None = None) -> None:
         nodes = tuple(nodes)
@@ -701,18 +710,19 @@ class NodeSet:
             self.sizes: dict[bytes, int] = {}
             self.blobs: dict[bytes, bytes] = {}
             self.lengths: dict[bytes, int] = {}
-            self.length = 0
+            self.length = self.blob_bytes = 0
         else:
             self.nodes = base.nodes + nodes
             self.children, self.sizes = dict(base.children), dict(base.sizes)
             self.blobs, self.lengths = dict(base.blobs), dict(base.lengths)
-            self.length = base.length
+            self.length, self.blob_bytes = base.length, base.blob_bytes
         for h, kids, blob, size, length in nodes:
             if h not in self.children:
                 self.children[h], self.sizes[h], self.lengths[h] = kids, size, length
                 self.length += length
                 if blob is not None:
                     self.blobs[h] = blob
+                    self.blob_bytes += len(blob)
 
 
 NO_NODES: Final = NodeSet()
@@ -867,6 +877,7 @@ def split_work(
         tuple(dict.fromkeys(h for _, h in refs)),
         splitter.text_crc,
         splitter.memory,
+        splitter.blob_bytes,
     )
 
 

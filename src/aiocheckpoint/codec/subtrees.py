@@ -647,6 +647,7 @@ def shared_split_work(
         tuple(dict.fromkeys(hashes)),
         root.crc,
         splitter.memory,
+        splitter.blob_bytes,
     )
     return SharedSplit(root.copy, split, walk.new, root.tagged)
 
