@@ -134,6 +134,7 @@ class BlobStore:
         self._midx_read = False  # whether the combined index was read (at the first listing)
         self._midx_covers: set[str] = set()  # the packs the combined index on disk covers
         self._bases: dict[str, str] = {}  # the last listing's names -> their packs
+        self._uncovered: set[str] = set()  # packs cached here that it does not cover
         # What ``packs/`` looked like (inode, mtime, ctime) when this object last listed it
         # or renamed a pack into it with nothing else changed there before: see
         # :meth:`refresh_changed`. None: unknown, list it.
@@ -160,6 +161,7 @@ class BlobStore:
             gone = self._indexes.keys() - current
             for name in gone:
                 del self._indexes[name]
+                self._uncovered.discard(name)
                 self._seen.pop(name, None)
                 self._synced.discard(name)
             if gone:  # a hash may also sit in a pack that remains: rebuild the map
@@ -169,6 +171,8 @@ class BlobStore:
                 if index is None:
                     index = self._load_index(name)
                 self._indexes[name] = index
+                if name not in self._midx_covers:
+                    self._uncovered.add(name)
                 for h in index:
                     self._where.setdefault(h, name)
 
@@ -225,11 +229,12 @@ class BlobStore:
         written without fsync, and a failure to write it is no failure of the save.
         """
         with self._lock:
-            uncovered = len(self._indexes.keys() - self._midx_covers)
-            if uncovered < max(_MIDX_EVERY, len(self._midx_covers) // 4):
+            # Counted as packs come and go: a difference of the two sets walks them all.
+            if len(self._uncovered) < max(_MIDX_EVERY, len(self._midx_covers) // 4):
                 return
             indexes = dict(self._indexes)
             self._midx_covers = set(indexes)
+            self._uncovered.clear()
         data = encode_midx(indexes)
         if len(data) > _MIDX_MAX:
             return
@@ -282,6 +287,7 @@ class BlobStore:
         """Drop pack ``name`` from the cache (a sweeper deleted it)."""
         with self._lock:
             self._indexes.pop(name, None)
+            self._uncovered.discard(name)
             self._seen.pop(name, None)
             self._synced.discard(name)
             self._where = {h: n for n, idx in self._indexes.items() for h in idx}
@@ -294,6 +300,8 @@ class BlobStore:
             if stamps is not None and stamps[0] == self._stamp:
                 self._stamp = stamps[1]  # nothing new there but this pack
             self._indexes[name] = index
+            if name not in self._midx_covers:
+                self._uncovered.add(name)
             for h in index:
                 self._where[h] = name
             self._seen[name] = now
