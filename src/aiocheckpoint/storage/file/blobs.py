@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Collection, Iterable
 from operator import itemgetter
-from typing import Final
+from typing import Final, cast
 
 from ...format import SplitResult
 from .format import pid_is_dead, temp_name
@@ -318,10 +318,14 @@ class BlobStore:
         now = time.time()
         half = self.grace / 2
         self.refresh_changed()
-        wanted = list(split.children)
+        wanted = split.children
         names = list(map(self._where.get, wanted))
-        new = list(itertools.compress(wanted, map(operator.not_, names)))
-        relied: set[str] = set(filter(None, names))
+        found = set(names)
+        new: list[bytes] = []
+        if None in found:
+            found.discard(None)
+            new = list(itertools.compress(wanted, map(operator.not_, names)))
+        relied = cast("set[str]", found)
         retired = set()
         for name in self._stale(relied, now - half):
             if not self._touch(name, now, half):  # retired by a sweeper: store these again
