@@ -805,3 +805,24 @@ async def test_a_pack_cut_short_after_its_index_was_read_loses_the_blobs_past_th
         assert set(got) == {h for h in by_offset if sum(index[h]) <= cut}
         with pytest.raises(CheckpointCorruptedError):
             await manager.get_resume_point("wf")
+
+
+async def test_a_blob_over_max_record_bytes_is_refused_and_nothing_is_stored(
+    tmp_path: Path,
+) -> None:
+    """save_tree checks every blob's size (the largest one) before it writes anything."""
+    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+
+    manager = CheckpointManager(InMemoryCheckpointStorage())
+    checkpoint = await manager.create_checkpoint(
+        "wf", 1, "a", "running", {"small": "x" * 3000, "big": "y" * 100_000}
+    )
+    storage = FileCheckpointStorage(tmp_path / "store", max_record_bytes=64 * 1024)
+    async with storage:
+        record, split = encode_checkpoint_v2(checkpoint, storage.blob_params)
+        assert len(record) < 64 * 1024
+        assert sorted(map(len, split.blobs.values()))[-2] < 64 * 1024  # only one is over
+        with pytest.raises(InvalidArgumentError, match="max_record_bytes"):
+            await storage.save_tree("wf", 1, record, split)
+        assert await storage.load("wf", 1) is None
+        assert await storage.fetch_blobs(list(split.blobs)) == {}
