@@ -805,3 +805,54 @@ async def test_a_pack_cut_short_after_its_index_was_read_loses_the_blobs_past_th
         assert set(got) == {h for h in by_offset if sum(index[h]) <= cut}
         with pytest.raises(CheckpointCorruptedError):
             await manager.get_resume_point("wf")
+
+
+async def test_a_blob_over_max_record_bytes_is_refused_and_nothing_is_stored(
+    tmp_path: Path,
+) -> None:
+    """save_tree checks every blob's size (the largest one) before it writes anything."""
+    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+
+    manager = CheckpointManager(InMemoryCheckpointStorage())
+    checkpoint = await manager.create_checkpoint(
+        "wf", 1, "a", "running", {"small": "x" * 3000, "big": "y" * 100_000}
+    )
+    storage = FileCheckpointStorage(tmp_path / "store", max_record_bytes=64 * 1024)
+    async with storage:
+        record, split = encode_checkpoint_v2(checkpoint, storage.blob_params)
+        assert len(record) < 64 * 1024
+        assert sorted(map(len, split.blobs.values()))[-2] < 64 * 1024  # only one is over
+        with pytest.raises(InvalidArgumentError, match="max_record_bytes"):
+            await storage.save_tree("wf", 1, record, split)
+        assert await storage.load("wf", 1) is None
+        assert await storage.fetch_blobs(list(split.blobs)) == {}
+
+
+async def test_a_store_object_sees_packs_another_one_wrote_since_its_last_save(
+    tmp_path: Path,
+) -> None:
+    """A save lists packs/ again when it changed (here: another object's pack), so blobs
+    another writer stored are shared, not written again."""
+    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+
+    source = CheckpointManager(InMemoryCheckpointStorage())
+    store = tmp_path / "store"
+    async with FileCheckpointStorage(store) as a, FileCheckpointStorage(store) as b:
+
+        def state(counter: int) -> dict[str, Any]:  # no blob shared between counters
+            return {"docs": [f"{counter} {i} " + "lorem ipsum " * 80 for i in range(100)]}
+
+        async def save(storage: FileCheckpointStorage, wf: str, counter: int) -> None:
+            checkpoint = await source.create_checkpoint(wf, 0, "a", "running", state(counter))
+            await storage.save_tree(wf, 0, *encode_checkpoint_v2(checkpoint, storage.blob_params))
+
+        for counter in (0, 2):  # b has listed packs/ and written to it since
+            await save(b, f"wf-b{counter}", counter)
+        await save(a, "wf-a", 1)
+        packs, blobs = set(pack_indexes(store)), blob_files(store)
+        assert len(packs) == 3
+        await save(b, "wf-c", 1)
+        assert set(pack_indexes(store)) == packs  # every blob found in a's pack: no new one
+        assert blob_files(store) == blobs
+        got = await CheckpointManager(b).get_checkpoint("wf-c", 0)
+        assert got.state_snapshot.data == state(1)

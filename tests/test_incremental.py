@@ -714,9 +714,11 @@ def test_marking_reports_missing_blobs() -> None:
 def test_known_blobs_are_not_encoded_again() -> None:
     """Blobs whose hash the caller already stores are left out of the result."""
     split, data = _big_split()
+    assert split.stored_bytes() == sum(map(len, split.blobs.values())) > 0
     again = split_state(data, SMALL, known=split.blobs.keys())
     assert again.blobs == {}
     assert again.children == split.children
+    assert again.stored_bytes() == 0
 
 
 def test_zstd_compression_is_flagged_and_round_trips() -> None:
@@ -728,6 +730,7 @@ def test_zstd_compression_is_flagged_and_round_trips() -> None:
     assert split.blobs.keys() == plain.blobs.keys()
     assert any(blob[0] == 1 for blob in split.blobs.values())
     assert sum(map(len, split.blobs.values())) < sum(map(len, plain.blobs.values())) / 2
+    assert split.stored_bytes() == sum(map(len, split.blobs.values()))  # compressed bytes
     assert join_state(split.root, Store(split.blobs).fetch) == data
     mixed = {h: (split.blobs[h] if i % 2 else plain.blobs[h]) for i, h in enumerate(split.blobs)}
     assert join_state(split.root, Store(mixed).fetch) == data

@@ -128,6 +128,8 @@ def _same(cached: SplitResult, scratch: SplitResult) -> None:
     assert cached.memory is not None and scratch.memory is not None
     assert cached.memory.regions == scratch.memory.regions
     assert cached.memory.edges == scratch.memory.edges
+    # Both count their blobs' bytes as they make and adopt them, repeats once.
+    assert cached.blob_bytes == scratch.blob_bytes == sum(map(len, scratch.blobs.values()))
 
 
 # Mostly a growing chat, checkpointed often, with the other edits in between.

@@ -377,8 +377,7 @@ class RecordCodec:
         self.memory.remember(workflow_id, split.memory)
         shared = self._staged.pop(workflow_id, None)
         if shared is not None and shared.split is split:
-            size = sum(map(len, split.blobs.values()))
-            self.subtrees.keep(workflow_id, shared.entries, size)
+            self.subtrees.keep(workflow_id, shared.entries, split.stored_bytes())
         else:  # made by another path, or overtaken by a concurrent save: start again
             self.subtrees.keep(workflow_id, None)
 

@@ -63,8 +63,7 @@ Node = tuple[bytes, tuple[bytes, ...], bytes | None, int, int]
 Region = tuple[int | None, bool, int, int]
 #: One level of a container's index as far as it stays when the container grows: how
 #: many of the level's hashes closed groups took, those groups' hashes and their nodes.
-IndexLevel = tuple[int, tuple[bytes, ...], tuple[Node, ...]]
-_NO_LEVEL: Final[IndexLevel] = (0, (), ())
+IndexLevel = tuple[int, tuple[bytes, ...], "NodeSet"]
 _NO_REFS: Final[_Refs] = []
 _NO_HASHES: Final[list[bytes]] = []
 _REF_WEIGHT: Final = 20  # what one reference adds to a node: hash and offset, roughly
@@ -221,6 +220,7 @@ class _Splitter:
         "_known",
         "_name",
         "_wrap",
+        "blob_bytes",
         "blobs",
         "children",
         "levels",
@@ -245,6 +245,7 @@ class _Splitter:
         self._known = known
         self._budget = _SLICE_BYTES
         self.blobs: dict[bytes, bytes] = {}
+        self.blob_bytes = 0  # of ``blobs`` together
         self.children: dict[bytes, tuple[bytes, ...]] = {}
         self.text_crc: int | None = None
         # What a reader will hold: each node's text once spliced (by hash), and the bytes
@@ -558,7 +559,7 @@ class _Splitter:
         levels: list[IndexLevel] = []
         while len(hashes) > 1:
             taken, outs, nodes = resume[len(levels)] if len(levels) < len(resume) else _NO_LEVEL
-            self.adopt(nodes, ())
+            self.adopt_set(nodes)
             out, current, start = list(outs), [], 0 if log is None else len(log)
             kept = taken, len(outs), start
             for i in range(taken, len(hashes)):
@@ -575,7 +576,8 @@ class _Splitter:
             if current:
                 out.append(current[0] if len(current) == 1 else self._index_node(head, current))
             if log is not None:
-                levels.append((kept[0], tuple(out[: kept[1]]), nodes + tuple(log[start : kept[2]])))
+                closed = NodeSet(log[start : kept[2]], nodes) if kept[2] > start else nodes
+                levels.append((kept[0], tuple(out[: kept[1]]), closed))
                 stable = kept[1]
             hashes = out
         self.levels = levels
@@ -637,7 +639,9 @@ class _Splitter:
             self.sizes[h] = size
             self.node_bytes += len(node)
             if h not in self._known:
-                self.blobs[h] = self._wrap(node) if self._compress else blob
+                stored = self._wrap(node) if self._compress else blob
+                self.blobs[h] = stored
+                self.blob_bytes += len(stored)
         if self.log is not None:
             self.log.append((h, self.children[h], self.blobs.get(h), size, len(node)))
         return h
@@ -652,6 +656,7 @@ class _Splitter:
                 self.node_bytes += length
                 if blob is not None and h not in self._known:
                     blobs[h] = blob
+                    self.blob_bytes += len(blob)
         memory = self.memory
         for key, whole, head, tail in regions:
             if key is not None:
@@ -661,8 +666,8 @@ class _Splitter:
             self.log.extend(nodes)
             self.region_log.extend(regions)
 
-    def adopt_set(self, kept: NodeSet, regions: Iterable[Region]) -> None:
-        """:meth:`adopt` for many nodes at once: dict updates instead of a loop per node."""
+    def adopt_set(self, kept: NodeSet) -> None:
+        """:meth:`adopt` for a node set and its regions: dict updates, not a loop per node."""
         children = self.children
         if children:
             again = children.keys() & kept.children.keys()
@@ -670,14 +675,20 @@ class _Splitter:
         self.node_bytes += kept.length
         children.update(kept.children)
         self.sizes.update(kept.sizes)
-        known = self._known
-        if known:
-            self.blobs.update((h, b) for h, b in kept.blobs.items() if h not in known)
-        else:
-            self.blobs.update(kept.blobs)
+        fresh, size = kept.blobs, kept.blob_bytes
+        if self._known:
+            fresh = {h: b for h, b in fresh.items() if h not in self._known}
+            size = sum(map(len, fresh.values()))
+        blobs = self.blobs
+        # Blobs named twice are counted once (the smaller set is walked).
+        self.blob_bytes += size - sum(len(fresh[h]) for h in blobs.keys() & fresh.keys())
+        blobs.update(fresh)
+        memory = self.memory
+        memory.regions.update(kept.keyed)
+        memory.edges.update(kept.edges)
         if self.log is not None:
             self.log.extend(kept.nodes)
-        self.adopt((), regions)
+            self.region_log.extend(kept.regions)
 
     def wrap(self, node: bytes | memoryview) -> bytes:
         """The stored blob of ``node`` (compressed if the parameters say so)."""
@@ -688,34 +699,61 @@ class NodeSet:
     """Nodes a split named, in order, kept to be adopted whole (:meth:`_Splitter.adopt_set`).
 
     By hash: each distinct node's children, size, stored blob and length (what adopting
-    them one by one would add), and ``length``, their lengths' sum.
+    them one by one would add), ``length``, their lengths' sum, and ``blob_bytes``, the
+    stored blobs' bytes together. Also regions cut with those nodes, in order, with what
+    adopting them adds to a split's memory (``keyed``, ``edges``).
     """
 
-    __slots__ = ("blobs", "children", "length", "lengths", "nodes", "sizes")
+    __slots__ = (
+        "blob_bytes",
+        "blobs",
+        "children",
+        "edges",
+        "keyed",
+        "length",
+        "lengths",
+        "nodes",
+        "regions",
+        "sizes",
+    )
 
-    def __init__(self, nodes: Iterable[Node] = (), base: NodeSet | None = None) -> None:
-        nodes = tuple(nodes)
+    def __init__(
+        self,
+        nodes: Iterable[Node] = (),
+        base: NodeSet | None = None,
+        regions: Iterable[Region] = (),
+    ) -> None:
+        nodes, regions = tuple(nodes), tuple(regions)
         if base is None:
-            self.nodes = nodes
+            self.nodes, self.regions = nodes, regions
             self.children: dict[bytes, tuple[bytes, ...]] = {}
             self.sizes: dict[bytes, int] = {}
             self.blobs: dict[bytes, bytes] = {}
             self.lengths: dict[bytes, int] = {}
-            self.length = 0
+            self.keyed: dict[int, bool] = {}
+            self.edges: set[int] = set()
+            self.length = self.blob_bytes = 0
         else:
-            self.nodes = base.nodes + nodes
+            self.nodes, self.regions = base.nodes + nodes, base.regions + regions
             self.children, self.sizes = dict(base.children), dict(base.sizes)
             self.blobs, self.lengths = dict(base.blobs), dict(base.lengths)
-            self.length = base.length
+            self.keyed, self.edges = dict(base.keyed), set(base.edges)
+            self.length, self.blob_bytes = base.length, base.blob_bytes
+        for key, whole, head, tail in regions:
+            if key is not None:
+                self.keyed[key] = whole
+            self.edges.update((head, tail))
         for h, kids, blob, size, length in nodes:
             if h not in self.children:
                 self.children[h], self.sizes[h], self.lengths[h] = kids, size, length
                 self.length += length
                 if blob is not None:
                     self.blobs[h] = blob
+                    self.blob_bytes += len(blob)
 
 
 NO_NODES: Final = NodeSet()
+_NO_LEVEL: Final[IndexLevel] = (0, (), NO_NODES)
 
 
 def _value_node(data: bytes, refs: _Refs) -> bytes:
@@ -867,6 +905,7 @@ def split_work(
         tuple(dict.fromkeys(h for _, h in refs)),
         splitter.text_crc,
         splitter.memory,
+        splitter.blob_bytes,
     )
 
 

@@ -201,7 +201,7 @@ class _Scan:
         index: int,
         chunks: tuple[bytes, ...],
         element_nodes: NodeSet,
-        chunk_nodes: tuple[NodeSet, tuple[Region, ...]],
+        chunk_nodes: NodeSet,
         text: tuple[int, int, int],
         levels: tuple[IndexLevel, ...] = (),
     ) -> None:
@@ -218,7 +218,7 @@ class _Scan:
         self.tagged = False
 
 
-_START: Final = _Scan(0, (), NO_NODES, (NO_NODES, ()), (zlib.crc32(b"["), 1, 1))
+_START: Final = _Scan(0, (), NO_NODES, NO_NODES, (zlib.crc32(b"["), 1, 1))
 #: A workflow's cached sub-trees: by the id of their source, and chunked lists by path too.
 Entries = dict[int | str, _Entry]
 
@@ -287,8 +287,8 @@ class _Walk:
             return None
         nodes = entry.node_set
         if nodes is None:
-            nodes = entry.node_set = NodeSet(entry.nodes)
-        self.splitter.adopt_set(nodes, entry.regions)
+            nodes = entry.node_set = NodeSet(entry.nodes, None, entry.regions)
+        self.splitter.adopt_set(nodes)
         for kept in (*entry.inner, entry):
             self.new[id(kept.source)] = kept
             if kept.scan is not None:
@@ -506,7 +506,7 @@ class _ListCut:
         assert log is not None
         scan = self.scan
         if resumed:
-            splitter.adopt_set(scan.element_nodes, ())
+            splitter.adopt_set(scan.element_nodes)
         yield from self._elements(items)
         splitter.point = None
         if not resumed:
@@ -516,7 +516,7 @@ class _ListCut:
                     self.lens, self.refmap, self._mix, self._chunk, False, self.chunks
                 )
             )
-        splitter.adopt_set(*scan.chunk_nodes)
+        splitter.adopt_set(scan.chunk_nodes)
         self.scan_from = (len(log), len(splitter.region_log))
         yield from splitter.scan(
             self.lens, self.refmap, self._mix, self._chunk, scan.index, self.chunks
@@ -595,9 +595,8 @@ class _ListCut:
         log = self.splitter.log
         assert log is not None
         start, region_start = self.scan_from
-        chunk_nodes = (
-            NodeSet(log[start:nodes], scan.chunk_nodes[0]),
-            scan.chunk_nodes[1] + tuple(self.splitter.region_log[region_start:regions]),
+        chunk_nodes = NodeSet(
+            log[start:nodes], scan.chunk_nodes, self.splitter.region_log[region_start:regions]
         )
         depth = max(scan.depth, _depth(self.copy[base:index]))
         tagged = scan.tagged or self.first_tagged < index - base
@@ -647,6 +646,7 @@ def shared_split_work(
         tuple(dict.fromkeys(hashes)),
         root.crc,
         splitter.memory,
+        splitter.blob_bytes,
     )
     return SharedSplit(root.copy, split, walk.new, root.tagged)
 

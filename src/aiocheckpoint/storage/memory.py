@@ -28,6 +28,7 @@ from .base import (
     BaseStorage,
     StoredCheckpoint,
     StoredEffect,
+    check_blob_sizes,
     check_effect_key,
     check_max_record_bytes,
     check_record_size,
@@ -230,7 +231,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         record = bytes(record)
         refs = checked_tree(record, split)
         check_record_size(record, self._max_record_bytes)
-        check_record_size(max(split.blobs.values(), key=len, default=b""), self._max_record_bytes)
+        check_blob_sizes(split, self._max_record_bytes)
         self._check_fence(workflow_id, fence)
         self._blobs.add(split)
         self._write(workflow_id, step, record, refs, keep_last, step_info)

@@ -34,6 +34,7 @@ from ..base import (
     BlobFetch,
     StoredCheckpoint,
     StoredEffect,
+    check_blob_sizes,
     check_effect_key,
     check_max_record_bytes,
     check_record_size,
@@ -311,8 +312,7 @@ class FileCheckpointStorage(BaseStorage):
         if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
             raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
         check_record_size(record, self._max)
-        for blob in split.blobs.values():
-            check_record_size(blob, self._max)
+        check_blob_sizes(split, self._max)
         await self._run(
             f"cannot save step {step} of workflow {workflow_id!r}",
             self._save_tree,

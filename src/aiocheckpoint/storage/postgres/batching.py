@@ -371,7 +371,7 @@ def _weight(item: Write) -> int:
     """What a queued write adds to its batch's size: its record and its blobs."""
     if item.split is None:
         return len(item.data)
-    return len(item.data) + sum(map(len, item.split.blobs.values()))
+    return len(item.data) + item.split.stored_bytes()
 
 
 def _write_error(exc: Exception) -> Exception:

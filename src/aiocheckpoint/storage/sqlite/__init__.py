@@ -227,7 +227,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         refs = checked_tree(record, split)
         check_record_size(record, self._max_record_bytes)
         token = None if fence is None else fence_token(fence, workflow_id)
-        size = len(record) + sum(map(len, split.blobs.values()))
+        size = len(record) + split.stored_bytes()
         op = SaveTreeOp(workflow_id, step, record, refs, split, keep_last, token, step_info)
         await self._submit(op, size)
 

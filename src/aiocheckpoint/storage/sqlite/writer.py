@@ -96,7 +96,7 @@ def _estimate_pages(ops: Sequence[Op]) -> int:
         if isinstance(op, SaveOp | SaveTreeOp):
             size += len(op.data)
             if isinstance(op, SaveTreeOp) and op.split is not None:
-                size += sum(map(len, op.split.blobs.values()))
+                size += op.split.stored_bytes()
     return size // _PAGE_SIZE + 2 * len(ops)
 
 
