@@ -240,7 +240,8 @@ def _measure(args: tuple[Any, ...]) -> tuple[int, int]:
         elif not isinstance(value, (str, int)):
             blobs = getattr(value, "blobs", None)
             if isinstance(blobs, dict):  # a SplitResult: its new blobs go in the same write
-                size += sum(len(blob) for blob in blobs.values())
+                counted = getattr(value, "stored_bytes", None)  # not a walk over every blob
+                size += counted() if callable(counted) else sum(map(len, blobs.values()))
                 batch += len(blobs)
     return size, batch
 
