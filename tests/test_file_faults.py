@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from aiocheckpoint import CheckpointManager, StorageBackendError
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.file.io import FileOps
+from tests._tmpfs import tiny_tmpfs
 
 
 class FaultyOps(FileOps):
@@ -236,19 +236,9 @@ async def test_failed_retention_keeps_the_new_record(
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A 256 KiB tmpfs mounted at tmp_path/mnt (needs root)."""
+    with tiny_tmpfs(tmp_path) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 async def test_real_disk_full(tiny_disk: Path) -> None:

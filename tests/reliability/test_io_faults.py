@@ -23,6 +23,7 @@ import pytest
 from aiocheckpoint import CheckpointError, CheckpointManager, CheckpointStorage
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.file.io import FileOps
+from tests._tmpfs import tiny_tmpfs
 
 from ._support import SOAK, TALLY, Dump, decode_stored, dump_store
 from .conftest import BACKENDS, Backend
@@ -237,19 +238,8 @@ async def test_every_injected_os_fault_is_typed_and_harmless(
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs mounted at tmp_path/mnt (needs root)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
-    try:
+    with tiny_tmpfs(tmp_path) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _remount(mnt: Path, options: str) -> None:
