@@ -33,6 +33,7 @@ __all__ = [
     "child_path",
     "json_copy",
     "storable_copy",
+    "storable_copy_sized",
     "storable_copy_work",
     "to_storable",
 ]
@@ -46,14 +47,20 @@ _PLAIN: Final = frozenset({str, int, bool, type(None)})
 _SCALARS: Final = _PLAIN | {float}
 _LAST_DEPTH: Final = MAX_DEPTH - 1  # a tag's data sits one level below it
 _Types = dict[type, TypeEntry]
+_UNCOUNTED: Final = [0]  # where copies that need no size bound count it (never read)
 
 
-def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) -> Any:
+def _fast_copy(
+    value: Any, depth: int, nonfinite: list[float], types: _Types, size: list[int]
+) -> Any:
     # The hot path: plain JSON data, the standard types and registered ones, no paths
     # kept, no cycle set (a cycle ends at the depth limit). Anything unusual bails out to
-    # the Encoder, which finds and names the problem.
+    # the Encoder, which finds and names the problem. It also adds to size[0] the lower
+    # bound split.exceeds counts for the copy, less the 1 its parent counts for each item.
     kind = type(value)
     if kind in _PLAIN:
+        if kind is str:
+            size[0] += len(value) + 1
         return value
     if kind is float:
         if value - value != 0.0:  # NaN or an infinity
@@ -64,47 +71,61 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) ->
     if kind is dict:
         out = {}
         depth += 1
+        extra = 0
         for key, item in value.items():
             if type(key) is not str:
                 raise _Unstorable
             kind = type(item)
-            if kind in _PLAIN:
+            if kind is str:
+                out[key] = item
+                extra += len(item) + 1
+            elif kind in _PLAIN:
                 out[key] = item
             elif kind is float:
                 if item - item != 0.0:
                     nonfinite.append(item)
                 out[key] = item
             else:
-                out[key] = _fast_copy(item, depth, nonfinite, types)
+                out[key] = _fast_copy(item, depth, nonfinite, types, size)
         if len(out) == 1 and key[:1] == TAG_START:  # would read as a tag: escaped
             raise _Unstorable
+        size[0] += extra + 4 * len(out) + sum(map(len, out))
         return out
     if kind is list:
         # Copy first (in C), then replace the containers by their copies; scalars stay.
         items = list(value)
         depth += 1
+        extra = 2 * len(items)
         for index, item in enumerate(items):
             kind = type(item)
-            if kind in _PLAIN:
+            if kind is str:
+                extra += len(item) + 1
+            elif kind in _PLAIN:
                 continue
-            if kind is float:
+            elif kind is float:
                 if item - item != 0.0:
                     nonfinite.append(item)
             else:
-                items[index] = _fast_copy(item, depth, nonfinite, types)
+                items[index] = _fast_copy(item, depth, nonfinite, types, size)
+        size[0] += extra
         return items
-    return _fast_tagged(value, depth, nonfinite, types)
+    return _fast_tagged(value, depth, nonfinite, types, size)
 
 
-def _fast_tagged(value: Any, depth: int, nonfinite: list[float], types: _Types) -> Any:
+def _fast_tagged(
+    value: Any, depth: int, nonfinite: list[float], types: _Types, size: list[int]
+) -> Any:
     kind = type(value)
     scalar = SCALARS.get(kind)
     if scalar is not None:
-        return {scalar[0]: scalar[1](value)}
+        data = scalar[1](value)  # a str, or a timedelta's list of ints
+        size[0] += 4 + len(scalar[0]) + (len(data) + 1 if type(data) is str else 2 * len(data))
+        return {scalar[0]: data}
     tag = COLLECTIONS.get(kind)
     if tag is not None:
         items = list(value) if kind is tuple else ordered(value)
-        return {tag: _fast_copy(items, depth + 1, nonfinite, types)}
+        size[0] += 4 + len(tag)
+        return {tag: _fast_copy(items, depth + 1, nonfinite, types, size)}
     entry = types.get(kind)
     if entry is None:
         raise _Unstorable
@@ -112,17 +133,35 @@ def _fast_tagged(value: Any, depth: int, nonfinite: list[float], types: _Types) 
         dumped = entry.dump(value)
     except Exception:
         raise _Unstorable from None
-    return {TYPED: [entry.name, entry.version, _fast_copy(dumped, depth + 2, nonfinite, types)]}
+    # {"$typed": [name, version, data]}: the dict's 4 + tag, the list's 2 per item, the name
+    size[0] += 11 + len(TYPED) + len(entry.name)
+    return {
+        TYPED: [entry.name, entry.version, _fast_copy(dumped, depth + 2, nonfinite, types, size)]
+    }
 
 
 def storable_copy(value: Any, path: str = "state", types: TypeRegistry = EMPTY) -> tuple[Any, bool]:
     """Like :func:`to_storable`, also telling whether every float in it is finite."""
+    copy, finite, _ = storable_copy_sized(value, path, types)
+    return copy, finite
+
+
+def storable_copy_sized(
+    value: Any, path: str = "state", types: TypeRegistry = EMPTY
+) -> tuple[Any, bool, int | None]:
+    """:func:`storable_copy`, and a lower bound on the length of the copy's JSON text.
+
+    The bound is the count :func:`~aiocheckpoint.codec.split.exceeds` makes, taken while
+    copying: ``exceeds(copy, limit)`` is ``bound > limit``. None when the copy was not taken
+    by the fast path (then ask ``exceeds``).
+    """
     nonfinite: list[float] = []
+    size = [1]
     try:
-        return _fast_copy(value, 0, nonfinite, types.classes), not nonfinite
+        return _fast_copy(value, 0, nonfinite, types.classes, size), not nonfinite, size[0]
     except (_Unstorable, RecursionError):
         encoder = Encoder(types)
-        return encoder.walk(value, path, 0), not encoder.nonfinite
+        return encoder.walk(value, path, 0), not encoder.nonfinite, None
 
 
 #: How long (seconds of work) :func:`storable_copy_work` goes between two yields.
@@ -162,7 +201,7 @@ def _fast_copy_work(
 ) -> Generator[None, None, Any]:
     kind = type(value)
     if (kind is not dict and kind is not list) or (depth and len(value) <= _COPY_BATCH):
-        return _fast_copy(value, depth, nonfinite, types)
+        return _fast_copy(value, depth, nonfinite, types, _UNCOUNTED)
     keys = list(value) if kind is dict else None
     items = list(value.values()) if kind is dict else value
     copies: list[Any] = []
@@ -171,7 +210,7 @@ def _fast_copy_work(
             if depth == 0 and type(item) in (dict, list) and len(item) > _COPY_BATCH:
                 copies.append((yield from _fast_copy_work(item, 1, nonfinite, last, types)))
             else:
-                copies.append(_fast_copy(item, depth + 1, nonfinite, types))
+                copies.append(_fast_copy(item, depth + 1, nonfinite, types, _UNCOUNTED))
         now = perf_counter()
         if now - last[0] > _COPY_SLICE:
             yield
