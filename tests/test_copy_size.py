@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from datetime import datetime
 from typing import Any
 
@@ -47,14 +48,17 @@ fast_states = st.dictionaries(plain_keys, fast_values, max_size=6)
 @settings(max_examples=400, deadline=None)
 @given(fast_states | fast_values)
 def test_counted_bound_is_the_count_exceeds_makes(value: Any) -> None:
-    copy, finite, size = storable_copy_sized(value, types=TYPES)
+    copy, finite, size = storable_copy_sized(value, sys.maxsize, types=TYPES)
     assert size is not None  # every value here takes the fast path
-    # The full count of exceeds is exactly ``size``: over size - 1, not over size.
+    # Counted in full, the bound is exactly exceeds' count: over size - 1, not over size.
     assert exceeds(copy, size - 1) and not exceeds(copy, size)
-    for limit in LIMITS:
-        assert (size > limit) == exceeds(copy, limit)
     expected, expected_finite = storable_copy(value, types=TYPES)
     assert finite == expected_finite and same(copy, expected)
+    for limit in (*LIMITS, size - 1, size):
+        copy, finite, bound = storable_copy_sized(value, limit, types=TYPES)
+        assert bound is not None and bound <= size  # counting may stop past the limit
+        assert (bound > limit) == exceeds(copy, limit)
+        assert finite == expected_finite and same(copy, expected)
 
 
 @settings(max_examples=200, deadline=None)
@@ -71,7 +75,7 @@ def test_codec_decides_as_wants_tree_of_the_copy(state: dict[Any, Any], limit: i
 
 def test_the_encoders_copy_leaves_the_bound_to_exceeds() -> None:
     state = {"key": {1: "a"}, "tag": {"$dt": "x"}}
-    copy, _, size = storable_copy_sized(state)
+    copy, _, size = storable_copy_sized(state, 8192)
     assert size is None
     assert copy == storable_copy(state)[0]
 

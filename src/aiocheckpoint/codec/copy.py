@@ -27,6 +27,7 @@ from ..format.limits import MAX_DEPTH
 from ..format.tags import TAG_START, TYPED
 from .paths import child_path
 from .registry import EMPTY, TypeEntry, TypeRegistry
+from .split import text_bound
 from .typed import COLLECTIONS, SCALARS, Encoder, ordered
 
 __all__ = [
@@ -47,20 +48,14 @@ _PLAIN: Final = frozenset({str, int, bool, type(None)})
 _SCALARS: Final = _PLAIN | {float}
 _LAST_DEPTH: Final = MAX_DEPTH - 1  # a tag's data sits one level below it
 _Types = dict[type, TypeEntry]
-_UNCOUNTED: Final = [0]  # where copies that need no size bound count it (never read)
 
 
-def _fast_copy(
-    value: Any, depth: int, nonfinite: list[float], types: _Types, size: list[int]
-) -> Any:
+def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) -> Any:
     # The hot path: plain JSON data, the standard types and registered ones, no paths
     # kept, no cycle set (a cycle ends at the depth limit). Anything unusual bails out to
-    # the Encoder, which finds and names the problem. It also adds to size[0] the lower
-    # bound split.exceeds counts for the copy, less the 1 its parent counts for each item.
+    # the Encoder, which finds and names the problem.
     kind = type(value)
     if kind in _PLAIN:
-        if kind is str:
-            size[0] += len(value) + 1
         return value
     if kind is float:
         if value - value != 0.0:  # NaN or an infinity
@@ -71,61 +66,47 @@ def _fast_copy(
     if kind is dict:
         out = {}
         depth += 1
-        extra = 0
         for key, item in value.items():
             if type(key) is not str:
                 raise _Unstorable
             kind = type(item)
-            if kind is str:
-                out[key] = item
-                extra += len(item) + 1
-            elif kind in _PLAIN:
+            if kind in _PLAIN:
                 out[key] = item
             elif kind is float:
                 if item - item != 0.0:
                     nonfinite.append(item)
                 out[key] = item
             else:
-                out[key] = _fast_copy(item, depth, nonfinite, types, size)
+                out[key] = _fast_copy(item, depth, nonfinite, types)
         if len(out) == 1 and key[:1] == TAG_START:  # would read as a tag: escaped
             raise _Unstorable
-        size[0] += extra + 4 * len(out) + sum(map(len, out))
         return out
     if kind is list:
         # Copy first (in C), then replace the containers by their copies; scalars stay.
         items = list(value)
         depth += 1
-        extra = 2 * len(items)
         for index, item in enumerate(items):
             kind = type(item)
-            if kind is str:
-                extra += len(item) + 1
-            elif kind in _PLAIN:
+            if kind in _PLAIN:
                 continue
-            elif kind is float:
+            if kind is float:
                 if item - item != 0.0:
                     nonfinite.append(item)
             else:
-                items[index] = _fast_copy(item, depth, nonfinite, types, size)
-        size[0] += extra
+                items[index] = _fast_copy(item, depth, nonfinite, types)
         return items
-    return _fast_tagged(value, depth, nonfinite, types, size)
+    return _fast_tagged(value, depth, nonfinite, types)
 
 
-def _fast_tagged(
-    value: Any, depth: int, nonfinite: list[float], types: _Types, size: list[int]
-) -> Any:
+def _fast_tagged(value: Any, depth: int, nonfinite: list[float], types: _Types) -> Any:
     kind = type(value)
     scalar = SCALARS.get(kind)
     if scalar is not None:
-        data = scalar[1](value)  # a str, or a timedelta's list of ints
-        size[0] += 4 + len(scalar[0]) + (len(data) + 1 if type(data) is str else 2 * len(data))
-        return {scalar[0]: data}
+        return {scalar[0]: scalar[1](value)}
     tag = COLLECTIONS.get(kind)
     if tag is not None:
         items = list(value) if kind is tuple else ordered(value)
-        size[0] += 4 + len(tag)
-        return {tag: _fast_copy(items, depth + 1, nonfinite, types, size)}
+        return {tag: _fast_copy(items, depth + 1, nonfinite, types)}
     entry = types.get(kind)
     if entry is None:
         raise _Unstorable
@@ -133,32 +114,94 @@ def _fast_tagged(
         dumped = entry.dump(value)
     except Exception:
         raise _Unstorable from None
-    # {"$typed": [name, version, data]}: the dict's 4 + tag, the list's 2 per item, the name
-    size[0] += 11 + len(TYPED) + len(entry.name)
-    return {
-        TYPED: [entry.name, entry.version, _fast_copy(dumped, depth + 2, nonfinite, types, size)]
-    }
+    return {TYPED: [entry.name, entry.version, _fast_copy(dumped, depth + 2, nonfinite, types)]}
+
+
+def _counted_copy(
+    value: Any, depth: int, nonfinite: list[float], types: _Types, size: list[int]
+) -> Any:
+    # _fast_copy, also adding to size[0] what split.exceeds counts for the copy (less the
+    # 1 its parent counts for each item) until size[0] passes size[1]; _fast_copy does the
+    # rest. Two functions, not one with a switch: the switch cost every other copy ~10%.
+    kind = type(value)
+    if kind is not dict and kind is not list:  # a tag (or a scalar at the root)
+        copy = _fast_copy(value, depth, nonfinite, types)
+        size[0] += text_bound(copy, size[1]) - 1
+        return copy
+    if depth >= _LAST_DEPTH:
+        raise _Unstorable
+    depth += 1
+    if kind is dict:
+        out = {}
+        extra = 4 * len(value)
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _Unstorable
+            kind = type(item)
+            if kind is str:
+                extra += len(item) + 1
+                out[key] = item
+            elif kind in _PLAIN:
+                out[key] = item
+            elif kind is float:
+                out[key] = _float(item, nonfinite)
+            elif size[0] <= size[1]:
+                out[key] = _counted_copy(item, depth, nonfinite, types, size)
+            else:  # past the limit: nothing more to count
+                out[key] = _fast_copy(item, depth, nonfinite, types)
+        if len(out) == 1 and key[:1] == TAG_START:  # would read as a tag: escaped
+            raise _Unstorable
+        size[0] += extra + sum(map(len, out))
+        return out
+    items = list(value)
+    extra = 2 * len(items)
+    for index, item in enumerate(items):
+        kind = type(item)
+        if kind is str:
+            extra += len(item) + 1
+        elif kind is float:
+            _float(item, nonfinite)
+        elif kind in _PLAIN:
+            continue
+        elif size[0] <= size[1]:
+            items[index] = _counted_copy(item, depth, nonfinite, types, size)
+        else:  # past the limit: the rest in one piece, uncounted
+            items[index:] = _fast_copy(items[index:], depth - 1, nonfinite, types)
+            break
+    size[0] += extra
+    return items
+
+
+def _float(value: float, nonfinite: list[float]) -> float:
+    if value - value != 0.0:  # NaN or an infinity
+        nonfinite.append(value)
+    return value
 
 
 def storable_copy(value: Any, path: str = "state", types: TypeRegistry = EMPTY) -> tuple[Any, bool]:
     """Like :func:`to_storable`, also telling whether every float in it is finite."""
-    copy, finite, _ = storable_copy_sized(value, path, types)
-    return copy, finite
+    nonfinite: list[float] = []
+    try:
+        return _fast_copy(value, 0, nonfinite, types.classes), not nonfinite
+    except (_Unstorable, RecursionError):
+        encoder = Encoder(types)
+        return encoder.walk(value, path, 0), not encoder.nonfinite
 
 
 def storable_copy_sized(
-    value: Any, path: str = "state", types: TypeRegistry = EMPTY
+    value: Any, limit: int, path: str = "state", types: TypeRegistry = EMPTY
 ) -> tuple[Any, bool, int | None]:
     """:func:`storable_copy`, and a lower bound on the length of the copy's JSON text.
 
     The bound is the count :func:`~aiocheckpoint.codec.split.exceeds` makes, taken while
-    copying: ``exceeds(copy, limit)`` is ``bound > limit``. None when the copy was not taken
-    by the fast path (then ask ``exceeds``).
+    copying and given up once past ``limit``: ``exceeds(copy, limit)`` is
+    ``bound > limit``. None when the copy was not taken by the fast path (then ask
+    ``exceeds``).
     """
     nonfinite: list[float] = []
-    size = [1]
+    size = [1, limit]
     try:
-        return _fast_copy(value, 0, nonfinite, types.classes, size), not nonfinite, size[0]
+        return _counted_copy(value, 0, nonfinite, types.classes, size), not nonfinite, size[0]
     except (_Unstorable, RecursionError):
         encoder = Encoder(types)
         return encoder.walk(value, path, 0), not encoder.nonfinite, None
@@ -201,7 +244,7 @@ def _fast_copy_work(
 ) -> Generator[None, None, Any]:
     kind = type(value)
     if (kind is not dict and kind is not list) or (depth and len(value) <= _COPY_BATCH):
-        return _fast_copy(value, depth, nonfinite, types, _UNCOUNTED)
+        return _fast_copy(value, depth, nonfinite, types)
     keys = list(value) if kind is dict else None
     items = list(value.values()) if kind is dict else value
     copies: list[Any] = []
@@ -210,7 +253,7 @@ def _fast_copy_work(
             if depth == 0 and type(item) in (dict, list) and len(item) > _COPY_BATCH:
                 copies.append((yield from _fast_copy_work(item, 1, nonfinite, last, types)))
             else:
-                copies.append(_fast_copy(item, depth + 1, nonfinite, types, _UNCOUNTED))
+                copies.append(_fast_copy(item, depth + 1, nonfinite, types))
         now = perf_counter()
         if now - last[0] > _COPY_SLICE:
             yield

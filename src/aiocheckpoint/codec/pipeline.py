@@ -131,11 +131,12 @@ class RecordCodec:
 
         The copy counts the size bound as it goes, so the state is walked once.
         """
-        data, finite, size = self._copy_sized(state, "state")
         blobs = self.blobs
         if blobs is None:
+            data, finite = self._copy(state, "state")
             return data, finite, False
         limit = blobs.blob_params.root_inline_limit
+        data, finite, size = self._copy_sized(state, limit, "state")
         return data, finite, exceeds(data, limit) if size is None else size > limit
 
     def encode_value(self, value: Any, path: str) -> tuple[Any, bool]:

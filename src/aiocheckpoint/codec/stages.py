@@ -60,7 +60,7 @@ class ValueStage(Protocol):
         """
         ...
 
-    def copy_sized(self, value: Any, path: str) -> tuple[Any, bool, int | None]:
+    def copy_sized(self, value: Any, limit: int, path: str) -> tuple[Any, bool, int | None]:
         """:meth:`copy`, and the size bound ``exceeds`` of the copy counts, or None.
 
         ``exceeds(copy, limit)`` (:func:`~aiocheckpoint.codec.split.exceeds`) is
@@ -93,7 +93,7 @@ class TypedValues:
     #: See :meth:`ValueStage.copy` (a partial: one Python call less on the hot path).
     copy: Callable[[Any, str], tuple[Any, bool]]
     #: See :meth:`ValueStage.copy_sized` (a partial, as ``copy``).
-    copy_sized: Callable[[Any, str], tuple[Any, bool, int | None]]
+    copy_sized: Callable[[Any, int, str], tuple[Any, bool, int | None]]
 
     def __init__(self, types: TypeRegistry = EMPTY) -> None:
         self.types = types
