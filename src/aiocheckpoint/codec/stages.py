@@ -63,8 +63,9 @@ class ValueStage(Protocol):
     def copy_sized(self, value: Any, limit: int, path: str) -> tuple[Any, bool, int | None]:
         """:meth:`copy`, and the size bound ``exceeds`` of the copy counts, or None.
 
+        The bound is counted while copying and given up once past ``limit``:
         ``exceeds(copy, limit)`` (:func:`~aiocheckpoint.codec.split.exceeds`) is
-        ``bound > limit``; None when the bound was not counted.
+        ``bound > limit``. None when it was not counted (then ask ``exceeds``).
         """
         ...
 
