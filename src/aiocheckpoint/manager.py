@@ -374,7 +374,7 @@ class CheckpointManager:
         # CheckpointFields (copies and atoms), not the caller's objects nor built models,
         # which the garbage collector would promote by the thousand (docs/performance.md).
         copying = time.perf_counter()
-        data, finite = self._codec.copy(state, "state")
+        data, finite, tree = self._codec.copy_state(state)
         copied = time.perf_counter()
         fields = CheckpointFields(
             workflow_id,
@@ -392,9 +392,9 @@ class CheckpointManager:
         if copied - copying > _HELD_LONG:
             await anyio.lowlevel.checkpoint()  # as in _create: a long copy held the loop
         finite = finite and meta_finite
-        codec = self._codec
-        if codec.wants_tree(data):
+        if tree:
             return await self._store(fields.checkpoint(), finite, lease, info)
+        codec = self._codec
         record = codec.encode_fields(fields, finite)
         if record is None:  # only the exact encoder writes it (or names what it cannot)
             return await self._store(fields.checkpoint(), finite, lease, info)

@@ -105,6 +105,7 @@ class RecordCodec:
         self.max_bytes = _record_limit(storage)
         self._values = values
         self._copy = values.copy
+        self._copy_sized = values.copy_sized
         #: The last split of each recently saved workflow's state.
         self.memory = MemoryCache()
         #: What each recently saved workflow's SharedState sub-trees were encoded to.
@@ -124,6 +125,19 @@ class RecordCodec:
     def copy(self, value: Any, path: str) -> tuple[Any, bool]:
         """The value stage's copy of ``value``, and whether its floats are all finite."""
         return self._copy(value, path)
+
+    def copy_state(self, state: dict[str, Any]) -> tuple[Any, bool, bool]:
+        """:meth:`copy` of a checkpoint's state, and :meth:`wants_tree` of the copy.
+
+        The copy counts the size bound as it goes, so the state is walked once.
+        """
+        blobs = self.blobs
+        if blobs is None:
+            data, finite = self._copy(state, "state")
+            return data, finite, False
+        limit = blobs.blob_params.root_inline_limit
+        data, finite, size = self._copy_sized(state, limit, "state")
+        return data, finite, exceeds(data, limit) if size is None else size > limit
 
     def encode_value(self, value: Any, path: str) -> tuple[Any, bool]:
         """One value in the stored (JSON-able) form, and whether its floats are finite.

@@ -51,6 +51,7 @@ __all__ = [
     "namer",
     "split_state",
     "split_work",
+    "text_bound",
 ]
 
 _T = TypeVar("_T")
@@ -808,6 +809,11 @@ def exceeds(value: Any, limit: int) -> bool:
     Counts a lower bound and stops as soon as it passes ``limit``, so that a large state
     is not encoded whole just to learn that it does not fit in the root.
     """
+    return text_bound(value, limit) > limit
+
+
+def text_bound(value: Any, limit: int) -> int:
+    """The lower bound :func:`exceeds` counts for ``value``, given up once past ``limit``."""
     total = 0
     stack = [value]
     while stack:
@@ -826,8 +832,8 @@ def exceeds(value: Any, limit: int) -> bool:
         else:
             total += 1
         if total > limit:
-            return True
-    return False
+            break
+    return total
 
 
 def split_state(

@@ -37,7 +37,7 @@ import orjson
 
 from ..errors import CheckpointCorruptedError
 from ..models import Checkpoint, StateSnapshot, built
-from .copy import storable_copy, storable_copy_work
+from .copy import storable_copy, storable_copy_sized, storable_copy_work
 from .registry import EMPTY, TypeRegistry
 from .typed import Decoder, has_tags
 
@@ -57,6 +57,15 @@ class ValueStage(Protocol):
 
         Raises :class:`~aiocheckpoint.CheckpointSerializationError` naming ``path`` (or a
         path under it) for a value it cannot store.
+        """
+        ...
+
+    def copy_sized(self, value: Any, limit: int, path: str) -> tuple[Any, bool, int | None]:
+        """:meth:`copy`, and the size bound ``exceeds`` of the copy counts, or None.
+
+        The bound is counted while copying and given up once past ``limit``:
+        ``exceeds(copy, limit)`` (:func:`~aiocheckpoint.codec.split.exceeds`) is
+        ``bound > limit``. None when it was not counted (then ask ``exceeds``).
         """
         ...
 
@@ -84,11 +93,18 @@ class TypedValues:
 
     #: See :meth:`ValueStage.copy` (a partial: one Python call less on the hot path).
     copy: Callable[[Any, str], tuple[Any, bool]]
+    #: See :meth:`ValueStage.copy_sized` (a partial, as ``copy``).
+    copy_sized: Callable[[Any, int, str], tuple[Any, bool, int | None]]
 
     def __init__(self, types: TypeRegistry = EMPTY) -> None:
         self.types = types
         self.copy = (
             storable_copy if types is EMPTY else functools.partial(storable_copy, types=types)
+        )
+        self.copy_sized = (
+            storable_copy_sized
+            if types is EMPTY
+            else functools.partial(storable_copy_sized, types=types)
         )
 
     def copy_work(self, value: Any, path: str) -> Generator[None, None, tuple[Any, bool]]:
