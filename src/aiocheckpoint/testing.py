@@ -19,7 +19,8 @@ object on the same location. Backends with workflow records and leases also subc
 :class:`WorkflowStorageConformance`; backends that keep content-addressed blobs
 (:class:`~aiocheckpoint.storage.base.BlobCheckpointStorage`) subclass
 :class:`BlobStorageConformance`, whose ``storage`` fixture should make
-``collect_garbage()`` free unreferenced blobs at once (e.g. a near-zero grace period).
+``collect_garbage()`` free unreferenced blobs at once (e.g. a near-zero grace period), and
+those that read trees in their own thread (``BlobReads``) :class:`BlobReadsConformance`.
 Backends with an effect journal (:class:`~aiocheckpoint.storage.base.EffectStorage`)
 subclass :class:`EffectStorageConformance` (and, if durable,
 :class:`PersistentEffectConformance`). Sweeps (``docs/retention.md``) are checked by
@@ -73,6 +74,7 @@ from .storage.base import (
 from .workflow import ResumableWorkflow
 
 __all__ = [
+    "BlobReadsConformance",
     "BlobRetentionConformance",
     "BlobStorageConformance",
     "EffectStorageConformance",
@@ -877,34 +879,6 @@ class BlobStorageConformance:
         assert set(got) == set(wanted)
         assert all(got[h] == split.blobs[h] for h in wanted)
 
-    async def test_thread_reads_answer_like_fetch_blobs(self, storage: CheckpointStorage) -> None:
-        """read_blobs_in_thread (optional: BlobReads) runs off the loop, fetches like fetch_blobs.
-
-        What its function raises is passed on.
-        """
-        if not isinstance(storage, BlobReads):
-            pytest.skip("the store has no read_blobs_in_thread")
-        assert isinstance(storage, BlobCheckpointStorage)
-        manager = CheckpointManager(storage)
-        checkpoint = await manager.create_checkpoint("wf", 0, "a", "running", _big_state(2))
-        _record, split = encode_checkpoint_v2(checkpoint, storage.blob_params)
-        wanted = list(split.blobs)
-        unknown = b"\x00" * storage.blob_params.digest_size
-        loop_thread = threading.get_ident()
-
-        def read(fetch: Callable[[list[bytes]], Any]) -> tuple[int, Any, Any]:
-            return threading.get_ident(), fetch(wanted[:3]), fetch([*wanted[3:], unknown])
-
-        thread, first, rest = await storage.read_blobs_in_thread(read)
-        assert thread != loop_thread
-        assert {**first, **rest} == split.blobs
-
-        def fail(_fetch: Any) -> None:
-            raise KeyError("from fn")
-
-        with pytest.raises(KeyError, match="from fn"):
-            await storage.read_blobs_in_thread(fail)
-
     async def test_mixed_versions_list_in_order(self, storage: CheckpointStorage) -> None:
         """list/iter/latest read a history that mixes version-1 and version-2 records."""
         manager = CheckpointManager(storage)
@@ -982,6 +956,43 @@ class BlobStorageConformance:
         resume = await manager.get_resume_point("wf")
         assert resume is not None and resume[0] == 1
         assert resume[1].data == _big_state(1)
+
+
+class BlobReadsConformance:
+    """What a blob store that also offers :class:`~aiocheckpoint.storage.base.BlobReads` must show.
+
+    Optional: the manager reads a tree through ``read_blobs_in_thread`` when a store has it,
+    else through ``fetch_blobs``. Subclass it beside :class:`BlobStorageConformance`.
+    """
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_thread_reads_answer_like_fetch_blobs(self, storage: CheckpointStorage) -> None:
+        """read_blobs_in_thread runs off the loop and fetches like fetch_blobs.
+
+        What its function raises is passed on.
+        """
+        assert isinstance(storage, BlobReads)
+        assert isinstance(storage, BlobCheckpointStorage)
+        manager = CheckpointManager(storage)
+        checkpoint = await manager.create_checkpoint("wf", 0, "a", "running", _big_state(2))
+        _record, split = encode_checkpoint_v2(checkpoint, storage.blob_params)
+        wanted = list(split.blobs)
+        unknown = b"\x00" * storage.blob_params.digest_size
+        loop_thread = threading.get_ident()
+
+        def read(fetch: Callable[[list[bytes]], Any]) -> tuple[int, Any, Any]:
+            return threading.get_ident(), fetch(wanted[:3]), fetch([*wanted[3:], unknown])
+
+        thread, first, rest = await storage.read_blobs_in_thread(read)
+        assert thread != loop_thread
+        assert {**first, **rest} == split.blobs
+
+        def fail(_fetch: Any) -> None:
+            raise KeyError("from fn")
+
+        with pytest.raises(KeyError, match="from fn"):
+            await storage.read_blobs_in_thread(fail)
 
 
 class EffectStorageConformance:

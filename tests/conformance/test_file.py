@@ -5,6 +5,7 @@ import pytest
 
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.testing import (
+    BlobReadsConformance,
     BlobRetentionConformance,
     BlobStorageConformance,
     EffectStorageConformance,
@@ -36,7 +37,9 @@ class TestFileConformance(
         return _reopen
 
 
-class TestFileBlobConformance(BlobStorageConformance, BlobRetentionConformance):
+class TestFileBlobConformance(
+    BlobStorageConformance, BlobReadsConformance, BlobRetentionConformance
+):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[FileCheckpointStorage]:
         store = FileCheckpointStorage(tmp_path / "store", blob_grace_seconds=1e-9)

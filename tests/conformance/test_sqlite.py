@@ -5,6 +5,7 @@ import pytest
 
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.testing import (
+    BlobReadsConformance,
     BlobRetentionConformance,
     BlobStorageConformance,
     EffectStorageConformance,
@@ -48,7 +49,9 @@ class TestSQLiteConformance(
             await store.close()
 
 
-class TestSQLiteBlobConformance(BlobStorageConformance, BlobRetentionConformance):
+class TestSQLiteBlobConformance(
+    BlobStorageConformance, BlobReadsConformance, BlobRetentionConformance
+):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:
         store = SQLiteCheckpointStorage(tmp_path / "checkpoints.db")
