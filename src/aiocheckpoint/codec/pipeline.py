@@ -137,7 +137,7 @@ class RecordCodec:
             return data, finite, False
         limit = blobs.blob_params.root_inline_limit
         data, finite, size = self._copy_sized(state, limit, "state")
-        return data, finite, exceeds(data, limit) if size is None else size > limit
+        return data, finite, self.wants_tree(data) if size is None else size > limit
 
     def encode_value(self, value: Any, path: str) -> tuple[Any, bool]:
         """One value in the stored (JSON-able) form, and whether its floats are finite.

@@ -85,14 +85,7 @@ def encode_fields(fields: CheckpointFields, finite: bool) -> bytes | None:
         and not math.isfinite(metrics["total_cost"] + metrics["elapsed_seconds"])
     ):
         return None
-    now = _native_time(fields.timestamp)
-    version: dict[str, Any] = {
-        "version": 0,
-        "timestamp": now,
-        "agent_id": None,
-        "changed_fields": [],
-    }
-    state = {"data": fields.data, "version": version, "metadata": {}}
+    state = _state(fields.data, 0, _native_time(fields.timestamp), None, [], {})
     if metrics is None:
         metrics = METRICS_DEFAULTS
     try:
@@ -106,17 +99,36 @@ def _body(checkpoint: Checkpoint, time_: Callable[[datetime], datetime | str]) -
     """The record body as one JSON-ready dict; ``time_`` renders the datetimes."""
     snapshot = checkpoint.state_snapshot
     version = snapshot.version
-    state = {
-        "data": snapshot.data,
-        "version": {
-            "version": version.version,
-            "timestamp": time_(version.timestamp),
-            "agent_id": version.agent_id,
-            "changed_fields": list(version.changed_fields),
-        },
-        "metadata": snapshot.metadata,
-    }
+    state = _state(
+        snapshot.data,
+        version.version,
+        time_(version.timestamp),
+        version.agent_id,
+        list(version.changed_fields),
+        snapshot.metadata,
+    )
     return _layout(checkpoint, checkpoint.metrics.__dict__, state, time_)
+
+
+def _state(
+    data: Any,
+    version: int,
+    timestamp: datetime | str,
+    agent_id: str | None,
+    changed_fields: list[str],
+    metadata: dict[str, Any],
+) -> dict[str, Any]:
+    """The record body's ``state``: the snapshot's data, version and metadata."""
+    return {
+        "data": data,
+        "version": {
+            "version": version,
+            "timestamp": timestamp,
+            "agent_id": agent_id,
+            "changed_fields": changed_fields,
+        },
+        "metadata": metadata,
+    }
 
 
 def _layout(
