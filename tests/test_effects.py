@@ -348,6 +348,31 @@ async def test_lost_lease_stops_before_the_call(kind: str, tmp_path: Path, pg_sc
         assert calls.made == [] and await manager.get_effects("wf", 0) == []
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_stale_runner_settling_a_settled_effect_loses_its_lease(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """A runner taken over whose effect the new holder settled: LeaseLostError, not a misuse."""
+    if kind == "memory":
+        store: Any = InMemoryCheckpointStorage()
+    elif kind == "sqlite":
+        store = SQLiteCheckpointStorage(tmp_path / "fx.db")
+    else:
+        store = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)
+    async with CheckpointManager(store) as manager:
+        await leave_in_doubt(manager, "mail")
+        stale = await manager.acquire_lease("wf", "a", ttl=0.05)
+        await asyncio.sleep(0.1)
+        fresh = await manager.acquire_lease("wf", "b", ttl=30)
+        await manager.resolve_effect("wf", 0, "mail", happened=True, result=1, lease=fresh)
+        with pytest.raises(LeaseLostError):
+            await manager.resolve_effect("wf", 0, "mail", happened=False, lease=stale)
+        with pytest.raises(InvalidArgumentError):  # the holder itself: a plain misuse
+            await manager.resolve_effect("wf", 0, "mail", happened=False, lease=fresh)
+        [record] = await manager.get_effects("wf", 0)
+        assert record.state is EffectState.DONE and record.result == 1
+
+
 @pytest.mark.parametrize("kind", ["memory", "file", "sqlite", "postgres"])
 async def test_oversized_effect_records_are_refused(
     kind: str, tmp_path: Path, pg_schema: str

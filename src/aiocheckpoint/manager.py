@@ -1082,7 +1082,8 @@ class CheckpointManager:
         ``happened=True`` records ``result`` as its result (the step's re-run returns it
         without calling the function); ``happened=False`` records it as failed (the re-run
         calls the function again). Raises :class:`~aiocheckpoint.InvalidArgumentError` if
-        the step has no effect ``key`` in doubt.
+        the step has no effect ``key`` in doubt, or :class:`~aiocheckpoint.LeaseLostError`
+        first when ``lease`` is no longer the workflow's (another runner may have settled it).
 
         The write is fenced: by ``lease`` when given (a runner settling its own effect);
         otherwise, on a backend with leases, by a lease of its own taken for the write and
@@ -1111,6 +1112,7 @@ class CheckpointManager:
         wanted = check_effect_key(key)
         found = [r for r in await self.get_effects(workflow_id, step) if r.key == wanted]
         if not found or not found[0].in_doubt:
+            await self._check_current(lease, workflow_id)
             raise InvalidArgumentError(
                 f"step {step} of workflow {workflow_id!r} has no effect {wanted!r} in doubt"
             )
@@ -1120,6 +1122,16 @@ class CheckpointManager:
             error = {"type": "NotHappened", "message": "resolved: the call did not happen"}
             record = found[0].finished(EffectState.FAILED, error=error)
         return await self.record_effect(record, lease=lease)
+
+    async def _check_current(self, lease: Lease | None, workflow_id: str) -> None:
+        """LeaseLostError if ``lease`` is no longer the workflow's (a runner taken over)."""
+        if lease is None or not self._keeps_records:
+            return
+        record = await self.get_workflow(workflow_id)
+        if record is None or record.fencing_token != fence_token(lease, workflow_id):
+            raise LeaseLostError(
+                f"lease {lease.token} on workflow {workflow_id!r} is no longer current"
+            )
 
     def _effect_storage(self) -> EffectStorage:
         if self._effects is None:
