@@ -457,7 +457,7 @@ class CheckpointManager:
         if lease is not None:
             fence_token(lease, workflow_id)
             self._workflow_storage()
-        return StepInfo(agent_id, status.value) if self._keeps_records else None
+        return StepInfo(agent_id, status._value_) if self._keeps_records else None
 
     async def _store(
         self, checkpoint: Checkpoint, finite: bool, lease: Lease | None, info: StepInfo | None
