@@ -242,6 +242,51 @@ def test_a_large_value_parsed_apart_keeps_no_chunk_once_merged(
     assert max(kept) == 0
 
 
+HUGE_VALUES = {
+    "string": {"text": "caf\u00e9 " * 1_600_000},  # ~9.6 MB of text: a leaf read in slices
+    "chat": {"messages": [{"role": "user", "text": f"message {i} " * 30} for i in range(20_000)]},
+}
+
+
+@pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
+@pytest.mark.parametrize("kind", sorted(HUGE_VALUES))
+async def test_a_huge_read_lets_the_loop_run_between_its_pieces(
+    tmp_path: Path, url: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The value is parsed a piece at a time in the store's thread, and the event loop turns
+    while it is: a task counting its turns has moved on between the first piece and the last
+    (the interpreter may switch threads between pieces, never inside one of them).
+    """
+    state = HUGE_VALUES[kind]
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        await manager.create_checkpoint("wf", 1, "a", "completed", SharedState(state))
+        turns = 0
+        seen: list[int] = []  # the loop's turns when each piece was parsed
+
+        def parse(text: bytes) -> Any:
+            seen.append(turns)
+            return loads_fast(text)
+
+        async def count_turns() -> None:
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+
+        monkeypatch.setattr(join, "loads_fast", parse)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.0001)  # the loop asks for the GIL often: between any pieces
+        counter = asyncio.create_task(count_turns())
+        try:
+            back = await manager.get_resume_point("wf")
+        finally:
+            counter.cancel()
+            sys.setswitchinterval(interval)
+    assert back is not None and back[1].data == state
+    assert len(seen) > 8  # read in pieces: the text around the value, then its slices or chunks
+    assert seen[-1] > seen[1] and seen == sorted(seen)
+
+
 @pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
 async def test_a_value_of_several_megabytes_reads_back(tmp_path: Path, url: str) -> None:
     """Sliced on write and read (a SQLite blob of 3 MB is read a slice at a time)."""
