@@ -1255,6 +1255,8 @@ def _sealer(encryption: KeyProvider | None, allow_plaintext: bool) -> Sealer | N
 
 
 def _check_text(value: Any, name: str) -> str:
+    if type(value) is str and value.isascii():
+        return value  # ASCII always encodes: no copy to make
     if not isinstance(value, str):
         raise InvalidArgumentError(f"{name} must be str, not {type(value).__qualname__}")
     try:
