@@ -49,6 +49,10 @@ VALUES = st.recursive(
     max_leaves=20,
 )
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: For states of several lists of 30-200 values: each example holds hundreds of values
+#: (thousands of leaves) and costs Hypothesis up to a second to draw, so 30 of them cover as
+#: many values as the smaller-valued properties' 80.
+LARGE_STATES = settings(SETTINGS, max_examples=30)
 
 
 @contextmanager
@@ -71,7 +75,7 @@ def _split(state: dict[str, Any]) -> split.SplitResult:
     return split.finish(work)
 
 
-@SETTINGS
+@LARGE_STATES
 @given(
     st.dictionaries(
         st.sampled_from(["a", "b", "c"]),
@@ -185,7 +189,7 @@ def _record(state: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
     return record, result.blobs
 
 
-@SETTINGS
+@LARGE_STATES
 @given(STATES)
 def test_values_parsed_apart_read_back_as_the_whole_text_does(state: dict[str, Any]) -> None:
     state["pad"] = "p\u00fc\U0001f600" * 100  # over root_inline_limit: always a tree
