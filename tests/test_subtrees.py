@@ -204,6 +204,34 @@ def test_an_append_cuts_only_the_lists_last_region() -> None:
     assert shared.copy == to_storable(data)
 
 
+def test_an_append_takes_the_open_regions_chunks_from_the_last_cut() -> None:
+    """The chunks after the list's last region end that an append leaves as they were are
+    taken from the last cut (the same nodes), not encoded and hashed again; the split is
+    still the one made from scratch."""
+    state = SharedState({"chat": [{"n": n, "t": "m" * (n % 90)} for n in range(300)]})
+    shared = finish(shared_split_work(state._peek()[0], TypedValues(), PARAMS, None, {}, None))
+    assert shared is not None and shared.split.memory is not None
+    previous, cache = shared.split.memory, shared.entries
+    taken = 0
+    for n in range(300, 360):
+        before = cache["state.chat"].scan
+        assert before is not None
+        state.append("chat", {"n": n, "t": "m" * (n % 90)})
+        data = state._peek()[0]
+        shared = finish(shared_split_work(data, TypedValues(), PARAMS, previous, cache, None))
+        assert shared is not None and shared.split.memory is not None
+        _same(shared.split, _scratch(data, previous))
+        after = shared.entries["state.chat"].scan
+        assert after is not None
+        both = before.chunk_memo.keys() & after.chunk_memo.keys()
+        assert all(before.chunk_memo[r] is after.chunk_memo[r] for r in both)
+        if n > 300:  # the first cut with a memory cuts the open region into chunks
+            assert len(after.chunk_memo.keys() - both) <= 2  # the new message's chunk(s)
+        taken += len(both)
+        previous, cache = shared.split.memory, shared.entries
+    assert taken > 60
+
+
 async def test_tagged_values_come_back_typed_from_a_cached_split(tmp_path: Path) -> None:
     """A checkpoint that reused the cache still hands typed values back as themselves
     (the split knows which sub-trees hold tags), and plain ones as they are."""

@@ -19,7 +19,7 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Callable, Collection, Generator, Iterable, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -65,6 +65,9 @@ Region = tuple[int | None, bool, int, int]
 #: One level of a container's index as far as it stays when the container grows: how
 #: many of the level's hashes closed groups took, those groups' hashes and their nodes.
 IndexLevel = tuple[int, tuple[bytes, ...], "NodeSet"]
+#: The nodes of a list's chunks by their element range ``(start, end)``: a later cut of a
+#: list that starts with the same elements makes the same node for the same range.
+ChunkMemo = Mapping[tuple[int, int], Node]
 _NO_REFS: Final[_Refs] = []
 _NO_HASHES: Final[list[bytes]] = []
 _REF_WEIGHT: Final = 20  # what one reference adds to a node: hash and offset, roughly
@@ -224,6 +227,8 @@ class _Splitter:
         "blob_bytes",
         "blobs",
         "children",
+        "chunk_memo",
+        "chunks_made",
         "levels",
         "log",
         "memory",
@@ -259,6 +264,10 @@ class _Splitter:
         self.region_log: list[Region] = []
         self.point: tuple[int, int, int, int] | None = None
         self.levels: list[IndexLevel] = []
+        # A list's cut that resumes (codec/subtrees.py): the chunk nodes its last cut made,
+        # to be taken again, and the ones this cut makes (both None: nobody keeps them).
+        self.chunk_memo: ChunkMemo | None = None
+        self.chunks_made: dict[tuple[int, int], Node] | None = None
         compressor = Compressor(params)
         self._compress = compressor.active
         self._wrap = compressor.wrap
@@ -597,7 +606,35 @@ class _Splitter:
         end: int,
         keep: bool = True,
     ) -> bytes:
-        """The hash of the node of elements ``start:end``, kept (unless known) if ``keep``."""
+        """The hash of the node of elements ``start:end``, kept (unless known) if ``keep``.
+
+        With a :attr:`chunk_memo`, a range the list's last cut made already is taken from it
+        (what the open region's chunks cost at every append otherwise: each was encoded and
+        hashed again); with :attr:`chunks_made`, the range's node is noted there.
+        """
+        if not keep or self.chunks_made is None:
+            return self._make_chunk(refmap, chunk, start, end, keep)
+        memo = self.chunk_memo
+        node = None if memo is None else memo.get((start, end))
+        if node is None:
+            self._make_chunk(refmap, chunk, start, end, keep)
+            log = self.log
+            assert log is not None
+            node = log[-1]
+        else:
+            self.adopt((node,), ())
+        self.chunks_made[start, end] = node
+        return node[0]
+
+    def _make_chunk(
+        self,
+        refmap: dict[int, _Refs],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        start: int,
+        end: int,
+        keep: bool,
+    ) -> bytes:
+        """:meth:`_chunk_node` without the memo."""
         if refmap and any(i in refmap for i in range(start, end)):
             text, refs = chunk(start, end, b"")
             if keep:

@@ -36,6 +36,7 @@ from .copy import child_path
 from .split import (
     _SLICE_BYTES,
     NO_NODES,
+    ChunkMemo,
     IndexLevel,
     Job,
     Node,
@@ -185,6 +186,7 @@ class _Scan:
     """
 
     __slots__ = (
+        "chunk_memo",
         "chunk_nodes",
         "chunks",
         "crc",
@@ -216,8 +218,12 @@ class _Scan:
         self.levels = levels
         #: Whether the elements before ``index`` may hold a tag.
         self.tagged = False
+        #: The nodes the last cut made of chunks after ``index``, by element range: the
+        #: open region's chunks, which the next cut makes again unless it takes them here.
+        self.chunk_memo: ChunkMemo = _NO_MEMO
 
 
+_NO_MEMO: Final[ChunkMemo] = {}
 _START: Final = _Scan(0, (), NO_NODES, NO_NODES, (zlib.crc32(b"["), 1, 1))
 #: A workflow's cached sub-trees: by the id of their source, and chunked lists by path too.
 Entries = dict[int | str, _Entry]
@@ -468,6 +474,7 @@ class _ListCut:
         "items",
         "length",
         "lens",
+        "made",
         "mixes",
         "refmap",
         "scan",
@@ -496,6 +503,8 @@ class _ListCut:
         #: The log's and the region log's lengths where this cut's own chunks start.
         self.scan_from = (0, 0)
         self.crc = self.length = 0
+        #: The chunk nodes this cut made or took, by element range.
+        self.made: dict[tuple[int, int], Node] = {}
 
     def run(
         self, items: list[bytes], resumed: bool
@@ -509,18 +518,22 @@ class _ListCut:
             splitter.adopt_set(scan.element_nodes)
         yield from self._elements(items)
         splitter.point = None
-        if not resumed:
-            self.scan_from = (len(log), len(splitter.region_log))
-            return (
-                yield from splitter._container(
-                    self.lens, self.refmap, self._mix, self._chunk, False, self.chunks
+        splitter.chunk_memo, splitter.chunks_made = scan.chunk_memo, self.made
+        try:
+            if not resumed:
+                self.scan_from = (len(log), len(splitter.region_log))
+                return (
+                    yield from splitter._container(
+                        self.lens, self.refmap, self._mix, self._chunk, False, self.chunks
+                    )
                 )
+            splitter.adopt_set(scan.chunk_nodes)
+            self.scan_from = (len(log), len(splitter.region_log))
+            yield from splitter.scan(
+                self.lens, self.refmap, self._mix, self._chunk, scan.index, self.chunks
             )
-        splitter.adopt_set(scan.chunk_nodes)
-        self.scan_from = (len(log), len(splitter.region_log))
-        yield from splitter.scan(
-            self.lens, self.refmap, self._mix, self._chunk, scan.index, self.chunks
-        )
+        finally:
+            splitter.chunk_memo = splitter.chunks_made = None
         point = splitter.point
         stable = len(scan.chunks) if point is None else point[1]
         return b"null", [(0, splitter.index(self.chunks, KIND_LIST, scan.levels, stable))]
@@ -574,7 +587,18 @@ class _ListCut:
         return max(self.scan.depth, _depth(self.copy[self.scan.index :]))
 
     def resumable(self) -> _Scan | None:
-        """Where the next cut of a longer list can resume: this cut's last region end."""
+        """Where the next cut of a longer list can resume: this cut's last region end.
+
+        With the nodes this cut made of the chunks after it, which a cut of the list grown
+        further makes again (the open region's).
+        """
+        resume = self._resume_point()
+        if resume is not None:
+            index = resume.index
+            resume.chunk_memo = {r: node for r, node in self.made.items() if r[0] >= index}
+        return resume
+
+    def _resume_point(self) -> _Scan | None:
         point, scan = self.splitter.point, self.scan
         if point is None:
             if scan is _START:
