@@ -130,6 +130,7 @@ def _same(cached: SplitResult, scratch: SplitResult) -> None:
     assert cached.memory.edges == scratch.memory.edges
     # Both count their blobs' bytes as they make and adopt them, repeats once.
     assert cached.blob_bytes == scratch.blob_bytes == sum(map(len, scratch.blobs.values()))
+    assert cached.blob_max == scratch.blob_max == max(map(len, scratch.blobs.values()), default=0)
 
 
 # Mostly a growing chat, checkpointed often, with the other edits in between.

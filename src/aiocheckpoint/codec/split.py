@@ -225,6 +225,7 @@ class _Splitter:
         "_name",
         "_wrap",
         "blob_bytes",
+        "blob_max",
         "blobs",
         "children",
         "chunk_memo",
@@ -252,6 +253,7 @@ class _Splitter:
         self._budget = _SLICE_BYTES
         self.blobs: dict[bytes, bytes] = {}
         self.blob_bytes = 0  # of ``blobs`` together
+        self.blob_max = 0  # the longest of ``blobs``
         self.children: dict[bytes, tuple[bytes, ...]] = {}
         self.text_crc: int | None = None
         # What a reader will hold: each node's text once spliced (by hash), and the bytes
@@ -680,6 +682,7 @@ class _Splitter:
                 stored = self._wrap(node) if self._compress else blob
                 self.blobs[h] = stored
                 self.blob_bytes += len(stored)
+                self.blob_max = max(self.blob_max, len(stored))
         if self.log is not None:
             self.log.append((h, self.children[h], self.blobs.get(h), size, len(node)))
         return h
@@ -695,6 +698,7 @@ class _Splitter:
                 if blob is not None and h not in self._known:
                     blobs[h] = blob
                     self.blob_bytes += len(blob)
+                    self.blob_max = max(self.blob_max, len(blob))
         memory = self.memory
         for key, whole, head, tail in regions:
             if key is not None:
@@ -713,10 +717,12 @@ class _Splitter:
         self.node_bytes += kept.length
         children.update(kept.children)
         self.sizes.update(kept.sizes)
-        fresh, size = kept.blobs, kept.blob_bytes
+        fresh, size, largest = kept.blobs, kept.blob_bytes, kept.blob_max
         if self._known:
             fresh = {h: b for h, b in fresh.items() if h not in self._known}
             size = sum(map(len, fresh.values()))
+            largest = max(map(len, fresh.values()), default=0)
+        self.blob_max = max(self.blob_max, largest)
         blobs = self.blobs
         # Blobs named twice are counted once (the smaller set is walked).
         self.blob_bytes += size - sum(len(fresh[h]) for h in blobs.keys() & fresh.keys())
@@ -737,13 +743,15 @@ class NodeSet:
     """Nodes a split named, in order, kept to be adopted whole (:meth:`_Splitter.adopt_set`).
 
     By hash: each distinct node's children, size, stored blob and length (what adopting
-    them one by one would add), ``length``, their lengths' sum, and ``blob_bytes``, the
-    stored blobs' bytes together. Also regions cut with those nodes, in order, with what
-    adopting them adds to a split's memory (``keyed``, ``edges``).
+    them one by one would add), ``length``, their lengths' sum, ``blob_bytes``, the
+    stored blobs' bytes together, and ``blob_max``, the longest's length. Also regions cut
+    with those nodes, in order, with what adopting them adds to a split's memory
+    (``keyed``, ``edges``).
     """
 
     __slots__ = (
         "blob_bytes",
+        "blob_max",
         "blobs",
         "children",
         "edges",
@@ -770,13 +778,14 @@ class NodeSet:
             self.lengths: dict[bytes, int] = {}
             self.keyed: dict[int, bool] = {}
             self.edges: set[int] = set()
-            self.length = self.blob_bytes = 0
+            self.length = self.blob_bytes = self.blob_max = 0
         else:
             self.nodes, self.regions = base.nodes + nodes, base.regions + regions
             self.children, self.sizes = dict(base.children), dict(base.sizes)
             self.blobs, self.lengths = dict(base.blobs), dict(base.lengths)
             self.keyed, self.edges = dict(base.keyed), set(base.edges)
             self.length, self.blob_bytes = base.length, base.blob_bytes
+            self.blob_max = base.blob_max
         for key, whole, head, tail in regions:
             if key is not None:
                 self.keyed[key] = whole
@@ -788,6 +797,7 @@ class NodeSet:
                 if blob is not None:
                     self.blobs[h] = blob
                     self.blob_bytes += len(blob)
+                    self.blob_max = max(self.blob_max, len(blob))
 
 
 NO_NODES: Final = NodeSet()
@@ -949,6 +959,7 @@ def split_work(
         splitter.text_crc,
         splitter.memory,
         splitter.blob_bytes,
+        splitter.blob_max,
     )
 
 

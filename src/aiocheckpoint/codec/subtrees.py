@@ -671,6 +671,7 @@ def shared_split_work(
         root.crc,
         splitter.memory,
         splitter.blob_bytes,
+        splitter.blob_max,
     )
     return SharedSplit(root.copy, split, walk.new, root.tagged)
 
