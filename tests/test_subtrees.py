@@ -157,6 +157,14 @@ def test_cached_split_of_a_growing_chat_equals_a_split_from_scratch(
     _check_cached_splits(ops)
 
 
+def test_a_chat_message_cut_into_regions_of_its_own_is_remembered_when_resumed() -> None:
+    """A large element of a growing list is cut into regions itself: a cut resumed past it
+    keeps those regions in the split's memory, as the split from scratch does."""
+    big = {f"k{i}": "x" * (40 + i % 50) for i in range(120)}
+    ops: list[tuple[Any, ...]] = [("chat", 11), ("checkpoint",), ("append", "base", [big])]
+    _check_cached_splits([*ops, *[op for _ in range(8) for op in (("chat", 4), ("checkpoint",))]])
+
+
 def _check_cached_splits(ops: list[tuple[Any, ...]]) -> None:
     state = SharedState({"base": [{"n": i, "t": "y" * (i % 90)} for i in range(40)]})
     previous = _scratch(state._peek()[0], None).memory

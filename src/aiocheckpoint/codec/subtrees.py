@@ -477,6 +477,7 @@ class _ListCut:
         "made",
         "mixes",
         "refmap",
+        "region_ends",
         "scan",
         "scan_from",
         "splitter",
@@ -493,6 +494,8 @@ class _ListCut:
         self.texts: dict[int, bytes] = {}  # the entries that hold references
         #: The log's length before each element's nodes, and after the last one's.
         self.ends: list[int] = []
+        #: The region log's length likewise (a large element cut into regions of its own).
+        self.region_ends: list[int] = []
         #: CRC-32 and length of the list's text up to the end of each element.
         self.after: list[tuple[int, int]] = []
         self.chunks: list[bytes] = list(scan.chunks)
@@ -549,6 +552,7 @@ class _ListCut:
         budget = _SLICE_BYTES
         for i, item in enumerate(items, base):
             self.ends.append(len(log))
+            self.region_ends.append(len(splitter.region_log))
             if i:
                 crc = zlib.crc32(b",", crc)
                 length += 1
@@ -568,6 +572,7 @@ class _ListCut:
                 budget = _SLICE_BYTES
                 yield None
         self.ends.append(len(log))
+        self.region_ends.append(len(splitter.region_log))
         self.crc, self.length = zlib.crc32(b"]", crc), length + 1
 
     def _mix(self, i: int) -> int:
@@ -629,7 +634,11 @@ class _ListCut:
             _Scan(
                 index,
                 tuple(self.chunks[:chunks]),
-                NodeSet(log[self.ends[0] : self.ends[index - base]], scan.element_nodes),
+                NodeSet(
+                    log[self.ends[0] : self.ends[index - base]],
+                    scan.element_nodes,
+                    self.splitter.region_log[self.region_ends[0] : self.region_ends[index - base]],
+                ),
                 chunk_nodes,
                 (*self.after[index - base - 1], depth),
                 tuple(self.splitter.levels),
