@@ -9,6 +9,7 @@ byte; and through a manager, only what changed goes through the value stage.
 from __future__ import annotations
 
 import contextlib
+import operator
 import sqlite3
 import zlib
 from collections.abc import AsyncIterator, Generator
@@ -215,17 +216,17 @@ def test_an_append_cuts_only_the_lists_last_region() -> None:
 
 def test_an_append_takes_the_open_regions_chunks_from_the_last_cut() -> None:
     """The chunks after the list's last region end that an append leaves as they were are
-    taken from the last cut (the same nodes), not encoded and hashed again; the split is
-    still the one made from scratch."""
-    state = SharedState({"chat": [{"n": n, "t": "m" * (n % 90)} for n in range(300)]})
+    taken from the last cut (the same nodes), not encoded and hashed again, and so are the
+    elements' texts there; the split is still the one made from scratch."""
+    state = SharedState({"chat": [{"n": n, "t": "m" * (n % 30)} for n in range(300)]})
     shared = finish(shared_split_work(state._peek()[0], TypedValues(), PARAMS, None, {}, None))
     assert shared is not None and shared.split.memory is not None
     previous, cache = shared.split.memory, shared.entries
-    taken = 0
+    taken = reused = 0
     for n in range(300, 360):
         before = cache["state.chat"].scan
         assert before is not None
-        state.append("chat", {"n": n, "t": "m" * (n % 90)})
+        state.append("chat", {"n": n, "t": "m" * (n % 30)})
         data = state._peek()[0]
         shared = finish(shared_split_work(data, TypedValues(), PARAMS, previous, cache, None))
         assert shared is not None and shared.split.memory is not None
@@ -236,9 +237,15 @@ def test_an_append_takes_the_open_regions_chunks_from_the_last_cut() -> None:
         assert all(before.chunk_memo[r] is after.chunk_memo[r] for r in both)
         if n > 300:  # the first cut with a memory cuts the open region into chunks
             assert len(after.chunk_memo.keys() - both) <= 2  # the new message's chunk(s)
+        # The elements after the region end were not encoded again: the same texts.
+        assert before.tail is not None and after.tail is not None
+        old_texts = before.tail.items[after.index - before.index :]
+        assert len(old_texts) == max(0, n - after.index)
+        assert all(map(operator.is_, old_texts, after.tail.items))
+        reused += len(old_texts)
         taken += len(both)
         previous, cache = shared.split.memory, shared.entries
-    assert taken > 60
+    assert taken > 60 and reused > 60
 
 
 async def test_tagged_values_come_back_typed_from_a_cached_split(tmp_path: Path) -> None:

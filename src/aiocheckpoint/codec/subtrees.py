@@ -177,6 +177,28 @@ class _Entry:
         self.tagged = True
 
 
+class _Tail:
+    """The elements after a list's last region end as its last cut saw them.
+
+    Their texts, lengths and boundary checksums, the CRC-32 and length of the list's text
+    after each, and where in ``items`` the first text that may hold a tag is (its length
+    if none may). Kept only for elements without references (each fits in its chunk).
+    """
+
+    __slots__ = ("after", "items", "lens", "mixes", "tagged_at")
+
+    def __init__(
+        self,
+        items: list[bytes],
+        lens: list[int],
+        mixes: list[int],
+        after: list[tuple[int, int]],
+        tagged_at: int,
+    ) -> None:
+        self.items, self.lens, self.mixes, self.after = items, lens, mixes, after
+        self.tagged_at = tagged_at
+
+
 class _Scan:
     """A chunked list's cut up to its last region end: all that an append leaves as it is.
 
@@ -196,6 +218,7 @@ class _Scan:
         "length",
         "levels",
         "tagged",
+        "tail",
     )
 
     def __init__(
@@ -221,6 +244,9 @@ class _Scan:
         #: The nodes the last cut made of chunks after ``index``, by element range: the
         #: open region's chunks, which the next cut makes again unless it takes them here.
         self.chunk_memo: ChunkMemo = _NO_MEMO
+        #: What the last cut made of the elements from ``index`` on, when none of them
+        #: holds a reference: an append encodes and checksums them again otherwise.
+        self.tail: _Tail | None = None
 
 
 _NO_MEMO: Final[ChunkMemo] = {}
@@ -394,13 +420,22 @@ class _Walk:
         if not finite:
             raise _Fallback
         scan = _START if base is None or base.scan is None else base.scan
-        items, first_tagged = yield from _encoded(copy, scan.index)
+        seen = None if base is None else scan.tail
+        if seen is None:
+            items, first_tagged = yield from _encoded(copy, scan.index)
+        else:
+            items, first_tagged = yield from _encoded(copy, scan.index + len(seen.items))
+            if seen.tagged_at < len(seen.items):  # else none of them may hold a tag
+                first_tagged = seen.tagged_at
+            else:
+                first_tagged += len(seen.items)
+            items = [*seen.items, *items]
         if base is None and scan.length + sum(map(len, items)) + len(items) <= self.limit:
             item = _fast_dumps(copy)
             return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
         marks = self._marks()
         cut = _ListCut(self.splitter, copy, scan)
-        cut.first_tagged = first_tagged
+        cut.first_tagged, cut.tail = first_tagged, seen
         text, refs = yield from cut.run(items, base is not None)
         entry = _Entry(source, copy, text, refs, cut.crc, cut.length, cut.depth())
         entry.scan, entry.path = cut.resumable(), path
@@ -481,6 +516,7 @@ class _ListCut:
         "scan",
         "scan_from",
         "splitter",
+        "tail",
         "texts",
     )
 
@@ -508,6 +544,8 @@ class _ListCut:
         self.crc = self.length = 0
         #: The chunk nodes this cut made or took, by element range.
         self.made: dict[tuple[int, int], Node] = {}
+        #: What the last cut made of the first elements from ``scan.index`` on, if kept.
+        self.tail: _Tail | None = None
 
     def run(
         self, items: list[bytes], resumed: bool
@@ -549,6 +587,16 @@ class _ListCut:
         assert log is not None
         limit = splitter.p.inline_limit
         crc, length = self.scan.crc, self.scan.length
+        tail = self.tail
+        if tail is not None and tail.items:  # no references: no nodes, no log entries
+            self.ends += [len(log)] * len(tail.items)
+            self.region_ends += [len(splitter.region_log)] * len(tail.items)
+            self.after += tail.after
+            self.lens += tail.lens
+            self.mixes += tail.mixes
+            crc, length = tail.after[-1]
+            base += len(tail.items)
+            items = items[len(tail.items) :]
         budget = _SLICE_BYTES
         for i, item in enumerate(items, base):
             self.ends.append(len(log))
@@ -601,7 +649,23 @@ class _ListCut:
         if resume is not None:
             index = resume.index
             resume.chunk_memo = {r: node for r, node in self.made.items() if r[0] >= index}
+            resume.tail = self._tail(index)
         return resume
+
+    def _tail(self, index: int) -> _Tail | None:
+        """The elements from ``index`` on as this cut saw them; None if one has references."""
+        refmap, base = self.refmap, self.scan.index
+        if refmap and any(i >= index for i in refmap):
+            return None
+        at = index - base
+        # A tag before ``index`` marks the scan itself: from there on any answer will do.
+        return _Tail(
+            self.items[at:],
+            self.lens[at:],
+            self.mixes[at:],
+            self.after[at:],
+            max(0, self.first_tagged - at),
+        )
 
     def _resume_point(self) -> _Scan | None:
         point, scan = self.splitter.point, self.scan
