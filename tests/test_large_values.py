@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,6 +34,7 @@ from aiocheckpoint.codec.v2 import decode_checkpoint_v2, encode_checkpoint_v2
 from aiocheckpoint.format.jsontext import loads, loads_fast
 from aiocheckpoint.format.tags import MARK, may_hold_tag
 from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot
+from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 from tests.test_subtrees import PARAMS
 
 TEXT = st.text(st.characters(codec="utf-8"), max_size=60)
@@ -371,6 +373,45 @@ async def test_the_pacer_lets_a_due_timer_run_before_work_over_its_budget() -> N
     await pacer.turn()
     order.append("work")
     assert order == ["soon", "timer", "work"]
+
+
+class _CommitTogether(InMemoryCheckpointStorage):
+    """Tree saves that all complete at once, as a group commit wakes its writers."""
+
+    def __init__(self, writers: int) -> None:
+        super().__init__()
+        self.waiting = writers
+        self.all_stored = asyncio.Event()
+        self.committed = asyncio.Event()
+
+    async def save_tree(self, *args: Any, **kwargs: Any) -> None:
+        await super().save_tree(*args, **kwargs)
+        self.waiting -= 1
+        if not self.waiting:
+            self.all_stored.set()
+        await self.committed.wait()
+
+
+async def test_large_saves_woken_together_take_turns_for_their_wrap_up() -> None:
+    """Once the store returns, a large save's wrap-up waits its turn: with the budget
+    spent by the first save woken, the second one finishes after what was due."""
+    storage = _CommitTogether(writers=2)
+    manager = CheckpointManager(storage)
+    manager._codec.pacer.budget = 0.0  # spent by the first turn of every iteration
+    order: list[str] = []
+
+    async def save(name: str) -> None:
+        state = SharedState(_documents(1))
+        await manager.create_checkpoint(name, 1, "a", "completed", state)
+        order.append(name)
+
+    saves = asyncio.gather(save("first"), save("second"))
+    with anyio.fail_after(30):
+        await storage.all_stored.wait()
+        storage.committed.set()  # wakes both, then the marker, in one loop iteration
+        asyncio.get_running_loop().call_soon(order.append, "due")
+        await saves
+    assert order == ["first", "due", "second"]
 
 
 def test_a_pacer_used_on_a_new_loop_does_not_wait_for_the_closed_one() -> None:

@@ -243,6 +243,10 @@ class RecordCodec:
         copy, finite = await cooperate(self._values.copy_work(data, "state"))
         return built(StateSnapshot, data=copy, version=version, metadata={}), finite
 
+    def prepared(self, data: Any) -> bool:
+        """Whether ``data`` is the copy :meth:`shared_snapshot` split (its tree is made)."""
+        return id(data) in self._prepared
+
     async def _shared_split(self, workflow_id: str, data: dict[str, Any]) -> SharedSplit | None:
         """The split of a SharedState's tree with the workflow's cached sub-trees, or None.
 
