@@ -18,7 +18,7 @@ from typing import Final
 __all__ = ["PACE_SECONDS", "Pacer"]
 
 #: The wall time large-state work may take in one loop iteration before it waits.
-PACE_SECONDS: Final = 0.001
+PACE_SECONDS: Final = 0.00025
 
 
 class Pacer:
