@@ -393,8 +393,9 @@ class _CommitTogether(InMemoryCheckpointStorage):
 
 
 async def test_large_saves_woken_together_take_turns_for_their_wrap_up() -> None:
-    """Once the store returns, a large save's wrap-up waits its turn: with the budget
-    spent by the first save woken, the second one finishes after what was due."""
+    """On a storage that never waits for I/O (its manager paces every step of a large
+    save), a save's wrap-up once the store returns waits its turn: with the budget spent
+    by the first save woken, the second one finishes after what was due."""
     storage = _CommitTogether(writers=2)
     manager = CheckpointManager(storage)
     manager._codec.pacer.budget = 0.0  # spent by the first turn of every iteration

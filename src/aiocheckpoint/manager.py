@@ -469,10 +469,10 @@ class CheckpointManager:
         blobs = codec.blobs
         if blobs is not None and codec.wants_tree(checkpoint.state_snapshot.data):
             # ``checkpoint`` holds private copies made above, so nothing else changes it.
-            # Each step of a large save takes its turn: twenty of them woken together (a
-            # group commit) share out the loop's iterations (codec/pacing.py).
+            # On a storage that never waits, each step of a large save takes its turn:
+            # twenty always-ready writers share out the loop's iterations (codec/pacing.py).
             pacer = codec.pacer
-            await pacer.turn()
+            await pacer.step()
             tree = await codec.encode_tree(workflow_id, checkpoint, finite)
             if tree is not None:
                 record, split = tree
@@ -488,7 +488,7 @@ class CheckpointManager:
                     step_info=info,
                 )
                 try:
-                    await pacer.turn()
+                    await pacer.step()
                 finally:  # stored: its split is the workflow's last, even if cancelled here
                     codec.remember(workflow_id, split)
                 return returned
