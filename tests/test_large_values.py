@@ -415,6 +415,27 @@ async def test_large_saves_woken_together_take_turns_for_their_wrap_up() -> None
     assert order == ["first", "due", "second"]
 
 
+async def test_pacer_waiters_go_on_in_order_and_none_is_left_waiting() -> None:
+    """With the budget spent by the first turn of each iteration, waiters go on one per
+    renewal in the order they came; one cancelled while waiting is skipped, and one
+    cancelled once woken hands its turn on: nobody is left waiting."""
+    pacer = Pacer(budget=0.0)
+    order: list[int] = []
+
+    async def work(i: int) -> None:
+        await pacer.turn()
+        order.append(i)
+
+    tasks = [asyncio.create_task(work(i)) for i in range(6)]
+    await asyncio.sleep(0)  # 0 went on and its turn's renewal is due next; 1-5 wait
+    tasks[3].cancel()
+    asyncio.get_running_loop().call_soon(tasks[1].cancel)  # just after the renewal woke it
+    with anyio.fail_after(5):
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert order == [0, 2, 4, 5]
+    assert tasks[1].cancelled() and tasks[3].cancelled()
+
+
 def test_a_pacer_used_on_a_new_loop_does_not_wait_for_the_closed_one() -> None:
     pacer = Pacer(budget=0.0)  # spent as soon as it starts
 
