@@ -21,6 +21,7 @@ from aiocheckpoint import CheckpointManager, InvalidArgumentError, StorageBacken
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.file.effects import EffectFiles
 from aiocheckpoint.storage.file.io import FileOps
+from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 
 from .reliability._support import dump_store
 from .reliability.test_io_faults import PlannedFault, _caused_by
@@ -105,6 +106,38 @@ async def test_concurrent_saves_share_two_syncfs(
     for i in range(8):
         got = await store.load(f"wf-{i}")
         assert got is not None and got.step == 1 and got.data == b"one %d" % i
+
+
+async def test_tree_saves_queued_behind_a_busy_writer_share_its_next_group(
+    grouped: tuple[FileCheckpointStorage, GroupOps],
+) -> None:
+    """Large states' saves (records with blobs) join the group commit, as plain saves do:
+    four of them queued behind a held group are written by one group and its two syncfs."""
+    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+
+    store, ops = grouped
+    source = CheckpointManager(InMemoryCheckpointStorage())
+    trees = []
+    for i in range(4):
+        state = {"i": i, "docs": [f"{i} {d} " + "lorem ipsum " * 80 for d in range(50)]}
+        checkpoint = await source.create_checkpoint(f"wf-{i}", 1, "a", "running", state)
+        trees.append(encode_checkpoint_v2(checkpoint, store.blob_params))
+    held = await hold_a_group(store, ops, "held")
+    saves = [store.save_tree(f"wf-{i}", 1, *tree) for i, tree in enumerate(trees)]
+    tasks = [asyncio.create_task(save) for save in saves]
+    with anyio.fail_after(10):  # their blobs written, each record waits for the next group
+        while len(store._group._queue) < 4:  # noqa: ASYNC110 (no event to wait on)
+            await asyncio.sleep(0.01)
+    ops.calls.clear()
+    ops.release.set()
+    await held
+    await asyncio.gather(*tasks)
+    held_rest = ["rename"] * 2 + ["syncfs"]
+    assert ops.calls == held_rest + ["write hint"] * 4 + ["syncfs"] + ["rename"] * 4 + ["syncfs"]
+    for i, (_record, split) in enumerate(trees):
+        got = await store.load(f"wf-{i}")
+        assert got is not None and got.step == 1
+        assert set(await store.fetch_blobs(list(split.blobs))) == set(split.blobs)
 
 
 async def test_effect_records_and_saves_share_two_syncfs(

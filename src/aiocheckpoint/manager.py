@@ -439,8 +439,9 @@ class CheckpointManager:
         )
         del state, metrics
         info = self._step_info(agent_id, agent_status, workflow_id, lease)
-        if copied - copying > _HELD_LONG:
-            # A large state's copy (which must happen before any await: the caller may
+        if copied - copying > _HELD_LONG and not codec.prepared(snapshot.data):
+            # (A split SharedState was copied under the codec's pacer, which _store goes on
+            # with.) A large state's copy (which must happen before any await: the caller may
             # change the state afterwards) held the loop: let it run before the encoding,
             # which works on our private copy. Each writer then holds the loop for one
             # step at a time, and a round of the loop over 20 writers stays short.
@@ -468,6 +469,10 @@ class CheckpointManager:
         blobs = codec.blobs
         if blobs is not None and codec.wants_tree(checkpoint.state_snapshot.data):
             # ``checkpoint`` holds private copies made above, so nothing else changes it.
+            # On a storage that never waits, each step of a large save takes its turn:
+            # twenty always-ready writers share out the loop's iterations (codec/pacing.py).
+            pacer = codec.pacer
+            await pacer.step()
             tree = await codec.encode_tree(workflow_id, checkpoint, finite)
             if tree is not None:
                 record, split = tree
@@ -482,7 +487,10 @@ class CheckpointManager:
                     fence=lease,
                     step_info=info,
                 )
-                codec.remember(workflow_id, split)
+                try:
+                    await pacer.step()
+                finally:  # stored: its split is the workflow's last, even if cancelled here
+                    codec.remember(workflow_id, split)
                 return returned
         data = codec.encode(checkpoint, finite)
         returned = codec.returned(checkpoint, data)  # before the save: it may refuse a value

@@ -51,7 +51,7 @@ from ..storage.base import (
 from .effects import EffectRecord, decode_effect, encode_effect
 from .fork import fork_tree
 from .memory import MemoryCache, recovered_memory
-from .pacing import Pacer
+from .pacing import READY_PACE_SECONDS, Pacer
 from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
 from .split import Job, exceeds
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
@@ -118,7 +118,7 @@ class RecordCodec:
         self._keyed: TreeParams | None = None
         self._sealed: dict[str, tuple[int, SplitResult]] = {}
         #: Bounds this codec's large-state work per loop iteration (:mod:`.pacing`).
-        self.pacer = Pacer()
+        self.pacer = _pacer(storage)
 
     # --- the value stage ----------------------------------------------------------------
 
@@ -242,6 +242,10 @@ class RecordCodec:
             return built(StateSnapshot, data=shared.copy, version=version, metadata={}), True
         copy, finite = await cooperate(self._values.copy_work(data, "state"))
         return built(StateSnapshot, data=copy, version=version, metadata={}), finite
+
+    def prepared(self, data: Any) -> bool:
+        """Whether ``data`` is the copy :meth:`shared_snapshot` split (its tree is made)."""
+        return id(data) in self._prepared
 
     async def _shared_split(self, workflow_id: str, data: dict[str, Any]) -> SharedSplit | None:
         """The split of a SharedState's tree with the workflow's cached sub-trees, or None.
@@ -568,6 +572,13 @@ def _needs_keys(workflow_id: str, step: int, what: str) -> EncryptionError:
         f"workflow {workflow_id!r} step {step}: the {what} is encrypted; "
         "read it with a manager given its keys (encryption=)"
     )
+
+
+def _pacer(storage: CheckpointStorage) -> Pacer:
+    """A pacer for ``storage``: a short budget, taken at every step, if it never waits."""
+    if getattr(storage, "never_suspends", False) is True:
+        return Pacer(READY_PACE_SECONDS, every_step=True)
+    return Pacer()
 
 
 def _record_limit(storage: CheckpointStorage) -> int:

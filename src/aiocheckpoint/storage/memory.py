@@ -153,6 +153,8 @@ class InMemoryCheckpointStorage(BaseStorage):
     """
 
     db_system = "aiocheckpoint.memory"
+    #: Its saves never wait for I/O: a manager paces each step of its large saves.
+    never_suspends = True
 
     def __init__(
         self,
