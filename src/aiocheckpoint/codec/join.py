@@ -14,7 +14,6 @@ import itertools
 import operator
 import secrets
 import struct
-import zlib
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
 from typing import Any, Final, TypeVar
 
@@ -22,6 +21,7 @@ import orjson
 
 from ..errors import CheckpointCorruptedError
 from ..format.blob import Unwrapper
+from ..format.checksum import crc32
 from ..format.jsontext import loads, loads_fast
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.sealed import BLOB_SEALED, sealed_blob_children
@@ -182,9 +182,9 @@ class Joiner:
         """CRC-32 of the whole text: ``text`` with every large part's text in its place."""
         crc, pos, view = 0, 0, memoryview(text)
         for part in self._parts:
-            crc = part.crc(zlib.crc32(view[pos : part.at], crc))
+            crc = part.crc(crc32(view[pos : part.at], crc))
             pos = part.at + len(part.placeholder)
-        return zlib.crc32(view[pos:], crc)
+        return crc32(view[pos:], crc)
 
     def _check_all(self) -> None:
         """Hash every node fetched so far; raise for the first that does not match."""
@@ -358,14 +358,14 @@ class _Part:
     def crc(self, crc: int) -> int:
         """``crc`` continued over the part's text."""
         if not self.kind:
-            return zlib.crc32(memoryview(self.blobs[0])[len(PLAIN_LEAF) :], crc)
+            return crc32(memoryview(self.blobs[0])[len(PLAIN_LEAF) :], crc)
         opening, closing = (b"[", b"]") if self.kind == KIND_LIST else (b"{", b"}")
-        crc = zlib.crc32(opening, crc)
+        crc = crc32(opening, crc)
         for i, blob in enumerate(self.blobs):
             if i:
-                crc = zlib.crc32(b",", crc)
-            crc = zlib.crc32(_chunk_entries(_view(blob)), crc)
-        return zlib.crc32(closing, crc)
+                crc = crc32(b",", crc)
+            crc = crc32(_chunk_entries(_view(blob)), crc)
+        return crc32(closing, crc)
 
     def parse(self, parse: Callable[[bytes], Any]) -> Any:
         """The part's value, parsed a chunk (or, for a long string, a slice) at a time."""
