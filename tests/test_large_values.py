@@ -158,9 +158,13 @@ async def test_typed_values_in_a_large_shared_state_come_back_typed(
 
 @contextmanager
 def small_parts() -> Iterator[None]:
-    """Parse every index node of leaves, and every leaf, apart from the text around it."""
+    """Parse every index node of leaves, and every leaf, apart from the text around it.
+
+    Their chunks are parsed in runs of a chunk or a few (``PIECE_BYTES``), not all in one.
+    """
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(join, "PART_BYTES", 3)
+        patch.setattr(join, "PIECE_BYTES", 60)
         yield
 
 
