@@ -160,11 +160,11 @@ async def test_typed_values_in_a_large_shared_state_come_back_typed(
 def small_parts() -> Iterator[None]:
     """Parse every index node of leaves, and every leaf, apart from the text around it.
 
-    Their chunks are parsed in runs of a chunk or a few (``PIECE_BYTES``), not all in one.
+    Their chunks are parsed in runs of a chunk or a few (``RUN_BYTES``), not all in one.
     """
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(join, "PART_BYTES", 3)
-        patch.setattr(join, "PIECE_BYTES", 60)
+        patch.setattr(join, "RUN_BYTES", 60)
         yield
 
 

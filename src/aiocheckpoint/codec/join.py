@@ -372,7 +372,7 @@ class _Part:
         """The part's value, parsed a run of chunks (or, for a long string, a slice) at a time."""
         if not self.kind:
             return _parse_leaf(self.blobs[0], parse)
-        values = list(map(parse, _pieces(self.blobs, self.kind)))
+        values = list(map(parse, _runs(self.blobs, self.kind)))
         kind = list if self.kind == KIND_LIST else dict
         if set(map(type, values)) != {kind}:
             raise _corrupt("chunk of the wrong kind")
@@ -388,29 +388,29 @@ _NONCE: Final = secrets.token_bytes(16)
 #: Values at least this long are parsed apart from the rest of a state (see _Part).
 PART_BYTES: Final = 1024 * 1024
 #: A large list or dict is parsed in runs of its chunks of about this many bytes of text:
-#: one orjson call per ~14 KB chunk costs ~25% more CPU than one per ~128 KB, and a run
-#: holds the GIL for ~0.1 ms.
-PIECE_BYTES: Final = 128 * 1024
+#: an orjson call per ~14 KB chunk cost the 10 MB resume 1.4-2.6 ms more CPU than one per
+#: run (docs/performance.md), and a run holds the GIL for ~0.1 ms.
+RUN_BYTES: Final = 128 * 1024
 
 
-def _pieces(blobs: list[bytes], kind: int) -> Iterator[bytearray]:
-    """The text of a list or dict part in runs of chunks of about ``PIECE_BYTES`` each.
+def _runs(blobs: list[bytes], kind: int) -> Iterator[bytearray]:
+    """The text of a list or dict part in runs of chunks of about ``RUN_BYTES`` each.
 
     A run is bracketed like its value (``[entries,entries]``), so that each parses alone
-    to a list (a dict) that is a piece of the value.
+    to a list (a dict) that is a run of the value.
     """
     opening = ord("[") if kind == KIND_LIST else ord("{")
-    piece = bytearray((opening,))
+    run = bytearray((opening,))
     for entries in map(_chunk_entries, map(_view, blobs)):
-        piece += entries
-        piece += b","
-        if len(piece) >= PIECE_BYTES:
-            piece[-1] = opening + 2  # "]" / "}" in place of the last comma
-            yield piece
-            piece = bytearray((opening,))
-    if len(piece) > 1:
-        piece[-1] = opening + 2
-        yield piece
+        run += entries
+        run += b","
+        if len(run) >= RUN_BYTES:
+            run[-1] = opening + 2  # "]" / "}" in place of the last comma
+            yield run
+            run = bytearray((opening,))
+    if len(run) > 1:
+        run[-1] = opening + 2
+        yield run
 
 
 def _parse_leaf(blob: bytes, parse: Callable[[bytes | bytearray], Any]) -> Any:
