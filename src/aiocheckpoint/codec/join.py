@@ -9,6 +9,7 @@ sync or an async ``fetch``.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import operator
@@ -372,7 +373,7 @@ class _Part:
         """The part's value, parsed a run of chunks (or, for a long string, a slice) at a time."""
         if not self.kind:
             return _parse_leaf(self.blobs[0], parse)
-        values = list(map(parse, _runs(self.blobs, self.kind)))
+        values = list(map(parse, _runs(self.blobs)))
         kind = list if self.kind == KIND_LIST else dict
         if set(map(type, values)) != {kind}:
             raise _corrupt("chunk of the wrong kind")
@@ -393,24 +394,25 @@ PART_BYTES: Final = 1024 * 1024
 RUN_BYTES: Final = 128 * 1024
 
 
-def _runs(blobs: list[bytes], kind: int) -> Iterator[bytearray]:
+def _runs(blobs: list[bytes]) -> Iterator[bytes]:
     """The text of a list or dict part in runs of chunks of about ``RUN_BYTES`` each.
 
-    A run is bracketed like its value (``[entries,entries]``), so that each parses alone
-    to a list (a dict) that is a run of the value.
+    A run is bracketed like its value (``[entries,entries]``: its first chunk keeps its
+    opening bracket, its last its closing one), so that each parses alone to a list (a
+    dict) that is a piece of the value; it is made by one ``join``.
     """
-    opening = ord("[") if kind == KIND_LIST else ord("{")
-    run = bytearray((opening,))
-    for entries in map(_chunk_entries, map(_view, blobs)):
-        run += entries
-        run += b","
-        if len(run) >= RUN_BYTES:
-            run[-1] = opening + 2  # "]" / "}" in place of the last comma
-            yield run
-            run = bytearray((opening,))
-    if len(run) > 1:
-        run[-1] = opening + 2
-        yield run
+    ends = list(itertools.accumulate(map(len, blobs)))
+    start = 0
+    while start < len(blobs):
+        reach = (ends[start - 1] if start else 0) + RUN_BYTES
+        stop = min(bisect.bisect_left(ends, reach, start) + 1, len(blobs))
+        if stop - start == 1:
+            yield blobs[start][len(PLAIN_LEAF) :]
+        else:
+            first, last = memoryview(blobs[start]), memoryview(blobs[stop - 1])
+            inner = map(_chunk_entries, map(_view, blobs[start + 1 : stop - 1]))
+            yield b",".join((first[len(PLAIN_LEAF) : -1], *inner, last[len(PLAIN_LEAF) + 1 :]))
+        start = stop
 
 
 def _parse_leaf(blob: bytes, parse: Callable[[bytes | bytearray], Any]) -> Any:
