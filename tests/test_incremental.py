@@ -476,9 +476,10 @@ def test_a_wrong_text_checksum_is_reported_as_corruption() -> None:
 
 
 def test_a_chunk_orjson_refuses_in_a_large_list_goes_to_the_exact_parser() -> None:
-    """A list of over 1 MB is parsed a chunk at a time by orjson; a chunk it refuses (here in
-    a crafted store, under a matching text checksum) is read by the exact parser: a NaN as
-    from any record, a lone surrogate refused as corruption.
+    """A list of over 1 MB is parsed by orjson a run of chunks at a time; a run it refuses
+    (here in a crafted store, under a matching text checksum) is read by the exact parser: a
+    NaN as from any record. A lone surrogate is refused as corruption, naming first the blob
+    whose bytes no longer match its name.
     """
     rng = random.Random(5)
     data = {"docs": [{"i": i, "t": _words(rng, 40)} for i in range(5000)]}
@@ -496,7 +497,7 @@ def test_a_chunk_orjson_refuses_in_a_large_list_goes_to_the_exact_parser() -> No
         meta["state"]["text_crc32"] = zlib.crc32(text.encode())
         forged = _rebuilt_record(json.dumps(meta, separators=(",", ":")).encode(), record)
         if read is None:
-            with pytest.raises(CheckpointCorruptedError, match="surrogate"):
+            with pytest.raises(CheckpointCorruptedError, match=f"{victim.hex()} does not match"):
                 decode_checkpoint_v2(forged, Store(blobs).fetch)
         else:
             back = decode_checkpoint_v2(forged, Store(blobs).fetch)

@@ -169,25 +169,38 @@ class Joiner:
             if not hashed:
                 self._check_all()  # a damaged node names itself before a malformed one
             raise
-        parts = self._parts
-        if text_crc is not None and self._text_crc(text) != text_crc:
-            self._check_all()
-            raise _corrupt("state text does not match its checksum")
-        self.tagged = has_tags(text) or any(
-            map(_may_hold_tag, itertools.chain.from_iterable(p.blobs for p in parts))
-        )
         # A text checksum says the fast encoder wrote the text: orjson reads it exactly.
         parse = loads if text_crc is None else loads_fast
+        try:
+            crc, tagged, parts = self._read_parts(text, parse)
+        except (CheckpointCorruptedError, ValueError, TypeError, IndexError, RecursionError):
+            if not hashed:
+                self._check_all()  # a damaged blob names itself before what it broke
+            raise
+        if text_crc is not None and crc != text_crc:
+            self._check_all()
+            raise _corrupt("state text does not match its checksum")
+        self.tagged = tagged or has_tags(text)
         value = parse(text)
-        return _substituted(value, {p.token: p.parse(parse) for p in parts}) if parts else value
+        return _substituted(value, parts) if parts else value
 
-    def _text_crc(self, text: bytearray) -> int:
-        """CRC-32 of the whole text: ``text`` with every large part's text in its place."""
+    def _read_parts(
+        self, text: bytearray, parse: Callable[[bytes | bytearray], Any]
+    ) -> tuple[int, bool, dict[str, Any]]:
+        """The CRC-32 of the whole text, whether it may hold a tag, and the parts' values.
+
+        The whole text is ``text`` with each large part's text in its place. A part's text
+        is checked as it is parsed, a run of chunks at a time (one pass over it): the caller
+        compares the checksum before it uses any value parsed here.
+        """
         crc, pos, view = 0, 0, memoryview(text)
+        tagged, values = False, {}
         for part in self._parts:
-            crc = part.crc(crc32(view[pos : part.at], crc))
+            crc = crc32(view[pos : part.at], crc)
+            values[part.token], crc, tag = part.read(parse, crc)
+            tagged = tagged or tag
             pos = part.at + len(part.placeholder)
-        return crc32(view[pos:], crc)
+        return crc32(view[pos:], crc), tagged, values
 
     def _check_all(self) -> None:
         """Hash every node fetched so far; raise for the first that does not match."""
@@ -358,31 +371,37 @@ class _Part:
         self.token = f"\x00aiocheckpoint-part-{_NONCE.hex()}-{index}"
         self.placeholder = orjson.dumps(self.token)
 
-    def crc(self, crc: int) -> int:
-        """``crc`` continued over the part's text."""
-        if not self.kind:
-            return crc32(memoryview(self.blobs[0])[len(PLAIN_LEAF) :], crc)
-        opening, closing = (b"[", b"]") if self.kind == KIND_LIST else (b"{", b"}")
-        entries = map(_chunk_entries, map(_view, self.blobs))
-        crc = crc32(next(entries), crc32(opening, crc))  # a part has at least one chunk
-        for text in entries:
-            crc = crc32(text, crc32(b",", crc))
-        return crc32(closing, crc)
+    def read(self, parse: Callable[[bytes | bytearray], Any], crc: int) -> tuple[Any, int, bool]:
+        """The part's value, ``crc`` continued over its text, and whether that may hold a tag.
 
-    def parse(self, parse: Callable[[bytes | bytearray], Any]) -> Any:
-        """The part's value, parsed a run of chunks (or, for a long string, a slice) at a time."""
+        A list or dict is parsed a run of chunks at a time, a long string a slice at a time.
+        """
         if not self.kind:
-            return _parse_leaf(self.blobs[0], parse)
-        values = list(map(parse, _runs(self.blobs)))
+            leaf = self.blobs[0]
+            crc = crc32(memoryview(leaf)[len(PLAIN_LEAF) :], crc)
+            return _parse_leaf(leaf, parse), crc, _may_hold_tag(leaf)
+        values: list[Any] = []
+        tagged, closing = False, memoryview(b"")
+        for run in _runs(self.blobs):
+            view = memoryview(run)  # "[entries]": the part's text is "[" entries,... "]"
+            crc = crc32(view[1:-1], crc32(b",", crc)) if closing else crc32(view[:-1], crc)
+            closing = view[-1:]
+            tagged = tagged or has_tags(run)  # a tag's mark never spans a run's edge
+            values.append(parse(run))
         kind = list if self.kind == KIND_LIST else dict
         if set(map(type, values)) != {kind}:
             raise _corrupt("chunk of the wrong kind")
-        if kind is list:
-            return list(itertools.chain.from_iterable(values))
-        merged: dict[str, Any] = {}
-        for value in values:
-            merged.update(value)
-        return merged
+        return _merged(kind, values), crc32(closing, crc), tagged
+
+
+def _merged(kind: type, values: list[Any]) -> Any:
+    """One list (dict) of the lists (dicts) parsed from a part's runs, in order."""
+    if kind is list:
+        return list(itertools.chain.from_iterable(values))
+    merged: dict[str, Any] = {}
+    for value in values:
+        merged.update(value)
+    return merged
 
 
 _NONCE: Final = secrets.token_bytes(16)
