@@ -19,10 +19,14 @@ Measures, in one process per source tree:
   wall time, and process CPU time) against raw floors measured alternately in the same
   process: read the state's compact JSON from a file, or as one row of a SQLite table (in a
   worker thread), and ``json.loads`` it;
-* ``huge``: a 1 ms heartbeat's lateness (max, p99) while one 50 MB value is written and read
+* ``huge``: a 1 ms heartbeat's lateness (max) while one 50 MB value is written and read
   on the file and SQLite stores (issue #21): a ``SharedState`` holding one 50 MB string, and
   one holding a 50,000-message chat (~1 KB each): its first checkpoint, a second one with
-  another key changed, and ``get_resume_point``.
+  another key changed, and ``get_resume_point``; for the string also a worker thread that
+  only joins its ~1 MB slices into one ``str`` (``join_floor``: the one copy its read cannot
+  avoid). Each as ``max`` (the heartbeat's lateness) and ``hold``: the longest CPU time one
+  thread ran while a watcher thread waited for the GIL, which other processes' load does
+  not inflate (Linux).
 
 ``--compare OTHER_SRC`` runs the same measurements against another checkout's ``src`` (for
 example the main branch) in alternating child processes, ``--rounds`` times each, and
@@ -39,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -285,17 +290,74 @@ def _huge_states() -> dict[str, dict[str, Any]]:
     return {"string": {"blob": "x" * 50_000_000, "n": 0}, "chat": {"messages": chat, "n": 0}}
 
 
+class _Holds:
+    """The longest stretch of CPU one thread of the process ran while a watcher waited.
+
+    A watcher thread wakes every 0.5 ms and reads every other thread's CPU clock: what a
+    thread used between two of its wake-ups is, at most, how long it kept the watcher (which
+    needs the GIL to wake) waiting. Unlike a heartbeat's lateness, the time the process
+    waits for a core is not counted, so on a loaded machine this still shows the longest
+    GIL hold (or loop callback) of the code measured. Linux (per-thread CPU clocks).
+    """
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> _Holds:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _clocks(self) -> dict[int, int]:
+        me = threading.get_ident()
+        return {
+            t.ident: time.pthread_getcpuclockid(t.ident)
+            for t in threading.enumerate()
+            if t.ident is not None and t.ident != me
+        }
+
+    def _watch(self) -> None:
+        clocks, last = self._clocks(), {}
+        while not self._done.wait(0.0005):
+            now = {}
+            for ident, clock in list(clocks.items()):
+                try:
+                    now[ident] = time.clock_gettime(clock)
+                except OSError:  # the thread ended
+                    continue
+                self.longest = max(self.longest, now[ident] - last.get(ident, now[ident]))
+            clocks, last = {**clocks, **self._clocks()}, now
+
+
 async def _lag_of(call: Any) -> tuple[float, float]:
-    """Heartbeat lateness (max, p99 in ms) while ``call()`` is awaited."""
+    """Heartbeat lateness max and the longest hold (:class:`_Holds`), in ms, while ``call()``
+    is awaited.
+
+    What the call returns is dropped after the heartbeat stops: freeing a resumed 50 MB
+    value is the caller's work (a 50,000-message chat: ~10 ms on the thread that drops it),
+    not the call's.
+    """
     from bench.workloads import Heartbeat
 
     heartbeat = Heartbeat()
-    heartbeat.start()
-    await asyncio.sleep(0.005)
-    await call()
-    await asyncio.sleep(0.005)
-    figures = await heartbeat.stop()
-    return figures["lag_max_ms"], figures["lag_p99_ms"]
+    with _Holds() as holds:
+        heartbeat.start()
+        await asyncio.sleep(0.005)
+        result = await call()
+        await asyncio.sleep(0.005)
+        figures = await heartbeat.stop()
+    del result
+    return figures["lag_max_ms"], holds.longest * 1e3
+
+
+def _join_floor(parts: list[str]) -> str:
+    """The one copy a read of a long string cannot avoid: its ~1 MB slices into one ``str``."""
+    return "".join(parts)
 
 
 async def huge(quick: bool) -> dict[str, float]:
@@ -303,19 +365,26 @@ async def huge(quick: bool) -> dict[str, float]:
     from aiocheckpoint import CheckpointManager, SharedState, open_storage
 
     out: dict[str, float] = {}
-    idle_max, _ = await _lag_of(lambda: asyncio.sleep(0.2))
-    out["huge_idle_max_ms"] = idle_max
+    out["huge_idle_max_ms"], out["huge_idle_hold_ms"] = await _lag_of(lambda: asyncio.sleep(0.2))
     for kind, state in _huge_states().items():
         for name, url in _FLOOR_STORES:
             with tempfile.TemporaryDirectory(prefix="ackp-huge-") as tmp:
                 async with CheckpointManager(open_storage(url.format(dir=tmp))) as manager:
-                    figures = await _huge_rounds(manager, SharedState(state))
-            out.update({f"huge_{kind}_{name}_{k}_max_ms": v for k, v in figures.items()})
+                    figures = await _huge_rounds(manager, SharedState(state), state)
+            for k, (lag, hold) in figures.items():
+                out[f"huge_{kind}_{name}_{k}_max_ms"] = lag
+                out[f"huge_{kind}_{name}_{k}_hold_ms"] = hold
     return out
 
 
-async def _huge_rounds(manager: Any, shared: Any) -> dict[str, float]:
-    """Lag max of a first checkpoint, a second with another key changed, and a resume."""
+async def _huge_rounds(
+    manager: Any, shared: Any, state: dict[str, Any]
+) -> dict[str, tuple[float, float]]:
+    """Lag max and longest hold of a first checkpoint, a second with another key changed,
+    and a resume.
+
+    ``state`` is what ``shared`` was made from (for a string, its read's floor is measured).
+    """
 
     def save(step: int) -> Any:
         return lambda: manager.create_checkpoint("wf", step, "a", "running", shared)
@@ -325,10 +394,15 @@ async def _huge_rounds(manager: Any, shared: Any) -> dict[str, float]:
     await manager.get_resume_point("warm")
 
     out = {}
-    out["write"], _ = await _lag_of(save(1))
+    out["write"] = await _lag_of(save(1))
     shared.set("n", 1)
-    out["next"], _ = await _lag_of(save(2))
-    out["read"], _ = await _lag_of(lambda: manager.get_resume_point("wf"))
+    out["next"] = await _lag_of(save(2))
+    out["read"] = await _lag_of(lambda: manager.get_resume_point("wf"))
+    value = state.get("blob")
+    if isinstance(value, str):  # the floor of its read, in the same process and store state
+        step = 1024 * 1024
+        parts = [value[i : i + step] for i in range(0, len(value), step)]
+        out["join_floor"] = await _lag_of(lambda: asyncio.to_thread(_join_floor, parts))
     return out
 
 

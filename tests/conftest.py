@@ -13,17 +13,32 @@ Under xdist:
 * everything a test writes lives under ``tmp_path`` (a directory per worker) and every
   PostgreSQL test gets a schema or database of its own (tests/pg_support.py), so workers
   never share state.
+
+Hundreds of tests start Python processes (the CLI, crash and power-loss writers, docs
+examples). Under ``PYTHONDONTWRITEBYTECODE=1`` each of them would compile the whole package
+from source again, most of the CLI's start-up time; the children write their bytecode under
+``.pytest_cache/pycache`` instead (``PYTHONPYCACHEPREFIX``), never beside the sources.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import _summary
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Let child processes cache bytecode, out of the source tree (see the module's doc)."""
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+        prefix = config.rootpath / ".pytest_cache" / "pycache"
+        prefix.mkdir(parents=True, exist_ok=True)
+        os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
+        del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -27,8 +27,9 @@ from .test_docs import DOCS, ROOT, _anchors
 
 REQUIRED = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "griffe")
 BUILD_TIMEOUT_SECONDS = 300
-#: One build for all of them: under pytest-xdist the module runs on one worker.
-pytestmark = pytest.mark.xdist_group("docs-site")
+#: One build for all of them: under pytest-xdist the module runs on one worker, queued first
+#: (the build takes about a minute on a loaded machine).
+pytestmark = [pytest.mark.xdist_group("docs-site"), pytest.mark.slow]
 
 #: Backends that aiocheckpoint exports lazily (module ``__getattr__``, name -> module): the
 #: reference names them by their module path.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Generator, Iterator
@@ -32,6 +33,7 @@ from aiocheckpoint.codec.pipeline import cooperate
 from aiocheckpoint.codec.v2 import decode_checkpoint_v2, encode_checkpoint_v2
 from aiocheckpoint.format.jsontext import loads, loads_fast
 from aiocheckpoint.format.tags import MARK, may_hold_tag
+from aiocheckpoint.format.tree import TreeParams
 from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot
 from tests.test_subtrees import PARAMS
 
@@ -49,6 +51,16 @@ VALUES = st.recursive(
     max_leaves=20,
 )
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: For states of several lists of 30-200 values: each example holds hundreds of values
+#: (thousands of leaves) and costs Hypothesis up to a second to draw, so 30 of them cover as
+#: many values as the smaller-valued properties' 80. Many draws overrun Hypothesis's buffer
+#: and are discarded (as with 80): with fewer examples that can trip the data_too_large
+#: health check before enough are drawn, so it is off here.
+LARGE_STATES = settings(
+    SETTINGS,
+    max_examples=30,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @contextmanager
@@ -71,7 +83,7 @@ def _split(state: dict[str, Any]) -> split.SplitResult:
     return split.finish(work)
 
 
-@SETTINGS
+@LARGE_STATES
 @given(
     st.dictionaries(
         st.sampled_from(["a", "b", "c"]),
@@ -177,7 +189,7 @@ STATES = st.dictionaries(
 )
 
 
-def _record(state: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
+def _record(state: dict[str, Any], params: TreeParams = PARAMS) -> tuple[bytes, dict[bytes, bytes]]:
     checkpoint = Checkpoint(
         workflow_id="wf",
         step=1,
@@ -185,11 +197,11 @@ def _record(state: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
         status=AgentStatus.COMPLETED,
         state_snapshot=StateSnapshot(data=state),
     )
-    record, result = encode_checkpoint_v2(checkpoint, PARAMS, finite=True)
+    record, result = encode_checkpoint_v2(checkpoint, params, finite=True)
     return record, result.blobs
 
 
-@SETTINGS
+@LARGE_STATES
 @given(STATES)
 def test_values_parsed_apart_read_back_as_the_whole_text_does(state: dict[str, Any]) -> None:
     state["pad"] = "p\u00fc\U0001f600" * 100  # over root_inline_limit: always a tree
@@ -213,6 +225,80 @@ def test_the_text_checksum_guards_values_parsed_apart() -> None:
                 damaged = {**blobs, h: blob.replace(b"hello 7", b"hello 8", 1)}
                 with pytest.raises(CheckpointCorruptedError, match=h.hex()):
                     decode_checkpoint_v2(record, lambda _, d=damaged: d)
+
+
+@pytest.mark.parametrize("key", ["messages", "by_id"])
+def test_a_large_value_parsed_apart_keeps_no_chunk_once_merged(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each chunk's list (or dict) is let go as soon as it is merged into the value.
+
+    Kept until the end, thousands of them outlive young collections into the oldest
+    generation, and every few large reads bring on a full collection holding the GIL.
+    """
+    messages = [{"role": "user", "text": f"message {i} " * 30} for i in range(5000)]  # ~2 MB
+    value: Any = messages if key == "messages" else {str(i): m for i, m in enumerate(messages)}
+    record, blobs = _record({key: value}, TreeParams())  # the stores' chunk sizes
+    parsed: list[Any] = []
+    kept: list[int] = []  # per chunk parsed: how many chunks before the last are still held
+
+    def parse(text: bytes) -> Any:
+        # parsed[0] is the text around the large value (the state, held by the reader).
+        chunks = [i for i in range(1, len(parsed) - 1) if type(parsed[i]) is type(value)]
+        kept.append(sum(sys.getrefcount(parsed[i]) > 2 for i in chunks))  # `parsed`, argument
+        parsed.append(loads_fast(text))
+        return parsed[-1]
+
+    monkeypatch.setattr(join, "loads_fast", parse)
+    back = decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data
+    assert back == {key: value}
+    assert len([v for v in parsed if type(v) is type(value)]) > 20  # parsed a chunk at a time
+    assert max(kept) == 0
+
+
+HUGE_VALUES = {
+    "string": {"text": "caf\u00e9 " * 1_600_000},  # ~9.6 MB of text: a leaf read in slices
+    "chat": {"messages": [{"role": "user", "text": f"message {i} " * 30} for i in range(20_000)]},
+}
+
+
+@pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
+@pytest.mark.parametrize("kind", sorted(HUGE_VALUES))
+async def test_a_huge_read_lets_the_loop_run_between_its_pieces(
+    tmp_path: Path, url: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The value is parsed a piece at a time in the store's thread, and the event loop turns
+    while it is: a task counting its turns has moved on between the first piece and the last
+    (the interpreter may switch threads between pieces, never inside one of them).
+    """
+    state = HUGE_VALUES[kind]
+    async with CheckpointManager(open_storage(url.format(dir=tmp_path))) as manager:
+        await manager.create_checkpoint("wf", 1, "a", "completed", SharedState(state))
+        turns = 0
+        seen: list[int] = []  # the loop's turns when each piece was parsed
+
+        def parse(text: bytes) -> Any:
+            seen.append(turns)
+            return loads_fast(text)
+
+        async def count_turns() -> None:
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+
+        monkeypatch.setattr(join, "loads_fast", parse)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.0001)  # the loop asks for the GIL often: between any pieces
+        counter = asyncio.create_task(count_turns())
+        try:
+            back = await manager.get_resume_point("wf")
+        finally:
+            counter.cancel()
+            sys.setswitchinterval(interval)
+    assert back is not None and back[1].data == state
+    assert len(seen) > 8  # read in pieces: the text around the value, then its slices or chunks
+    assert seen[-1] > seen[1] and seen == sorted(seen)
 
 
 @pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])

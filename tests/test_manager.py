@@ -419,7 +419,14 @@ async def test_a_plain_state_is_stored_as_its_built_checkpoint_encodes(
         stored = await manager.storage.load("wf", 3)
     assert stored is not None
     assert stored.data == encode_checkpoint(made, finite=True)
-    assert Checkpoint.model_validate(made.model_dump()) == made
+    again = Checkpoint.model_validate(made.model_dump())
+    assert again == made
+    for model, validated in (
+        (made, again),
+        (made.state_snapshot, again.state_snapshot),
+        (made.state_snapshot.version, again.state_snapshot.version),
+    ):
+        assert model.model_fields_set == validated.model_fields_set
     # As ExecutionMetrics() leaves it (nothing set), or a copy of the caller's (every field).
     fields_set = set() if metrics is None else set(ExecutionMetrics.model_fields)
     assert made.metrics.model_fields_set == fields_set

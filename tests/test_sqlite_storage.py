@@ -411,6 +411,30 @@ async def test_writers_that_yield_between_saves_share_one_commit_per_round(
     assert [r.step for r in await store.scan("wf-49")] == list(range(5))
 
 
+async def test_a_caller_out_of_step_rejoins_the_others_commit(
+    store: SQLiteCheckpointStorage,
+) -> None:
+    """A caller whose write is queued while a batch commits (here: it yields twice before its
+    first save, so it misses the first batch) joins the next batch of the callers that batch
+    woke, instead of taking a commit of its own every round (batches of 1 and C-1)."""
+    await store.open()
+    before = store._writer.commits
+
+    async def work(n: int) -> None:
+        if n == 0:
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        for step in range(5):
+            await store.save(f"wf-{n}", step, b"%d" % step)
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(work(n) for n in range(50)))
+    # Round 1 without the late caller, rounds 2-5 with it, its last save alone: 6 commits
+    # (batches of 1 and 49 alternating would take 10).
+    assert store._writer.commits - before == 6
+    assert [r.step for r in await store.scan("wf-0")] == list(range(5))
+
+
 async def test_queued_writes_fail_when_the_writer_thread_is_gone(db: Path) -> None:
     """If the batch cannot be handed to the writer thread (its executor shut down under
     it), every queued caller gets StorageClosedError instead of waiting forever."""

@@ -23,6 +23,13 @@ def check_workflow_id(workflow_id: Any) -> str:
     A valid id is a non-empty ``str`` of at most 255 UTF-8 bytes that contains no NUL.
     Everything else about it (slashes, dots, spaces, any script) is allowed and preserved.
     """
+    if (
+        type(workflow_id) is str
+        and workflow_id.isascii()  # then its length is its UTF-8 size: no encoding to count
+        and 0 < len(workflow_id) <= MAX_WORKFLOW_ID_BYTES
+        and "\x00" not in workflow_id
+    ):
+        return workflow_id  # every save checks its id twice (manager, storage): the common case
     if not isinstance(workflow_id, str):
         raise InvalidWorkflowIdError(
             f"workflow id must be str, not {type(workflow_id).__qualname__}"
@@ -47,6 +54,8 @@ def check_step(step: Any, name: str = "step") -> int:
 
     Anything else raises :class:`InvalidStepError` (a ``ValueError``).
     """
+    if type(step) is int and 0 <= step <= MAX_STEP:
+        return step
     if not isinstance(step, int) or isinstance(step, bool):
         raise InvalidStepError(f"{name} must be an int >= 0, not {type(step).__qualname__}")
     if step < 0 or step > MAX_STEP:

@@ -457,7 +457,7 @@ class CheckpointManager:
         if lease is not None:
             fence_token(lease, workflow_id)
             self._workflow_storage()
-        return StepInfo(agent_id, status.value) if self._keeps_records else None
+        return StepInfo(agent_id, status._value_) if self._keeps_records else None
 
     async def _store(
         self, checkpoint: Checkpoint, finite: bool, lease: Lease | None, info: StepInfo | None
@@ -1255,6 +1255,8 @@ def _sealer(encryption: KeyProvider | None, allow_plaintext: bool) -> Sealer | N
 
 
 def _check_text(value: Any, name: str) -> str:
+    if type(value) is str and value.isascii():
+        return value  # ASCII always encodes: no copy to make
     if not isinstance(value, str):
         raise InvalidArgumentError(f"{name} must be str, not {type(value).__qualname__}")
     try:

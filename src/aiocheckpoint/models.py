@@ -36,9 +36,14 @@ def built(cls: type[_M], **fields: Any) -> _M:
     four models per call from values it has just validated itself. ``fields`` becomes the
     instance's ``__dict__`` (a ``**`` dict is always a fresh one).
     """
+    return _made(cls, fields, set(fields))
+
+
+def _made(cls: type[_M], fields: dict[str, Any], fields_set: set[str]) -> _M:
+    """:func:`built` with ``fields`` (a fresh dict) and the set of their names given."""
     obj = _new(cls)
     _set_dict(obj, fields)
-    _set_fields_set(obj, set(fields))
+    _set_fields_set(obj, fields_set)
     _set_extra(obj, None)
     _set_private(obj, None)
     return obj
@@ -82,9 +87,8 @@ METRICS_DEFAULTS: dict[str, Any] = dict(ExecutionMetrics().__dict__)
 
 def default_metrics() -> ExecutionMetrics:
     """``ExecutionMetrics()`` without validation (every default is immutable)."""
-    metrics = built(ExecutionMetrics, **METRICS_DEFAULTS)
-    _set_fields_set(metrics, set())  # as ExecutionMetrics() leaves it: nothing set
-    return metrics
+    # As ExecutionMetrics() leaves it: no field set.
+    return _made(ExecutionMetrics, dict(METRICS_DEFAULTS), set())
 
 
 class StateVersion(BaseModel):
@@ -127,8 +131,16 @@ class Checkpoint(BaseModel):
 
 def plain_snapshot(data: dict[str, Any], now: datetime) -> StateSnapshot:
     """The snapshot of a plain dict state (already copied) saved at ``now``: version 0."""
-    version = built(StateVersion, version=0, timestamp=now, agent_id=None, changed_fields=[])
-    return built(StateSnapshot, data=data, version=version, metadata={})
+    version = _made(
+        StateVersion,
+        {"version": 0, "timestamp": now, "agent_id": None, "changed_fields": []},
+        {"version", "timestamp", "agent_id", "changed_fields"},
+    )
+    return _made(
+        StateSnapshot,
+        {"data": data, "version": version, "metadata": {}},
+        {"data", "version", "metadata"},
+    )
 
 
 class CheckpointFields(NamedTuple):
@@ -152,17 +164,36 @@ class CheckpointFields(NamedTuple):
     app_version: str | None
 
     def checkpoint(self) -> Checkpoint:
-        """The checkpoint these fields describe (its state at version 0)."""
-        metrics = self.metrics
-        return built(
+        """The checkpoint these fields describe (its state at version 0).
+
+        Its models are made with their dicts and field-name sets written out rather than
+        through :func:`built`'s keywords: every save on the event loop builds one.
+        """
+        now, metrics = self.timestamp, self.metrics
+        return _made(
             Checkpoint,
-            workflow_id=self.workflow_id,
-            step=self.step,
-            agent_id=self.agent_id,
-            status=self.status,
-            state_snapshot=plain_snapshot(self.data, self.timestamp),
-            metrics=default_metrics() if metrics is None else built(ExecutionMetrics, **metrics),
-            timestamp=self.timestamp,
-            metadata=self.metadata,
-            app_version=self.app_version,
+            {
+                "workflow_id": self.workflow_id,
+                "step": self.step,
+                "agent_id": self.agent_id,
+                "status": self.status,
+                "state_snapshot": plain_snapshot(self.data, now),
+                "metrics": default_metrics()
+                if metrics is None
+                else built(ExecutionMetrics, **metrics),
+                "timestamp": now,
+                "metadata": self.metadata,
+                "app_version": self.app_version,
+            },
+            {
+                "workflow_id",
+                "step",
+                "agent_id",
+                "status",
+                "state_snapshot",
+                "metrics",
+                "timestamp",
+                "metadata",
+                "app_version",
+            },
         )

@@ -211,11 +211,15 @@ def assert_refused_and_skipped(result: dict[str, Any], reason: str) -> None:
 async def test_a_tree_expanding_past_max_record_bytes_is_refused_in_bounded_memory(
     tmp_path: Path,
 ) -> None:
-    """Five levels of 200 references to one sub-tree (~70 KB of blobs) expand to ~600 GB
+    """Five levels of 200 references to one sub-tree (~25 KB of blobs) expand to ~30 TB
     of text: the reader counts every spliced byte against the store's max_record_bytes and
     refuses at the limit, in a 1 GiB address space.
+
+    The leaf is a 100-byte string: two levels (4 MB) fit under the limit and the third
+    (800 MB) is refused part-way, after ~170,000 splices (a one-byte leaf needs ~8 million
+    to reach the limit, which takes the reader seconds for nothing the test looks at).
     """
-    leaf = value_node(b"7")
+    leaf = value_node(b'"' + b"x" * 98 + b'"')
     blobs = {name(leaf): b"\x00" + leaf}
     child = name(leaf)
     for _ in range(4):

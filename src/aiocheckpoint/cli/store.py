@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,8 +17,6 @@ from ..format.sealed import is_sealed_tree_record
 from ..manager import CheckpointManager
 from ..models import Checkpoint
 from ..storage.base import CheckpointStorage, StoredCheckpoint
-from ..storage.file import FileCheckpointStorage
-from ..storage.sqlite import SQLiteCheckpointStorage
 from ..urls import open_storage
 from .keys import KEYS_VARIABLE
 from .redact import redact
@@ -126,11 +125,20 @@ async def workflow_ids(
 async def _stored_foreign(manager: CheckpointManager) -> list[Foreign]:
     """The damaged rows or entries a store reports itself (SQLite, file), as Foreign rows."""
     storage = manager.storage
-    if isinstance(storage, SQLiteCheckpointStorage):
-        rows = await storage.foreign_rows()
-        return [Foreign(f"{row.table} rowid {row.rowid}", row.reason) for row in rows]
-    if isinstance(storage, FileCheckpointStorage):
-        return [Foreign(entry.path, entry.reason) for entry in await storage.foreign_entries()]
+    # A backend's module is imported here only if already loaded: otherwise no store of it
+    # exists, and the command need not pay for importing it.
+    if "aiocheckpoint.storage.sqlite" in sys.modules:
+        from ..storage.sqlite import SQLiteCheckpointStorage
+
+        if isinstance(storage, SQLiteCheckpointStorage):
+            rows = await storage.foreign_rows()
+            return [Foreign(f"{row.table} rowid {row.rowid}", row.reason) for row in rows]
+    if "aiocheckpoint.storage.file" in sys.modules:
+        from ..storage.file import FileCheckpointStorage
+
+        if isinstance(storage, FileCheckpointStorage):
+            entries = await storage.foreign_entries()
+            return [Foreign(entry.path, entry.reason) for entry in entries]
     return []
 
 

@@ -380,28 +380,27 @@ class _Part:
             leaf = self.blobs[0]
             crc = crc32(memoryview(leaf)[len(PLAIN_LEAF) :], crc)
             return _parse_leaf(leaf, parse), crc, _may_hold_tag(leaf)
-        values: list[Any] = []
+        # Each run's container is merged and dropped at once: kept until the end, the
+        # hundreds of them outlive young collections and are promoted, which brings on a
+        # full collection (tens of ms holding the GIL) every few large reads.
+        kind: type = list if self.kind == KIND_LIST else dict
+        merged: list[Any] | dict[str, Any] = kind()
+        add: Callable[[Any], None] = merged.extend if isinstance(merged, list) else merged.update
         tagged, closing = False, memoryview(b"")
         for run in _runs(self.blobs):
             view = memoryview(run)  # "[entries]": the part's text is "[" entries,... "]"
             crc = crc32(view[1:-1], crc32(b",", crc)) if closing else crc32(view[:-1], crc)
             closing = view[-1:]
             tagged = tagged or has_tags(run)  # a tag's mark never spans a run's edge
-            values.append(parse(run))
-        kind = list if self.kind == KIND_LIST else dict
-        if set(map(type, values)) != {kind}:
-            raise _corrupt("chunk of the wrong kind")
-        return _merged(kind, values), crc32(closing, crc), tagged
+            add(_of_kind(parse(run), kind))
+        return merged, crc32(closing, crc), tagged
 
 
-def _merged(kind: type, values: list[Any]) -> Any:
-    """One list (dict) of the lists (dicts) parsed from a part's runs, in order."""
-    if kind is list:
-        return list(itertools.chain.from_iterable(values))
-    merged: dict[str, Any] = {}
-    for value in values:
-        merged.update(value)
-    return merged
+def _of_kind(value: Any, kind: type) -> Any:
+    """``value``, if it is a ``kind`` (a list index's chunk is a list, a dict's a dict)."""
+    if type(value) is not kind:
+        raise _corrupt("chunk of the wrong kind")
+    return value
 
 
 _NONCE: Final = secrets.token_bytes(16)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from pydantic import ValidationError
@@ -85,11 +85,11 @@ def encode_fields(fields: CheckpointFields, finite: bool) -> bytes | None:
         and not math.isfinite(metrics["total_cost"] + metrics["elapsed_seconds"])
     ):
         return None
-    state = _state(fields.data, 0, _native_time(fields.timestamp), None, [], {})
-    if metrics is None:
-        metrics = METRICS_DEFAULTS
+    now = _native_time(fields.timestamp)
+    state = _state(fields.data, 0, now, None, [], {})
+    rendered = _DEFAULT_METRICS if metrics is None else _metrics_json(metrics, _native_time)
     try:
-        body = orjson.dumps(_layout(fields, metrics, state, _native_time))
+        body = orjson.dumps(_layout(fields, rendered, state, now))
     except TypeError:
         return None
     return HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), crc32(body)) + body
@@ -107,7 +107,8 @@ def _body(checkpoint: Checkpoint, time_: Callable[[datetime], datetime | str]) -
         list(version.changed_fields),
         snapshot.metadata,
     )
-    return _layout(checkpoint, checkpoint.metrics.__dict__, state, time_)
+    metrics = _metrics_json(checkpoint.metrics.__dict__, time_)
+    return _layout(checkpoint, metrics, state, time_(checkpoint.timestamp))
 
 
 def _state(
@@ -131,24 +132,39 @@ def _state(
     }
 
 
-def _layout(
-    top: Checkpoint | CheckpointFields,
-    metrics: Mapping[str, Any],
-    state: dict[str, Any],
-    time_: Callable[[datetime], datetime | str],
+def _metrics_json(
+    metrics: Mapping[str, Any], time_: Callable[[datetime], datetime | str]
 ) -> dict[str, Any]:
-    """The record body: ``top``'s fields around ``state`` (the snapshot's JSON-ready dict)."""
+    """The record body's ``metrics``: ``metrics``' fields, ``start_time`` rendered."""
     fields = dict(metrics)
     start = fields.get("start_time")
     if start is not None:
         fields["start_time"] = time_(start)
+    return fields
+
+
+#: ``ExecutionMetrics()``'s ``metrics`` as orjson writes them, written once: most saves
+#: have no metrics, and orjson copies a fragment as it is (the same bytes).
+_DEFAULT_METRICS: Final = orjson.Fragment(orjson.dumps(METRICS_DEFAULTS))
+
+
+def _layout(
+    top: Checkpoint | CheckpointFields,
+    metrics: dict[str, Any] | orjson.Fragment,
+    state: dict[str, Any],
+    timestamp: datetime | str,
+) -> dict[str, Any]:
+    """The record body: ``top``'s fields around ``state`` (the snapshot's JSON-ready dict).
+
+    ``metrics`` and ``timestamp`` are already rendered (:func:`_metrics_json`).
+    """
     body: dict[str, Any] = {
         "workflow_id": top.workflow_id,
         "step": top.step,
         "agent_id": top.agent_id,
         "status": top.status._value_,
-        "timestamp": time_(top.timestamp),
-        "metrics": fields,
+        "timestamp": timestamp,
+        "metrics": metrics,
         "metadata": top.metadata,
         "state": state,
     }

@@ -1,0 +1,72 @@
+"""Smoke test of the benchmark scripts besides ``bench/run.py --tiny``
+(tests/test_bench_smoke.py): each runs end to end at tiny sizes (no timings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench_lines(script: str, *args: str) -> list[dict[str, Any]]:
+    """The JSON lines a bench script prints (it must exit 0)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_effects_bench_runs() -> None:
+    """`bench/effects.py --tiny` prints its three rows per backend and each backend's summary
+    (no timings checked)."""
+    lines = _bench_lines("effects.py", "--tiny")
+    rows = {(line["backend"], line["row"]) for line in lines if "row" in line}
+    backends = ("sqlite", "file", "postgres")
+    assert rows == {(b, r) for b in backends for r in ("plain", "effects", "journal")}
+    assert [line["summary"] for line in lines if "summary" in line] == list(backends)
+
+
+@pytest.mark.slow  # the longest of them: queued first
+def test_otel_bench_runs() -> None:
+    """`bench/run.py --tiny --otel` prints every mode of every workload and their ratios."""
+    lines = _bench_lines("run.py", "--tiny", "--otel")
+    rows = {(r["workload"], r["mode"]) for r in lines if r["kind"] == "measurement"}
+    assert rows == {(w, m) for w in ("memory", "sqlite-c20", "sqlite-c1", "postgres-c1")
+                    for m in ("absent", "noop", "sdk", "sampled", "metrics")}  # fmt: skip
+    ratios = [r for r in lines if r["kind"] == "ratio"]
+    assert len(ratios) == 4 * 3 * 4 and all(r["ratio"] > 0 for r in ratios)
+
+
+def test_sweep_bench_runs() -> None:
+    """`bench/sweep.py --tiny` prints its three rows and the summary (no timings checked)."""
+    lines = _bench_lines("sweep.py", "--tiny")
+    rows = {line.get("row") for line in lines[:-1]}
+    assert rows == {"sweep-same-store", "sweep-other-store", "alone"}
+    assert lines[-1]["summary"] == "sqlite"
+    assert lines[-1]["sweep-same-store_workflows_deleted"] == 20
+
+
+def test_gc_pauses_bench_runs() -> None:
+    """`bench/gc_pauses.py` prints one line per run with the collection figures (no timings
+    checked); with ``--freeze`` almost nothing is left tracked."""
+    args = ("--systems", "ours-memory", "--seconds", "0.2", "--repeats", "1", "--promoted")
+    plain, frozen = (
+        _bench_lines("gc_pauses.py", *args),
+        _bench_lines("gc_pauses.py", *args, "--freeze"),
+    )
+    assert [line["system"] for line in plain + frozen] == ["ours-memory"] * 2
+    for line in plain + frozen:
+        assert line["checkpoints"] > 0 and line["promoted_per_save"] >= 0
+        assert len(line["full_cpu_ms"]) == round(line["full_per_10k"] * line["checkpoints"] / 1e4)
+    assert frozen[0]["frozen"] and frozen[0]["tracked"] < plain[0]["tracked"] / 10
