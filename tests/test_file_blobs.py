@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import itertools
 import json
 import os
@@ -822,8 +823,11 @@ async def test_a_blob_over_max_record_bytes_is_refused_and_nothing_is_stored(
         record, split = encode_checkpoint_v2(checkpoint, storage.blob_params)
         assert len(record) < 64 * 1024
         assert sorted(map(len, split.blobs.values()))[-2] < 64 * 1024  # only one is over
-        with pytest.raises(InvalidArgumentError, match="max_record_bytes"):
-            await storage.save_tree("wf", 1, record, split)
+        assert split.blob_max == max(map(len, split.blobs.values()))
+        # Counted by the split, or (a split built without the count) found among its blobs.
+        for given in (split, dataclasses.replace(split, blob_max=None)):
+            with pytest.raises(InvalidArgumentError, match="max_record_bytes"):
+                await storage.save_tree("wf", 1, record, given)
         assert await storage.load("wf", 1) is None
         assert await storage.fetch_blobs(list(split.blobs)) == {}
 

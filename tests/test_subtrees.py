@@ -9,6 +9,7 @@ byte; and through a manager, only what changed goes through the value stage.
 from __future__ import annotations
 
 import contextlib
+import operator
 import sqlite3
 import zlib
 from collections.abc import AsyncIterator, Generator
@@ -130,6 +131,7 @@ def _same(cached: SplitResult, scratch: SplitResult) -> None:
     assert cached.memory.edges == scratch.memory.edges
     # Both count their blobs' bytes as they make and adopt them, repeats once.
     assert cached.blob_bytes == scratch.blob_bytes == sum(map(len, scratch.blobs.values()))
+    assert cached.blob_max == scratch.blob_max == max(map(len, scratch.blobs.values()), default=0)
 
 
 # Mostly a growing chat, checkpointed often, with the other edits in between.
@@ -154,6 +156,14 @@ def test_cached_split_of_a_growing_chat_equals_a_split_from_scratch(
     ops: list[tuple[Any, ...]],
 ) -> None:
     _check_cached_splits(ops)
+
+
+def test_a_chat_message_cut_into_regions_of_its_own_is_remembered_when_resumed() -> None:
+    """A large element of a growing list is cut into regions itself: a cut resumed past it
+    keeps those regions in the split's memory, as the split from scratch does."""
+    big = {f"k{i}": "x" * (40 + i % 50) for i in range(120)}
+    ops: list[tuple[Any, ...]] = [("chat", 11), ("checkpoint",), ("append", "base", [big])]
+    _check_cached_splits([*ops, *[op for _ in range(8) for op in (("chat", 4), ("checkpoint",))]])
 
 
 def _check_cached_splits(ops: list[tuple[Any, ...]]) -> None:
@@ -202,6 +212,40 @@ def test_an_append_cuts_only_the_lists_last_region() -> None:
         assert shared.split.memory is not None
         previous, cache = shared.split.memory, shared.entries
     assert shared.copy == to_storable(data)
+
+
+def test_an_append_takes_the_open_regions_chunks_from_the_last_cut() -> None:
+    """The chunks after the list's last region end that an append leaves as they were are
+    taken from the last cut (the same nodes), not encoded and hashed again, and so are the
+    elements' texts there; the split is still the one made from scratch."""
+    state = SharedState({"chat": [{"n": n, "t": "m" * (n % 30)} for n in range(300)]})
+    shared = finish(shared_split_work(state._peek()[0], TypedValues(), PARAMS, None, {}, None))
+    assert shared is not None and shared.split.memory is not None
+    previous, cache = shared.split.memory, shared.entries
+    taken = reused = 0
+    for n in range(300, 360):
+        before = cache["state.chat"].scan
+        assert before is not None
+        state.append("chat", {"n": n, "t": "m" * (n % 30)})
+        data = state._peek()[0]
+        shared = finish(shared_split_work(data, TypedValues(), PARAMS, previous, cache, None))
+        assert shared is not None and shared.split.memory is not None
+        _same(shared.split, _scratch(data, previous))
+        after = shared.entries["state.chat"].scan
+        assert after is not None
+        both = before.chunk_memo.keys() & after.chunk_memo.keys()
+        assert all(before.chunk_memo[r] is after.chunk_memo[r] for r in both)
+        if n > 300:  # the first cut with a memory cuts the open region into chunks
+            assert len(after.chunk_memo.keys() - both) <= 2  # the new message's chunk(s)
+        # The elements after the region end were not encoded again: the same texts.
+        assert before.tail is not None and after.tail is not None
+        old_texts = before.tail.items[after.index - before.index :]
+        assert len(old_texts) == max(0, n - after.index)
+        assert all(map(operator.is_, old_texts, after.tail.items))
+        reused += len(old_texts)
+        taken += len(both)
+        previous, cache = shared.split.memory, shared.entries
+    assert taken > 60 and reused > 60
 
 
 async def test_tagged_values_come_back_typed_from_a_cached_split(tmp_path: Path) -> None:

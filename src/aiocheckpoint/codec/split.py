@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 import struct
-from collections.abc import Callable, Collection, Generator, Iterable, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -65,6 +65,9 @@ Region = tuple[int | None, bool, int, int]
 #: One level of a container's index as far as it stays when the container grows: how
 #: many of the level's hashes closed groups took, those groups' hashes and their nodes.
 IndexLevel = tuple[int, tuple[bytes, ...], "NodeSet"]
+#: The nodes of a list's chunks by their element range ``(start, end)``: a later cut of a
+#: list that starts with the same elements makes the same node for the same range.
+ChunkMemo = Mapping[tuple[int, int], Node]
 _NO_REFS: Final[_Refs] = []
 _NO_HASHES: Final[list[bytes]] = []
 _REF_WEIGHT: Final = 20  # what one reference adds to a node: hash and offset, roughly
@@ -222,8 +225,11 @@ class _Splitter:
         "_name",
         "_wrap",
         "blob_bytes",
+        "blob_max",
         "blobs",
         "children",
+        "chunk_memo",
+        "chunks_made",
         "levels",
         "log",
         "memory",
@@ -247,6 +253,7 @@ class _Splitter:
         self._budget = _SLICE_BYTES
         self.blobs: dict[bytes, bytes] = {}
         self.blob_bytes = 0  # of ``blobs`` together
+        self.blob_max = 0  # the longest of ``blobs``
         self.children: dict[bytes, tuple[bytes, ...]] = {}
         self.text_crc: int | None = None
         # What a reader will hold: each node's text once spliced (by hash), and the bytes
@@ -259,6 +266,10 @@ class _Splitter:
         self.region_log: list[Region] = []
         self.point: tuple[int, int, int, int] | None = None
         self.levels: list[IndexLevel] = []
+        # A list's cut that resumes (codec/subtrees.py): the chunk nodes its last cut made,
+        # to be taken again, and the ones this cut makes (both None: nobody keeps them).
+        self.chunk_memo: ChunkMemo | None = None
+        self.chunks_made: dict[tuple[int, int], Node] | None = None
         compressor = Compressor(params)
         self._compress = compressor.active
         self._wrap = compressor.wrap
@@ -597,7 +608,35 @@ class _Splitter:
         end: int,
         keep: bool = True,
     ) -> bytes:
-        """The hash of the node of elements ``start:end``, kept (unless known) if ``keep``."""
+        """The hash of the node of elements ``start:end``, kept (unless known) if ``keep``.
+
+        With a :attr:`chunk_memo`, a range the list's last cut made already is taken from it
+        (what the open region's chunks cost at every append otherwise: each was encoded and
+        hashed again); with :attr:`chunks_made`, the range's node is noted there.
+        """
+        if not keep or self.chunks_made is None:
+            return self._make_chunk(refmap, chunk, start, end, keep)
+        memo = self.chunk_memo
+        node = None if memo is None else memo.get((start, end))
+        if node is None:
+            self._make_chunk(refmap, chunk, start, end, keep)
+            log = self.log
+            assert log is not None
+            node = log[-1]
+        else:
+            self.adopt((node,), ())
+        self.chunks_made[start, end] = node
+        return node[0]
+
+    def _make_chunk(
+        self,
+        refmap: dict[int, _Refs],
+        chunk: Callable[[int, int, bytes], _Encoded],
+        start: int,
+        end: int,
+        keep: bool,
+    ) -> bytes:
+        """:meth:`_chunk_node` without the memo."""
         if refmap and any(i in refmap for i in range(start, end)):
             text, refs = chunk(start, end, b"")
             if keep:
@@ -643,6 +682,7 @@ class _Splitter:
                 stored = self._wrap(node) if self._compress else blob
                 self.blobs[h] = stored
                 self.blob_bytes += len(stored)
+                self.blob_max = max(self.blob_max, len(stored))
         if self.log is not None:
             self.log.append((h, self.children[h], self.blobs.get(h), size, len(node)))
         return h
@@ -658,6 +698,7 @@ class _Splitter:
                 if blob is not None and h not in self._known:
                     blobs[h] = blob
                     self.blob_bytes += len(blob)
+                    self.blob_max = max(self.blob_max, len(blob))
         memory = self.memory
         for key, whole, head, tail in regions:
             if key is not None:
@@ -676,10 +717,12 @@ class _Splitter:
         self.node_bytes += kept.length
         children.update(kept.children)
         self.sizes.update(kept.sizes)
-        fresh, size = kept.blobs, kept.blob_bytes
+        fresh, size, largest = kept.blobs, kept.blob_bytes, kept.blob_max
         if self._known:
             fresh = {h: b for h, b in fresh.items() if h not in self._known}
             size = sum(map(len, fresh.values()))
+            largest = max(map(len, fresh.values()), default=0)
+        self.blob_max = max(self.blob_max, largest)
         blobs = self.blobs
         # Blobs named twice are counted once (the smaller set is walked).
         self.blob_bytes += size - sum(len(fresh[h]) for h in blobs.keys() & fresh.keys())
@@ -700,13 +743,15 @@ class NodeSet:
     """Nodes a split named, in order, kept to be adopted whole (:meth:`_Splitter.adopt_set`).
 
     By hash: each distinct node's children, size, stored blob and length (what adopting
-    them one by one would add), ``length``, their lengths' sum, and ``blob_bytes``, the
-    stored blobs' bytes together. Also regions cut with those nodes, in order, with what
-    adopting them adds to a split's memory (``keyed``, ``edges``).
+    them one by one would add), ``length``, their lengths' sum, ``blob_bytes``, the
+    stored blobs' bytes together, and ``blob_max``, the longest's length. Also regions cut
+    with those nodes, in order, with what adopting them adds to a split's memory
+    (``keyed``, ``edges``).
     """
 
     __slots__ = (
         "blob_bytes",
+        "blob_max",
         "blobs",
         "children",
         "edges",
@@ -733,13 +778,14 @@ class NodeSet:
             self.lengths: dict[bytes, int] = {}
             self.keyed: dict[int, bool] = {}
             self.edges: set[int] = set()
-            self.length = self.blob_bytes = 0
+            self.length = self.blob_bytes = self.blob_max = 0
         else:
             self.nodes, self.regions = base.nodes + nodes, base.regions + regions
             self.children, self.sizes = dict(base.children), dict(base.sizes)
             self.blobs, self.lengths = dict(base.blobs), dict(base.lengths)
             self.keyed, self.edges = dict(base.keyed), set(base.edges)
             self.length, self.blob_bytes = base.length, base.blob_bytes
+            self.blob_max = base.blob_max
         for key, whole, head, tail in regions:
             if key is not None:
                 self.keyed[key] = whole
@@ -751,6 +797,7 @@ class NodeSet:
                 if blob is not None:
                     self.blobs[h] = blob
                     self.blob_bytes += len(blob)
+                    self.blob_max = max(self.blob_max, len(blob))
 
 
 NO_NODES: Final = NodeSet()
@@ -912,6 +959,7 @@ def split_work(
         splitter.text_crc,
         splitter.memory,
         splitter.blob_bytes,
+        splitter.blob_max,
     )
 
 

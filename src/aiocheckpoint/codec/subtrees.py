@@ -36,6 +36,7 @@ from .copy import child_path
 from .split import (
     _SLICE_BYTES,
     NO_NODES,
+    ChunkMemo,
     IndexLevel,
     Job,
     Node,
@@ -176,6 +177,28 @@ class _Entry:
         self.tagged = True
 
 
+class _Tail:
+    """The elements after a list's last region end as its last cut saw them.
+
+    Their texts, lengths and boundary checksums, the CRC-32 and length of the list's text
+    after each, and where in ``items`` the first text that may hold a tag is (its length
+    if none may). Kept only for elements without references (each fits in its chunk).
+    """
+
+    __slots__ = ("after", "items", "lens", "mixes", "tagged_at")
+
+    def __init__(
+        self,
+        items: list[bytes],
+        lens: list[int],
+        mixes: list[int],
+        after: list[tuple[int, int]],
+        tagged_at: int,
+    ) -> None:
+        self.items, self.lens, self.mixes, self.after = items, lens, mixes, after
+        self.tagged_at = tagged_at
+
+
 class _Scan:
     """A chunked list's cut up to its last region end: all that an append leaves as it is.
 
@@ -185,6 +208,7 @@ class _Scan:
     """
 
     __slots__ = (
+        "chunk_memo",
         "chunk_nodes",
         "chunks",
         "crc",
@@ -194,6 +218,7 @@ class _Scan:
         "length",
         "levels",
         "tagged",
+        "tail",
     )
 
     def __init__(
@@ -216,8 +241,15 @@ class _Scan:
         self.levels = levels
         #: Whether the elements before ``index`` may hold a tag.
         self.tagged = False
+        #: The nodes the last cut made of chunks after ``index``, by element range: the
+        #: open region's chunks, which the next cut makes again unless it takes them here.
+        self.chunk_memo: ChunkMemo = _NO_MEMO
+        #: What the last cut made of the elements from ``index`` on, when none of them
+        #: holds a reference: an append encodes and checksums them again otherwise.
+        self.tail: _Tail | None = None
 
 
+_NO_MEMO: Final[ChunkMemo] = {}
 _START: Final = _Scan(0, (), NO_NODES, NO_NODES, (crc32(b"["), 1, 1))
 #: A workflow's cached sub-trees: by the id of their source, and chunked lists by path too.
 Entries = dict[int | str, _Entry]
@@ -388,13 +420,22 @@ class _Walk:
         if not finite:
             raise _Fallback
         scan = _START if base is None or base.scan is None else base.scan
-        items, first_tagged = yield from _encoded(copy, scan.index)
+        seen = None if base is None else scan.tail
+        if seen is None:
+            items, first_tagged = yield from _encoded(copy, scan.index)
+        else:
+            items, first_tagged = yield from _encoded(copy, scan.index + len(seen.items))
+            if seen.tagged_at < len(seen.items):  # else none of them may hold a tag
+                first_tagged = seen.tagged_at
+            else:
+                first_tagged += len(seen.items)
+            items = [*seen.items, *items]
         if base is None and scan.length + sum(map(len, items)) + len(items) <= self.limit:
             item = _fast_dumps(copy)
             return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
         marks = self._marks()
         cut = _ListCut(self.splitter, copy, scan)
-        cut.first_tagged = first_tagged
+        cut.first_tagged, cut.tail = first_tagged, seen
         text, refs = yield from cut.run(items, base is not None)
         entry = _Entry(source, copy, text, refs, cut.crc, cut.length, cut.depth())
         entry.scan, entry.path = cut.resumable(), path
@@ -468,11 +509,14 @@ class _ListCut:
         "items",
         "length",
         "lens",
+        "made",
         "mixes",
         "refmap",
+        "region_ends",
         "scan",
         "scan_from",
         "splitter",
+        "tail",
         "texts",
     )
 
@@ -486,6 +530,8 @@ class _ListCut:
         self.texts: dict[int, bytes] = {}  # the entries that hold references
         #: The log's length before each element's nodes, and after the last one's.
         self.ends: list[int] = []
+        #: The region log's length likewise (a large element cut into regions of its own).
+        self.region_ends: list[int] = []
         #: CRC-32 and length of the list's text up to the end of each element.
         self.after: list[tuple[int, int]] = []
         self.chunks: list[bytes] = list(scan.chunks)
@@ -496,6 +542,10 @@ class _ListCut:
         #: The log's and the region log's lengths where this cut's own chunks start.
         self.scan_from = (0, 0)
         self.crc = self.length = 0
+        #: The chunk nodes this cut made or took, by element range.
+        self.made: dict[tuple[int, int], Node] = {}
+        #: What the last cut made of the first elements from ``scan.index`` on, if kept.
+        self.tail: _Tail | None = None
 
     def run(
         self, items: list[bytes], resumed: bool
@@ -509,18 +559,22 @@ class _ListCut:
             splitter.adopt_set(scan.element_nodes)
         yield from self._elements(items)
         splitter.point = None
-        if not resumed:
-            self.scan_from = (len(log), len(splitter.region_log))
-            return (
-                yield from splitter._container(
-                    self.lens, self.refmap, self._mix, self._chunk, False, self.chunks
+        splitter.chunk_memo, splitter.chunks_made = scan.chunk_memo, self.made
+        try:
+            if not resumed:
+                self.scan_from = (len(log), len(splitter.region_log))
+                return (
+                    yield from splitter._container(
+                        self.lens, self.refmap, self._mix, self._chunk, False, self.chunks
+                    )
                 )
+            splitter.adopt_set(scan.chunk_nodes)
+            self.scan_from = (len(log), len(splitter.region_log))
+            yield from splitter.scan(
+                self.lens, self.refmap, self._mix, self._chunk, scan.index, self.chunks
             )
-        splitter.adopt_set(scan.chunk_nodes)
-        self.scan_from = (len(log), len(splitter.region_log))
-        yield from splitter.scan(
-            self.lens, self.refmap, self._mix, self._chunk, scan.index, self.chunks
-        )
+        finally:
+            splitter.chunk_memo = splitter.chunks_made = None
         point = splitter.point
         stable = len(scan.chunks) if point is None else point[1]
         return b"null", [(0, splitter.index(self.chunks, KIND_LIST, scan.levels, stable))]
@@ -533,9 +587,20 @@ class _ListCut:
         assert log is not None
         limit = splitter.p.inline_limit
         crc, length = self.scan.crc, self.scan.length
+        tail = self.tail
+        if tail is not None and tail.items:  # no references: no nodes, no log entries
+            self.ends += [len(log)] * len(tail.items)
+            self.region_ends += [len(splitter.region_log)] * len(tail.items)
+            self.after += tail.after
+            self.lens += tail.lens
+            self.mixes += tail.mixes
+            crc, length = tail.after[-1]
+            base += len(tail.items)
+            items = items[len(tail.items) :]
         budget = _SLICE_BYTES
         for i, item in enumerate(items, base):
             self.ends.append(len(log))
+            self.region_ends.append(len(splitter.region_log))
             if i:
                 crc = crc32(b",", crc)
                 length += 1
@@ -555,6 +620,7 @@ class _ListCut:
                 budget = _SLICE_BYTES
                 yield None
         self.ends.append(len(log))
+        self.region_ends.append(len(splitter.region_log))
         self.crc, self.length = crc32(b"]", crc), length + 1
 
     def _mix(self, i: int) -> int:
@@ -574,7 +640,34 @@ class _ListCut:
         return max(self.scan.depth, _depth(self.copy[self.scan.index :]))
 
     def resumable(self) -> _Scan | None:
-        """Where the next cut of a longer list can resume: this cut's last region end."""
+        """Where the next cut of a longer list can resume: this cut's last region end.
+
+        With the nodes this cut made of the chunks after it, which a cut of the list grown
+        further makes again (the open region's).
+        """
+        resume = self._resume_point()
+        if resume is not None:
+            index = resume.index
+            resume.chunk_memo = {r: node for r, node in self.made.items() if r[0] >= index}
+            resume.tail = self._tail(index)
+        return resume
+
+    def _tail(self, index: int) -> _Tail | None:
+        """The elements from ``index`` on as this cut saw them; None if one has references."""
+        refmap, base = self.refmap, self.scan.index
+        if refmap and any(i >= index for i in refmap):
+            return None
+        at = index - base
+        # A tag before ``index`` marks the scan itself: from there on any answer will do.
+        return _Tail(
+            self.items[at:],
+            self.lens[at:],
+            self.mixes[at:],
+            self.after[at:],
+            max(0, self.first_tagged - at),
+        )
+
+    def _resume_point(self) -> _Scan | None:
         point, scan = self.splitter.point, self.scan
         if point is None:
             if scan is _START:
@@ -605,7 +698,11 @@ class _ListCut:
             _Scan(
                 index,
                 tuple(self.chunks[:chunks]),
-                NodeSet(log[self.ends[0] : self.ends[index - base]], scan.element_nodes),
+                NodeSet(
+                    log[self.ends[0] : self.ends[index - base]],
+                    scan.element_nodes,
+                    self.splitter.region_log[self.region_ends[0] : self.region_ends[index - base]],
+                ),
                 chunk_nodes,
                 (*self.after[index - base - 1], depth),
                 tuple(self.splitter.levels),
@@ -647,6 +744,7 @@ def shared_split_work(
         root.crc,
         splitter.memory,
         splitter.blob_bytes,
+        splitter.blob_max,
     )
     return SharedSplit(root.copy, split, walk.new, root.tagged)
 

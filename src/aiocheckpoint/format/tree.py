@@ -182,6 +182,8 @@ class SplitResult:
     memory: SplitMemory | None = field(default=None, compare=False, repr=False)
     #: The bytes of ``blobs`` together, when the split counted them as it made them.
     blob_bytes: int | None = field(default=None, compare=False, repr=False)
+    #: The length of the longest of ``blobs`` (0: none), when the split kept it.
+    blob_max: int | None = field(default=None, compare=False, repr=False)
 
     def stored_bytes(self) -> int:
         """The bytes of ``blobs`` together (counted once by a split that keeps the count).
@@ -191,6 +193,13 @@ class SplitResult:
         """
         size = self.blob_bytes
         return sum(map(len, self.blobs.values())) if size is None else size
+
+    def largest_blob(self) -> int:
+        """The length of the longest of ``blobs``, 0 if none (kept by a split that keeps it)."""
+        size = self.blob_max
+        if size is None:
+            return len(max(self.blobs.values(), key=len)) if self.blobs else 0
+        return size
 
     @property
     def referenced(self) -> frozenset[bytes]:

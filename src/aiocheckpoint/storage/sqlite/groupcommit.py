@@ -22,6 +22,7 @@ from typing import Any, Final, TypeVar
 
 from ..._telemetry import record_commit
 from ...errors import StorageClosedError
+from ..rejoin import Rejoin
 from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
 from .writer import Op, Outcome, Writer
 
@@ -31,9 +32,6 @@ T = TypeVar("T")
 _MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
 #: Seconds without a batch after which the writer counts as idle and the WAL is checkpointed.
 _IDLE_SECONDS: Final = 0.1
-#: Loop iterations a free writer waits for the callers its last batch woke to queue again,
-#: while fewer writes than that are queued (see _writer_free).
-_REJOIN_ITERATIONS: Final = 2
 
 
 @dataclass(eq=False, slots=True)
@@ -65,8 +63,7 @@ class GroupCommit:
         self._pending: deque[_Pending] = deque()
         self._busy = False  # a batch (or the open) is in the writer thread
         self._kick_due = False  # a _kick is scheduled for the next loop iteration
-        self._woken = 0  # callers the last batch woke
-        self._rejoin = 0  # loop iterations left to wait for them (_writer_free)
+        self._rejoin = Rejoin()  # when a free writer waits for the callers it woke
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._opening: asyncio.Future[None] | None = None
         self._opened = False
@@ -142,7 +139,7 @@ class GroupCommit:
             outcomes = done.result()
         for item, outcome in zip(batch, outcomes, strict=True):
             _settle(item.future, outcome)
-        self._woken, self._rejoin = len(batch), _REJOIN_ITERATIONS
+        self._rejoin.woke(len(batch), len(self._pending))
         self._maybe_checkpoint(idle=False)
         # Take the next batch one loop iteration later, after the callers just woken have run
         # and queued their next writes (the writer still counts as busy, so they queue rather
@@ -207,14 +204,9 @@ class GroupCommit:
             self._maybe_checkpoint(idle=not self._pending)
 
     def _writer_free(self) -> None:
-        pending = len(self._pending)
-        if 0 < pending < min(self._woken, self._max_batch) and self._rejoin > 0:
-            # A few writes are queued, fewer than the callers just woken: those queued while
-            # the batch ran (a caller out of step with the others). Taken alone they would
-            # cost a commit of their own, and the woken callers would queue behind it, then
-            # the next straggler behind them: batches of 1 and C-1 for good. Wait a loop
-            # iteration or two for the woken callers to join them instead.
-            self._rejoin -= 1
+        if self._rejoin.wait(len(self._pending), self._max_batch):
+            # A few writes queued while the batch ran (a caller out of step): wait for the
+            # callers just woken to join them rather than commit them alone (storage/rejoin.py).
             asyncio.get_running_loop().call_soon(self._writer_free)
             return
         self._busy = False
