@@ -477,6 +477,35 @@ def test_a_wrong_text_checksum_is_reported_as_corruption() -> None:
             decode_checkpoint_v2(forged, Store(split.blobs).fetch)
 
 
+def test_a_chunk_orjson_refuses_in_a_large_list_goes_to_the_exact_parser() -> None:
+    """A list of over 1 MB is parsed by orjson a run of chunks at a time; a run it refuses
+    (here in a crafted store, under a matching text checksum) is read by the exact parser: a
+    NaN as from any record. A lone surrogate is refused as corruption, naming first the blob
+    whose bytes no longer match its name.
+    """
+    rng = random.Random(5)
+    data = {"docs": [{"i": i, "t": _words(rng, 40)} for i in range(5000)]}
+    record, split = encode_checkpoint_v2(_checkpoint(data), DEFAULT, finite=True)
+    assert split.text_crc is not None and len(json.dumps(data)) > 1024 * 1024
+    victim = next(h for h, blob in split.blobs.items() if b'{"i":7,' in blob)
+    for value, read in (("NaN", math.nan), ('"\\ud800"', None)):
+        blobs = dict(split.blobs)
+        blobs[victim] = blobs[victim].replace(b'{"i":7,', b'{"i":%s,' % value.encode())
+        crafted = {"docs": [dict(d) for d in data["docs"]]}
+        crafted["docs"][7]["i"] = "SPOT"
+        text = json.dumps(crafted, separators=(",", ":")).replace('"SPOT"', value)
+        crafted["docs"][7]["i"] = read
+        meta = _record_meta(record)
+        meta["state"]["text_crc32"] = zlib.crc32(text.encode())
+        forged = _rebuilt_record(json.dumps(meta, separators=(",", ":")).encode(), record)
+        if read is None:
+            with pytest.raises(CheckpointCorruptedError, match=f"{victim.hex()} does not match"):
+                decode_checkpoint_v2(forged, Store(blobs).fetch)
+        else:
+            back = decode_checkpoint_v2(forged, Store(blobs).fetch)
+            assert canon(back.state_snapshot.data) == canon(crafted)
+
+
 def _rebuilt_record(meta_bytes: bytes, record: bytes) -> bytes:
     """``record`` with its metadata replaced, header and CRC made consistent again."""
     meta_len = int.from_bytes(record[20:24], "big")

@@ -30,6 +30,7 @@ from aiocheckpoint import (
 from aiocheckpoint.incremental import encode_checkpoint_v2, node_children, record_format_version
 from aiocheckpoint.serde import encode_checkpoint
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.storage.sqlite.blobs import read_blobs
 from aiocheckpoint.storage.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from tests._sqlite_blob_check import check_refcounts
 from tests._sqlite_blob_check import sql as _sql
@@ -344,3 +345,33 @@ async def test_cli_verifies_copies_exports_and_prunes_incremental_sqlite(tmp_pat
         assert await storage.collect_garbage(full=True) == 0
     assert check_refcounts(src) == {("small", 0): {"k": 1}}
     assert _sql(src, "SELECT count(*) FROM blobs") == [(0,)]
+
+
+async def test_read_blobs_gives_large_blobs_whole_and_leaves_out_those_over_the_limit(
+    tmp_path: Path,
+) -> None:
+    """read_blobs answers the hashes it has: small blobs from its query, a blob of 1 MB or
+    more read a slice at a time but whole, a blob over ``max_bytes`` left out like an
+    unknown hash; and the store resumes the state those blobs hold.
+    """
+    path = tmp_path / "c.db"
+    state = {"docs": big_state(0, docs=40)["docs"], "long": "z" * 3_000_000}
+    async with CheckpointManager(SQLiteCheckpointStorage(path)) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "completed", state)
+        resume = await manager.get_resume_point("wf")
+    assert resume is not None and resume[1].data == state
+    stored = dict(_sql(path, "SELECT hash, data FROM blobs"))
+    large = [h for h, data in stored.items() if len(data) >= 1024 * 1024]
+    assert len(large) == 1 and len(stored) > 2
+    unknown = b"\x00" * 16
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert read_blobs(conn, [*stored, unknown], 2**40) == stored
+        small_only = read_blobs(conn, list(stored), 1024 * 1024 - 1)
+        assert small_only == {h: d for h, d in stored.items() if h not in large}
+        assert read_blobs(conn, list(stored), 1) == {}
+        conn.execute("BEGIN")  # inside the caller's transaction too
+        assert read_blobs(conn, large, len(stored[large[0]])) == {large[0]: stored[large[0]]}
+        conn.execute("COMMIT")
+    finally:
+        conn.close()

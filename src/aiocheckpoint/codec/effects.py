@@ -19,7 +19,6 @@ evaluated.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
@@ -27,6 +26,7 @@ from typing import Any, Final
 
 from .._validation import check_step
 from ..errors import CheckpointCorruptedError, CheckpointSerializationError
+from ..format.checksum import crc32
 from ..format.jsontext import loads
 from .jsontext import dumps
 from .stages import DEFAULT_VALUES, ValueStage
@@ -146,7 +146,7 @@ def encode_effect(record: EffectRecord, values: ValueStage = DEFAULT_VALUES) -> 
         text = dumps(body, finite)
     except (TypeError, ValueError, UnicodeEncodeError) as exc:
         raise CheckpointSerializationError(f"effect {record.key!r}", str(exc)) from exc
-    return _HEAD.pack(_MAGIC, _VERSION, zlib.crc32(text)) + text, result
+    return _HEAD.pack(_MAGIC, _VERSION, crc32(text)) + text, result
 
 
 def decode_effect(data: bytes) -> EffectRecord:
@@ -157,7 +157,7 @@ def decode_effect(data: bytes) -> EffectRecord:
     body = data[_HEAD.size :]
     if magic != _MAGIC or version != _VERSION:
         raise CheckpointCorruptedError("not an aiocheckpoint effect record (bad magic or version)")
-    if zlib.crc32(body) != crc:
+    if crc32(body) != crc:
         raise CheckpointCorruptedError("effect record checksum mismatch")
     try:
         fields = loads(body)

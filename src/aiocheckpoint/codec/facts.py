@@ -6,12 +6,12 @@ the record alone (no blob is fetched); a version-1 record is one JSON body, pars
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import CheckpointCorruptedError
+from ..format.checksum import crc32
 from ..format.header import HEADER_SIZE, read_header, record_format_version
 from ..format.jsontext import loads
 from ..format.tree import open_record_v2
@@ -51,7 +51,7 @@ def _fields(data: bytes) -> Any:
         return open_record_v2(data)[0]
     _version, length, crc = read_header(data)
     body = memoryview(data)[HEADER_SIZE:]
-    if len(body) != length or zlib.crc32(body) != crc:
+    if len(body) != length or crc32(body) != crc:
         raise CheckpointCorruptedError("checksum mismatch or truncated body")
     fields = loads(bytes(body))
     if type(fields) is not dict:

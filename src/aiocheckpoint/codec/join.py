@@ -9,19 +9,20 @@ sync or an async ``fetch``.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import operator
 import secrets
 import struct
-import zlib
-from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Generator, Iterator, Mapping
 from typing import Any, Final, TypeVar
 
 import orjson
 
 from ..errors import CheckpointCorruptedError
 from ..format.blob import Unwrapper
+from ..format.checksum import crc32
 from ..format.jsontext import loads, loads_fast
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.sealed import BLOB_SEALED, sealed_blob_children
@@ -168,23 +169,38 @@ class Joiner:
             if not hashed:
                 self._check_all()  # a damaged node names itself before a malformed one
             raise
-        parts = self._parts
-        if text_crc is not None and self._text_crc(text) != text_crc:
-            self._check_all()
-            raise _corrupt("state text does not match its checksum")
-        self.tagged = has_tags(text) or any(_may_hold_tag(b) for p in parts for b in p.blobs)
         # A text checksum says the fast encoder wrote the text: orjson reads it exactly.
         parse = loads if text_crc is None else loads_fast
+        try:
+            crc, tagged, parts = self._read_parts(text, parse)
+        except (CheckpointCorruptedError, ValueError, TypeError, IndexError, RecursionError):
+            if not hashed:
+                self._check_all()  # a damaged blob names itself before what it broke
+            raise
+        if text_crc is not None and crc != text_crc:
+            self._check_all()
+            raise _corrupt("state text does not match its checksum")
+        self.tagged = tagged or has_tags(text)
         value = parse(text)
-        return _substituted(value, {p.token: p.parse(parse) for p in parts}) if parts else value
+        return _substituted(value, parts) if parts else value
 
-    def _text_crc(self, text: bytearray) -> int:
-        """CRC-32 of the whole text: ``text`` with every large part's text in its place."""
+    def _read_parts(
+        self, text: bytearray, parse: Callable[[bytes | bytearray], Any]
+    ) -> tuple[int, bool, dict[str, Any]]:
+        """The CRC-32 of the whole text, whether it may hold a tag, and the parts' values.
+
+        The whole text is ``text`` with each large part's text in its place. A part's text
+        is checked as it is parsed, a run of chunks at a time (one pass over it): the caller
+        compares the checksum before it uses any value parsed here.
+        """
         crc, pos, view = 0, 0, memoryview(text)
+        tagged, values = False, {}
         for part in self._parts:
-            crc = part.crc(zlib.crc32(view[pos : part.at], crc))
+            crc = crc32(view[pos : part.at], crc)
+            values[part.token], crc, tag = part.read(parse, crc)
+            tagged = tagged or tag
             pos = part.at + len(part.placeholder)
-        return zlib.crc32(view[pos:], crc)
+        return crc32(view[pos:], crc), tagged, values
 
     def _check_all(self) -> None:
         """Hash every node fetched so far; raise for the first that does not match."""
@@ -339,9 +355,9 @@ class _Part:
     One parse of a whole state holds the GIL for as long as it runs (~10 ms per MB of
     short strings), and so stalls the event loop however the read is scheduled. A list or
     dict index node whose chunks are all stored leaves, or a large leaf, is therefore not
-    spliced into the text: a placeholder string goes there, each chunk is parsed alone
-    (the GIL can pass to the loop between chunks) and the value replaces the placeholder
-    in the parsed state. The text checksum still covers the whole text, placeholders
+    spliced into the text: a placeholder string goes there, runs of its chunks (~128 KB)
+    are parsed alone (the GIL can pass to the loop between runs) and the value replaces
+    the placeholder in the parsed state. The text checksum still covers the whole text, placeholders
     replaced by what they stand for.
     """
 
@@ -355,31 +371,29 @@ class _Part:
         self.token = f"\x00aiocheckpoint-part-{_NONCE.hex()}-{index}"
         self.placeholder = orjson.dumps(self.token)
 
-    def crc(self, crc: int) -> int:
-        """``crc`` continued over the part's text."""
-        if not self.kind:
-            return zlib.crc32(memoryview(self.blobs[0])[len(PLAIN_LEAF) :], crc)
-        opening, closing = (b"[", b"]") if self.kind == KIND_LIST else (b"{", b"}")
-        crc = zlib.crc32(opening, crc)
-        for i, blob in enumerate(self.blobs):
-            if i:
-                crc = zlib.crc32(b",", crc)
-            crc = zlib.crc32(_chunk_entries(_view(blob)), crc)
-        return zlib.crc32(closing, crc)
+    def read(self, parse: Callable[[bytes | bytearray], Any], crc: int) -> tuple[Any, int, bool]:
+        """The part's value, ``crc`` continued over its text, and whether that may hold a tag.
 
-    def parse(self, parse: Callable[[bytes], Any]) -> Any:
-        """The part's value, parsed a chunk (or, for a long string, a slice) at a time."""
+        A list or dict is parsed a run of chunks at a time, a long string a slice at a time.
+        """
         if not self.kind:
-            return _parse_leaf(self.blobs[0], parse)
-        # Each chunk's container is merged and dropped at once: kept until the end, the
-        # thousands of them outlive young collections and are promoted, which brings on a
+            leaf = self.blobs[0]
+            crc = crc32(memoryview(leaf)[len(PLAIN_LEAF) :], crc)
+            return _parse_leaf(leaf, parse), crc, _may_hold_tag(leaf)
+        # Each run's container is merged and dropped at once: kept until the end, the
+        # hundreds of them outlive young collections and are promoted, which brings on a
         # full collection (tens of ms holding the GIL) every few large reads.
         kind: type = list if self.kind == KIND_LIST else dict
         merged: list[Any] | dict[str, Any] = kind()
         add: Callable[[Any], None] = merged.extend if isinstance(merged, list) else merged.update
-        for blob in self.blobs:
-            add(_of_kind(parse(blob[len(PLAIN_LEAF) :]), kind))
-        return merged
+        tagged, closing = False, memoryview(b"")
+        for run in _runs(self.blobs):
+            view = memoryview(run)  # "[entries]": the part's text is "[" entries,... "]"
+            crc = crc32(view[1:-1], crc32(b",", crc)) if closing else crc32(view[:-1], crc)
+            closing = view[-1:]
+            tagged = tagged or has_tags(run)  # a tag's mark never spans a run's edge
+            add(_of_kind(parse(run), kind))
+        return merged, crc32(closing, crc), tagged
 
 
 def _of_kind(value: Any, kind: type) -> Any:
@@ -392,9 +406,34 @@ def _of_kind(value: Any, kind: type) -> Any:
 _NONCE: Final = secrets.token_bytes(16)
 #: Values at least this long are parsed apart from the rest of a state (see _Part).
 PART_BYTES: Final = 1024 * 1024
+#: A large list or dict is parsed in runs of its chunks of about this many bytes of text:
+#: an orjson call per ~14 KB chunk cost the 10 MB resume 1.4-2.6 ms more CPU than one per
+#: run (docs/performance.md), and a run holds the GIL for ~0.1 ms.
+RUN_BYTES: Final = 128 * 1024
 
 
-def _parse_leaf(blob: bytes, parse: Callable[[bytes], Any]) -> Any:
+def _runs(blobs: list[bytes]) -> Iterator[bytes]:
+    """The text of a list or dict part in runs of chunks of about ``RUN_BYTES`` each.
+
+    A run is bracketed like its value (``[entries,entries]``: its first chunk keeps its
+    opening bracket, its last its closing one), so that each parses alone to a list (a
+    dict) that is a piece of the value; it is made by one ``join``.
+    """
+    ends = list(itertools.accumulate(map(len, blobs)))
+    start = 0
+    while start < len(blobs):
+        reach = (ends[start - 1] if start else 0) + RUN_BYTES
+        stop = min(bisect.bisect_left(ends, reach, start) + 1, len(blobs))
+        if stop - start == 1:
+            yield blobs[start][len(PLAIN_LEAF) :]
+        else:
+            first, last = memoryview(blobs[start]), memoryview(blobs[stop - 1])
+            inner = map(_chunk_entries, map(_view, blobs[start + 1 : stop - 1]))
+            yield b",".join((first[len(PLAIN_LEAF) : -1], *inner, last[len(PLAIN_LEAF) + 1 :]))
+        start = stop
+
+
+def _parse_leaf(blob: bytes, parse: Callable[[bytes | bytearray], Any]) -> Any:
     """A stored leaf's value; a long string without escapes is parsed in ~1 MB slices.
 
     The leaf's text is not copied out of its blob: a copy of bytes holds the GIL.

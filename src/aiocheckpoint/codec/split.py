@@ -18,13 +18,13 @@ import itertools
 import json
 import math
 import struct
-import zlib
 from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import orjson
 
 from ..errors import CheckpointSerializationError
+from ..format.checksum import crc32
 from ..format.jsontext import BIG_INT_BITS
 from ..format.tree import (
     COUNT,
@@ -112,7 +112,7 @@ Job = Callable[[], Any]
 _Work = Generator[Job | None, Any, _T]
 
 #: Texts from this size on are hashed, checksummed and copied by jobs, not on the caller's
-#: thread: hashlib, zlib and bytes.join release the GIL for them (~1-2 ms per MB here).
+#: thread: hashlib, crc32 and bytes.join release the GIL for them (~1-2 ms per MB here).
 OFFLOAD_BYTES: Final = 1024 * 1024
 
 # How many bytes of JSON text a cooperative split handles between two yields: ~0.1-0.2 ms of
@@ -163,10 +163,10 @@ def job(call: Callable[..., _T], *args: Any) -> Generator[Job, Any, _T]:
 
 
 def crc_work(text: bytes, crc: int = 0) -> Generator[Job | None, Any, int]:
-    """``zlib.crc32(text, crc)``, as a job when ``text`` is large."""
+    """``crc32(text, crc)``, as a job when ``text`` is large."""
     if len(text) < OFFLOAD_BYTES:
-        return zlib.crc32(text, crc)
-    return (yield from job(zlib.crc32, text, crc))
+        return crc32(text, crc)
+    return (yield from job(crc32, text, crc))
 
 
 def dumps_work(value: Any) -> Generator[Job | None, Any, bytes]:
@@ -312,7 +312,7 @@ class _Splitter:
             return _join_entries(texts, refmap, start, end, is_dict, head)
 
         def mix(i: int) -> int:
-            return _mix(zlib.crc32(texts[i]), refmap.get(i))
+            return _mix(crc32(texts[i]), refmap.get(i))
 
         return finish(self._container(list(map(len, texts)), refmap, mix, chunk, is_dict))
 
@@ -346,7 +346,7 @@ class _Splitter:
         mixes: list[int] = []
         kept: dict[int, bytes] = {}  # entry texts that hold references
         refmap: dict[int, _Refs] = {}
-        whole = zlib.crc32(b"{" if is_dict else b"[") if top else 0
+        whole = crc32(b"{" if is_dict else b"[") if top else 0
         for i, element in enumerate(elements):
             member = element[1] if is_dict else element
             if type(member) in _SLICED:
@@ -356,17 +356,17 @@ class _Splitter:
             large = len(item) >= OFFLOAD_BYTES
             if is_dict:
                 key = _fast_dumps(element[0])
-                crc = zlib.crc32(b":", zlib.crc32(key))
+                crc = crc32(b":", crc32(key))
                 size = len(key) + 1 + len(item)
             else:
                 crc, size = 0, len(item)
-            crc = (yield from crc_work(item, crc)) if large else zlib.crc32(item, crc)
+            crc = (yield from crc_work(item, crc)) if large else crc32(item, crc)
             if top:
                 if i:
-                    whole = zlib.crc32(b",", whole)
+                    whole = crc32(b",", whole)
                 if is_dict:
-                    whole = zlib.crc32(b":", zlib.crc32(key, whole))
-                whole = (yield from crc_work(item, whole)) if large else zlib.crc32(item, whole)
+                    whole = crc32(b":", crc32(key, whole))
+                whole = (yield from crc_work(item, whole)) if large else crc32(item, whole)
             if len(item) > limit:
                 inner, refs = yield from self.encode_fast(member, item)
                 if is_dict:
@@ -375,7 +375,7 @@ class _Splitter:
                     inner = b"".join((key, b":", inner))
                 refmap[i] = refs
                 kept[i] = inner
-                crc = zlib.crc32(inner)
+                crc = crc32(inner)
                 size = len(inner)
             lens.append(size)
             mixes.append(_mix(crc, refmap.get(i)))
@@ -384,7 +384,7 @@ class _Splitter:
                 self._budget = _SLICE_BYTES
                 yield None
         if top:
-            self.text_crc = zlib.crc32(b"}" if is_dict else b"]", whole)
+            self.text_crc = crc32(b"}" if is_dict else b"]", whole)
 
         def chunk(start: int, end: int, head: bytes) -> _Encoded:
             if not refmap or not any(i in refmap for i in range(start, end)):
@@ -823,7 +823,7 @@ def _mix(crc: int, refs: _Refs | None) -> int:
     """The boundary checksum of an element: CRC-32 of its text (``crc``) and child hashes."""
     if refs:
         for _, h in refs:
-            crc = zlib.crc32(h, crc)
+            crc = crc32(h, crc)
     return ((crc * _MIX) & 0xFFFFFFFF) >> 8
 
 

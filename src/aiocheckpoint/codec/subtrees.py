@@ -22,13 +22,13 @@ pipeline's ordinary path (None).
 from __future__ import annotations
 
 import gc
-import zlib
 from collections import OrderedDict
 from collections.abc import Generator
 from operator import is_
 from typing import Any, Final
 
 from ..errors import CheckpointSerializationError
+from ..format.checksum import crc32
 from ..format.limits import MAX_DEPTH
 from ..format.tags import TAG_START
 from ..format.tree import KIND_LIST, SplitMemory, SplitResult, TreeParams
@@ -250,7 +250,7 @@ class _Scan:
 
 
 _NO_MEMO: Final[ChunkMemo] = {}
-_START: Final = _Scan(0, (), NO_NODES, NO_NODES, (zlib.crc32(b"["), 1, 1))
+_START: Final = _Scan(0, (), NO_NODES, NO_NODES, (crc32(b"["), 1, 1))
 #: A workflow's cached sub-trees: by the id of their source, and chunked lists by path too.
 Entries = dict[int | str, _Entry]
 
@@ -360,12 +360,12 @@ class _Walk:
         refmap: dict[int, _Refs] = {}
         mixes: list[int] = []
         length = 1 + len(keys)
-        crc = zlib.crc32(b"{")
+        crc = crc32(b"{")
         for i, (key, entry) in enumerate(zip(keys, entries, strict=True)):
             head = _fast_dumps(key) + b":"
             if i:
-                crc = zlib.crc32(b",", crc)
-            crc = zlib.crc32(head, crc)
+                crc = crc32(b",", crc)
+            crc = crc32(head, crc)
             length += len(head) + entry.length
             text = head + entry.text
             if entry.refs:
@@ -374,12 +374,12 @@ class _Walk:
                 if not entry.shift:
                     entry.shift = crc_shift(entry.length)
                 crc = crc_combine(crc, entry.crc, entry.shift)
-                mixes.append(_mix(zlib.crc32(text), refs))
+                mixes.append(_mix(crc32(text), refs))
             else:
-                crc = zlib.crc32(entry.text, crc)
-                mixes.append(_mix(zlib.crc32(text), None))
+                crc = crc32(entry.text, crc)
+                mixes.append(_mix(crc32(text), None))
             texts.append(text)
-        crc = zlib.crc32(b"}", crc)
+        crc = crc32(b"}", crc)
         length = max(length, 2)
         inner = 1 + max((e.depth for e in entries), default=0)
         tagged = keys[0].startswith(TAG_START) if keys else False
@@ -602,26 +602,26 @@ class _ListCut:
             self.ends.append(len(log))
             self.region_ends.append(len(splitter.region_log))
             if i:
-                crc = zlib.crc32(b",", crc)
+                crc = crc32(b",", crc)
                 length += 1
-            crc = zlib.crc32(item, crc)
+            crc = crc32(item, crc)
             length += len(item)
             self.after.append((crc, length))
             if len(item) > limit:
                 inner, refs = yield from splitter.encode_fast(self.copy[i], item)
                 self.refmap[i], self.texts[i] = refs, inner
                 self.lens.append(len(inner))
-                self.mixes.append(_mix(zlib.crc32(inner), refs))
+                self.mixes.append(_mix(crc32(inner), refs))
             else:
                 self.lens.append(len(item))
-                self.mixes.append(_mix(zlib.crc32(item), None))
+                self.mixes.append(_mix(crc32(item), None))
             budget -= len(item)
             if budget < 0:
                 budget = _SLICE_BYTES
                 yield None
         self.ends.append(len(log))
         self.region_ends.append(len(splitter.region_log))
-        self.crc, self.length = zlib.crc32(b"]", crc), length + 1
+        self.crc, self.length = crc32(b"]", crc), length + 1
 
     def _mix(self, i: int) -> int:
         return self.mixes[i - self.scan.index]

@@ -10,7 +10,6 @@ of :mod:`aiocheckpoint.format.tags`. Nothing in a record is ever unpickled or ev
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, Final
@@ -20,6 +19,7 @@ from pydantic import ValidationError
 
 from .._validation import check_step, check_workflow_id
 from ..errors import CheckpointCorruptedError, CheckpointSerializationError, InvalidArgumentError
+from ..format.checksum import crc32
 from ..format.header import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, read_header
 from ..format.jsontext import loads
 from ..models import METRICS_DEFAULTS, Checkpoint, CheckpointFields
@@ -49,7 +49,7 @@ def encode_checkpoint(checkpoint: Checkpoint, *, finite: bool = False) -> bytes:
             raise CheckpointSerializationError(_bad_text_path(checkpoint), str(exc)) from exc
         except (TypeError, ValueError, RecursionError) as exc:
             raise CheckpointSerializationError("checkpoint", str(exc)) from exc
-    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), zlib.crc32(body)) + body
+    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), crc32(body)) + body
 
 
 def _fast_body(checkpoint: Checkpoint) -> bytes | None:
@@ -92,7 +92,7 @@ def encode_fields(fields: CheckpointFields, finite: bool) -> bytes | None:
         body = orjson.dumps(_layout(fields, rendered, state, now))
     except TypeError:
         return None
-    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), zlib.crc32(body)) + body
+    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0, len(body), crc32(body)) + body
 
 
 def _body(checkpoint: Checkpoint, time_: Callable[[datetime], datetime | str]) -> dict[str, Any]:
@@ -224,7 +224,7 @@ def decode_checkpoint(
             raise CheckpointCorruptedError(
                 f"body is {len(body)} bytes, header says {length} (truncated or padded)"
             )
-        if zlib.crc32(body) != crc:
+        if crc32(body) != crc:
             raise CheckpointCorruptedError("checksum mismatch")
         text = bytes(body)
         checkpoint = build_checkpoint(loads(text), nested=may_nest_deeply(text))

@@ -7,11 +7,11 @@ decoders here read records of both format versions.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Collection, Generator
 from typing import Any
 
 from ..errors import CheckpointCorruptedError, CheckpointSerializationError
+from ..format.checksum import crc32
 from ..format.header import FORMAT_VERSION_2, HEADER, MAGIC, record_format_version
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.tree import (
@@ -65,7 +65,7 @@ def _meta(checkpoint: Checkpoint) -> dict[str, Any]:
 
 def _record(meta_bytes: bytes, digest: int, root: bytes) -> bytes:
     body = b"".join((V2_PREFIX.pack(len(meta_bytes), digest), meta_bytes, root))
-    return HEADER.pack(MAGIC, FORMAT_VERSION_2, 0, 0, len(body), zlib.crc32(body)) + body
+    return HEADER.pack(MAGIC, FORMAT_VERSION_2, 0, 0, len(body), crc32(body)) + body
 
 
 def rehomed_record(meta: dict[str, Any], digest: int, root: bytes, workflow_id: str) -> bytes:

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import functools
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..errors import CheckpointCorruptedError, InvalidArgumentError
 from .blob import Unwrapper, zstd
+from .checksum import crc32
 from .header import FORMAT_VERSION_2, HEADER, HEADER_SIZE, MAGIC, record_format_version
 from .jsontext import loads
 from .sealed import BLOB_SEALED, is_sealed_tree_record, sealed_blob_children, sealed_tree_refs
@@ -274,7 +274,7 @@ def open_record_v2(record: bytes) -> tuple[dict[str, Any], int, bytes]:
     body = memoryview(record)[HEADER_SIZE:]
     if len(body) != length:
         raise _corrupt(f"body is {len(body)} bytes, header says {length}")
-    if zlib.crc32(body) != crc:
+    if crc32(body) != crc:
         raise _corrupt("checksum mismatch")
     if length < V2_PREFIX.size:
         raise _corrupt("truncated version-2 body")

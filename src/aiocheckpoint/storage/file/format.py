@@ -13,10 +13,10 @@ import json
 import os
 import struct
 import uuid
-import zlib
 from typing import Final
 
 from ...errors import StorageSchemaError
+from ...format.checksum import crc32
 
 __all__ = [
     "FORMAT_BLOBS",
@@ -186,7 +186,7 @@ class Hint:
         """The bytes written to the hint file."""
         flags = 0 if self.step is None else 1
         body = self._STRUCT.pack(self.MAGIC, 1, flags, self.dir_ino, self.step or 0)
-        return body + struct.pack(">I", zlib.crc32(body))
+        return body + struct.pack(">I", crc32(body))
 
     @classmethod
     def unpack(cls, data: bytes) -> Hint | None:
@@ -194,7 +194,7 @@ class Hint:
         if len(data) != cls.SIZE:
             return None
         body, (crc,) = data[:-4], struct.unpack(">I", data[-4:])
-        if zlib.crc32(body) != crc:
+        if crc32(body) != crc:
             return None
         magic, version, flags, dir_ino, step = cls._STRUCT.unpack(body)
         if magic != cls.MAGIC or version != 1 or flags not in (0, 1) or step > _MAX_STEP:
