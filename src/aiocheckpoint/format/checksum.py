@@ -1,16 +1,19 @@
-"""The CRC-32 every stored checksum uses: ``zlib.crc32``'s values, computed ~10x faster.
+"""The CRC-32 every stored checksum uses (``zlib.crc32``), in one place.
 
 Record headers, the file store's packs and step files, and a tree record's
 ``state.text_crc32`` all hold the standard CRC-32 (the polynomial of zlib, gzip and PNG).
-``crc32`` is zlib-ng's, which uses the CPU's carry-less multiply instructions: ~0.2 ms
-for the 10 MB text of a large state, where the ``zlib`` that CPython links spends ~1.7 ms
-(``docs/performance.md``, "Resume at the floor"). The values are the same, so nothing
-stored changes; like ``zlib.crc32`` it lets other threads run while it reads a large
-buffer.
+
+zlib-ng's ``crc32`` gives the same values ~10x faster, and was tried: like ``zlib.crc32``
+it lets other threads run while it reads a buffer of a few KB or more, but it is back
+within ~3 us, so a store's read thread that checksums a large state run by run (a call
+every ~1 ms) takes the GIL back before the event loop's thread, waiting for it, wakes, and
+every such hand-over restarts that thread's wait: reading a 50,000-message chat stalled
+the loop for 25-40 ms, against 2-5 ms with ``zlib.crc32`` (docs/performance.md, "Resume
+at the floor (issue 21, fifth part)"). Its gain on a 10 MB resume was ~1 ms of CPU.
 """
 
 from __future__ import annotations
 
-from zlib_ng.zlib_ng import crc32
+from zlib import crc32
 
 __all__ = ["crc32"]
