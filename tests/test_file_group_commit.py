@@ -479,3 +479,26 @@ async def test_every_fault_in_a_group_with_effects_is_typed_and_harmless(
         fired += fault.fired
         nth += 1
     assert fired > 0
+
+
+async def test_a_tree_save_that_waited_for_its_group_stores_its_blobs_again(
+    tmp_path: Path,
+) -> None:
+    """A save whose record waits past the grace period: a sweep may retire the pack its
+    blobs were found in meanwhile; the writer puts them again before the record."""
+    store = FileCheckpointStorage(tmp_path / "store", blob_grace_seconds=0.4)
+    state = {"docs": [f"{i:05d}" + "x" * 2000 for i in range(400)]}
+    async with CheckpointManager(store) as manager:
+        await manager.create_checkpoint("a", 1, "x", "completed", state)
+        await manager.delete_checkpoints("a")  # nothing references its pack now
+        commit = store._group.commit
+
+        async def late(op: Any) -> None:
+            await asyncio.sleep(0.6)  # past the grace period, its record not yet written
+            assert await store.collect_garbage() > 0  # the pack is retired
+            await commit(op)
+
+        store._group.commit = late  # type: ignore[method-assign]
+        await manager.create_checkpoint("b", 1, "x", "completed", state)
+        store._group.commit = commit  # type: ignore[method-assign]
+        assert (await manager.get_checkpoint("b", 1)).state_snapshot.data == state

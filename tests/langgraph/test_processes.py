@@ -110,7 +110,10 @@ async def test_sigkilled_run_is_resumed_by_a_new_process(url: str) -> None:
     out, _ = heir.communicate(timeout=120)
     assert heir.returncode == 0
     assert f"done {STEPS}" in out
-    assert out.splitlines()[0] == f"step {saved}"  # the heir goes on from the latest stored
+    # The heir goes on from the latest stored step: the one read after the kill, or the
+    # next when a commit the victim had sent still landed (PostgreSQL finishes a COMMIT it
+    # received, whatever became of the client).
+    assert out.splitlines()[0] in (f"step {saved}", f"step {saved + 1}")
     expected_values, expected_steps = await reference_history()
     values, steps, chained = await stored_history(url)
     assert values == expected_values

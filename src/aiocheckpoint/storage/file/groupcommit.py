@@ -60,7 +60,7 @@ class GroupCommit:
         base: str,
         dirs: WorkflowDirs,
         save_one: Callable[[Op], None],
-        prepare: Callable[[], None],
+        prepare: Callable[[list[Op]], None],
         after_prune: Callable[[], None],
         *,
         use_syncfs: bool,
@@ -186,7 +186,7 @@ class GroupCommit:
                 return [exc]
             return [None]
         try:
-            self._prepare()
+            self._prepare(ops)
             syncfs = self._use_syncfs and self._dirs.ops.has_syncfs
             outcomes, retry = Batch(self._dirs, ops, syncfs=syncfs).run()
         except Exception as exc:

@@ -141,11 +141,13 @@ class FileCheckpointStorage(BaseStorage):
             self._base, ops, float(blob_grace_seconds), max_record_bytes, float(stale_temp_seconds)
         )
         self._collector = Collector(self._blobs)
+        #: Tree saves waiting for their group: their split and when its blobs were put.
+        self._trees: dict[int, tuple[SplitResult, float]] = {}
         self._group = GroupCommit(
             self._base,
             self._dirs,
             self._write_op,
-            self._ensure_store,
+            self._prepare_group,
             self._after_delete,
             use_syncfs=use_syncfs,
         )
@@ -317,7 +319,11 @@ class FileCheckpointStorage(BaseStorage):
         await self._run(f"cannot save step {step} of workflow {workflow_id!r}", self._put, split)
         # The blobs are durable: the record joins the saves' group commit, so twenty saves
         # woken together share one group's barriers instead of fsyncing in twenty threads.
-        await self._group.commit(op)
+        self._trees[id(op)] = split, time.monotonic()
+        try:
+            await self._group.commit(op)
+        finally:
+            del self._trees[id(op)]
 
     # --- the effect journal (EffectStorage) -------------------------------------------
 
@@ -437,8 +443,27 @@ class FileCheckpointStorage(BaseStorage):
             self._layout.mark(FORMAT_VERSION)
         self._blobs.put(split)
 
+    def _prepare_group(self, ops: list[Op]) -> None:
+        """Before a group's records are written (writer thread): the store, fresh blobs."""
+        self._ensure_store()
+        self._refresh_blobs(ops)
+
+    def _refresh_blobs(self, ops: list[Op]) -> None:
+        """Make the blobs of tree saves that waited for their group recent enough again.
+
+        The collector's safety argument (``gc.py``) needs a record to be durable within
+        ``grace / 2`` of its blobs' put; a save waiting behind busy groups may not be, so
+        its blobs are put again (touching old packs, storing again what a sweep retired)
+        once it has waited ``grace / 8``.
+        """
+        for op in ops:
+            tree = self._trees.get(id(op))
+            if tree is not None and time.monotonic() - tree[1] > self._blobs.grace / 8:
+                self._blobs.put(tree[0])
+
     def _write_op(self, op: Op) -> None:
         """One write alone (a group of one, or redone after its directory was replaced)."""
+        self._refresh_blobs([op])
         if isinstance(op, EffectOp):
             self._ensure_store()
             self._effects.put(op)
