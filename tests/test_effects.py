@@ -327,16 +327,19 @@ async def test_retention_keeps_effects_with_their_checkpoints(open_store: Open) 
     assert [len(await manager.get_effects("wf", s)) for s in range(3)] == [0, 0, 1]
 
 
+def leased_store(kind: str, tmp_path: Path, pg_schema: str) -> CheckpointStorage:
+    """A new store of ``kind`` among those with leases."""
+    if kind == "memory":
+        return InMemoryCheckpointStorage()
+    if kind == "sqlite":
+        return SQLiteCheckpointStorage(tmp_path / "fx.db")
+    return PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
 async def test_lost_lease_stops_before_the_call(kind: str, tmp_path: Path, pg_schema: str) -> None:
     """A runner whose lease was taken over gets LeaseLostError before its function runs."""
-    if kind == "memory":
-        store: Any = InMemoryCheckpointStorage()
-    elif kind == "sqlite":
-        store = SQLiteCheckpointStorage(tmp_path / "fx.db")
-    else:
-        store = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)
-    async with CheckpointManager(store) as manager:
+    async with CheckpointManager(leased_store(kind, tmp_path, pg_schema)) as manager:
         stale = await manager.acquire_lease("wf", "a", ttl=0.05)
         await asyncio.sleep(0.1)
         await manager.acquire_lease("wf", "b", ttl=30)
@@ -353,13 +356,7 @@ async def test_stale_runner_settling_a_settled_effect_loses_its_lease(
     kind: str, tmp_path: Path, pg_schema: str
 ) -> None:
     """A runner taken over whose effect the new holder settled: LeaseLostError, not a misuse."""
-    if kind == "memory":
-        store: Any = InMemoryCheckpointStorage()
-    elif kind == "sqlite":
-        store = SQLiteCheckpointStorage(tmp_path / "fx.db")
-    else:
-        store = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)
-    async with CheckpointManager(store) as manager:
+    async with CheckpointManager(leased_store(kind, tmp_path, pg_schema)) as manager:
         await leave_in_doubt(manager, "mail")
         stale = await manager.acquire_lease("wf", "a", ttl=0.05)
         await asyncio.sleep(0.1)
