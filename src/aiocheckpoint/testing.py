@@ -817,9 +817,10 @@ class WorkflowStorageConformance(WorkflowLifecycleConformance):
 
     async def test_claim_takes_expired_leases(self, storage: WorkflowStorage) -> None:
         """An unfinished workflow whose lease expired can be claimed by another runner."""
-        old = await storage.acquire_lease("wf", "dead-runner", 0.05)
+        # Long enough that the claim below comes before it expires on a loaded machine.
+        old = await storage.acquire_lease("wf", "dead-runner", 1.0)
         assert await storage.claim_next_workflow("b", 30) is None
-        await anyio.sleep(0.2)
+        await anyio.sleep(1.2)
         claimed = await storage.claim_next_workflow("b", 30)
         assert claimed is not None
         assert claimed.workflow_id == "wf"
