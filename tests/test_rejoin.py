@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aiocheckpoint.storage.rejoin import REJOIN_ITERATIONS, Rejoin
+from aiocheckpoint.storage.sqlite.rejoin import REJOIN_ITERATIONS, Rejoin
 
 
 def test_waits_for_the_woken_callers_and_the_stragglers_at_most_two_iterations() -> None:

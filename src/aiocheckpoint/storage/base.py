@@ -414,9 +414,13 @@ def check_max_record_bytes(value: object) -> int:
 
 def check_record_size(data: bytes, limit: int) -> None:
     """Refuse to store a record over ``limit`` bytes, the same way in every backend."""
-    if len(data) > limit:
+    _check_size(len(data), limit)
+
+
+def _check_size(size: int, limit: int) -> None:
+    if size > limit:
         raise InvalidArgumentError(
-            f"the encoded record is {len(data)} bytes, over this store's max_record_bytes ({limit})"
+            f"the encoded record is {size} bytes, over this store's max_record_bytes ({limit})"
         )
 
 
@@ -426,11 +430,7 @@ def check_blob_sizes(split: SplitResult, limit: int) -> None:
     A split counts it as it makes and adopts its blobs; one built without it costs a pass in
     C over its blobs.
     """
-    size = split.largest_blob()
-    if size > limit:
-        raise InvalidArgumentError(
-            f"the encoded record is {size} bytes, over this store's max_record_bytes ({limit})"
-        )
+    _check_size(split.largest_blob(), limit)
 
 
 class BaseStorage:

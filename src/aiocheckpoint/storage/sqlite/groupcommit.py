@@ -22,7 +22,7 @@ from typing import Any, Final, TypeVar
 
 from ..._telemetry import record_commit
 from ...errors import StorageClosedError
-from ..rejoin import Rejoin
+from .rejoin import Rejoin
 from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
 from .writer import Op, Outcome, Writer
 
@@ -206,7 +206,7 @@ class GroupCommit:
     def _writer_free(self) -> None:
         if self._rejoin.wait(len(self._pending), self._max_batch):
             # A few writes queued while the batch ran (a caller out of step): wait for the
-            # callers just woken to join them rather than commit them alone (storage/rejoin.py).
+            # callers just woken to join them rather than commit them alone (rejoin.py).
             asyncio.get_running_loop().call_soon(self._writer_free)
             return
         self._busy = False

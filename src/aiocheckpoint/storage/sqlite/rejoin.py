@@ -1,6 +1,7 @@
 """When a group commit's writer, free again, waits for the callers its last batch woke.
 
-Shared by the group commits (SQLite, file). Once a batch is durable its callers
+The SQLite group commit's (the file store's was measured with it and keeps its own order:
+docs/sqlite-storage.md). Once a batch is durable its callers
 are woken and the writer is free; whatever is queued then goes in the next batch. A caller
 out of step with the others (its write queued while the batch ran: it yielded once more,
 after a slow copy or a garbage collection) would then be taken alone, or with the few woken
