@@ -27,7 +27,7 @@ from aiocheckpoint.codec.copy import to_storable
 from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.codec.split import finish, split_work
 from aiocheckpoint.codec.stages import TypedValues
-from aiocheckpoint.codec.subtrees import crc_combine, crc_shift, shared_split_work
+from aiocheckpoint.codec.subtrees import _bits_shift, crc_combine, crc_shift, shared_split_work
 from aiocheckpoint.format.tags import MARK
 from aiocheckpoint.format.tree import SplitMemory, SplitResult, TreeParams
 from aiocheckpoint.storage.base import BlobCheckpointStorage
@@ -50,6 +50,19 @@ PARAMS = TreeParams(
 @given(st.binary(max_size=3000), st.binary(max_size=3000))
 def test_crc_combine_is_the_crc_of_the_concatenation(a: bytes, b: bytes) -> None:
     assert crc_combine(zlib.crc32(a), zlib.crc32(b), crc_shift(len(b))) == zlib.crc32(a + b)
+
+
+@given(st.integers(0, 2**48))
+def test_crc_shift_by_bytes_is_the_shift_by_bits(length: int) -> None:
+    """The operator made of memoized per-byte factors is the one made bit by bit."""
+    assert crc_shift(length) == _bits_shift(length)
+
+
+def test_crc_shift_of_a_long_text() -> None:
+    head, zeros = b"head", bytes(5_000_123)  # three bytes of length, none of them zero
+    combined = crc_combine(zlib.crc32(head), zlib.crc32(zeros), crc_shift(len(zeros)))
+    assert combined == zlib.crc32(head + zeros)
+    assert crc_shift(0) == 1 << 31  # no bytes: the identity
 
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])

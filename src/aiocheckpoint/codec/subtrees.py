@@ -87,8 +87,8 @@ for _ in range(31):
     _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
 
 
-def crc_shift(length: int) -> int:
-    """The operator that :func:`crc_combine` needs for a text of ``length`` bytes."""
+def _bits_shift(length: int) -> int:
+    """:func:`crc_shift` by the bits of ``length``: a product per bit set."""
     p, k = 1 << 31, 3
     while length:
         if length & 1:
@@ -96,6 +96,28 @@ def crc_shift(length: int) -> int:
         length >>= 1
         k += 1
     return p
+
+
+#: :func:`_bits_shift` of ``b << 8 * j`` for the bytes ``b`` of lengths seen (at most 256
+#: per byte position): a length's operator is the product of its bytes' (~10 products per
+#: length by its bits, ~5 us each, against at most one per byte beyond the first).
+_BYTE_SHIFTS: Final[dict[int, int]] = {}
+
+
+def crc_shift(length: int) -> int:
+    """The operator that :func:`crc_combine` needs for a text of ``length`` bytes."""
+    p = 0
+    at = 0
+    while length:
+        digit = (length & 0xFF) << at
+        if digit:
+            factor = _BYTE_SHIFTS.get(digit)
+            if factor is None:
+                factor = _BYTE_SHIFTS[digit] = _bits_shift(digit)
+            p = _multmodp(factor, p) if p else factor
+        length >>= 8
+        at += 8
+    return p or 1 << 31  # 1 << 31: the operator of no bytes (x^0)
 
 
 def crc_combine(crc1: int, crc2: int, shift2: int) -> int:
