@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointManager, CheckpointStorage, SharedState, open_storage
+from aiocheckpoint.codec import subtrees
 from aiocheckpoint.codec.copy import to_storable
 from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.codec.split import finish, split_work
@@ -190,7 +191,8 @@ def _check_cached_splits(ops: list[tuple[Any, ...]]) -> None:
         if op[0] != "checkpoint":
             continue
         data = state._peek()[0]
-        work = shared_split_work(data, TypedValues(), PARAMS, previous, cache, None)
+        lineages = state._lineages()
+        work = shared_split_work(data, TypedValues(), PARAMS, previous, cache, None, lineages)
         shared = finish(work)
         assert shared is not None
         _same(shared.split, _scratch(data, previous))
@@ -225,6 +227,63 @@ def test_an_append_cuts_only_the_lists_last_region() -> None:
         assert shared.split.memory is not None
         previous, cache = shared.split.memory, shared.entries
     assert shared.copy == to_storable(data)
+
+
+def test_an_appended_list_resumes_its_cut_without_comparing_its_elements(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the state's lineages, a list made by appending (once or several times) to the
+    list last cut is known to extend it: its elements are not compared one by one."""
+    calls = []
+
+    def counted_is(a: Any, b: Any) -> bool:
+        calls.append(1)
+        return a is b
+
+    monkeypatch.setattr(subtrees, "is_", counted_is)
+    state = SharedState({"chat": [{"n": n, "t": "m" * (n % 30)} for n in range(300)]})
+    shared = finish(shared_split_work(state._peek()[0], TypedValues(), PARAMS, None, {}, None))
+    assert shared is not None and shared.split.memory is not None
+    previous, cache = shared.split.memory, shared.entries
+    for n in range(300, 330, 3):
+        for k in range(n, n + 1 + n % 3):  # one to three appends between two checkpoints
+            state.append("chat", {"n": k, "t": "new"})
+        data, lineages = state._peek()[0], state._lineages()
+        calls.clear()
+        work = shared_split_work(data, TypedValues(), PARAMS, previous, cache, None, lineages)
+        shared = finish(work)
+        assert shared is not None and shared.split.memory is not None
+        assert len(calls) <= 3  # the lineage named the list last cut, not 300 comparisons
+        assert shared.entries["state.chat"].scan is not None  # resumed
+        _same(shared.split, _scratch(data, previous))
+        previous, cache = shared.split.memory, shared.entries
+    state.set("chat", [*state._peek()[0]["chat"], {"n": -1}])  # a new list: no lineage
+    data = state._peek()[0]
+    calls.clear()
+    work = shared_split_work(data, TypedValues(), PARAMS, previous, cache, None, state._lineages())
+    shared = finish(work)
+    assert shared is not None
+    assert len(calls) == 1  # compared: set() copied the elements, the first one differs
+    _same(shared.split, _scratch(data, previous))
+
+
+def test_a_lineage_names_the_lists_an_appended_list_extends() -> None:
+    state = SharedState()
+    state.append("chat", 1)
+    first = state._peek()[0]["chat"]
+    state.append("chat", 2)
+    second = state._peek()[0]["chat"]
+    state.append("chat", 3)
+    third = state._peek()[0]["chat"]
+    lineage = state._lineages()[id(third)]
+    assert lineage[0] is third
+    assert lineage[1][0] is second and lineage[1][1] is first and lineage[1][2] == []
+    assert id(second) not in state._lineages()  # handed on to the list that extends it
+    state.set("chat", [1, 2, 3, 4])
+    assert id(state._peek()[0]["chat"]) not in state._lineages()
+    for n in range(40):  # other lists appended to: the oldest lineages are dropped
+        state.append(f"other{n}", n)
+    assert id(third) not in state._lineages() and len(state._lineages()) <= 16
 
 
 def test_an_append_takes_the_open_regions_chunks_from_the_last_cut() -> None:

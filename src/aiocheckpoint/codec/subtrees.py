@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import gc
 from collections import OrderedDict
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
+from itertools import repeat
 from operator import is_
 from typing import Any, Final
 
@@ -55,7 +56,7 @@ from .split import (
 from .stages import ValueStage
 from .typed import has_tags
 
-__all__ = ["SubtreeCache", "crc_combine", "crc_shift", "shared_split_work"]
+__all__ = ["Lineage", "SubtreeCache", "crc_combine", "crc_shift", "shared_split_work"]
 
 _Work = Generator[Job | None, Any, Any]
 _POLY: Final = 0xEDB88320
@@ -271,6 +272,10 @@ class _Scan:
         self.tail: _Tail | None = None
 
 
+#: A list and lists it starts with (their elements, the same objects), the newest first:
+#: what :meth:`~aiocheckpoint.SharedState.append` knows of the lists it makes.
+Lineage = tuple[list[Any], tuple[list[Any], ...]]
+_NO_LINEAGES: Final[Mapping[int, Lineage]] = {}
 _NO_MEMO: Final[ChunkMemo] = {}
 _START: Final = _Scan(0, (), NO_NODES, NO_NODES, (crc32(b"["), 1, 1))
 #: A workflow's cached sub-trees: by the id of their source, and chunked lists by path too.
@@ -310,12 +315,19 @@ class _Fallback(Exception):
 
 
 class _Walk:
-    __slots__ = ("cache", "kept", "limit", "new", "splitter", "values")
+    __slots__ = ("cache", "kept", "limit", "lineages", "new", "splitter", "values")
 
-    def __init__(self, splitter: _Splitter, values: ValueStage, cache: Entries):
+    def __init__(
+        self,
+        splitter: _Splitter,
+        values: ValueStage,
+        cache: Entries,
+        lineages: Mapping[int, Lineage] = _NO_LINEAGES,
+    ):
         self.splitter = splitter
         self.values = values
         self.cache = cache
+        self.lineages = lineages
         self.new: Entries = {}
         self.kept: list[_Entry] = []  # the entries of ``new``, in the order they were kept
         self.limit = splitter.p.inline_limit
@@ -475,9 +487,12 @@ class _Walk:
         if entry is None or entry.scan is None:
             return None
         old = entry.source
-        if len(old) > len(source) or not all(map(is_, old, source)):
+        if len(old) > len(source):
             return None
-        return entry
+        lineage = self.lineages.get(id(source))
+        if lineage is not None and lineage[0] is source and any(map(is_, lineage[1], repeat(old))):
+            return entry  # made by appending to ``old`` (or to a list that was): no need to look
+        return entry if all(map(is_, old, source)) else None
 
     def _marks(self) -> tuple[int, int, int]:
         log = self.splitter.log
@@ -739,18 +754,21 @@ def shared_split_work(
     previous: SplitMemory | None,
     cache: Entries,
     max_bytes: int | None,
+    lineages: Mapping[int, Lineage] = _NO_LINEAGES,
 ) -> Generator[Job | None, Any, SharedSplit | None]:
     """Copy and split a SharedState's tree ``data``, reusing ``cache``'s sub-trees.
 
     ``previous`` is the memory of the workflow's last split, the one ``cache`` was made
-    with (None, with an empty cache, for a workflow whose last split is not known). The
+    with (None, with an empty cache, for a workflow whose last split is not known).
+    ``lineages`` are the state's (``SharedState._lineages``): a list found there extends
+    the lists named with it, which spares comparing its elements with theirs. The
     split equals ``split_work(copy, params, (), previous, inline=False, finite=True)``.
     None when the state needs the ordinary path (a value the fast encoder does not take);
     a value the value stage refuses raises as it would there.
     """
     splitter = _Splitter(params, (), previous)
     splitter.log = []
-    walk = _Walk(splitter, values, cache)
+    walk = _Walk(splitter, values, cache, lineages)
     try:
         root = walk.cached(data) or (yield from walk.walk_dict(data, "state", 0, True))
     except (_Fallback, TypeError, RecursionError):
