@@ -267,6 +267,25 @@ def test_an_appended_list_resumes_its_cut_without_comparing_its_elements(
     _same(shared.split, _scratch(data, previous))
 
 
+def test_cached_entries_hold_on_to_no_earlier_splits_log() -> None:
+    """An entry points into its split's log until it is adopted whole; then it copies its
+    nodes out, and so do the entries inside it: none keeps an older log (and the nodes of
+    sub-trees that changed since) alive."""
+    state = SharedState({"docs": {f"k{i}": f"{i} " + "x" * 100 for i in range(40)}})
+    previous: SplitMemory | None = None
+    cache: dict[int | str, Any] = {}
+    for n in range(4):
+        state.set("note", f"{n} " + "y" * 300)
+        data = state._peek()[0]
+        shared = finish(shared_split_work(data, TypedValues(), PARAMS, previous, cache, None))
+        assert shared is not None
+        _same(shared.split, _scratch(data, previous))
+        logs = {id(e.span[0]) for e in shared.entries.values() if e.span is not None}
+        assert len(logs) == 1  # this split's (the root's, the note's)
+        assert n == 0 or shared.entries[id(data["docs"])].span is None  # adopted: settled
+        previous, cache = shared.split.memory, shared.entries
+
+
 def test_a_lineage_names_the_lists_an_appended_list_extends() -> None:
     state = SharedState()
     state.append("chat", 1)

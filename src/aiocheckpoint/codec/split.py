@@ -710,6 +710,8 @@ class _Splitter:
 
     def adopt_set(self, kept: NodeSet) -> None:
         """:meth:`adopt` for a node set and its regions: dict updates, not a loop per node."""
+        if not kept.nodes and not kept.regions:
+            return
         children = self.children
         if children:
             again = children.keys() & kept.children.keys()

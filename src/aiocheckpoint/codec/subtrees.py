@@ -169,6 +169,7 @@ class _Entry:
         "scan",
         "shift",
         "source",
+        "span",
         "tagged",
         "text",
     )
@@ -187,10 +188,15 @@ class _Entry:
         self.depth = depth
         #: ``crc_shift(length)`` once needed (for an entry with references).
         self.shift = 0
+        #: The nodes and regions the sub-tree's split made (see :meth:`settle`).
         self.nodes: tuple[Node, ...] = ()
+        self.regions: tuple[Region, ...] = ()
+        #: Until :meth:`settle`: the log of that split and the sub-tree's ranges in it, its
+        #: nodes' and its regions'. Most entries (a grown list, the dicts above it) are never
+        #: adopted whole: copying their ranges out would be a copy per node of the tree.
+        self.span: tuple[list[Node], int, int, list[Region], int, int] | None = None
         #: ``nodes`` by hash, made when the entry is first adopted (and kept for the next).
         self.node_set: NodeSet | None = None
-        self.regions: tuple[Region, ...] = ()
         #: The cached sub-trees inside this one (kept with it).
         self.inner: tuple[_Entry, ...] = ()
         #: A list cut into chunks: where its cut can resume when it grows, and its path.
@@ -198,6 +204,14 @@ class _Entry:
         self.path = ""
         #: Whether the sub-tree's text may hold a tag (:func:`~.typed.has_tags`).
         self.tagged = True
+
+    def settle(self) -> None:
+        """Copy the entry's nodes and regions out of its split's log (and let the log go)."""
+        span = self.span
+        if span is not None:
+            log, start, end, region_log, first, last = span
+            self.nodes, self.regions = tuple(log[start:end]), tuple(region_log[first:last])
+            self.span = None
 
 
 class _Tail:
@@ -353,9 +367,11 @@ class _Walk:
             return None
         nodes = entry.node_set
         if nodes is None:
+            entry.settle()
             nodes = entry.node_set = NodeSet(entry.nodes, None, entry.regions)
         self.splitter.adopt_set(nodes)
         for kept in (*entry.inner, entry):
+            kept.settle()  # kept on: not holding on to an earlier split's log
             self.new[id(kept.source)] = kept
             if kept.scan is not None:
                 self.new[kept.path] = kept
@@ -504,8 +520,8 @@ class _Walk:
         splitter = self.splitter
         assert splitter.log is not None
         nodes, regions, kept = marks
-        entry.nodes = tuple(splitter.log[nodes:])
-        entry.regions = tuple(splitter.region_log[regions:])
+        log, region_log = splitter.log, splitter.region_log
+        entry.span = (log, nodes, len(log), region_log, regions, len(region_log))
         entry.inner = tuple(self.kept[kept:])
         self.new[id(entry.source)] = entry
         self.kept.append(entry)
