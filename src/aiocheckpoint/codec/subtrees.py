@@ -366,12 +366,12 @@ class _Walk:
         if entry is None or entry.source is not source:
             return None
         nodes = entry.node_set
-        if nodes is None:
-            entry.settle()
+        if nodes is None:  # adopted whole for the first time
+            for kept in (*entry.inner, entry):
+                kept.settle()  # kept on: not holding on to an earlier split's log
             nodes = entry.node_set = NodeSet(entry.nodes, None, entry.regions)
         self.splitter.adopt_set(nodes)
         for kept in (*entry.inner, entry):
-            kept.settle()  # kept on: not holding on to an earlier split's log
             self.new[id(kept.source)] = kept
             if kept.scan is not None:
                 self.new[kept.path] = kept
