@@ -26,7 +26,7 @@ from aiocheckpoint import CheckpointManager, CheckpointStorage, SharedState, ope
 from aiocheckpoint.codec import subtrees
 from aiocheckpoint.codec.copy import to_storable
 from aiocheckpoint.codec.pipeline import RecordCodec
-from aiocheckpoint.codec.split import finish, split_work
+from aiocheckpoint.codec.split import Node, NodeSet, _Splitter, finish, split_work
 from aiocheckpoint.codec.stages import TypedValues
 from aiocheckpoint.codec.subtrees import _bits_shift, crc_combine, crc_shift, shared_split_work
 from aiocheckpoint.format.tags import MARK
@@ -286,6 +286,31 @@ def test_cached_entries_hold_on_to_no_earlier_splits_log() -> None:
         previous, cache = shared.split.memory, shared.entries
 
 
+@given(
+    st.lists(st.lists(st.integers(0, 12), max_size=8), max_size=5),
+    st.sets(st.integers(0, 12), max_size=3),
+)
+def test_adopting_node_sets_counts_what_adopting_their_nodes_counts(
+    sets: list[list[int]], known_ids: set[int]
+) -> None:
+    """Node sets that share nodes with the split (or not) add what their nodes one by one
+    add: each node's bytes and its blob's once."""
+
+    def node(i: int) -> Node:
+        h = bytes([i]) * 16  # one hash, one node: the same i is the same node everywhere
+        return (h, (), b"\x00" + b"n" * (i + 1), i + 3, i + 1)
+
+    known = {bytes([i]) * 16 for i in known_ids}
+    by_sets, one_by_one = _Splitter(PARAMS, known, None), _Splitter(PARAMS, known, None)
+    for members in sets:
+        nodes = [node(i) for i in members]
+        by_sets.adopt_set(NodeSet(nodes))
+        one_by_one.adopt(nodes, ())
+    for name in ("children", "sizes", "blobs", "node_bytes", "blob_bytes", "blob_max"):
+        assert getattr(by_sets, name) == getattr(one_by_one, name), name
+    assert by_sets.blob_bytes == sum(map(len, by_sets.blobs.values()))
+
+
 def test_a_lineage_names_the_lists_an_appended_list_extends() -> None:
     state = SharedState()
     state.append("chat", 1)
@@ -362,6 +387,37 @@ async def test_tagged_values_come_back_typed_from_a_cached_split(tmp_path: Path)
         assert point is not None and point[1].data["chat"][42] == {"n": 40, "at": when}
     finally:
         await storage.close()
+
+
+def test_a_dict_of_one_dollar_key_is_not_walked_key_by_key() -> None:
+    """A user's dict whose one key starts with "$" would read as a tag: the value stage
+    stores it as "$map", so the walk takes it whole (it had stored it as it was: a cached
+    split that differed from the split from scratch, found by the hypothesis test)."""
+    _check_cached_splits([("merge", {"a": {"a": None, "b": {"$": None}}})])
+    _check_cached_splits([("set", "a", {"$dt": "x" * 300}), ("chat", 20)])
+    state = SharedState({"$dt": "not a datetime " + "x" * 300})  # the whole state
+    data = state._peek()[0]
+    assert finish(shared_split_work(data, TypedValues(), PARAMS, None, {}, None)) is None
+
+
+async def test_a_dict_of_one_dollar_key_comes_back_as_it_was(tmp_path: Path) -> None:
+    """It was stored unescaped, and the checkpoint could not be read back (corrupted)."""
+    url = f"sqlite://{tmp_path / 's.db'}"
+    storage = open_storage(url)
+    manager = CheckpointManager(storage)
+    state = SharedState({"a": {"b": {"$": None}, "c": "y" * 9000}, "d": {"$dt": "x" * 300}})
+    try:
+        for step in range(3):  # a state over root_inline_limit: a tree
+            state.set("n", "z" * (3000 + step))
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+    finally:
+        await storage.close()
+    reader = open_storage(url)  # another manager: what the store holds, decoded
+    try:
+        point = await CheckpointManager(reader).get_resume_point("wf")
+        assert point is not None and point[1].data == state.to_dict()
+    finally:
+        await reader.close()
 
 
 async def test_a_chat_written_whole_goes_on_growing_with_resumed_cuts(tmp_path: Path) -> None:

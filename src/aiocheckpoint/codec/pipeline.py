@@ -48,6 +48,7 @@ from ..storage.base import (
     CheckpointStorage,
     StoredCheckpoint,
 )
+from .copy import json_copy
 from .effects import EffectRecord, decode_effect, encode_effect
 from .fork import fork_tree
 from .memory import MemoryCache, recovered_memory
@@ -175,15 +176,30 @@ class RecordCodec:
         for tags, and restored, in a worker thread.
         """
         shared = self._staged.get(workflow_id)
-        if (
-            shared is not None
-            and not shared.tagged
-            and shared.copy is checkpoint.state_snapshot.data
-            and type(self._values) is TypedValues
-            and not _metadata_tagged(checkpoint)
-        ):
-            return checkpoint
+        if shared is not None and shared.copy is checkpoint.state_snapshot.data:
+            if (
+                not shared.tagged
+                and type(self._values) is TypedValues
+                and not _metadata_tagged(checkpoint)
+            ):
+                return checkpoint
+            # Its sub-trees are the cached ones' copies, shared with the checkpoints returned
+            # before: the value stage restores what it is given in place.
+            return await anyio.to_thread.run_sync(self._restored_copy, checkpoint)
         return await anyio.to_thread.run_sync(self._restored, checkpoint, None)
+
+    def _restored_copy(self, checkpoint: Checkpoint) -> Checkpoint:
+        """:meth:`_restored` of a copy of ``checkpoint``'s state."""
+        snapshot = checkpoint.state_snapshot
+        state = built(
+            StateSnapshot,
+            data=json_copy(snapshot.data),
+            version=snapshot.version,
+            metadata=snapshot.metadata,
+        )
+        fields = dict(checkpoint.__dict__)
+        fields.update(state_snapshot=state)
+        return self._restored(built(Checkpoint, **fields), None)
 
     def _restored(self, checkpoint: Checkpoint, record: bytes | None) -> Checkpoint:
         try:

@@ -54,7 +54,7 @@ from .split import (
     dumps_work,
 )
 from .stages import ValueStage
-from .typed import has_tags
+from .typed import has_tags, needs_map
 
 __all__ = ["Lineage", "SubtreeCache", "crc_combine", "crc_shift", "shared_split_work"]
 
@@ -350,7 +350,7 @@ class _Walk:
         entry = self.cached(source)
         if entry is None:
             walked = depth < _WALK_DEPTH
-            if walked and type(source) is dict and all(type(k) is str for k in source):
+            if walked and type(source) is dict and not needs_map(source):
                 entry = yield from self.walk_dict(source, path, depth, False)
             elif walked and type(source) is list and len(source) >= _LIST_MIN:
                 entry = yield from self.walk_list(source, path)
@@ -782,6 +782,8 @@ def shared_split_work(
     None when the state needs the ordinary path (a value the fast encoder does not take);
     a value the value stage refuses raises as it would there.
     """
+    if needs_map(data):
+        return None  # a state of one "$" key is stored as "$map": not walked key by key
     splitter = _Splitter(params, (), previous)
     splitter.log = []
     walk = _Walk(splitter, values, cache, lineages)
