@@ -17,8 +17,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from aiocheckpoint import CheckpointManager
+from aiocheckpoint.codec.v2 import encode_checkpoint_v2
 from aiocheckpoint.storage.base import StoredCheckpoint
-from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage, groupcommit
 from aiocheckpoint.storage.sqlite import walcheckpoint as sqldb
 
 RECORD = 64 * 1024  # 16 pages: the WAL grows fast with few commits
@@ -208,6 +213,36 @@ def test_an_idle_writer_gets_its_wal_checkpointed(tmp_path: Path) -> None:
         last = await wait_for_full_checkpoint(store)  # the idle timer starts one
         assert last.log > 0 and not last.busy
         assert store._writer.wal_pages == 0
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_the_page_estimate_counts_the_blobs_a_tree_save_inserts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree save whose blobs are all stored adds the record's pages, not the tree's.
+
+    A split made from cached sub-trees names every blob of the state: counting them all
+    started a WAL checkpoint every other save of a growing chat.
+    """
+    monkeypatch.setattr(groupcommit, "_IDLE_SECONDS", 3600.0)  # no idle checkpoint resets it
+    db = tmp_path / "tree.db"
+    state = {"docs": [f"doc {i} " + "lorem ipsum " * 400 for i in range(50)]}  # ~250 KB
+
+    async def main() -> None:
+        store = SQLiteCheckpointStorage(db)
+        manager = CheckpointManager(InMemoryCheckpointStorage())
+        checkpoint = await manager.create_checkpoint("wf", 1, "a", "running", state)
+        record, split = encode_checkpoint_v2(checkpoint, store.blob_params)
+        blob_pages = split.stored_bytes() // PAGE
+        assert blob_pages > 50
+        await store.save_tree("wf", 1, record, split)
+        first = store._writer.wal_pages
+        assert first >= blob_pages  # the blobs were inserted
+        await store.save_tree("wf", 2, record, split)  # the same tree: every blob is stored
+        # The record's pages, two per save, one per count updated (the root's references).
+        assert store._writer.wal_pages - first <= len(record) // PAGE + 2 + len(split.root_refs)
         await store.close()
 
     asyncio.run(main())

@@ -23,11 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointManager, CheckpointStorage, SharedState, open_storage
+from aiocheckpoint.codec import subtrees
 from aiocheckpoint.codec.copy import to_storable
 from aiocheckpoint.codec.pipeline import RecordCodec
-from aiocheckpoint.codec.split import finish, split_work
+from aiocheckpoint.codec.split import Node, NodeSet, _Splitter, finish, split_work
 from aiocheckpoint.codec.stages import TypedValues
-from aiocheckpoint.codec.subtrees import crc_combine, crc_shift, shared_split_work
+from aiocheckpoint.codec.subtrees import _bits_shift, crc_combine, crc_shift, shared_split_work
 from aiocheckpoint.format.tags import MARK
 from aiocheckpoint.format.tree import SplitMemory, SplitResult, TreeParams
 from aiocheckpoint.storage.base import BlobCheckpointStorage
@@ -50,6 +51,19 @@ PARAMS = TreeParams(
 @given(st.binary(max_size=3000), st.binary(max_size=3000))
 def test_crc_combine_is_the_crc_of_the_concatenation(a: bytes, b: bytes) -> None:
     assert crc_combine(zlib.crc32(a), zlib.crc32(b), crc_shift(len(b))) == zlib.crc32(a + b)
+
+
+@given(st.integers(0, 2**48))
+def test_crc_shift_by_bytes_is_the_shift_by_bits(length: int) -> None:
+    """The operator made of memoized per-byte factors is the one made bit by bit."""
+    assert crc_shift(length) == _bits_shift(length)
+
+
+def test_crc_shift_of_a_long_text() -> None:
+    head, zeros = b"head", bytes(5_000_123)  # three bytes of length, none of them zero
+    combined = crc_combine(zlib.crc32(head), zlib.crc32(zeros), crc_shift(len(zeros)))
+    assert combined == zlib.crc32(head + zeros)
+    assert crc_shift(0) == 1 << 31  # no bytes: the identity
 
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])
@@ -177,7 +191,8 @@ def _check_cached_splits(ops: list[tuple[Any, ...]]) -> None:
         if op[0] != "checkpoint":
             continue
         data = state._peek()[0]
-        work = shared_split_work(data, TypedValues(), PARAMS, previous, cache, None)
+        lineages = state._lineages()
+        work = shared_split_work(data, TypedValues(), PARAMS, previous, cache, None, lineages)
         shared = finish(work)
         assert shared is not None
         _same(shared.split, _scratch(data, previous))
@@ -212,6 +227,107 @@ def test_an_append_cuts_only_the_lists_last_region() -> None:
         assert shared.split.memory is not None
         previous, cache = shared.split.memory, shared.entries
     assert shared.copy == to_storable(data)
+
+
+def test_an_appended_list_resumes_its_cut_without_comparing_its_elements(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the state's lineages, a list made by appending (once or several times) to the
+    list last cut is known to extend it: its elements are not compared one by one."""
+    calls = []
+
+    def counted_is(a: Any, b: Any) -> bool:
+        calls.append(1)
+        return a is b
+
+    monkeypatch.setattr(subtrees, "is_", counted_is)
+    state = SharedState({"chat": [{"n": n, "t": "m" * (n % 30)} for n in range(300)]})
+    shared = finish(shared_split_work(state._peek()[0], TypedValues(), PARAMS, None, {}, None))
+    assert shared is not None and shared.split.memory is not None
+    previous, cache = shared.split.memory, shared.entries
+    for n in range(300, 330, 3):
+        for k in range(n, n + 1 + n % 3):  # one to three appends between two checkpoints
+            state.append("chat", {"n": k, "t": "new"})
+        data, lineages = state._peek()[0], state._lineages()
+        calls.clear()
+        work = shared_split_work(data, TypedValues(), PARAMS, previous, cache, None, lineages)
+        shared = finish(work)
+        assert shared is not None and shared.split.memory is not None
+        assert len(calls) <= 3  # the lineage named the list last cut, not 300 comparisons
+        assert shared.entries["state.chat"].scan is not None  # resumed
+        _same(shared.split, _scratch(data, previous))
+        previous, cache = shared.split.memory, shared.entries
+    state.set("chat", [*state._peek()[0]["chat"], {"n": -1}])  # a new list: no lineage
+    data = state._peek()[0]
+    calls.clear()
+    work = shared_split_work(data, TypedValues(), PARAMS, previous, cache, None, state._lineages())
+    shared = finish(work)
+    assert shared is not None
+    assert len(calls) == 1  # compared: set() copied the elements, the first one differs
+    _same(shared.split, _scratch(data, previous))
+
+
+def test_cached_entries_hold_on_to_no_earlier_splits_log() -> None:
+    """An entry points into its split's log until it is adopted whole; then it copies its
+    nodes out, and so do the entries inside it: none keeps an older log (and the nodes of
+    sub-trees that changed since) alive."""
+    state = SharedState({"docs": {f"k{i}": f"{i} " + "x" * 100 for i in range(40)}})
+    previous: SplitMemory | None = None
+    cache: dict[int | str, Any] = {}
+    for n in range(4):
+        state.set("note", f"{n} " + "y" * 300)
+        data = state._peek()[0]
+        shared = finish(shared_split_work(data, TypedValues(), PARAMS, previous, cache, None))
+        assert shared is not None
+        _same(shared.split, _scratch(data, previous))
+        logs = {id(e.span[0]) for e in shared.entries.values() if e.span is not None}
+        assert len(logs) == 1  # this split's (the root's, the note's)
+        assert n == 0 or shared.entries[id(data["docs"])].span is None  # adopted: settled
+        previous, cache = shared.split.memory, shared.entries
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 12), max_size=8), max_size=5),
+    st.sets(st.integers(0, 12), max_size=3),
+)
+def test_adopting_node_sets_counts_what_adopting_their_nodes_counts(
+    sets: list[list[int]], known_ids: set[int]
+) -> None:
+    """Node sets that share nodes with the split (or not) add what their nodes one by one
+    add: each node's bytes and its blob's once."""
+
+    def node(i: int) -> Node:
+        h = bytes([i]) * 16  # one hash, one node: the same i is the same node everywhere
+        return (h, (), b"\x00" + b"n" * (i + 1), i + 3, i + 1)
+
+    known = {bytes([i]) * 16 for i in known_ids}
+    by_sets, one_by_one = _Splitter(PARAMS, known, None), _Splitter(PARAMS, known, None)
+    for members in sets:
+        nodes = [node(i) for i in members]
+        by_sets.adopt_set(NodeSet(nodes))
+        one_by_one.adopt(nodes, ())
+    for name in ("children", "sizes", "blobs", "node_bytes", "blob_bytes", "blob_max"):
+        assert getattr(by_sets, name) == getattr(one_by_one, name), name
+    assert by_sets.blob_bytes == sum(map(len, by_sets.blobs.values()))
+
+
+def test_a_lineage_names_the_lists_an_appended_list_extends() -> None:
+    state = SharedState()
+    state.append("chat", 1)
+    first = state._peek()[0]["chat"]
+    state.append("chat", 2)
+    second = state._peek()[0]["chat"]
+    state.append("chat", 3)
+    third = state._peek()[0]["chat"]
+    lineage = state._lineages()[id(third)]
+    assert lineage[0] is third
+    assert lineage[1][0] is second and lineage[1][1] is first and lineage[1][2] == []
+    assert id(second) not in state._lineages()  # handed on to the list that extends it
+    state.set("chat", [1, 2, 3, 4])
+    assert id(state._peek()[0]["chat"]) not in state._lineages()
+    for n in range(40):  # other lists appended to: the oldest lineages are dropped
+        state.append(f"other{n}", n)
+    assert id(third) not in state._lineages() and len(state._lineages()) <= 16
 
 
 def test_an_append_takes_the_open_regions_chunks_from_the_last_cut() -> None:
@@ -271,6 +387,37 @@ async def test_tagged_values_come_back_typed_from_a_cached_split(tmp_path: Path)
         assert point is not None and point[1].data["chat"][42] == {"n": 40, "at": when}
     finally:
         await storage.close()
+
+
+def test_a_dict_of_one_dollar_key_is_not_walked_key_by_key() -> None:
+    """A user's dict whose one key starts with "$" would read as a tag: the value stage
+    stores it as "$map", so the walk takes it whole (it had stored it as it was: a cached
+    split that differed from the split from scratch, found by the hypothesis test)."""
+    _check_cached_splits([("merge", {"a": {"a": None, "b": {"$": None}}})])
+    _check_cached_splits([("set", "a", {"$dt": "x" * 300}), ("chat", 20)])
+    state = SharedState({"$dt": "not a datetime " + "x" * 300})  # the whole state
+    data = state._peek()[0]
+    assert finish(shared_split_work(data, TypedValues(), PARAMS, None, {}, None)) is None
+
+
+async def test_a_dict_of_one_dollar_key_comes_back_as_it_was(tmp_path: Path) -> None:
+    """It was stored unescaped, and the checkpoint could not be read back (corrupted)."""
+    url = f"sqlite://{tmp_path / 's.db'}"
+    storage = open_storage(url)
+    manager = CheckpointManager(storage)
+    state = SharedState({"a": {"b": {"$": None}, "c": "y" * 9000}, "d": {"$dt": "x" * 300}})
+    try:
+        for step in range(3):  # a state over root_inline_limit: a tree
+            state.set("n", "z" * (3000 + step))
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+    finally:
+        await storage.close()
+    reader = open_storage(url)  # another manager: what the store holds, decoded
+    try:
+        point = await CheckpointManager(reader).get_resume_point("wf")
+        assert point is not None and point[1].data == state.to_dict()
+    finally:
+        await reader.close()
 
 
 async def test_a_chat_written_whole_goes_on_growing_with_resumed_cuts(tmp_path: Path) -> None:

@@ -8,11 +8,18 @@ from typing import Any
 
 from ._validation import check_limit
 from .codec.copy import json_copy
+from .codec.subtrees import Lineage
 from .models import StateSnapshot, StateVersion, utcnow
 
 __all__ = ["SharedState"]
 
 _MISSING: Any = object()
+#: How many earlier lists an appended list names as its prefixes (the newest first).
+_LINEAGE = 8
+#: Appended lists whose lineage is kept, the latest (a list appended to again hands its
+#: entry on): lineages are hints, a list without one is compared element by element, and
+#: they keep their lists alive.
+_LINEAGES = 16
 
 
 def _split(path: str) -> list[str]:
@@ -70,6 +77,8 @@ class SharedState:
         self._history: deque[tuple[StateVersion, dict[str, Any]]] = deque(
             [(first, self._data)], maxlen=max_history
         )
+        #: By id of a list :meth:`append` made: its lineage (see :meth:`_lineages`).
+        self._grown: dict[int, Lineage] = {}
 
     @classmethod
     def from_snapshot(
@@ -139,7 +148,27 @@ class SharedState:
         if not isinstance(current, list):
             raise TypeError(f"cannot append to {path!r}: it is a {type(current).__name__}")
         items = [*current, *json_copy(list(values))]
+        self._note_grown(items, current)
         self._commit(self._with(self._data, _split(path), items, path), agent_id, [path])
+
+    def _note_grown(self, items: list[Any], base: list[Any]) -> None:
+        """Note that ``items`` starts with ``base``'s elements and those ``base`` started with."""
+        grown = self._grown
+        known = grown.pop(id(base), None)
+        older = known[1] if known is not None and known[0] is base else ()
+        if len(grown) >= _LINEAGES:
+            del grown[next(iter(grown))]  # the oldest
+        grown[id(items)] = (items, (base, *older)[:_LINEAGE])
+
+    def _lineages(self) -> Mapping[int, Lineage]:
+        """Lists :meth:`append` made, by id: each with the lists it extends, newest first.
+
+        The tree's lists are never changed in place, so a list that another one extends
+        stays its prefix: a checkpoint of a growing list resumes the list's last cut without
+        comparing the elements before it one by one (:mod:`aiocheckpoint.codec.subtrees`).
+        A lineage found here is for the list whose id it is only if its list is that list.
+        """
+        return self._grown
 
     def merge(self, data: Mapping[str, Any], agent_id: str | None = None) -> None:
         """Deep-merge ``data`` into the state (nested dicts merge, other values replace)."""

@@ -48,6 +48,7 @@ from ..storage.base import (
     CheckpointStorage,
     StoredCheckpoint,
 )
+from .copy import json_copy
 from .effects import EffectRecord, decode_effect, encode_effect
 from .fork import fork_tree
 from .memory import MemoryCache, recovered_memory
@@ -55,7 +56,7 @@ from .pacing import READY_PACE_SECONDS, Pacer
 from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
 from .split import Job, exceeds
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
-from .subtrees import SharedSplit, SubtreeCache, shared_split_work
+from .subtrees import Lineage, SharedSplit, SubtreeCache, shared_split_work
 from .typed import has_tags
 from .v1 import decode_checkpoint, encode_checkpoint, encode_fields
 from .v2 import decode_tagged, encode_checkpoint_v2, encode_v2_work, record_v2
@@ -77,6 +78,8 @@ class _Shared(Protocol):
     """A :class:`~aiocheckpoint.SharedState`, as far as snapshots need it."""
 
     def _peek(self) -> tuple[dict[str, Any], StateVersion]: ...
+
+    def _lineages(self) -> Mapping[int, Lineage]: ...
 
 
 class RecordCodec:
@@ -173,15 +176,30 @@ class RecordCodec:
         for tags, and restored, in a worker thread.
         """
         shared = self._staged.get(workflow_id)
-        if (
-            shared is not None
-            and not shared.tagged
-            and shared.copy is checkpoint.state_snapshot.data
-            and type(self._values) is TypedValues
-            and not _metadata_tagged(checkpoint)
-        ):
-            return checkpoint
+        if shared is not None and shared.copy is checkpoint.state_snapshot.data:
+            if (
+                not shared.tagged
+                and type(self._values) is TypedValues
+                and not _metadata_tagged(checkpoint)
+            ):
+                return checkpoint
+            # Its sub-trees are the cached ones' copies, shared with the checkpoints returned
+            # before: the value stage restores what it is given in place.
+            return await anyio.to_thread.run_sync(self._restored_copy, checkpoint)
         return await anyio.to_thread.run_sync(self._restored, checkpoint, None)
+
+    def _restored_copy(self, checkpoint: Checkpoint) -> Checkpoint:
+        """:meth:`_restored` of a copy of ``checkpoint``'s state."""
+        snapshot = checkpoint.state_snapshot
+        state = built(
+            StateSnapshot,
+            data=json_copy(snapshot.data),
+            version=snapshot.version,
+            metadata=snapshot.metadata,
+        )
+        fields = dict(checkpoint.__dict__)
+        fields.update(state_snapshot=state)
+        return self._restored(built(Checkpoint, **fields), None)
 
     def _restored(self, checkpoint: Checkpoint, record: bytes | None) -> Checkpoint:
         try:
@@ -234,7 +252,9 @@ class RecordCodec:
             agent_id=version.agent_id,
             changed_fields=list(version.changed_fields),
         )
-        shared = None if workflow_id is None else await self._shared_split(workflow_id, data)
+        shared = None
+        if workflow_id is not None:
+            shared = await self._shared_split(workflow_id, data, state._lineages())
         if shared is not None:
             self._prepared[id(shared.copy)] = shared
             if len(self._prepared) > _PREPARED:
@@ -247,7 +267,9 @@ class RecordCodec:
         """Whether ``data`` is the copy :meth:`shared_snapshot` split (its tree is made)."""
         return id(data) in self._prepared
 
-    async def _shared_split(self, workflow_id: str, data: dict[str, Any]) -> SharedSplit | None:
+    async def _shared_split(
+        self, workflow_id: str, data: dict[str, Any], lineages: Mapping[int, Lineage]
+    ) -> SharedSplit | None:
         """The split of a SharedState's tree with the workflow's cached sub-trees, or None.
 
         None unless the state goes to a tree, or when the state needs the ordinary path.
@@ -261,7 +283,9 @@ class RecordCodec:
             return None
         previous = self.memory.get(workflow_id)
         cache = self.subtrees.get(workflow_id) if previous is not None else {}
-        work = shared_split_work(data, self._values, params, previous, cache, self.max_bytes)
+        work = shared_split_work(
+            data, self._values, params, previous, cache, self.max_bytes, lineages
+        )
         await self.pacer.turn()
         return await cooperate(work, self.pacer)
 

@@ -710,12 +710,20 @@ class _Splitter:
 
     def adopt_set(self, kept: NodeSet) -> None:
         """:meth:`adopt` for a node set and its regions: dict updates, not a loop per node."""
+        if not kept.nodes and not kept.regions:
+            return
         children = self.children
-        if children:
-            again = children.keys() & kept.children.keys()
+        before = len(children)
+        children.update(kept.children)
+        # Nodes named twice are counted once. Usually none is (the set's nodes are new to
+        # the split: the dict grew by all of them), and no set of the nodes both name is
+        # made, ~100 ns per node of the smaller: ``sizes`` (the same keys as ``children``,
+        # not updated yet) tells which, and ``blobs`` names no node ``children`` does not.
+        twice = len(children) - before < len(kept.children)
+        if twice:
+            again = self.sizes.keys() & kept.children.keys()
             self.node_bytes -= sum(map(kept.lengths.__getitem__, again))
         self.node_bytes += kept.length
-        children.update(kept.children)
         self.sizes.update(kept.sizes)
         fresh, size, largest = kept.blobs, kept.blob_bytes, kept.blob_max
         if self._known:
@@ -724,8 +732,9 @@ class _Splitter:
             largest = max(map(len, fresh.values()), default=0)
         self.blob_max = max(self.blob_max, largest)
         blobs = self.blobs
-        # Blobs named twice are counted once (the smaller set is walked).
-        self.blob_bytes += size - sum(len(fresh[h]) for h in blobs.keys() & fresh.keys())
+        if twice:
+            size -= sum(len(fresh[h]) for h in blobs.keys() & fresh.keys())
+        self.blob_bytes += size
         blobs.update(fresh)
         memory = self.memory
         memory.regions.update(kept.keyed)

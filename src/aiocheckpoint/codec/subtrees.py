@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import gc
 from collections import OrderedDict
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
+from itertools import repeat
 from operator import is_
 from typing import Any, Final
 
@@ -53,9 +54,9 @@ from .split import (
     dumps_work,
 )
 from .stages import ValueStage
-from .typed import has_tags
+from .typed import has_tags, needs_map
 
-__all__ = ["SubtreeCache", "crc_combine", "crc_shift", "shared_split_work"]
+__all__ = ["Lineage", "SubtreeCache", "crc_combine", "crc_shift", "shared_split_work"]
 
 _Work = Generator[Job | None, Any, Any]
 _POLY: Final = 0xEDB88320
@@ -87,8 +88,8 @@ for _ in range(31):
     _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
 
 
-def crc_shift(length: int) -> int:
-    """The operator that :func:`crc_combine` needs for a text of ``length`` bytes."""
+def _bits_shift(length: int) -> int:
+    """:func:`crc_shift` by the bits of ``length``: a product per bit set."""
     p, k = 1 << 31, 3
     while length:
         if length & 1:
@@ -96,6 +97,28 @@ def crc_shift(length: int) -> int:
         length >>= 1
         k += 1
     return p
+
+
+#: :func:`_bits_shift` of ``b << 8 * j`` for the bytes ``b`` of lengths seen (at most 256
+#: per byte position): a length's operator is the product of its bytes' (~10 products per
+#: length by its bits, ~5 us each, against at most one per byte beyond the first).
+_BYTE_SHIFTS: Final[dict[int, int]] = {}
+
+
+def crc_shift(length: int) -> int:
+    """The operator that :func:`crc_combine` needs for a text of ``length`` bytes."""
+    p = 0
+    at = 0
+    while length:
+        digit = (length & 0xFF) << at
+        if digit:
+            factor = _BYTE_SHIFTS.get(digit)
+            if factor is None:
+                factor = _BYTE_SHIFTS[digit] = _bits_shift(digit)
+            p = _multmodp(factor, p) if p else factor
+        length >>= 8
+        at += 8
+    return p or 1 << 31  # 1 << 31: the operator of no bytes (x^0)
 
 
 def crc_combine(crc1: int, crc2: int, shift2: int) -> int:
@@ -146,6 +169,7 @@ class _Entry:
         "scan",
         "shift",
         "source",
+        "span",
         "tagged",
         "text",
     )
@@ -164,10 +188,15 @@ class _Entry:
         self.depth = depth
         #: ``crc_shift(length)`` once needed (for an entry with references).
         self.shift = 0
+        #: The nodes and regions the sub-tree's split made (see :meth:`settle`).
         self.nodes: tuple[Node, ...] = ()
+        self.regions: tuple[Region, ...] = ()
+        #: Until :meth:`settle`: the log of that split and the sub-tree's ranges in it, its
+        #: nodes' and its regions'. Most entries (a grown list, the dicts above it) are never
+        #: adopted whole: copying their ranges out would be a copy per node of the tree.
+        self.span: tuple[list[Node], int, int, list[Region], int, int] | None = None
         #: ``nodes`` by hash, made when the entry is first adopted (and kept for the next).
         self.node_set: NodeSet | None = None
-        self.regions: tuple[Region, ...] = ()
         #: The cached sub-trees inside this one (kept with it).
         self.inner: tuple[_Entry, ...] = ()
         #: A list cut into chunks: where its cut can resume when it grows, and its path.
@@ -175,6 +204,14 @@ class _Entry:
         self.path = ""
         #: Whether the sub-tree's text may hold a tag (:func:`~.typed.has_tags`).
         self.tagged = True
+
+    def settle(self) -> None:
+        """Copy the entry's nodes and regions out of its split's log (and let the log go)."""
+        span = self.span
+        if span is not None:
+            log, start, end, region_log, first, last = span
+            self.nodes, self.regions = tuple(log[start:end]), tuple(region_log[first:last])
+            self.span = None
 
 
 class _Tail:
@@ -249,6 +286,10 @@ class _Scan:
         self.tail: _Tail | None = None
 
 
+#: A list and lists it starts with (their elements, the same objects), the newest first:
+#: what :meth:`~aiocheckpoint.SharedState.append` knows of the lists it makes.
+Lineage = tuple[list[Any], tuple[list[Any], ...]]
+_NO_LINEAGES: Final[Mapping[int, Lineage]] = {}
 _NO_MEMO: Final[ChunkMemo] = {}
 _START: Final = _Scan(0, (), NO_NODES, NO_NODES, (crc32(b"["), 1, 1))
 #: A workflow's cached sub-trees: by the id of their source, and chunked lists by path too.
@@ -288,12 +329,19 @@ class _Fallback(Exception):
 
 
 class _Walk:
-    __slots__ = ("cache", "kept", "limit", "new", "splitter", "values")
+    __slots__ = ("cache", "kept", "limit", "lineages", "new", "splitter", "values")
 
-    def __init__(self, splitter: _Splitter, values: ValueStage, cache: Entries):
+    def __init__(
+        self,
+        splitter: _Splitter,
+        values: ValueStage,
+        cache: Entries,
+        lineages: Mapping[int, Lineage] = _NO_LINEAGES,
+    ):
         self.splitter = splitter
         self.values = values
         self.cache = cache
+        self.lineages = lineages
         self.new: Entries = {}
         self.kept: list[_Entry] = []  # the entries of ``new``, in the order they were kept
         self.limit = splitter.p.inline_limit
@@ -302,7 +350,7 @@ class _Walk:
         entry = self.cached(source)
         if entry is None:
             walked = depth < _WALK_DEPTH
-            if walked and type(source) is dict and all(type(k) is str for k in source):
+            if walked and type(source) is dict and not needs_map(source):
                 entry = yield from self.walk_dict(source, path, depth, False)
             elif walked and type(source) is list and len(source) >= _LIST_MIN:
                 entry = yield from self.walk_list(source, path)
@@ -318,7 +366,9 @@ class _Walk:
         if entry is None or entry.source is not source:
             return None
         nodes = entry.node_set
-        if nodes is None:
+        if nodes is None:  # adopted whole for the first time
+            for kept in (*entry.inner, entry):
+                kept.settle()  # kept on: not holding on to an earlier split's log
             nodes = entry.node_set = NodeSet(entry.nodes, None, entry.regions)
         self.splitter.adopt_set(nodes)
         for kept in (*entry.inner, entry):
@@ -453,9 +503,12 @@ class _Walk:
         if entry is None or entry.scan is None:
             return None
         old = entry.source
-        if len(old) > len(source) or not all(map(is_, old, source)):
+        if len(old) > len(source):
             return None
-        return entry
+        lineage = self.lineages.get(id(source))
+        if lineage is not None and lineage[0] is source and any(map(is_, lineage[1], repeat(old))):
+            return entry  # made by appending to ``old`` (or to a list that was): no need to look
+        return entry if all(map(is_, old, source)) else None
 
     def _marks(self) -> tuple[int, int, int]:
         log = self.splitter.log
@@ -467,8 +520,8 @@ class _Walk:
         splitter = self.splitter
         assert splitter.log is not None
         nodes, regions, kept = marks
-        entry.nodes = tuple(splitter.log[nodes:])
-        entry.regions = tuple(splitter.region_log[regions:])
+        log, region_log = splitter.log, splitter.region_log
+        entry.span = (log, nodes, len(log), region_log, regions, len(region_log))
         entry.inner = tuple(self.kept[kept:])
         self.new[id(entry.source)] = entry
         self.kept.append(entry)
@@ -717,18 +770,23 @@ def shared_split_work(
     previous: SplitMemory | None,
     cache: Entries,
     max_bytes: int | None,
+    lineages: Mapping[int, Lineage] = _NO_LINEAGES,
 ) -> Generator[Job | None, Any, SharedSplit | None]:
     """Copy and split a SharedState's tree ``data``, reusing ``cache``'s sub-trees.
 
     ``previous`` is the memory of the workflow's last split, the one ``cache`` was made
-    with (None, with an empty cache, for a workflow whose last split is not known). The
+    with (None, with an empty cache, for a workflow whose last split is not known).
+    ``lineages`` are the state's (``SharedState._lineages``): a list found there extends
+    the lists named with it, which spares comparing its elements with theirs. The
     split equals ``split_work(copy, params, (), previous, inline=False, finite=True)``.
     None when the state needs the ordinary path (a value the fast encoder does not take);
     a value the value stage refuses raises as it would there.
     """
+    if needs_map(data):
+        return None  # a state of one "$" key is stored as "$map": not walked key by key
     splitter = _Splitter(params, (), previous)
     splitter.log = []
-    walk = _Walk(splitter, values, cache)
+    walk = _Walk(splitter, values, cache, lineages)
     try:
         root = walk.cached(data) or (yield from walk.walk_dict(data, "state", 0, True))
     except (_Fallback, TypeError, RecursionError):

@@ -30,6 +30,8 @@ T = TypeVar("T")
 
 #: Hashes per ``IN (...)`` list: well under SQLite's host-parameter limit.
 _CHUNK: Final = 500
+#: The database's page size (SQLite's default), for the writer's estimate of the WAL's growth.
+PAGE_SIZE: Final = 4096
 
 _UPSERT_TREE: Final = (
     "INSERT INTO checkpoints (workflow_id, step, data, refs) VALUES (?, ?, ?, ?) "
@@ -75,6 +77,8 @@ class BlobTable:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        #: The bytes of the blobs :meth:`upsert` inserted, and the rows it changed.
+        self.inserted_bytes = self.rows = 0
 
     def _stored(self, hashes: Sequence[bytes]) -> set[bytes]:
         found: set[bytes] = set()
@@ -87,6 +91,7 @@ class BlobTable:
         """Add to the stored blobs' counts; return the hashes not stored."""
         stored = self._stored(list(counts))
         self.conn.executemany(_ADD, [(counts[h], h) for h in stored])
+        self.rows += len(stored)
         return [h for h in counts if h not in stored]
 
     def upsert(self, rows: Rows) -> Collection[bytes]:
@@ -101,12 +106,14 @@ class BlobTable:
             if data is None:
                 raise missing_blob(h)
             inserts.append((h, n, data))
+            self.inserted_bytes += len(data)
         large = [row for row in inserts if len(row[2]) >= _LARGE_BLOB]
         if large and hasattr(self.conn, "blobopen"):  # Python 3.11+
             inserts = [row for row in inserts if len(row[2]) < _LARGE_BLOB]
             for h, n, data in large:
                 _insert_large(self.conn, h, n, data)
         self.conn.executemany(_INSERT, inserts)
+        self.rows += len(missing)
         return missing
 
     def subtract(self, counts: Mapping[bytes, int]) -> Mapping[bytes, bytes]:
@@ -185,12 +192,15 @@ def recount(conn: sqlite3.Connection) -> int:
     return freed + len(doomed)
 
 
-def save_tree(conn: sqlite3.Connection, op: SaveTreeOp) -> None:
+def save_tree(conn: sqlite3.Connection, op: SaveTreeOp) -> int:
     """Apply ``op`` in the open transaction: fence, blobs and counts, record, retention.
 
     Adds come before the releases (the replaced and pruned records' references, queued by
     the triggers and applied by :func:`drain_releases` at the end of the batch), so a blob
-    shared by the old and the new record never reaches 0 in between.
+    shared by the old and the new record never reaches 0 in between. Returns the WAL pages
+    its blobs take, roughly: those of the bytes inserted, and one per blob row changed
+    (the rows lie where their hashes put them: a step of a growing chat updates the counts
+    of ~30 blobs on as many pages, and inserts ~1 KB).
     """
     wf = op.workflow_id
     if op.token is not None and records.current_tokens(conn, [wf]).get(wf) != op.token:
@@ -206,6 +216,7 @@ def save_tree(conn: sqlite3.Connection, op: SaveTreeOp) -> None:
     conn.execute(_UPSERT_TREE, (wf, op.step, op.data, encode_refs(held)))
     if op.keep_last is not None:
         conn.execute(_PRUNE, (wf, wf, op.keep_last - 1))
+    return table.inserted_bytes // PAGE_SIZE + table.rows
 
 
 def read_blobs(

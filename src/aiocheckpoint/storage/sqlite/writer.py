@@ -28,7 +28,7 @@ from ...errors import (
 )
 from ..queries import StepInfo
 from . import effects, records
-from .blobs import SaveTreeOp, drain_releases, save_tree
+from .blobs import PAGE_SIZE, SaveTreeOp, drain_releases, save_tree
 from .connections import (
     BusyRetry,
     backend_error,
@@ -47,7 +47,6 @@ _WORKFLOW_BYTES: Final = (
     "SELECT coalesce(sum(length(data)), 0) FROM checkpoints WHERE workflow_id = ?"
 )
 
-_PAGE_SIZE: Final = 4096
 #: What a record operation raises before it writes anything: only its caller fails.
 _REFUSALS: Final = (InvalidArgumentError, CheckpointNotFoundError)
 
@@ -89,15 +88,19 @@ class RecordOp:
 Op = SaveOp | DeleteOp | RecordOp | SaveTreeOp
 
 
-def _estimate_pages(ops: Sequence[Op]) -> int:
-    # The WAL frames a batch adds, roughly: its bytes plus a few index/record pages per op.
+def _estimate_pages(ops: Sequence[Op], blob_pages: int) -> int:
+    """The WAL frames a batch adds, roughly: its records' bytes, a few pages per op.
+
+    ``blob_pages`` are what its tree saves found they wrote (:func:`.blobs.save_tree`): not
+    every blob a split names, which for a split made from cached sub-trees is the whole
+    tree (~2 MB for a chat of 2,000 messages whose step inserts ~1 KB; counting it started
+    a WAL checkpoint every other save).
+    """
     size = 0
     for op in ops:
         if isinstance(op, SaveOp | SaveTreeOp):
             size += len(op.data)
-            if isinstance(op, SaveTreeOp) and op.split is not None:
-                size += op.split.stored_bytes()
-    return size // _PAGE_SIZE + 2 * len(ops)
+    return size // PAGE_SIZE + blob_pages + 2 * len(ops)
 
 
 #: What a batch returns per operation: its result or the exception it raised.
@@ -200,8 +203,9 @@ class Writer:
         except sqlite3.Error as exc:
             # One exception object per caller: a shared one would collect their tracebacks.
             return [backend_error("SQLite could not start a write transaction", exc) for _ in ops]
+        blob_pages: list[int] = []
         try:
-            results = self._apply_all(conn, ops)
+            results = self._apply_all(conn, ops, blob_pages)
             drain_releases(conn)
             self._commit(conn)
         except Exception as exc:
@@ -210,21 +214,22 @@ class Writer:
                 return [_outcome_error(ops[0], exc)]
         else:
             self.commits += 1
-            self.wal_pages += _estimate_pages(ops)
+            self.wal_pages += _estimate_pages(ops, sum(blob_pages))
             return results
         return [self._run_alone(conn, op) for op in ops]
 
     def _run_alone(self, conn: sqlite3.Connection, op: Op) -> Outcome:
+        blob_pages: list[int] = []
         try:
             self._begin(conn)
-            result = self._apply(conn, op)
+            result = self._apply(conn, op, blob_pages)
             drain_releases(conn)
             self._commit(conn)
         except Exception as exc:
             _rollback(conn)
             return _outcome_error(op, exc)
         self.commits += 1
-        self.wal_pages += _estimate_pages([op])
+        self.wal_pages += _estimate_pages([op], sum(blob_pages))
         return result
 
     def _checkpoint(self, conn: sqlite3.Connection, mode: str) -> None:
@@ -247,8 +252,12 @@ class Writer:
         self.retry(lambda: conn.execute("COMMIT"))
 
     @classmethod
-    def _apply_all(cls, conn: sqlite3.Connection, ops: Sequence[Op]) -> list[Outcome]:
+    def _apply_all(
+        cls, conn: sqlite3.Connection, ops: Sequence[Op], blob_pages: list[int]
+    ) -> list[Outcome]:
         """Apply ops in order; a run of saves sharing one keep_last goes through executemany.
+
+        The WAL pages each tree save's blobs take are appended to ``blob_pages``.
 
         Keeping the top N steps is idempotent (top_N(top_N(A) | {x}) == top_N(A | {x})), so
         pruning once after a run of saves with the same N leaves what pruning after each one
@@ -261,7 +270,7 @@ class Writer:
             op = ops[start]
             if not isinstance(op, SaveOp):
                 try:
-                    results.append(cls._apply(conn, op))
+                    results.append(cls._apply(conn, op, blob_pages))
                 except LeaseError as exc:  # refused before writing: only this caller fails
                     results.append(exc)
                 except _REFUSALS as exc:
@@ -301,11 +310,11 @@ class Writer:
         return outcomes
 
     @classmethod
-    def _apply(cls, conn: sqlite3.Connection, op: Op) -> Outcome:
+    def _apply(cls, conn: sqlite3.Connection, op: Op, blob_pages: list[int]) -> Outcome:
         if isinstance(op, RecordOp):
             return op.fn(conn, time.time())
         if isinstance(op, SaveTreeOp):
-            save_tree(conn, op)
+            blob_pages.append(save_tree(conn, op))
             return None
         wf = op.workflow_id
         if isinstance(op, SaveOp):
