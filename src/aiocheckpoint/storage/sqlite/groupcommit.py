@@ -22,6 +22,7 @@ from typing import Any, Final, TypeVar
 
 from ..._telemetry import record_commit
 from ...errors import StorageClosedError
+from .overlap import MIN_HALF, Overlap
 from .rejoin import Rejoin
 from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
 from .writer import Op, Outcome, Writer
@@ -68,6 +69,9 @@ class GroupCommit:
         self._opening: asyncio.Future[None] | None = None
         self._opened = False
         self._closing = None
+        self._overlap = Overlap()  # whether the callers are served in two halves
+        self._held: list[tuple[_Pending, Any]] = []  # a done batch's, woken by the next one's
+        self._woke_at: float | None = None  # loop.time() a whole batch's callers were woken
 
     def _submit(self, op: Op, size: int) -> asyncio.Future[Any]:
         """Queue ``op``; the future its caller awaits (not a coroutine: one frame less to keep).
@@ -104,8 +108,11 @@ class GroupCommit:
         self._pending.clear()
         self._wake_idle_waiters()
 
-    def _kick(self) -> None:
-        """Hand the queued writes to the writer thread, unless it is busy (then they wait)."""
+    def _kick(self, hold: bool = False) -> None:
+        """Hand the queued writes to the writer thread, unless it is busy (then they wait).
+
+        With ``hold``, the writer wakes the held callers once it has applied these writes.
+        """
         if self._busy:
             return
         if not self._opened:
@@ -113,16 +120,22 @@ class GroupCommit:
             self._busy = True  # the writer thread is opening the database
             opening.add_done_callback(self._open_then_kick)
             return
-        batch = self._take_batch()
+        loop = asyncio.get_running_loop()
+        if self._woke_at is not None and self._pending:  # the gap after a whole batch ends
+            gap = loop.time() - self._woke_at
+            self._woke_at = None
+            self._overlap.measured(self._writer.last_commit, gap)
+        batch = self._take_batch(split=not hold)
         if not batch:
             self._wake_idle_waiters()
             self._maybe_checkpoint(idle=True)
             return
-        self._last_batch = asyncio.get_running_loop().time()
+        self._last_batch = loop.time()
         record_commit("sqlite", len(batch))
+        wake = functools.partial(_wake_from_thread, loop, self._held) if hold else None
         try:
-            done = asyncio.get_running_loop().run_in_executor(
-                self._write_thread, self._writer.run_batch, [item.op for item in batch]
+            done = loop.run_in_executor(
+                self._write_thread, self._writer.run_batch, [item.op for item in batch], wake
             )
         except RuntimeError as exc:  # the executor was shut down
             self._pending.extendleft(reversed(batch))
@@ -137,16 +150,43 @@ class GroupCommit:
             outcomes = [failure] * len(batch)  # a bug in run_batch: every caller should see it
         else:
             outcomes = done.result()
+        _release(self._held)  # if the writer did not wake them (it failed before the COMMIT)
+        if self._hold(batch, outcomes):
+            return
         for item, outcome in zip(batch, outcomes, strict=True):
             _settle(item.future, outcome)
+        if len(batch) >= 2 * MIN_HALF:  # a whole round (overlap.py): measure its gap
+            self._woke_at = asyncio.get_running_loop().time()
         self._rejoin.woke(len(batch), len(self._pending))
         self._maybe_checkpoint(idle=False)
         # Take the next batch one loop iteration later, after the callers just woken have run
         # and queued their next writes (the writer still counts as busy, so they queue rather
         # than each starting a batch of one): one fsync then serves all of them. Callers that
         # first await something else start a new batch through _submit's deferred kick.
-        # Pipelining half-batches against the event loop loses (docs/sqlite-storage.md).
+        # (Unless _hold above served the callers in two halves: overlap.py.)
         asyncio.get_running_loop().call_soon(self._writer_free)
+
+    def _hold(self, batch: list[_Pending], outcomes: list[Any]) -> bool:
+        """Hand the queued writes over now; ``batch``'s callers wake once they are applied.
+
+        (overlap.py.) False, with nothing held, if the writes are too few, or the overlap
+        does not pay, or the store is closing.
+        """
+        if self._closing is not None or not self._overlap.hold(len(self._pending)):
+            return False
+        self._held = list(zip(batch, outcomes, strict=True))
+        self._maybe_checkpoint(idle=False)  # the writer thread is idle until the next kick
+        self._busy = False
+        try:
+            self._kick(hold=True)
+        except Exception as exc:  # e.g. the executor was shut down
+            _release(self._held)
+            self._fail_pending(exc)
+            return True
+        if self._busy:
+            return True
+        _release(self._held)  # every queued write was cancelled: nothing was handed over
+        return False
 
     def _maybe_checkpoint(self, *, idle: bool) -> None:
         """Start a background checkpoint when enough was committed; when idle, arm a timer.
@@ -220,10 +260,13 @@ class GroupCommit:
             return
         self._fail_pending(failure)
 
-    def _take_batch(self) -> list[_Pending]:
+    def _take_batch(self, *, split: bool) -> list[_Pending]:
         batch: list[_Pending] = []
         size = 0
-        while self._pending and len(batch) < self._max_batch:
+        limit = self._max_batch
+        if split and self._overlap.split(len(self._pending)):
+            limit = min(limit, (len(self._pending) + 1) // 2)
+        while self._pending and len(batch) < limit:
             item = self._pending[0]
             if item.future.done():  # its caller was cancelled while it was queued
                 self._pending.popleft()
@@ -292,6 +335,19 @@ class GroupCommit:
         if self._checkpointing is not None:
             with contextlib.suppress(Exception):  # it logs its own failures
                 await asyncio.shield(self._checkpointing)
+
+
+def _wake_from_thread(loop: asyncio.AbstractEventLoop, held: list[tuple[_Pending, Any]]) -> None:
+    """The writer thread's call, before its COMMIT: wake the held callers from the loop."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(_release, held)
+
+
+def _release(held: list[tuple[_Pending, Any]]) -> None:
+    """Settle the held callers' futures (those of a committed batch); a second call is a no-op."""
+    for item, outcome in held:
+        _settle(item.future, outcome)
+    held.clear()
 
 
 def _failure(future: asyncio.Future[Any]) -> BaseException | None:

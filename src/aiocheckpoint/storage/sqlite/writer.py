@@ -134,6 +134,8 @@ class Writer:
         self.catch_up = False
         #: Checkpoints this writer ran itself (catch-ups; the last one at close included).
         self.checkpoints = 0
+        #: Seconds the last batch's COMMIT took (its fsync; read by the loop once it is done).
+        self.last_commit = 0.0
 
     def open(self) -> None:
         """Create the file if needed, switch to WAL with synchronous=FULL, migrate."""
@@ -182,12 +184,17 @@ class Writer:
             except sqlite3.Error as exc:
                 raise backend_error("closing the SQLite database failed", exc) from exc
 
-    def run_batch(self, ops: Sequence[Op]) -> list[Outcome]:
+    def run_batch(
+        self, ops: Sequence[Op], before_commit: Callable[[], None] | None = None
+    ) -> list[Outcome]:
         """Commit every op in one transaction; return one outcome per op, in order.
 
         Fast path: all ops in one ``BEGIN IMMEDIATE ... COMMIT`` (one fsync). If any op or
         the commit fails, the transaction is rolled back and each op is retried in its own
-        transaction, so one bad write fails only its own caller.
+        transaction, so one bad write fails only its own caller. ``before_commit`` is
+        called in this thread once the ops are applied, right before the COMMIT (the
+        group commit wakes the callers of the batch before this one from it: overlap.py);
+        not at all if the fast path fails first.
         """
         conn = self.conn
         if conn is None:
@@ -203,7 +210,11 @@ class Writer:
         try:
             results = self._apply_all(conn, ops)
             drain_releases(conn)
+            if before_commit is not None:
+                before_commit()
+            committing = time.perf_counter()
             self._commit(conn)
+            self.last_commit = time.perf_counter() - committing
         except Exception as exc:
             _rollback(conn)
             if len(ops) == 1:

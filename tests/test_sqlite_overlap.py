@@ -1,0 +1,167 @@
+"""The SQLite group commit in two halves (storage/sqlite/overlap.py): when it splits, that a
+half's callers wake during the other half's COMMIT, and only once their own is durable."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.storage.sqlite import writer as sqlwriter
+from aiocheckpoint.storage.sqlite.overlap import MIN_HALF, PROBE_ROUNDS, Overlap
+
+
+class _AlwaysSplit(Overlap):
+    """Splits whatever the rounds measure (the tests' fsyncs are too fast to decide it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.measured(0.0, 1.0)
+
+    def measured(self, commit: float, gap: float) -> None:
+        super().measured(0.0, 1.0)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:
+    storage = SQLiteCheckpointStorage(tmp_path / "store.db", busy_timeout=30.0)
+    await storage.open()
+    yield storage
+    await storage.close()
+
+
+def test_it_splits_only_when_the_gap_was_longer_than_the_commit() -> None:
+    overlap = Overlap()
+    assert not overlap.split(100) and not overlap.hold(50)  # nothing measured yet
+    overlap.measured(commit=0.002, gap=0.001)  # a slow fsync: one batch per round
+    assert not overlap.split(100) and not overlap.hold(50)
+    overlap.measured(commit=0.001, gap=0.002)  # averaged: 1.75 ms against 1.25 ms
+    assert not overlap.split(100)
+    for _ in range(3):
+        overlap.measured(commit=0.001, gap=0.002)
+    assert overlap.split(2 * MIN_HALF) and not overlap.split(2 * MIN_HALF - 1)
+    assert overlap.hold(MIN_HALF) is True
+    assert not overlap.hold(MIN_HALF - 1)
+
+
+def test_every_probe_rounds_split_rounds_one_whole_round_measures_again() -> None:
+    overlap = Overlap()
+    overlap.measured(commit=0.001, gap=0.002)  # the first round sets the averages
+    assert all(overlap.hold(50) for _ in range(PROBE_ROUNDS))
+    assert not overlap.hold(50)  # the probe: a whole round
+    assert not overlap.split(100)
+    overlap.measured(commit=0.001, gap=0.002)
+    assert overlap.hold(50)
+
+
+async def test_a_half_wakes_during_the_other_halfs_commit_and_only_once_durable(
+    store: SQLiteCheckpointStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 callers of 4 saves each, split in halves: each caller's save is readable from
+    another connection as soon as its await returns, and the callers of one half are woken
+    while the other half's COMMIT runs (without the overlap, no caller ever wakes during a
+    COMMIT: the loop takes the next batch only after waking them)."""
+    store._overlap = _AlwaysSplit()
+    commits: list[tuple[float, float]] = []
+    commit = sqlwriter.Writer._commit
+
+    def slow_commit(self: sqlwriter.Writer, conn: sqlite3.Connection) -> None:
+        start = time.perf_counter()
+        time.sleep(0.03)  # an fsync long enough for the woken half to run in it
+        commit(self, conn)
+        commits.append((start, time.perf_counter()))
+
+    monkeypatch.setattr(sqlwriter.Writer, "_commit", slow_commit)
+    reader = sqlite3.connect(tmp_path / "store.db", check_same_thread=False)
+    woken: list[float] = []
+    missing: list[tuple[str, int]] = []
+
+    async def work(n: int) -> None:
+        for step in range(4):
+            await store.save(f"wf-{n}", step, b"%d" % step)
+            woken.append(time.perf_counter())
+            found = reader.execute(
+                "SELECT 1 FROM checkpoints WHERE workflow_id = ? AND step = ?", (f"wf-{n}", step)
+            ).fetchall()
+            if not found:
+                missing.append((f"wf-{n}", step))
+            await asyncio.sleep(0)
+
+    try:
+        await asyncio.gather(*(work(n) for n in range(100)))
+    finally:
+        reader.close()
+    assert missing == []
+    during = [t for t in woken if any(start < t < end for start, end in commits)]
+    assert len(during) >= 100  # about half of the 400 wakes; none without the overlap
+    assert len(commits) <= 10  # halves of ~50: 8 commits for 400 saves, not one each
+
+
+async def test_held_callers_get_their_outcome_when_the_next_batch_fails(
+    store: SQLiteCheckpointStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose run fails before its COMMIT (a bug: run_batch raises) fails its own
+    callers only; the held half before it, committed already, still returns normally."""
+    store._overlap = _AlwaysSplit()
+    run_batch = sqlwriter.Writer.run_batch
+    calls = 0
+
+    def failing_second(self: sqlwriter.Writer, ops: Sequence[Any], *args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("boom")
+        return run_batch(self, ops, *args)
+
+    monkeypatch.setattr(sqlwriter.Writer, "run_batch", failing_second)
+    results = await asyncio.gather(
+        *(store.save(f"wf-{n}", 0, b"x") for n in range(100)), return_exceptions=True
+    )
+    failed = [r for r in results if isinstance(r, RuntimeError)]
+    assert len(failed) == 50 and results.count(None) == 50
+    assert all(r is None for r in results[:50])  # the first half, held while the second ran
+    assert [c.step for c in await store.scan("wf-0")] == [0]
+    assert await store.scan("wf-99") == []
+
+
+async def test_a_whole_round_of_few_callers_is_never_split(
+    store: SQLiteCheckpointStorage,
+) -> None:
+    """Fewer queued writes than two halves' minimum: one commit per round, as before."""
+    store._overlap = _AlwaysSplit()
+    before = store._writer.commits
+
+    async def work(n: int) -> None:
+        for step in range(3):
+            await store.save(f"wf-{n}", step, b"x")
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(work(n) for n in range(2 * MIN_HALF - 1)))
+    assert store._writer.commits - before == 3
+
+
+def test_the_writer_thread_calls_before_commit_once_before_the_commit(
+    tmp_path: Path,
+) -> None:
+    from aiocheckpoint.storage.sqlite.connections import BusyRetry
+
+    writer = sqlwriter.Writer(tmp_path / "w.db", 5.0, BusyRetry(3))
+    writer.open()
+    seen: list[tuple[int, int]] = []
+    try:
+        op = sqlwriter.SaveOp("wf", 0, b"x", None)
+        outcomes = writer.run_batch(
+            [op], lambda: seen.append((threading.get_ident(), writer.commits))
+        )
+    finally:
+        writer.close()
+    assert outcomes == [None]
+    assert seen == [(threading.get_ident(), 0)]  # called before the batch counted as committed
+    assert writer.last_commit > 0
