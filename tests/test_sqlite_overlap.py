@@ -15,7 +15,7 @@ import pytest
 
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.storage.sqlite import writer as sqlwriter
-from aiocheckpoint.storage.sqlite.overlap import MIN_HALF, PROBE_ROUNDS, Overlap
+from aiocheckpoint.storage.sqlite.overlap import MIN_HALF, PROBE_ROUNDS, SAMPLES, Overlap
 
 
 class _AlwaysSplit(Overlap):
@@ -26,7 +26,8 @@ class _AlwaysSplit(Overlap):
         self.measured(0.0, 1.0)
 
     def measured(self, commit: float, gap: float) -> None:
-        super().measured(0.0, 1.0)
+        for _ in range(SAMPLES):
+            super().measured(0.0, 1.0)
 
 
 @pytest.fixture
@@ -37,15 +38,18 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:
     await storage.close()
 
 
-def test_it_splits_only_when_the_gap_was_longer_than_the_commit() -> None:
+def test_it_splits_only_when_the_median_gap_was_longer_than_the_commit() -> None:
     overlap = Overlap()
     assert not overlap.split(100) and not overlap.hold(50)  # nothing measured yet
-    overlap.measured(commit=0.002, gap=0.001)  # a slow fsync: one batch per round
-    assert not overlap.split(100) and not overlap.hold(50)
-    overlap.measured(commit=0.001, gap=0.002)  # averaged: 1.75 ms against 1.25 ms
+    overlap.measured(commit=0.001, gap=0.009)  # one gap (a collection?) decides nothing
+    overlap.measured(commit=0.001, gap=0.009)
     assert not overlap.split(100)
-    for _ in range(3):
-        overlap.measured(commit=0.001, gap=0.002)
+    for _ in range(SAMPLES):
+        overlap.measured(commit=0.002, gap=0.001)  # a slow fsync: one batch per round
+    assert not overlap.split(100) and not overlap.hold(50)
+    overlap.measured(commit=0.001, gap=0.002)  # one of three
+    assert not overlap.split(100)
+    overlap.measured(commit=0.001, gap=0.002)  # two of three
     assert overlap.split(2 * MIN_HALF) and not overlap.split(2 * MIN_HALF - 1)
     assert overlap.hold(MIN_HALF) is True
     assert not overlap.hold(MIN_HALF - 1)
@@ -53,7 +57,8 @@ def test_it_splits_only_when_the_gap_was_longer_than_the_commit() -> None:
 
 def test_every_probe_rounds_split_rounds_one_whole_round_measures_again() -> None:
     overlap = Overlap()
-    overlap.measured(commit=0.001, gap=0.002)  # the first round sets the averages
+    for _ in range(SAMPLES):
+        overlap.measured(commit=0.001, gap=0.002)
     assert all(overlap.hold(50) for _ in range(PROBE_ROUNDS))
     assert not overlap.hold(50)  # the probe: a whole round
     assert not overlap.split(100)

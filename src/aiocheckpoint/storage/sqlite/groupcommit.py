@@ -4,8 +4,10 @@ Writes are queued with a future each; one loop iteration after the first of them
 queue goes to the writer thread as one batch (:meth:`Writer.run_batch
 <aiocheckpoint.storage.sqlite.writer.Writer.run_batch>`: one transaction, one fsync), and
 the next batch is taken one loop iteration after the previous one's callers were woken, so
-they join it. The same place schedules the background WAL checkpoints, which only ever run
-while no batch is in the writer thread. The reasons, with measurements, are in
+they join it; or, when the loop's share of a round outlasts the fsync, the callers are
+served in two halves whose fsyncs overlap the loop's work (:mod:`.overlap`). The same
+place schedules the background WAL checkpoints, which only ever run while no batch is in
+the writer thread. The reasons, with measurements, are in
 docs/sqlite-storage.md "Group commit" and "WAL checkpoints".
 """
 

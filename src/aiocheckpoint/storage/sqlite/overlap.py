@@ -8,8 +8,9 @@ is idle, then wakes the other half (committed already) just before its COMMIT: t
 half's Python runs during the fsync. A round then costs about 2·max(F, G/2) instead of
 F + G (plus the applies, the same in both): it wins when G > F, and loses when the fsync
 is the longer (a slow disk, few callers), where it would double the fsyncs per caller.
-So the writer measures F and G on each round of one batch (averaged: one fsync can take
-three times another), splits the next rounds only if G is the longer, and every
+So the writer measures F and G on each round of one batch, splits the next rounds only if
+G is the longer in the median of the last :data:`SAMPLES` such rounds (one fsync can take
+three times another, and one gap can hold a garbage collection), and every
 :data:`PROBE_ROUNDS` split rounds takes one whole round to measure again. The writer
 never applies rows while the loop runs Python: each row's ``sqlite3_step`` gives the GIL
 back, and a busy loop keeps it for a whole switch interval (docs/sqlite-storage.md "No
@@ -18,16 +19,17 @@ pipelining"); only the COMMIT's fsync, which needs no GIL, runs beside the loop.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Final
 
-__all__ = ["MIN_HALF", "PROBE_ROUNDS", "Overlap"]
+__all__ = ["MIN_HALF", "PROBE_ROUNDS", "SAMPLES", "Overlap"]
 
 #: The fewest writes in a half: below 2 x this queued, a batch is never split.
 MIN_HALF: Final = 32
 #: Split rounds between two whole rounds that measure F and G again.
 PROBE_ROUNDS: Final = 32
-#: The weight of the last whole round in the averages of F and G.
-_WEIGHT: Final = 0.25
+#: The whole rounds whose median F and G decide (none is made before there are as many).
+SAMPLES: Final = 3
 
 
 class Overlap:
@@ -38,22 +40,20 @@ class Overlap:
     and writes are queued already.
     """
 
-    __slots__ = ("_commit", "_gap", "_rounds", "_split")
+    __slots__ = ("_commits", "_gaps", "_rounds", "_split")
 
     def __init__(self) -> None:
-        self._commit: float | None = None  # the average COMMIT of whole rounds (seconds)
-        self._gap = 0.0  # the average gap after them
-        self._split = False  # the average gap is longer than the average COMMIT
+        self._commits: deque[float] = deque(maxlen=SAMPLES)  # the last whole rounds' COMMITs
+        self._gaps: deque[float] = deque(maxlen=SAMPLES)  # and the gaps after them (seconds)
+        self._split = False  # the median gap is longer than the median COMMIT
         self._rounds = 0  # split rounds since the last whole one
 
     def measured(self, commit: float, gap: float) -> None:
         """A whole round: its COMMIT took ``commit`` seconds, the loop's gap ``gap``."""
-        if self._commit is None:
-            self._commit, self._gap = commit, gap
-        else:
-            self._commit += _WEIGHT * (commit - self._commit)
-            self._gap += _WEIGHT * (gap - self._gap)
-        self._split = self._gap > self._commit
+        self._commits.append(commit)
+        self._gaps.append(gap)
+        if len(self._gaps) == SAMPLES:
+            self._split = sorted(self._gaps)[SAMPLES // 2] > sorted(self._commits)[SAMPLES // 2]
         self._rounds = 0
 
     def split(self, queued: int) -> bool:
