@@ -19,15 +19,16 @@ from aiocheckpoint.storage.sqlite.overlap import MIN_HALF, PROBE_ROUNDS, SAMPLES
 
 
 class _AlwaysSplit(Overlap):
-    """Splits whatever the rounds measure (the tests' fsyncs are too fast to decide it)."""
+    """Serves in halves whatever the rounds cost (the tests' rounds are too short to decide)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.measured(0.0, 1.0)
+        for _ in range(SAMPLES + 1):  # whole rounds only: the halves are tried next
+            super().round(False, 1.0, 100)
+        assert self.splitting
 
-    def measured(self, commit: float, gap: float) -> None:
-        for _ in range(SAMPLES):
-            super().measured(0.0, 1.0)
+    def round(self, split: bool, seconds: float, writes: int) -> None:
+        pass
 
 
 @pytest.fixture
@@ -38,32 +39,49 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:
     await storage.close()
 
 
-def test_it_splits_only_when_the_median_gap_was_longer_than_the_commit() -> None:
+def _rounds(overlap: Overlap, split: bool, seconds: float, writes: int, count: int) -> None:
+    for _ in range(count):
+        overlap.round(split, seconds, writes)
+
+
+def test_it_tries_halves_after_whole_rounds_and_keeps_them_when_cheaper() -> None:
     overlap = Overlap()
-    assert not overlap.split(100) and not overlap.hold(50)  # nothing measured yet
-    overlap.measured(commit=0.001, gap=0.009)  # one gap (a collection?) decides nothing
-    overlap.measured(commit=0.001, gap=0.009)
-    assert not overlap.split(100)
-    for _ in range(SAMPLES):
-        overlap.measured(commit=0.002, gap=0.001)  # a slow fsync: one batch per round
-    assert not overlap.split(100) and not overlap.hold(50)
-    overlap.measured(commit=0.001, gap=0.002)  # one of three
-    assert not overlap.split(100)
-    overlap.measured(commit=0.001, gap=0.002)  # two of three
+    assert not overlap.splitting and not overlap.split(100) and not overlap.hold(50)
+    _rounds(overlap, False, 0.004, 100, SAMPLES)  # 40 us a write; the first one is skipped
+    assert not overlap.splitting
+    overlap.round(False, 0.004, 100)
+    assert overlap.splitting  # halves never measured: tried
     assert overlap.split(2 * MIN_HALF) and not overlap.split(2 * MIN_HALF - 1)
-    assert overlap.hold(MIN_HALF) is True
-    assert not overlap.hold(MIN_HALF - 1)
+    assert overlap.hold(MIN_HALF) and not overlap.hold(MIN_HALF - 1)
+    _rounds(overlap, True, 0.0015, 50, SAMPLES + 1)  # 30 us a write
+    assert overlap.splitting
 
 
-def test_every_probe_rounds_split_rounds_one_whole_round_measures_again() -> None:
+def test_it_goes_back_to_whole_rounds_when_halves_cost_more() -> None:
     overlap = Overlap()
-    for _ in range(SAMPLES):
-        overlap.measured(commit=0.001, gap=0.002)
-    assert all(overlap.hold(50) for _ in range(PROBE_ROUNDS))
-    assert not overlap.hold(50)  # the probe: a whole round
-    assert not overlap.split(100)
-    overlap.measured(commit=0.001, gap=0.002)
-    assert overlap.hold(50)
+    _rounds(overlap, False, 0.004, 100, SAMPLES + 1)
+    _rounds(overlap, True, 0.0025, 50, SAMPLES + 1)  # 50 us a write against 40
+    assert not overlap.splitting and not overlap.hold(50)
+
+
+def test_the_other_way_is_measured_again_after_probe_rounds() -> None:
+    overlap = Overlap()
+    _rounds(overlap, False, 0.004, 100, SAMPLES + 1)
+    _rounds(overlap, True, 0.0015, 50, SAMPLES + 1)
+    rounds = 0
+    while overlap.splitting:
+        overlap.round(True, 0.0015, 50)
+        rounds += 1
+    assert PROBE_ROUNDS - SAMPLES <= rounds <= PROBE_ROUNDS + 1
+
+
+def test_small_batches_and_rounds_of_the_other_way_are_not_counted() -> None:
+    overlap = Overlap()
+    _rounds(overlap, False, 0.004, MIN_HALF - 1, 10 * SAMPLES)  # C=10: nothing to split
+    _rounds(overlap, True, 0.004, 100, 10 * SAMPLES)  # not the way in use
+    assert not overlap.splitting
+    _rounds(overlap, False, 0.004, 100, SAMPLES + 1)
+    assert overlap.splitting
 
 
 async def test_a_half_wakes_during_the_other_halfs_commit_and_only_once_durable(
@@ -169,4 +187,3 @@ def test_the_writer_thread_calls_before_commit_once_before_the_commit(
         writer.close()
     assert outcomes == [None]
     assert seen == [(threading.get_ident(), 0)]  # called before the batch counted as committed
-    assert writer.last_commit > 0

@@ -24,7 +24,7 @@ from typing import Any, Final, TypeVar
 
 from ..._telemetry import record_commit
 from ...errors import StorageClosedError
-from .overlap import MIN_HALF, Overlap
+from .overlap import Overlap
 from .rejoin import Rejoin
 from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
 from .writer import Op, Outcome, Writer
@@ -73,7 +73,7 @@ class GroupCommit:
         self._closing = None
         self._overlap = Overlap()  # whether the callers are served in two halves
         self._held: list[tuple[_Pending, Any]] = []  # a done batch's, woken by the next one's
-        self._woke_at: float | None = None  # loop.time() a whole batch's callers were woken
+        self._last_kick: tuple[float, int, bool] | None = None  # when, writes, in halves
 
     def _submit(self, op: Op, size: int) -> asyncio.Future[Any]:
         """Queue ``op``; the future its caller awaits (not a coroutine: one frame less to keep).
@@ -123,16 +123,15 @@ class GroupCommit:
             opening.add_done_callback(self._open_then_kick)
             return
         loop = asyncio.get_running_loop()
-        if self._woke_at is not None and self._pending:  # the gap after a whole batch ends
-            gap = loop.time() - self._woke_at
-            self._woke_at = None
-            self._overlap.measured(self._writer.last_commit, gap)
         batch = self._take_batch(split=not hold)
         if not batch:
             self._wake_idle_waiters()
             self._maybe_checkpoint(idle=True)
             return
-        self._last_batch = loop.time()
+        now = self._last_batch = loop.time()
+        if self._last_kick is not None:  # the last batch's round ends here (overlap.py)
+            self._overlap.round(self._last_kick[2], now - self._last_kick[0], self._last_kick[1])
+        self._last_kick = (now, len(batch), self._overlap.splitting)
         record_commit("sqlite", len(batch))
         wake = functools.partial(_wake_from_thread, loop, self._held) if hold else None
         try:
@@ -157,8 +156,6 @@ class GroupCommit:
             return
         for item, outcome in zip(batch, outcomes, strict=True):
             _settle(item.future, outcome)
-        if len(batch) >= 2 * MIN_HALF:  # a whole round (overlap.py): measure its gap
-            self._woke_at = asyncio.get_running_loop().time()
         self._rejoin.woke(len(batch), len(self._pending))
         self._maybe_checkpoint(idle=False)
         # Take the next batch one loop iteration later, after the callers just woken have run

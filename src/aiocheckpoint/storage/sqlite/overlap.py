@@ -5,16 +5,17 @@ applies the batch and commits it (the fsync, F seconds), then the loop wakes the
 and runs each one's Python up to its next write (the gap, G seconds), while the writer
 idles. With the callers in two halves, the writer applies one half's writes while the loop
 is idle, then wakes the other half (committed already) just before its COMMIT: that
-half's Python runs during the fsync. A round then costs about 2·max(F, G/2) instead of
-F + G (plus the applies, the same in both): it wins when G > F, and loses when the fsync
-is the longer (a slow disk, few callers), where it would double the fsyncs per caller.
-So the writer measures F and G on each round of one batch, splits the next rounds only if
-G is the longer in the median of the last :data:`SAMPLES` such rounds (one fsync can take
-three times another, and one gap can hold a garbage collection), and every
-:data:`PROBE_ROUNDS` split rounds takes one whole round to measure again. The writer
-never applies rows while the loop runs Python: each row's ``sqlite3_step`` gives the GIL
-back, and a busy loop keeps it for a whole switch interval (docs/sqlite-storage.md "No
-pipelining"); only the COMMIT's fsync, which needs no GIL, runs beside the loop.
+half's Python runs during the fsync. A round then costs about 2·max(F, G/2) plus two
+hand-overs instead of F + G, and the loop's Python runs slower beside a busy writer: it
+wins when F and G/2 are close, loses when the fsync is much the longer (a slow disk, where
+it doubles the fsyncs per caller) and when it is much the shorter (measured: F 0.6 ms,
+G 1.7 ms lost ~8%). No formula over F and G held on one machine, so the decision is
+measured: the seconds per write of each way, kick to kick, the median of the last
+:data:`SAMPLES` rounds of each; the better one is kept, and the other tried again every
+:data:`PROBE_ROUNDS` rounds. The writer never applies rows while the loop runs Python:
+each row's ``sqlite3_step`` gives the GIL back, and a busy loop keeps it for a whole
+switch interval (docs/sqlite-storage.md "No pipelining"); only the COMMIT, whose fsync
+needs no GIL, runs beside the loop.
 """
 
 from __future__ import annotations
@@ -26,34 +27,56 @@ __all__ = ["MIN_HALF", "PROBE_ROUNDS", "SAMPLES", "Overlap"]
 
 #: The fewest writes in a half: below 2 x this queued, a batch is never split.
 MIN_HALF: Final = 32
-#: Split rounds between two whole rounds that measure F and G again.
-PROBE_ROUNDS: Final = 32
-#: The whole rounds whose median F and G decide (none is made before there are as many).
-SAMPLES: Final = 3
+#: The rounds of one way whose median cost is compared with the other's.
+SAMPLES: Final = 5
+#: Rounds in the better way after which the other is measured again.
+PROBE_ROUNDS: Final = 64
 
 
 class Overlap:
-    """The decision of one group commit: split the queued writes in two halves, or not.
+    """The decision of one group commit: serve the callers in two halves, or all at once.
 
-    Only the event loop's thread uses it: :meth:`measured` after a whole round,
-    :meth:`split` when a free writer takes a batch, :meth:`hold` when a batch is done
-    and writes are queued already.
+    Only the event loop's thread uses it: :meth:`round` at each batch taken (the time
+    since the last one), :meth:`split` when a free writer takes a batch, :meth:`hold` when
+    a batch is done and writes are queued already.
     """
 
-    __slots__ = ("_commits", "_gaps", "_rounds", "_split")
+    __slots__ = ("_costs", "_rounds", "_split")
 
     def __init__(self) -> None:
-        self._commits: deque[float] = deque(maxlen=SAMPLES)  # the last whole rounds' COMMITs
-        self._gaps: deque[float] = deque(maxlen=SAMPLES)  # and the gaps after them (seconds)
-        self._split = False  # the median gap is longer than the median COMMIT
-        self._rounds = 0  # split rounds since the last whole one
+        # Seconds per write of the last rounds all at once [0] and in halves [1].
+        self._costs: tuple[deque[float], deque[float]] = (
+            deque(maxlen=SAMPLES),
+            deque(maxlen=SAMPLES),
+        )
+        self._split = False  # the way being used now
+        self._rounds = 0  # rounds measured since it was taken up
 
-    def measured(self, commit: float, gap: float) -> None:
-        """A whole round: its COMMIT took ``commit`` seconds, the loop's gap ``gap``."""
-        self._commits.append(commit)
-        self._gaps.append(gap)
-        if len(self._gaps) == SAMPLES:
-            self._split = sorted(self._gaps)[SAMPLES // 2] > sorted(self._commits)[SAMPLES // 2]
+    @property
+    def splitting(self) -> bool:
+        """Whether the callers are being served in two halves."""
+        return self._split
+
+    def round(self, split: bool, seconds: float, writes: int) -> None:
+        """A batch of ``writes`` (in halves if ``split``) took ``seconds`` to the next one."""
+        if writes < MIN_HALF or split is not self._split:
+            return  # a small batch says nothing; one from before a switch, nothing of this way
+        self._rounds += 1
+        if self._rounds == 1:
+            return  # the first round after a switch holds the switch
+        costs = self._costs[split]
+        costs.append(seconds / writes)
+        other = self._costs[not split]
+        if len(costs) < SAMPLES:
+            return
+        if len(other) < SAMPLES or self._rounds > PROBE_ROUNDS:
+            self._switch()  # the other way: never measured, or not for a while
+        elif _median(other) < _median(costs):
+            self._switch()
+
+    def _switch(self) -> None:
+        self._split = not self._split
+        self._costs[self._split].clear()  # measured afresh
         self._rounds = 0
 
     def split(self, queued: int) -> bool:
@@ -68,10 +91,8 @@ class Overlap:
         batch's callers are woken now and the next batch is taken once they have queued
         (a whole round).
         """
-        if not self._split or queued < MIN_HALF:
-            return False
-        self._rounds += 1
-        if self._rounds > PROBE_ROUNDS:
-            self._split = False  # one whole round, to measure F and G again
-            return False
-        return True
+        return self._split and queued >= MIN_HALF
+
+
+def _median(values: deque[float]) -> float:
+    return sorted(values)[len(values) // 2]

@@ -134,8 +134,6 @@ class Writer:
         self.catch_up = False
         #: Checkpoints this writer ran itself (catch-ups; the last one at close included).
         self.checkpoints = 0
-        #: Seconds the last batch's COMMIT took (its fsync; read by the loop once it is done).
-        self.last_commit = 0.0
 
     def open(self) -> None:
         """Create the file if needed, switch to WAL with synchronous=FULL, migrate."""
@@ -212,9 +210,7 @@ class Writer:
             drain_releases(conn)
             if before_commit is not None:
                 before_commit()
-            committing = time.perf_counter()
             self._commit(conn)
-            self.last_commit = time.perf_counter() - committing
         except Exception as exc:
             _rollback(conn)
             if len(ops) == 1:
