@@ -75,6 +75,26 @@ def test_the_other_way_is_measured_again_after_probe_rounds() -> None:
     assert PROBE_ROUNDS - SAMPLES <= rounds <= PROBE_ROUNDS + 1
 
 
+def _rounds_until_switch(overlap: Overlap, seconds: float, writes: int) -> int:
+    way, rounds = overlap.splitting, 0
+    while overlap.splitting is way:
+        overlap.round(way, seconds, writes)
+        rounds += 1
+    return rounds
+
+
+def test_a_way_that_loses_its_try_again_waits_twice_as_long() -> None:
+    """On a slow disk halves lose every try, the first one too: the next tries come after
+    128, 256, 512... rounds in the better way (64 while halves keep winning)."""
+    overlap = Overlap()
+    _rounds(overlap, False, 0.004, 100, SAMPLES + 1)  # whole: 40 us a write
+    waits = []
+    for _ in range(3):
+        assert _rounds_until_switch(overlap, 0.003, 50) == SAMPLES + 1  # halves: 60 us
+        waits.append(_rounds_until_switch(overlap, 0.004, 100))
+    assert waits == [2 * PROBE_ROUNDS + 1, 4 * PROBE_ROUNDS + 1, 8 * PROBE_ROUNDS + 1]
+
+
 def test_small_batches_and_rounds_of_the_other_way_are_not_counted() -> None:
     overlap = Overlap()
     _rounds(overlap, False, 0.004, MIN_HALF - 1, 10 * SAMPLES)  # C=10: nothing to split

@@ -11,11 +11,11 @@ wins when F and G/2 are close, loses when the fsync is much the longer (a slow d
 it doubles the fsyncs per caller) and when it is much the shorter (measured: F 0.6 ms,
 G 1.7 ms lost ~8%). No formula over F and G held on one machine, so the decision is
 measured: the seconds per write of each way, kick to kick, the median of the last
-:data:`SAMPLES` rounds of each; the better one is kept, and the other tried again every
-:data:`PROBE_ROUNDS` rounds. The writer never applies rows while the loop runs Python:
-each row's ``sqlite3_step`` gives the GIL back, and a busy loop keeps it for a whole
-switch interval (docs/sqlite-storage.md "No pipelining"); only the COMMIT, whose fsync
-needs no GIL, runs beside the loop.
+:data:`SAMPLES` rounds of each; the better one is kept, and the other tried again after
+:data:`PROBE_ROUNDS` rounds (twice as many after each try it lost). The writer never
+applies rows while the loop runs Python: each row's ``sqlite3_step`` gives the GIL back,
+and a busy loop keeps it for a whole switch interval (docs/sqlite-storage.md "No
+pipelining"); only the COMMIT, whose fsync needs no GIL, runs beside the loop.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ __all__ = ["MIN_HALF", "PROBE_ROUNDS", "SAMPLES", "Overlap"]
 MIN_HALF: Final = 32
 #: The rounds of one way whose median cost is compared with the other's.
 SAMPLES: Final = 5
-#: Rounds in the better way after which the other is measured again.
+#: Rounds in the better way after which the other is measured again (doubled each time
+#: the other is found worse again, up to ``_MAX_PROBE``).
 PROBE_ROUNDS: Final = 64
+_MAX_PROBE: Final = 4096
 
 
 class Overlap:
@@ -41,7 +43,7 @@ class Overlap:
     a batch is done and writes are queued already.
     """
 
-    __slots__ = ("_costs", "_rounds", "_split")
+    __slots__ = ("_costs", "_probe", "_rounds", "_split", "_trying")
 
     def __init__(self) -> None:
         # Seconds per write of the last rounds all at once [0] and in halves [1].
@@ -50,7 +52,9 @@ class Overlap:
             deque(maxlen=SAMPLES),
         )
         self._split = False  # the way being used now
+        self._trying = False  # it is being tried against the other, known better so far
         self._rounds = 0  # rounds measured since it was taken up
+        self._probe = PROBE_ROUNDS  # rounds before the other way is tried again
 
     @property
     def splitting(self) -> bool:
@@ -67,15 +71,24 @@ class Overlap:
         costs = self._costs[split]
         costs.append(seconds / writes)
         other = self._costs[not split]
-        if len(costs) < SAMPLES:
+        if len(costs) < SAMPLES or self._rounds <= SAMPLES:
             return
-        if len(other) < SAMPLES or self._rounds > PROBE_ROUNDS:
-            self._switch()  # the other way: never measured, or not for a while
+        if not other:
+            self._switch(trying=True)  # never measured
         elif _median(other) < _median(costs):
-            self._switch()
+            # Back to the other way. A way tried and found worse again waits twice as long
+            # before its next try: a slow disk does not pay a split round in ten for good.
+            self._probe = min(2 * self._probe, _MAX_PROBE) if self._trying else PROBE_ROUNDS
+            self._switch(trying=False)
+        elif self._trying:
+            self._trying = False  # the tried way is the better one now
+            self._probe = PROBE_ROUNDS
+        elif self._rounds > self._probe:
+            self._switch(trying=True)  # the other way, not measured for a while
 
-    def _switch(self) -> None:
+    def _switch(self, *, trying: bool) -> None:
         self._split = not self._split
+        self._trying = trying
         self._costs[self._split].clear()  # measured afresh
         self._rounds = 0
 
