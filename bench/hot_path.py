@@ -186,12 +186,12 @@ class _WriterProbe:
 
         timed_batch = timed("batch", self._saved["run_batch"])
 
-        def run_batch(writer_self: Any, ops: Sequence[Any], *hook: Any) -> Any:
+        def run_batch(writer_self: Any, ops: Sequence[Any]) -> Any:
             probe.sizes[len(ops)] += 1
             if probe.last_end is not None:  # the hand-over: the loop settling and re-queuing
                 probe.phases["gap"].append(time.perf_counter() - probe.last_end)
             try:
-                return timed_batch(writer_self, ops, *hook)
+                return timed_batch(writer_self, ops)
             finally:
                 probe.last_end = time.perf_counter()
 

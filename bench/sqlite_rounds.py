@@ -54,13 +54,13 @@ class _Batches:
         self.last_end = None
 
     def wrap(self, run: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(owner: Any, batch: Sequence[Any], *args: Any) -> Any:
+        def timed(owner: Any, batch: Sequence[Any]) -> Any:
             start = time.perf_counter()
             if self.last_end is not None:
                 self.gaps.append(start - self.last_end)
             self.sizes[len(batch)] += 1
             try:
-                return run(owner, batch, *args)
+                return run(owner, batch)
             finally:
                 self.last_end = time.perf_counter()
                 self.busy.append(self.last_end - start)

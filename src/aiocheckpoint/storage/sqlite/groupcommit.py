@@ -4,10 +4,8 @@ Writes are queued with a future each; one loop iteration after the first of them
 queue goes to the writer thread as one batch (:meth:`Writer.run_batch
 <aiocheckpoint.storage.sqlite.writer.Writer.run_batch>`: one transaction, one fsync), and
 the next batch is taken one loop iteration after the previous one's callers were woken, so
-they join it; or, when the loop's share of a round outlasts the fsync, the callers are
-served in two halves whose fsyncs overlap the loop's work (:mod:`.overlap`). The same
-place schedules the background WAL checkpoints, which only ever run while no batch is in
-the writer thread. The reasons, with measurements, are in
+they join it. The same place schedules the background WAL checkpoints, which only ever run
+while no batch is in the writer thread. The reasons, with measurements, are in
 docs/sqlite-storage.md "Group commit" and "WAL checkpoints".
 """
 
@@ -24,7 +22,6 @@ from typing import Any, Final, TypeVar
 
 from ..._telemetry import record_commit
 from ...errors import StorageClosedError
-from .overlap import Overlap
 from .rejoin import Rejoin
 from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
 from .writer import Op, Outcome, Writer
@@ -71,9 +68,6 @@ class GroupCommit:
         self._opening: asyncio.Future[None] | None = None
         self._opened = False
         self._closing = None
-        self._overlap = Overlap()  # whether the callers are served in two halves
-        self._held: list[tuple[_Pending, Any]] = []  # a done batch's, woken by the next one's
-        self._last_kick: tuple[float, int, bool] | None = None  # when, writes, in halves
 
     def _submit(self, op: Op, size: int) -> asyncio.Future[Any]:
         """Queue ``op``; the future its caller awaits (not a coroutine: one frame less to keep).
@@ -110,11 +104,8 @@ class GroupCommit:
         self._pending.clear()
         self._wake_idle_waiters()
 
-    def _kick(self, hold: bool = False) -> None:
-        """Hand the queued writes to the writer thread, unless it is busy (then they wait).
-
-        With ``hold``, the writer wakes the held callers once it has applied these writes.
-        """
+    def _kick(self) -> None:
+        """Hand the queued writes to the writer thread, unless it is busy (then they wait)."""
         if self._busy:
             return
         if not self._opened:
@@ -122,21 +113,16 @@ class GroupCommit:
             self._busy = True  # the writer thread is opening the database
             opening.add_done_callback(self._open_then_kick)
             return
-        loop = asyncio.get_running_loop()
-        batch = self._take_batch(split=not hold)
+        batch = self._take_batch()
         if not batch:
             self._wake_idle_waiters()
             self._maybe_checkpoint(idle=True)
             return
-        now = self._last_batch = loop.time()
-        if self._last_kick is not None:  # the last batch's round ends here (overlap.py)
-            self._overlap.round(self._last_kick[2], now - self._last_kick[0], self._last_kick[1])
-        self._last_kick = (now, len(batch), self._overlap.splitting)
+        self._last_batch = asyncio.get_running_loop().time()
         record_commit("sqlite", len(batch))
-        wake = functools.partial(_wake_from_thread, loop, self._held) if hold else None
         try:
-            done = loop.run_in_executor(
-                self._write_thread, self._writer.run_batch, [item.op for item in batch], wake
+            done = asyncio.get_running_loop().run_in_executor(
+                self._write_thread, self._writer.run_batch, [item.op for item in batch]
             )
         except RuntimeError as exc:  # the executor was shut down
             self._pending.extendleft(reversed(batch))
@@ -151,9 +137,6 @@ class GroupCommit:
             outcomes = [failure] * len(batch)  # a bug in run_batch: every caller should see it
         else:
             outcomes = done.result()
-        _release(self._held)  # if the writer did not wake them (it failed before the COMMIT)
-        if self._hold(batch, outcomes):
-            return
         for item, outcome in zip(batch, outcomes, strict=True):
             _settle(item.future, outcome)
         self._rejoin.woke(len(batch), len(self._pending))
@@ -162,30 +145,8 @@ class GroupCommit:
         # and queued their next writes (the writer still counts as busy, so they queue rather
         # than each starting a batch of one): one fsync then serves all of them. Callers that
         # first await something else start a new batch through _submit's deferred kick.
-        # (Unless _hold above served the callers in two halves: overlap.py.)
+        # Pipelining half-batches against the event loop loses (docs/sqlite-storage.md).
         asyncio.get_running_loop().call_soon(self._writer_free)
-
-    def _hold(self, batch: list[_Pending], outcomes: list[Any]) -> bool:
-        """Hand the queued writes over now; ``batch``'s callers wake once they are applied.
-
-        (overlap.py.) False, with nothing held, if the writes are too few, or the overlap
-        does not pay, or the store is closing.
-        """
-        if self._closing is not None or not self._overlap.hold(len(self._pending)):
-            return False
-        self._held = list(zip(batch, outcomes, strict=True))
-        self._maybe_checkpoint(idle=False)  # the writer thread is idle until the next kick
-        self._busy = False
-        try:
-            self._kick(hold=True)
-        except Exception as exc:  # e.g. the executor was shut down
-            _release(self._held)
-            self._fail_pending(exc)
-            return True
-        if self._busy:
-            return True
-        _release(self._held)  # every queued write was cancelled: nothing was handed over
-        return False
 
     def _maybe_checkpoint(self, *, idle: bool) -> None:
         """Start a background checkpoint when enough was committed; when idle, arm a timer.
@@ -259,13 +220,10 @@ class GroupCommit:
             return
         self._fail_pending(failure)
 
-    def _take_batch(self, *, split: bool) -> list[_Pending]:
+    def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
         size = 0
-        limit = self._max_batch
-        if split and self._overlap.split(len(self._pending)):
-            limit = min(limit, (len(self._pending) + 1) // 2)
-        while self._pending and len(batch) < limit:
+        while self._pending and len(batch) < self._max_batch:
             item = self._pending[0]
             if item.future.done():  # its caller was cancelled while it was queued
                 self._pending.popleft()
@@ -334,19 +292,6 @@ class GroupCommit:
         if self._checkpointing is not None:
             with contextlib.suppress(Exception):  # it logs its own failures
                 await asyncio.shield(self._checkpointing)
-
-
-def _wake_from_thread(loop: asyncio.AbstractEventLoop, held: list[tuple[_Pending, Any]]) -> None:
-    """The writer thread's call, before its COMMIT: wake the held callers from the loop."""
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-        loop.call_soon_threadsafe(_release, held)
-
-
-def _release(held: list[tuple[_Pending, Any]]) -> None:
-    """Settle the held callers' futures (those of a committed batch); a second call is a no-op."""
-    for item, outcome in held:
-        _settle(item.future, outcome)
-    held.clear()
 
 
 def _failure(future: asyncio.Future[Any]) -> BaseException | None:

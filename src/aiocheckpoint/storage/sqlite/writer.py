@@ -182,17 +182,12 @@ class Writer:
             except sqlite3.Error as exc:
                 raise backend_error("closing the SQLite database failed", exc) from exc
 
-    def run_batch(
-        self, ops: Sequence[Op], before_commit: Callable[[], None] | None = None
-    ) -> list[Outcome]:
+    def run_batch(self, ops: Sequence[Op]) -> list[Outcome]:
         """Commit every op in one transaction; return one outcome per op, in order.
 
         Fast path: all ops in one ``BEGIN IMMEDIATE ... COMMIT`` (one fsync). If any op or
         the commit fails, the transaction is rolled back and each op is retried in its own
-        transaction, so one bad write fails only its own caller. ``before_commit`` is
-        called in this thread once the ops are applied, right before the COMMIT (the
-        group commit wakes the callers of the batch before this one from it: overlap.py);
-        not at all if the fast path fails first.
+        transaction, so one bad write fails only its own caller.
         """
         conn = self.conn
         if conn is None:
@@ -208,8 +203,6 @@ class Writer:
         try:
             results = self._apply_all(conn, ops)
             drain_releases(conn)
-            if before_commit is not None:
-                before_commit()
             self._commit(conn)
         except Exception as exc:
             _rollback(conn)
