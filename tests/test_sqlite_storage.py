@@ -392,6 +392,43 @@ async def test_one_call_of_note_saves_writes_every_record_of_a_batch(
     assert await store.get_workflow("plain") is not None
 
 
+def test_a_batch_statement_pads_to_a_multiple_of_8_past_8_rows() -> None:
+    """Padding rows cost as much as real ones: past 8 rows a chunk is padded to the next
+    multiple of 8 (a batch of 100 saves ran 128 rows with powers of two, now 104), and the
+    distinct statements stay few enough for the connection's statement cache."""
+    sizes = [sqlrecords._padded(count) for count in range(1, 65)]
+    assert sizes[:8] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert all(count <= rows <= count + 7 for count, rows in enumerate(sizes, 1))
+    assert sqlrecords._padded(36) == 40
+    assert len(set(sizes)) == 11
+
+
+@pytest.mark.parametrize("count", [9, 13, 36, 63, 64, 65, 100])
+async def test_padded_statements_write_exactly_the_records_saved(
+    store: SQLiteCheckpointStorage, db: Path, count: int
+) -> None:
+    """Saves whose chunk is padded (the last one repeated) leave one exact record each, with
+    and without a step's info: the repeated row changes nothing."""
+    await store.open()
+    noted: list[tuple[str, int, StepInfo | None]] = [
+        (f"wf-{n}", n, StepInfo(f"agent-{n}", "running")) for n in range(count)
+    ]
+    plain: list[tuple[str, int, StepInfo | None]] = [(f"p-{n}", n, None) for n in range(count)]
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        sqlrecords.note_saves(conn, 1.0, noted + plain)
+        conn.execute("COMMIT")
+        rows = conn.execute(
+            "SELECT workflow_id, latest_step, latest_agent_id FROM workflows"
+        ).fetchall()
+    finally:
+        conn.close()
+    expected = {(f"wf-{n}", n, f"agent-{n}") for n in range(count)}
+    expected |= {(f"p-{n}", None, None) for n in range(count)}
+    assert sorted(rows) == sorted(expected)
+
+
 async def test_writers_that_yield_between_saves_share_one_commit_per_round(
     store: SQLiteCheckpointStorage,
 ) -> None:
