@@ -869,7 +869,11 @@ def exceeds(value: Any, limit: int) -> bool:
 
 
 def text_bound(value: Any, limit: int) -> int:
-    """The lower bound :func:`exceeds` counts for ``value``, given up once past ``limit``."""
+    """The lower bound :func:`exceeds` counts for ``value``, given up once past ``limit``.
+
+    ``value`` is a storable copy, or a SharedState's tree before its copy: keys of any type,
+    and the standard types the copy tags (each counted at most as long as its tagged text).
+    """
     total = 0
     stack = [value]
     while stack:
@@ -880,9 +884,15 @@ def text_bound(value: Any, limit: int) -> int:
         elif kind is dict:
             total += 1 + 3 * len(item)
             for key in item:
-                total += len(key)
+                # A SharedState's tree holds keys of any type (stored as a "$map"): 1 or more.
+                total += len(key) if type(key) is str else 1
             stack.extend(item.values())
         elif kind is list:
+            total += 1 + len(item)
+            stack.extend(item)
+        elif kind is bytes or kind is bytearray:  # a SharedState's: stored tagged, in base64
+            total += len(item)
+        elif kind is tuple or kind is set or kind is frozenset:  # likewise, as tagged lists
             total += 1 + len(item)
             stack.extend(item)
         else:
