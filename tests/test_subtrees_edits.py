@@ -1,0 +1,375 @@
+"""The sub-tree cache under the edits tests/test_subtrees.py leaves out (issue 21's review).
+
+Typed values (datetimes, bytes, sets, tuples, dicts with keys of other types, registered
+models) and "$"-prefixed keys at every depth; a state rebuilt by ``from_snapshot``;
+several SharedStates checkpointed into one workflow's cache; lists replaced by equal lists
+that are other objects; lists appended to after a restore took them back to an older
+version. First split by split against a split from scratch with the same memory, byte for
+byte; then through managers and ``ResumableWorkflow`` steps (failed ones rolled back, runs
+resumed) on the memory, SQLite and file stores, each checkpoint read back by a manager
+without a cache and compared with the state, type for type.
+"""
+
+from __future__ import annotations
+
+import operator
+import tempfile
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiocheckpoint import CheckpointManager, ResumableWorkflow, SharedState
+from aiocheckpoint.codec.copy import to_storable
+from aiocheckpoint.codec.jsontext import dumps
+from aiocheckpoint.codec.pipeline import RecordCodec
+from aiocheckpoint.codec.split import finish, split_work, text_bound
+from aiocheckpoint.codec.stages import TypedValues
+from aiocheckpoint.codec.subtrees import shared_split_work
+from aiocheckpoint.format.tags import MARK
+from aiocheckpoint.format.tree import SplitMemory, SplitResult
+from aiocheckpoint.storage.base import BlobCheckpointStorage
+from aiocheckpoint.storage.file.store import FileCheckpointStorage
+from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from tests.test_subtrees import PARAMS, CountingValues, _same
+from tests.test_typed import Message, Role, registry
+from tests.typed_values import same, values
+
+TYPES = registry()
+MOMENT = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+
+# Keys that read as tags when alone in a dict, at every depth of a path.
+KEYS = st.sampled_from(["a", "b", "$", "$dt", "$map", "$x"])
+PATHS = st.lists(KEYS, min_size=1, max_size=3).map(".".join)
+TYPED = st.one_of(
+    st.datetimes(
+        min_value=datetime(2000, 1, 1),
+        max_value=datetime(2100, 1, 1),
+        timezones=st.just(timezone.utc),
+    ),
+    st.binary(max_size=90),  # over inline_limit once in base64
+    st.uuids(),
+    st.decimals(allow_nan=False, allow_infinity=False, places=3),
+    st.timedeltas(max_value=timedelta(days=900)),
+    st.sets(st.integers(0, 50), max_size=4),
+    st.builds(
+        Message,
+        role=st.sampled_from(Role),
+        text=st.text(max_size=80),
+        at=st.just(MOMENT),
+        payload=st.binary(max_size=20),
+    ),
+)
+SCALARS = st.one_of(
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=8),
+    st.integers(70, 300).map(lambda n: "x" * n),
+    TYPED,
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=20),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(KEYS, inner, max_size=4),
+        st.dictionaries(st.integers(0, 9), inner, min_size=1, max_size=3),  # a "$map"
+    ),
+    max_leaves=40,
+)
+CHAT = ["base", "a.$x", "$.log"]
+OPS = st.one_of(
+    st.tuples(st.just("set"), PATHS, VALUES),
+    st.tuples(st.just("delete"), PATHS),
+    st.tuples(st.just("merge"), st.dictionaries(KEYS, VALUES, max_size=2)),
+    st.tuples(st.just("restore"), st.integers(0, 12)),
+    st.tuples(st.just("append"), st.sampled_from(CHAT), st.lists(VALUES, max_size=3)),
+    st.tuples(st.just("chat"), st.sampled_from(CHAT), st.integers(1, 8)),
+    # Back to an older version, then that version's list grows again.
+    st.tuples(st.just("restore_chat"), st.integers(1, 6), st.integers(1, 4)),
+    st.tuples(st.just("failed"), st.sampled_from(CHAT), st.integers(1, 4)),
+    st.tuples(st.just("replace"), st.sampled_from(["base", *CHAT, "a", "$"])),
+    st.tuples(st.just("reorder"), st.sampled_from(CHAT)),
+)
+
+
+def _message(n: int) -> Any:
+    """A chat message: the first 40 plain, then some typed, some of one "$" key."""
+    if n < 40:
+        return {"n": n, "$t": "m" * (n * 7 % 150)}
+    if n % 7 == 3:
+        return {"n": n, "at": MOMENT + timedelta(seconds=n), "raw": bytes([n % 256]) * (n % 60)}
+    if n % 7 == 5:
+        return {"$dt": f"not a datetime {n}"}  # one "$" key: stored as a "$map"
+    if n % 11 == 4:
+        return Message(role=Role.USER, text="m" * (n % 90), at=MOMENT)
+    return {"n": n, "$t": "m" * (n * 7 % 150)}
+
+
+def _chat(state: SharedState, path: str, count: int) -> None:
+    for _ in range(count):
+        current = state.get(path)
+        state.append(path, _message(len(current) if isinstance(current, list) else 0))
+
+
+def apply(state: SharedState, op: tuple[Any, ...]) -> None:
+    """One edit of ``op`` (one that cannot apply, as through a non-dict, changes nothing)."""
+    kind = op[0]
+    try:
+        if kind == "set":
+            state.set(op[1], op[2])
+        elif kind == "delete":
+            state.delete(op[1])
+        elif kind == "merge":
+            state.merge(op[1])
+        elif kind == "restore":
+            state.restore(max(0, state.version - op[1]))
+        elif kind == "append":
+            state.append(op[1], *op[2])
+        elif kind == "chat":
+            _chat(state, op[1], op[2])
+        elif kind == "restore_chat":
+            state.restore(max(0, state.version - op[1]))
+            _chat(state, "base", op[2])
+        elif kind == "failed":  # a step that appended, failed and was rolled back
+            mark = state._mark()
+            _chat(state, op[1], op[2])
+            state.set("a", {"$": "gone"})
+            state._rewind(mark)
+        elif kind == "replace":  # an equal value, other objects (set copies it)
+            value = state.get(op[1])
+            if value is not None:
+                state.set(op[1], value)
+        elif kind == "reorder":  # an equal list whose text differs: keys reversed, 1 -> 1.0
+            value = state.get(op[1])
+            if isinstance(value, list):
+                state.set(op[1], [_reordered(item) for item in value])
+    except (TypeError, ValueError):
+        pass
+
+
+def _reordered(item: Any) -> Any:
+    if type(item) is dict:
+        return {k: float(v) if type(v) is int else v for k, v in reversed(item.items())}
+    return float(item) if type(item) is int else item
+
+
+def _check_lineages(state: SharedState) -> None:
+    """The state's lineages are bounded and true: each list starts with its older ones."""
+    lineages = state._lineages()
+    assert len(lineages) <= 16
+    for key, (items, older) in lineages.items():
+        assert key == id(items) and len(older) <= 8
+        for base in older:
+            assert len(base) <= len(items) and all(map(operator.is_, base, items))
+
+
+def _initial() -> dict[str, Any]:
+    # Plain: the split must find the tags the edits bring (and lose), not start with one.
+    return {"base": [_message(n) for n in range(40)], "$": {"x": "x" * 100, "$": [1, 2]}}
+
+
+def _scratch(data: dict[str, Any], previous: SplitMemory | None) -> SplitResult:
+    storable = to_storable(data, "state", TYPES)
+    return finish(split_work(storable, PARAMS, (), previous, inline=False, finite=True))
+
+
+SPLIT_OPS = st.one_of(
+    OPS,
+    st.tuples(st.just("checkpoint")),
+    st.tuples(st.just("checkpoint")),
+    st.tuples(st.just("from_snapshot")),  # a resumed run: every object new, the cache kept
+    st.tuples(st.just("switch")),  # another SharedState saved into the same workflow
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(SPLIT_OPS, max_size=20))
+def test_cached_splits_of_typed_states_equal_splits_from_scratch(
+    ops: list[tuple[Any, ...]],
+) -> None:
+    values = TypedValues(TYPES)
+    states = [SharedState(_initial()), SharedState(_initial())]
+    states[1].set("other", {"$x": "second"})
+    previous = _scratch(states[0]._peek()[0], None).memory
+    assert previous is not None
+    previous.first_chunks.clear()
+    cache: dict[int | str, Any] = {}
+    for op in [*ops, ("checkpoint",)]:
+        if op[0] == "from_snapshot":
+            states[0] = SharedState.from_snapshot(states[0].snapshot())
+        elif op[0] == "switch":
+            states.reverse()
+        elif op[0] != "checkpoint":
+            apply(states[0], op)
+            _check_lineages(states[0])
+            continue
+        data, lineages = states[0]._peek()[0], states[0]._lineages()
+        shared = finish(shared_split_work(data, values, PARAMS, previous, cache, None, lineages))
+        assert shared is not None
+        _same(shared.split, _scratch(data, previous))
+        assert shared.copy == to_storable(data, "state", TYPES)
+        assert shared.tagged == (MARK in orjson.dumps(shared.copy))
+        previous, cache = shared.split.memory, shared.entries
+        assert previous is not None
+        previous.first_chunks.clear()
+
+
+# --- through managers, workflows and stores ------------------------------------------------
+
+
+def _store(kind: str, root: Path) -> BlobCheckpointStorage:
+    if kind == "memory":
+        return InMemoryCheckpointStorage(blob_params=PARAMS)
+    if kind == "sqlite":
+        return SQLiteCheckpointStorage(root / "s.db", blob_params=PARAMS)
+    return FileCheckpointStorage(root / "store", blob_params=PARAMS)
+
+
+class Boom(Exception):
+    """A step's failure."""
+
+
+STEP = st.tuples(st.just("step"), st.lists(OPS, min_size=1, max_size=3))
+WORKFLOW_OPS = st.one_of(
+    STEP,
+    STEP,
+    st.tuples(st.just("save"), st.lists(OPS, min_size=1, max_size=3)),  # wf.checkpoint
+    st.tuples(st.just("failed_step"), st.lists(OPS, min_size=1, max_size=3)),
+    st.tuples(st.just("resume")),  # a new run of the same manager: from_snapshot
+    st.tuples(st.just("other_manager")),  # a save by another manager, then this one again
+    st.tuples(st.just("small")),  # a state under root_inline_limit: a version-1 record
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    kind=st.sampled_from(["memory", "sqlite", "file"]),
+    ops=st.lists(WORKFLOW_OPS, max_size=10),
+)
+async def test_workflow_checkpoints_read_back_as_the_state_through_every_store(
+    kind: str, ops: list[tuple[Any, ...]]
+) -> None:
+    """Each checkpoint a workflow writes (completed, failed, by another manager), read back
+    by a manager with no cache, is the state, type for type; and so is what it returned."""
+    with tempfile.TemporaryDirectory() as root:
+        storage = _store(kind, Path(root))
+        manager = CheckpointManager(storage, types=TYPES)
+        other = CheckpointManager(storage, types=TYPES)
+        try:
+            await _run_workflow(manager, other, ops, _reader(storage))
+        finally:
+            await storage.close()
+
+
+def _reader(storage: BlobCheckpointStorage) -> Callable[[int], Any]:
+    async def read(step: int) -> dict[str, Any]:
+        checkpoint = await CheckpointManager(storage, types=TYPES).get_checkpoint("wf", step)
+        data: dict[str, Any] = checkpoint.state_snapshot.data
+        return data
+
+    return read
+
+
+async def _run_workflow(
+    manager: CheckpointManager,
+    other: CheckpointManager,
+    ops: list[tuple[Any, ...]],
+    read: Callable[[int], Any],
+) -> None:
+    wf = ResumableWorkflow("wf", manager, _initial())
+    step = 0
+    returned: list[tuple[dict[str, Any], Any]] = []
+    for op in [*ops, ("step", [])]:
+        kind = op[0]
+        if kind == "resume":
+            wf = ResumableWorkflow("wf", manager)
+            await wf.try_resume()
+            assert same(wf.state.to_dict(), await read(step - 1)) if step else True
+            continue
+        if kind == "other_manager":
+            saved = await other.create_checkpoint("wf", step, "b", "running", wf.state)
+        elif kind == "save":  # what create_checkpoint returns, not what it stored
+            for edit in op[1]:
+                apply(wf.state, edit)
+            saved = await wf.checkpoint(step, "a", "running")
+        elif kind == "small":
+            wf.state.update({"base": [1], "a": None, "$": None})
+            saved = await wf.checkpoint(step, "a", "running")
+        elif kind == "step":
+            async with wf.step(step, "a"):
+                for edit in op[1]:
+                    apply(wf.state, edit)
+            saved = await manager.get_checkpoint("wf", step)
+        else:
+            with pytest.raises(Boom):
+                async with wf.step(step, "a"):
+                    for edit in op[1]:
+                        apply(wf.state, edit)
+                    raise Boom
+            saved = await manager.get_checkpoint("wf", step)
+        expected = wf.state.to_dict()
+        assert same(expected, saved.state_snapshot.data)
+        assert same(expected, await read(step))
+        returned.append((expected, saved))
+        step += 1
+    # Checkpoints returned share the copies of unchanged sub-trees: none was changed since.
+    assert all(same(expected, saved.state_snapshot.data) for expected, saved in returned)
+
+
+# --- which SharedStates take the cached path -------------------------------------------------
+
+
+@given(values)
+def test_the_text_bound_of_a_tree_before_its_copy_is_a_lower_bound(value: Any) -> None:
+    """``exceeds`` is asked of a SharedState's tree itself (keys of any type, bytes, sets,
+    tuples), not of its storable copy: its count must not raise, nor pass the copy's text."""
+    text = dumps(to_storable(value), finite=False).decode()
+    assert text_bound(value, 1 << 40) <= len(text)
+
+
+async def test_a_large_state_with_keys_of_other_types_is_checkpointed() -> None:
+    """A dict of int keys in a large SharedState raised TypeError from ``exceeds`` (a key's
+    ``len``) before anything was copied: no checkpoint of such a state could be written."""
+    storage = InMemoryCheckpointStorage()
+    manager = CheckpointManager(storage)
+    state = SharedState({"text": "x" * 20_000, "by_id": {1: "a", 2: "b"}})  # counted first
+    await manager.create_checkpoint("wf", 0, "a", "running", state)
+    state.set("more", {(1, "k"): "c"})
+    await manager.create_checkpoint("wf", 1, "a", "running", state)
+    reader = CheckpointManager(storage)
+    for step in (0, 1):
+        assert (await reader.get_checkpoint("wf", step)).state_snapshot.data == (
+            state.get_history()[1 - step].data
+        )
+
+
+async def test_a_state_whose_bulk_is_bytes_or_tuples_reuses_its_cached_sub_trees() -> None:
+    """``exceeds`` counted a bytes value, a tuple or a set as one character: a state whose
+    size is in them never took the cached path, and was copied and encoded whole at every
+    checkpoint."""
+    storage = InMemoryCheckpointStorage()
+    manager = CheckpointManager(storage)
+    values = CountingValues()
+    manager._codec = RecordCodec(storage, storage, values)
+    state = SharedState({"image": b"x" * 50_000, "rows": tuple(["y" * 100] * 200), "n": 0})
+    for step in range(3):
+        state.set("n", step)
+        values.copied.clear()
+        await manager.create_checkpoint("wf", step, "a", "running", state)
+        if step:
+            assert values.copied == ["state.n"]
+    point = await CheckpointManager(storage).get_resume_point("wf")
+    assert point is not None and point[1].data == state.to_dict()
