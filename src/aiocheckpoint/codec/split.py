@@ -871,9 +871,24 @@ def exceeds(value: Any, limit: int) -> bool:
 def text_bound(value: Any, limit: int) -> int:
     """The lower bound :func:`exceeds` counts for ``value``, given up once past ``limit``.
 
-    ``value`` is a storable copy, or a SharedState's tree before its copy: keys of any type,
-    and the standard types the copy tags (each counted at most as long as its tagged text).
+    ``value`` is a storable copy, or a SharedState's tree before its copy: keys of any type
+    and the standard types the copy tags, each counted at most as long as its tagged text.
     """
+    try:
+        return _text_bound(value, limit, len)
+    except TypeError:  # a key of another type (stored in a "$map"): the hot loop is len's
+        return _text_bound(value, limit, _key_length)
+
+
+#: Types a SharedState's tree may hold and its copy tags: counted by their items.
+_TAGGED_ITEMS: Final = frozenset({bytes, bytearray, tuple, set, frozenset})
+
+
+def _key_length(key: Any) -> int:
+    return len(key) if type(key) is str else 1
+
+
+def _text_bound(value: Any, limit: int, key_length: Callable[[Any], int]) -> int:
     total = 0
     stack = [value]
     while stack:
@@ -884,19 +899,17 @@ def text_bound(value: Any, limit: int) -> int:
         elif kind is dict:
             total += 1 + 3 * len(item)
             for key in item:
-                # A SharedState's tree holds keys of any type (stored as a "$map"): 1 or more.
-                total += len(key) if type(key) is str else 1
+                total += key_length(key)
             stack.extend(item.values())
         elif kind is list:
             total += 1 + len(item)
             stack.extend(item)
-        elif kind is bytes or kind is bytearray:  # a SharedState's: stored tagged, in base64
-            total += len(item)
-        elif kind is tuple or kind is set or kind is frozenset:  # likewise, as tagged lists
-            total += 1 + len(item)
-            stack.extend(item)
         else:
             total += 1
+            if kind in _TAGGED_ITEMS:  # bytes in base64; the others as lists, tagged
+                total += len(item)
+                if kind is not bytes and kind is not bytearray:
+                    stack.extend(item)
         if total > limit:
             break
     return total
