@@ -12,8 +12,10 @@ without a cache and compared with the state, type for type.
 
 from __future__ import annotations
 
+import gc
 import operator
 import tempfile
+import weakref
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -373,3 +375,24 @@ async def test_a_state_whose_bulk_is_bytes_or_tuples_reuses_its_cached_sub_trees
             assert values.copied == ["state.n"]
     point = await CheckpointManager(storage).get_resume_point("wf")
     assert point is not None and point[1].data == state.to_dict()
+
+
+class _Held:
+    """A value that can be watched with a weak reference (a dict or a list cannot)."""
+
+
+def test_lineages_keep_a_list_gone_from_the_state_only_until_sixteen_appends() -> None:
+    """Lineages hold lists alive, also ones the state dropped (deleted, restored or rolled
+    back away): at most the 16 lists appended to last, each with 8 it extends."""
+    state = SharedState(max_history=1)
+    for n in range(30):
+        state.append("chat", {"n": n}, _Held())
+    held = [weakref.ref(item) for item in state._peek()[0]["chat"] if type(item) is _Held]
+    state.delete("chat")
+    gc.collect()
+    assert all(ref() is not None for ref in held)  # the chat's lineage still names it
+    for n in range(16):
+        state.append(f"other{n}", n)
+    gc.collect()
+    assert all(ref() is None for ref in held)
+    _check_lineages(state)
