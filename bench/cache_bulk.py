@@ -1,0 +1,105 @@
+"""A SharedState whose bulk is ``bytes`` or a tuple: does a checkpoint cost what changed?
+
+    PYTHONPATH=src python bench/cache_bulk.py [--runs 5] [--before]
+
+Each run writes 21 checkpoints of one state to the memory store, one small key changed
+before each, and reports the median CPU of the last 20 (the first fills the sub-tree
+cache): the loop thread's (``time.thread_time``) and the process's (``time.process_time``).
+With ``--before``, each run is paired with one under the count ``exceeds`` made before
+2026-12-02 (a ``bytes``, tuple or set value counted as one character: such a state never
+took the cache), alternating in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiocheckpoint import CheckpointManager, SharedState, open_storage
+from aiocheckpoint.codec import split
+
+Bound = Callable[[Any, int], int]
+
+
+def _bound_before(value: Any, limit: int) -> int:
+    """``text_bound`` as it was: bytes, tuples and sets one character each."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            total += len(item) + 2
+        elif kind is dict:
+            total += 1 + 3 * len(item)
+            for key in item:
+                total += len(key)
+            stack.extend(item.values())
+        elif kind is list:
+            total += 1 + len(item)
+            stack.extend(item)
+        else:
+            total += 1
+        if total > limit:
+            break
+    return total
+
+
+def _state(kind: str) -> SharedState:
+    if kind == "bytes":
+        return SharedState({"image": b"x" * 1_000_000, "n": 0})
+    return SharedState({"rows": tuple(f"row {i} " + "y" * 90 for i in range(10_000)), "n": 0})
+
+
+async def _run(kind: str, bound: Bound) -> tuple[float, float]:
+    """Median loop-thread and process CPU per checkpoint, in ms."""
+    split.text_bound = bound  # what exceeds calls
+    storage = open_storage("memory://")
+    manager = CheckpointManager(storage)
+    state = _state(kind)
+    thread: list[float] = []
+    process: list[float] = []
+    try:
+        for step in range(21):
+            state.set("n", step)
+            t0, p0 = time.thread_time(), time.process_time()
+            await manager.create_checkpoint("wf", step, "a", "running", state)
+            if step:
+                thread.append(time.thread_time() - t0)
+                process.append(time.process_time() - p0)
+    finally:
+        await storage.close()
+    return statistics.median(thread) * 1000, statistics.median(process) * 1000
+
+
+def _summary(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ms ({min(values):.2f}-{max(values):.2f})"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--before", action="store_true", help="pair each run with the old count")
+    args = parser.parse_args()
+    now = split.text_bound
+    modes: dict[str, Bound] = {"after": now}
+    if args.before:
+        modes = {"before": _bound_before, "after": now}
+    for kind in ("bytes", "tuple"):
+        results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+        for _ in range(args.runs):
+            for mode, bound in modes.items():
+                results[mode].append(await _run(kind, bound))
+        for mode, runs in results.items():
+            thread = _summary([t for t, _ in runs])
+            process = _summary([p for _, p in runs])
+            print(f"{kind:5} {mode:6} loop thread {thread}, process {process}")
+    split.text_bound = now
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
