@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointManager, ResumableWorkflow, SharedState
@@ -116,10 +116,10 @@ def _message(n: int) -> Any:
     return {"n": n, "$t": "m" * (n * 7 % 150)}
 
 
-def _chat(state: SharedState, path: str, count: int) -> None:
+def _chat(state: SharedState, path: str, count: int, offset: int = 0) -> None:
     for _ in range(count):
         current = state.get(path)
-        state.append(path, _message(len(current) if isinstance(current, list) else 0))
+        state.append(path, _message(offset + (len(current) if isinstance(current, list) else 0)))
 
 
 def apply(state: SharedState, op: tuple[Any, ...]) -> None:
@@ -140,7 +140,7 @@ def apply(state: SharedState, op: tuple[Any, ...]) -> None:
             _chat(state, op[1], op[2])
         elif kind == "restore_chat":
             state.restore(max(0, state.version - op[1]))
-            _chat(state, "base", op[2])
+            _chat(state, "base", op[2], 5)  # not the messages restored away
         elif kind == "failed":  # a step that appended, failed and was rolled back
             mark = state._mark()
             _chat(state, op[1], op[2])
@@ -193,8 +193,12 @@ SPLIT_OPS = st.one_of(
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(SPLIT_OPS, max_size=20))
+# Always: a list grown from an older version than the one last cut (its lineage does not
+# name that one), and a list equal to the one last cut but of another text.
+@example([("chat", "base", 3), ("checkpoint",), ("restore_chat", 3, 4)])
+@example([("checkpoint",), ("reorder", "base")])
 def test_cached_splits_of_typed_states_equal_splits_from_scratch(
     ops: list[tuple[Any, ...]],
 ) -> None:
@@ -253,7 +257,7 @@ WORKFLOW_OPS = st.one_of(
 
 
 @settings(
-    max_examples=40,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
