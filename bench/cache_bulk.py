@@ -5,6 +5,8 @@
 Each run writes 21 checkpoints of one state to the memory store, one small key changed
 before each, and reports the median CPU of the last 20 (the first fills the sub-tree
 cache): the loop thread's (``time.thread_time``) and the process's (``time.process_time``).
+States: 1 MB of ``bytes``; a tuple of 10,000 rows; 1 MB of documents, and the same with
+one datetime beside them (a tagged state: the returned checkpoint is restored from a copy).
 With ``--before``, each run is paired with one under the count ``exceeds`` made before
 2026-12-02 (a ``bytes``, tuple or set value counted as one character: such a state never
 took the cache), alternating in this process.
@@ -17,6 +19,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from aiocheckpoint import CheckpointManager, SharedState, open_storage
@@ -52,7 +55,11 @@ def _bound_before(value: Any, limit: int) -> int:
 def _state(kind: str) -> SharedState:
     if kind == "bytes":
         return SharedState({"image": b"x" * 1_000_000, "n": 0})
-    return SharedState({"rows": tuple(f"row {i} " + "y" * 90 for i in range(10_000)), "n": 0})
+    if kind == "tuple":
+        return SharedState({"rows": tuple(f"row {i} " + "y" * 90 for i in range(10_000)), "n": 0})
+    docs = {f"d{i}": {"id": i, "text": "z" * 1000} for i in range(1000)}
+    when: Any = datetime(2026, 1, 1, tzinfo=timezone.utc) if kind == "docs+dt" else "plain"
+    return SharedState({"docs": docs, "when": when, "n": 0})
 
 
 async def _run(kind: str, bound: Bound) -> tuple[float, float]:
@@ -89,7 +96,7 @@ async def main() -> None:
     modes: dict[str, Bound] = {"after": now}
     if args.before:
         modes = {"before": _bound_before, "after": now}
-    for kind in ("bytes", "tuple"):
+    for kind in ("bytes", "tuple", "docs", "docs+dt"):
         results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
         for _ in range(args.runs):
             for mode, bound in modes.items():
@@ -97,7 +104,7 @@ async def main() -> None:
         for mode, runs in results.items():
             thread = _summary([t for t, _ in runs])
             process = _summary([p for _, p in runs])
-            print(f"{kind:5} {mode:6} loop thread {thread}, process {process}")
+            print(f"{kind:7} {mode:6} loop thread {thread}, process {process}")
     split.text_bound = now
 
 
