@@ -12,7 +12,9 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -860,3 +862,146 @@ async def test_a_store_object_sees_packs_another_one_wrote_since_its_last_save(
         assert blob_files(store) == blobs
         got = await CheckpointManager(b).get_checkpoint("wf-c", 0)
         assert got.state_snapshot.data == state(1)
+
+
+async def test_a_save_touches_a_pack_it_relies_on_once_the_pack_aged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack this object wrote counts as recent for half the grace period only: a save
+    after that looks at it again and touches it (the collector's safety argument)."""
+    from aiocheckpoint.storage.file import blobs as blob_module
+
+    later = 0.0
+    clock = time.time
+    monkeypatch.setattr(blob_module, "time", SimpleNamespace(time=lambda: clock() + later))
+    store = tmp_path / "store"
+    async with CheckpointManager(FileCheckpointStorage(store, blob_grace_seconds=100)) as m:
+        await m.create_checkpoint("wf", 0, "a", "running", big_state(0))
+        (first,) = pack_indexes(store)
+        os.utime(first, (clock() - 3600, clock() - 3600))
+        await m.create_checkpoint("wf", 1, "a", "running", big_state(1))
+        assert first.stat().st_mtime < clock() - 3000  # seen within grace/2: not looked at
+        later = 51.0  # past grace/2 since this object wrote it
+        await m.create_checkpoint("wf", 2, "a", "running", big_state(2))
+        assert first.stat().st_mtime > clock() - 60  # relied on, so touched
+        assert (await m.get_checkpoint("wf", 2)).state_snapshot.data == big_state(2)
+
+
+async def test_a_save_relying_on_another_writers_pack_makes_its_entry_durable_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack another object wrote may lack its directory fsync: a save relying on it (and
+    writing no pack of its own) fsyncs ``packs/``, again after a failed fsync, and once it
+    succeeded the next save does not."""
+    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+    from aiocheckpoint.errors import StorageBackendError
+
+    source = CheckpointManager(InMemoryCheckpointStorage())
+    checkpoint = await source.create_checkpoint("wf", 0, "a", "running", big_state(0))
+    store = tmp_path / "store"
+    async with FileCheckpointStorage(store) as a, FileCheckpointStorage(store) as b:
+        await b.save_tree("wf-b", 0, *encode_checkpoint_v2(checkpoint, b.blob_params))
+        fsyncs: list[int] = []
+        real = a._blobs._fsync_packs_dir
+
+        def fsync() -> None:
+            fsyncs.append(1)
+            if len(fsyncs) == 1:
+                raise OSError(5, "injected")
+            real()
+
+        monkeypatch.setattr(a._blobs, "_fsync_packs_dir", fsync)
+        with pytest.raises(StorageBackendError):
+            await a.save_tree("wf-a", 0, *encode_checkpoint_v2(checkpoint, a.blob_params))
+        for step in (0, 1):
+            await a.save_tree("wf-a", step, *encode_checkpoint_v2(checkpoint, a.blob_params))
+        assert len(pack_indexes(store)) == 1  # every blob found in b's pack
+        assert fsyncs == [1, 1]
+
+
+async def test_a_growing_chat_does_not_walk_the_packs_its_tree_relies_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save whose packs are all recent and durable finds its new blobs in one pass over
+    the tree's nodes and does not walk the packs they sit in (one per earlier save)."""
+    from aiocheckpoint import SharedState
+    from aiocheckpoint.storage.file.blobs import BlobStore
+
+    walks: list[int] = []
+    stale = BlobStore._stale
+    monkeypatch.setattr(
+        BlobStore, "_stale", lambda self, packs, cut: (walks.append(1), stale(self, packs, cut))[1]
+    )
+    store = tmp_path / "store"
+    shared = SharedState()
+    async with CheckpointManager(FileCheckpointStorage(store)) as manager:
+        for step in range(40):
+            shared.append("messages", {"role": "user", "content": f"{step} " + "lorem " * 150})
+            await manager.create_checkpoint("wf", step, "a", "running", shared)
+        assert len(pack_indexes(store)) >= 30
+        got = await manager.get_checkpoint("wf", 39)
+        assert len(got.state_snapshot.data["messages"]) == 40
+    assert walks == []
+
+
+async def test_a_pack_listed_while_a_save_looks_up_its_blobs_is_looked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing (another save's) that adds a pack after a save found no pack to look at
+    sends that save the long way: the pack it now relies on is stat'ed and fsynced."""
+    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+
+    source = CheckpointManager(InMemoryCheckpointStorage())
+    other = await source.create_checkpoint("wf", 0, "a", "running", big_state(0))
+    shared = await source.create_checkpoint("wf", 1, "a", "running", big_state(1, docs=150))
+    store = tmp_path / "store"
+    async with FileCheckpointStorage(store) as a, FileCheckpointStorage(store) as b:
+        await a.save_tree("wf-a", 0, *encode_checkpoint_v2(other, a.blob_params))
+        await b.save_tree("wf-b", 0, *encode_checkpoint_v2(shared, b.blob_params))
+        blobs = a._blobs
+        age = blobs._age
+
+        def age_then_list(cut: float) -> tuple[bool, int]:
+            got = age(cut)
+            blobs.refresh()  # as a concurrent save's listing would, right after the check
+            return got
+
+        fsyncs: list[int] = []
+        real = blobs._fsync_packs_dir
+        monkeypatch.setattr(blobs, "refresh_changed", lambda: None)
+        monkeypatch.setattr(blobs, "_age", age_then_list)
+        monkeypatch.setattr(blobs, "_fsync_packs_dir", lambda: (fsyncs.append(1), real())[1])
+        await a.save_tree("wf-a", 1, *encode_checkpoint_v2(shared, a.blob_params))
+        assert len(pack_indexes(store)) == 2  # the shared blobs found in b's pack
+        assert fsyncs == [1]
+
+
+async def test_a_pack_dropped_while_a_save_looks_at_its_packs_is_stored_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing (another save's) that finds an aged pack gone, after a save looked its
+    blobs up there, still makes that save store them again (the pack was retired)."""
+    from aiocheckpoint.storage.file import blobs as blob_module
+
+    later = 0.0
+    clock = time.time
+    monkeypatch.setattr(blob_module, "time", SimpleNamespace(time=lambda: clock() + later))
+    store = tmp_path / "store"
+    storage = FileCheckpointStorage(store, blob_grace_seconds=100)
+    async with CheckpointManager(storage) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "running", big_state(0))
+        (first,) = pack_indexes(store)
+        blobs = storage._blobs
+        relies = blobs._relies_on_suspect
+
+        def retire_then_check(names: list[str | None], epoch: int) -> bool:
+            first.rename(tmp_path / "retired")  # as a sweeper would, then a listing
+            blobs.refresh()
+            return relies(names, epoch)
+
+        later = 51.0  # the pack aged: the save looks at the packs it relies on
+        monkeypatch.setattr(blobs, "refresh_changed", lambda: None)
+        monkeypatch.setattr(blobs, "_relies_on_suspect", retire_then_check)
+        await manager.create_checkpoint("wf", 1, "a", "running", big_state(1))
+        monkeypatch.undo()
+        assert (await manager.get_checkpoint("wf", 1)).state_snapshot.data == big_state(1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import heapq
 import itertools
 import logging
 import math
@@ -131,6 +132,12 @@ class BlobStore:
         # pack name -> a time its mtime is known to be at least (written, touched or seen).
         self._seen: dict[str, float] = {}
         self._synced: set[str] = set()  # packs whose directory entry is known durable
+        # The packs a save relying on one must look at (:meth:`_age`): cached but not in
+        # _synced; not in _seen, or aged (their last mark in _aging is past the cut).
+        self._unsynced: set[str] = set()
+        self._old: set[str] = set()
+        self._aging: list[tuple[float, str]] = []  # (the time put in _seen, the pack), a heap
+        self._epoch = 0  # counts the listings that added packs, and the packs dropped
         self._midx_read = False  # whether the combined index was read (at the first listing)
         self._midx_covers: set[str] = set()  # the packs the combined index on disk covers
         self._bases: dict[str, str] = {}  # the last listing's names -> their packs
@@ -161,18 +168,23 @@ class BlobStore:
             gone = self._indexes.keys() - current
             for name in gone:
                 del self._indexes[name]
-                self._uncovered.discard(name)
-                self._seen.pop(name, None)
-                self._synced.discard(name)
+                self._drop(name)
             if gone:  # a hash may also sit in a pack that remains: rebuild the map
                 self._where = {h: n for n, index in self._indexes.items() for h in index}
-            for name in current - self._indexes.keys():
+            added = current - self._indexes.keys()
+            if added:
+                self._epoch += 1
+            for name in added:
                 index = cached.get(name)
                 if index is None:
                     index = self._load_index(name)
                 self._indexes[name] = index
                 if name not in self._midx_covers:
                     self._uncovered.add(name)
+                if name not in self._synced:
+                    self._unsynced.add(name)
+                if name not in self._seen:
+                    self._old.add(name)
                 for h in index:
                     self._where.setdefault(h, name)
 
@@ -287,10 +299,48 @@ class BlobStore:
         """Drop pack ``name`` from the cache (a sweeper deleted it)."""
         with self._lock:
             self._indexes.pop(name, None)
-            self._uncovered.discard(name)
-            self._seen.pop(name, None)
-            self._synced.discard(name)
+            self._drop(name)
             self._where = {h: n for n, idx in self._indexes.items() for h in idx}
+
+    def _drop(self, name: str) -> None:
+        """Forget what is known of pack ``name`` but its index (under the lock)."""
+        self._epoch += 1
+        self._uncovered.discard(name)
+        self._seen.pop(name, None)
+        self._synced.discard(name)
+        self._unsynced.discard(name)
+        self._old.discard(name)
+
+    def _mark_seen(self, name: str, when: float) -> None:
+        """Note that pack ``name``'s mtime is at least ``when`` (under the lock)."""
+        self._seen[name] = when
+        self._old.discard(name)
+        heapq.heappush(self._aging, (when, name))
+
+    def _age(self, cut: float) -> tuple[bool, int]:
+        """Whether a known pack is a suspect (for ``cut``), and the epoch it holds for.
+
+        The suspects (``_old``, ``_unsynced``) are a superset of what a save's walk over
+        the packs it relies on (:meth:`_stale`, the check against ``_synced``) could find,
+        kept as packs are seen and age: a save that relies on none of them has nothing to
+        touch or fsync, and skips the walk over every pack its tree relies on (one per
+        earlier save in a chat). The answer holds while the epoch does: a concurrent
+        listing may add packs (not yet looked at) or drop one (gone: look again).
+        """
+        with self._lock:
+            aging, seen = self._aging, self._seen
+            while aging and aging[0][0] <= cut:
+                when, name = heapq.heappop(aging)
+                if seen.get(name) == when:  # its last mark: the pack aged
+                    self._old.add(name)
+            return bool(self._old or self._unsynced), self._epoch
+
+    def _relies_on_suspect(self, names: list[str | None], epoch: int) -> bool:
+        """Whether ``names`` (packs a save relies on) may hold a suspect (see above)."""
+        with self._lock:
+            if self._epoch != epoch:
+                return True
+            return not (self._old.isdisjoint(names) and self._unsynced.isdisjoint(names))
 
     def _register(
         self, name: str, index: Index, now: float, stamps: tuple[_Stamp, _Stamp] | None = None
@@ -304,28 +354,40 @@ class BlobStore:
                 self._uncovered.add(name)
             for h in index:
                 self._where[h] = name
-            self._seen[name] = now
+            self._mark_seen(name, now)
             self._synced.add(name)
+            self._unsynced.discard(name)
 
     # --- writing ------------------------------------------------------------------------
 
     def put(self, split: SplitResult) -> None:
         """Make every blob ``split`` references durable and recent enough (see module doc).
 
-        The work per node is a few C-level passes (a chat's tree names every node at every
-        save, ~1,000 of them, while ~20 are new); Python runs per pack that needs a look.
+        The work per node is one or two C-level passes (a chat's tree names every node at
+        every save, ~1,000 of them, while ~20 are new); the packs relied on are walked only
+        when one of them may need a look (:meth:`_age`), and Python runs per pack that
+        needs one.
         """
         now = time.time()
         half = self.grace / 2
         self.refresh_changed()
         wanted = split.children
+        suspect, epoch = self._age(now - half)
+        if not suspect:  # no pack to look at: only the new blobs to find
+            new = list(itertools.filterfalse(self._where.__contains__, wanted))
+            if self._epoch == epoch:
+                if new:
+                    self.write_pack([(h, split.blobs[h]) for h in dict.fromkeys(new)], now)
+                self._update_midx()
+                return
         names = list(map(self._where.get, wanted))
-        found = set(names)
-        new: list[bytes] = []
-        if None in found:
-            found.discard(None)
+        new = []
+        if None in names:
             new = list(itertools.compress(wanted, map(operator.not_, names)))
-        relied = cast("set[str]", found)
+        relied: set[str] = set()
+        if self._relies_on_suspect(names, epoch):
+            relied = cast("set[str]", set(names))
+            relied.discard(None)
         retired = set()
         for name in self._stale(relied, now - half):
             if not self._touch(name, now, half):  # retired by a sweeper: store these again
@@ -341,6 +403,7 @@ class BlobStore:
                 self._fsync_packs_dir()
             with self._lock:
                 self._synced.update(relied)
+                self._unsynced.difference_update(relied)
         self._update_midx()
 
     def _stale(self, packs: set[str], cut: float) -> list[str]:
@@ -362,7 +425,8 @@ class BlobStore:
         except FileNotFoundError:
             return False
         with self._lock:
-            self._seen[name] = mtime
+            if name in self._indexes:  # not forgotten meanwhile
+                self._mark_seen(name, mtime)
         return True
 
     def write_pack(self, blobs: list[tuple[bytes, bytes]], now: float) -> str:
