@@ -404,3 +404,67 @@ def test_lineages_keep_a_list_gone_from_the_state_only_until_sixteen_appends() -
     gc.collect()
     assert all(ref() is None for ref in held)
     _check_lineages(state)
+
+
+# --- what create_checkpoint returns for a tagged state ------------------------------------------
+
+
+def _tagged_state() -> SharedState:
+    docs = {f"d{i}": {"id": i, "text": "z" * 500} for i in range(100)}  # ~55 KB, no tag
+    events = [{"at": MOMENT + timedelta(seconds=i), "n": i} for i in range(100)]
+    message = Message(role=Role.USER, text="hi", at=MOMENT)
+    return SharedState({"docs": docs, "events": events, "message": message, "n": 0})
+
+
+def _stored_forms(codec: RecordCodec) -> list[tuple[Any, bytes]]:
+    """Each cached sub-tree's copy with its JSON text now (what a later split reuses)."""
+    entries = {id(entry): entry for entry in codec.subtrees.get("wf").values()}
+    return [(entry.copy, orjson.dumps(entry.copy)) for entry in entries.values()]
+
+
+async def test_a_tagged_state_returns_its_untagged_sub_trees_without_copying_them() -> None:
+    """The returned checkpoint of a state with a tag is restored copy-on-write: a sub-tree
+    its cache found no tag in is the same object at every checkpoint (it was copied whole
+    at each before), and only the containers on paths to tags are new."""
+    storage = InMemoryCheckpointStorage()
+    manager = CheckpointManager(storage, types=TYPES)
+    state = _tagged_state()
+    returned = []
+    for step in range(3):
+        state.set("n", step)
+        returned.append(await manager.create_checkpoint("wf", step, "a", "running", state))
+    datas = [checkpoint.state_snapshot.data for checkpoint in returned]
+    assert datas[1]["docs"] is datas[2]["docs"]
+    assert datas[1]["docs"]["d7"] is datas[2]["docs"]["d7"]
+    assert datas[1]["events"] is not datas[2]["events"]  # holds tags: new containers
+    for data in datas:
+        assert same(data, {**state.to_dict(), "n": data["n"]})
+
+
+async def test_a_tagged_state_returned_never_aliases_what_another_checkpoint_holds() -> None:
+    """Restoring changes none of the cached sub-trees' copies (a later checkpoint splits and
+    returns them again), and each returned checkpoint has its own containers on the paths
+    to tags and its own typed values: changing them changes no other checkpoint."""
+    storage = InMemoryCheckpointStorage()
+    manager = CheckpointManager(storage, types=TYPES)
+    codec = manager._codec
+    state = _tagged_state()
+    first = await manager.create_checkpoint("wf", 0, "a", "running", state)
+    before = _stored_forms(codec)
+    state.set("n", 1)
+    second = await manager.create_checkpoint("wf", 1, "a", "running", state)
+    assert [orjson.dumps(copy) for copy, _ in before] == [text for _, text in before]
+    one, two = first.state_snapshot.data, second.state_snapshot.data
+    assert one["events"] is not two["events"]
+    assert one["events"][0] is not two["events"][0]
+    assert one["message"] is not two["message"]
+    one["events"][0]["at"] = None
+    one["events"].append("more")
+    one["message"].text = "changed"
+    state.set("n", 2)
+    third = await manager.create_checkpoint("wf", 2, "a", "running", state)
+    expected = state.to_dict()
+    assert same(third.state_snapshot.data, expected)
+    assert same(two, {**expected, "n": 1})
+    stored = await CheckpointManager(storage, types=TYPES).get_checkpoint("wf", 2)
+    assert same(stored.state_snapshot.data, expected)

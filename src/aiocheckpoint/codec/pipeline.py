@@ -184,7 +184,11 @@ class RecordCodec:
             ):
                 return checkpoint
             # Its sub-trees are the cached ones' copies, shared with the checkpoints returned
-            # before: the value stage restores what it is given in place.
+            # before: the default value stage restores them copy-on-write, skipping those
+            # its cache found no tag in; any other restores in place, so from a copy.
+            if type(self._values) is TypedValues:
+                plain = {id(e.copy) for e in shared.entries.values() if not e.tagged}
+                return await anyio.to_thread.run_sync(self._restored_shared, checkpoint, plain)
             return await anyio.to_thread.run_sync(self._restored_copy, checkpoint)
         return await anyio.to_thread.run_sync(self._restored, checkpoint, None)
 
@@ -201,12 +205,24 @@ class RecordCodec:
         fields.update(state_snapshot=state)
         return self._restored(built(Checkpoint, **fields), None)
 
+    def _restored_shared(self, checkpoint: Checkpoint, plain: set[int]) -> Checkpoint:
+        """:meth:`_restored` of a shared split's checkpoint, its state copy-on-write.
+
+        ``plain``: the ids of the state's containers known to hold no tag (kept alive by
+        the split's cache entries while this runs).
+        """
+        values = self._values
+        assert isinstance(values, TypedValues)
+        try:
+            return values.restore_shared(checkpoint, plain)
+        except CheckpointTypeError as exc:
+            raise _unreadable(exc) from exc
+
     def _restored(self, checkpoint: Checkpoint, record: bytes | None) -> Checkpoint:
         try:
             return self._values.restore(checkpoint, record, "raw")
         except CheckpointTypeError as exc:
-            reason = f"it would not read back as {exc.type_name}: {exc.reason}"
-            raise CheckpointSerializationError(exc.path, reason) from exc
+            raise _unreadable(exc) from exc
 
     def snapshot(
         self, state: StateSnapshot | Mapping[str, Any], now: datetime
@@ -589,6 +605,12 @@ async def _encode_tree(
             encode_checkpoint_v2, checkpoint, params, previous=previous, max_bytes=max_bytes
         )
     )
+
+
+def _unreadable(exc: CheckpointTypeError) -> CheckpointSerializationError:
+    """A value that would not read back, refused as unstorable."""
+    reason = f"it would not read back as {exc.type_name}: {exc.reason}"
+    return CheckpointSerializationError(exc.path, reason)
 
 
 def _needs_keys(workflow_id: str, step: int, what: str) -> EncryptionError:

@@ -30,7 +30,7 @@ What a bytes stage must respect (the stored formats are otherwise opaque to back
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Container, Generator
 from typing import Any, Final, Literal, Protocol
 
 import orjson
@@ -124,6 +124,31 @@ class TypedValues:
         state = built(
             StateSnapshot,
             data=_mapping(decoder, snapshot.data, "state"),
+            version=snapshot.version,
+            metadata=_mapping(decoder, snapshot.metadata, "state.metadata"),
+        )
+        fields = dict(checkpoint.__dict__)
+        fields.update(
+            state_snapshot=state, metadata=_mapping(decoder, checkpoint.metadata, "metadata")
+        )
+        return built(Checkpoint, **fields)
+
+    def restore_shared(self, checkpoint: Checkpoint, plain: Container[int]) -> Checkpoint:
+        """:meth:`restore` (``"raw"``) of a checkpoint whose state shares its containers.
+
+        The state is decoded copy-on-write (:meth:`~.typed.Decoder.shared`): the dicts and
+        lists on the paths to its tags are new, every other container is the state's own,
+        and those whose id is in ``plain`` (known to hold no tag) are not walked. The
+        metadata, the checkpoint's own, are decoded in place.
+        """
+        decoder = Decoder(self.types, True)
+        snapshot = checkpoint.state_snapshot
+        data = decoder.shared(snapshot.data, "state", plain)
+        if type(data) is not dict:
+            raise CheckpointCorruptedError("state is not an object")
+        state = built(
+            StateSnapshot,
+            data=data,
             version=snapshot.version,
             metadata=_mapping(decoder, snapshot.metadata, "state.metadata"),
         )

@@ -15,7 +15,7 @@ import binascii
 import decimal
 import operator
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from datetime import date, datetime, time, timedelta
 from typing import Any, Final
 
@@ -258,6 +258,40 @@ class Decoder:
                     value[index] = walk(item, (path, index))
         return value
 
+    def shared(self, value: Any, path: _Path | str, plain: Container[int]) -> Any:
+        """:meth:`value` of decoded JSON shared with others: nothing it is given changes.
+
+        A tag is decoded from a copy of its data, and a dict or list on the path to one is
+        a new one; every other container comes back as itself, and one whose id is in
+        ``plain`` (known to hold no tag) is not even looked into.
+        """
+        kind = type(value)
+        if kind is dict:
+            if len(value) == 1:
+                key = next(iter(value))
+                if key[:1] == tags.TAG_START:
+                    return self._tag(key, _fresh(value[key]), path)
+            out = value
+            for key, item in value.items():
+                if type(item) in _WALKED and id(item) not in plain:
+                    new = self.shared(item, (path, key), plain)
+                    if new is not item:
+                        if out is value:
+                            out = dict(value)
+                        out[key] = new
+            return out
+        if kind is list:
+            items = value
+            for index, item in enumerate(value):
+                if type(item) in _WALKED and id(item) not in plain:
+                    new = self.shared(item, (path, index), plain)
+                    if new is not item:
+                        if items is value:
+                            items = list(value)
+                        items[index] = new
+            return items
+        return value
+
     def _tag(self, tag: str, data: Any, path: _Path | str) -> Any:
         scalar = _SCALAR_READERS.get(tag)
         try:
@@ -305,6 +339,16 @@ class Decoder:
         if entry is None or (version > entry.version and self._raw):
             return TaggedValue(name, version, stored)
         return _loaded(entry, version, stored, path)
+
+
+def _fresh(data: Any) -> Any:
+    """A copy of decoded JSON's containers (its scalars are immutable): the decoder's own."""
+    kind = type(data)
+    if kind is dict:
+        return {key: _fresh(item) if type(item) in _WALKED else item for key, item in data.items()}
+    if kind is list:
+        return [_fresh(item) if type(item) in _WALKED else item for item in data]
+    return data
 
 
 def _loaded(entry: TypeEntry, version: int, data: Any, path: _Path | str) -> Any:
