@@ -12,6 +12,7 @@ without a cache and compared with the state, type for type.
 
 from __future__ import annotations
 
+import enum
 import gc
 import operator
 import tempfile
@@ -26,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from aiocheckpoint import CheckpointManager, ResumableWorkflow, SharedState
+from aiocheckpoint import CheckpointManager, ResumableWorkflow, SharedState, TypeRegistry
 from aiocheckpoint.codec.copy import to_storable
 from aiocheckpoint.codec.jsontext import dumps
 from aiocheckpoint.codec.pipeline import RecordCodec
@@ -468,3 +469,56 @@ async def test_a_tagged_state_returned_never_aliases_what_another_checkpoint_hol
     assert same(two, {**expected, "n": 1})
     stored = await CheckpointManager(storage, types=TYPES).get_checkpoint("wf", 2)
     assert same(stored.state_snapshot.data, expected)
+
+
+@given(VALUES)
+def test_the_text_bound_counts_registered_values_no_longer_than_their_text(value: Any) -> None:
+    """A registered type's value (a model, a dataclass, an enum) in a SharedState's tree is
+    counted as the shortest "$" tag: at most its stored text."""
+    copy = to_storable(value, types=TYPES)
+    assert text_bound(value, 1 << 40) <= len(dumps(copy, finite=False).decode())
+
+
+class _Z(enum.Enum):
+    Z = 0
+
+
+def test_the_shortest_registered_value_is_counted_as_its_text() -> None:
+    """The count's constant for a registered value is the shortest text one can have."""
+    types = TypeRegistry()
+    types.register(_Z, name="N")
+    text = dumps(to_storable([_Z.Z], types=types), finite=False)
+    assert text == b'[{"$":["N",1,0]}]'
+    assert text_bound([_Z.Z], 1 << 40) == len(text)
+
+
+class _CountingTyped(TypedValues):
+    """The value stage with the tests' types, noting the path of each copy in slices."""
+
+    def __init__(self) -> None:
+        super().__init__(TYPES)
+        self.copied: list[tuple[str, int]] = []
+
+    def copy_work(self, value: Any, path: str) -> Any:
+        self.copied.append((path, len(value) if isinstance(value, list) else -1))
+        return super().copy_work(value, path)
+
+
+async def test_a_chat_of_registered_models_reuses_its_cached_sub_trees() -> None:
+    """A model counted as one character made a chat of 1,000 models look small: it was
+    copied and split whole at every checkpoint. Now only the appended message is copied."""
+    storage = InMemoryCheckpointStorage()
+    manager = CheckpointManager(storage, types=TYPES)
+    values = _CountingTyped()
+    manager._codec = RecordCodec(storage, storage, values)
+    messages = [Message(role=Role.USER, text=str(n), at=MOMENT) for n in range(1000)]
+    state = SharedState({"chat": messages})
+    for step in range(3):
+        state.append("chat", Message(role=Role.TOOL, text=f"more {step}", at=MOMENT))
+        values.copied.clear()
+        returned = await manager.create_checkpoint("wf", step, "a", "running", state)
+        if step:
+            assert values.copied == [("state.chat", 1)]
+        assert same(returned.state_snapshot.data, state.to_dict())
+    reader = CheckpointManager(storage, types=TYPES)
+    assert same((await reader.get_checkpoint("wf", 2)).state_snapshot.data, state.to_dict())

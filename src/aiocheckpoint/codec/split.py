@@ -39,6 +39,7 @@ from ..format.tree import (
 )
 from .compress import Compressor
 from .jsontext import dumps, int_to_decimal
+from .typed import SCALARS
 
 __all__ = [
     "OFFLOAD_BYTES",
@@ -882,6 +883,11 @@ def text_bound(value: Any, limit: int) -> int:
 
 #: Types a SharedState's tree may hold and its copy tags: counted by their items.
 _TAGGED_ITEMS: Final = frozenset({bytes, bytearray, tuple, set, frozenset})
+#: Values counted as one character: JSON scalars, and the standard types tagged as scalars.
+_ONE: Final = frozenset({int, float, bool, type(None), *SCALARS}) - _TAGGED_ITEMS
+#: The shortest text of any other value the copy takes (a registered type, a TaggedValue):
+#: a "$" tag over a name of one character, a version and the smallest data.
+_TYPED_MIN: Final = len('{"$":["N",1,0]}')
 
 
 def _key_length(key: Any) -> int:
@@ -904,12 +910,14 @@ def _text_bound(value: Any, limit: int, key_length: Callable[[Any], int]) -> int
         elif kind is list:
             total += 1 + len(item)
             stack.extend(item)
-        else:
+        elif kind in _ONE:
             total += 1
-            if kind in _TAGGED_ITEMS:  # bytes in base64; the others as lists, tagged
-                total += len(item)
-                if kind is not bytes and kind is not bytearray:
-                    stack.extend(item)
+        elif kind in _TAGGED_ITEMS:  # bytes in base64; the others as lists, tagged
+            total += 1 + len(item)
+            if kind is not bytes and kind is not bytearray:
+                stack.extend(item)
+        else:  # a registered type's value (a model: a chat of them is a large state)
+            total += _TYPED_MIN
         if total > limit:
             break
     return total
