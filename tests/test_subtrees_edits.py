@@ -34,6 +34,7 @@ from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.codec.split import finish, split_work, text_bound
 from aiocheckpoint.codec.stages import TypedValues
 from aiocheckpoint.codec.subtrees import shared_split_work
+from aiocheckpoint.codec.typed import Decoder
 from aiocheckpoint.format.tags import MARK
 from aiocheckpoint.format.tree import SplitMemory, SplitResult
 from aiocheckpoint.storage.base import BlobCheckpointStorage
@@ -423,29 +424,41 @@ def _stored_forms(codec: RecordCodec) -> list[tuple[Any, bytes]]:
     return [(entry.copy, orjson.dumps(entry.copy)) for entry in entries.values()]
 
 
-async def test_a_tagged_state_returns_its_untagged_sub_trees_without_copying_them() -> None:
-    """The returned checkpoint of a state with a tag is restored copy-on-write: a sub-tree
-    its cache found no tag in is the same object at every checkpoint (it was copied whole
-    at each before), and only the containers on paths to tags are new."""
+async def test_a_tagged_state_is_restored_without_walking_its_untagged_sub_trees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The returned checkpoint of a state with a tag is decoded into a copy, and a sub-tree
+    its cache found no tag in is copied without looking for tags in it (it was walked to
+    each of its 100 documents' values before)."""
+    walked: list[Any] = []
+    private = Decoder.private
+
+    def counted(self: Decoder, value: Any, path: Any, plain: Any) -> Any:
+        walked.append(path)
+        return private(self, value, path, plain)
+
+    monkeypatch.setattr(Decoder, "private", counted)
     storage = InMemoryCheckpointStorage()
     manager = CheckpointManager(storage, types=TYPES)
     state = _tagged_state()
     returned = []
     for step in range(3):
         state.set("n", step)
+        walked.clear()
         returned.append(await manager.create_checkpoint("wf", step, "a", "running", state))
+    assert ("state", "events") in walked  # the root, the events and their dicts
+    assert not [path for path in walked if "docs" in repr(path)]  # not the documents
     datas = [checkpoint.state_snapshot.data for checkpoint in returned]
-    assert datas[1]["docs"] is datas[2]["docs"]
-    assert datas[1]["docs"]["d7"] is datas[2]["docs"]["d7"]
-    assert datas[1]["events"] is not datas[2]["events"]  # holds tags: new containers
+    assert datas[1]["docs"] is not datas[2]["docs"]
+    assert datas[1]["docs"]["d7"] is not datas[2]["docs"]["d7"]
     for data in datas:
         assert same(data, {**state.to_dict(), "n": data["n"]})
 
 
 async def test_a_tagged_state_returned_never_aliases_what_another_checkpoint_holds() -> None:
-    """Restoring changes none of the cached sub-trees' copies (a later checkpoint splits and
-    returns them again), and each returned checkpoint has its own containers on the paths
-    to tags and its own typed values: changing them changes no other checkpoint."""
+    """Restoring changes none of the cached sub-trees' copies (a later checkpoint splits
+    them again), and each returned checkpoint has containers and typed values of its own:
+    changing them changes no other checkpoint, nor what a later one stores."""
     storage = InMemoryCheckpointStorage()
     manager = CheckpointManager(storage, types=TYPES)
     codec = manager._codec
@@ -459,9 +472,13 @@ async def test_a_tagged_state_returned_never_aliases_what_another_checkpoint_hol
     assert one["events"] is not two["events"]
     assert one["events"][0] is not two["events"][0]
     assert one["message"] is not two["message"]
+    assert one["docs"] is not two["docs"]
+    assert one["docs"]["d7"] is not two["docs"]["d7"]
     one["events"][0]["at"] = None
     one["events"].append("more")
     one["message"].text = "changed"
+    one["docs"]["d7"]["text"] = "changed"  # a sub-tree without tags, cached
+    del one["docs"]["d8"]
     state.set("n", 2)
     third = await manager.create_checkpoint("wf", 2, "a", "running", state)
     expected = state.to_dict()

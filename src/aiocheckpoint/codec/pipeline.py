@@ -183,9 +183,10 @@ class RecordCodec:
                 and not _metadata_tagged(checkpoint)
             ):
                 return checkpoint
-            # Its sub-trees are the cached ones' copies, shared with the checkpoints returned
-            # before: the default value stage restores them copy-on-write, skipping those
-            # its cache found no tag in; any other restores in place, so from a copy.
+            # Its sub-trees are the cached ones' copies, which later splits reuse: the caller
+            # gets a copy (a change to a shared one would reach the next checkpoint's
+            # record). The default value stage copies while it decodes, and does not look
+            # for tags where the cache found none; any other restores a copy in place.
             if type(self._values) is TypedValues:
                 plain = {id(e.copy) for e in shared.entries.values() if not e.tagged}
                 return await anyio.to_thread.run_sync(self._restored_shared, checkpoint, plain)
@@ -206,7 +207,7 @@ class RecordCodec:
         return self._restored(built(Checkpoint, **fields), None)
 
     def _restored_shared(self, checkpoint: Checkpoint, plain: set[int]) -> Checkpoint:
-        """:meth:`_restored` of a shared split's checkpoint, its state copy-on-write.
+        """:meth:`_restored` of a shared split's checkpoint, into a copy of its state.
 
         ``plain``: the ids of the state's containers known to hold no tag (kept alive by
         the split's cache entries while this runs).

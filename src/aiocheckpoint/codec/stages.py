@@ -136,14 +136,14 @@ class TypedValues:
     def restore_shared(self, checkpoint: Checkpoint, plain: Container[int]) -> Checkpoint:
         """:meth:`restore` (``"raw"``) of a checkpoint whose state shares its containers.
 
-        The state is decoded copy-on-write (:meth:`~.typed.Decoder.shared`): the dicts and
-        lists on the paths to its tags are new, every other container is the state's own,
-        and those whose id is in ``plain`` (known to hold no tag) are not walked. The
-        metadata, the checkpoint's own, are decoded in place.
+        The state is decoded into a copy of its own (:meth:`~.typed.Decoder.private`),
+        which changes nothing it is given; containers whose id is in ``plain`` (known to
+        hold no tag) are copied without a look for tags. The metadata, the checkpoint's
+        own, are decoded in place.
         """
         decoder = Decoder(self.types, True)
         snapshot = checkpoint.state_snapshot
-        data = decoder.shared(snapshot.data, "state", plain)
+        data = decoder.private(snapshot.data, "state", plain)
         if type(data) is not dict:
             raise CheckpointCorruptedError("state is not an object")
         state = built(

@@ -258,12 +258,12 @@ class Decoder:
                     value[index] = walk(item, (path, index))
         return value
 
-    def shared(self, value: Any, path: _Path | str, plain: Container[int]) -> Any:
-        """:meth:`value` of decoded JSON shared with others: nothing it is given changes.
+    def private(self, value: Any, path: _Path | str, plain: Container[int]) -> Any:
+        """:meth:`value` of decoded JSON shared with others, into a copy of its own.
 
-        A tag is decoded from a copy of its data, and a dict or list on the path to one is
-        a new one; every other container comes back as itself, and one whose id is in
-        ``plain`` (known to hold no tag) is not even looked into.
+        Nothing it is given changes, and nothing it returns is shared with it: a tag is
+        decoded from a copy of its data, and a container whose id is in ``plain`` (known
+        to hold no tag) is copied without looking for tags in it.
         """
         kind = type(value)
         if kind is dict:
@@ -271,24 +271,24 @@ class Decoder:
                 key = next(iter(value))
                 if key[:1] == tags.TAG_START:
                     return self._tag(key, _fresh(value[key]), path)
-            out = value
+            out = {}
             for key, item in value.items():
-                if type(item) in _WALKED and id(item) not in plain:
-                    new = self.shared(item, (path, key), plain)
-                    if new is not item:
-                        if out is value:
-                            out = dict(value)
-                        out[key] = new
+                if type(item) not in _WALKED:
+                    out[key] = item
+                elif id(item) in plain:
+                    out[key] = _fresh(item)
+                else:
+                    out[key] = self.private(item, (path, key), plain)
             return out
         if kind is list:
-            items = value
+            items = []
             for index, item in enumerate(value):
-                if type(item) in _WALKED and id(item) not in plain:
-                    new = self.shared(item, (path, index), plain)
-                    if new is not item:
-                        if items is value:
-                            items = list(value)
-                        items[index] = new
+                if type(item) not in _WALKED:
+                    items.append(item)
+                elif id(item) in plain:
+                    items.append(_fresh(item))
+                else:
+                    items.append(self.private(item, (path, index), plain))
             return items
         return value
 
