@@ -6,9 +6,9 @@ Each run writes 21 checkpoints of one state to the memory store, one small key c
 before each, and reports the median CPU of the last 20 (the first fills the sub-tree
 cache): the loop thread's (``time.thread_time``) and the process's (``time.process_time``).
 States: 1 MB of ``bytes``; a tuple of 10,000 rows; 1 MB of documents, and the same with
-one datetime beside them (a tagged state: the returned checkpoint is restored, copy-on-write
-since 2026-12-02, from a copy before); a chat of 1,000 registered pydantic messages (~300 B
-each), one appended before each checkpoint (every message is tagged).
+one datetime beside them (a tagged state: the returned checkpoint is restored, since
+2026-12-02 without a walk of its untagged sub-trees); a chat of 1,000 registered pydantic
+messages (~300 B each), one appended before each checkpoint (every message is tagged).
 With ``--before``, each run is paired with one under the count ``exceeds`` made before
 2026-12-02 (a ``bytes``, tuple or set value counted as one character: such a state never
 took the cache), alternating in this process.
