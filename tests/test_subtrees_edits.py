@@ -539,3 +539,59 @@ async def test_a_chat_of_registered_models_reuses_its_cached_sub_trees() -> None
         assert same(returned.state_snapshot.data, state.to_dict())
     reader = CheckpointManager(storage, types=TYPES)
     assert same((await reader.get_checkpoint("wf", 2)).state_snapshot.data, state.to_dict())
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "file"])
+async def test_a_plain_state_returned_can_be_changed_without_harm(kind: str) -> None:
+    """A SharedState without tags, large enough for a tree: what ``create_checkpoint``
+    returns is the caller's own. Changing it in place changes neither the state, nor the
+    cached sub-trees (the next checkpoint reads back as the state), nor an earlier return."""
+    with tempfile.TemporaryDirectory() as root:
+        storage = _store(kind, Path(root))
+        manager = CheckpointManager(storage)
+        try:
+            state = SharedState({"chat": [{"n": n, "text": "m" * 200} for n in range(200)]})
+            first = await manager.create_checkpoint("wf", 0, "a", "running", state)
+            state.append("chat", {"n": 200, "text": "new"})
+            second = await manager.create_checkpoint("wf", 1, "a", "running", state)
+            returned = second.state_snapshot.data
+            assert returned == state.to_dict()
+            assert returned["chat"][0] is not first.state_snapshot.data["chat"][0]
+            returned["chat"][-1]["text"] = "changed by the caller"
+            returned["chat"][5]["text"] = "changed by the caller"
+            del returned["chat"][7]
+            assert first.state_snapshot.data["chat"][5]["text"] == "m" * 200
+            state.append("chat", {"n": 201, "text": "newer"})
+            third = await manager.create_checkpoint("wf", 2, "a", "running", state)
+            expected = state.to_dict()
+            assert expected["chat"][5]["text"] == "m" * 200
+            assert third.state_snapshot.data == expected
+            stored = await CheckpointManager(storage).get_checkpoint("wf", 2)
+            assert stored.state_snapshot.data == expected
+        finally:
+            await storage.close()
+
+
+async def test_a_plain_state_returned_is_copied_at_its_first_read_only() -> None:
+    """The returned snapshot holds the cache's tree until ``data`` is first read (a caller
+    that never reads it pays no copy), then the copy; it equals and shows as the stored one."""
+    storage = InMemoryCheckpointStorage(blob_params=PARAMS)
+    manager = CheckpointManager(storage)
+    state = SharedState({"chat": [{"n": n, "text": "m" * 200} for n in range(200)]})
+    returned = (await manager.create_checkpoint("wf", 0, "a", "running", state)).state_snapshot
+    shared = returned.__dict__["data"]
+    state.append("chat", {"n": 200})
+    later = (await manager.create_checkpoint("wf", 1, "a", "running", state)).state_snapshot
+    assert later.__dict__["data"]["chat"][0] is shared["chat"][0]  # the cache's sub-tree
+    stored = (await CheckpointManager(storage).get_checkpoint("wf", 0)).state_snapshot
+    assert returned == stored and stored == returned
+    assert returned.__dict__["data"] is shared  # comparing does not copy
+    assert repr(returned).startswith("StateSnapshot(")
+    copy = returned.data
+    assert copy is not shared and copy == shared and returned.data is copy
+    assert copy["chat"][3] is not shared["chat"][3]
+    assert returned.model_dump()["data"] == stored.data
+    lent = (await manager.create_checkpoint("wf", 2, "a", "running", state)).state_snapshot
+    tree = lent.__dict__["data"]
+    got = dict(lent)["data"]
+    assert got is not tree and got == tree and got is lent.data

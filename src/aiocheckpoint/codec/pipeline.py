@@ -51,6 +51,7 @@ from ..storage.base import (
 from .copy import json_copy
 from .effects import EffectRecord, decode_effect, encode_effect
 from .fork import fork_tree
+from .lent import lent_snapshot
 from .memory import MemoryCache, recovered_memory
 from .pacing import READY_PACE_SECONDS, Pacer
 from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
@@ -170,10 +171,10 @@ class RecordCodec:
     async def returned_tree(self, workflow_id: str, checkpoint: Checkpoint) -> Checkpoint:
         """:meth:`returned` for a checkpoint just encoded as a tree.
 
-        Not even that for a SharedState's split that found no tag in what it encoded (its
-        cached sub-trees know), when the metadata hold none either: the default value stage
-        would hand the checkpoint back as it is. Otherwise the values are re-encoded to look
-        for tags, and restored, in a worker thread.
+        For a SharedState's split that found no tag in what it encoded (its cached
+        sub-trees know), when the metadata hold none either, the default value stage hands
+        back the state copied at its first read (:meth:`_private`). Otherwise the
+        values are re-encoded to look for tags, and restored, in a worker thread.
         """
         shared = self._staged.get(workflow_id)
         if shared is not None and shared.copy is checkpoint.state_snapshot.data:
@@ -182,7 +183,7 @@ class RecordCodec:
                 and type(self._values) is TypedValues
                 and not _metadata_tagged(checkpoint)
             ):
-                return checkpoint
+                return self._private(checkpoint)
             # Its sub-trees are the cached ones' copies, which later splits reuse: the caller
             # gets a copy (a change to a shared one would reach the next checkpoint's
             # record). The default value stage copies while it decodes, and does not look
@@ -192,6 +193,17 @@ class RecordCodec:
                 return await anyio.to_thread.run_sync(self._restored_shared, checkpoint, plain)
             return await anyio.to_thread.run_sync(self._restored_copy, checkpoint)
         return await anyio.to_thread.run_sync(self._restored, checkpoint, None)
+
+    @staticmethod
+    def _private(checkpoint: Checkpoint) -> Checkpoint:
+        """``checkpoint`` with a state the caller may change: copied at its first read.
+
+        Its state's sub-trees are the cache's, which later splits reuse as they are
+        (:mod:`aiocheckpoint.codec.lent`).
+        """
+        fields = dict(checkpoint.__dict__)
+        fields.update(state_snapshot=lent_snapshot(checkpoint.state_snapshot))
+        return built(Checkpoint, **fields)
 
     def _restored_copy(self, checkpoint: Checkpoint) -> Checkpoint:
         """:meth:`_restored` of a copy of ``checkpoint``'s state."""
