@@ -70,3 +70,18 @@ def test_gc_pauses_bench_runs() -> None:
         assert line["checkpoints"] > 0 and line["promoted_per_save"] >= 0
         assert len(line["full_cpu_ms"]) == round(line["full_per_10k"] * line["checkpoints"] / 1e4)
     assert frozen[0]["frozen"] and frozen[0]["tracked"] < plain[0]["tracked"] / 10
+
+
+def test_str_floor_bench_runs() -> None:
+    """`bench/str_floor.py` prints one line per round with its three ways (no timings checked)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "str_floor.py"), "--rounds", "2", "--mb", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["round 1", "round 2"]
+    assert all(line.count(" ms") == 3 for line in lines)
