@@ -120,18 +120,8 @@ class TypedValues:
         if text is not None and not has_tags(text):
             return checkpoint
         decoder = Decoder(self.types, view == "raw")
-        snapshot = checkpoint.state_snapshot
-        state = built(
-            StateSnapshot,
-            data=_mapping(decoder, snapshot.data, "state"),
-            version=snapshot.version,
-            metadata=_mapping(decoder, snapshot.metadata, "state.metadata"),
-        )
-        fields = dict(checkpoint.__dict__)
-        fields.update(
-            state_snapshot=state, metadata=_mapping(decoder, checkpoint.metadata, "metadata")
-        )
-        return built(Checkpoint, **fields)
+        data = _mapping(decoder, checkpoint.state_snapshot.data, "state")
+        return _with_state(decoder, checkpoint, data)
 
     def restore_shared(self, checkpoint: Checkpoint, plain: Container[int]) -> Checkpoint:
         """:meth:`restore` (``"raw"``) of a checkpoint whose state shares its containers.
@@ -142,21 +132,10 @@ class TypedValues:
         own, are decoded in place.
         """
         decoder = Decoder(self.types, True)
-        snapshot = checkpoint.state_snapshot
-        data = decoder.private(snapshot.data, "state", plain)
+        data = decoder.private(checkpoint.state_snapshot.data, "state", plain)
         if type(data) is not dict:
             raise CheckpointCorruptedError("state is not an object")
-        state = built(
-            StateSnapshot,
-            data=data,
-            version=snapshot.version,
-            metadata=_mapping(decoder, snapshot.metadata, "state.metadata"),
-        )
-        fields = dict(checkpoint.__dict__)
-        fields.update(
-            state_snapshot=state, metadata=_mapping(decoder, checkpoint.metadata, "metadata")
-        )
-        return built(Checkpoint, **fields)
+        return _with_state(decoder, checkpoint, data)
 
     def decode_value(self, data: Any, path: str, view: View) -> Any:
         """See :meth:`ValueStage.decode_value`."""
@@ -164,6 +143,20 @@ class TypedValues:
 
 
 DEFAULT_VALUES: Final = TypedValues()
+
+
+def _with_state(decoder: Decoder, checkpoint: Checkpoint, data: dict[str, Any]) -> Checkpoint:
+    """``checkpoint`` with ``data`` (decoded) as its state's data, its metadata decoded."""
+    snapshot = checkpoint.state_snapshot
+    state = built(
+        StateSnapshot,
+        data=data,
+        version=snapshot.version,
+        metadata=_mapping(decoder, snapshot.metadata, "state.metadata"),
+    )
+    fields = dict(checkpoint.__dict__)
+    fields.update(state_snapshot=state, metadata=_mapping(decoder, checkpoint.metadata, "metadata"))
+    return built(Checkpoint, **fields)
 
 
 def _probe(checkpoint: Checkpoint) -> bytes | None:
