@@ -39,6 +39,11 @@ def built(cls: type[_M], **fields: Any) -> _M:
     return _made(cls, fields, set(fields))
 
 
+def rebuilt(model: _M, **changes: Any) -> _M:
+    """:func:`built` of ``model``'s type from its fields, with ``changes`` in their place."""
+    return built(type(model), **{**model.__dict__, **changes})
+
+
 def _made(cls: type[_M], fields: dict[str, Any], fields_set: set[str]) -> _M:
     """:func:`built` with ``fields`` (a fresh dict) and the set of their names given."""
     obj = _new(cls)

@@ -40,6 +40,7 @@ from ..models import (
     StateVersion,
     built,
     plain_snapshot,
+    rebuilt,
 )
 from ..storage.base import (
     BlobCheckpointStorage,
@@ -201,22 +202,13 @@ class RecordCodec:
         Its state's sub-trees are the cache's, which later splits reuse as they are
         (:mod:`aiocheckpoint.codec.lent`).
         """
-        fields = dict(checkpoint.__dict__)
-        fields.update(state_snapshot=lent_snapshot(checkpoint.state_snapshot))
-        return built(Checkpoint, **fields)
+        return rebuilt(checkpoint, state_snapshot=lent_snapshot(checkpoint.state_snapshot))
 
     def _restored_copy(self, checkpoint: Checkpoint) -> Checkpoint:
         """:meth:`_restored` of a copy of ``checkpoint``'s state."""
         snapshot = checkpoint.state_snapshot
-        state = built(
-            StateSnapshot,
-            data=json_copy(snapshot.data),
-            version=snapshot.version,
-            metadata=snapshot.metadata,
-        )
-        fields = dict(checkpoint.__dict__)
-        fields.update(state_snapshot=state)
-        return self._restored(built(Checkpoint, **fields), None)
+        state = rebuilt(snapshot, data=json_copy(snapshot.data))
+        return self._restored(rebuilt(checkpoint, state_snapshot=state), None)
 
     def _restored_shared(self, checkpoint: Checkpoint, plain: set[int]) -> Checkpoint:
         """:meth:`_restored` of a shared split's checkpoint, into a copy of its state.

@@ -36,7 +36,7 @@ from typing import Any, Final, Literal, Protocol
 import orjson
 
 from ..errors import CheckpointCorruptedError
-from ..models import Checkpoint, StateSnapshot, built
+from ..models import Checkpoint, StateSnapshot, built, rebuilt
 from .copy import storable_copy, storable_copy_sized, storable_copy_work
 from .registry import EMPTY, TypeRegistry
 from .typed import Decoder, has_tags
@@ -154,9 +154,8 @@ def _with_state(decoder: Decoder, checkpoint: Checkpoint, data: dict[str, Any]) 
         version=snapshot.version,
         metadata=_mapping(decoder, snapshot.metadata, "state.metadata"),
     )
-    fields = dict(checkpoint.__dict__)
-    fields.update(state_snapshot=state, metadata=_mapping(decoder, checkpoint.metadata, "metadata"))
-    return built(Checkpoint, **fields)
+    metadata = _mapping(decoder, checkpoint.metadata, "metadata")
+    return rebuilt(checkpoint, state_snapshot=state, metadata=metadata)
 
 
 def _probe(checkpoint: Checkpoint) -> bytes | None:
