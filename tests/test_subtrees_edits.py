@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import pytest
@@ -41,7 +41,8 @@ from aiocheckpoint.storage.base import BlobCheckpointStorage
 from aiocheckpoint.storage.file.store import FileCheckpointStorage
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
-from tests.test_subtrees import PARAMS, CountingValues, _same
+from tests.test_subtrees import PARAMS, CountingValues, _apply, _same
+from tests.test_subtrees import SCALARS as PLAIN_SCALARS
 from tests.test_typed import Message, Role, registry
 from tests.typed_values import same, values
 
@@ -70,15 +71,7 @@ TYPED = st.one_of(
         payload=st.binary(max_size=20),
     ),
 )
-SCALARS = st.one_of(
-    st.integers(-(2**40), 2**40),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.booleans(),
-    st.none(),
-    st.text(max_size=8),
-    st.integers(70, 300).map(lambda n: "x" * n),
-    TYPED,
-)
+SCALARS = st.one_of(PLAIN_SCALARS, TYPED)
 VALUES = st.recursive(
     SCALARS,
     lambda inner: st.one_of(
@@ -124,21 +117,18 @@ def _chat(state: SharedState, path: str, count: int, offset: int = 0) -> None:
         state.append(path, _message(offset + (len(current) if isinstance(current, list) else 0)))
 
 
+#: The edits of tests/test_subtrees.py, applied as there.
+_PLAIN_EDITS: Final = frozenset({"set", "delete", "merge", "restore", "append"})
+
+
 def apply(state: SharedState, op: tuple[Any, ...]) -> None:
     """One edit of ``op`` (one that cannot apply, as through a non-dict, changes nothing)."""
     kind = op[0]
+    if kind in _PLAIN_EDITS:
+        _apply(state, op)
+        return
     try:
-        if kind == "set":
-            state.set(op[1], op[2])
-        elif kind == "delete":
-            state.delete(op[1])
-        elif kind == "merge":
-            state.merge(op[1])
-        elif kind == "restore":
-            state.restore(max(0, state.version - op[1]))
-        elif kind == "append":
-            state.append(op[1], *op[2])
-        elif kind == "chat":
+        if kind == "chat":
             _chat(state, op[1], op[2])
         elif kind == "restore_chat":
             state.restore(max(0, state.version - op[1]))
