@@ -261,10 +261,10 @@ class Sql:
                 "SELECT d FROM cps"
             ),
             # The record, lease and effect journal go with the checkpoints, in the same
-            # statement (one snapshot: a run that starts the workflow again after it keeps
-            # its effects): the record first (``lk`` reads ``rec``), then the checkpoint
-            # rows locked in step order, then the effects (``fx`` reads ``lk``), the order
-            # every batch locks them in.
+            # statement (one snapshot: the effects of a run that starts the workflow again
+            # once it has committed are kept): the record first (``lk`` reads ``rec``), then
+            # the checkpoint rows locked in step order, then the effects (``fx`` reads
+            # ``lk``), the order every batch locks them in.
             delete_all=(
                 f"WITH rec AS (DELETE FROM {w} WHERE workflow_id = $1 RETURNING 1), "
                 f"lk AS MATERIALIZED (SELECT step FROM {t} WHERE workflow_id = $1 "
