@@ -67,7 +67,7 @@ from .storage.base import (
     StoredCheckpoint,
     WorkflowStorage,
     check_effect_key,
-    workflow_exists,
+    workflow_traces,
 )
 from .storage.memory import InMemoryCheckpointStorage
 from .storage.queries import StepInfo, build_query, encode_cursor, json_text
@@ -721,8 +721,8 @@ class CheckpointManager:
 
     async def _fork(self, source_id: str, step: int, new_id: str) -> int:
         storage = self._storage
-        if await workflow_exists(storage, new_id):
-            raise WorkflowExistsError(new_id)
+        if (traces := await workflow_traces(storage, new_id)) is not None:
+            raise WorkflowExistsError(new_id, traces)
         if not await storage.exists(source_id, step):
             raise CheckpointNotFoundError(
                 source_id, step if await storage.exists(source_id) else None

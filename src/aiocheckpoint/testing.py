@@ -1265,8 +1265,9 @@ class EffectJournalConformance:
         await storage.put_effect("dst", 0, stale.key, stale.data, in_doubt=False)
         if isinstance(storage, WorkflowStorage):
             assert await storage.get_workflow("dst") is None  # only the journal
-        with pytest.raises(WorkflowExistsError):
+        with pytest.raises(WorkflowExistsError, match="effect records") as refused:
             await manager.fork_workflow("src", 0, "dst")
+        assert (refused.value.workflow_id, refused.value.holds) == ("dst", "effect records")
         assert not await store.exists("dst")
         assert await storage.load_effects("dst", 0) == [stale]
         await manager.delete_checkpoints("dst")

@@ -42,7 +42,7 @@ __all__ = [
     "check_effect_key",
     "check_max_record_bytes",
     "check_record_size",
-    "workflow_exists",
+    "workflow_traces",
 ]
 
 
@@ -397,13 +397,18 @@ class EffectStorage(Protocol):
         ...
 
 
-async def workflow_exists(storage: CheckpointStorage, workflow_id: str) -> bool:
-    """Whether ``storage`` holds anything of the workflow: a checkpoint, a record, an effect."""
+async def workflow_traces(storage: CheckpointStorage, workflow_id: str) -> str | None:
+    """What ``storage`` holds of the workflow, or None when nothing.
+
+    The first found of "checkpoints", "a workflow record" and "effect records".
+    """
     if await storage.exists(workflow_id):
-        return True
+        return "checkpoints"
     if isinstance(storage, WorkflowStorage) and await storage.get_workflow(workflow_id):
-        return True
-    return isinstance(storage, EffectStorage) and await storage.has_effects(workflow_id)
+        return "a workflow record"
+    if isinstance(storage, EffectStorage) and await storage.has_effects(workflow_id):
+        return "effect records"
+    return None
 
 
 def check_effect_key(key: object) -> str:
