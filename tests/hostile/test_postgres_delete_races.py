@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
+import anyio
 import pytest
 
 from aiocheckpoint import CheckpointManager, ResumableWorkflow, RetentionPolicy, WorkflowStatus
@@ -65,7 +66,7 @@ async def _until_deleted(
 ) -> None:
     """Wait until the deleter's commit that took ``wf`` (or its step 0) is held."""
     while True:
-        async with asyncio.timeout(_GUARD):
+        with anyio.fail_after(_GUARD):
             await proxy.held.wait()
         record = None if step_only else await direct.get_workflow("wf")
         if record is None and not await direct.exists("wf", 0):
