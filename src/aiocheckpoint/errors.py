@@ -176,11 +176,17 @@ class InvalidStepError(InvalidArgumentError):
 
 
 class WorkflowExistsError(InvalidArgumentError):
-    """A workflow that must be new (the target of a fork) already has checkpoints or a record."""
+    """A workflow that must be new (the target of a fork) already exists.
 
-    def __init__(self, workflow_id: str) -> None:
+    It has checkpoints, a workflow record or effect records; ``holds`` names what was found,
+    when known.
+    """
+
+    def __init__(self, workflow_id: str, holds: str | None = None) -> None:
         self.workflow_id = workflow_id
-        super().__init__(f"workflow {workflow_id!r} already exists")
+        self.holds = holds
+        found = "" if holds is None else f" (it has {holds})"
+        super().__init__(f"workflow {workflow_id!r} already exists{found}")
 
 
 class WorkflowBusyError(CheckpointError):

@@ -67,6 +67,7 @@ from .storage.base import (
     StoredCheckpoint,
     WorkflowStorage,
     check_effect_key,
+    workflow_traces,
 )
 from .storage.memory import InMemoryCheckpointStorage
 from .storage.queries import StepInfo, build_query, encode_cursor, json_text
@@ -702,8 +703,9 @@ class CheckpointManager:
 
         Raises :class:`~aiocheckpoint.CheckpointNotFoundError` if the source or that step is
         not stored, :class:`~aiocheckpoint.WorkflowExistsError` if ``new_id`` already has
-        checkpoints or a workflow record, and :class:`~aiocheckpoint.InvalidWorkflowIdError`
-        / :class:`~aiocheckpoint.InvalidStepError` for bad ids and steps; then nothing is
+        checkpoints, a workflow record or effect records (a journal left by a run killed in
+        its first step), and :class:`~aiocheckpoint.InvalidWorkflowIdError` /
+        :class:`~aiocheckpoint.InvalidStepError` for bad ids and steps; then nothing is
         written. The step is written first, so a fork interrupted part way resumes from the
         right step with part of the history. The fork is UNFINISHED on backends with
         workflow records.
@@ -719,10 +721,8 @@ class CheckpointManager:
 
     async def _fork(self, source_id: str, step: int, new_id: str) -> int:
         storage = self._storage
-        if await storage.exists(new_id) or (
-            isinstance(storage, WorkflowStorage) and await storage.get_workflow(new_id)
-        ):
-            raise WorkflowExistsError(new_id)
+        if (traces := await workflow_traces(storage, new_id)) is not None:
+            raise WorkflowExistsError(new_id, traces)
         if not await storage.exists(source_id, step):
             raise CheckpointNotFoundError(
                 source_id, step if await storage.exists(source_id) else None

@@ -22,8 +22,8 @@ object on the same location. Backends with workflow records and leases also subc
 ``collect_garbage()`` free unreferenced blobs at once (e.g. a near-zero grace period), and
 those that read trees in their own thread (``BlobReads``) :class:`BlobReadsConformance`.
 Backends with an effect journal (:class:`~aiocheckpoint.storage.base.EffectStorage`)
-subclass :class:`EffectStorageConformance` (and, if durable,
-:class:`PersistentEffectConformance`). Sweeps (``docs/retention.md``) are checked by
+subclass :class:`EffectStorageConformance` and :class:`EffectJournalConformance` (and, if
+durable, :class:`PersistentEffectConformance`). Sweeps (``docs/retention.md``) are checked by
 :class:`RetentionConformance` (every backend), :class:`WorkflowRetentionConformance`
 (workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs).
 The suite needs pytest and pytest-asyncio. The
@@ -50,6 +50,7 @@ from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
     CheckpointSerializationError,
+    EffectInDoubtError,
     InvalidArgumentError,
     InvalidStepError,
     InvalidWorkflowIdError,
@@ -57,6 +58,7 @@ from .errors import (
     LeaseLostError,
     StorageClosedError,
     UnsupportedOperationError,
+    WorkflowExistsError,
 )
 from .format.header import record_format_version
 from .leases import Lease, RetryPolicy, WorkflowStatus
@@ -77,6 +79,7 @@ __all__ = [
     "BlobReadsConformance",
     "BlobRetentionConformance",
     "BlobStorageConformance",
+    "EffectJournalConformance",
     "EffectStorageConformance",
     "PersistentEffectConformance",
     "PersistentStorageConformance",
@@ -1210,6 +1213,187 @@ class PersistentEffectConformance:
             assert await again.in_doubt_workflows() == ["wf"]
         finally:
             await again.close()
+
+
+# --- the journal lives and dies with its workflow (docs/effects.md) --------------------
+
+
+class _Crash(BaseException):
+    """Stands for the process dying in the middle of an effect's call."""
+
+
+#: When the journal tests' TTL sweeps look: past a one-day TTL.
+_JOURNAL_LATER = timedelta(days=2)
+
+
+class EffectJournalConformance:
+    """A workflow's effect journal goes with the workflow, and only with it.
+
+    For a storage with an effect journal (next to :class:`EffectStorageConformance`): a
+    fork refuses a target that has only effect records; deleting a workflow (``delete``,
+    ``delete_checkpoints``, a TTL sweep where the store keeps workflow records) takes its
+    whole journal, so a new run of the same id starts with an empty one; an effect in doubt
+    survives everything that keeps its workflow.
+    """
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_has_effects_sees_any_record_of_any_step(self, storage: EffectStorage) -> None:
+        """has_effects is True from a workflow's first effect record until its last goes."""
+        store: Any = storage
+        assert not await storage.has_effects("wf")
+        await storage.put_effect("wf", 7, "k", b"x", in_doubt=False)
+        await storage.put_effect(TRICKY_IDS[0], 0, "k", b"x", in_doubt=True)
+        assert await storage.has_effects("wf") and await storage.has_effects(TRICKY_IDS[0])
+        assert not any([await storage.has_effects(wf) for wf in TRICKY_IDS[1:]])
+        await store.delete("wf", 7)
+        assert not await storage.has_effects("wf")
+
+    async def test_fork_refuses_a_target_with_only_effect_records(
+        self, storage: EffectStorage
+    ) -> None:
+        """A fork refuses a target whose only trace is an effect journal.
+
+        A journal left by a run killed in its first step makes the id taken: the fork
+        raises WorkflowExistsError and writes nothing; once the target is deleted, the fork
+        goes ahead with an empty journal.
+        """
+        manager = CheckpointManager(storage)  # type: ignore[arg-type]
+        store: Any = storage
+        await manager.create_checkpoint("src", 0, "a", "running", {"n": 1})
+        stale = StoredEffect(0, "charge", False, b"an earlier run's result")
+        await storage.put_effect("dst", 0, stale.key, stale.data, in_doubt=False)
+        if isinstance(storage, WorkflowStorage):
+            assert await storage.get_workflow("dst") is None  # only the journal
+        with pytest.raises(WorkflowExistsError, match="effect records") as refused:
+            await manager.fork_workflow("src", 0, "dst")
+        assert (refused.value.workflow_id, refused.value.holds) == ("dst", "effect records")
+        assert not await store.exists("dst")
+        assert await storage.load_effects("dst", 0) == [stale]
+        await manager.delete_checkpoints("dst")
+        assert await manager.fork_workflow("src", 0, "dst") == 1
+        assert await storage.load_effects("dst", 0) == []
+
+    async def _charge_once(self, manager: CheckpointManager, workflow_id: str) -> list[int]:
+        """Charge once at step 0; leave effects in doubt at step 1 and at checkpointless 9.
+
+        Returns the charges made (a replay of step 0 adds none).
+        """
+        charges: list[int] = []
+
+        async def charge() -> int:
+            charges.append(len(charges) + 1)
+            return charges[-1]
+
+        async with ResumableWorkflow(workflow_id, manager) as wf:
+            async with wf.step(0, agent_id="a"):
+                await wf.effect("charge", charge)
+            async with wf.step(1, agent_id="a"):
+                pass
+        storage: Any = manager.storage
+        await storage.put_effect(workflow_id, 1, "refund", b"intent", in_doubt=True)
+        await storage.put_effect(workflow_id, 9, "probe", b"intent", in_doubt=True)
+        async with ResumableWorkflow(workflow_id, manager) as wf, wf.step(0, agent_id="a"):
+            assert await wf.effect("charge", charge) == 1  # recorded: not called again
+        return charges
+
+    async def _journal_is_gone(self, manager: CheckpointManager, workflow_id: str) -> None:
+        storage: Any = manager.storage
+        assert not await storage.has_effects(workflow_id)
+        for step in (0, 1, 9):
+            assert await storage.load_effects(workflow_id, step) == []
+        assert workflow_id not in await storage.in_doubt_workflows()
+        charges: list[str] = []
+
+        async def charge() -> str:
+            charges.append("new run")
+            return "new run"
+
+        async with ResumableWorkflow(workflow_id, manager) as wf, wf.step(0, agent_id="a"):
+            assert await wf.effect("charge", charge) == "new run"
+        assert charges == ["new run"]  # the new run starts with an empty journal
+
+    @pytest.mark.parametrize("how", ["storage.delete", "delete_checkpoints"])
+    async def test_deleting_a_workflow_takes_its_journal(
+        self, storage: EffectStorage, how: str
+    ) -> None:
+        """delete(wf) and delete_checkpoints(wf) take the workflow's whole journal.
+
+        Done records, those in doubt and those of steps without a checkpoint all go; a new
+        run of the same id starts with an empty journal and calls its effects.
+        """
+        manager = CheckpointManager(storage)  # type: ignore[arg-type]
+        assert await self._charge_once(manager, "wf") == [1]
+        await storage.put_effect("kept", 0, "k", b"intent", in_doubt=True)
+        if how == "storage.delete":
+            assert await storage.delete("wf")  # type: ignore[attr-defined]
+        else:
+            assert await manager.delete_checkpoints("wf")
+        await self._journal_is_gone(manager, "wf")
+        assert await storage.in_doubt_workflows() == ["kept"]
+
+    async def test_a_ttl_sweep_takes_the_journal(self, storage: EffectStorage) -> None:
+        """A workflow swept by its TTL goes with its whole journal (stores with records)."""
+        if not isinstance(storage, WorkflowStorage):
+            pytest.skip("TTLs need workflow records")
+        manager = CheckpointManager(storage)
+        await self._charge_once(manager, "wf")
+        await manager.mark_workflow("wf", WorkflowStatus.FINISHED)
+        policy = RetentionPolicy(finished_ttl=timedelta(days=1))
+        report = await manager.sweep(now=utcnow() + _JOURNAL_LATER, policy=policy)
+        assert report.workflows_deleted == {"finished": 1}
+        assert await storage.get_workflow("wf") is None
+        await self._journal_is_gone(manager, "wf")
+
+    async def test_an_effect_in_doubt_survives_what_keeps_its_workflow(
+        self, storage: EffectStorage
+    ) -> None:
+        """An effect in doubt stays in doubt for as long as its workflow is kept.
+
+        Later and replaced checkpoints, deleted steps and workflows around it, a fork of
+        it, thinning, sweeps, leases: its step's re-run still raises EffectInDoubtError
+        without calling it.
+        """
+        manager = CheckpointManager(storage)  # type: ignore[arg-type]
+        calls: list[str] = []
+
+        async def charge() -> str:
+            calls.append("charge")
+            raise _Crash
+
+        for step in range(3):
+            await manager.create_checkpoint("wf", step, "a", "completed", {"n": step})
+        with pytest.raises(_Crash):
+            async with ResumableWorkflow("wf", manager) as wf, wf.step(3, agent_id="a"):
+                await wf.effect("charge", charge)
+        await self._keep_the_workflow(manager)
+        assert "wf" in await storage.in_doubt_workflows()
+        [record] = await manager.get_effects("wf", 3)
+        assert record.state is EffectState.IN_DOUBT
+        with pytest.raises(EffectInDoubtError):
+            async with ResumableWorkflow("wf", manager) as wf, wf.step(3, agent_id="a"):
+                await wf.effect("charge", charge)
+        assert calls == ["charge"]
+
+    async def _keep_the_workflow(self, manager: CheckpointManager) -> None:
+        """Everything that keeps workflow ``wf`` (whose step 3 has an effect in doubt)."""
+        storage: Any = manager.storage
+        for _ in range(2):  # its step checkpointed, then replaced
+            await manager.create_checkpoint("wf", 3, "a", "failed", {"n": 3})
+        await manager.delete_checkpoints("wf", 0)
+        await manager.create_checkpoint("other", 3, "a", "completed", {"n": 3})
+        await storage.put_effect("other", 3, "charge", b"intent", in_doubt=True)
+        await manager.delete_checkpoints("other")
+        await manager.fork_workflow("wf", 3, "copy")
+        await manager.delete_checkpoints("copy")
+        await manager.thin_workflow("wf", policy=RetentionPolicy(keep_last=1))
+        await manager.sweep(policy=RetentionPolicy(keep_last=1, keep_terminal=False))
+        if isinstance(storage, WorkflowStorage):
+            lease = await storage.acquire_lease("wf", "operator", 30)
+            await storage.release_lease(await storage.renew_lease(lease, 30))
+            await manager.mark_workflow("wf", WorkflowStatus.UNFINISHED)
+            ttls = RetentionPolicy(finished_ttl=timedelta(days=1), failed_ttl=timedelta(days=1))
+            await manager.sweep(now=utcnow() + _JOURNAL_LATER, policy=ttls)
 
 
 # --- retention and TTL (docs/retention.md) ---------------------------------------------

@@ -8,6 +8,7 @@ from aiocheckpoint.testing import (
     BlobReadsConformance,
     BlobRetentionConformance,
     BlobStorageConformance,
+    EffectJournalConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
@@ -20,6 +21,7 @@ class TestFileConformance(
     StorageConformance,
     PersistentStorageConformance,
     EffectStorageConformance,
+    EffectJournalConformance,
     PersistentEffectConformance,
     RetentionConformance,
 ):

@@ -6,6 +6,7 @@ from aiocheckpoint import InMemoryCheckpointStorage
 from aiocheckpoint.testing import (
     BlobRetentionConformance,
     BlobStorageConformance,
+    EffectJournalConformance,
     EffectStorageConformance,
     RetentionConformance,
     StorageConformance,
@@ -18,6 +19,7 @@ class TestInMemoryConformance(
     StorageConformance,
     WorkflowStorageConformance,
     EffectStorageConformance,
+    EffectJournalConformance,
     RetentionConformance,
     WorkflowRetentionConformance,
 ):

@@ -6,6 +6,7 @@ from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.testing import (
     BlobRetentionConformance,
     BlobStorageConformance,
+    EffectJournalConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
@@ -25,6 +26,7 @@ class TestPostgresConformance(
     PersistentStorageConformance,
     WorkflowStorageConformance,
     EffectStorageConformance,
+    EffectJournalConformance,
     PersistentEffectConformance,
     RetentionConformance,
     WorkflowRetentionConformance,

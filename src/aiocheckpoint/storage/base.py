@@ -42,6 +42,7 @@ __all__ = [
     "check_effect_key",
     "check_max_record_bytes",
     "check_record_size",
+    "workflow_traces",
 ]
 
 
@@ -358,6 +359,8 @@ class EffectStorage(Protocol):
       workflow's. Replacing a step's checkpoint keeps its effects.
     * ``in_doubt_workflows`` lists, sorted, every workflow with a record put with
       ``in_doubt=True`` and not replaced since.
+    * ``has_effects(wf)`` says whether the workflow has any effect record (any step, in
+      doubt or not), at the cost of one indexed lookup.
     * ``drop_orphan_effects(wf, below)`` deletes the records of the steps below ``below``
       that have no checkpoint (checked in the delete's transaction, or under the
       workflow's lock) and returns how many it deleted: retention's cleanup under the
@@ -388,6 +391,24 @@ class EffectStorage(Protocol):
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""
         ...
+
+    async def has_effects(self, workflow_id: str) -> bool:
+        """Whether the workflow has any effect record."""
+        ...
+
+
+async def workflow_traces(storage: CheckpointStorage, workflow_id: str) -> str | None:
+    """What ``storage`` holds of the workflow, or None when nothing.
+
+    The first found of "checkpoints", "a workflow record" and "effect records".
+    """
+    if await storage.exists(workflow_id):
+        return "checkpoints"
+    if isinstance(storage, WorkflowStorage) and await storage.get_workflow(workflow_id):
+        return "a workflow record"
+    if isinstance(storage, EffectStorage) and await storage.has_effects(workflow_id):
+        return "effect records"
+    return None
 
 
 def check_effect_key(key: object) -> str:

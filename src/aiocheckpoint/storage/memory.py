@@ -431,6 +431,11 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._drop_effects(workflow_id, set(doomed).__contains__)
         return count
 
+    async def has_effects(self, workflow_id: str) -> bool:
+        """Whether the workflow has any effect record (an empty journal is not kept)."""
+        self._check_open()
+        return workflow_id in self._effects
+
     def _drop_effects(self, workflow_id: str, doomed: Callable[[int], bool]) -> None:
         journal = self._effects.get(workflow_id)
         if journal is None:

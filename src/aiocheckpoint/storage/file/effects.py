@@ -87,6 +87,17 @@ class EffectFiles:
         effects = sorted((e for e in found if e is not None), key=lambda e: e.key)
         return effects[:MAX_EFFECTS_PER_STEP]
 
+    def has_any(self, workflow_id: str) -> bool:
+        """Whether the workflow has any effect file (stops at the first)."""
+        efd = self._open_effects(encode_name(workflow_id))
+        if efd is None:
+            return False
+        try:
+            with os.scandir(efd) as entries:
+                return any(e.name.endswith(".fx") for e in entries)
+        finally:
+            os.close(efd)
+
     def in_doubt_workflows(self) -> list[str]:
         """Every workflow with an effect in doubt, sorted (reads each effect's flag byte)."""
         try:

@@ -192,7 +192,7 @@ class RecordFiles:
         return True
 
     def delete_step(self, workflow_id: str, step: int) -> bool:
-        """Unlink one step durably, then correct the hint; whether it existed."""
+        """Unlink one step durably (the hint corrected), then its effects; whether it existed."""
         name = encode_name(workflow_id)
         for _ in range(RETRIES):
             dfd = self.dirs.open_dir(name)
@@ -201,26 +201,34 @@ class RecordFiles:
             try:
                 ino = os.fstat(dfd).st_ino
                 with self.dirs.lock(dfd, name):
+                    existed = self._unlink_step(dfd, ino, step)
+                    # After the step file, durably: a crash in between leaves the journal of
+                    # a step without a checkpoint (as a run killed in it does), never a
+                    # checkpoint whose journal is partly gone.
                     self.dirs.drop_effects(dfd, step)  # even when the step has no file
-                    try:
-                        self.ops.unlink(step_name(step), dir_fd=dfd)
-                    except OSError as exc:
-                        if is_missing(exc):
-                            return False
-                        raise
-                    # The unlink must be durable before the hint is lowered: a power cut
-                    # that undid the unlink would otherwise leave a step above the hint.
-                    self.ops.fsync_dir(dfd)
-                    hint = self.dirs.read_hint(dfd)
-                    above = hint is not None and hint.step is not None and hint.step > step
-                    if not (self.dirs.trusted(hint, ino) and above):
-                        self.dirs.rebuild_hint(dfd, ino)
-                return True
+                return existed
             except Replaced:
                 continue
             finally:
                 os.close(dfd)
         raise StorageBackendError(f"workflow directory {name!r} kept being replaced")
+
+    def _unlink_step(self, dfd: int, ino: int, step: int) -> bool:
+        """Unlink a step file durably and correct the hint (under the lock); whether it was."""
+        try:
+            self.ops.unlink(step_name(step), dir_fd=dfd)
+        except OSError as exc:
+            if is_missing(exc):
+                return False
+            raise
+        # The unlink must be durable before the hint is lowered: a power cut that undid the
+        # unlink would otherwise leave a step above the hint.
+        self.ops.fsync_dir(dfd)
+        hint = self.dirs.read_hint(dfd)
+        above = hint is not None and hint.step is not None and hint.step > step
+        if not (self.dirs.trusted(hint, ino) and above):
+            self.dirs.rebuild_hint(dfd, ino)
+        return True
 
     def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Unlink the effects of steps below ``below`` that have no step file; how many."""

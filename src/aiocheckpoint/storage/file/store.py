@@ -368,6 +368,14 @@ class FileCheckpointStorage(BaseStorage):
         self._check_open()
         return await self._run("cannot list effects in doubt", self._in_doubt_workflows)
 
+    async def has_effects(self, workflow_id: str) -> bool:
+        """Whether the workflow has any effect file (a listing of its ``effects/``)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._run(
+            f"cannot read the effects of workflow {workflow_id!r}", self._has_effects, workflow_id
+        )
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Unlink the effect files of steps below ``below`` that have no step file."""
         self._check_open()
@@ -473,6 +481,10 @@ class FileCheckpointStorage(BaseStorage):
     def _load_effects(self, workflow_id: str, step: int) -> list[StoredEffect]:
         self._layout.check_marker()
         return self._effects.load(workflow_id, step)
+
+    def _has_effects(self, workflow_id: str) -> bool:
+        self._layout.check_marker()
+        return self._effects.has_any(workflow_id)
 
     def _drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         self._layout.check_marker()

@@ -3,8 +3,9 @@
 ``put_effect`` rows go through the checkpoints' group commit (:mod:`.batching`): a batch's
 effect records and checkpoints are written in one transaction (``Sql.effect_put``: one
 ``INSERT ... SELECT FROM unnest(...)``, each fenced row's token checked in it). A trigger
-deletes a step's effects with its checkpoint row (delete, retention); ``delete`` also
-removes the effects of steps without a checkpoint.
+deletes a step's effects with its checkpoint row (retention, or a statement typed into
+psql); the deletes of a step and of a workflow (:mod:`.sql`) also take the effects of steps
+without a checkpoint, in the same statement.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ MIGRATION: Final[tuple[str, ...]] = (
 
 
 class Effects:
-    """The effect statements of one store (reads and deletes); arguments are checked."""
+    """The effect statements of one store (reads, orphan cleanup); arguments are checked."""
 
     def __init__(self, connection: Connection, quoted: str, max_record_bytes: int) -> None:
         self._connection = connection
@@ -60,10 +61,8 @@ class Effects:
             "CASE WHEN octet_length(data) <= $3 THEN data END "
             f"FROM {e} WHERE workflow_id = $1 AND step = $2 ORDER BY key LIMIT $4"
         )
+        self._any = f"SELECT EXISTS (SELECT 1 FROM {e} WHERE workflow_id = $1)"
         self._in_doubt = f"SELECT DISTINCT workflow_id FROM {e} WHERE in_doubt ORDER BY 1"
-        self._delete = (
-            f"DELETE FROM {e} WHERE workflow_id = $1 AND ($2::bigint IS NULL OR step = $2)"
-        )
         self._orphans = (
             f"DELETE FROM {e} AS x WHERE workflow_id = $1 AND step < $2 AND NOT EXISTS "
             f"(SELECT 1 FROM {quoted}.checkpoints AS c "
@@ -86,6 +85,13 @@ class Effects:
             out.append(StoredEffect(step, key, in_doubt, bytes(data)))
         return out
 
+    async def has_any(self, workflow_id: str) -> bool:
+        """Whether the workflow has any effect record (a probe of the primary key)."""
+        found = await self._connection.run(
+            "has_effects", lambda con: con.fetchval(self._any, workflow_id)
+        )
+        return bool(found)
+
     async def in_doubt_workflows(self) -> list[str]:
         """Every workflow with an effect in doubt, in code point order."""
         rows = await self._connection.run(
@@ -101,9 +107,3 @@ class Effects:
             retry=True,
         )
         return int(status.split()[-1])
-
-    async def delete(self, workflow_id: str, step: int | None) -> None:
-        """Delete one step's effects, or the workflow's (after its checkpoints went)."""
-        await self._connection.run(
-            "delete effects", lambda con: con.execute(self._delete, workflow_id, step), retry=True
-        )

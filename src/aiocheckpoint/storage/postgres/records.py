@@ -70,7 +70,7 @@ class Records:
         return bool(await self._connection.run("exists", lambda con: con.fetchval(sql, *args)))
 
     async def delete(self, workflow_id: str, step: int | None) -> bool:
-        """Delete one step, or the workflow with its record; release their blobs' refs."""
+        """Delete one step, or the workflow with its record; their effects, their blobs' refs."""
 
         async def delete_all(con: Any) -> tuple[bool, list[bytes] | None]:
             count, records = await con.fetchrow(self._sql.delete_all, workflow_id)

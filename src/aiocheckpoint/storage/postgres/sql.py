@@ -83,6 +83,7 @@ class Sql:
         w = f"{quoted}.workflows"
         b = f"{quoted}.blobs"
         r = f"{quoted}.blob_refs"
+        e = f"{quoted}.effects"
         # A version-2 record's bytes, else NULL: only those reference blobs, and only they
         # are sent back when a record is replaced or deleted (its refs are then released).
         prefix = (MAGIC + bytes([2])).hex()
@@ -250,19 +251,28 @@ class Sql:
             exists_any=f"SELECT EXISTS (SELECT 1 FROM {t} WHERE workflow_id = $1)",
             exists_step=f"SELECT EXISTS (SELECT 1 FROM {t} WHERE workflow_id = $1 AND step = $2)",
             # Deletes hand back the version-2 records they removed, to release their refs.
+            # The step's effects go in the same statement (those of a step without a
+            # checkpoint too), after its checkpoint row: the order every batch locks them in.
             delete_step=(
-                f"DELETE FROM {t} WHERE workflow_id = $1 AND step = $2 "
-                f"RETURNING {v2.format(c='data')}"
+                f"WITH cps AS (DELETE FROM {t} WHERE workflow_id = $1 AND step = $2 "
+                f"RETURNING {v2.format(c='data')} AS d), "
+                f"fx AS (DELETE FROM {e} WHERE workflow_id = $1 AND step = $2 "
+                "AND (SELECT count(*) FROM cps) >= 0) "
+                "SELECT d FROM cps"
             ),
-            # The record and lease go with the checkpoints, in the same statement: the record
-            # first (``lk`` reads ``rec``), then the checkpoint rows locked in step order, the
-            # order every batch locks them in.
+            # The record, lease and effect journal go with the checkpoints, in the same
+            # statement (one snapshot: the effects of a run that starts the workflow again
+            # once it has committed are kept): the record first (``lk`` reads ``rec``), then
+            # the checkpoint rows locked in step order, then the effects (``fx`` reads
+            # ``lk``), the order every batch locks them in.
             delete_all=(
                 f"WITH rec AS (DELETE FROM {w} WHERE workflow_id = $1 RETURNING 1), "
                 f"lk AS MATERIALIZED (SELECT step FROM {t} WHERE workflow_id = $1 "
                 "AND (SELECT count(*) FROM rec) >= 0 ORDER BY step FOR UPDATE), "
                 f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 AND step IN (SELECT step FROM lk) "
-                f"RETURNING {v2.format(c='data')} AS d) "
+                f"RETURNING {v2.format(c='data')} AS d), "
+                f"fx AS (DELETE FROM {e} WHERE workflow_id = $1 "
+                "AND (SELECT count(*) FROM lk) >= 0) "
                 "SELECT (SELECT count(*) FROM rec) + (SELECT count(*) FROM cps), "
                 "(SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
             ),
@@ -274,7 +284,9 @@ class Sql:
                 f"lk AS MATERIALIZED (SELECT step FROM {t} WHERE workflow_id = $1 "
                 "AND (SELECT count(*) FROM rec) > 0 ORDER BY step FOR UPDATE), "
                 f"cps AS (DELETE FROM {t} WHERE workflow_id = $1 AND step IN (SELECT step FROM lk) "
-                f"RETURNING {v2.format(c='data')} AS d, octet_length(data) AS n) "
+                f"RETURNING {v2.format(c='data')} AS d, octet_length(data) AS n), "
+                f"fx AS (DELETE FROM {e} WHERE workflow_id = $1 "
+                "AND (SELECT count(*) FROM rec) > 0 AND (SELECT count(*) FROM lk) >= 0) "
                 "SELECT CASE WHEN (SELECT count(*) FROM rec) > 0 "
                 "THEN (SELECT coalesce(sum(n), 0) FROM cps) END, "
                 "(SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"

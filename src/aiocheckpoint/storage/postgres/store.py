@@ -252,10 +252,7 @@ class PostgresCheckpointStorage(BaseStorage):
         self._check_open()
         check_workflow_id(workflow_id)
         step = None if step is None else check_step(step)
-        deleted = await self._records.delete(workflow_id, step)
-        # The trigger took the effects of deleted checkpoints; these are of steps without one.
-        await self._effects.delete(workflow_id, step)
-        return deleted
+        return await self._records.delete(workflow_id, step)
 
     async def delete_workflow(self, workflow_id: str, *, updated_at: datetime) -> int | None:
         """Delete the workflow whole if its record is untouched since ``updated_at``.
@@ -266,10 +263,7 @@ class PostgresCheckpointStorage(BaseStorage):
         """
         self._check_open()
         check_workflow_id(workflow_id)
-        deleted = await self._records.delete_untouched(workflow_id, updated_at)
-        if deleted is not None:
-            await self._effects.delete(workflow_id, None)
-        return deleted
+        return await self._records.delete_untouched(workflow_id, updated_at)
 
     async def list_workflows(self) -> list[str]:
         """Every workflow id with at least one record, in code point order."""
@@ -316,6 +310,12 @@ class PostgresCheckpointStorage(BaseStorage):
         """Every workflow with an effect in doubt, in code point order (a partial index)."""
         self._check_open()
         return await self._effects.in_doubt_workflows()
+
+    async def has_effects(self, workflow_id: str) -> bool:
+        """Whether the workflow has any effect record (a probe of the primary key)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._effects.has_any(workflow_id)
 
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""

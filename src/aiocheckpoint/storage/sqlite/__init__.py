@@ -321,6 +321,12 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._check_open()
         return await self._read(effects.read_in_doubt)
 
+    async def has_effects(self, workflow_id: str) -> bool:
+        """Whether the workflow has any effect record (one index probe, a read connection)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._read(lambda conn: effects.read_any(conn, workflow_id))
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""
         self._check_open()

@@ -16,7 +16,7 @@ from ...errors import CheckpointCorruptedError
 from ..base import MAX_EFFECTS_PER_STEP, StoredEffect
 from . import records
 
-__all__ = ["MIGRATION_STATEMENTS", "delete", "put", "read_effects", "read_in_doubt"]
+__all__ = ["MIGRATION_STATEMENTS", "delete", "put", "read_any", "read_effects", "read_in_doubt"]
 
 #: Schema version 5. ``IF NOT EXISTS`` throughout: it depends on no other new migration.
 MIGRATION_STATEMENTS: Final[tuple[str, ...]] = (
@@ -49,6 +49,8 @@ _READ: Final = (
     "FROM effects WHERE workflow_id = ? AND step = ? ORDER BY key LIMIT ?"
 )
 _IN_DOUBT: Final = "SELECT DISTINCT workflow_id FROM effects WHERE in_doubt = 1 ORDER BY 1"
+#: A prefix of the unique index ``effects_step_key``: one probe.
+_ANY: Final = "SELECT EXISTS (SELECT 1 FROM effects WHERE workflow_id = ?)"
 _DELETE_STEP: Final = "DELETE FROM effects WHERE workflow_id = ? AND step = ?"
 _DELETE_ALL: Final = "DELETE FROM effects WHERE workflow_id = ?"
 _DELETE_ORPHANS: Final = (
@@ -103,6 +105,11 @@ def read_effects(
             )
         out.append(StoredEffect(step, key, bool(in_doubt), data))
     return out
+
+
+def read_any(conn: sqlite3.Connection, workflow_id: str) -> bool:
+    """Whether the workflow has any effect record."""
+    return bool(conn.execute(_ANY, (workflow_id,)).fetchone()[0])
 
 
 def read_in_doubt(conn: sqlite3.Connection) -> list[str]:
