@@ -264,6 +264,9 @@ async def test_a_settle_killed_halfway_is_settled_again(kind: str, new_store: Ne
     with pytest.raises(EffectInDoubtError):
         await run_claimed(url, [])
     kill_in_settle(url)
+    async with open_store(url, must_exist=True) as manager:  # killed between the two writes
+        record = await manager.get_workflow("order")
+        assert record is not None and record.status.value == "unfinished"
     [[_, step, key, *_]] = in_doubt_rows(url)  # not settled
     assert await run_claimed(url, []) == "not claimed"  # the resolver's lease holds it
     assert cli("effect", "resolve", url, "order", step, key, "--result", '"ch-manual"').code == 0

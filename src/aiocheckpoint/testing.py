@@ -1109,6 +1109,9 @@ class EffectStorageConformance:
         assert {await _status(manager, wf) for wf in ("two", "other")} == {WorkflowStatus.FAILED}
         assert await manager.claim_workflow("runner") is None
         await manager.resolve_effect("other", 3, "b", happened=False)
+        with pytest.raises(CheckpointSerializationError):  # refused before any write
+            await manager.resolve_effect("two", 3, "b", happened=True, result=object())
+        assert await _status(manager, "two") is WorkflowStatus.FAILED
         await manager.resolve_effect("two", 3, "b", happened=True, result=[1])
         assert await _status(manager, "other") is WorkflowStatus.FAILED
         assert await _status(manager, "two") is WorkflowStatus.UNFINISHED
