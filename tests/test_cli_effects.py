@@ -3,6 +3,8 @@ failed, in doubt); `workflows --in-doubt` finds them; `effect resolve` settles t
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import subprocess
@@ -13,8 +15,19 @@ from typing import Any
 
 import pytest
 
-from aiocheckpoint import EffectInDoubtError, EffectState, LeaseLostError, ResumableWorkflow
+from aiocheckpoint import (
+    CheckpointManager,
+    EffectInDoubtError,
+    EffectRecord,
+    EffectState,
+    Keyring,
+    LeaseLostError,
+    ResumableWorkflow,
+    WorkflowStatus,
+    open_storage,
+)
 from aiocheckpoint.cli.store import open_store
+from aiocheckpoint.models import utcnow
 from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
 
 __all__ = ["new_store"]
@@ -301,3 +314,33 @@ async def test_in_doubt_listing_escapes_ids_and_keys(tmp_path: Path) -> None:
     assert [(d["step"], d["key"]) for d in query["workflows"][0]["in_doubt"]] == [(2, key)]
     shown = cli("show", url, workflow_id, "2")
     assert shown.code == 0 and "pay\\x9b" in shown.out and "\x9b" not in shown.out
+
+
+async def test_in_doubt_on_an_encrypted_store(tmp_path: Path) -> None:
+    """Encrypted: listed as unreadable without keys; with --keys, named and settled."""
+    url = f"sqlite://{tmp_path}/sealed.db"
+    secret = os.urandom(32)
+    keyring = Keyring(keys={"k1": secret}, primary="k1")
+    keys = tmp_path / "keys.json"
+    keys.write_text(
+        json.dumps({"primary": "k1", "keys": {"k1": base64.b64encode(secret).decode()}})
+    )
+    keys.chmod(0o600)
+    intent = EffectRecord("wf", 1, "call", "tool", EffectState.IN_DOUBT, 1, utcnow(), "ack-1")
+    async with CheckpointManager(open_storage(url), encryption=keyring) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"n": 0})
+        await manager.record_effect(intent)
+        await manager.record_failure("wf", EffectInDoubtError("wf", 1, "call", intent.intent_at))
+    sealed: Any = cli("workflows", url, "--in-doubt", "--json").json()
+    assert "encrypted: pass --keys" in sealed["workflows"][0]["in_doubt"]["unreadable"]
+    [[workflow, step, key, function, *_, status]] = [
+        row.split()
+        for row in cli("workflows", url, "--in-doubt", "--keys", str(keys)).out.splitlines()[1:]
+    ]
+    assert (workflow, step, key, function, status) == ("wf", "1", "call", "tool", "failed")
+    settled = cli("effect", "resolve", url, workflow, step, key, "--rerun", "--keys", str(keys))
+    assert settled.code == 0, settled.err
+    async with CheckpointManager(open_storage(url), encryption=keyring) as manager:
+        [record] = await manager.get_effects("wf", 1)
+        assert record.state is EffectState.FAILED
+        assert (await manager.get_workflow("wf")).status is WorkflowStatus.UNFINISHED  # type: ignore[union-attr]

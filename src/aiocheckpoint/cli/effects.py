@@ -12,8 +12,9 @@ from typing import Any
 
 from .._validation import check_workflow_id
 from ..codec.effects import EffectRecord, EffectState
-from ..errors import CheckpointCorruptedError
+from ..errors import CheckpointCorruptedError, EncryptionError
 from ..manager import CheckpointManager
+from .keys import KEYS_VARIABLE, command_keys
 from .output import Output, printable, when
 from .redact import redact_url
 from .store import CommandError, open_store
@@ -55,14 +56,17 @@ async def in_doubt_of(manager: CheckpointManager, workflow_id: str) -> Doubts:
     try:
         return await manager.list_in_doubt_effects(workflow_id)
     except CheckpointCorruptedError as exc:
-        return exc.reason
+        return f"corrupted: {exc.reason}"
+    except EncryptionError:
+        return f"encrypted: pass --keys FILE (or {KEYS_VARIABLE}) to read it"
 
 
 def doubts_json(doubts: Doubts) -> list[dict[str, Any]] | dict[str, str]:
     """The effects in doubt as JSON: each with its ``step``, what ``effect resolve`` takes."""
+    if isinstance(doubts, str):
+        return {"unreadable": doubts}
     entries = effects_json(doubts)
-    if isinstance(doubts, str) or isinstance(entries, dict):
-        return entries
+    assert isinstance(entries, list)
     return [{"step": e.step, **entry} for e, entry in zip(doubts, entries, strict=True)]
 
 
@@ -71,7 +75,7 @@ def print_doubts(out: Output, url: str, doubts: list[tuple[str, str, Doubts]]) -
     rows = []
     for workflow_id, status, found in doubts:
         if isinstance(found, str):
-            rows.append([workflow_id, "-", "-", f"corrupted ({found})", "-", "-", status])
+            rows.append([workflow_id, "-", "-", found, "-", "-", status])
             continue
         for e in found:
             rows.append(
@@ -125,7 +129,9 @@ async def cmd_effect(args: argparse.Namespace, out: Output) -> int:
     """``effect resolve``: record an in-doubt effect's result, or that it must run again."""
     workflow_id = check_workflow_id(args.workflow)
     happened = not args.rerun
-    async with open_store(args.url, must_exist=True, allow_shared=args.allow_shared) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         if not manager.supports_effects():
             raise CommandError(f"{type(manager.storage).__name__} keeps no effect journal")
         record = await manager.resolve_effect(
