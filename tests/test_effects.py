@@ -24,6 +24,7 @@ from aiocheckpoint import (
     LeaseLostError,
     Reconciled,
     ResumableWorkflow,
+    RetryPolicy,
 )
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
@@ -424,3 +425,40 @@ async def test_typed_results_come_back_as_themselves(open_store: Open) -> None:
             replayed = await again.effect("fetch", fetch)
     assert replayed == {"at": when, "ids": (1, 2), "raw": b"\x00\xff"} and len(made) == 1
     assert type(replayed["at"]) is datetime and type(replayed["ids"]) is tuple
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_a_pool_retrying_an_effect_in_doubt_gets_it_back_once_settled(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """A pool's retry policy spends its attempts on the doubt; settled, the workflow comes
+    back with its retry budget whole, and a runner finishes it."""
+    storage: CheckpointStorage = InMemoryCheckpointStorage()
+    if kind == "sqlite":
+        storage = SQLiteCheckpointStorage(tmp_path / "pool.db")
+    elif kind == "postgres":
+        storage = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=4)
+    policy = RetryPolicy(max_attempts=2, backoff=0)
+    calls = Calls()
+    async with CheckpointManager(storage) as manager:
+        await manager.register_workflow("wf")
+        await leave_in_doubt(manager, "pay")
+        for _ in range(policy.max_attempts):
+            lease = await manager.claim_workflow("runner", retry=policy)
+            assert lease is not None
+            with pytest.raises(EffectInDoubtError):
+                async with ResumableWorkflow("wf", manager, lease=lease) as wf:
+                    async with wf.step(0, agent_id="a"):
+                        await wf.effect("pay", calls.send)
+        record = await manager.get_workflow("wf")
+        assert record is not None and (record.status, record.attempts) == ("failed", 2)
+        assert await manager.claim_workflow("runner", retry=policy) is None
+        await manager.resolve_effect("wf", 0, "pay", happened=False)
+        record = await manager.get_workflow("wf")
+        assert record is not None and (record.status, record.attempts) == ("unfinished", 0)
+        lease = await manager.claim_workflow("runner", retry=policy)
+        assert lease is not None
+        async with ResumableWorkflow("wf", manager, lease=lease) as wf:
+            async with wf.step(0, agent_id="a"):
+                assert await wf.effect("pay", calls.send) == {"n": 1}  # called: it did not happen
+        assert calls.made == [()] and (await manager.get_workflow("wf")).status == "finished"  # type: ignore[union-attr]

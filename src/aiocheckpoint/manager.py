@@ -24,10 +24,11 @@ from ._validation import (
     check_workflow_id,
 )
 from .codec import RecordCodec, TypedValues, TypeRegistry
-from .codec.effects import EffectRecord, EffectState
+from .codec.effects import EffectRecord
 from .codec.sealing import KeyProvider, Sealer
 from .codec.stages import DEFAULT_VALUES, View
 from .codec.typed import has_tags
+from .doubt import open_records, reopen_before_settle, settled
 from .errors import (
     CheckpointCorruptedError,
     CheckpointError,
@@ -1055,17 +1056,14 @@ class CheckpointManager:
         stored = await round_trip(
             self._effect_storage().load_effects, workflow_id, check_step(step)
         )
-        records = []
-        for item in stored:
-            record = await self._codec.open_effect(workflow_id, item.step, item.key, item.data)
-            if (record.workflow_id, record.step, record.key) != (workflow_id, item.step, item.key):
-                raise CheckpointCorruptedError(
-                    f"effect record {item.key!r} is stored under another workflow, step or key",
-                    workflow_id=workflow_id,
-                    step=item.step,
-                )
-            records.append(record)
-        return records
+        return await open_records(self._codec.open_effect, workflow_id, stored)
+
+    async def list_in_doubt_effects(self, workflow_id: str) -> list[EffectRecord]:
+        """The workflow's effects in doubt (to :meth:`resolve_effect`), by step then key."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        stored = await round_trip(self._effect_storage().in_doubt_effects, workflow_id)
+        return await open_records(self._codec.open_effect, workflow_id, stored)
 
     async def list_in_doubt_workflows(self) -> list[str]:
         """Every workflow with an effect in doubt (an intent without an outcome), sorted.
@@ -1096,7 +1094,9 @@ class CheckpointManager:
         The write is fenced: by ``lease`` when given (a runner settling its own effect);
         otherwise, on a backend with leases, by a lease of its own taken for the write and
         released after it, so that it raises :class:`~aiocheckpoint.LeaseHeldError` while
-        a runner holds the workflow, and a stale runner cannot write after it.
+        a runner holds the workflow, and a stale runner cannot write after it. A workflow
+        FAILED on an effect in doubt is UNFINISHED again (claimable) once its last one is
+        settled (:mod:`aiocheckpoint.doubt`).
         """
         if not isinstance(happened, bool):
             raise InvalidArgumentError(f"happened must be a bool, not {happened!r}")
@@ -1124,11 +1124,11 @@ class CheckpointManager:
             raise InvalidArgumentError(
                 f"step {step} of workflow {workflow_id!r} has no effect {wanted!r} in doubt"
             )
-        if happened:
-            record = found[0].finished(EffectState.DONE, result=result)
-        else:
-            error = {"type": "NotHappened", "message": "resolved: the call did not happen"}
-            record = found[0].finished(EffectState.FAILED, error=error)
+        record = settled(found[0], happened, result)
+        if lease is not None and self._keeps_records:
+            self._codec.encode_effect(record)  # an unstorable result fails before any write
+            workflows = self._workflow_storage()
+            await reopen_before_settle(workflows, self._effect_storage(), record, lease)
         return await self.record_effect(record, lease=lease)
 
     async def _check_current(self, lease: Lease | None, workflow_id: str) -> None:

@@ -43,7 +43,7 @@ import anyio.lowlevel
 import pytest
 
 from . import retention as _retention
-from .codec.effects import EffectState
+from .codec.effects import EffectRecord, EffectState
 from .codec.v1 import decode_checkpoint
 from .codec.v2 import encode_checkpoint_v2
 from .errors import (
@@ -1046,6 +1046,78 @@ class EffectStorageConformance:
         await storage.put_effect("b", 0, "k", b"d", in_doubt=False)
         assert await storage.in_doubt_workflows() == ["a"]
 
+    async def test_in_doubt_effects(self, storage: EffectStorage) -> None:
+        """A workflow's records in doubt, every step's, by step then key; no other record."""
+        await storage.put_effect("wf", 7, "b", b"intent b", in_doubt=True)
+        await storage.put_effect("wf", 7, "a", b"intent a", in_doubt=True)
+        await storage.put_effect("wf", 2, "z", b"intent z", in_doubt=True)
+        await storage.put_effect("wf", 2, "done", b"d", in_doubt=False)
+        await storage.put_effect("other", 0, "k", b"other", in_doubt=True)
+        assert await storage.in_doubt_effects("wf") == [
+            StoredEffect(2, "z", True, b"intent z"),
+            StoredEffect(7, "a", True, b"intent a"),
+            StoredEffect(7, "b", True, b"intent b"),
+        ]
+        await storage.put_effect("wf", 7, "a", b"settled", in_doubt=False)
+        assert [(e.step, e.key) for e in await storage.in_doubt_effects("wf")] == [
+            (2, "z"),
+            (7, "b"),
+        ]
+        assert await storage.in_doubt_effects("nope") == []
+        for n, wf in enumerate(TRICKY_IDS):
+            await storage.put_effect(wf, n, "k", _rec(n), in_doubt=True)
+        for n, wf in enumerate(TRICKY_IDS):
+            assert await storage.in_doubt_effects(wf) == [StoredEffect(n, "k", True, _rec(n))]
+
+    async def test_settling_the_last_doubt_returns_the_workflow_to_the_runners(
+        self, storage: EffectStorage
+    ) -> None:
+        """FAILED on an effect in doubt, claimed by no runner; settled, a runner finishes it."""
+        manager = CheckpointManager(storage)  # type: ignore[arg-type]
+        calls: list[int] = []
+        records = isinstance(storage, WorkflowStorage)
+        if records:
+            await manager.register_workflow("order")
+        await _run_order(manager, calls, crash=True)  # killed inside the call
+        with pytest.raises(EffectInDoubtError):
+            await _run_order(manager, calls)
+        if records:
+            assert (await _status(manager, "order")) is WorkflowStatus.FAILED
+            assert await manager.claim_workflow("runner") is None
+        [doubt] = await manager.list_in_doubt_effects("order")
+        assert (doubt.step, doubt.key, doubt.name) == (1, "charge", _charge_name())
+        await manager.resolve_effect("order", doubt.step, doubt.key, happened=True, result="ch-1")
+        assert await _run_order(manager, calls) == "ch-1" and calls == []  # never called
+        if records:
+            assert (await _status(manager, "order")) is WorkflowStatus.FINISHED
+
+    async def test_settling_revives_only_a_workflow_failed_on_its_last_doubt(
+        self, storage: EffectStorage
+    ) -> None:
+        """Another doubt left, or a last run failed by another error: it stays FAILED."""
+        if not isinstance(storage, WorkflowStorage):
+            return  # no workflow records, no status
+        manager = CheckpointManager(storage)
+        for wf in ("two", "other"):
+            await manager.register_workflow(wf)
+            for step, key in ((0, "a"), (3, "b")):
+                await manager.record_effect(_intent(wf, step, key))
+        await manager.record_failure("two", EffectInDoubtError("two", 0, "a", utcnow()))
+        await manager.record_failure("other", ValueError("not a doubt"))
+        for wf in ("two", "other"):
+            await manager.resolve_effect(wf, 0, "a", happened=False)
+        assert {await _status(manager, wf) for wf in ("two", "other")} == {WorkflowStatus.FAILED}
+        assert await manager.claim_workflow("runner") is None
+        await manager.resolve_effect("other", 3, "b", happened=False)
+        with pytest.raises(CheckpointSerializationError):  # refused before any write
+            await manager.resolve_effect("two", 3, "b", happened=True, result=object())
+        assert await _status(manager, "two") is WorkflowStatus.FAILED
+        await manager.resolve_effect("two", 3, "b", happened=True, result=[1])
+        assert await _status(manager, "other") is WorkflowStatus.FAILED
+        assert await _status(manager, "two") is WorkflowStatus.UNFINISHED
+        lease = await manager.claim_workflow("runner")
+        assert lease is not None and lease.workflow_id == "two"
+
     async def test_list_workflows_in_doubt(self, storage: EffectStorage) -> None:
         """list_workflows(in_doubt=...) splits the workflows by whether an effect is in doubt."""
         manager = CheckpointManager(storage)  # type: ignore[arg-type]
@@ -1168,6 +1240,8 @@ class EffectStorageConformance:
             await storage.load_effects("wf", 0)
         with pytest.raises(StorageClosedError):
             await storage.in_doubt_workflows()
+        with pytest.raises(StorageClosedError):
+            await storage.in_doubt_effects("wf")
 
     async def test_workflow_effect_runs_once(self, storage: CheckpointStorage) -> None:
         """Through ResumableWorkflow: a retried step returns the recorded result, uncalled."""
@@ -1191,6 +1265,58 @@ class EffectStorageConformance:
         assert calls == ["bob"] and again == {"sent": "bob", "n": 1}
         [record] = await manager.get_effects("wf", 0)
         assert record.state is EffectState.DONE and record.result == again
+
+
+class _Killed(BaseException):
+    """A crash inside an effect's call: its intent stays, without an outcome."""
+
+
+async def _charge(amount: int, calls: list[int], crash: bool) -> str:
+    if crash:
+        raise _Killed
+    calls.append(amount)
+    return f"ch-{amount}"
+
+
+def _charge_name() -> str:
+    return _charge.__qualname__
+
+
+async def _run_order(manager: CheckpointManager, calls: list[int], crash: bool = False) -> Any:
+    """Workflow "order" (a claimed lease where there are leases): step 0, then a charge."""
+    lease = None
+    if manager.supports_workflow_records():
+        lease = await manager.claim_workflow("runner")
+        assert lease is not None, "no runner can claim the workflow"
+    try:
+        async with ResumableWorkflow("order", manager, lease=lease) as wf:
+            if not wf.is_completed(0):
+                async with wf.step(0, agent_id="a"):
+                    wf.state.set("cart", 3)
+            async with wf.step(1, agent_id="a"):
+                receipt = await wf.effect("charge", _charge, 30, calls, crash)
+    except _Killed:
+        return None
+    return receipt
+
+
+async def _status(manager: CheckpointManager, workflow_id: str) -> WorkflowStatus:
+    record = await manager.get_workflow(workflow_id)
+    assert record is not None
+    return record.status
+
+
+def _intent(workflow_id: str, step: int, key: str) -> EffectRecord:
+    return EffectRecord(
+        workflow_id=workflow_id,
+        step=step,
+        key=key,
+        name="f",
+        state=EffectState.IN_DOUBT,
+        attempt=1,
+        intent_at=utcnow(),
+        idempotency_key=f"ack-{workflow_id}-{step}-{key}",
+    )
 
 
 class PersistentEffectConformance:

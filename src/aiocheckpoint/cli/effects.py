@@ -12,19 +12,28 @@ from typing import Any
 
 from .._validation import check_workflow_id
 from ..codec.effects import EffectRecord, EffectState
-from ..errors import CheckpointCorruptedError
+from ..errors import CheckpointCorruptedError, EncryptionError
 from ..manager import CheckpointManager
+from .keys import KEYS_VARIABLE, command_keys
 from .output import Output, printable, when
+from .redact import redact_url
 from .store import CommandError, open_store
 
 __all__ = [
+    "Doubts",
     "cmd_effect",
+    "doubts_json",
     "effect_counts",
     "effects_json",
+    "in_doubt_of",
     "json_value",
+    "print_doubts",
     "print_effects",
     "step_effects",
 ]
+
+#: A workflow's effects in doubt, or the reason its journal does not verify.
+Doubts = list[EffectRecord] | str
 
 #: How each state is printed (an intent without an outcome is "in doubt").
 _LABELS = {EffectState.DONE: "done", EffectState.FAILED: "failed", EffectState.IN_DOUBT: "in doubt"}
@@ -40,6 +49,44 @@ async def step_effects(
         return await manager.get_effects(workflow_id, step)
     except CheckpointCorruptedError as exc:
         return exc.reason
+
+
+async def in_doubt_of(manager: CheckpointManager, workflow_id: str) -> Doubts:
+    """The workflow's effects in doubt, every step's; the reason as text if they do not verify."""
+    try:
+        return await manager.list_in_doubt_effects(workflow_id)
+    except CheckpointCorruptedError as exc:
+        return f"corrupted: {exc.reason}"
+    except EncryptionError:
+        return f"encrypted: pass --keys FILE (or {KEYS_VARIABLE}) to read it"
+
+
+def doubts_json(doubts: Doubts) -> list[dict[str, Any]] | dict[str, str]:
+    """The effects in doubt as JSON: each with its ``step``, what ``effect resolve`` takes."""
+    if isinstance(doubts, str):
+        return {"unreadable": doubts}
+    entries = effects_json(doubts)
+    assert isinstance(entries, list)
+    return [{"step": e.step, **entry} for e, entry in zip(doubts, entries, strict=True)]
+
+
+def print_doubts(out: Output, url: str, doubts: list[tuple[str, str, Doubts]]) -> None:
+    """One row per effect in doubt (workflow, step, key, function...), then how to settle."""
+    rows = []
+    for workflow_id, status, found in doubts:
+        if isinstance(found, str):
+            rows.append([workflow_id, "-", "-", found, "-", "-", status])
+            continue
+        for e in found:
+            rows.append(
+                [workflow_id, str(e.step), e.key, e.name, str(e.attempt), when(e.intent_at), status]
+            )
+    headers = ["WORKFLOW", "STEP", "KEY", "FUNCTION", "ATTEMPT", "INTENT", "WORKFLOW STATUS"]
+    out.table(headers, rows, fit=3, statuses=(6,))
+    out.note(
+        f"settle one: aiocheckpoint effect resolve {redact_url(url)} WORKFLOW STEP KEY "
+        "--result JSON (it happened, with this result) or --rerun (it did not)"
+    )
 
 
 def effect_counts(effects: list[EffectRecord] | str) -> str:
@@ -82,7 +129,9 @@ async def cmd_effect(args: argparse.Namespace, out: Output) -> int:
     """``effect resolve``: record an in-doubt effect's result, or that it must run again."""
     workflow_id = check_workflow_id(args.workflow)
     happened = not args.rerun
-    async with open_store(args.url, must_exist=True, allow_shared=args.allow_shared) as manager:
+    async with open_store(
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+    ) as manager:
         if not manager.supports_effects():
             raise CommandError(f"{type(manager.storage).__name__} keeps no effect journal")
         record = await manager.resolve_effect(

@@ -7,11 +7,20 @@ import shlex
 from typing import Any
 
 from .._validation import check_workflow_id
+from ..codec.effects import EffectRecord
 from ..errors import CheckpointNotFoundError
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import Checkpoint
-from .effects import effect_counts, effects_json, print_effects, step_effects
+from .effects import (
+    doubts_json,
+    effect_counts,
+    effects_json,
+    in_doubt_of,
+    print_doubts,
+    print_effects,
+    step_effects,
+)
 from .keys import command_keys
 from .output import Output, Progress, compact, dumps, int_text, note_foreign, printable, when
 from .query import cmd_query, wants_query
@@ -58,6 +67,9 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
         for n, workflow_id in enumerate(ids, 1):
             progress.update(f"workflows: {n}/{len(ids)}")
             rows.append(await _summary(manager, workflow_id, records.get(workflow_id)))
+            if args.in_doubt:
+                rows[-1]["_in_doubt"] = await in_doubt_of(manager, workflow_id)
+                rows[-1]["in_doubt"] = doubts_json(rows[-1]["_in_doubt"])
         progress.clear()
     if out.json_mode:
         out.json({"workflows": [_public(r) for r in rows], **foreign_json(foreign)})
@@ -65,6 +77,9 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
     note_foreign(out, foreign)
     if not rows:
         out.note("no workflows" + _filtered(args))
+    elif args.in_doubt:
+        doubts = [(r["workflow_id"], r["workflow_status"] or "-", r["_in_doubt"]) for r in rows]
+        print_doubts(out, args.url, doubts)
     else:
         out.table(
             ["WORKFLOW", "STEPS", "LATEST", "STATUS", "LAST WRITE", "WORKFLOW STATUS"],
@@ -246,7 +261,16 @@ async def cmd_show(args: argparse.Namespace, out: Output) -> int:
     async with open_store(
         args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
     ) as manager:
-        checkpoint, size = await load_checkpoint(manager, args.workflow, args.step)
+        try:
+            checkpoint, size = await load_checkpoint(manager, args.workflow, args.step)
+        except CheckpointNotFoundError:
+            # A run stopped inside a step leaves its effects there before any checkpoint.
+            if args.step is None:
+                raise
+            effects = await step_effects(manager, check_workflow_id(args.workflow), args.step)
+            if not effects:
+                raise
+            return _show_effects_only(out, args.workflow, args.step, effects)
         effects = await step_effects(manager, checkpoint.workflow_id, checkpoint.step)
     if out.json_mode:
         out.json({**checkpoint_json(checkpoint, size), "effects": effects_json(effects)})
@@ -275,4 +299,29 @@ async def cmd_show(args: argparse.Namespace, out: Output) -> int:
     print_effects(out, effects)
     out.line(out.style("state:", "bold"))
     out.line(dumps(checkpoint.state_snapshot.data, indent=2))
+    return 0
+
+
+def _show_effects_only(
+    out: Output, workflow_id: str, step: int, effects: list[EffectRecord] | str
+) -> int:
+    """``show`` of a step that has effects and no checkpoint."""
+    if out.json_mode:
+        out.json(
+            {
+                "workflow_id": workflow_id,
+                "step": step,
+                "checkpoint": None,
+                "effects": effects_json(effects),
+            }
+        )
+        return 0
+    fields = [
+        ("workflow", printable(workflow_id)),
+        ("step", str(step)),
+        ("status", "no checkpoint (the step is running, or a run stopped inside it)"),
+    ]
+    for name, value in fields:
+        out.line(f"{out.style(f'{name:<9}', 'bold')} {value}")
+    print_effects(out, effects)
     return 0

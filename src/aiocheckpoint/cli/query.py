@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..leases import WorkflowRecord
+from .effects import doubts_json, in_doubt_of, print_doubts
 from .keys import command_keys
 from .output import Output, printable, when
 from .redact import redact_url
@@ -84,11 +85,18 @@ async def cmd_query(args: argparse.Namespace, out: Output) -> int:
             )
         except InvalidArgumentError as exc:
             raise CommandError(str(exc)) from exc
+        doubts = [await in_doubt_of(manager, r.workflow_id) for r in page] if args.in_doubt else []
     if out.json_mode:
-        out.json({"workflows": [_row(r) for r in page], "next_cursor": page.next_cursor})
+        rows = [_row(r) for r in page]
+        for row, found in zip(rows, doubts, strict=False):
+            row["in_doubt"] = doubts_json(found)
+        out.json({"workflows": rows, "next_cursor": page.next_cursor})
         return 0
     if not page:
         out.note("no workflows match")
+    elif args.in_doubt:
+        pairs = zip(page, doubts, strict=True)
+        print_doubts(out, args.url, [(r.workflow_id, r.status.value, d) for r, d in pairs])
     else:
         out.table(
             ["WORKFLOW", "LATEST", "AGENT", "STATUS", "UPDATED", "WORKFLOW STATUS", "ATTEMPTS"],

@@ -358,7 +358,9 @@ class EffectStorage(Protocol):
       the step's effects (even when it has no checkpoint), ``delete(wf)`` all of the
       workflow's. Replacing a step's checkpoint keeps its effects.
     * ``in_doubt_workflows`` lists, sorted, every workflow with a record put with
-      ``in_doubt=True`` and not replaced since.
+      ``in_doubt=True`` and not replaced since; ``in_doubt_effects(wf)`` returns those
+      records of one workflow, ordered by step then key, at most
+      :data:`MAX_EFFECTS_PER_STEP` (an oversized one raises ``CheckpointCorruptedError``).
     * ``has_effects(wf)`` says whether the workflow has any effect record (any step, in
       doubt or not), at the cost of one indexed lookup.
     * ``drop_orphan_effects(wf, below)`` deletes the records of the steps below ``below``
@@ -386,6 +388,10 @@ class EffectStorage(Protocol):
 
     async def in_doubt_workflows(self) -> list[str]:
         """Every workflow that has an effect in doubt, sorted."""
+        ...
+
+    async def in_doubt_effects(self, workflow_id: str) -> list[StoredEffect]:
+        """The workflow's effect records in doubt, ordered by step then key."""
         ...
 
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:

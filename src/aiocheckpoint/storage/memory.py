@@ -420,6 +420,17 @@ class InMemoryCheckpointStorage(BaseStorage):
             if any(d for keys in journal.values() for d, _ in keys.values())
         )
 
+    async def in_doubt_effects(self, workflow_id: str) -> list[StoredEffect]:
+        """The workflow's effect records in doubt, ordered by step then key."""
+        self._check_open()
+        journal = self._effects.get(workflow_id, {})
+        return [
+            StoredEffect(step, key, True, data)
+            for step in sorted(journal)
+            for key, (doubt, data) in sorted(journal[step].items())
+            if doubt
+        ][:MAX_EFFECTS_PER_STEP]
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""
         self._check_open()

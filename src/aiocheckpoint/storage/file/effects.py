@@ -87,6 +87,23 @@ class EffectFiles:
         effects = sorted((e for e in found if e is not None), key=lambda e: e.key)
         return effects[:MAX_EFFECTS_PER_STEP]
 
+    def in_doubt_of(self, workflow_id: str) -> list[StoredEffect]:
+        """One workflow's records in doubt, ordered by step then key (at most the bound)."""
+        efd = self._open_effects(encode_name(workflow_id))
+        if efd is None:
+            return []
+        found: list[StoredEffect] = []
+        try:
+            for step, names in _by_step(os.listdir(efd)):
+                if len(found) >= MAX_EFFECTS_PER_STEP:
+                    break
+                doubtful = [n for n in names if self._flag(efd, n)]
+                read = [self._read(efd, n, workflow_id, step) for n in doubtful]
+                found += sorted((e for e in read if e is not None and e.in_doubt), key=_key)
+        finally:
+            os.close(efd)
+        return found[:MAX_EFFECTS_PER_STEP]
+
     def has_any(self, workflow_id: str) -> bool:
         """Whether the workflow has any effect file (stops at the first)."""
         efd = self._open_effects(encode_name(workflow_id))
@@ -168,6 +185,20 @@ class EffectFiles:
         except OddEntry as exc:
             raise CheckpointCorruptedError(str(exc), workflow_id=workflow_id, step=step) from None
         return _parse(content, workflow_id, step)
+
+
+def _key(effect: StoredEffect) -> str:
+    return effect.key
+
+
+def _by_step(names: list[str]) -> list[tuple[int, list[str]]]:
+    """The effect files among ``names``, grouped by their step, in step order."""
+    steps: dict[int, list[str]] = {}
+    for name in names:
+        head = name[: len(effect_prefix(0))]
+        if name.endswith(".fx") and head[:-1].isdigit() and head.endswith("-"):
+            steps.setdefault(int(head[:-1]), []).append(name)
+    return sorted(steps.items())
 
 
 def _parse(content: bytes, workflow_id: str, step: int) -> StoredEffect:

@@ -376,6 +376,16 @@ class FileCheckpointStorage(BaseStorage):
             f"cannot read the effects of workflow {workflow_id!r}", self._has_effects, workflow_id
         )
 
+    async def in_doubt_effects(self, workflow_id: str) -> list[StoredEffect]:
+        """The workflow's effect records in doubt, ordered by step then key."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._run(
+            f"cannot read the effects of workflow {workflow_id!r}",
+            self._in_doubt_effects,
+            workflow_id,
+        )
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Unlink the effect files of steps below ``below`` that have no step file."""
         self._check_open()
@@ -489,6 +499,10 @@ class FileCheckpointStorage(BaseStorage):
     def _drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         self._layout.check_marker()
         return self._records.drop_orphan_effects(workflow_id, below)
+
+    def _in_doubt_effects(self, workflow_id: str) -> list[StoredEffect]:
+        self._layout.check_marker()
+        return self._effects.in_doubt_of(workflow_id)
 
     def _in_doubt_workflows(self) -> list[str]:
         self._layout.check_marker()

@@ -63,6 +63,11 @@ class Effects:
         )
         self._any = f"SELECT EXISTS (SELECT 1 FROM {e} WHERE workflow_id = $1)"
         self._in_doubt = f"SELECT DISTINCT workflow_id FROM {e} WHERE in_doubt ORDER BY 1"
+        self._in_doubt_of = (
+            "SELECT step, key, octet_length(data), "
+            "CASE WHEN octet_length(data) <= $2 THEN data END "
+            f"FROM {e} WHERE workflow_id = $1 AND in_doubt ORDER BY step, key LIMIT $3"
+        )
         self._orphans = (
             f"DELETE FROM {e} AS x WHERE workflow_id = $1 AND step < $2 AND NOT EXISTS "
             f"(SELECT 1 FROM {quoted}.checkpoints AS c "
@@ -73,17 +78,29 @@ class Effects:
         """One step's records, ordered by key; an oversized one is corruption."""
         args = (workflow_id, step, self._max, MAX_EFFECTS_PER_STEP)
         rows = await self._connection.run("load_effects", lambda con: con.fetch(self._read, *args))
-        out = []
-        for key, in_doubt, size, data in rows:
-            if data is None:
-                raise CheckpointCorruptedError(
-                    f"effect record {key!r} is {size} bytes, more than "
-                    f"max_record_bytes={self._max}",
-                    workflow_id=workflow_id,
-                    step=step,
-                )
-            out.append(StoredEffect(step, key, in_doubt, bytes(data)))
-        return out
+        return [self._effect(workflow_id, step, *row) for row in rows]
+
+    async def in_doubt_of(self, workflow_id: str) -> list[StoredEffect]:
+        """One workflow's records in doubt, ordered by step then key."""
+        args = (workflow_id, self._max, MAX_EFFECTS_PER_STEP)
+        rows = await self._connection.run(
+            "in_doubt_effects", lambda con: con.fetch(self._in_doubt_of, *args)
+        )
+        return [
+            self._effect(workflow_id, step, key, True, size, data) for step, key, size, data in rows
+        ]
+
+    def _effect(
+        self, workflow_id: str, step: int, key: str, in_doubt: bool, size: int, data: bytes | None
+    ) -> StoredEffect:
+        """A row as a record; an oversized one is corruption."""
+        if data is None:
+            raise CheckpointCorruptedError(
+                f"effect record {key!r} is {size} bytes, more than max_record_bytes={self._max}",
+                workflow_id=workflow_id,
+                step=step,
+            )
+        return StoredEffect(step, key, in_doubt, bytes(data))
 
     async def has_any(self, workflow_id: str) -> bool:
         """Whether the workflow has any effect record (a probe of the primary key)."""

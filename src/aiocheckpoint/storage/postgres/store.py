@@ -317,6 +317,11 @@ class PostgresCheckpointStorage(BaseStorage):
         check_workflow_id(workflow_id)
         return await self._effects.has_any(workflow_id)
 
+    async def in_doubt_effects(self, workflow_id: str) -> list[StoredEffect]:
+        """The workflow's effect records in doubt, ordered by step then key (an index)."""
+        self._check_open()
+        return await self._effects.in_doubt_of(check_workflow_id(workflow_id))
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""
         self._check_open()

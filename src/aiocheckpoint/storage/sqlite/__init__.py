@@ -327,6 +327,15 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         check_workflow_id(workflow_id)
         return await self._read(lambda conn: effects.read_any(conn, workflow_id))
 
+    async def in_doubt_effects(self, workflow_id: str) -> list[StoredEffect]:
+        """The workflow's effect records in doubt, ordered by step then key (its index)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        limit = self._max_record_bytes
+        return await self._read(
+            lambda conn: effects.read_in_doubt_effects(conn, workflow_id, limit)
+        )
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""
         self._check_open()

@@ -16,7 +16,15 @@ from ...errors import CheckpointCorruptedError
 from ..base import MAX_EFFECTS_PER_STEP, StoredEffect
 from . import records
 
-__all__ = ["MIGRATION_STATEMENTS", "delete", "put", "read_any", "read_effects", "read_in_doubt"]
+__all__ = [
+    "MIGRATION_STATEMENTS",
+    "delete",
+    "put",
+    "read_any",
+    "read_effects",
+    "read_in_doubt",
+    "read_in_doubt_effects",
+]
 
 #: Schema version 5. ``IF NOT EXISTS`` throughout: it depends on no other new migration.
 MIGRATION_STATEMENTS: Final[tuple[str, ...]] = (
@@ -51,6 +59,10 @@ _READ: Final = (
 _IN_DOUBT: Final = "SELECT DISTINCT workflow_id FROM effects WHERE in_doubt = 1 ORDER BY 1"
 #: A prefix of the unique index ``effects_step_key``: one probe.
 _ANY: Final = "SELECT EXISTS (SELECT 1 FROM effects WHERE workflow_id = ?)"
+_IN_DOUBT_OF: Final = (
+    "SELECT step, key, length(data), CASE WHEN length(data) <= ? THEN data END "
+    "FROM effects WHERE workflow_id = ? AND in_doubt = 1 ORDER BY step, key LIMIT ?"
+)
 _DELETE_STEP: Final = "DELETE FROM effects WHERE workflow_id = ? AND step = ?"
 _DELETE_ALL: Final = "DELETE FROM effects WHERE workflow_id = ?"
 _DELETE_ORPHANS: Final = (
@@ -94,17 +106,31 @@ def read_effects(
 ) -> list[StoredEffect]:
     """One step's effect records, ordered by key; an oversized or odd one is corruption."""
     rows = conn.execute(_READ, (max_bytes, workflow_id, step, MAX_EFFECTS_PER_STEP)).fetchall()
-    out = []
-    for key, in_doubt, size, data in rows:
-        if not isinstance(data, bytes) or not isinstance(key, str):
-            raise CheckpointCorruptedError(
-                f"effect record {key!r} is {size} bytes (max_record_bytes={max_bytes}) "
-                "or not a blob",
-                workflow_id=workflow_id,
-                step=step,
-            )
-        out.append(StoredEffect(step, key, bool(in_doubt), data))
-    return out
+    return [_effect(workflow_id, step, k, d, n, b, max_bytes) for k, d, n, b in rows]
+
+
+def read_in_doubt_effects(
+    conn: sqlite3.Connection, workflow_id: str, max_bytes: int
+) -> list[StoredEffect]:
+    """One workflow's effect records in doubt, ordered by step then key."""
+    args = (max_bytes, workflow_id, MAX_EFFECTS_PER_STEP)
+    rows = conn.execute(_IN_DOUBT_OF, args).fetchall()
+    return [
+        _effect(workflow_id, step, key, 1, size, data, max_bytes) for step, key, size, data in rows
+    ]
+
+
+def _effect(
+    workflow_id: str, step: int, key: object, in_doubt: int, size: int, data: object, max_bytes: int
+) -> StoredEffect:
+    """A row as a record; an oversized or odd one is corruption."""
+    if not isinstance(data, bytes) or not isinstance(key, str):
+        raise CheckpointCorruptedError(
+            f"effect record {key!r} is {size} bytes (max_record_bytes={max_bytes}) or not a blob",
+            workflow_id=workflow_id,
+            step=step,
+        )
+    return StoredEffect(step, key, bool(in_doubt), data)
 
 
 def read_any(conn: sqlite3.Connection, workflow_id: str) -> bool:
