@@ -419,7 +419,7 @@ def _manager(storage: WorkflowStorage) -> CheckpointManager:
 
 
 class WorkflowLifecycleConformance:
-    """Pausing, retries, metadata and filtered pages of workflow records (issue 15).
+    """Pausing, retries, metadata and filtered pages of workflow records.
 
     Part of :class:`WorkflowStorageConformance`; it runs through the public API.
     """

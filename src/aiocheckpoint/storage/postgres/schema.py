@@ -6,12 +6,11 @@ a store runs the missing migrations under a transaction-level advisory lock, so 
 openers never race, and refuses a store whose version is newer than this code knows.
 
 To change the schema, append a migration to ``MIGRATIONS``: never edit a released one.
-Migration 2 adds workflow records and leases (issue 5); migration 3 the content-addressed
-blobs of incremental checkpoints with their reference counts (issue 9); migration 4 moves
-the counts into a narrow table of their own (``blob_refs``); migration 5 adds the ``paused``
-status, retries, metadata and the latest step to workflow records, with the indexes their
-queries walk (issue 15);
-migration 6 adds the effect journal (issue 17, ``effects``).
+Migration 2 adds workflow records and leases; migration 3 the content-addressed blobs of
+incremental checkpoints with their reference counts; migration 4 moves the counts into a
+narrow table of their own (``blob_refs``); migration 5 adds the ``paused`` status, retries,
+metadata and the latest step to workflow records, with the indexes their queries walk;
+migration 6 adds the effect journal (``effects``).
 """
 
 from __future__ import annotations
@@ -99,7 +98,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE {s}.blobs DROP COLUMN refs",
     ),
     (
-        # Workflow lifecycle and queries (issue 15): the paused status, retries (attempts,
+        # Workflow lifecycle and queries: the paused status, retries (attempts,
         # the last error, when a retry may be claimed), the input of a resumed run, the
         # metadata a workflow was registered with and its latest step.
         "ALTER TABLE {s}.workflows DROP CONSTRAINT IF EXISTS workflows_status_check",

@@ -190,7 +190,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             """,
         ),
     ),
-    # Version 4 is the workflow life cycle's (issue 15); this one depends on no other new one.
+    # Version 4 is the workflow life cycle's; this one depends on no other new one.
     Migration(
         5,
         "effects: the effect journal of durable effects (docs/effects.md)",
