@@ -2,14 +2,15 @@
 
 What can be stored
 ------------------
-dicts, lists, ``str``, ``int`` of any size, ``float`` (NaN and infinities included),
-``bool`` and ``None`` are stored as JSON, key order included; the standard types
+dicts, lists, ``str``, ``int`` (of up to
+:data:`~aiocheckpoint.format.limits.MAX_INT_DIGITS` digits), ``float`` (NaN and infinities
+included), ``bool`` and ``None`` are stored as JSON, key order included; the standard types
 (``datetime``, ``date``, ``time``, ``timedelta``, ``UUID``, ``Decimal``, ``bytes``,
 ``bytearray``, ``tuple``, ``set``, ``frozenset``, dicts with non-``str`` keys) and the
 classes of the manager's :class:`~aiocheckpoint.TypeRegistry` are stored tagged
 (:mod:`aiocheckpoint.format.tags`), and each comes back as itself. Anything else -- an
 unregistered class, a cycle, nesting deeper than
-:data:`~aiocheckpoint.format.limits.MAX_DEPTH` -- raises
+:data:`~aiocheckpoint.format.limits.MAX_DEPTH`, a longer int -- raises
 :class:`CheckpointSerializationError` naming the offending path, and nothing is written.
 
 The copy is taken before the first await of ``create_checkpoint``: later changes by the
@@ -23,6 +24,7 @@ from collections.abc import Generator
 from time import perf_counter
 from typing import Any, Final
 
+from ..format.jsontext import SHORT_INT_BOUND
 from ..format.limits import MAX_DEPTH
 from ..format.tags import TAG_START, TYPED
 from .paths import child_path
@@ -44,8 +46,12 @@ class _Unstorable(Exception):
     """Internal: the fast copy met something it does not handle."""
 
 
-_PLAIN: Final = frozenset({str, int, bool, type(None)})
-_SCALARS: Final = _PLAIN | {float}
+# Ints are plain too, up to a size: a longer one bails out to the Encoder, which names it
+# if it is longer than a store keeps (format/limits.py).
+_PLAIN: Final = frozenset({str, bool, type(None)})
+_SCALARS: Final = _PLAIN | {int, float}
+_SHORT: Final = SHORT_INT_BOUND
+_LOW: Final = -SHORT_INT_BOUND  # computed once: negating the bound copies ~40 KB
 _LAST_DEPTH: Final = MAX_DEPTH - 1  # a tag's data sits one level below it
 _Types = dict[type, TypeEntry]
 
@@ -55,7 +61,7 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) ->
     # kept, no cycle set (a cycle ends at the depth limit). Anything unusual bails out to
     # the Encoder, which finds and names the problem.
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in _PLAIN or (kind is int and _LOW < value < _SHORT):
         return value
     if kind is float:
         if value - value != 0.0:  # NaN or an infinity
@@ -70,7 +76,7 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) ->
             if type(key) is not str:
                 raise _Unstorable
             kind = type(item)
-            if kind in _PLAIN:
+            if kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
                 out[key] = item
             elif kind is float:
                 if item - item != 0.0:
@@ -87,7 +93,7 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) ->
         depth += 1
         for index, item in enumerate(items):
             kind = type(item)
-            if kind in _PLAIN:
+            if kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
                 continue
             if kind is float:
                 if item - item != 0.0:
@@ -141,7 +147,7 @@ def _counted_copy(
             if kind is str:
                 extra += len(item) + 1
                 out[key] = item
-            elif kind in _PLAIN:
+            elif kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
                 out[key] = item
             elif kind is float:
                 out[key] = _float(item, nonfinite)
@@ -161,7 +167,7 @@ def _counted_copy(
             extra += len(item) + 1
         elif kind is float:
             _float(item, nonfinite)
-        elif kind in _PLAIN:
+        elif kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
             continue
         elif size[0] <= size[1]:
             items[index] = _counted_copy(item, depth, nonfinite, types, size)

@@ -29,7 +29,8 @@ from ..errors import (
     UnknownTypeError,
 )
 from ..format import tags
-from ..format.limits import MAX_DEPTH
+from ..format.jsontext import int_too_long
+from ..format.limits import MAX_DEPTH, MAX_INT_DIGITS
 from .paths import checked_text, child_path, safe_repr
 from .registry import TaggedValue, TypeEntry, TypeRegistry
 
@@ -79,6 +80,16 @@ def needs_map(value: dict[Any, Any]) -> bool:
     return not all(type(key) is str for key in value)
 
 
+def _short_int(value: int, path: str) -> int:
+    if int_too_long(value):
+        raise CheckpointSerializationError(
+            path,
+            f"an int of more than {MAX_INT_DIGITS} digits is longer than a store keeps "
+            "(reading one takes time that grows faster than its length)",
+        )
+    return value
+
+
 class Encoder:
     """Validates a value and returns a fresh copy of it in the tagged JSON form."""
 
@@ -95,8 +106,10 @@ class Encoder:
         kind = type(value)
         if kind is str:
             return checked_text(value, path)
-        if kind is bool or value is None or kind is int:
+        if kind is bool or value is None:
             return value
+        if kind is int:
+            return _short_int(value, path)
         if kind is float:
             self.nonfinite = self.nonfinite or value - value != 0.0
             return value
