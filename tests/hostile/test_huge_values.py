@@ -29,7 +29,7 @@ from aiocheckpoint import (
     ResumableWorkflow,
 )
 from aiocheckpoint.codec.effects import encode_effect
-from aiocheckpoint.format import MAX_INT_DIGITS, SplitResult
+from aiocheckpoint.format import MAX_INT_DIGITS, MAX_SHARED_HASH, SplitResult
 from aiocheckpoint.format.header import HEADER_SIZE
 from aiocheckpoint.format.jsontext import loads
 from tests.backend_support import ALL, make_storage
@@ -217,3 +217,76 @@ def test_the_json_reader_refuses_long_ints_and_reads_shorter_ones_exactly() -> N
     assert value["f"] == 1.5555555555555556 and value["e"] == float("inf")
     with pytest.raises(CheckpointCorruptedError, match=f"int of {MAX_INT_DIGITS + 1} digits"):
         loads(b"[1," + digits(MAX_INT_DIGITS + 1, b"-") + b"]")
+
+
+# --- sets and maps whose items share a hash ------------------------------------------------
+
+#: Ints that differ by a multiple of this hash alike.
+MODULUS = 2**61 - 1
+
+
+def alike(count: int) -> list[int]:
+    """``count`` distinct ints of one hash value."""
+    return [7 + k * MODULUS for k in range(count)]
+
+
+async def test_writers_refuse_sets_and_maps_whose_items_share_a_hash(
+    storage: CheckpointStorage,
+) -> None:
+    """A set, frozenset or non-str-keyed dict with more than MAX_SHARED_HASH items of one
+    hash is refused naming its path; at the limit (and with tuples of them) it round-trips."""
+    manager = CheckpointManager(storage)
+    crowd = alike(MAX_SHARED_HASH + 1)
+    refused = {
+        "state.s": {"s": set(crowd)},
+        "state.deep.f": {"deep": {"f": frozenset(crowd)}},
+        "state.m": {"m": dict.fromkeys(crowd, 1)},
+        "state.t[0]": {"t": [{(n,) for n in crowd}]},
+    }
+    for path, state in refused.items():
+        with pytest.raises(CheckpointSerializationError, match="share one hash") as info:
+            await manager.create_checkpoint(WF, 0, "a", "completed", state)
+        assert info.value.path == path
+    assert await manager.get_latest_checkpoint(WF) is None
+    fits = alike(MAX_SHARED_HASH)
+    state = {"s": set(fits) | set(range(100)), "m": dict.fromkeys(fits, 1), "t": tuple(crowd)}
+    await manager.create_checkpoint(WF, 1, "a", "completed", state)
+    assert (await manager.get_checkpoint(WF, 1)).state_snapshot.data == state
+
+
+@pytest.mark.parametrize("count", [MAX_SHARED_HASH + 1, 200_000])
+@pytest.mark.parametrize("tag", ["$set", "$fset", "$map"])
+async def test_a_record_holding_a_set_of_items_sharing_a_hash_is_corruption(
+    storage: CheckpointStorage, tag: str, count: int
+) -> None:
+    """A checksum-valid record whose set (or map) holds ``count`` items of one hash is
+    refused before the set is built (200,000 of them, a 6 MB record, would take many
+    minutes to build); the resume point falls back to the step before."""
+    manager = CheckpointManager(storage)
+    await manager.create_checkpoint(WF, 0, "agent", "completed", {"n": 0})
+    items: list[Any] = alike(count)
+    if tag == "$map":
+        items = [[n, 1] for n in items]
+    crafted = json.dumps(body_of(1, {"x": {tag: items}}), separators=(",", ":"))
+    await storage.save(WF, 1, record_v1_text(crafted.encode()))
+    with pytest.raises(CheckpointCorruptedError, match=rf"state\.x: \{tag}: .*share one hash"):
+        await manager.get_checkpoint(WF, 1)
+    step, snapshot, _ = await manager.get_resume_point(WF)  # type: ignore[misc]
+    assert (step, snapshot.data) == (1, {"n": 0})
+
+
+async def test_an_effect_result_holding_a_set_of_items_sharing_a_hash_is_corruption(
+    storage: CheckpointStorage,
+) -> None:
+    """An effect's stored result goes through the same reader."""
+    manager = CheckpointManager(storage)
+    now = datetime.now(timezone.utc)
+    record = EffectRecord(WF, 0, "call", "tool", EffectState.IN_DOUBT, 1, now, "idem")
+    data, _ = encode_effect(record.finished(EffectState.DONE, result={"x": 7}))
+    head, body = data[:9], data[9:]
+    crowd = json.dumps({"$set": alike(MAX_SHARED_HASH + 1)}, separators=(",", ":"))
+    body = body.replace(b'{"x":7}', crowd.encode())
+    forged = head[:5] + struct.pack(">I", zlib.crc32(body)) + body
+    await storage.put_effect(WF, 0, "call", forged, in_doubt=False)  # type: ignore[attr-defined]
+    with pytest.raises(CheckpointCorruptedError, match="share one hash"):
+        await manager.get_effects(WF, 0)

@@ -10,7 +10,8 @@ included), ``bool`` and ``None`` are stored as JSON, key order included; the sta
 classes of the manager's :class:`~aiocheckpoint.TypeRegistry` are stored tagged
 (:mod:`aiocheckpoint.format.tags`), and each comes back as itself. Anything else -- an
 unregistered class, a cycle, nesting deeper than
-:data:`~aiocheckpoint.format.limits.MAX_DEPTH`, a longer int -- raises
+:data:`~aiocheckpoint.format.limits.MAX_DEPTH`, a longer int, a set of more than
+:data:`~aiocheckpoint.format.limits.MAX_SHARED_HASH` items of one hash -- raises
 :class:`CheckpointSerializationError` naming the offending path, and nothing is written.
 
 The copy is taken before the first await of ``create_checkpoint``: later changes by the
@@ -30,7 +31,7 @@ from ..format.tags import TAG_START, TYPED
 from .paths import child_path
 from .registry import EMPTY, TypeEntry, TypeRegistry
 from .split import text_bound
-from .typed import COLLECTIONS, SCALARS, Encoder, ordered
+from .typed import COLLECTIONS, SCALARS, Encoder, crowded, ordered
 
 __all__ = [
     "child_path",
@@ -111,6 +112,8 @@ def _fast_tagged(value: Any, depth: int, nonfinite: list[float], types: _Types) 
         return {scalar[0]: scalar[1](value)}
     tag = COLLECTIONS.get(kind)
     if tag is not None:
+        if kind is not tuple and crowded(value):
+            raise _Unstorable
         items = list(value) if kind is tuple else ordered(value)
         return {tag: _fast_copy(items, depth + 1, nonfinite, types)}
     entry = types.get(kind)

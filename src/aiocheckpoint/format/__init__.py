@@ -17,7 +17,7 @@ from .header import (
     read_header,
     record_format_version,
 )
-from .limits import DEFAULT_MAX_RECORD_BYTES, MAX_DEPTH, MAX_INT_DIGITS
+from .limits import DEFAULT_MAX_RECORD_BYTES, MAX_DEPTH, MAX_INT_DIGITS, MAX_SHARED_HASH
 from .tree import (
     DEFAULT_PARAMS,
     SplitMemory,
@@ -38,6 +38,7 @@ __all__ = [
     "MAGIC",
     "MAX_DEPTH",
     "MAX_INT_DIGITS",
+    "MAX_SHARED_HASH",
     "SplitMemory",
     "SplitResult",
     "TreeParams",

@@ -8,6 +8,7 @@ __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
     "MAX_DEPTH",
     "MAX_INT_DIGITS",
+    "MAX_SHARED_HASH",
     "MAX_STEP",
     "MAX_WORKFLOW_ID_BYTES",
 ]
@@ -24,6 +25,12 @@ MAX_DEPTH: Final = 200
 #: a longer int and readers refuse one as corruption: reading a record stays bounded by its
 #: size (at this limit, about 0.3 s of CPU per MB of digits in the worst case).
 MAX_INT_DIGITS: Final = 100_000
+#: At most this many items of a set or frozenset, or keys of a dict stored as ``$map``, share
+#: one hash value. Ints that differ by a multiple of ``2**61 - 1`` hash alike (and so do
+#: tuples, floats and decimals made of them), and building a set of ``n`` such items takes
+#: time quadratic in ``n``: minutes for the items an 8 MB record holds. Writers refuse a set
+#: or dict that crowded, readers refuse one as corruption.
+MAX_SHARED_HASH: Final = 32
 #: Workflow ids are non-empty ``str`` of at most this many UTF-8 bytes.
 MAX_WORKFLOW_ID_BYTES: Final = 255
 #: Steps are stored as signed 64-bit integers by the database backends.
