@@ -77,7 +77,11 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) ->
             if type(key) is not str:
                 raise _Unstorable
             kind = type(item)
-            if kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
+            if kind is int:
+                if not _LOW < item < _SHORT:
+                    raise _Unstorable  # the Encoder names it, if it is too long
+                out[key] = item
+            elif kind in _PLAIN:
                 out[key] = item
             elif kind is float:
                 if item - item != 0.0:
@@ -94,7 +98,11 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) ->
         depth += 1
         for index, item in enumerate(items):
             kind = type(item)
-            if kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
+            if kind is int:
+                if _LOW < item < _SHORT:
+                    continue
+                raise _Unstorable
+            if kind in _PLAIN:
                 continue
             if kind is float:
                 if item - item != 0.0:
