@@ -23,6 +23,7 @@ from aiocheckpoint import (
     CheckpointManager,
     Keyring,
     ResumableWorkflow,
+    TaggedValue,
     TypeRegistry,
 )
 from tests.backend_support import ALL, make_storage
@@ -76,12 +77,16 @@ def registry() -> TypeRegistry:
 )
 async def managers(
     request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
-) -> AsyncIterator[Callable[[], CheckpointManager]]:
+) -> AsyncIterator[Callable[..., CheckpointManager]]:
     """New managers on one store (each reads the stored record, not a copy it kept)."""
     kind, sealed = request.param
     keys = Keyring(keys={"k1": os.urandom(32)}, primary="k1") if sealed else None
     async with make_storage(kind, tmp_path, pg_schema) as store:
-        yield lambda: CheckpointManager(store, types=registry(), encryption=keys)
+
+        def manager(typed: bool = True) -> CheckpointManager:
+            return CheckpointManager(store, types=registry() if typed else None, encryption=keys)
+
+        yield manager
 
 
 class Boom(RuntimeError):
@@ -89,7 +94,7 @@ class Boom(RuntimeError):
 
 
 async def test_a_step_stores_its_typed_metadata_as_create_checkpoint_does(
-    managers: Callable[[], CheckpointManager],
+    managers: Callable[..., CheckpointManager],
 ) -> None:
     """COMPLETED and FAILED steps store the user's metadata as given, read back exactly."""
     manager = managers()
@@ -114,7 +119,7 @@ async def test_a_step_stores_its_typed_metadata_as_create_checkpoint_does(
 
 
 async def test_a_paused_step_keeps_its_typed_metadata_beside_the_pause(
-    managers: Callable[[], CheckpointManager],
+    managers: Callable[..., CheckpointManager],
 ) -> None:
     """A step that pauses stores its metadata and the pause's data, typed, read back exactly."""
     manager = managers()
@@ -127,3 +132,18 @@ async def test_a_paused_step_keeps_its_typed_metadata_beside_the_pause(
     assert blocked.status is AgentStatus.BLOCKED
     pause = {"pause": {"reason": "approve", "data": {"until": date(2027, 1, 1)}}}
     assert same({**metadata(), **pause}, blocked.metadata)
+
+
+async def test_a_value_of_an_unknown_type_passes_through_a_step_as_it_was_read(
+    managers: Callable[..., CheckpointManager],
+) -> None:
+    """A TaggedValue (read raw, of a type this manager does not know) is stored as the
+    value it stands for, as create_checkpoint stores it: a manager that knows it reads it."""
+    manager = managers(typed=False)
+    raw = TaggedValue("Ticket", 1, {"number": 3, "opened": datetime(2026, 1, 1)})
+    async with ResumableWorkflow("wf", manager) as wf:
+        async with wf.step(0, "a", metadata={"ticket": raw}):
+            pass
+    assert (await manager.get_checkpoint("wf", 0, raw=True)).metadata == {"ticket": raw}
+    back = await managers().get_checkpoint("wf", 0)
+    assert same({"ticket": Ticket(3, datetime(2026, 1, 1))}, back.metadata)

@@ -261,7 +261,8 @@ class ResumableWorkflow:
         _, step, _, meta, _ = manager._check_arguments(
             self.workflow_id, step, agent_id, AgentStatus.COMPLETED, metadata
         )
-        decoded: dict[str, Any] = manager._codec.decode_value(meta, "metadata")
+        # "raw": a TaggedValue (a value of a type this manager does not know) stays one.
+        decoded: dict[str, Any] = manager._codec.decode_value(meta, "metadata", "raw")
         return step, decoded
 
     async def _complete(
