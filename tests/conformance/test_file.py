@@ -8,6 +8,7 @@ from aiocheckpoint.testing import (
     BlobReadsConformance,
     BlobRetentionConformance,
     BlobStorageConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
@@ -19,6 +20,7 @@ from aiocheckpoint.testing import (
 class TestFileConformance(
     StorageConformance,
     PersistentStorageConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     RetentionConformance,

@@ -6,6 +6,7 @@ from aiocheckpoint import InMemoryCheckpointStorage
 from aiocheckpoint.testing import (
     BlobRetentionConformance,
     BlobStorageConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     RetentionConformance,
     StorageConformance,
@@ -17,6 +18,7 @@ from aiocheckpoint.testing import (
 class TestInMemoryConformance(
     StorageConformance,
     WorkflowStorageConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     RetentionConformance,
     WorkflowRetentionConformance,

@@ -6,6 +6,7 @@ from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.testing import (
     BlobRetentionConformance,
     BlobStorageConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
@@ -24,6 +25,7 @@ class TestPostgresConformance(
     StorageConformance,
     PersistentStorageConformance,
     WorkflowStorageConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     RetentionConformance,

@@ -61,6 +61,8 @@ class Effects:
             f"FROM {e} WHERE workflow_id = $1 AND step = $2 ORDER BY key LIMIT $4"
         )
         self._in_doubt = f"SELECT DISTINCT workflow_id FROM {e} WHERE in_doubt ORDER BY 1"
+        self._workflows = f"SELECT DISTINCT workflow_id FROM {e} ORDER BY 1"
+        self._steps = f"SELECT DISTINCT step FROM {e} WHERE workflow_id = $1 ORDER BY 1"
         self._delete = (
             f"DELETE FROM {e} WHERE workflow_id = $1 AND ($2::bigint IS NULL OR step = $2)"
         )
@@ -92,6 +94,20 @@ class Effects:
             "in_doubt_workflows", lambda con: con.fetch(self._in_doubt)
         )
         return [row[0] for row in rows]
+
+    async def workflows(self) -> list[str]:
+        """Every workflow with an effect record, in code point order."""
+        rows = await self._connection.run(
+            "effect_workflows", lambda con: con.fetch(self._workflows)
+        )
+        return [row[0] for row in rows]
+
+    async def steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` with effect records, ascending."""
+        rows = await self._connection.run(
+            "effect_steps", lambda con: con.fetch(self._steps, workflow_id)
+        )
+        return [int(row[0]) for row in rows]
 
     async def drop_orphans(self, workflow_id: str, below: int) -> int:
         """Delete the records of steps below ``below`` without a checkpoint; how many."""

@@ -16,7 +16,15 @@ from ...errors import CheckpointCorruptedError
 from ..base import MAX_EFFECTS_PER_STEP, StoredEffect
 from . import records
 
-__all__ = ["MIGRATION_STATEMENTS", "delete", "put", "read_effects", "read_in_doubt"]
+__all__ = [
+    "MIGRATION_STATEMENTS",
+    "delete",
+    "put",
+    "read_effects",
+    "read_in_doubt",
+    "read_steps",
+    "read_workflows",
+]
 
 #: Schema version 5. ``IF NOT EXISTS`` throughout: it depends on no other new migration.
 MIGRATION_STATEMENTS: Final[tuple[str, ...]] = (
@@ -49,6 +57,8 @@ _READ: Final = (
     "FROM effects WHERE workflow_id = ? AND step = ? ORDER BY key LIMIT ?"
 )
 _IN_DOUBT: Final = "SELECT DISTINCT workflow_id FROM effects WHERE in_doubt = 1 ORDER BY 1"
+_WORKFLOWS: Final = "SELECT DISTINCT workflow_id FROM effects ORDER BY 1"
+_STEPS: Final = "SELECT DISTINCT step FROM effects WHERE workflow_id = ? ORDER BY 1"
 _DELETE_STEP: Final = "DELETE FROM effects WHERE workflow_id = ? AND step = ?"
 _DELETE_ALL: Final = "DELETE FROM effects WHERE workflow_id = ?"
 _DELETE_ORPHANS: Final = (
@@ -108,3 +118,13 @@ def read_effects(
 def read_in_doubt(conn: sqlite3.Connection) -> list[str]:
     """Every workflow with an effect in doubt, sorted."""
     return [row[0] for row in conn.execute(_IN_DOUBT).fetchall() if isinstance(row[0], str)]
+
+
+def read_workflows(conn: sqlite3.Connection) -> list[str]:
+    """Every workflow with an effect record, sorted (the unique index, in order)."""
+    return [row[0] for row in conn.execute(_WORKFLOWS).fetchall() if isinstance(row[0], str)]
+
+
+def read_steps(conn: sqlite3.Connection, workflow_id: str) -> list[int]:
+    """The steps of ``workflow_id`` with effect records, ascending."""
+    return [int(row[0]) for row in conn.execute(_STEPS, (workflow_id,)).fetchall()]
