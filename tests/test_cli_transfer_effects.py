@@ -70,7 +70,7 @@ async def crashed_runs(url: str, keys: Keyring | None) -> None:
                         wf.state.set("n", 0)
                     async with wf.step(1, agent_id="a"):
 
-                        async def call(amount: int) -> dict[str, Any]:
+                        async def call(amount: int, during: bool = during) -> dict[str, Any]:
                             if during:
                                 scope.cancel()
                                 await anyio.sleep(30)

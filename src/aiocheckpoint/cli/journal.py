@@ -180,8 +180,10 @@ class JournalSink:
         self._counts.effects_skipped += len(effects) - len(todo)
 
     async def pending(self, workflow_id: str, effects: list[Effect]) -> list[Effect]:
-        """The records not at the destination yet; WorkflowTransferError for one that differs
-        there (unless ``overwrite``)."""
+        """The records not at the destination yet.
+
+        Raises WorkflowTransferError for one that differs there (unless ``overwrite``).
+        """
         assert self._storage is not None
         there: dict[tuple[int, str], StoredEffect] = {}
         for step in sorted({e.step for e in effects}):
