@@ -124,10 +124,10 @@ async def test_copy_carries_done_and_in_doubt_effects(
     dst = new_store(dst_kind)  # named after the source exists: its own name
     result = cli("--json", "copy", *args, src, dst)
     assert result.code == 0, result.out + result.err
+    await assert_resumes_exactly_once(dst, keys)
     report = result.json()
     assert isinstance(report, dict)
     assert report["effects"] == {"written": 2, "skipped": 0, "verified": 2}
-    await assert_resumes_exactly_once(dst, keys)
     again = cli("--json", "copy", *args, src, dst)
     assert again.code == 0, again.out + again.err
     assert again.json()["effects"]["skipped"] == 2  # type: ignore[index]
@@ -147,6 +147,9 @@ async def test_export_import_carries_done_and_in_doubt_effects(
     path = tmp_path / "export.jsonl"
     exported = cli("export", *args, src, str(path))
     assert exported.code == 0, exported.err
+    imported = cli("import", *args, str(path), dst)
+    assert imported.code == 0, imported.out + imported.err
+    await assert_resumes_exactly_once(dst, keys)
     lines = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
     kinds = [(line.get("type"), line.get("workflow_id")) for line in lines[1:]]
     for workflow_id in (PAID, DOUBT):
@@ -157,6 +160,3 @@ async def test_export_import_carries_done_and_in_doubt_effects(
     assert sealed == {encrypted}
     assert {(e["workflow_id"], e["in_doubt"]) for e in effects} == {(PAID, False), (DOUBT, True)}
     assert lines[-1]["effects"] == 2
-    imported = cli("import", *args, str(path), dst)
-    assert imported.code == 0, imported.out + imported.err
-    await assert_resumes_exactly_once(dst, keys)
