@@ -160,3 +160,33 @@ async def test_export_import_carries_done_and_in_doubt_effects(
     assert sealed == {encrypted}
     assert {(e["workflow_id"], e["in_doubt"]) for e in effects} == {(PAID, False), (DOUBT, True)}
     assert lines[-1]["effects"] == 2
+
+
+@pytest.mark.parametrize(("src_kind", "dst_kind"), [("sqlite", "postgres"), ("postgres", "sqlite")])
+async def test_workflow_records_travel_with_metadata(
+    new_store: NewStore, tmp_path: Path, src_kind: str, dst_kind: str
+) -> None:
+    """copy and export + import carry a workflow record's status and metadata (what
+    `workflows --meta` and list_workflow_records filter on), a record without checkpoints
+    included."""
+    src = new_store(src_kind)
+    meta = {"tenant": "acme \u202e", "n": 1}
+    async with CheckpointManager(open_storage(src)) as manager:
+        await manager.register_workflow("with-steps", metadata=meta)
+        await manager.create_checkpoint("with-steps", 0, "a", "completed", {"n": 0})
+        await manager.mark_workflow("with-steps", "finished")
+        await manager.register_workflow("queued", metadata={"kind": "report"})
+    copied = new_store(dst_kind)
+    assert cli("copy", src, copied).code == 0
+    imported = new_store(dst_kind)
+    path = tmp_path / "e.jsonl"
+    assert cli("export", src, str(path)).code == 0
+    result = cli("import", str(path), imported)
+    assert result.code == 0, result.out
+    for url in (copied, imported):
+        async with CheckpointManager(open_storage(url)) as manager:
+            records = {r.workflow_id: r for r in await manager.list_workflow_records()}
+        assert {k: (r.status.value, r.metadata) for k, r in records.items()} == {
+            "with-steps": ("finished", meta),
+            "queued": ("unfinished", {"kind": "report"}),
+        }

@@ -254,6 +254,11 @@ async def _export_workflow(
         )
         tally.written += len(good)
     if record is not None:
-        await file.write(
-            [_line({"type": "workflow", "workflow_id": workflow_id, "status": record.status.value})]
-        )
+        line: dict[str, Any] = {
+            "type": "workflow",
+            "workflow_id": workflow_id,
+            "status": record.status.value,
+        }
+        if record.metadata:
+            line["metadata"] = record.metadata
+        await file.write([_line(line)])

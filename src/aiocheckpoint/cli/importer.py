@@ -67,6 +67,8 @@ def _parse_line(raw: bytes, version: int = EXPORT_VERSION) -> dict[str, Any]:
             obj["record"] = _record(obj.get("record"))
         elif kind == "workflow":
             obj["status"] = WorkflowStatus(obj.get("status"))
+            if type(obj.setdefault("metadata", None)) not in (dict, type(None)):
+                raise _BadLine("metadata must be a JSON object")
     except (InvalidArgumentError, binascii.Error, ValueError) as exc:
         raise _BadLine(str(exc)) from exc
     return obj
@@ -201,9 +203,16 @@ class _Importer:
         elif obj["type"] == "workflow":
             await self.flush()
             if workflow_id not in self.refused:
-                await self.sink.status(workflow_id, obj["status"])
+                await self._status(number, workflow_id, obj)
         else:
             await self._checkpoint(number, workflow_id, obj)
+
+    async def _status(self, number: int, workflow_id: str, obj: dict[str, Any]) -> None:
+        try:
+            await self.sink.status(workflow_id, obj["status"], obj["metadata"])
+        except InvalidArgumentError as exc:
+            where = {"line": number, "workflow_id": workflow_id}
+            self.tally.corrupted.append({**where, "reason": str(exc)})
 
     async def _switch(self, workflow_id: str) -> None:
         """Flush the current workflow when ``workflow_id``'s lines start (or a page is full)."""

@@ -128,14 +128,21 @@ class Sink:
                 raise result
         self._tally.written += len(writes)
 
-    async def status(self, workflow_id: str, status: WorkflowStatus) -> None:
-        """Give the workflow ``status`` at the destination, if it keeps workflow records."""
+    async def status(
+        self, workflow_id: str, status: WorkflowStatus, metadata: dict[str, Any] | None = None
+    ) -> None:
+        """Give the workflow ``status`` and ``metadata`` at the destination, if it keeps records."""
         if not self._manager.supports_workflow_records():
-            note = "the destination keeps no workflow records: workflow statuses not copied"
+            note = (
+                "the destination keeps no workflow records: workflow statuses and metadata "
+                "not copied"
+            )
             if note not in self._tally.notes:
                 self._tally.notes.append(note)
             return
         record = await self._manager.get_workflow(workflow_id)
+        if metadata and (record is None or record.metadata != metadata):
+            record = await self._manager.register_workflow(workflow_id, metadata=metadata)
         if record is None or record.status is not status:
             await self._manager.mark_workflow(workflow_id, status)
 
@@ -230,7 +237,8 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
                     f"{tally.skipped} already there"
                 )
             if workflow_id in records:
-                await sink.status(workflow_id, records[workflow_id].status)
+                record = records[workflow_id]
+                await sink.status(workflow_id, record.status, record.metadata)
         carried = [i for i in ids if i not in {r["workflow_id"] for r in tally.refused}]
         await _verify_copy(src, dst, carried, tally, progress)
         await _verify_journals(journal, dst, carried, tally)
