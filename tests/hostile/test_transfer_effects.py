@@ -338,3 +338,26 @@ async def test_export_escapes_control_and_bidi_characters(tmp_path: Path) -> Non
     async with open_store(dst, must_exist=True) as manager:
         [record] = await manager.get_effects(HOSTILE_ID, 1)
     assert record.key == HOSTILE_KEY and record.result == {"ok": 1}
+
+
+@pytest.mark.parametrize(
+    "metadata", [[1], "text", 7, {"x": float("nan")}], ids=["list", "str", "int", "nan"]
+)
+async def test_import_reports_a_workflow_line_with_bad_metadata(
+    tmp_path: Path, metadata: object
+) -> None:
+    """Metadata that is not a storable JSON object is a malformed line (status 1): the
+    record's status and metadata are not set from it; the workflow's checkpoints import."""
+    checkpoint = checkpoint_line("w", 0, await record_of("memory://", "w", 0, {"n": 0}))
+    line = {"type": "workflow", "workflow_id": "w", "status": "finished", "metadata": metadata}
+    path = v2_file(tmp_path / "m.jsonl", [checkpoint, line, end_line(1, 0, 1)])
+    dst = f"sqlite:{tmp_path}/dst.db"
+    result = cli("--json", "import", str(path), dst)
+    assert result.code == 1, result.out + result.err
+    assert "Traceback" not in result.err
+    report = result.json()
+    assert isinstance(report, dict)
+    assert [c["line"] for c in report["corrupted"]] == [3]
+    async with open_store(dst, must_exist=True) as manager:
+        record = await manager.get_workflow("w")
+    assert record is not None and (record.status.value, record.metadata) == ("unfinished", {})
