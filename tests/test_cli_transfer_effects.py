@@ -190,3 +190,23 @@ async def test_workflow_records_travel_with_metadata(
             "with-steps": ("finished", meta),
             "queued": ("unfinished", {"kind": "report"}),
         }
+
+
+async def test_export_plaintext_decrypts_effect_records(
+    new_store: NewStore, tmp_path: Path
+) -> None:
+    """export --plaintext writes encrypted effect records decrypted, as it does checkpoints:
+    a plaintext store imports them, and the resumed run there behaves as at the source."""
+    args, keys = key_args(tmp_path, True)
+    src = new_store("sqlite")
+    await crashed_runs(src, keys)
+    path = tmp_path / "plain.jsonl"
+    exported = cli("export", "--plaintext", *args, src, str(path))
+    assert exported.code == 0, exported.err
+    lines = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+    records = [base64.b64decode(e["record"]) for e in lines if e.get("type") == "effect"]
+    assert len(records) == 2 and all(r.startswith(b"ACKE") for r in records)
+    dst = new_store("file")
+    imported = cli("import", str(path), dst)
+    assert imported.code == 0, imported.out + imported.err
+    await assert_resumes_exactly_once(dst, None)
