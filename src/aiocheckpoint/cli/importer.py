@@ -122,9 +122,10 @@ def _read_lines(fh: IO[bytes], count: int) -> list[bytes]:
 class _Importer:
     """Feeds parsed lines to a Sink, one workflow's page at a time, its effects first.
 
-    A workflow's effect lines are checked and held until its first checkpoint or workflow
-    line (an export writes them first), then written before any of its checkpoints; a bad
-    one refuses the workflow, whose later lines are then skipped.
+    A workflow's effect lines are checked as they come and held (up to EFFECT_BUFFER
+    bytes) until its lines are written, effects before checkpoints; an export writes them
+    first, so a bad one refuses the workflow before anything of it is written, and its
+    later lines are skipped.
     """
 
     def __init__(

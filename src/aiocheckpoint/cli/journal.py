@@ -14,7 +14,7 @@ journal without its checkpoints (a re-run completes it), never checkpoints witho
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from .._validation import check_step, check_workflow_id
 from ..codec.effects import decode_effect
@@ -25,7 +25,15 @@ from ..storage.base import EffectListingStorage, EffectStorage, StoredEffect, ch
 from .keys import KEYS_VARIABLE
 from .redact import redact
 
-__all__ = ["Effect", "Journal", "JournalSink", "check_effect", "sealer_for"]
+__all__ = [
+    "Counts",
+    "Effect",
+    "Journal",
+    "JournalSink",
+    "check_effect",
+    "check_entry",
+    "sealer_for",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +148,20 @@ class Journal:
         return steps
 
 
+class Counts(Protocol):
+    """Where a sink counts the effect records it wrote and skipped (a transfer's Tally)."""
+
+    effects_written: int
+    effects_skipped: int
+
+
 class JournalSink:
     """Writes effect records into a store, skipping those already there byte for byte."""
 
-    def __init__(self, manager: CheckpointManager, counts: Any, *, overwrite: bool) -> None:
+    def __init__(self, manager: CheckpointManager, counts: Counts, *, overwrite: bool) -> None:
         storage = manager.storage
         self._storage = storage if isinstance(storage, EffectStorage) else None
         self._limit: int = getattr(storage, "max_record_bytes", 0) or 2**63
-        #: A Tally: ``effects_written`` and ``effects_skipped`` are counted on it.
         self._counts = counts
         self.overwrite = overwrite
 

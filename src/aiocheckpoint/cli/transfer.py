@@ -239,7 +239,8 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
             if workflow_id in records:
                 record = records[workflow_id]
                 await sink.status(workflow_id, record.status, record.metadata)
-        carried = [i for i in ids if i not in {r["workflow_id"] for r in tally.refused}]
+        refused = {r["workflow_id"] for r in tally.refused}
+        carried = [i for i in ids if i not in refused]
         await _verify_copy(src, dst, carried, tally, progress)
         await _verify_journals(journal, dst, carried, tally)
     progress.clear()
