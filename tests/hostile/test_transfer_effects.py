@@ -9,6 +9,7 @@ with control and bidi characters as JSON escapes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -361,3 +362,28 @@ async def test_import_reports_a_workflow_line_with_bad_metadata(
     async with open_store(dst, must_exist=True) as manager:
         record = await manager.get_workflow("w")
     assert record is not None and (record.status.value, record.metadata) == ("unfinished", {})
+
+
+def test_import_holds_a_bounded_journal_per_workflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A workflow whose effect lines hold more than import's buffer before its checkpoints
+    is refused (memory stays bounded), nothing of it written; the next workflow imports.
+    In process, with the buffer made small."""
+    from aiocheckpoint.cli import importer, main
+
+    records = [asyncio.run(effect_bytes("big", 1, f"k{n}", done=True)) for n in range(3)]
+    small = asyncio.run(effect_bytes("small", 1, "k", done=True))
+    monkeypatch.setattr(importer, "EFFECT_BUFFER", len(records[0]) * 2 + 1)
+    lines = [effect_line("big", 1, f"k{n}", False, r) for n, r in enumerate(records)]
+    lines += [effect_line("small", 1, "k", False, small), end_line(0, 4)]
+    path = v2_file(tmp_path / "big.jsonl", lines)
+    dst = f"sqlite:{tmp_path}/dst.db"
+    assert main(["--json", "import", str(path), dst]) == 1
+    report = json.loads(capsys.readouterr().out)
+    [refused] = report["refused"]
+    assert (refused["workflow_id"], refused["line"]) == ("big", 4)
+    assert "more than import holds" in refused["reason"]
+    assert report["effects"]["written"] == 1
+    assert asyncio.run(stored_of(dst, "big")) == ([], [])
+    assert len(asyncio.run(stored_of(dst, "small"))[1]) == 1
