@@ -22,6 +22,7 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     │   └── StoragePermissionError    the store's files belong to another user or are shared
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     ├── WorkflowBusyError             a second driver for a workflow this manager drives
+    ├── WorkflowTransferError         copy/export/import cannot carry a workflow whole
     ├── EncryptionError               encryption cannot run (no keys, no cryptography)
     ├── EffectError
     │   ├── EffectInDoubtError        an effect's call may or may not have happened
@@ -66,6 +67,7 @@ __all__ = [
     "UnsupportedOperationError",
     "WorkflowBusyError",
     "WorkflowExistsError",
+    "WorkflowTransferError",
 ]
 
 
@@ -201,6 +203,22 @@ class WorkflowBusyError(CheckpointError):
             f"workflow {workflow_id!r} is already driven by an active ResumableWorkflow "
             "block on this manager"
         )
+
+
+class WorkflowTransferError(CheckpointError):
+    """``copy``, ``export`` or ``import`` cannot carry a workflow whole: nothing is written.
+
+    A workflow travels with its effect journal (``docs/effects.md``): one of its effect
+    records that does not verify, cannot be read without keys, differs at the destination
+    or has nowhere to go refuses the whole workflow, so that no store ends up with its
+    checkpoints but without the record of a call already made. ``workflow_id`` names it,
+    ``reason`` says why.
+    """
+
+    def __init__(self, workflow_id: str, reason: str) -> None:
+        self.workflow_id = workflow_id
+        self.reason = reason
+        super().__init__(f"workflow {workflow_id!r} not carried: {reason}")
 
 
 class StorageClosedError(CheckpointError):

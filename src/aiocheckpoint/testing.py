@@ -23,7 +23,9 @@ object on the same location. Backends with workflow records and leases also subc
 those that read trees in their own thread (``BlobReads``) :class:`BlobReadsConformance`.
 Backends with an effect journal (:class:`~aiocheckpoint.storage.base.EffectStorage`)
 subclass :class:`EffectStorageConformance` and :class:`EffectJournalConformance` (and, if
-durable, :class:`PersistentEffectConformance`). Sweeps (``docs/retention.md``) are checked by
+durable, :class:`PersistentEffectConformance`); those whose journal lists itself
+(:class:`~aiocheckpoint.storage.base.EffectListingStorage`, what ``copy`` and ``export``
+need) :class:`EffectListingConformance`. Sweeps (``docs/retention.md``) are checked by
 :class:`RetentionConformance` (every backend), :class:`WorkflowRetentionConformance`
 (workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs).
 The suite needs pytest and pytest-asyncio. The
@@ -69,6 +71,7 @@ from .storage.base import (
     BlobCheckpointStorage,
     BlobReads,
     CheckpointStorage,
+    EffectListingStorage,
     EffectStorage,
     StoredEffect,
     WorkflowStorage,
@@ -80,6 +83,7 @@ __all__ = [
     "BlobRetentionConformance",
     "BlobStorageConformance",
     "EffectJournalConformance",
+    "EffectListingConformance",
     "EffectStorageConformance",
     "PersistentEffectConformance",
     "PersistentStorageConformance",
@@ -1520,6 +1524,66 @@ class EffectJournalConformance:
             await manager.mark_workflow("wf", WorkflowStatus.UNFINISHED)
             ttls = RetentionPolicy(finished_ttl=timedelta(days=1), failed_ttl=timedelta(days=1))
             await manager.sweep(now=utcnow() + _JOURNAL_LATER, policy=ttls)
+
+
+class EffectListingConformance:
+    """What an effect journal that lists itself must do (``EffectListingStorage``).
+
+    ``copy`` and ``export`` find every effect record through it, including those of steps
+    (and workflows) with no checkpoint. Its ``storage`` fixture yields a fresh store.
+    """
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_is_an_effect_listing_storage(self, storage: CheckpointStorage) -> None:
+        """The storage implements the EffectListingStorage protocol."""
+        assert isinstance(storage, EffectListingStorage)
+
+    async def test_lists_workflows_and_steps_without_checkpoints(
+        self, storage: EffectListingStorage
+    ) -> None:
+        """Workflows and steps are listed by their effects alone, sorted, each once."""
+        store: Any = storage
+        assert await storage.effect_workflows() == []
+        await store.save("b", 1, b"one")
+        await storage.put_effect("b", 7, "k", b"running", in_doubt=True)
+        await storage.put_effect("b", 1, "k", b"done", in_doubt=False)
+        await storage.put_effect("b", 1, "j", b"done", in_doubt=False)
+        await storage.put_effect("a", 0, "k", b"done", in_doubt=False)
+        await store.save("c", 0, b"no effects")
+        assert await storage.effect_workflows() == ["a", "b"]
+        assert await storage.effect_steps("b") == [1, 7]
+        assert await storage.effect_steps("a") == [0]
+        assert await storage.effect_steps("c") == []
+        assert await storage.effect_steps("nope") == []
+
+    async def test_listing_follows_deletes(self, storage: EffectListingStorage) -> None:
+        """A deleted step or workflow is no longer listed."""
+        store: Any = storage
+        for step in (2, 10):
+            await storage.put_effect("wf", step, "k", b"x", in_doubt=False)
+        await store.delete("wf", 2)
+        assert await storage.effect_steps("wf") == [10]
+        await store.delete("wf")
+        assert await storage.effect_steps("wf") == []
+        assert await storage.effect_workflows() == []
+
+    async def test_tricky_ids_and_large_steps(self, storage: EffectListingStorage) -> None:
+        """Ids that naive backends confuse and steps up to 2**63 - 1 list as written."""
+        last = 2**63 - 1
+        for wf in TRICKY_IDS:
+            await storage.put_effect(wf, last, "k", b"x", in_doubt=False)
+        assert await storage.effect_workflows() == sorted(TRICKY_IDS)
+        for wf in TRICKY_IDS:
+            assert await storage.effect_steps(wf) == [last]
+
+    async def test_closed_storage_refuses_listing(self, storage: EffectListingStorage) -> None:
+        """After close, both listings raise StorageClosedError."""
+        await storage.close()  # type: ignore[attr-defined]
+        with pytest.raises(StorageClosedError):
+            await storage.effect_workflows()
+        with pytest.raises(StorageClosedError):
+            await storage.effect_steps("wf")
 
 
 # --- retention and TTL (docs/retention.md) ---------------------------------------------

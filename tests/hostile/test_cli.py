@@ -281,7 +281,12 @@ async def test_exports_are_private_and_killed_exports_are_cleaned(tmp_path: Path
     assert temporaries(target.parent, target.name) == [alive]
     assert other.exists()
     lines = target.read_text("utf-8").splitlines()
-    assert json.loads(lines[-1]) == {"type": "end", "checkpoints": 8000, "workflows": 1}
+    assert json.loads(lines[-1]) == {
+        "type": "end",
+        "checkpoints": 8000,
+        "effects": 0,
+        "workflows": 1,
+    }
 
 
 # --- 19: control and bidi characters from state values ------------------------------------

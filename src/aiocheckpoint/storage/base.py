@@ -34,6 +34,7 @@ __all__ = [
     "StepInfo",
     "StoredCheckpoint",
     "WorkflowQuery",
+    "EffectListingStorage",
     "EffectStorage",
     "MAX_EFFECTS_PER_STEP",
     "StoredEffect",
@@ -415,6 +416,28 @@ async def workflow_traces(storage: CheckpointStorage, workflow_id: str) -> str |
     if isinstance(storage, EffectStorage) and await storage.has_effects(workflow_id):
         return "effect records"
     return None
+
+
+@runtime_checkable
+class EffectListingStorage(EffectStorage, Protocol):
+    """An effect journal that can list itself whole: what ``copy`` and ``export`` carry.
+
+    Contract (checked by :class:`aiocheckpoint.testing.EffectListingConformance`):
+
+    * ``effect_workflows`` lists, sorted, every workflow with at least one effect record,
+      whether or not it has a checkpoint or a workflow record.
+    * ``effect_steps(wf)`` lists, ascending, every step of ``wf`` with at least one effect
+      record, whether or not the step has a checkpoint (a crash inside a step leaves
+      exactly that); a step whose records were all deleted is not listed.
+    """
+
+    async def effect_workflows(self) -> list[str]:
+        """Every workflow with an effect record, sorted."""
+        ...
+
+    async def effect_steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` with effect records, ascending."""
+        ...
 
 
 def check_effect_key(key: object) -> str:

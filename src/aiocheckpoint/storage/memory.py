@@ -431,6 +431,17 @@ class InMemoryCheckpointStorage(BaseStorage):
             if doubt
         ][:MAX_EFFECTS_PER_STEP]
 
+    async def effect_workflows(self) -> list[str]:
+        """Every workflow with at least one effect record, sorted."""
+        self._check_open()
+        return sorted(wf for wf, journal in self._effects.items() if journal)
+
+    async def effect_steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` that have effect records, ascending."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return sorted(s for s, keys in self._effects.get(workflow_id, {}).items() if keys)
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""
         self._check_open()
