@@ -15,6 +15,7 @@ from aiocheckpoint import (
     ExecutionMetrics,
     InvalidStepError,
     InvalidWorkflowIdError,
+    Keyring,
     ResumableWorkflow,
     WorkflowBusyError,
     WorkflowExistsError,
@@ -122,11 +123,16 @@ def _large_state() -> dict[str, Any]:
     return {"docs": [{"id": i, "text": f"{rng.random():.17f}" * 8} for i in range(4000)]}
 
 
-async def test_fork_shares_blobs_and_outlives_the_source(blob_storage: CheckpointStorage) -> None:
-    """On stores with blobs a fork writes no blob; after the source is deleted and garbage
-    is collected, the fork still reads its whole state."""
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+async def test_fork_shares_blobs_and_outlives_the_source(
+    blob_storage: CheckpointStorage, encrypted: bool
+) -> None:
+    """On stores with blobs a fork writes no blob (encrypted too: the sealed blobs are
+    shared as they are); after the source is deleted and garbage is collected, the fork
+    still reads its whole state."""
     assert isinstance(blob_storage, BlobCheckpointStorage)
-    manager = CheckpointManager(blob_storage, incremental=True)
+    keyring = Keyring(keys={"k1": bytes(range(32))}, primary="k1") if encrypted else None
+    manager = CheckpointManager(blob_storage, incremental=True, encryption=keyring)
     state = _large_state()
     await _history(manager, 2, state)
     saved: list[int] = []
