@@ -371,6 +371,24 @@ async def test_stale_runner_settling_a_settled_effect_loses_its_lease(
         assert record.state is EffectState.DONE and record.result == 1
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_stale_runner_resolving_an_effect_still_in_doubt_writes_nothing(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """A runner taken over while its effect is still in doubt: resolving it with the old
+    lease raises LeaseLostError, and the effect stays in doubt for the new holder."""
+    async with CheckpointManager(leased_store(kind, tmp_path, pg_schema)) as manager:
+        await leave_in_doubt(manager, "mail")
+        stale = await manager.acquire_lease("wf", "a", ttl=0.05)
+        await asyncio.sleep(0.1)
+        await manager.acquire_lease("wf", "b", ttl=30)
+        with pytest.raises(LeaseLostError):
+            await manager.resolve_effect("wf", 0, "mail", happened=True, result=1, lease=stale)
+        [record] = await manager.get_effects("wf", 0)
+        assert record.in_doubt and record.result is None
+        assert await manager.list_in_doubt_workflows() == ["wf"]
+
+
 @pytest.mark.parametrize("kind", ["memory", "file", "sqlite", "postgres"])
 async def test_oversized_effect_records_are_refused(
     kind: str, tmp_path: Path, pg_schema: str
