@@ -4,10 +4,6 @@
 every file and directory everywhere else. The filesystems are real mounts made here (the
 tests run as root, as in CI): tmpfs, a loop-mounted ext4 image, overlayfs (a layered
 filesystem, like FUSE and network filesystems not on the list), and /proc.
-
-On the fsync path the calls are also observed with the paths they touch: a tree save's new
-pack is fsynced, renamed into ``blobs/packs/`` and ``packs/`` fsynced before its record's
-rename.
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ from aiocheckpoint.storage.file.durability import (
 )
 from aiocheckpoint.storage.file.format import step_name
 from aiocheckpoint.storage.file.io import FileOps
-from aiocheckpoint.storage.file.packs import read_pack_index
 
 
 def mount(*args: str) -> None:
@@ -282,14 +277,10 @@ def tree_state(tag: str) -> dict[str, object]:
 
 
 def pack_holding(store: Path, blob: bytes) -> str:
-    """The path of the pack under ``store`` whose index names ``blob``."""
-    found = []
-    for path in (store / "blobs" / "packs").glob("*.pack"):
-        with path.open("rb") as f:
-            if blob in read_pack_index(f.fileno(), path.stat().st_size, 1 << 30):
-                found.append(os.path.realpath(path))
+    """The path of the one pack under ``store`` that holds ``blob`` (its stored bytes)."""
+    found = [p for p in (store / "blobs" / "packs").glob("*.pack") if blob in p.read_bytes()]
     assert len(found) == 1, found
-    return found[0]
+    return os.path.realpath(found[0])
 
 
 def assert_pack_durable_before_record(log: PathLog, pack: str, record: str) -> None:
@@ -329,7 +320,8 @@ async def saved_trees(
         assert (await manager.get_checkpoint(f"wf-{i}", 1)).state_snapshot.data == states[i]
         stored = await store.load(f"wf-{i}", 1)
         assert stored is not None
-        pack = pack_holding(base, record_root_refs(stored.data)[0])
+        first = record_root_refs(stored.data)[0]
+        pack = pack_holding(base, (await store.fetch_blobs([first]))[first])
         pairs.append((pack, record_path(store, f"wf-{i}", 1)))
     await store.close()
     return log, pairs
