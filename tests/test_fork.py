@@ -161,3 +161,39 @@ async def test_fork_shares_blobs_and_outlives_the_source(
     await manager.delete_checkpoints("fork")
     if hasattr(blob_storage, "base_dir"):
         assert await blob_storage.collect_garbage(grace=0) > 0  # type: ignore[call-arg]
+
+
+class _StepFailed(Exception):
+    """The body of a step failing after its effect completed."""
+
+
+async def test_a_fork_starts_with_an_empty_effect_journal(any_storage: CheckpointStorage) -> None:
+    """Forks copy checkpoints, not effects: no step of the fork has an effect record, and
+    re-running the FAILED step it was forked at calls the effect anew, with the fork's own
+    idempotency key; the source's journal is unchanged."""
+    manager = CheckpointManager(any_storage)
+    keys: list[str] = []
+
+    async def pay(*, idempotency_key: str) -> int:
+        keys.append(idempotency_key)
+        return len(keys)
+
+    with pytest.raises(_StepFailed):
+        async with ResumableWorkflow("src", manager) as wf:
+            async with wf.step(0, agent_id="a"):
+                await wf.effect("pay", pay, idempotent=True)
+            async with wf.step(1, agent_id="a"):
+                await wf.effect("pay", pay, idempotent=True)
+                raise _StepFailed
+    source = [await manager.get_effects("src", step) for step in (0, 1)]
+    assert [len(records) for records in source] == [1, 1]
+    assert await manager.fork_workflow("src", 1, "fork") == 2
+    assert [await manager.get_effects("fork", step) for step in (0, 1)] == [[], []]
+    async with ResumableWorkflow("fork", manager) as fork:
+        assert fork.resume_step == 1
+        async with fork.step(1, agent_id="a"):
+            assert await fork.effect("pay", pay, idempotent=True) == 3
+    assert keys[2] not in keys[:2]
+    [record] = await manager.get_effects("fork", 1)
+    assert (record.result, record.idempotency_key) == (3, keys[2])
+    assert [await manager.get_effects("src", step) for step in (0, 1)] == source
