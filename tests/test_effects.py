@@ -389,6 +389,28 @@ async def test_stale_runner_resolving_an_effect_still_in_doubt_writes_nothing(
         assert await manager.list_in_doubt_workflows() == ["wf"]
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_a_call_returning_after_a_takeover_leaves_its_effect_in_doubt(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """A runner taken over while its effect's call runs: the outcome is not written
+    (LeaseLostError), so the new holder finds the effect in doubt, not the stale result."""
+    async with CheckpointManager(leased_store(kind, tmp_path, pg_schema)) as manager:
+        stale = await manager.acquire_lease("wf", "a", ttl=0.05)
+
+        async def call_across_a_takeover() -> str:
+            await asyncio.sleep(0.1)
+            await manager.acquire_lease("wf", "b", ttl=30)
+            return "stale result"
+
+        with pytest.raises(LeaseLostError):
+            async with ResumableWorkflow("wf", manager, lease=stale, lease_ttl=600) as wf:
+                async with wf.step(0, agent_id="a"):
+                    await wf.effect("mail", call_across_a_takeover)
+        [record] = await manager.get_effects("wf", 0)
+        assert record.in_doubt and record.result is None
+
+
 @pytest.mark.parametrize("kind", ["memory", "file", "sqlite", "postgres"])
 async def test_oversized_effect_records_are_refused(
     kind: str, tmp_path: Path, pg_schema: str
