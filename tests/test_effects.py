@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from aiocheckpoint import (
+    CheckpointCorruptedError,
     CheckpointManager,
     CheckpointSerializationError,
     CheckpointStorage,
@@ -291,6 +292,29 @@ async def test_resolve_effect(open_store: Open) -> None:
             assert await wf.effect("a", calls.send) == "charged"
             assert await wf.effect("b", calls.send) == {"n": 1}
     assert await manager.list_in_doubt_workflows() == []
+
+
+async def test_an_effect_record_under_another_name_is_corrupted(open_store: Open) -> None:
+    """An effect record's bytes put under another workflow, step or key (a bad copy, a
+    hand edit) are refused as corrupted, naming the workflow and step; the step never
+    returns the other effect's result."""
+    store = open_store()
+    manager = CheckpointManager(store)
+    calls = Calls()
+    async with ResumableWorkflow("wf", manager) as wf:
+        async with wf.step(0, agent_id="a"):
+            await wf.effect("pay", calls.send)
+    [stored] = await store.load_effects("wf", 0)  # type: ignore[attr-defined]
+    for workflow_id, step, key in (("other", 0, "pay"), ("wf", 1, "pay"), ("wf", 0, "refund")):
+        await store.put_effect(workflow_id, step, key, stored.data, in_doubt=False)  # type: ignore[attr-defined]
+        with pytest.raises(CheckpointCorruptedError) as caught:
+            await manager.get_effects(workflow_id, step)
+        assert (caught.value.workflow_id, caught.value.step) == (workflow_id, step)
+    with pytest.raises(CheckpointCorruptedError):
+        async with ResumableWorkflow("other", manager) as other:
+            async with other.step(0, agent_id="a"):
+                await other.effect("pay", calls.send)
+    assert len(calls.made) == 1
 
 
 async def test_misuse_is_refused(open_store: Open) -> None:

@@ -17,6 +17,7 @@ from aiocheckpoint import (
     InvalidWorkflowIdError,
     Keyring,
     ResumableWorkflow,
+    StorageBackendError,
     WorkflowBusyError,
     WorkflowExistsError,
 )
@@ -116,6 +117,32 @@ async def test_fork_into_a_driven_workflow_is_refused(any_storage: CheckpointSto
     async with ResumableWorkflow("busy", manager):
         with pytest.raises(WorkflowBusyError):
             await manager.fork_workflow("src", 0, "busy")
+
+
+async def test_a_fork_cut_short_resumes_after_the_fork_step(any_storage: CheckpointStorage) -> None:
+    """The fork writes its newest step first: a fork whose second write fails already
+    resumes after the fork step, with part of the history."""
+    manager = CheckpointManager(any_storage)
+    await _history(manager, 4)
+    real_save, written = any_storage.save, []
+
+    async def failing(*args: Any, **kwargs: Any) -> None:
+        if args[0] == "cut":
+            written.append(args[1])
+            if len(written) == 2:
+                raise StorageBackendError("the disk went away")
+        await real_save(*args, **kwargs)
+
+    any_storage.save = failing  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StorageBackendError):
+            await manager.fork_workflow("src", 2, "cut")
+    finally:
+        del any_storage.save
+    assert written == [2, 1]
+    assert [c.step for c in await manager.list_checkpoints("cut")] == [2]
+    point = await manager.get_resume_point("cut")
+    assert point is not None and (point[0], point[1].data) == (3, {"n": 2})
 
 
 def _large_state() -> dict[str, Any]:
