@@ -9,6 +9,12 @@ The suite has three tiers (README.md, "Run the tests"), told apart by markers:
 * ``root``: needs root (tmpfs and loop mounts, files of another uid) and, for the power-loss
   suite, /dev/fuse and LazyFS: ``sudo .venv/bin/python -m pytest -m root``.
 
+Which tier a new test belongs to: ``root`` if it needs anything a fresh clone run by any
+user lacks (root, a mount, another uid, /dev/fuse, LazyFS or anything else from beside the
+repository); otherwise ``slow`` if one run of it takes more than about five seconds on a
+quiet machine (kill and crash loops, decoding bombs, builds), as the fast tier must finish
+in under five minutes on two cores; otherwise no marker. Never a skip instead.
+
 A test carries at most one of the two markers. An explicit ``-m`` picks tests by pytest's
 own rules; without one, a test file named on the command line runs in full (whatever its
 tiers), and anything else runs its fast tier only, with a line at the end saying how many
@@ -127,7 +133,7 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print what the crash and power-loss suites published (see tests/_summary.py)."""
+    """Print what the suites published (tests/_summary.py): the tiers left out, the kills..."""
     _summary.write(terminalreporter)
 
 

@@ -28,6 +28,14 @@ def test_root():
     pass
 """
 
+INI = """
+[pytest]
+asyncio_default_fixture_loop_scope = function
+markers =
+    slow: s
+    root: r
+"""
+
 OTHER = """
 import pytest
 
@@ -43,7 +51,7 @@ def test_slow_too():
 def run(tmp_path: Path, *args: str, **files: str) -> subprocess.CompletedProcess[str]:
     """pytest with the suite's hooks (tests/conftest.py) over ``files`` in ``tmp_path``."""
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: s\n    root: r\n")
+    (tmp_path / "pytest.ini").write_text(INI)
     for name, text in files.items():
         (tmp_path / f"{name}.py").write_text(text)
     return subprocess.run(
@@ -98,6 +106,7 @@ def test_a_named_file_runs_in_full_and_root_tests_fail_without_root(tmp_path: Pa
             "test_c.py::test_disk uses tiny_disk: mark it root",
         ),
     ],
+    ids=["two tiers", "a root fixture"],
 )
 def test_a_test_in_two_tiers_or_needing_root_outside_root_is_refused(
     tmp_path: Path, test: str, error: str
