@@ -57,7 +57,10 @@ def run(tmp_path: Path, *args: str, **files: str) -> subprocess.CompletedProcess
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={
+            **{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+            "PYTHONPATH": str(ROOT),
+        },
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
