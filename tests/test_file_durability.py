@@ -2,7 +2,7 @@
 
 ``syncfs`` only where the filesystem's type (``fstatfs``) is on the store's list; fsyncs of
 every file and directory everywhere else. The filesystems are real mounts made here (the
-tests run as root, as in CI): tmpfs, a loop-mounted ext4 image, overlayfs (a layered
+``root`` tier): tmpfs, a loop-mounted ext4 image, overlayfs (a layered
 filesystem, like FUSE and network filesystems not on the list), and /proc.
 """
 
@@ -29,6 +29,8 @@ from aiocheckpoint.storage.file.durability import (
 )
 from aiocheckpoint.storage.file.format import step_name
 from aiocheckpoint.storage.file.io import FileOps
+
+pytestmark = pytest.mark.root  # every test mounts filesystems
 
 
 def mount(*args: str) -> None:

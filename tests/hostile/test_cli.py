@@ -514,13 +514,16 @@ def share(target: Path, how: str) -> str:
     return f"belongs to uid 65534, not to this process's uid {os.geteuid()}"
 
 
-@pytest.mark.parametrize("how", ["group-writable", "another uid"])
+@pytest.mark.parametrize(
+    "how",
+    ["group-writable", pytest.param("another uid", marks=pytest.mark.root)],  # chown
+)
 @pytest.mark.parametrize("scheme", ["file", "sqlite"])
 async def test_allow_shared_opens_a_store_that_is_refused_without_it(
     tmp_path: Path, scheme: str, how: str
 ) -> None:
-    """A file store directory or SQLite database (the tests run as root) made group-writable
-    or another uid's: every command refuses it, exit status 4, one line naming the path, the
+    """A file store directory or SQLite database made group-writable or another uid's (as
+    root: the root tier): every command refuses it, exit status 4, one line naming the path, the
     reason and `--allow-shared`, and changes nothing; with `--allow-shared` (before or after
     the command) it is read and written; it stays refused without the flag."""
     top = tmp_path / "shared"
