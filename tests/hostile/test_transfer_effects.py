@@ -301,6 +301,12 @@ async def test_journal_refuses_a_store_that_cannot_list_its_effects() -> None:
         async def drop_orphan_effects(self, *a: Any) -> int:
             return 0
 
+        async def has_effects(self, *a: Any) -> bool:
+            return True
+
+        async def in_doubt_effects(self, *a: Any) -> list[Any]:
+            return []
+
     class Manager:
         storage = NoListing()
 
