@@ -32,7 +32,7 @@ from ...urls import open_storage
 from . import keys, records
 from . import pages as paging
 from .leases import ThreadLeases, default_owner
-from .store import Pair, ThreadStore
+from .store import KIND, Pair, ThreadStore
 
 __all__ = ["AioCheckpointSaver"]
 
@@ -109,7 +109,9 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             raise InvalidArgumentError(
                 f"max_checkpoints must be an int >= 1 or None, got {max_checkpoints!r}"
             )
-        self.manager = CheckpointManager(storage, encryption=encryption)
+        # Its threads' records are of their own kind: runners sharing the store never
+        # claim them, and the default listings leave them out.
+        self.manager = CheckpointManager(storage, encryption=encryption, workflow_kind=KIND)
         # Encrypted: pages are named by a key of this saver's, so a page's name (its step
         # in the store) confirms no guess of its content.
         self._page_name = (

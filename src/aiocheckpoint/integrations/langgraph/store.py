@@ -20,10 +20,12 @@ from ...models import Checkpoint
 from ...storage.base import StoredCheckpoint
 from . import keys
 
-__all__ = ["AGENT", "Pair", "ThreadStore"]
+__all__ = ["AGENT", "KIND", "Pair", "ThreadStore"]
 
 #: The ``agent_id`` of every record the saver writes (``aiocheckpoint ls`` shows it).
 AGENT: Final = "langgraph"
+#: The kind of the workflow records of its threads (``WorkflowRecord.kind``).
+KIND: Final = "langgraph"
 _PAGE: Final = 64
 _CACHED_PAGES: Final = 512
 
