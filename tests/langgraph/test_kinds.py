@@ -43,10 +43,10 @@ async def test_runners_never_claim_a_langgraph_thread(
         final = await loop_graph(saver, steps=STEPS).ainvoke(loop_input(), LOOP)
     assert final["count"] == STEPS
     async with CheckpointManager(storage) as pool:
+        assert await pool.claim_workflow("runner") is None
         every = await pool.list_workflow_records(kind=None)
         assert {r.workflow_id[:3] for r in every} == {"lg:", "lgp"}  # a thread and its pages
         assert {r.kind for r in every} == {"langgraph"}
-        assert await pool.claim_workflow("runner") is None
         assert await pool.list_workflows("unfinished") == []
         await pool.create_checkpoint("job", 0, "agent", "completed", {"n": 1})
         lease = await pool.claim_workflow("runner")
