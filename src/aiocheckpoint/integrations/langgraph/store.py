@@ -39,6 +39,12 @@ def _page_items(workflow_id: str, digest: str, data: Mapping[str, Any]) -> list[
     return items
 
 
+def _checkpoint_id(record: Checkpoint) -> str | None:
+    """The LangGraph checkpoint id a stored record belongs to (None: it names none)."""
+    found = record.metadata.get("checkpoint_id")
+    return found if isinstance(found, str) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Pair:
     """A stored checkpoint and, when it has any, its stored writes (both decoded)."""
@@ -134,10 +140,27 @@ class ThreadStore:
             return None
         return await self._decode(workflow_id, found[step], found.get(step + 1))
 
-    async def load_writes(self, workflow_id: str, step: int) -> Checkpoint | None:
-        """The stored writes record at the odd ``step``, if any."""
-        stored = await self.manager.storage.load(workflow_id, step)
-        return None if stored is None else await self.manager.decode_record(workflow_id, stored)
+    async def load_writes(
+        self, workflow_id: str, step: int
+    ) -> tuple[str | None, Checkpoint | None]:
+        """The stored writes record at the odd ``step`` and the checkpoint id it belongs to.
+
+        The id is the one the writes record names, else the one of the checkpoint at
+        ``step - 1``; None when neither is stored. Both are read in one range read.
+        """
+        found = {
+            record.step: record
+            for record in await self.manager.storage.scan(
+                workflow_id, after=step - 2 if step >= 2 else None, before=step + 1
+            )
+        }
+        if step in found:
+            writes = await self.manager.decode_record(workflow_id, found[step])
+            return _checkpoint_id(writes), writes
+        if step - 1 in found:
+            checkpoint = await self.manager.decode_record(workflow_id, found[step - 1])
+            return _checkpoint_id(checkpoint), None
+        return None, None
 
     async def pairs(self, workflow_id: str, *, before: int | None) -> AsyncIterator[Pair]:
         """Checkpoints newest first (steps below ``before``), a page of records at a time."""
@@ -170,11 +193,13 @@ class ThreadStore:
     async def _decode(
         self, workflow_id: str, checkpoint: StoredCheckpoint, writes: StoredCheckpoint | None
     ) -> Pair:
+        """The pair; writes stored for another checkpoint id (at the same step) are not its."""
         decode = self.manager.decode_record
-        return Pair(
-            await decode(workflow_id, checkpoint),
-            None if writes is None else await decode(workflow_id, writes),
-        )
+        found = await decode(workflow_id, checkpoint)
+        own = None if writes is None else await decode(workflow_id, writes)
+        if own is not None and _checkpoint_id(own) not in (None, _checkpoint_id(found)):
+            own = None
+        return Pair(found, own)
 
     async def thread_workflows(self, thread_id: str) -> list[str]:
         """The workflow ids of every namespace of a thread."""
