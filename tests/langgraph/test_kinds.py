@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aiocheckpoint import CheckpointManager
+from aiocheckpoint import CheckpointManager, RetentionPolicy
 from aiocheckpoint.integrations.langgraph import AioCheckpointSaver
 from tests.langgraph.conftest import backend_url, open_backend
 from tests.langgraph.graphs import loop_graph, loop_input
@@ -73,3 +74,26 @@ async def test_workflows_command_labels_threads(tmp_path: Path) -> None:
     assert kinds == {"lg:": "langgraph", "job": "workflow"}
     queried = json.loads(cli("--json", "workflows", url, "--status", "unfinished").out)
     assert [w["workflow_id"] for w in queried["workflows"]] == ["job"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_a_sweep_keeps_langgraph_threads_whole(
+    kind: str, tmp_path: Path, schema: str
+) -> None:
+    """Idle TTLs and history rules are the runners' workflows': a thread keeps its pages."""
+    storage = open_backend(kind, tmp_path, schema)
+    async with AioCheckpointSaver(storage) as saver:
+        await loop_graph(saver, steps=STEPS).ainvoke(loop_input(), LOOP)
+        pool = CheckpointManager(storage)
+        for step in range(3):
+            await pool.create_checkpoint("job", step, "agent", "completed", {"n": step})
+        policy = RetentionPolicy(keep_last=1, keep_terminal=False, idle_ttl=timedelta(days=1))
+        kept = await pool.sweep(policy=policy, now=datetime.now(timezone.utc))
+        assert kept.checkpoints_deleted == 2  # the job's history is thinned
+        later = datetime.now(timezone.utc) + timedelta(days=2)
+        report = await pool.sweep(policy=policy, now=later)
+        assert report.workflows_deleted == {"idle": 1}  # the job, not the thread
+        assert [w[:3] for w in await pool.list_workflows()] == ["lg:", "lgp"]
+        state = await loop_graph(saver, steps=STEPS).aget_state(LOOP)
+        assert len(state.values["messages"]) > 64  # every page still reads
+    await storage.close()
