@@ -129,3 +129,17 @@ async def test_writes_of_one_id_never_show_as_a_twins(storage: Any) -> None:
         assert await one.aget_tuple(config(first)) is None
         [latest] = [t async for t in two.alist(generate_config(THREAD))]
         assert latest.pending_writes == []
+
+
+async def test_an_id_of_timestamp_zero_is_stored_and_read(storage: Any) -> None:
+    """The first step (an id whose timestamp is 0) reads back, with its writes."""
+    first = "00000000-0000-6000-8000-000000000001"
+    assert keys.checkpoint_step(first) == 0
+    async with AioCheckpointSaver(storage) as saver:
+        await put(saver, first)
+        await saver.aput_writes(config(first), [("channel", "mine")], "task-1")
+        found = await saver.aget_tuple(config(first))
+        assert found is not None and found.checkpoint["id"] == first
+        assert found.pending_writes == [("task-1", "channel", "mine")]
+        with pytest.raises(CheckpointIdCollisionError):
+            await put(saver, twins(first)[1])

@@ -134,7 +134,8 @@ class ThreadStore:
             async for pair in self.pairs(workflow_id, before=None):
                 return pair
             return None
-        records = await self.manager.storage.scan(workflow_id, after=step - 1, before=step + 2)
+        after = step - 1 if step else None  # step 0: an id whose timestamp is 0
+        records = await self.manager.storage.scan(workflow_id, after=after, before=step + 2)
         found = {record.step: record for record in records}
         if step not in found:
             return None
