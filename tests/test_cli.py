@@ -164,6 +164,7 @@ async def test_workflows_lists_every_workflow(store: str) -> None:
         "latest_step": 2,
         "latest_status": "failed",
         "workflow_status": "unfinished" if keeps_records else None,
+        "kind": "workflow" if keeps_records else None,
         "finished": False if keeps_records else None,
     }
 

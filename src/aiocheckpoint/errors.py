@@ -15,7 +15,8 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     ├── InvalidArgumentError          a bad argument (also a ValueError)
     │   ├── InvalidWorkflowIdError    not a non-empty str of <= 255 UTF-8 bytes without NUL
     │   ├── InvalidStepError          not an int in [0, 2**63)
-    │   └── WorkflowExistsError       a new workflow's id is taken (fork_workflow)
+    │   ├── WorkflowExistsError       a new workflow's id is taken (fork_workflow)
+    │   └── CheckpointIdCollisionError  two LangGraph checkpoint ids would share a step
     ├── StorageClosedError            the storage (or manager) was used after close()
     ├── StorageSchemaError            a store written by a newer, unknown version
     ├── StorageBackendError           the backend failed (OSError, sqlite3.Error, ...)
@@ -41,6 +42,7 @@ from datetime import datetime
 
 __all__ = [
     "CheckpointCorruptedError",
+    "CheckpointIdCollisionError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointSerializationError",
@@ -189,6 +191,24 @@ class WorkflowExistsError(InvalidArgumentError):
         self.holds = holds
         found = "" if holds is None else f" (it has {holds})"
         super().__init__(f"workflow {workflow_id!r} already exists{found}")
+
+
+class CheckpointIdCollisionError(InvalidArgumentError):
+    """Two checkpoint ids of a LangGraph thread namespace map to one step.
+
+    The LangGraph saver stores a checkpoint at a step taken from its id's timestamp; ids
+    with the same timestamp (differing only in the UUID's version digit or its last 64
+    bits) would share it. The one the saver met second is refused: nothing is written.
+    """
+
+    def __init__(self, workflow_id: str, checkpoint_id: str, stored_id: str) -> None:
+        self.workflow_id = workflow_id
+        self.checkpoint_id = checkpoint_id
+        self.stored_id = stored_id
+        super().__init__(
+            f"checkpoint id {checkpoint_id!r} has the timestamp of {stored_id!r}, stored in "
+            f"{workflow_id!r}: the two would share one step; nothing was written"
+        )
 
 
 class WorkflowBusyError(CheckpointError):

@@ -28,7 +28,7 @@ from .errors import (
     InvalidArgumentError,
     UnsupportedOperationError,
 )
-from .leases import WorkflowRecord, WorkflowStatus
+from .leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
 from .models import AgentStatus, utcnow
 from .storage.base import (
     BlobCheckpointStorage,
@@ -354,7 +354,10 @@ class _Sweep:
 
     async def workflows(self) -> AsyncIterator[tuple[str, WorkflowStatus | None]]:
         if isinstance(self.storage, _WorkflowStorage):
-            async for record in self.pages(WorkflowQuery(limit=self.policy.batch_size)):
+            # Records of another kind (LangGraph threads and their pages) keep their own
+            # rules: thinning a thread's pages would lose pages its checkpoints reference.
+            query = WorkflowQuery(limit=self.policy.batch_size, kind=WORKFLOW_KIND)
+            async for record in self.pages(query):
                 yield record.workflow_id, record.status
             return
         # A store without records lists its workflows in one call (the protocol's only way).
@@ -483,8 +486,8 @@ def _expired(status: WorkflowStatus, cutoff: datetime, limit: int) -> WorkflowQu
     keep it; an unfinished one counts from its last change.
     """
     if status is WorkflowStatus.UNFINISHED:
-        return WorkflowQuery(status=status, updated_before=cutoff, limit=limit)
-    return WorkflowQuery(status=status, finished_before=cutoff, limit=limit)
+        return WorkflowQuery(status=status, updated_before=cutoff, limit=limit, kind=WORKFLOW_KIND)
+    return WorkflowQuery(status=status, finished_before=cutoff, limit=limit, kind=WORKFLOW_KIND)
 
 
 def _leased(record: WorkflowRecord) -> bool:

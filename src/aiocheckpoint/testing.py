@@ -75,9 +75,11 @@ from .storage.base import (
     CheckpointStorage,
     EffectListingStorage,
     EffectStorage,
+    StepInfo,
     StoredEffect,
     WorkflowStorage,
 )
+from .storage.queries import WorkflowQuery
 from .workflow import ResumableWorkflow
 
 __all__ = [
@@ -834,6 +836,83 @@ class WorkflowStorageConformance(WorkflowLifecycleConformance):
         assert claimed is not None
         assert claimed.workflow_id == "wf"
         assert claimed.token > old.token
+
+    async def test_save_with_a_kind_makes_a_record_runners_never_claim(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A save's kind goes on the record it creates; claims take the 'workflow' kind only."""
+        thread = StepInfo("langgraph", "completed", "langgraph")
+        await storage.save("lg:thread", 0, b"x", step_info=thread)
+        await storage.save("wf", 0, b"x", step_info=StepInfo("agent", "completed"))
+        await storage.save("plain", 0, b"x")
+        kinds = {r.workflow_id: r.kind for r in await storage.list_workflow_records()}
+        assert kinds == {"lg:thread": "langgraph", "wf": "workflow", "plain": "workflow"}
+        claimed = {(await storage.claim_next_workflow(f"r{n}", 30)) for n in range(3)}
+        assert {c.workflow_id for c in claimed if c is not None} == {"wf", "plain"}
+        assert None in claimed
+        record = await storage.get_workflow("lg:thread")
+        assert record is not None and record.lease_owner is None
+
+    async def test_a_kind_sticks_and_reaches_a_leased_record(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A record made by a lease takes a save's kind; later saves never set it back."""
+        lease = await storage.acquire_lease("lg:t", "saver", 30)
+        thread = StepInfo("langgraph", "completed", "langgraph")
+        await storage.save("lg:t", 2, b"x", fence=lease, step_info=thread)
+        await storage.save("lg:t", 4, b"y", fence=lease, step_info=StepInfo("a", "completed"))
+        await storage.save("lg:t", 6, b"z", fence=lease)
+        await storage.release_lease(lease)
+        record = await storage.get_workflow("lg:t")
+        assert record is not None
+        assert (record.kind, record.latest_step) == ("langgraph", 4)
+        assert await storage.claim_next_workflow("runner", 30) is None
+
+    async def test_kinds_in_one_batch_of_saves(self, storage: WorkflowStorage) -> None:
+        """Concurrent saves of both kinds (one group commit) each give their record its kind."""
+        thread = StepInfo("langgraph", "completed", "langgraph")
+        plain = StepInfo("agent", "completed")
+
+        async def save(n: int) -> None:
+            await storage.save(f"w{n:02}", 1, b"x", step_info=thread if n % 2 else plain)
+
+        async with anyio.create_task_group() as tg:
+            for n in range(20):
+                tg.start_soon(save, n)
+        kinds = {r.workflow_id: r.kind for r in await storage.list_workflow_records()}
+        assert kinds == {f"w{n:02}": "langgraph" if n % 2 else "workflow" for n in range(20)}
+
+    async def test_listings_filter_by_kind(self, storage: WorkflowStorage) -> None:
+        """Listings take 'workflow' records by default; kind=None is every kind."""
+        saver = CheckpointManager(storage, workflow_kind="langgraph")
+        manager = CheckpointManager(storage)
+        await saver.create_checkpoint("lg:t", 2, "langgraph", "completed", _big_state(1))
+        await manager.create_checkpoint("wf", 0, "agent", "completed", {"n": 1})
+        assert await manager.list_workflows("unfinished") == ["wf"]
+        assert await manager.list_workflows(kind="langgraph") == ["lg:t"]
+        assert await manager.list_workflows("unfinished", kind=None) == ["lg:t", "wf"]
+        assert await manager.list_workflows() == ["lg:t", "wf"]  # ids with checkpoints
+        assert [r.workflow_id for r in await manager.list_workflow_records()] == ["wf"]
+        every = await manager.list_workflow_records(kind=None)
+        assert [(r.workflow_id, r.kind) for r in every] == [
+            ("lg:t", "langgraph"),
+            ("wf", "workflow"),
+        ]
+        query = WorkflowQuery(status=WorkflowStatus.UNFINISHED, kind="langgraph")
+        assert [r.workflow_id for r in await storage.query_workflow_records(query)] == ["lg:t"]
+        got = await saver.get_checkpoint("lg:t", 2)
+        assert got.state_snapshot.data == _big_state(1)  # also when saved as a tree
+        assert (await manager.claim_workflow("runner")) is not None
+        assert await manager.claim_workflow("runner") is None
+
+    async def test_a_kind_is_checked(self, storage: WorkflowStorage) -> None:
+        """A kind must be a short lowercase name: anything else is refused, nothing written."""
+        for bad in ("", "Lang Graph", "x" * 33, 3, "lg\n"):
+            with pytest.raises(InvalidArgumentError):
+                CheckpointManager(storage, workflow_kind=bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentError):
+                await CheckpointManager(storage).list_workflow_records(kind=bad)  # type: ignore[arg-type]
+        assert await storage.list_workflow_records() == []
 
 
 def _keyring() -> Keyring:

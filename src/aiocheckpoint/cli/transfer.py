@@ -151,7 +151,7 @@ async def list_records(manager: CheckpointManager) -> dict[str, WorkflowRecord]:
     """The store's workflow records by id (none where the backend keeps none)."""
     if not manager.supports_workflow_records():
         return {}
-    return {r.workflow_id: r for r in await manager.list_workflow_records()}
+    return {r.workflow_id: r for r in await manager.list_workflow_records(kind=None)}
 
 
 def report(out: Output, tally: Tally, summary: str) -> int:

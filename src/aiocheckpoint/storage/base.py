@@ -149,13 +149,18 @@ class WorkflowStorage(CheckpointStorage, Protocol):
     * ``claim_next_workflow`` atomically grants the lease of one UNFINISHED workflow whose
       lease is free or expired and whose ``retry_at`` (if any) has passed (oldest record
       first), or returns None. Concurrent claimers never get the same workflow. PAUSED,
-      FINISHED and FAILED workflows are never claimed.
+      FINISHED and FAILED workflows are never claimed, nor any record whose ``kind`` is
+      not ``"workflow"``.
     * Expiry and backoff are judged by the storage's clock (the database server's, where
       there is one).
     * ``save(..., step_info=info)`` (and ``save_tree``) also sets the record's
       ``latest_step``, ``latest_agent_id`` and ``latest_agent_status`` when ``step`` is at
       least its ``latest_step``, sets ``updated_at``, and clears ``resume_input``: all in the
-      write's transaction.
+      write's transaction. A new record takes ``info.kind`` (``"workflow"`` when None); an
+      existing record of kind ``"workflow"`` takes a ``info.kind`` that is not None, and a
+      record of any other kind keeps it.
+    * ``query_workflow_records`` and ``list_workflow_records`` return records of every
+      kind unless ``query.kind`` names one.
     * ``register_workflow`` creates an UNFINISHED record when there is none and, with
       ``metadata``, replaces the record's metadata. ``resume_workflow`` turns a PAUSED
       workflow UNFINISHED and stores ``resume_input`` (JSON text) with it; any other status

@@ -10,7 +10,8 @@ Migration 2 adds workflow records and leases; migration 3 the content-addressed 
 incremental checkpoints with their reference counts; migration 4 moves the counts into a
 narrow table of their own (``blob_refs``); migration 5 adds the ``paused`` status, retries,
 metadata and the latest step to workflow records, with the indexes their queries walk;
-migration 6 adds the effect journal (``effects``).
+migration 6 adds the effect journal (``effects``); migration 7 the kind of a workflow
+record, so that runners claim only workflows and never a LangGraph thread.
 """
 
 from __future__ import annotations
@@ -134,6 +135,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ON {s}.workflow_metadata (key, value, workflow_id)",
     ),
     EFFECTS_MIGRATION,
+    (
+        # The kind of a record: runners claim only the 'workflow' kind.
+        'ALTER TABLE {s}.workflows ADD COLUMN IF NOT EXISTS kind text COLLATE "C" '
+        "NOT NULL DEFAULT 'workflow' CHECK (length(kind) BETWEEN 1 AND 32)",
+        # The records the LangGraph saver wrote before records had a kind: its thread and
+        # page workflows (``lg:`` and ``lgp:`` ids), whose latest step it wrote.
+        "UPDATE {s}.workflows SET kind = 'langgraph' WHERE latest_agent_id = 'langgraph' "
+        "AND (left(workflow_id, 3) = 'lg:' OR left(workflow_id, 4) = 'lgp:')",
+        "DROP INDEX IF EXISTS {s}.workflows_claimable",
+        "CREATE INDEX workflows_claimable ON {s}.workflows (created_at, workflow_id) "
+        "WHERE status = 'unfinished' AND kind = 'workflow'",
+        # Pages of a listing filtered by kind (and status): the default listing's.
+        "CREATE INDEX IF NOT EXISTS workflows_kind ON {s}.workflows (kind, status, workflow_id)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
