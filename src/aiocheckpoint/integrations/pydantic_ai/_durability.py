@@ -175,8 +175,9 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
         again. ``lease_owner`` holds the workflow's lease for the run.
         """
         self._check_agent(agent)
+        given = _input(user_prompt)
         recorded = await self.recorded_input(workflow_id)
-        if recorded is not None and recorded != _input(user_prompt):
+        if recorded is not None and recorded != given:
             raise InvalidArgumentError(
                 f"workflow {workflow_id!r} was started with another prompt "
                 "(resume it with resume(), or use a new workflow id)"
@@ -184,7 +185,7 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
         workflow = ResumableWorkflow(workflow_id, self.manager, lease_owner=lease_owner)
         async with workflow as wf, wf.step(RUN_STEP, agent_id=self._agent_name(agent)):
             with run_scope(wf):
-                await wf.effect(INPUT_KEY, _record, _input(user_prompt), idempotent=True)
+                await wf.effect(INPUT_KEY, _record, given, idempotent=True)
                 result: AgentRunResult[OutputT] = await agent.run(user_prompt, **run_kwargs)
             wf.state.set("output", to_jsonable_python(result.output))
         return result
