@@ -336,3 +336,87 @@ def test_importing_aiocheckpoint_never_imports_pydantic_ai() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+async def test_a_tools_reconcile_settles_it_and_model_requests_can_raise_in_doubt(
+    tmp_path: Path,
+) -> None:
+    from aiocheckpoint import EffectRecord, Reconciled
+
+    manager = CheckpointManager()
+    asked: list[str] = []
+
+    async def reconcile(record: EffectRecord) -> Reconciled:
+        asked.append(record.key)
+        return Reconciled(happened=True, result={"result": "bk-9", "kind": "tool_return"})
+
+    booked: list[str] = []
+
+    def make() -> tuple[AioCheckpointDurability[None], Agent[None, str]]:
+        durability = AioCheckpointDurability(manager, model_requests_idempotent=False)
+        agent = Agent(TestModel(), name="ops", capabilities=[durability])
+
+        @agent.tool_plain(metadata={"aiocheckpoint": {"reconcile": reconcile}})
+        async def book(city: str) -> str:
+            booked.append(city)
+            raise Crash
+
+        return durability, agent
+
+    durability, agent = make()
+    with pytest.raises(Crash):
+        await durability.run(agent, "go", workflow_id="c-1")
+    durability, agent = make()
+    assert (await durability.resume(agent, "c-1")).output == '{"book":"bk-9"}'
+    assert len(booked) == 1 and len(asked) == 1
+    # A model request in doubt raises when model requests are not idempotent.
+    log = CallLog(tmp_path / "calls.log")
+    strict = AioCheckpointDurability(manager, model_requests_idempotent=False)
+    with pytest.raises(Crash):
+        await strict.run(build_agent(strict, log, CrashAt(2)), prompt_for("c-2"), workflow_id="c-2")  # type: ignore[arg-type]
+    with pytest.raises(EffectInDoubtError, match=r"model\.request/0"):
+        await strict.resume(build_agent(strict, log), "c-2")
+
+
+async def test_a_lease_owner_keeps_a_second_runner_out() -> None:
+    from aiocheckpoint import InMemoryCheckpointStorage, LeaseHeldError
+
+    store = InMemoryCheckpointStorage()  # two managers on one store: two processes
+    inside, release = anyio.Event(), anyio.Event()
+
+    def make() -> tuple[AioCheckpointDurability[None], Agent[None, str]]:
+        durability = AioCheckpointDurability(CheckpointManager(store))
+        agent = Agent(TestModel(), name="slow", capabilities=[durability])
+
+        @agent.tool_plain
+        async def wait(x: int) -> int:
+            inside.set()
+            await release.wait()
+            return x
+
+        return durability, agent
+
+    first, second = make(), make()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: first[0].run(first[1], "go", workflow_id="l-1", lease_owner="a"))
+        await inside.wait()
+        with pytest.raises(LeaseHeldError):
+            await second[0].run(second[1], "go", workflow_id="l-1", lease_owner="b")
+        release.set()
+    assert (await second[0].resume(second[1], "l-1", lease_owner="b")).output == '{"wait":0}'
+
+
+async def test_runtime_toolsets_are_refused_in_a_durable_run() -> None:
+    from pydantic_ai.exceptions import UserError
+    from pydantic_ai.toolsets import FunctionToolset
+
+    durability = AioCheckpointDurability(CheckpointManager())
+    agent = Agent(TestModel(), name="rt", capabilities=[durability])
+    extra = FunctionToolset[None]()
+
+    @extra.tool_plain
+    async def side(x: int) -> int:
+        return x
+
+    with pytest.raises(UserError):
+        await durability.run(agent, "go", workflow_id="rt-1", toolsets=[extra])
