@@ -420,3 +420,34 @@ async def test_runtime_toolsets_are_refused_in_a_durable_run() -> None:
 
     with pytest.raises(UserError):
         await durability.run(agent, "go", workflow_id="rt-1", toolsets=[extra])
+
+
+async def test_event_handler_calls_are_units_and_replay_delivers_nothing_again() -> None:
+    seen: list[str] = []
+
+    async def handler(ctx: Any, events: Any) -> None:
+        async for event in events:
+            seen.append(type(event).__name__)
+
+    manager = CheckpointManager()
+    durability = AioCheckpointDurability(manager, event_stream_handler=handler)
+    agent = Agent(TestModel(), name="ev", capabilities=[durability])
+
+    @agent.tool_plain
+    async def temp(city: str) -> str:
+        return "t"
+
+    await durability.run(agent, "x", workflow_id="e-1")
+    assert "FunctionToolResultEvent" in seen and "PartStartEvent" in seen
+    keys = sorted(record.key for record in await manager.get_effects("e-1", 0))
+    assert keys == [
+        "ev__event_stream_handler/0",
+        "ev__event_stream_handler/1",
+        "ev__function_toolset__<agent>.call_tool:temp@pyd_ai_tool_call_id__temp",
+        "ev__model.request_stream/0",
+        "ev__model.request_stream/1",
+        "run.input",
+    ]
+    delivered = len(seen)
+    await durability.resume(agent, "e-1")
+    assert len(seen) == delivered

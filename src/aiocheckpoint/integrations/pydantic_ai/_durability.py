@@ -125,7 +125,7 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
             await anyio.sleep(max(seconds, 0))
             return
         key = f"{self.name}__sleep/{scope.next_number('sleep')}"
-        deadline = await scope.workflow.effect(key, _deadline, seconds, idempotent=True)
+        deadline = await scope.workflow.effect(key, sleep_deadline, seconds, idempotent=True)
         await anyio.sleep(max(float(deadline) - time.time(), 0))
 
     def get_durable_operation_backend(self) -> DurableOperationBackend[EffectConfig]:
@@ -185,7 +185,7 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
         workflow = ResumableWorkflow(workflow_id, self.manager, lease_owner=lease_owner)
         async with workflow as wf, wf.step(RUN_STEP, agent_id=self._agent_name(agent)):
             with run_scope(wf):
-                await wf.effect(INPUT_KEY, _record, given, idempotent=True)
+                await wf.effect(INPUT_KEY, record_input, given, idempotent=True)
                 result: AgentRunResult[OutputT] = await agent.run(user_prompt, **run_kwargs)
             wf.state.set("output", to_jsonable_python(result.output))
         return result
@@ -231,9 +231,11 @@ def _input(user_prompt: object) -> dict[str, Any]:
     return {"user_prompt": user_prompt}
 
 
-async def _record(value: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+async def record_input(value: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+    """The run's input, as its journal records it (the function ``run.input`` names)."""
     return value
 
 
-async def _deadline(seconds: float, idempotency_key: str | None = None) -> float:
+async def sleep_deadline(seconds: float, idempotency_key: str | None = None) -> float:
+    """When a durable sleep of ``seconds`` that starts now ends (a POSIX time)."""
     return time.time() + max(seconds, 0)
