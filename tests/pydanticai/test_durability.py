@@ -451,3 +451,25 @@ async def test_event_handler_calls_are_units_and_replay_delivers_nothing_again()
     delivered = len(seen)
     await durability.resume(agent, "e-1")
     assert len(seen) == delivered
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"idempotent": "yes"}, {"reconcile": "later"}, {"retries": 3}],
+)
+async def test_a_bad_tool_setting_is_refused_before_the_tool_runs(setting: Any) -> None:
+    ran: list[int] = []
+    manager = CheckpointManager()
+    durability = AioCheckpointDurability(manager)
+    agent = Agent(TestModel(), name="bad", capabilities=[durability])
+
+    @agent.tool_plain(metadata={"aiocheckpoint": setting})
+    async def act(x: int) -> int:
+        ran.append(x)
+        return x
+
+    with pytest.raises(InvalidArgumentError, match="aiocheckpoint (tool )?setting"):
+        await durability.run(agent, "go", workflow_id="bs-1")
+    assert ran == []
+    with pytest.raises(InvalidArgumentError, match="not a str"):
+        AioCheckpointDurability(manager, idempotent_tools="act")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 from pydantic_ai.durable_exec import (
     DurableOperationId,
@@ -15,6 +15,7 @@ from pydantic_ai.durable_exec import (
 )
 
 from ...effects import Reconcile
+from ...errors import InvalidArgumentError
 from ._scope import current_scope, idempotency_scope
 
 
@@ -90,9 +91,25 @@ def role_config(
 
 
 def merged(*configs: Any) -> EffectConfig:
-    """Later configs' keys over earlier ones'."""
+    """Later configs' keys over earlier ones', each checked."""
     out: EffectConfig = {}
     for config in configs:
         if config:
-            out.update(config)
+            out.update(check_config(config))
     return out
+
+
+def check_config(config: Any) -> EffectConfig:
+    """``config`` if it is an :class:`EffectConfig`; else ``InvalidArgumentError``."""
+    unknown = set(config) - {"idempotent", "reconcile"}
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown aiocheckpoint tool settings {sorted(unknown)!r} "
+            "(known: 'idempotent', 'reconcile')"
+        )
+    if not isinstance(config.get("idempotent", False), bool):
+        raise InvalidArgumentError("the aiocheckpoint setting 'idempotent' is a bool")
+    reconcile = config.get("reconcile")
+    if reconcile is not None and not callable(reconcile):
+        raise InvalidArgumentError("the aiocheckpoint setting 'reconcile' is an async callable")
+    return cast(EffectConfig, config)

@@ -95,6 +95,8 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
             raise InvalidArgumentError(
                 f"manager must be a CheckpointManager, not {type(manager).__qualname__}"
             )
+        if isinstance(idempotent_tools, str):
+            raise InvalidArgumentError("idempotent_tools is a collection of tool names, not a str")
         super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
         self.manager = manager
         self._idempotent_tools = frozenset(idempotent_tools)
