@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -468,8 +469,45 @@ async def test_a_bad_tool_setting_is_refused_before_the_tool_runs(setting: Any) 
         ran.append(x)
         return x
 
-    with pytest.raises(InvalidArgumentError, match="aiocheckpoint (tool )?setting"):
+    with pytest.raises(InvalidArgumentError, match=r"aiocheckpoint (tool )?setting"):
         await durability.run(agent, "go", workflow_id="bs-1")
     assert ran == []
     with pytest.raises(InvalidArgumentError, match="not a str"):
         AioCheckpointDurability(manager, idempotent_tools="act")
+
+
+class Forecast(BaseModel):
+    city: str
+    at: datetime
+    celsius: float
+
+
+async def test_typed_tool_results_replay_and_a_deleted_run_starts_afresh(
+    managers: Managers,
+) -> None:
+    made: list[str] = []
+
+    def make(manager: CheckpointManager) -> tuple[AioCheckpointDurability[None], Agent[None, str]]:
+        durability = AioCheckpointDurability(manager)
+        agent = Agent(TestModel(), name="typed", capabilities=[durability])
+
+        @agent.tool_plain
+        async def forecast(city: str) -> Forecast:
+            made.append(city)
+            return Forecast(
+                city=city, at=datetime(2026, 1, 2, 3, 4, tzinfo=timezone.utc), celsius=1.5
+            )
+
+        return durability, agent
+
+    first = make(managers())
+    result = await first[0].run(first[1], "weather", workflow_id="f-1")
+    assert "2026-01-02T03:04:00Z" in result.output and len(made) == 1
+    second = make(managers())
+    assert (await second[0].resume(second[1], "f-1")).output == result.output
+    assert len(made) == 1
+    # The journal goes with its workflow: deleted, the same id is a new run.
+    await second[0].manager.delete_checkpoints("f-1")
+    assert await second[0].recorded_input("f-1") is None
+    assert (await second[0].run(second[1], "weather", workflow_id="f-1")).output == result.output
+    assert len(made) == 2
