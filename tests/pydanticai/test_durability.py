@@ -474,6 +474,8 @@ async def test_a_bad_tool_setting_is_refused_before_the_tool_runs(setting: Any) 
     assert ran == []
     with pytest.raises(InvalidArgumentError, match="not a str"):
         AioCheckpointDurability(manager, idempotent_tools="act")
+    with pytest.raises(InvalidArgumentError, match="is a bool"):
+        AioCheckpointDurability(manager, tools_idempotent="yes")  # type: ignore[arg-type]
 
 
 class Forecast(BaseModel):

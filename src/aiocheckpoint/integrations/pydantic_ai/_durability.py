@@ -27,7 +27,7 @@ from pydantic_core import to_jsonable_python
 from ...errors import CheckpointNotFoundError, InvalidArgumentError
 from ...manager import CheckpointManager
 from ...workflow import ResumableWorkflow
-from ._backend import EffectConfig, EffectOperationBackend, merged, role_config
+from ._backend import EffectConfig, EffectOperationBackend, check_config, merged, role_config
 from ._scope import current_scope, run_scope
 
 OutputT = TypeVar("OutputT")
@@ -100,9 +100,9 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
         super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
         self.manager = manager
         self._idempotent_tools = frozenset(idempotent_tools)
-        self._tool_config: EffectConfig = {"idempotent": tools_idempotent}
-        self._model_config: EffectConfig = {"idempotent": model_requests_idempotent}
-        self._capability_config: EffectConfig = {"idempotent": capabilities_idempotent}
+        self._tool_config = check_config({"idempotent": tools_idempotent})
+        self._model_config = check_config({"idempotent": model_requests_idempotent})
+        self._capability_config = check_config({"idempotent": capabilities_idempotent})
 
     @property
     def in_durable_context(self) -> bool:
