@@ -6,8 +6,12 @@ token hold. (The browser tests are in test_web_browser.py.)"""
 from __future__ import annotations
 
 import html
+import os
 import re
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -15,7 +19,7 @@ import pytest
 from aiocheckpoint import CheckpointManager, open_storage
 from aiocheckpoint.cli.serve import is_loopback
 from aiocheckpoint.web import tree
-from tests.test_cli import BACKENDS, NewStore, cli, new_store
+from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
 from tests.web_support import HOSTILE, HOSTILE_VALUE, KEYS, client, populate
 
 __all__ = ["new_store"]
@@ -143,7 +147,7 @@ async def test_typed_values_show_their_types_and_big_values_are_cut(new_store: N
     async with client(url) as http:
         page = (await http.get("/step", params={"id": "done", "step": "2"})).text
         assert "datetime" in page and "2026-01-02T03:04:05" in page
-        assert "bytes (" in page and "tuple" in page
+        assert "bytes (8 bytes, base64)" in page and "tuple" in page
         assert f"{5000 - tree.TEXT} more characters" in page
         more = [h for h in links(page) if "offset=" in h]
         assert len(more) == 1 and f"{500 - tree.CHILDREN} more" in page
@@ -231,7 +235,7 @@ async def test_pages_write_nothing(new_store: NewStore) -> None:
     assert await snapshot() == before
 
 
-def test_serve_refuses_a_public_host_without_a_token(tmp_path: object) -> None:
+def test_serve_refuses_a_public_host_without_a_token(tmp_path: Path) -> None:
     """A non-loopback --host without --token is a usage error naming --token."""
     result = cli("serve", f"sqlite://{tmp_path}/x.db", "--host", "0.0.0.0")
     assert result.code == 2 and "--token" in result.err
@@ -244,3 +248,19 @@ def test_help_works_and_serve_is_listed() -> None:
     result = cli("--help")
     assert result.code == 0 and "serve" in result.out
     assert HOSTILE_VALUE  # the support module's hostile value is what the pages were given
+
+
+def test_serve_without_the_extra_names_it(tmp_path: Path) -> None:
+    """Without the web extra, serve says which extra to install (and --help still works)."""
+    code = (
+        "import sys; sys.modules['starlette'] = None\n"
+        "from aiocheckpoint.cli import main\n"
+        "assert main(['--help']) == 0\n"
+        f"sys.exit(main(['serve', 'sqlite://{tmp_path}/x.db']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 4, proc.stderr
+    assert "pip install 'aiocheckpoint[web]'" in proc.stderr

@@ -60,10 +60,11 @@ def _web_package() -> Any:
         # Imported by name: the web extra is optional, and this command alone needs it.
         return importlib.import_module("aiocheckpoint.web")
     except ModuleNotFoundError as exc:
-        if exc.name not in _EXTRA_MODULES:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in _EXTRA_MODULES:
             raise
         raise CommandError(
-            f"serve needs the web extra ({exc.name} is not installed): "
+            f"serve needs the web extra ({missing} is not installed): "
             "pip install 'aiocheckpoint[web]'",
             EXIT_STORE,
         ) from None

@@ -120,7 +120,7 @@ def _typed(
         return _container(Node(key, _NAMES[tag]), inner, path, budget, offset, depth, tag)
     if tag in (tags.BYTES, tags.BYTEARRAY) and isinstance(inner, str):
         leaf = _leaf(key, inner)
-        leaf.kind = f"{_NAMES[tag]} ({len(inner) * 3 // 4} bytes, base64)"
+        leaf.kind = f"{_NAMES[tag]} ({len(inner) * 3 // 4 - inner[-2:].count('=')} bytes, base64)"
         return leaf
     leaf = _leaf(key, inner if isinstance(inner, str) else json.dumps(inner))
     leaf.kind = _NAMES.get(tag, f"unknown tag {tag}")
