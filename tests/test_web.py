@@ -15,8 +15,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from pydantic import BaseModel
 
-from aiocheckpoint import CheckpointManager, open_storage
+from aiocheckpoint import CheckpointManager, ResumableWorkflow, TypeRegistry, open_storage
 from aiocheckpoint.cli.serve import is_loopback
 from aiocheckpoint.web import tree
 from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
@@ -208,6 +209,8 @@ async def test_a_token_is_required_on_every_request(new_store: NewStore) -> None
         assert given.status_code == 303 and given.headers["location"] == "/workflow?id=done"
         assert "httponly" in given.headers["set-cookie"].lower()
         assert (await http.get("/workflow", params={"id": "done"})).status_code == 200
+        elsewhere = await http.get("http://127.0.0.1//evil.example/?token=s3cret")
+        assert elsewhere.headers["location"] == "/evil.example/"  # this site, not another
 
 
 async def test_a_loopback_server_refuses_other_host_names(new_store: NewStore) -> None:
@@ -264,3 +267,48 @@ def test_serve_without_the_extra_names_it(tmp_path: Path) -> None:
     )
     assert proc.returncode == 4, proc.stderr
     assert "pip install 'aiocheckpoint[web]'" in proc.stderr
+
+
+class Order(BaseModel):
+    """A registered model the inspector has never seen."""
+
+    sku: str
+    lines: list[int]
+
+
+async def test_a_registered_model_is_shown_by_name_and_version(new_store: NewStore) -> None:
+    """A value of a registered class reads as its name and version, with its data below,
+    though the inspector's manager knows no class at all."""
+    url = new_store("sqlite")
+    types = TypeRegistry()
+    types.register(Order, name="shop.Order", version=3)
+    async with CheckpointManager(open_storage(url), types=types) as manager:
+        async with ResumableWorkflow("typed", manager) as wf:
+            async with wf.step(0, agent_id="a"):
+                wf.state.set("order", Order(sku="<b>x</b>", lines=[1, 2]))
+    async with client(url) as http:
+        page = (await http.get("/step", params={"id": "typed", "step": "0"})).text
+    assert "shop.Order v3" in page and "&lt;b&gt;x&lt;/b&gt;" in page
+
+
+async def test_a_large_deep_state_gives_a_bounded_page(new_store: NewStore) -> None:
+    """A state of 20,000 strings of 300 characters (6 MB; its whole tree would be more than
+    that in HTML) and one nested 150 levels deep: the page stays under 2 MB, and its links
+    continue both."""
+    url = new_store("sqlite")
+    deep: object = "bottom"
+    for _ in range(150):
+        deep = {"d": deep}
+    async with CheckpointManager(open_storage(url)) as manager:
+        async with ResumableWorkflow("big", manager) as wf:
+            async with wf.step(0, agent_id="a"):
+                wf.state.set("deep", deep)
+                wf.state.set("wide", {f"k{n:05d}": "y" * 300 for n in range(20_000)})
+    async with client(url) as http:
+        page = (await http.get("/step", params={"id": "big", "step": "0"})).text
+        assert len(page) < 2_000_000
+        assert "20000 items" in page and f"{20_000 - tree.CHILDREN} more" in page
+        deeper = [h for h in links(page) if "path=" in h and "deep" in h]
+        assert deeper
+        below = await http.get(deeper[0])
+        assert below.status_code == 200 and len(below.text) < 2_000_000

@@ -128,7 +128,8 @@ class _Headers:
         given = request.query_params.get("token")
         if given is not None and _same(given, self.token):
             rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
+            # One leading slash: "//host/..." would send the browser to another site.
+            target = "/" + request.url.path.lstrip("/") + (f"?{urlencode(rest)}" if rest else "")
             reply = RedirectResponse(target, status_code=303)
             reply.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return reply
