@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 from pydantic import BaseModel
 
@@ -21,7 +22,7 @@ from aiocheckpoint import CheckpointManager, ResumableWorkflow, TypeRegistry, op
 from aiocheckpoint.cli.serve import is_loopback
 from aiocheckpoint.web import tree
 from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
-from tests.web_support import HOSTILE, HOSTILE_VALUE, KEYS, client, populate
+from tests.web_support import HOSTILE, HOSTILE_VALUE, KEYS, client, populate, serving
 
 __all__ = ["new_store"]
 
@@ -312,3 +313,16 @@ async def test_a_large_deep_state_gives_a_bounded_page(new_store: NewStore) -> N
         assert deeper
         below = await http.get(deeper[0])
         assert below.status_code == 200 and len(below.text) < 2_000_000
+
+
+async def test_serve_on_all_interfaces_requires_the_token(new_store: NewStore) -> None:
+    """`serve --host 0.0.0.0` with $AIOCHECKPOINT_TOKEN: the real server refuses a request
+    without the token and answers one with it."""
+    url = new_store("sqlite")
+    await populate(url)
+    token = {"AIOCHECKPOINT_TOKEN": "t0ken"}
+    with serving(url, "--host", "0.0.0.0", env=token) as address:
+        async with httpx.AsyncClient(base_url=address) as http:
+            assert (await http.get("/")).status_code == 401
+            bearer = await http.get("/", headers={"authorization": "Bearer t0ken"})
+            assert bearer.status_code == 200 and ">done</a>" in bearer.text

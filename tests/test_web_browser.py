@@ -6,21 +6,13 @@ Run with ``pytest -m browser``; the screenshots land in docs/web/ for docs/web.m
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright.async_api import Page, async_playwright
 
-from tests.test_cli import BACKENDS, SRC, NewStore, new_store
-from tests.web_support import HOSTILE, populate
+from tests.test_cli import BACKENDS, NewStore, new_store
+from tests.web_support import HOSTILE, populate, serving
 
 __all__ = ["new_store"]
 
@@ -37,35 +29,6 @@ ARGS = [
     "--no-first-run",
 ]
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "web"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextmanager
-def serving(url: str) -> Iterator[str]:
-    """`aiocheckpoint serve URL` in a child process; the address it answers at."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    command = [sys.executable, "-m", "aiocheckpoint", "serve", url, "--port", str(port)]
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-    address = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                httpx.get(f"{address}/static/style.css", timeout=1)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                time.sleep(0.1)
-        yield address
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def watch(page: Page) -> list[str]:

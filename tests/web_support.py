@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import httpx
@@ -12,6 +17,7 @@ import pytest
 
 from aiocheckpoint import CheckpointManager, Keyring, ResumableWorkflow, open_storage
 from aiocheckpoint.web import create_app
+from tests.test_cli import SRC
 
 #: A workflow id that is HTML, script, a quote, a bidi override and a control character.
 HOSTILE = "<script>window.__pwned=1</script><b>\u202eevil\" '&\x07"
@@ -88,3 +94,33 @@ async def client(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             yield http
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def serving(url: str, *options: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`aiocheckpoint serve URL OPTIONS` in a child process; the address it answers at."""
+    port = free_port()
+    environ = {**os.environ, "PYTHONPATH": str(SRC), **(env or {})}
+    command = [sys.executable, "-m", "aiocheckpoint", "serve", url, "--port", str(port)]
+    proc = subprocess.Popen([*command, *options], env=environ, stderr=subprocess.PIPE, text=True)
+    address = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                httpx.get(f"{address}/static/style.css", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.1)
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
