@@ -326,3 +326,20 @@ async def test_serve_on_all_interfaces_requires_the_token(new_store: NewStore) -
             assert (await http.get("/")).status_code == 401
             bearer = await http.get("/", headers={"authorization": "Bearer t0ken"})
             assert bearer.status_code == 200 and ">done</a>" in bearer.text
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_records_of_every_kind_are_listed(kind: str, new_store: NewStore) -> None:
+    """A workflow written by a manager of another kind (a LangGraph thread's "langgraph") is
+    listed, counted and labelled, though the default listings leave it out."""
+    url = new_store(kind)
+    async with CheckpointManager(open_storage(url), workflow_kind="langgraph") as manager:
+        async with ResumableWorkflow("thread-1", manager) as wf:
+            async with wf.step(0, agent_id="graph"):
+                wf.state.set("messages", ["hi"])
+        assert await manager.list_workflow_records() == []
+    async with client(url) as http:
+        front = (await http.get("/")).text
+        page = (await http.get("/workflow", params={"id": "thread-1"})).text
+    assert listed(front) == ["thread-1"] and '<span class="kind">langgraph</span>' in front
+    assert re.search(r"finished <b>1</b>", front) and "langgraph" in page

@@ -61,6 +61,8 @@ class WorkflowRow:
     latest_agent_id: str | None = None
     latest_agent_status: str | None = None
     updated_at: datetime | None = None
+    #: who writes it: "workflow" (runners), "langgraph" (a LangGraph thread)...
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,10 @@ def problem_of(exc: CheckpointError) -> str:
 async def list_workflows(
     manager: CheckpointManager, *, status: str | None, prefix: str, after: str | None
 ) -> tuple[list[WorkflowRow], str | None]:
-    """One page of workflows (ids above ``after`` starting with ``prefix``) and the next."""
+    """One page of workflows (ids above ``after`` starting with ``prefix``) and the next.
+
+    Every kind is listed: LangGraph threads' records too, not only runners' workflows.
+    """
     if manager.supports_workflow_records():
         return await _record_page(manager, status, prefix, after)
     if status:
@@ -122,7 +127,9 @@ async def _record_page(
             rows.append(first)
         start = prefix
     cursor = None if start is None else encode_cursor(start)
-    page = await manager.list_workflow_records(status or None, limit=PAGE + 1, cursor=cursor)
+    page = await manager.list_workflow_records(
+        status or None, limit=PAGE + 1, cursor=cursor, kind=None
+    )
     rows += [r for r in page if r.workflow_id.startswith(prefix)]
     more = len(rows) > PAGE
     rows = rows[:PAGE]
@@ -137,6 +144,7 @@ def _row(record: WorkflowRecord) -> WorkflowRow:
         record.latest_agent_id,
         record.latest_agent_status,
         record.updated_at,
+        record.kind,
     )
 
 
@@ -157,14 +165,14 @@ async def _listed_page(
 
 
 async def count_statuses(manager: CheckpointManager) -> dict[str, str]:
-    """How many workflows each status has (records stores; ``COUNT_CAP``+ past the cap)."""
+    """How many workflows each status has, of every kind (``COUNT_CAP``+ past the cap)."""
     if not manager.supports_workflow_records():
         return {}
     counts = {}
     for status in WorkflowStatus:
         n, cursor = 0, None
         while n < COUNT_CAP:
-            page = await manager.list_workflow_records(status, limit=1000, cursor=cursor)
+            page = await manager.list_workflow_records(status, limit=1000, cursor=cursor, kind=None)
             n += len(page)
             cursor = page.next_cursor
             if cursor is None:
