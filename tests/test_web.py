@@ -79,6 +79,8 @@ async def test_workflow_page_shows_steps_effects_and_the_resolve_command(
         doubt = (await http.get("/workflow", params={"id": "doubt"})).text
         assert doubt.index("in doubt") < doubt.index(">mail<")
         command = shlex.join(["aiocheckpoint", "effect", "resolve", url, "doubt", "0", "pay"])
+        if kind != "file":
+            assert "has no record" in doubt
         assert command in html.unescape(doubt)
         broken = (await http.get("/workflow", params={"id": "broken"})).text
         assert "worker" in broken and "agent-failed" in broken

@@ -70,6 +70,13 @@ async def test_click_through_and_no_planted_script_runs(kind: str, new_store: Ne
             assert await page.locator("ul.tree .type", has_text="datetime").count() == 1
             if shoot:
                 await page.screenshot(path=str(SHOTS / "step.png"))
+            await page.goto(f"{address}/")
+
+            await page.locator("a.doubt", has_text="doubt").first.click()
+            await page.wait_for_url("**/workflow?id=doubt")
+            assert "effect resolve" in await page.locator("code.command").inner_text()
+            if shoot:
+                await page.screenshot(path=str(SHOTS / "in-doubt.png"), full_page=True)
 
             await page.goto(f"{address}/")
             hostile = page.locator("table a.wf", has_text="<script>")

@@ -88,6 +88,8 @@ class WorkflowView:
     effects: list[EffectRecord]
     effects_problem: str | None = None
     commands: dict[tuple[int, str], str] = field(default_factory=dict)
+    #: whether the store keeps workflow records (the file store keeps none)
+    records_kept: bool = True
 
 
 def problem_of(exc: CheckpointError) -> str:
@@ -202,6 +204,7 @@ async def workflow_view(
     more = len(records) > PAGE
     steps = [await _step_row(manager, workflow_id, r) for r in records[:PAGE]]
     view = WorkflowView(workflow_id, record, steps, steps[-1].step if more else None, [])
+    view.records_kept = manager.supports_workflow_records()
     if manager.supports_effects():
         await _effects(manager, url, view)
     return view
