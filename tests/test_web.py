@@ -345,3 +345,28 @@ async def test_records_of_every_kind_are_listed(kind: str, new_store: NewStore) 
         page = (await http.get("/workflow", params={"id": "thread-1"})).text
     assert listed(front) == ["thread-1"] and '<span class="kind">langgraph</span>' in front
     assert re.search(r"finished <b>1</b>", front) and "langgraph" in page
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite"])
+async def test_a_workflows_steps_page_newest_first(kind: str, new_store: NewStore) -> None:
+    """Following "Older steps" shows each of 120 steps once, newest first."""
+    url = new_store(kind)
+    async with CheckpointManager(open_storage(url)) as manager:
+        async with ResumableWorkflow("long", manager) as wf:
+            for step in range(120):
+                async with wf.step(step, agent_id="a"):
+                    wf.state.set("n", step)
+    seen: list[int] = []
+    async with client(url) as http:
+        target: str | None = "/workflow?id=long"
+        while target is not None:
+            page = (await http.get(target)).text
+            steps = page.split("<h2>Steps</h2>", 1)[1]
+            seen += [
+                int(parse_qs(urlsplit(h).query)["step"][0])
+                for h in links(steps)
+                if h.startswith("/step?")
+            ]
+            older = [h for h in links(steps) if "before=" in h]
+            target = older[0] if older else None
+    assert seen == list(range(119, -1, -1))
