@@ -388,6 +388,7 @@ async def test_a_changed_key_id_is_a_missing_key_and_resume_does_not_fall_back(
     _kind, store = backend
     manager = CheckpointManager(store, encryption=ring())
     await write_history(manager, "wf-a")
+    await write_history(manager, "wf-b")
     await store.save("wf-a", 3, await tampered(store, "flip-key-id"))
     with pytest.raises(UnknownKeyError) as caught:
         await manager.get_resume_point("wf-a")
