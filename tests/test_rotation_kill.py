@@ -3,9 +3,9 @@
 The parent forks runners (tests/_rotation_kill.py) on a SQLite store and on a PostgreSQL
 store, at most ``RUNNERS`` at a time. The first runners are on the old keyring (``k1``),
 the next ones on either the old or the new (``k1``, ``k2``; writing under ``k2``), the last
-ones all on the new, as a deployment rolls out. Runners SIGKILL themselves at random points and are replaced;
-an old runner that meets a record under ``k2`` stops (as it would be restarted with the new
-keys). When every workflow is finished:
+ones all on the new, as a deployment rolls out. Runners SIGKILL themselves at random points
+and are replaced; an old runner that meets records under ``k2`` stops after a few (as it
+would be restarted with the new keys). When every workflow is finished:
 
 * every effect function ran exactly once per (workflow, step, key): none ran twice, across
   kills and across keyrings (an effect in doubt is settled from the call log, not re-run);
