@@ -64,7 +64,7 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
                 "workflows": len(ids),
                 "checkpoints": checked,
                 "corrupted": corrupted,
-                "unreadable": unreadable,
+                **({"unreadable": unreadable} if unreadable else {}),
                 **foreign_json(foreign),
             }
         )

@@ -65,7 +65,7 @@ class _Tally:
             "plaintext": self.plaintext,
             "left": self.left,
             "corrupted": self.bad,
-            "unreadable": self.unreadable,
+            **({"unreadable": self.unreadable} if self.unreadable else {}),
         }
 
 
