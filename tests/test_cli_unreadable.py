@@ -117,3 +117,24 @@ async def test_sweep_without_the_keys_says_what_it_kept_and_fails(
     whole = cli("--json", "sweep", url, *rules, "--keys", both)
     assert whole.code == 0
     assert whole.json()["checkpoints_deleted"] == 5  # type: ignore[call-overload,index]
+
+
+@pytest.mark.parametrize("kind", ["sqlite"])
+async def test_import_names_a_record_under_a_key_it_lacks_and_goes_on(
+    kind: str, new_store: NewStore, tmp_path: Path
+) -> None:
+    """Not an abort part way through: that record is left out, named, and the rest imported."""
+    url = new_store(kind)
+    await rotated(url)
+    other = new_store(kind)
+    old = keys_file(tmp_path / "old.json", {"k1": K1}, "k1")
+    both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
+    export = tmp_path / "sealed.jsonl"
+    assert cli("export", url, str(export), "--keys", both).code == 0
+    result = cli("--json", "import", str(export), other, "--keys", old)
+    assert result.code == 1, result.err
+    report = result.json()
+    assert isinstance(report, dict) and report["written"] == 6
+    assert [(c["workflow_id"], c["step"], c["reason"]) for c in report["corrupted"]] == [
+        ("wf-0", 3, "unreadable: key k2 not in the keyring")
+    ]
