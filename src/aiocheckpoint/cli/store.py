@@ -99,13 +99,10 @@ def locked(exc: EncryptionError, data: bytes, *, effect: bool = False) -> Locked
     """What to print for a record ``data`` that ``exc`` says this process cannot read."""
     if isinstance(exc, UnknownKeyError):
         return Locked(f"unreadable: key {_shown(exc.key_id)} not in the keyring")
+    # The command's keys are a Keyring, which needs cryptography: no keys were given.
     key_id = sealed_key_id(data, effect=effect)
-    if key_id is None:  # not a keys problem: cryptography missing, a provider failing
-        return Locked(f"unreadable: {redact(str(exc))}")
-    return Locked(
-        f"unreadable: encrypted under key {_shown(key_id)}: "
-        f"pass --keys FILE (or {KEYS_VARIABLE}) to read it"
-    )
+    under = "" if key_id is None else f" under key {_shown(key_id)}"
+    return Locked(f"unreadable: encrypted{under}: pass --keys FILE (or {KEYS_VARIABLE}) to read it")
 
 
 def problem(reason: str) -> str:
