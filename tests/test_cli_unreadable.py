@@ -120,21 +120,32 @@ async def test_sweep_without_the_keys_says_what_it_kept_and_fails(
 
 
 @pytest.mark.parametrize("kind", ["sqlite"])
-async def test_import_names_a_record_under_a_key_it_lacks_and_goes_on(
+async def test_copy_and_import_name_what_is_under_a_key_they_lack_and_go_on(
     kind: str, new_store: NewStore, tmp_path: Path
 ) -> None:
-    """Not an abort part way through: that record is left out, named, and the rest imported."""
+    """No abort part way through: what needs the missing key is left out, named as
+    unreadable, and the rest is carried (a workflow whose journal it cannot carry whole is
+    refused whole)."""
     url = new_store(kind)
     await rotated(url)
-    other = new_store(kind)
+    async with CheckpointManager(open_storage(url), encryption=BOTH) as new:
+        await new.create_checkpoint("wf-2", 0, "a", "completed", {"n": 0})  # no effect
     old = keys_file(tmp_path / "old.json", {"k1": K1}, "k1")
     both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
     export = tmp_path / "sealed.jsonl"
     assert cli("export", url, str(export), "--keys", both).code == 0
-    result = cli("--json", "import", str(export), other, "--keys", old)
-    assert result.code == 1, result.err
-    report = result.json()
-    assert isinstance(report, dict) and report["written"] == 6
+    missing = "unreadable: key k2 not in the keyring"
+    imported = cli("--json", "import", str(export), new_store(kind), "--keys", old)
+    copied = cli("--json", "copy", url, new_store(kind), "--keys", old)
+    for result in (imported, copied):
+        assert result.code == 1, result.err
+        report = result.json()
+        assert isinstance(report, dict)
+        assert [(r["workflow_id"], r["reason"]) for r in report["refused"]] == [
+            ("wf-0", f"effect 'call' of step 3: {missing}")
+        ]
+    report = imported.json()
+    assert isinstance(report, dict) and report["written"] == 3  # wf-1's
     assert [(c["workflow_id"], c["step"], c["reason"]) for c in report["corrupted"]] == [
-        ("wf-0", 3, "unreadable: key k2 not in the keyring")
+        ("wf-2", 0, missing)
     ]
