@@ -121,7 +121,7 @@ async def test_reading_commands_take_the_keys(
     await populate(url, OLD)
     keys = keys_file(tmp_path / "k.json", {"k1": K1}, "k1")
     without = cli("verify", url)
-    assert without.code == 1 and "encrypted: pass --keys" in without.out
+    assert without.code == 5 and "encrypted under key k1: pass --keys" in without.out
     assert cli("verify", url, "--keys", keys).code == 0
     with monkeypatch.context() as patched:
         patched.setenv("AIOCHECKPOINT_KEYS", keys)

@@ -23,8 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ._telemetry import annotate, record_sweep_deletions
 from .codec.facts import RecordFacts, record_facts
+from .codec.sealing import is_sealed_record, sealed_key_id
 from .errors import (
     CheckpointCorruptedError,
+    EncryptionError,
     InvalidArgumentError,
     UnsupportedOperationError,
 )
@@ -159,7 +161,10 @@ class SweepReport:
     that free blobs with their records). ``skipped_leased`` counts workflows past their TTL
     left alone because they are leased, ``skipped_changed`` those whose record changed
     between the sweep's read and its delete; ``skipped_unreadable`` records kept because
-    their fields could not be read.
+    their fields could not be read (damaged, or over the store's size limit);
+    ``skipped_no_key`` records kept because this process cannot read them, whose bytes may
+    be sound: sealed under a key the keyring lacks, or encrypted and read without keys.
+    ``missing_keys`` names the key ids of those records, sorted.
     """
 
     dry_run: bool
@@ -175,6 +180,8 @@ class SweepReport:
     skipped_leased: int = 0
     skipped_changed: int = 0
     skipped_unreadable: int = 0
+    skipped_no_key: int = 0
+    missing_keys: list[str] = field(default_factory=list)
 
     @property
     def deleted(self) -> int:
@@ -188,6 +195,11 @@ class SweepReport:
             moment = data[name]
             data[name] = None if moment is None else moment.isoformat()
         return data
+
+    def _no_key(self, key_id: str | None) -> None:
+        self.skipped_no_key += 1
+        if key_id is not None and key_id not in self.missing_keys:
+            self.missing_keys = sorted([*self.missing_keys, key_id])
 
     def _count(self, reason: str) -> None:
         self.workflows_deleted[reason] = self.workflows_deleted.get(reason, 0) + 1
@@ -255,6 +267,13 @@ def _ended(report: SweepReport, what: str) -> SweepReport:
     """Where every sweep and thinning ends: the report is complete here."""
     report.finished_at = utcnow()
     logger.info("%s%s: %s", what, " (dry run)" if report.dry_run else "", report.as_dict())
+    if report.skipped_no_key:
+        logger.warning(
+            "%s kept %d checkpoints it could not read: sealed under keys it lacks (%s)",
+            what,
+            report.skipped_no_key,
+            ", ".join(map(repr, report.missing_keys)) or "unnamed",
+        )
     _measured(report)
     return report
 
@@ -413,8 +432,15 @@ class _Sweep:
     async def kept(self, keeper: _Keeper, workflow_id: str, record: StoredCheckpoint) -> bool:
         try:
             if self.opened is not None:
-                record = StoredCheckpoint(record.step, await self.opened(workflow_id, record))
-            facts = await _facts(record)
+                plain = StoredCheckpoint(record.step, await self.opened(workflow_id, record))
+            elif is_sealed_record(record.data):
+                raise EncryptionError("an encrypted record read without keys")
+            else:
+                plain = record
+            facts = await _facts(plain)
+        except EncryptionError:  # not damage: a process with the key may read it
+            self.report._no_key(sealed_key_id(record.data))
+            return True
         except CheckpointCorruptedError:
             self.report.skipped_unreadable += 1
             return True
