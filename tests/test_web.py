@@ -18,7 +18,13 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from aiocheckpoint import CheckpointManager, ResumableWorkflow, TypeRegistry, open_storage
+from aiocheckpoint import (
+    CheckpointManager,
+    Keyring,
+    ResumableWorkflow,
+    TypeRegistry,
+    open_storage,
+)
 from aiocheckpoint.cli.serve import is_loopback
 from aiocheckpoint.web import tree
 from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
@@ -177,6 +183,27 @@ async def test_an_encrypted_store_without_keys_is_shown_locked(
     async with client(url, keys=KEYS) as http:
         step = await http.get("/step", params={"id": "done", "step": "1"})
         assert "locked" not in step.text and "count" in step.text
+
+
+async def test_a_record_failing_authentication_under_a_held_key_is_corrupted_not_locked(
+    new_store: NewStore,
+) -> None:
+    """A tampered record under a key the inspector holds is damage (corrupted); a record
+    under a key it lacks is locked, naming the key."""
+    url = new_store("sqlite")
+    async with CheckpointManager(open_storage(url), encryption=KEYS) as manager:
+        await manager.create_checkpoint("t", 0, "a", "completed", {"secret": "x" * 64})
+        stored = await manager.storage.load("t", 0)
+        assert stored is not None
+        flipped = stored.data[:-1] + bytes([stored.data[-1] ^ 1])
+        await manager.storage.save("t", 0, flipped)
+    async with client(url, keys=KEYS) as http:
+        step = await http.get("/step", params={"id": "t", "step": "0"})
+        assert step.status_code == 200 and "corrupted" in step.text and "locked" not in step.text
+    other = Keyring(keys={"k9": bytes(32)}, primary="k9")
+    async with client(url, keys=other) as http:
+        step = await http.get("/step", params={"id": "t", "step": "0"})
+        assert "locked: key &#39;k1&#39; is not in the inspector" in step.text
 
 
 async def test_headers_forbid_inline_script_and_framing(new_store: NewStore) -> None:

@@ -14,7 +14,7 @@ from .._validation import check_workflow_id
 from ..codec.effects import EffectRecord, EffectState
 from ..errors import CheckpointCorruptedError, EncryptionError
 from ..manager import CheckpointManager
-from .keys import KEYS_VARIABLE, command_keys
+from .keys import command_keys
 from .output import Output, printable, when
 from .redact import redact_url
 from .store import CommandError, locked, open_store, problem
@@ -59,8 +59,8 @@ async def in_doubt_of(manager: CheckpointManager, workflow_id: str) -> Doubts:
         return await manager.list_in_doubt_effects(workflow_id)
     except CheckpointCorruptedError as exc:
         return f"corrupted: {exc.reason}"
-    except EncryptionError:
-        return f"encrypted: pass --keys FILE (or {KEYS_VARIABLE}) to read it"
+    except EncryptionError as exc:  # a key the keys given lack: not damage
+        return locked(exc, b"", effect=True)
 
 
 def doubts_json(doubts: Doubts) -> list[dict[str, Any]] | dict[str, str]:

@@ -2,8 +2,10 @@
 
 Every read is bounded: a page of workflows or steps at a time, and counts that stop at
 :data:`COUNT_CAP`. A record the codec cannot open is reported, never raised: a missing key
-(:class:`~aiocheckpoint.EncryptionError`, :class:`~aiocheckpoint.DecryptionError`) marks it
-locked, any other :class:`~aiocheckpoint.CheckpointCorruptedError` corrupted.
+(:class:`~aiocheckpoint.EncryptionError`, :class:`~aiocheckpoint.UnknownKeyError` among them)
+marks it locked; any :class:`~aiocheckpoint.CheckpointCorruptedError` (a
+:class:`~aiocheckpoint.DecryptionError` too: it failed authentication under a key the
+inspector holds) corrupted.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from ..codec.effects import EffectRecord
 from ..errors import (
     CheckpointCorruptedError,
     CheckpointError,
-    DecryptionError,
     EncryptionError,
     InvalidArgumentError,
+    UnknownKeyError,
 )
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
@@ -94,7 +96,9 @@ class WorkflowView:
 
 def problem_of(exc: CheckpointError) -> str:
     """How a record that cannot be opened is shown: locked, or corrupted and why."""
-    if isinstance(exc, (EncryptionError, DecryptionError)):
+    if isinstance(exc, UnknownKeyError):
+        return f"locked: key {exc.key_id!r} is not in the inspector's keys (serve --keys FILE)"
+    if isinstance(exc, EncryptionError):
         return LOCKED
     if isinstance(exc, CheckpointCorruptedError):
         return f"corrupted: {exc.reason}"
