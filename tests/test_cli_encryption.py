@@ -165,6 +165,27 @@ async def test_encrypt_then_rekey_then_retire_the_old_key(
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
+async def test_rekey_reseals_every_effect_record_of_the_journal(
+    kind: str, new_store: NewStore, tmp_path: Path
+) -> None:
+    """Effects of a step far from any checkpoint, and of a workflow with no checkpoint (a
+    run killed in its first step), are re-sealed too: after the old key is retired, every
+    recorded result still replays."""
+    url = new_store(kind)
+    async with CheckpointManager(open_storage(url), encryption=OLD) as manager:
+        await manager.create_checkpoint("w", 0, "a", "completed", {"n": 0})
+        await manager.record_effect(effect("w", 7, "far"))
+        await manager.record_effect(effect("bare", 3, "no checkpoint"))
+    both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
+    result = cli("rekey", url, "--keys", both)
+    assert result.code == 0, result.out + result.err
+    async with CheckpointManager(open_storage(url), encryption=NEW) as manager:
+        [far] = await manager.get_effects("w", 7)
+        [bare] = await manager.get_effects("bare", 3)
+    assert (far.result, bare.result) == ("far", "no checkpoint")
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
 async def test_rekey_makes_encrypted_incremental_records_whole_under_the_new_key(
     kind: str, new_store: NewStore, tmp_path: Path
 ) -> None:
