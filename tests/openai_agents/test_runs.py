@@ -23,8 +23,8 @@ from aiocheckpoint import (
 )
 from aiocheckpoint.integrations.openai_agents import AioCheckpointSession, RunStateStore
 from tests.backend_support import make_storage
+from tests.integrations.managers import keyring
 
-from .conftest import keyring
 from .models import ScriptedModel, call, text
 
 
