@@ -5,7 +5,7 @@ reading its latest step and writing the next one. Two writers doing that at once
 both write the same step, and the second would replace the first. :class:`WriterGate`
 makes the read-then-write a critical section:
 
-- in this process, an :class:`anyio.Lock` per storage object and workflow id, shared by
+- in this process, an ``anyio.Lock`` per storage object and workflow id, shared by
   every gate on that storage object;
 - across processes, the workflow's lease where the store keeps leases (memory, SQLite,
   PostgreSQL), taken with a short backoff while another owner holds it, and fencing the
