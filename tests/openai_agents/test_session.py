@@ -162,3 +162,18 @@ async def test_bad_arguments_are_refused(manager: CheckpointManager) -> None:
     session = AioCheckpointSession("s", manager)
     with pytest.raises(InvalidArgumentError):
         await session.add_items(msg(0))
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
+async def test_runner_pools_never_claim_a_session(manager: CheckpointManager) -> None:
+    """The session's record is finished, also when recreated after another writer's clear."""
+    one, two = AioCheckpointSession("s", manager), AioCheckpointSession("s", manager)
+    await one.add_items([msg(0)])
+    await two.add_items([msg(1)])
+    await one.clear_session()  # deletes the workflow, its record with it
+    await two.add_items([msg(2)])
+    record = await manager.get_workflow(two.workflow_id)
+    assert record is not None
+    assert record.status == "finished"
+    assert await manager.claim_workflow("runner") is None
+    assert await two.get_items() == [msg(2)]

@@ -15,9 +15,9 @@ makes the read-then-write a critical section:
 The file store keeps no leases: there the gate is the in-process lock alone, and one
 process at a time may write a given workflow.
 
-The lease creates the workflow's record; it is marked FINISHED on first use so that runner
-pools (``claim_workflow``) never take it for a workflow to run, and retention's rules for
-finished workflows (``finished_ttl``) apply to it.
+The lease creates the workflow's record; a writer marks it FINISHED whenever it finds it
+otherwise, so that runner pools (``claim_workflow``) never take it for a workflow to run,
+and retention's rules for finished workflows (``finished_ttl``) apply to it.
 """
 
 from __future__ import annotations
@@ -77,12 +77,6 @@ class WriterGate:
         self._ttl = check_ttl(ttl)
         self._wait = float(wait)
         self._leases = manager.supports_workflow_records()
-        self._marked: set[str] = set()
-
-    @property
-    def crosses_processes(self) -> bool:
-        """Whether the store's leases serialize writers in other processes too."""
-        return self._leases
 
     @asynccontextmanager
     async def writing(self, workflow_id: str) -> AsyncIterator[Lease | None]:
@@ -93,6 +87,7 @@ class WriterGate:
                 return
             lease = await self._acquire(workflow_id)
             try:
+                await self._finish(lease)
                 yield lease
             finally:
                 with anyio.CancelScope(shield=True):
@@ -103,18 +98,17 @@ class WriterGate:
         pause = _FIRST_PAUSE
         while True:
             try:
-                lease = await self._manager.acquire_lease(workflow_id, self._owner, self._ttl)
-                break
+                return await self._manager.acquire_lease(workflow_id, self._owner, self._ttl)
             except LeaseHeldError:
                 if time.monotonic() >= deadline:
                     raise
             await anyio.sleep(pause * (0.5 + random.random()))
             pause = min(pause * 2, _LONGEST_PAUSE)
-        if workflow_id not in self._marked:
-            await self._manager.mark_workflow(workflow_id, WorkflowStatus.FINISHED, lease=lease)
-            self._marked.add(workflow_id)
-        return lease
 
-    def forget(self, workflow_id: str) -> None:
-        """The workflow's record may be gone (deleted): mark it again at the next write."""
-        self._marked.discard(workflow_id)
+    async def _finish(self, lease: Lease) -> None:
+        # The record is new on first use, and again after a clear or a sweep deleted it:
+        # while this lease is held no runner can claim it, and then it is finished.
+        record = await self._manager.get_workflow(lease.workflow_id)
+        if record is None or record.status is not WorkflowStatus.FINISHED:
+            status = WorkflowStatus.FINISHED
+            await self._manager.mark_workflow(lease.workflow_id, status, lease=lease)

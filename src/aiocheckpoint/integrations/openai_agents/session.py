@@ -118,7 +118,6 @@ class AioCheckpointSession:
         """Delete every item of the session."""
         async with self._gate.writing(self.workflow_id):
             await self._manager.delete_checkpoints(self.workflow_id)
-        self._gate.forget(self.workflow_id)
 
     async def _write(self, step: int, items: list[TResponseInputItem], lease: Lease | None) -> None:
         await self._manager.create_checkpoint(
