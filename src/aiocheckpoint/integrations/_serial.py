@@ -37,7 +37,7 @@ from ..errors import InvalidArgumentError, LeaseHeldError
 from ..leases import Lease, WorkflowStatus, check_ttl
 from ..manager import CheckpointManager
 
-__all__ = ["WriterGate", "unique_owner"]
+__all__ = ["WriterGate", "next_step", "unique_owner"]
 
 _LOCKS: weakref.WeakKeyDictionary[object, dict[str, anyio.Lock]] = weakref.WeakKeyDictionary()
 _FIRST_PAUSE = 0.002
@@ -47,6 +47,12 @@ _LONGEST_PAUSE = 0.05
 def unique_owner(kind: str) -> str:
     """A lease owner name unique to one gate: host, process and a random part."""
     return f"{kind}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+async def next_step(manager: CheckpointManager, workflow_id: str) -> int:
+    """The step after ``workflow_id``'s latest (0 for none), read without decoding it."""
+    latest = await manager.storage.load(workflow_id)
+    return 0 if latest is None else latest.step + 1
 
 
 def _local_lock(storage: object, workflow_id: str) -> anyio.Lock:

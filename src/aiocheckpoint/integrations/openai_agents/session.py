@@ -19,7 +19,7 @@ from ...errors import CheckpointCorruptedError, InvalidArgumentError
 from ...leases import Lease
 from ...manager import CheckpointManager
 from ...models import AgentStatus, Checkpoint
-from .._serial import WriterGate, unique_owner
+from .._serial import WriterGate, next_step, unique_owner
 
 __all__ = ["AioCheckpointSession"]
 
@@ -78,7 +78,9 @@ class AioCheckpointSession:
     async def _latest_items(self, limit: int) -> list[TResponseInputItem]:
         batches: list[list[TResponseInputItem]] = []
         count = 0
-        pages = self._manager.iter_checkpoints(self.workflow_id, descending=True, page_size=_PAGE)
+        # A page of ``limit`` batches holds ``limit`` items or more: one page, usually.
+        size = min(limit, _PAGE)
+        pages = self._manager.iter_checkpoints(self.workflow_id, descending=True, page_size=size)
         async for checkpoint in pages:
             batch = _items(checkpoint)
             batches.append(batch)
@@ -95,8 +97,7 @@ class AioCheckpointSession:
         if not items:
             return
         async with self._gate.writing(self.workflow_id) as lease:
-            latest = await self._manager.get_latest_checkpoint(self.workflow_id)
-            step = 0 if latest is None else latest.step + 1
+            step = await next_step(self._manager, self.workflow_id)
             await self._write(step, list(items), lease)
 
     async def pop_item(self) -> TResponseInputItem | None:
