@@ -172,6 +172,8 @@ async def test_runner_pools_never_claim_a_session(manager: CheckpointManager) ->
     await two.add_items([msg(1)])
     await one.clear_session()  # deletes the workflow, its record with it
     await two.add_items([msg(2)])
+    await AioCheckpointSession("empty", manager).clear_session()
+    assert await AioCheckpointSession("empty", manager).pop_item() is None
     record = await manager.get_workflow(two.workflow_id)
     assert record is not None
     assert record.status == "finished"

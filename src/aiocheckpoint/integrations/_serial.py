@@ -15,8 +15,8 @@ makes the read-then-write a critical section:
 The file store keeps no leases: there the gate is the in-process lock alone, and one
 process at a time may write a given workflow.
 
-The lease creates the workflow's record; a writer marks it FINISHED whenever it finds it
-otherwise, so that runner pools (``claim_workflow``) never take it for a workflow to run,
+The lease creates the workflow's record; the writer of a workflow's first step marks it
+FINISHED, so that runner pools (``claim_workflow``) never take it for a workflow to run,
 and retention's rules for finished workflows (``finished_ttl``) apply to it.
 """
 
@@ -37,7 +37,7 @@ from ..errors import InvalidArgumentError, LeaseHeldError
 from ..leases import Lease, WorkflowStatus, check_ttl
 from ..manager import CheckpointManager
 
-__all__ = ["WriterGate", "next_step", "unique_owner"]
+__all__ = ["WriterGate", "unique_owner"]
 
 _LOCKS: weakref.WeakKeyDictionary[object, dict[str, anyio.Lock]] = weakref.WeakKeyDictionary()
 _FIRST_PAUSE = 0.002
@@ -47,12 +47,6 @@ _LONGEST_PAUSE = 0.05
 def unique_owner(kind: str) -> str:
     """A lease owner name unique to one gate: host, process and a random part."""
     return f"{kind}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-async def next_step(manager: CheckpointManager, workflow_id: str) -> int:
-    """The step after ``workflow_id``'s latest (0 for none), read without decoding it."""
-    latest = await manager.storage.load(workflow_id)
-    return 0 if latest is None else latest.step + 1
 
 
 def _local_lock(storage: object, workflow_id: str) -> anyio.Lock:
@@ -93,11 +87,24 @@ class WriterGate:
                 return
             lease = await self._acquire(workflow_id)
             try:
-                await self._finish(lease)
                 yield lease
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._manager.release_lease(lease)
+
+    async def next_step(self, workflow_id: str, lease: Lease | None) -> int:
+        """The step after ``workflow_id``'s latest (0 for none), read without decoding it.
+
+        Before a workflow's first step its record is new (first use, or deleted whole since
+        by a clear or a sweep, which leaves no step): it is marked FINISHED then, while
+        ``lease`` keeps runners from claiming it.
+        """
+        latest = await self._manager.storage.load(workflow_id)
+        if latest is not None:
+            return latest.step + 1
+        if lease is not None:
+            await self._finish(lease)
+        return 0
 
     async def _acquire(self, workflow_id: str) -> Lease:
         deadline = time.monotonic() + self._wait
@@ -112,8 +119,6 @@ class WriterGate:
             pause = min(pause * 2, _LONGEST_PAUSE)
 
     async def _finish(self, lease: Lease) -> None:
-        # The record is new on first use, and again after a clear or a sweep deleted it:
-        # while this lease is held no runner can claim it, and then it is finished.
         record = await self._manager.get_workflow(lease.workflow_id)
         if record is None or record.status is not WorkflowStatus.FINISHED:
             status = WorkflowStatus.FINISHED

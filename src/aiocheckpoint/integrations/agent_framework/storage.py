@@ -24,7 +24,7 @@ from agent_framework.exceptions import WorkflowCheckpointException
 from ...errors import CheckpointCorruptedError, InvalidArgumentError
 from ...manager import CheckpointManager
 from ...models import AgentStatus, Checkpoint
-from .._serial import WriterGate, next_step, unique_owner
+from .._serial import WriterGate, unique_owner
 from .encoding import decode, encode
 
 __all__ = ["AioCheckpointStorage"]
@@ -77,7 +77,7 @@ class AioCheckpointStorage:
         async with self._gate.writing(workflow_id) as lease:
             step = self._known_step(workflow_id, checkpoint.checkpoint_id)
             if step is None:
-                step = await next_step(self._manager, workflow_id)
+                step = await self._gate.next_step(workflow_id, lease)
             await self._manager.create_checkpoint(
                 workflow_id,
                 step,

@@ -19,7 +19,7 @@ from ...errors import CheckpointCorruptedError, InvalidArgumentError
 from ...leases import Lease
 from ...manager import CheckpointManager
 from ...models import AgentStatus, Checkpoint
-from .._serial import WriterGate, next_step, unique_owner
+from .._serial import WriterGate, unique_owner
 
 __all__ = ["AioCheckpointSession"]
 
@@ -97,11 +97,13 @@ class AioCheckpointSession:
         if not items:
             return
         async with self._gate.writing(self.workflow_id) as lease:
-            step = await next_step(self._manager, self.workflow_id)
+            step = await self._gate.next_step(self.workflow_id, lease)
             await self._write(step, list(items), lease)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the latest item; None when the session is empty."""
+        if not await self._manager.has_checkpoint(self.workflow_id):
+            return None  # and no lease taken: it would make a record for an empty session
         async with self._gate.writing(self.workflow_id) as lease:
             while True:
                 latest = await self._manager.get_latest_checkpoint(self.workflow_id)
