@@ -179,3 +179,14 @@ async def test_runner_pools_never_claim_a_session(manager: CheckpointManager) ->
     assert record.status == "finished"
     assert await manager.claim_workflow("runner") is None
     assert await two.get_items() == [msg(2)]
+
+
+async def test_a_session_id_too_long_for_a_workflow_id_is_refused_at_once(
+    manager: CheckpointManager,
+) -> None:
+    from aiocheckpoint import InvalidWorkflowIdError
+
+    with pytest.raises(InvalidWorkflowIdError):
+        AioCheckpointSession("s" * 300, manager)
+    with pytest.raises(InvalidWorkflowIdError):
+        AioCheckpointSession("bad\x00id", manager)

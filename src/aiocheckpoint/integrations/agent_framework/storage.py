@@ -21,6 +21,7 @@ from typing import Any, Final
 from agent_framework import WorkflowCheckpoint
 from agent_framework.exceptions import WorkflowCheckpointException
 
+from ..._validation import check_workflow_id
 from ...errors import CheckpointCorruptedError, InvalidArgumentError
 from ...manager import CheckpointManager
 from ...models import AgentStatus, Checkpoint
@@ -66,7 +67,7 @@ class AioCheckpointStorage:
         """The aiocheckpoint workflow that keeps ``workflow_name``'s checkpoints."""
         if not isinstance(workflow_name, str) or not workflow_name:
             raise InvalidArgumentError(f"workflow_name must be a non-empty str: {workflow_name!r}")
-        return self._prefix + workflow_name
+        return check_workflow_id(self._prefix + workflow_name)
 
     async def save(self, checkpoint: WorkflowCheckpoint) -> str:
         """Store a copy of ``checkpoint`` durably; return its id."""

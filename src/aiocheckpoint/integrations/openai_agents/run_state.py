@@ -16,6 +16,7 @@ from typing import Any, Final
 from agents.agent import Agent
 from agents.run_state import RunState
 
+from ..._validation import check_workflow_id
 from ...errors import CheckpointCorruptedError, InvalidArgumentError
 from ...manager import CheckpointManager
 from ...models import AgentStatus
@@ -46,7 +47,7 @@ class RunStateStore:
         """The workflow that keeps ``run_id``'s state."""
         if not isinstance(run_id, str) or not run_id:
             raise InvalidArgumentError(f"run_id must be a non-empty str, not {run_id!r}")
-        return self._prefix + run_id
+        return check_workflow_id(self._prefix + run_id)
 
     async def save(self, run_id: str, state: RunState[Any, Any]) -> None:
         """Store ``state`` durably under ``run_id`` (sealed when the manager encrypts)."""

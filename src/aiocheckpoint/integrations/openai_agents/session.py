@@ -15,6 +15,7 @@ from typing import Any, Final, cast
 from agents.items import TResponseInputItem
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
+from ..._validation import check_workflow_id
 from ...errors import CheckpointCorruptedError, InvalidArgumentError
 from ...leases import Lease
 from ...manager import CheckpointManager
@@ -53,7 +54,7 @@ class AioCheckpointSession:
             raise InvalidArgumentError(f"session_id must be a non-empty str, not {session_id!r}")
         self.session_id = session_id
         self.session_settings = session_settings
-        self.workflow_id = prefix + session_id
+        self.workflow_id = check_workflow_id(prefix + session_id)
         self._manager = manager
         self._gate = WriterGate(manager, unique_owner(_AGENT), ttl=lease_ttl, wait=lock_wait)
 
