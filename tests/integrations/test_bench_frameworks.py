@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = {"session-add", "session-get", "af-save", "af-load", "af-latest"}
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Agent Framework needs Python 3.11")
 def test_the_frameworks_bench_runs() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "frameworks.py"), "--tiny"],
