@@ -62,21 +62,21 @@ def approval_agent(turns: list[list[Any]], calls: list[str]) -> Agent[Any]:
 async def test_an_interrupted_run_resumes_from_its_saved_state(
     backend: str, sealed: bool, tmp_path: Path, pg_schema: str
 ) -> None:
-    if backend == "memory":
-        pytest.skip("a second manager over the memory store is a different store")
     keys = keyring() if sealed else None
     calls: list[str] = []
     agent = approval_agent([[call("transfer", {"amount": 5}, "c1")]], calls)
     storage = make_storage(backend, tmp_path, pg_schema)
-    async with storage, CheckpointManager(storage, encryption=keys) as manager:
+    try:
+        manager = CheckpointManager(storage, encryption=keys)
         result = await Runner.run(agent, "pay 5", session=AioCheckpointSession("chat", manager))
         assert [item.tool_name for item in result.interruptions] == ["transfer"]
         await RunStateStore(manager).save("run-1", result.to_state())
-    assert calls == []
-
-    agent = approval_agent([[text("paid")]], calls)
-    storage = make_storage(backend, tmp_path, pg_schema)
-    async with storage, CheckpointManager(storage, encryption=keys) as manager:
+        assert calls == []
+        if backend != "memory":  # the same store, opened again (as another process would)
+            await storage.close()
+            storage = make_storage(backend, tmp_path, pg_schema)
+        agent = approval_agent([[text("paid")]], calls)
+        manager = CheckpointManager(storage, encryption=keys)
         store = RunStateStore(manager)
         state = await store.load("run-1", agent)
         for interruption in state.get_interruptions():
@@ -87,6 +87,8 @@ async def test_an_interrupted_run_resumes_from_its_saved_state(
         assert await store.delete("run-1")
         assert not await store.exists("run-1")
         items = await session.get_items()
+    finally:
+        await storage.close()
     assert calls == ["transfer 5"]
     assert [item.get("type") for item in items][-3:] == [
         "function_call",
