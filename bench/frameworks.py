@@ -6,7 +6,9 @@
 OpenAI Agents SDK, one session, against the SDK's ``SQLiteSession`` on a file:
 
 * ``session-add``: ``add_items`` of one ~200-byte message, ``ops`` times;
-* ``session-get``: ``get_items(limit=10)`` on that history, ``ops`` times.
+* ``session-get``: ``get_items(limit=10)`` on that history, ``ops`` times;
+* ``session-add-c50``: 50 sessions at once, each ``add_items`` of one message ``ops / 50``
+  times (time per add over all of them: what concurrent conversations share).
 
 Microsoft Agent Framework, one workflow name, against its ``FileCheckpointStorage``:
 
@@ -78,6 +80,22 @@ async def session_rows(session: Any, ops: int) -> Timings:
     return {"session-add": add, "session-get": get}
 
 
+CONCURRENT = 50
+
+
+async def concurrent_adds(sessions: list[Any], ops: int) -> float:
+    """Microseconds per add, ``ops`` adds spread over ``sessions`` running at once."""
+    each = max(1, ops // len(sessions))
+
+    async def writer(session: Any) -> None:
+        for n in range(each):
+            await session.add_items([message(n)])
+
+    start = time.perf_counter()
+    await asyncio.gather(*(writer(session) for session in sessions))
+    return (time.perf_counter() - start) / (each * len(sessions)) * 1e6
+
+
 async def checkpoint_rows(storage: Any, ops: int) -> Timings:
     ids: list[str] = []
 
@@ -116,6 +134,8 @@ async def ours(backend: str, where: Path, ops: int, dsn: str) -> Timings:
         async with storage:
             manager = CheckpointManager(storage)
             out = await session_rows(AioCheckpointSession("bench", manager), ops)
+            many = [AioCheckpointSession(f"c{n}", manager) for n in range(CONCURRENT)]
+            out["session-add-c50"] = await concurrent_adds(many, ops)
             out |= await checkpoint_rows(AioCheckpointStorage(manager), ops)
     finally:
         await drop_schema(storage, dsn)
@@ -124,10 +144,13 @@ async def ours(backend: str, where: Path, ops: int, dsn: str) -> Timings:
 
 async def theirs(where: Path, ops: int) -> Timings:
     session = SQLiteSession("bench", where / "sdk.db")
+    many = [SQLiteSession(f"c{n}", where / "sdk.db") for n in range(CONCURRENT)]
     try:
         out = await session_rows(session, ops)
+        out["session-add-c50"] = await concurrent_adds(many, ops)
     finally:
-        session.close()
+        for one in [session, *many]:
+            one.close()
     return out | await checkpoint_rows(FileCheckpointStorage(where / "af"), ops)
 
 

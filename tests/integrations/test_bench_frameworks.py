@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ROWS = {"session-add", "session-get", "af-save", "af-load", "af-latest"}
+ROWS = {"session-add", "session-get", "session-add-c50", "af-save", "af-load", "af-latest"}
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Agent Framework needs Python 3.11")
