@@ -6,7 +6,9 @@ the first time a store is used, never when this package is imported, and its abs
 
 :class:`Connection` opens the pool on the first call (and creates or migrates the schema,
 :mod:`.schema`), runs each operation on a pooled connection, discards connections that died,
-and retries an idempotent operation after a lost connection or a lost deadlock.
+and retries an idempotent operation after a lost connection or a lost deadlock. Each call
+holds a slot of :mod:`.ceiling` (so a server that refuses new connections makes it wait for
+a pooled one) and stays within its :mod:`.budget` (``command_timeout``, all tries included).
 """
 
 from __future__ import annotations
@@ -14,11 +16,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import math
 from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from ...errors import InvalidArgumentError, StorageBackendError, StorageClosedError
+import anyio
+
+from ...errors import (
+    InvalidArgumentError,
+    StorageBackendError,
+    StorageClosedError,
+    StorageTimeoutError,
+)
+from .budget import Budget
+from .ceiling import REGROW_AFTER, Ceiling, NoConnection, refused
 from .schema import migrate
 from .stats import WriteStats
 
@@ -32,6 +44,7 @@ __all__ = [
     "import_asyncpg",
     "is_transient",
     "on_connection",
+    "timeout_cause",
 ]
 
 T = TypeVar("T")
@@ -111,11 +124,20 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-async def on_connection(pool: Any, op: Callable[[Any], Awaitable[T]]) -> T:
-    """Run ``op`` on a connection of ``pool``; a connection found dead is not handed back."""
-    async with pool.acquire() as con:
+async def on_connection(
+    pool: Any, op: Callable[[Any], Awaitable[T]], within: float | None = None
+) -> T:
+    """Run ``op`` on a connection of ``pool``; a connection found dead is not handed back.
+
+    With ``within``, the acquire and ``op`` together get that many seconds; a connection
+    interrupted by it is terminated (its statement's fate is unknown to the protocol).
+    """
+    async with pool.acquire(timeout=within) as con:
         try:
-            return await op(con)
+            if within is None:
+                return await op(con)
+            with anyio.fail_after(within):
+                return await op(con)
         except Exception as exc:
             if connection_lost(exc):
                 # If asyncpg already saw it close, it has detached it from the proxy and
@@ -155,6 +177,9 @@ class Connection:
         self._owner = owner
         self._check_open = check_open
         self._pool: Any = None
+        self._ceiling = Ceiling(int(pool_options.get("max_size", 10)))
+        self._timeout: float | None = _seconds(pool_options.get("command_timeout"))
+        self._wait_limit = _seconds(pool_options.get("timeout")) or 60.0
         self._closed = False
         self._open_lock = asyncio.Lock()
 
@@ -174,22 +199,50 @@ class Connection:
                 self._pool = await self._open()
             return self._pool
 
+    def budget(self) -> Budget:
+        """A new operation's clock: ``command_timeout`` for all its tries and waits."""
+        return Budget(self._timeout, self._wait_limit)
+
     async def run(self, what: str, op: Callable[[Any], Awaitable[T]], *, retry: bool = True) -> T:
         """Run ``op`` on a pooled connection; map driver errors; retry a lost connection."""
         pool = await self.pool()
         errors = driver_errors(import_asyncpg())
-        attempt = 0
+        budget = self.budget()
         while True:
             try:
-                return await on_connection(pool, op)
+                return await self.attempt(pool, what, op, budget)
             except errors as exc:
                 if self._closed and self._pool is None:
                     raise StorageClosedError(f"{self._owner} is closed") from exc
-                if retry and attempt < self._retries and is_transient(exc):
-                    attempt += 1
+                if budget.expired():
+                    raise budget.timed_out(what, timeout_cause(exc)) from exc
+                if retry and budget.attempts <= self._retries and is_transient(exc):
                     self._stats.retries += 1
                     continue
                 raise StorageBackendError(f"PostgreSQL {what} failed: {describe(exc)}") from exc
+
+    async def attempt(
+        self, pool: Any, what: str, op: Callable[[Any], Awaitable[T]], budget: Budget
+    ) -> T:
+        """One try of ``op``: a slot under the ceiling, a connection, ``op``, all in budget.
+
+        A connection the server refuses (too many connections) lowers the ceiling and the
+        try waits for a pooled connection instead; :class:`StorageTimeoutError` when none
+        comes within the budget (or the connect ``timeout`` without one).
+        """
+        budget.attempts += 1
+        last: BaseException | None = None
+        while True:
+            try:
+                async with self._ceiling.slot(budget.wait_deadline):
+                    return await on_connection(pool, op, budget.remaining())
+            except NoConnection:
+                raise budget.timed_out(what, _waited(last, self._ceiling.cap)) from last
+            except Exception as exc:
+                if not refused(exc):
+                    raise
+                self._ceiling.lower(pool.get_size())
+                last = exc
 
     async def close(self) -> None:
         """Close the pool if this store created it; later calls raise ``StorageClosedError``."""
@@ -200,6 +253,24 @@ class Connection:
                 await pool.close()
 
     async def _open(self) -> Any:
+        limit = self._timeout or self._wait_limit
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while True:
+            try:
+                return await self._open_once()
+            except StorageBackendError as exc:
+                if not refused(exc.__cause__):
+                    raise
+                if loop.time() - start >= limit:
+                    raise StorageTimeoutError(
+                        f"{exc}; the server refused every connection for "
+                        f"{loop.time() - start:.2f} s (the wait is bounded by {limit:g} s)"
+                    ) from exc.__cause__
+            # The server has no connection for this role or database yet: wait for one.
+            await asyncio.sleep(min(REGROW_AFTER, max(start + limit - loop.time(), 0.0)))
+
+    async def _open_once(self) -> Any:
         pg = import_asyncpg()
         errors = driver_errors(pg)
         pool: Any = None
@@ -222,3 +293,26 @@ class Connection:
                 ) from exc
             raise
         return pool
+
+
+def _seconds(value: Any) -> float | None:
+    """A timeout option as seconds; ``None`` when absent (or not a finite positive number)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if number and math.isfinite(value) and value > 0 else None
+
+
+def timeout_cause(exc: BaseException) -> str:
+    """What the last try ran into, unless it was only the timeout itself."""
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) and not str(exc):
+        return ""
+    return f"last error {describe(exc)}"
+
+
+def _waited(refusal: BaseException | None, cap: int) -> str:
+    """Why no connection came: the server's refusal and what the pool held, or a full pool."""
+    if refusal is None:
+        return f"no pooled connection was free (the pool holds at most {cap})"
+    return (
+        f"no pooled connection came free ({describe(refusal)}; the pool holds {cap} "
+        "connection(s) the server allowed)"
+    )
