@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._telemetry import record_commit
-from ...errors import CheckpointError, LeaseLostError, StorageBackendError, StorageTimeoutError
+from ...errors import CheckpointError, LeaseLostError, StorageTimeoutError
 from ...format import SplitResult
 from ..queries import StepInfo
 from ..refcounts import held_root_refs
@@ -30,8 +30,8 @@ from .connection import (
     Connection,
     Raced,
     conflict,
-    describe,
     driver_errors,
+    failure,
     import_asyncpg,
     is_transient,
     timeout_cause,
@@ -386,6 +386,4 @@ def _weight(item: Write) -> int:
 def _write_error(exc: Exception) -> Exception:
     if isinstance(exc, CheckpointError):
         return exc
-    error = StorageBackendError(f"PostgreSQL save failed: {describe(exc)}")
-    error.__cause__ = exc
-    return error
+    return failure("save", exc)

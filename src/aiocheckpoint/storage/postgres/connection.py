@@ -29,6 +29,7 @@ from ...errors import (
     StorageClosedError,
     StorageTimeoutError,
 )
+from ..diskfull import storage_error
 from .budget import Budget
 from .ceiling import REGROW_AFTER, Ceiling, NoConnection, refused
 from .schema import migrate
@@ -41,6 +42,7 @@ __all__ = [
     "connection_lost",
     "describe",
     "driver_errors",
+    "failure",
     "import_asyncpg",
     "is_transient",
     "on_connection",
@@ -117,6 +119,11 @@ def is_transient(exc: BaseException) -> bool:
     pg = _asyncpg
     # A concurrent ALTER TABLE invalidated a cached statement; asyncpg has dropped it.
     return pg is not None and isinstance(exc, pg.InvalidCachedStatementError)
+
+
+def failure(what: str, exc: BaseException) -> StorageBackendError:
+    """The error of ``what`` failing on ``exc``: :class:`StorageFullError` for ``53100``."""
+    return storage_error(f"PostgreSQL {what} failed", describe(exc), exc)
 
 
 def describe(exc: BaseException) -> str:
@@ -219,7 +226,7 @@ class Connection:
                 if retry and budget.attempts <= self._retries and is_transient(exc):
                     self._stats.retries += 1
                     continue
-                raise StorageBackendError(f"PostgreSQL {what} failed: {describe(exc)}") from exc
+                raise failure(what, exc) from exc
 
     async def attempt(
         self, pool: Any, what: str, op: Callable[[Any], Awaitable[T]], budget: Budget
@@ -286,7 +293,7 @@ class Connection:
                 pool.terminate()
             where = f"cannot open PostgreSQL store (schema {self._schema!r})"
             if isinstance(exc, errors):
-                raise StorageBackendError(f"{where}: {describe(exc)}") from exc
+                raise storage_error(where, describe(exc), exc) from exc
             if isinstance(exc, _BAD_ARGUMENT) and self._dsn is not None:
                 raise InvalidArgumentError(
                     f"{where}: a connection argument: {describe(exc)}"

@@ -26,6 +26,7 @@ from typing import Final, TypeVar
 from urllib.parse import quote
 
 from ...errors import StorageBackendError
+from ..diskfull import storage_error
 from ..private import refuse_unless_private
 
 T = TypeVar("T")
@@ -46,10 +47,8 @@ def is_busy(exc: sqlite3.Error) -> bool:
 
 
 def backend_error(message: str, exc: BaseException) -> StorageBackendError:
-    """A :class:`StorageBackendError` with ``exc`` chained as its cause."""
-    err = StorageBackendError(f"{message}: {exc}")
-    err.__cause__ = exc
-    return err
+    """A :class:`StorageBackendError` with ``exc`` chained (``StorageFullError`` if full)."""
+    return storage_error(message, exc, exc)
 
 
 class BusyRetry:
