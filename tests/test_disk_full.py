@@ -80,3 +80,41 @@ def test_postgres_disk_full_maps_to_storage_full_error() -> None:
     assert error.__cause__ is exc
     other = failure("save", asyncpg.exceptions.UniqueViolationError("duplicate key"))
     assert type(other) is StorageBackendError
+
+
+def fill_with_a_file(directory: Path) -> Path:
+    """Write a file in ``directory`` until the filesystem is full; its path."""
+    filler = directory / "filler"
+    with (
+        filler.open("wb", buffering=0) as out,
+        pytest.raises(OSError, match="No space left") as full,
+    ):
+        while True:
+            out.write(b"\0" * 4096)
+    assert full.value.errno == errno.ENOSPC
+    return filler
+
+
+@pytest.mark.root  # mounts a tmpfs
+async def test_sqlite_store_opened_on_a_full_disk_reads(tmp_path: Path) -> None:
+    """A store closed cleanly, then the disk filled: a new store reads every checkpoint,
+    a save says "disk full", and writes work again once space is freed.
+    """
+    with tiny_tmpfs(tmp_path, size="1m") as mnt:
+        writer = SQLiteCheckpointStorage(mnt / "c.db")
+        for step in range(3):
+            await writer.save("wf", step, b"%d" % step)
+        await writer.close()
+        filler = fill_with_a_file(mnt)
+        reader = SQLiteCheckpointStorage(mnt / "c.db")
+        assert [r.data for r in await reader.scan("wf")] == [b"0", b"1", b"2"]
+        latest = await reader.load("wf")
+        assert latest is not None and latest.step == 2
+        assert await reader.list_workflows() == ["wf"]
+        with pytest.raises(StorageFullError) as info:
+            await reader.save("wf", 3, b"3")
+        assert str(info.value).startswith("disk full: ")
+        filler.unlink()
+        await reader.save("wf", 3, b"3")
+        assert [r.step for r in await reader.scan("wf")] == [0, 1, 2, 3]
+        await reader.close()
