@@ -13,6 +13,9 @@ from ...errors import StorageTimeoutError
 
 __all__ = ["Budget"]
 
+#: A timer may fire a hair before its deadline: time left below this counts as none.
+_MARGIN = 0.001
+
 
 class Budget:
     """The clock of one operation: started now, over ``limit`` seconds (``None``: no limit).
@@ -35,9 +38,9 @@ class Budget:
         return self.start + self.limit - self._loop.time()
 
     def expired(self) -> bool:
-        """Whether the limit has passed."""
+        """Whether the limit has passed (or is a millisecond away: no try fits in that)."""
         left = self.remaining()
-        return left is not None and left <= 0
+        return left is not None and left <= _MARGIN
 
     def elapsed(self) -> float:
         """Seconds since the operation started."""

@@ -139,11 +139,12 @@ async def on_connection(
     With ``within``, the acquire and ``op`` together get that many seconds; a connection
     interrupted by it is terminated (its statement's fate is unknown to the protocol).
     """
+    deadline = None if within is None else anyio.current_time() + within
     async with pool.acquire(timeout=within) as con:
         try:
-            if within is None:
+            if deadline is None:
                 return await op(con)
-            with anyio.fail_after(within):
+            with anyio.fail_after(deadline - anyio.current_time()):
                 return await op(con)
         except Exception as exc:
             if connection_lost(exc):
@@ -204,6 +205,9 @@ class Connection:
             self._check_open()
             if self._pool is None:
                 self._pool = await self._open()
+                max_size = getattr(self._pool, "get_max_size", None)
+                if self._dsn is None and callable(max_size):  # a given pool: its own size
+                    self._ceiling = Ceiling(int(max_size()))
             return self._pool
 
     def budget(self) -> Budget:
@@ -248,7 +252,7 @@ class Connection:
             except Exception as exc:
                 if not refused(exc):
                     raise
-                self._ceiling.lower(pool.get_size())
+                self._ceiling.lower(pool.get_size() if hasattr(pool, "get_size") else 0)
                 last = exc
 
     async def close(self) -> None:
