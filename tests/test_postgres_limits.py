@@ -53,27 +53,45 @@ def limited(role: str, schema: str, **options: Any) -> PostgresCheckpointStorage
     return PostgresCheckpointStorage(role_dsn(role), schema=schema, max_size=10, **options)
 
 
-async def test_600_operations_within_a_role_limit_of_3_all_succeed(
-    limited_role: str, pg_schema: str
-) -> None:
-    """60 tasks x 10 operations through a pool of 10 on a role allowed 3: no failures."""
-    storage = limited(limited_role, pg_schema)
+async def save_and_load(storage: PostgresCheckpointStorage, tasks: int) -> list[BaseException]:
+    """``tasks`` concurrent tasks, each 5 saves and 5 loads: the errors they got."""
     failures: list[BaseException] = []
 
     async def worker(n: int) -> None:
         for i in range(5):
             try:
                 await storage.save(f"wf-{n}", i, b"x" * 100)
-                assert (await storage.load(f"wf-{n}")).step == i
+                loaded = await storage.load(f"wf-{n}")
+                assert loaded is not None and loaded.step == i
             except StorageBackendError as exc:
                 failures.append(exc)
 
+    await asyncio.gather(*(worker(n) for n in range(tasks)))
+    return failures
+
+
+async def test_600_operations_within_a_role_limit_of_3_all_succeed(
+    limited_role: str, pg_schema: str
+) -> None:
+    """60 tasks x 10 operations through a pool of 10 on a role allowed 3: no failures."""
+    storage = limited(limited_role, pg_schema)
     try:
-        await asyncio.gather(*(worker(n) for n in range(60)))
-        assert failures == []
+        assert await save_and_load(storage, 60) == []
         assert len(await storage.list_workflows()) == 60
     finally:
         await storage.close()
+
+
+async def test_a_given_pool_lives_within_the_role_limit(limited_role: str, pg_schema: str) -> None:
+    """A store on the caller's asyncpg pool (max_size 10) on a role allowed 3: no failures."""
+    pool = await asyncpg.create_pool(role_dsn(limited_role), min_size=1, max_size=10)
+    storage = PostgresCheckpointStorage(pool, schema=pg_schema)
+    try:
+        assert await save_and_load(storage, 30) == []
+        assert len(await storage.list_workflows()) == 30
+    finally:
+        await storage.close()
+        await pool.close()
 
 
 async def test_no_connection_for_the_role_is_a_typed_error_after_the_bounded_wait(
