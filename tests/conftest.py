@@ -73,7 +73,7 @@ TIERS = {
 
 
 #: Fixtures that need root (a mount, FUSE): a test using one must be in the root tier.
-ROOT_FIXTURES = frozenset({"lazyfs_binary", "mounts", "tiny_disk"})
+ROOT_FIXTURES = frozenset({"lazyfs_binary", "mounts", "small_disk", "tiny_disk"})
 
 
 def tier(item: pytest.Item) -> str:
