@@ -35,6 +35,7 @@ from .errors import (
     UnknownTypeError,
     UnsupportedOperationError,
     WorkflowBusyError,
+    WorkflowCancelledError,
     WorkflowExistsError,
     WorkflowTransferError,
 )
@@ -136,6 +137,7 @@ __all__ = [
     "StoredEffect",
     "UnsupportedOperationError",
     "WorkflowBusyError",
+    "WorkflowCancelledError",
     "WorkflowExistsError",
     "WorkflowTransferError",
     "WorkflowRecord",
