@@ -80,10 +80,26 @@ async def cancel(storage: CheckpointStorage, workflow_id: str, reason: object) -
 async def retry(storage: CheckpointStorage, workflow_id: str) -> WorkflowRecord:
     """Make a FAILED or CANCELLED workflow claimable again, under a lease of its own."""
     controls = control_storage(storage)
-    # Checked before the lease is taken: taking it would create a missing workflow's record.
-    check_retry(await round_trip(controls.get_workflow, workflow_id), workflow_id)
-    written = await leased(controls, workflow_id, lambda: controls.retry_workflow(workflow_id))
-    return await released(controls, written)
+    return await operate(
+        controls, workflow_id, check_retry, lambda: controls.retry_workflow(workflow_id)
+    )
+
+
+async def operate(
+    storage: WorkflowStorage,
+    workflow_id: str,
+    check: Callable[[WorkflowRecord | None, str], None],
+    write: Callable[[], Awaitable[WorkflowRecord]],
+) -> WorkflowRecord:
+    """``write`` under the workflow's lease, if ``check`` passes; the record after it.
+
+    ``check`` runs first, on the record as it is: taking the lease would create a missing
+    workflow's record, and would move a refused one's token and time. The write checks
+    again, in its own transaction.
+    """
+    check(await round_trip(storage.get_workflow, workflow_id), workflow_id)
+    written = await leased(storage, workflow_id, write)
+    return await released(storage, written)
 
 
 async def leased(

@@ -2249,7 +2249,7 @@ class WorkflowControlConformance:
             called.append(what)
             return what
 
-        with pytest.raises(WorkflowCancelledError) as raised:
+        async def run() -> None:
             async with ResumableWorkflow("wf", manager, lease_owner="runner") as wf:
                 async with wf.step(0, agent_id="a"):
                     await wf.effect("first", send, "first")
@@ -2257,6 +2257,9 @@ class WorkflowControlConformance:
                     await wf.effect("second", send, "second")
                 async with wf.step(1, agent_id="b"):
                     called.append("step 1")
+
+        with pytest.raises(WorkflowCancelledError) as raised:
+            await run()
         assert raised.value.reason == "stop it" and raised.value.workflow_id == "wf"
         assert called == ["first"]
         assert await manager.list_checkpoints("wf") == []
@@ -2273,20 +2276,23 @@ class WorkflowControlConformance:
         await manager.register_workflow("wf")
         lease = await manager.claim_workflow("runner")
         assert lease is not None
-        with pytest.raises(WorkflowCancelledError):
+
+        async def run() -> None:
             async with ResumableWorkflow("wf", manager, lease=lease) as wf:
                 for n in range(3):
                     async with wf.step(n, agent_id="a"):
                         ran.append(n)
                         if n == 1:
                             await manager.cancel_workflow("wf")
+
+        with pytest.raises(WorkflowCancelledError):
+            await run()
         assert ran == [0, 1]
         assert [c.step for c in await manager.list_checkpoints("wf")] == [0]
         record = await manager.get_workflow("wf")
         assert record is not None and record.status is WorkflowStatus.CANCELLED
         with pytest.raises(WorkflowCancelledError):
-            async with ResumableWorkflow("wf", manager):
-                raise AssertionError("a cancelled workflow is not entered")
+            await ResumableWorkflow("wf", manager).__aenter__()
 
     async def test_a_cancelled_workflow_goes_with_the_failed_ttl(
         self, storage: WorkflowStorage

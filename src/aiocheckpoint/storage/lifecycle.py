@@ -21,6 +21,7 @@ __all__ = [
     "RETRYABLE",
     "cancel_error",
     "check_cancel",
+    "check_resume",
     "check_retry",
     "cancel_reason",
 ]
@@ -56,6 +57,15 @@ def check_retry(record: WorkflowRecord | None, workflow_id: str) -> None:
         raise InvalidArgumentError(
             f"workflow {workflow_id!r} is {status}: only a failed or cancelled workflow "
             "can be retried"
+        )
+
+
+def check_resume(record: WorkflowRecord | None, workflow_id: str) -> None:
+    """Refuse a resume of a missing workflow or one that is not PAUSED."""
+    status = _checked(record, workflow_id).status
+    if status is not WorkflowStatus.PAUSED:
+        raise InvalidArgumentError(
+            f"workflow {workflow_id!r} is {status}, not paused: nothing to resume"
         )
 
 
