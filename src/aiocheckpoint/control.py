@@ -71,6 +71,15 @@ def check_reason(reason: object) -> str | None:
     return reason
 
 
+def markable(status: WorkflowStatus) -> WorkflowStatus:
+    """``status``, unless it is CANCELLED: only a cancel revokes the runner's lease."""
+    if status is WorkflowStatus.CANCELLED:
+        raise InvalidArgumentError(
+            "a workflow is cancelled with cancel_workflow, which also stops its runner"
+        )
+    return status
+
+
 async def cancel(storage: CheckpointStorage, workflow_id: str, reason: object) -> WorkflowRecord:
     """Cancel the workflow; its runner stops at its next fenced write (module docstring)."""
     checked = check_reason(reason)

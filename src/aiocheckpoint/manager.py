@@ -960,7 +960,7 @@ class CheckpointManager:
         return await round_trip(
             self._workflow_storage().set_workflow_status,
             workflow_id,
-            _workflow_status(status),
+            control.markable(_workflow_status(status)),
             fence=lease,
         )
 

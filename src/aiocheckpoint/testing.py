@@ -2193,6 +2193,9 @@ class WorkflowControlConformance:
             await manager.cancel_workflow("missing")
         with pytest.raises(InvalidArgumentError):
             await manager.cancel_workflow("done", reason=42)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="cancel_workflow"):
+            await manager.mark_workflow("done", WorkflowStatus.CANCELLED)
+        assert await manager.get_workflow("done") == before
         await manager.mark_workflow("paused", WorkflowStatus.PAUSED)
         cancelled = await manager.cancel_workflow("paused")
         assert cancelled.status is WorkflowStatus.CANCELLED
@@ -2293,6 +2296,40 @@ class WorkflowControlConformance:
         assert record is not None and record.status is WorkflowStatus.CANCELLED
         with pytest.raises(WorkflowCancelledError):
             await ResumableWorkflow("wf", manager).__aenter__()
+
+    async def test_cancel_interrupts_a_long_step_at_the_next_renewal(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A step that waits (no effect, no boundary) is stopped by its lease's renewal."""
+        manager = _manager(storage)
+        started = anyio.Event()
+        finished: list[int] = []
+
+        async def run() -> None:
+            async with ResumableWorkflow("wf", manager, lease_owner="runner", lease_ttl=0.3) as wf:
+                async with wf.step(0, agent_id="slow"):
+                    started.set()
+                    await anyio.sleep_forever()
+                finished.append(0)
+
+        async def cancel_when_started() -> None:
+            await started.wait()
+            await manager.cancel_workflow("wf", reason="too slow")
+
+        async def run_and_cancel() -> WorkflowCancelledError | None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_when_started)
+                try:
+                    await run()
+                except WorkflowCancelledError as exc:
+                    return exc
+            return None
+
+        with anyio.fail_after(30):
+            raised = await run_and_cancel()
+        assert raised is not None and raised.reason == "too slow"
+        assert finished == []
+        assert await manager.list_checkpoints("wf") == []
 
     async def test_a_cancelled_workflow_goes_with_the_failed_ttl(
         self, storage: WorkflowStorage
