@@ -2297,6 +2297,28 @@ class WorkflowControlConformance:
         with pytest.raises(WorkflowCancelledError):
             await ResumableWorkflow("wf", manager).__aenter__()
 
+    async def test_a_step_failing_after_the_cancel_leaves_it_cancelled(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """The failure of a step cancelled under it records nothing: it stays CANCELLED."""
+        manager = _manager(storage)
+
+        async def run() -> None:
+            async with (
+                ResumableWorkflow("wf", manager, lease_owner="runner") as wf,
+                wf.step(0, agent_id="a"),
+            ):
+                await manager.cancel_workflow("wf", reason="stop")
+                raise _Boom("the body's own error")
+
+        with pytest.raises(_Boom):
+            await run()
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.CANCELLED
+        assert record.attempts == 0
+        assert record.last_error == {"type": "WorkflowCancelledError", "message": "stop"}
+        assert await manager.list_checkpoints("wf") == []
+
     async def test_cancel_interrupts_a_long_step_at_the_next_renewal(
         self, storage: WorkflowStorage
     ) -> None:

@@ -304,7 +304,7 @@ class ResumableWorkflow:
         error = {"type": type(exc).__qualname__, "message": str(exc)}
         try:
             await self.checkpoint(step, agent_id, AgentStatus.FAILED, {**meta, "error": error})
-        except LeaseError:
+        except (LeaseError, WorkflowCancelledError):
             pass  # reported once, when the block exits (see _mark)
         except Exception:
             logger.exception(
