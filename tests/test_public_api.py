@@ -43,6 +43,7 @@ EXPECTED = {
     "StoredEffect",
     "UnsupportedOperationError",
     "WorkflowBusyError",
+    "WorkflowCancelledError",
     "WorkflowExistsError",
     "WorkflowTransferError",
     "WorkflowRecord",
