@@ -6,6 +6,8 @@ set up and checked through the Python API.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from aiocheckpoint import (
@@ -147,3 +149,25 @@ async def test_a_store_without_workflow_records(new_store: NewStore) -> None:
     for command in ("resume", "retry", "cancel"):
         result = cli(command, url, "wf")
         assert result.code == 2 and "keeps no workflow records" in result.error_line()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_copy_and_export_carry_a_cancelled_workflow(
+    new_store: NewStore, kind: str, tmp_path: Path
+) -> None:
+    """`copy` and `export`/`import` keep a cancelled workflow cancelled (never claimable)."""
+    source = new_store(kind)
+    async with open_store(source, must_exist=False) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"n": 1})
+        await manager.cancel_workflow("wf", reason="stop")
+    copied = new_store("sqlite")
+    assert cli("copy", source, copied).code == 0
+    exported = tmp_path / "out.jsonl"
+    assert cli("export", source, str(exported)).code == 0
+    imported = new_store("postgres")
+    assert cli("import", str(exported), imported).code == 0
+    for url in (copied, imported):
+        async with open_store(url, must_exist=True) as manager:
+            record = await manager.get_workflow("wf")
+            assert record is not None and record.status is WorkflowStatus.CANCELLED
+            assert await manager.claim_workflow("runner") is None
