@@ -45,6 +45,7 @@ EXPECTED = {
     "StoredEffect",
     "UnsupportedOperationError",
     "WorkflowBusyError",
+    "WorkflowCancelledError",
     "WorkflowExistsError",
     "WorkflowTransferError",
     "WorkflowRecord",

@@ -37,6 +37,7 @@ from .errors import (
     UnknownTypeError,
     UnsupportedOperationError,
     WorkflowBusyError,
+    WorkflowCancelledError,
     WorkflowExistsError,
     WorkflowTransferError,
 )
@@ -140,6 +141,7 @@ __all__ = [
     "StoredEffect",
     "UnsupportedOperationError",
     "WorkflowBusyError",
+    "WorkflowCancelledError",
     "WorkflowExistsError",
     "WorkflowTransferError",
     "WorkflowRecord",

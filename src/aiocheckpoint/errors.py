@@ -24,6 +24,7 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     │   └── StorageFullError          the disk (or the database server's disk) is full
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     ├── WorkflowBusyError             a second driver for a workflow this manager drives
+    ├── WorkflowCancelledError        the workflow was cancelled: its driver stops
     ├── WorkflowTransferError         copy/export/import cannot carry a workflow whole
     ├── EncryptionError               this process cannot read or seal (no keys, no cryptography)
     │   └── UnknownKeyError           sealed under a key id the keyring does not hold
@@ -77,6 +78,7 @@ __all__ = [
     "UnknownTypeError",
     "UnsupportedOperationError",
     "WorkflowBusyError",
+    "WorkflowCancelledError",
     "WorkflowExistsError",
     "WorkflowTransferError",
 ]
@@ -273,6 +275,21 @@ class WorkflowBusyError(CheckpointError):
             f"workflow {workflow_id!r} is already driven by an active ResumableWorkflow "
             "block on this manager"
         )
+
+
+class WorkflowCancelledError(CheckpointError):
+    """The workflow was cancelled (:meth:`~aiocheckpoint.CheckpointManager.cancel_workflow`).
+
+    Raised by the driver (``ResumableWorkflow``) at its next step boundary or ``wf.effect``
+    call after the cancel is stored, and on entry to a cancelled workflow. ``reason`` is
+    the reason given to the cancel (None if none).
+    """
+
+    def __init__(self, workflow_id: str, reason: str | None = None) -> None:
+        self.workflow_id = workflow_id
+        self.reason = reason
+        why = f": {reason}" if reason else ""
+        super().__init__(f"workflow {workflow_id!r} was cancelled{why}")
 
 
 class WorkflowTransferError(CheckpointError):

@@ -69,6 +69,7 @@ class RetentionPolicy(BaseModel):
     ``idle_ttl`` delete a FINISHED, FAILED or UNFINISHED workflow (its record, checkpoints,
     effects, and the blobs it alone holds) when its record was last changed that long ago
     (for a finished or failed workflow: when it finished or failed, its ``finished_at``).
+    A CANCELLED workflow is terminal too: ``failed_ttl`` applies to it, from its cancel.
     A leased workflow is never deleted.
 
     ``keep_last`` alone with ``keep_terminal=False`` is ``max_checkpoints``: it prunes at
@@ -121,6 +122,7 @@ class RetentionPolicy(BaseModel):
         pairs = [
             (WorkflowStatus.FINISHED, self.finished_ttl),
             (WorkflowStatus.FAILED, self.failed_ttl),
+            (WorkflowStatus.CANCELLED, self.failed_ttl),
             (WorkflowStatus.UNFINISHED, self.idle_ttl),
         ]
         return [(status, ttl) for status, ttl in pairs if ttl is not None]
@@ -150,7 +152,7 @@ def policy_from(max_checkpoints: object, retention: object) -> RetentionPolicy |
 class SweepReport:
     """What one sweep deleted (or, with ``dry_run``, would delete).
 
-    ``workflows_deleted`` counts whole workflows by reason (``finished``, ``failed``,
+    ``workflows_deleted`` counts whole workflows by reason (``finished``, ``failed``, ``cancelled``,
     ``idle``) and ``workflow_bytes`` their checkpoint records' bytes (not counted by dry
     runs); ``checkpoints_deleted`` and ``checkpoint_bytes`` count the checkpoints the
     history rules thinned out, and their record bytes (blobs not included);
@@ -208,6 +210,7 @@ class SweepReport:
 _REASONS: Final = {
     WorkflowStatus.FINISHED: "finished",
     WorkflowStatus.FAILED: "failed",
+    WorkflowStatus.CANCELLED: "cancelled",
     WorkflowStatus.UNFINISHED: "idle",
 }
 

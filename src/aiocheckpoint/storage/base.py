@@ -38,6 +38,7 @@ __all__ = [
     "EffectStorage",
     "MAX_EFFECTS_PER_STEP",
     "StoredEffect",
+    "WorkflowControlStorage",
     "WorkflowStorage",
     "check_blob_sizes",
     "check_effect_key",
@@ -246,6 +247,34 @@ class WorkflowStorage(CheckpointStorage, Protocol):
 
     async def claim_next_workflow(self, owner: str, ttl: float) -> Lease | None:
         """Lease the next unfinished workflow whose lease is free or expired."""
+        ...
+
+
+@runtime_checkable
+class WorkflowControlStorage(WorkflowStorage, Protocol):
+    """A workflow storage whose operators can cancel and retry workflows.
+
+    Contract (checked by :class:`aiocheckpoint.testing.WorkflowControlConformance`):
+
+    * ``cancel_workflow`` turns an UNFINISHED or PAUSED workflow CANCELLED, stores
+      ``{"type": "WorkflowCancelledError", "message": reason}`` as its ``last_error``, sets
+      ``finished_at``, clears ``retry_at`` and revokes its lease (a new fencing token, no
+      owner), all in one transaction: every write fenced by the old lease then fails with
+      ``LeaseLostError``. Any other status raises
+      :class:`~aiocheckpoint.InvalidArgumentError`, no record
+      :class:`~aiocheckpoint.CheckpointNotFoundError`; nothing changes.
+    * ``retry_workflow`` turns a FAILED or CANCELLED workflow UNFINISHED with ``attempts``
+      0 and no ``retry_at`` or ``finished_at`` (``last_error`` stays, as history); other
+      statuses and missing records are refused as for a cancel.
+    * ``claim_next_workflow`` never hands out a CANCELLED workflow.
+    """
+
+    async def cancel_workflow(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
+        """Cancel an UNFINISHED or PAUSED workflow and revoke its lease."""
+        ...
+
+    async def retry_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """Make a FAILED or CANCELLED workflow claimable again, attempts back to 0."""
         ...
 
 

@@ -29,6 +29,7 @@ from ..queries import StepInfo, WorkflowQuery
 from .batching import BatchLimits, GroupCommit, Write
 from .blobs import Blobs
 from .connection import Connection
+from .control import Control
 from .dsn import check_connect_options, check_dsn
 from .effects import Effects
 from .leases import Leases
@@ -128,6 +129,7 @@ class PostgresCheckpointStorage(BaseStorage):
         blobs = Blobs(sql, schema, self.stats, max_record_bytes)
         self._records = Records(self._connection, sql, blobs, max_record_bytes)
         self._leases = Leases(self._connection, sql)
+        self._control = Control(self._connection, sql, self._leases)
         limits = BatchLimits(write_concurrency, max_batch_rows, max_batch_bytes)
         self._group_commit = GroupCommit(self._connection, sql, blobs, self.stats, limits)
         self._effects = Effects(self._connection, quoted, max_record_bytes)
@@ -377,6 +379,16 @@ class PostgresCheckpointStorage(BaseStorage):
         self._check_open()
         check_workflow_id(workflow_id)
         return await self._leases.resume(workflow_id, resume_input)
+
+    async def cancel_workflow(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
+        """Cancel an UNFINISHED or PAUSED workflow and revoke its lease (``lifecycle``)."""
+        self._check_open()
+        return await self._control.cancel(check_workflow_id(workflow_id), reason)
+
+    async def retry_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """Make a FAILED or CANCELLED workflow UNFINISHED with a fresh attempt budget."""
+        self._check_open()
+        return await self._control.retry(check_workflow_id(workflow_id))
 
     async def record_failure(
         self,

@@ -52,7 +52,7 @@ from ..base import (
 )
 from ..queries import StepInfo, WorkflowQuery
 from ..refcounts import checked_tree, held_root_refs
-from . import effects, records
+from . import control, effects, records
 from .blobs import SaveTreeOp, drain_releases, in_one_read, read_blobs, recount
 from .connections import BusyRetry
 from .foreign import ForeignRow
@@ -408,6 +408,20 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
             records.resume, workflow_id=check_workflow_id(workflow_id), resume_input=resume_input
         )
         return await self._record_op("resume", fn)
+
+    async def cancel_workflow(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
+        """Cancel an UNFINISHED or PAUSED workflow and revoke its lease (``lifecycle``)."""
+        self._check_open()
+        fn = functools.partial(
+            control.cancel, workflow_id=check_workflow_id(workflow_id), reason=reason
+        )
+        return await self._record_op("cancel", fn)
+
+    async def retry_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """Make a FAILED or CANCELLED workflow UNFINISHED with a fresh attempt budget."""
+        self._check_open()
+        fn = functools.partial(control.retry, workflow_id=check_workflow_id(workflow_id))
+        return await self._record_op("retry", fn)
 
     async def record_failure(
         self,
