@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -33,8 +34,11 @@ from .models import AgentStatus, utcnow
 from .storage.base import (
     BlobCheckpointStorage,
     CheckpointStorage,
+    Cut,
     EffectStorage,
+    History,
     StoredCheckpoint,
+    SweepStorage,
 )
 from .storage.base import WorkflowStorage as _WorkflowStorage
 from .storage.queries import WorkflowQuery
@@ -49,6 +53,11 @@ logger = logging.getLogger(__name__)
 #: A version-1 record longer than this has its fields parsed in a worker thread.
 _PARSE_ON_LOOP: Final = 64 * 1024
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: What one batch of a sweep aims to take, and the most workflows it takes.
+_BATCH_SECONDS: Final = 0.05
+_MAX_BATCH: Final = 2000
+#: The most records one batched read of histories holds.
+_MAX_RECORDS: Final = 20_000
 
 
 class RetentionPolicy(BaseModel):
@@ -289,6 +298,7 @@ class _Sweep:
         self.report = report
         self.dry_run = dry_run
         self.forget = forget
+        self.pacer = _Pacer(policy.batch_size)
 
     def records(self) -> _WorkflowStorage:
         if not isinstance(self.storage, _WorkflowStorage):
@@ -302,20 +312,48 @@ class _Sweep:
 
     async def expire(self, now: datetime) -> None:
         for status, ttl in self.policy.ttls():
-            query = _expired(status, now - ttl, self.policy.batch_size)
-            async for record in self.pages(query):
-                await self.expire_one(record, _REASONS[status])
+            query = _expired(status, now - ttl, self.pacer.size)
+            async for page in self.pages(query):
+                await self.pacer.timed(self.expire_page(page, _REASONS[status]))
 
-    async def pages(self, query: WorkflowQuery) -> AsyncIterator[WorkflowRecord]:
-        """Every record ``query`` matches, one page (one short read) at a time."""
+    async def pages(self, query: WorkflowQuery) -> AsyncIterator[list[WorkflowRecord]]:
+        """Every record ``query`` matches, one page (one short read) at a time.
+
+        A page holds as many records as the pacer's batch, which it sizes by time.
+        """
         storage = self.records()
         while True:
+            query = replace(query, limit=self.pacer.size)
             page = await storage.query_workflow_records(query)
-            for record in page:
-                yield record
+            if page:
+                yield page
             if query.limit is None or len(page) < query.limit:
                 return
             query = replace(query, after=page[-1].workflow_id)
+
+    async def expire_page(self, page: list[WorkflowRecord], reason: str) -> None:
+        """Delete a page of expired workflows: in one write where the store batches."""
+        if self.dry_run or not isinstance(self.storage, SweepStorage):
+            for record in page:
+                await self.expire_one(record, reason)
+            return
+        live = [record for record in page if not _leased(record)]
+        self.report.skipped_leased += len(page) - len(live)
+        if not live:
+            return
+        pairs = [(record.workflow_id, record.updated_at) for record in live]
+        sizes = await self.storage.delete_workflows(pairs)
+        for record, size in zip(live, sizes, strict=True):
+            self.deleted_whole(record.workflow_id, size, reason)
+
+    def deleted_whole(self, workflow_id: str, size: int | None, reason: str) -> None:
+        """Count one conditional delete's outcome (None: the record changed, or is gone)."""
+        if size is None:
+            self.report.skipped_changed += 1
+            return
+        self.forget(workflow_id)
+        self.report._count(reason)
+        self.report.workflow_bytes += size
 
     async def expire_one(self, record: WorkflowRecord, reason: str) -> None:
         if _leased(record):
@@ -329,21 +367,27 @@ class _Sweep:
         size = await self.records().delete_workflow(
             record.workflow_id, updated_at=record.updated_at
         )
-        if size is None:
-            self.report.skipped_changed += 1
-            return
-        self.forget(record.workflow_id)
-        self.report._count(reason)
-        self.report.workflow_bytes += size
+        self.deleted_whole(record.workflow_id, size, reason)
 
     # --- history -----------------------------------------------------------------------
 
     async def thin_all(self) -> None:
-        async for workflow_id, status in self.workflows():
-            if status is WorkflowStatus.PAUSED and self.policy.keep_paused:
-                continue
-            if await self.thin(workflow_id):
-                self.report.workflows_thinned += 1
+        if not isinstance(self.storage, _WorkflowStorage):
+            # A store without records lists its workflows in one call (the protocol's only way).
+            for workflow_id in await self.storage.list_workflows():
+                await self.thin_counted(workflow_id)
+            return
+        async for page in self.pages(WorkflowQuery(limit=self.policy.batch_size)):
+            ids = [
+                record.workflow_id
+                for record in page
+                if record.status is not WorkflowStatus.PAUSED or not self.policy.keep_paused
+            ]
+            await self.pacer.timed(self.thin_page(ids))
+
+    async def thin_counted(self, workflow_id: str) -> None:
+        if await self.thin(workflow_id):
+            self.report.workflows_thinned += 1
 
     async def paused(self, workflow_id: str) -> bool:
         """Whether the policy keeps this workflow whole because it is paused."""
@@ -352,14 +396,61 @@ class _Sweep:
         record = await self.storage.get_workflow(workflow_id)
         return record is not None and record.status is WorkflowStatus.PAUSED
 
-    async def workflows(self) -> AsyncIterator[tuple[str, WorkflowStatus | None]]:
-        if isinstance(self.storage, _WorkflowStorage):
-            async for record in self.pages(WorkflowQuery(limit=self.policy.batch_size)):
-                yield record.workflow_id, record.status
+    async def thin_page(self, workflow_ids: list[str]) -> None:
+        """Thin a page of workflows: one read and one write where the store batches.
+
+        A workflow with nothing to delete costs no write; one whose history is longer than
+        one read's share, or holds a record the store refuses to read, is thinned alone.
+        """
+        storage = self.storage
+        if not isinstance(storage, SweepStorage) or self.policy.keep_last is None:
+            for workflow_id in workflow_ids:
+                await self.thin_counted(workflow_id)
             return
-        # A store without records lists its workflows in one call (the protocol's only way).
-        for workflow_id in await self.storage.list_workflows():
-            yield workflow_id, None
+        histories = await storage.histories(
+            workflow_ids, more_than=self.policy.keep_last, max_records=_MAX_RECORDS
+        )
+        cuts: list[Cut] = []
+        sizes: dict[tuple[str, int], int] = {}
+        for history in histories:
+            if history.records is None and history.count > self.policy.keep_last:
+                await self.thin_counted(history.workflow_id)
+                continue
+            cut = await self.cut(history, sizes)
+            if cut is not None:
+                cuts.append(cut)
+        await self.apply(storage, cuts, sizes)
+
+    async def cut(self, history: History, sizes: dict[tuple[str, int], int]) -> Cut | None:
+        """What the policy deletes of one history (None: nothing); record sizes into ``sizes``."""
+        if history.records is None:  # no more than the newest keep_last: all kept
+            return Cut(history.workflow_id, (), history.oldest) if history.orphans else None
+        keeper = _Keeper(self.policy)
+        steps: list[int] = []
+        for record in history.records:
+            if await self.kept(keeper, history.workflow_id, record):
+                keeper.oldest = record.step
+            else:
+                steps.append(record.step)
+                sizes[history.workflow_id, record.step] = len(record.data)
+        if not steps and not history.orphans:
+            return None
+        return Cut(history.workflow_id, tuple(steps), keeper.oldest)
+
+    async def apply(
+        self, storage: SweepStorage, cuts: list[Cut], sizes: dict[tuple[str, int], int]
+    ) -> None:
+        """Delete the cuts in one write (a dry run counts them); fill in the report."""
+        if self.dry_run:
+            deleted = [(cut.workflow_id, step) for cut in cuts for step in cut.steps]
+        elif cuts:
+            deleted, dropped = await storage.thin_many(cuts)
+            self.report.effects_deleted += dropped
+        else:
+            return
+        self.report.checkpoints_deleted += len(deleted)
+        self.report.checkpoint_bytes += sum(sizes[pair] for pair in deleted)
+        self.report.workflows_thinned += len({workflow_id for workflow_id, _ in deleted})
 
     async def thin(self, workflow_id: str) -> int:
         """Delete what the policy does not keep of one workflow; return how many.
@@ -423,6 +514,28 @@ class _Sweep:
         self.report.checkpoints_deleted += 1
         self.report.checkpoint_bytes += len(record.data)
         return 1
+
+
+class _Pacer:
+    """How many workflows a sweep's batch takes: as many as it handles in about 50 ms.
+
+    A batch's write holds up the writers queued behind it (SQLite's group commit) or
+    waiting on its row locks (PostgreSQL), so batches are sized by the time they take, as
+    the group commit sizes its own: doubled while a batch takes under half the target,
+    halved while one takes over twice it.
+    """
+
+    def __init__(self, start: int) -> None:
+        self.size = start
+
+    async def timed(self, work: Awaitable[None]) -> None:
+        started = time.monotonic()
+        await work
+        elapsed = time.monotonic() - started
+        if elapsed < _BATCH_SECONDS / 2:
+            self.size = min(self.size * 2, max(self.size, _MAX_BATCH))
+        elif elapsed > _BATCH_SECONDS * 2:
+            self.size = max(self.size // 2, 1)
 
 
 class _Keeper:

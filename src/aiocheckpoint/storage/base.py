@@ -9,7 +9,7 @@ must still treat ids as arbitrary text (they may contain ``/``, ``..``, quotes, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -37,6 +37,9 @@ __all__ = [
     "EffectStorage",
     "MAX_EFFECTS_PER_STEP",
     "StoredEffect",
+    "History",
+    "Cut",
+    "SweepStorage",
     "WorkflowStorage",
     "check_blob_sizes",
     "check_effect_key",
@@ -319,6 +322,73 @@ class BlobReads(Protocol):
 
     async def read_blobs_in_thread(self, fn: Callable[[BlobFetch], _T]) -> _T:
         """Return ``fn(fetch)``, run in a worker thread with a blocking blob ``fetch``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """What a batched sweep reads of one workflow's history (:class:`SweepStorage`).
+
+    ``count`` checkpoints, the lowest at step ``oldest``; ``orphans`` says whether it has
+    effect records of steps below ``oldest``. ``records`` holds every checkpoint, newest
+    first, when it was read; None when it was not (``count`` at most the sweep's window,
+    more than one read's share, or a record over ``max_record_bytes``): the sweep then
+    reads it a page at a time with ``scan``.
+    """
+
+    workflow_id: str
+    count: int
+    oldest: int
+    orphans: bool
+    records: list[StoredCheckpoint] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """What a batched sweep deletes of one workflow: ``steps`` (with their effects).
+
+    With ``below``, also the effect records of the steps below it that have no checkpoint
+    (checked in the delete's transaction), as ``drop_orphan_effects`` does.
+    """
+
+    workflow_id: str
+    steps: tuple[int, ...]
+    below: int | None = None
+
+
+@runtime_checkable
+class SweepStorage(Protocol):
+    """A store that sweeps a batch of workflows per statement and commit (optional).
+
+    A sweep uses these where the store has them, else the per-workflow calls
+    (``scan``, ``delete``, ``drop_orphan_effects``, ``delete_workflow``), with the same
+    outcome. Contract (checked by :class:`aiocheckpoint.testing.RetentionConformance`):
+
+    * ``histories(ids, more_than=N, max_records=M)`` reads, in one consistent view, a
+      :class:`History` of each of ``ids`` that has a checkpoint (in ``ids``' order); the
+      records of those with more than N, until M records are read.
+    * ``thin_many(cuts)`` deletes every cut in one transaction: each step with its
+      effects and the blob references only it held, and the orphaned effects below
+      ``below``. It returns the ``(workflow_id, step)`` pairs it deleted and how many
+      orphaned effect records went.
+    * ``delete_workflows(pairs)`` is ``delete_workflow(workflow_id, updated_at=...)`` for
+      each pair, in one transaction: each goes only if its record is untouched since
+      ``updated_at`` and no live lease holds it. It returns, in order, each one's
+      checkpoint bytes, or None where nothing was deleted.
+    """
+
+    async def histories(
+        self, workflow_ids: Sequence[str], *, more_than: int, max_records: int
+    ) -> list[History]:
+        """The histories of ``workflow_ids``; records of those with more than ``more_than``."""
+        ...
+
+    async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
+        """Delete every cut in one transaction; return the steps deleted and orphans dropped."""
+        ...
+
+    async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
+        """Delete each workflow untouched since its ``updated_at``, in one transaction."""
         ...
 
 

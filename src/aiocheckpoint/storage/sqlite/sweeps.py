@@ -1,0 +1,139 @@
+"""Batched sweeps in SQLite: a batch of workflows read in one read, deleted in one write.
+
+:func:`read_histories` runs in a read thread (one read transaction); :func:`thin_many` and
+:func:`delete_workflows` run in the writer's transaction as one
+:class:`~.writer.RecordOp`, so a batch of workflows costs one commit (one fsync) however
+many steps it deletes. The triggers take a deleted step's effects and queue its blobs'
+references for release, as they do for any delete.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Final
+
+from ..base import Cut, History, StoredCheckpoint
+from . import effects
+from .sql import _DELETE_STEP
+from .writer import delete_untouched
+
+__all__ = ["delete_workflows", "read_histories", "thin_many"]
+
+#: Ids per statement: well under SQLite's variable limit.
+_CHUNK: Final = 500
+_STEP_OK: Final = "typeof(step) = 'integer' AND step >= 0"
+
+
+def _marks(count: int) -> str:
+    return ",".join("?" * count)
+
+
+def read_histories(
+    conn: sqlite3.Connection,
+    workflow_ids: Sequence[str],
+    more_than: int,
+    max_records: int,
+    max_bytes: int,
+) -> list[History]:
+    """The histories of ``workflow_ids`` from one snapshot (see :class:`~..base.SweepStorage`)."""
+    conn.execute("BEGIN")
+    try:
+        counts: dict[str, tuple[int, int]] = {}
+        lowest_effect: dict[str, int] = {}
+        for start in range(0, len(workflow_ids), _CHUNK):
+            chunk = list(workflow_ids[start : start + _CHUNK])
+            counts.update(_counts(conn, chunk))
+            lowest_effect.update(_lowest_effects(conn, chunk))
+        wanted = _within(counts, more_than, max_records)
+        found = _records(conn, wanted, max_bytes)
+    finally:
+        conn.execute("COMMIT")
+    return [
+        History(
+            wf,
+            counts[wf][0],
+            counts[wf][1],
+            lowest_effect.get(wf, counts[wf][1]) < counts[wf][1],
+            found.get(wf),
+        )
+        for wf in workflow_ids
+        if wf in counts
+    ]
+
+
+def _counts(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[int, int]]:
+    sql = (
+        "SELECT workflow_id, count(*), min(step) FROM checkpoints "
+        f"WHERE workflow_id IN ({_marks(len(ids))}) AND {_STEP_OK} GROUP BY workflow_id"
+    )
+    return {wf: (n, low) for wf, n, low in conn.execute(sql, ids).fetchall()}
+
+
+def _lowest_effects(conn: sqlite3.Connection, ids: list[str]) -> dict[str, int]:
+    sql = (
+        "SELECT workflow_id, min(step) FROM effects "
+        f"WHERE workflow_id IN ({_marks(len(ids))}) GROUP BY workflow_id"
+    )
+    return dict(conn.execute(sql, ids).fetchall())
+
+
+def _within(counts: dict[str, tuple[int, int]], more_than: int, max_records: int) -> list[str]:
+    """The workflows over the window whose records fit in one read's share, in order."""
+    wanted: list[str] = []
+    budget = max_records
+    for wf, (count, _low) in counts.items():
+        if more_than < count <= budget:
+            wanted.append(wf)
+            budget -= count
+    return wanted
+
+
+def _records(
+    conn: sqlite3.Connection, ids: list[str], max_bytes: int
+) -> dict[str, list[StoredCheckpoint]]:
+    """Every record of ``ids``, newest first; a workflow with one over the limit left out."""
+    found: dict[str, list[StoredCheckpoint]] = {}
+    refused: set[str] = set()
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        sql = (
+            "SELECT workflow_id, step, CASE WHEN length(data) <= ? THEN data END "
+            f"FROM checkpoints WHERE workflow_id IN ({_marks(len(chunk))}) AND {_STEP_OK} "
+            "ORDER BY workflow_id, step DESC"
+        )
+        for wf, step, data in conn.execute(sql, [max_bytes, *chunk]).fetchall():
+            if type(data) is not bytes:
+                refused.add(wf)
+            else:
+                found.setdefault(wf, []).append(StoredCheckpoint(step, data))
+    for wf in refused:
+        found.pop(wf, None)
+    return found
+
+
+def thin_many(
+    conn: sqlite3.Connection, _now: float, *, cuts: Sequence[Cut]
+) -> tuple[list[tuple[str, int]], int]:
+    """Delete every cut's steps and orphaned effects, in the writer's transaction."""
+    deleted: list[tuple[str, int]] = []
+    dropped = 0
+    for cut in cuts:
+        for step in cut.steps:
+            # Effects of the step too (the trigger takes them only with a checkpoint row).
+            effects.delete(conn, cut.workflow_id, step)
+            if conn.execute(_DELETE_STEP, (cut.workflow_id, step)).rowcount > 0:
+                deleted.append((cut.workflow_id, step))
+        if cut.below is not None:
+            dropped += effects.drop_orphans(
+                conn, _now, workflow_id=cut.workflow_id, below=cut.below
+            )
+    return deleted, dropped
+
+
+def delete_workflows(
+    conn: sqlite3.Connection, now: float, *, pairs: Sequence[tuple[str, datetime]]
+) -> list[int | None]:
+    """Each workflow of ``pairs`` untouched since its time, deleted whole; its bytes or None."""
+    return [delete_untouched(conn, now, workflow_id=wf, updated_at=at) for wf, at in pairs]
