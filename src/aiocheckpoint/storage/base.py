@@ -40,6 +40,7 @@ __all__ = [
     "History",
     "Cut",
     "SweepStorage",
+    "histories_to_read",
     "WorkflowStorage",
     "check_blob_sizes",
     "check_effect_key",
@@ -354,6 +355,21 @@ class Cut:
     workflow_id: str
     steps: tuple[int, ...]
     below: int | None = None
+
+
+def histories_to_read(counts: Mapping[str, int], more_than: int, max_records: int) -> list[str]:
+    """The workflows of ``counts`` over ``more_than`` whose records fit in ``max_records``.
+
+    In ``counts``' order, until the next one would not fit: what one batched read of
+    :meth:`SweepStorage.histories` fetches.
+    """
+    wanted: list[str] = []
+    budget = max_records
+    for workflow_id, count in counts.items():
+        if more_than < count <= budget:
+            wanted.append(workflow_id)
+            budget -= count
+    return wanted
 
 
 @runtime_checkable

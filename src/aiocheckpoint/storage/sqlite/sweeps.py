@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
-from ..base import Cut, History, StoredCheckpoint
+from ..base import Cut, History, StoredCheckpoint, histories_to_read
 from . import effects
 from .sql import _DELETE_STEP
 from .writer import delete_untouched
@@ -46,7 +46,7 @@ def read_histories(
             chunk = list(workflow_ids[start : start + _CHUNK])
             counts.update(_counts(conn, chunk))
             lowest_effect.update(_lowest_effects(conn, chunk))
-        wanted = _within(counts, more_than, max_records)
+        wanted = histories_to_read({wf: n for wf, (n, _) in counts.items()}, more_than, max_records)
         found = _records(conn, wanted, max_bytes)
     finally:
         conn.execute("COMMIT")
@@ -77,17 +77,6 @@ def _lowest_effects(conn: sqlite3.Connection, ids: list[str]) -> dict[str, int]:
         f"WHERE workflow_id IN ({_marks(len(ids))}) GROUP BY workflow_id"
     )
     return dict(conn.execute(sql, ids).fetchall())
-
-
-def _within(counts: dict[str, tuple[int, int]], more_than: int, max_records: int) -> list[str]:
-    """The workflows over the window whose records fit in one read's share, in order."""
-    wanted: list[str] = []
-    budget = max_records
-    for wf, (count, _low) in counts.items():
-        if more_than < count <= budget:
-            wanted.append(wf)
-            budget -= count
-    return wanted
 
 
 def _records(
