@@ -3,8 +3,10 @@
 A :class:`RetentionPolicy` says what to keep of each workflow's history (the newest N, then
 every K-th step or one per time interval, always the terminal checkpoints) and when whole
 workflows go (a time after they finished or failed, or after they were last updated).
-:func:`run_sweep` applies it to a store in small batches: every delete is its own short
-write, so writers are never held up for long. It is the one place a sweep starts and ends;
+:func:`run_sweep` applies it to a store a page of workflows at a time: on a store with
+batched sweeps (:class:`~aiocheckpoint.storage.base.SweepStorage`) one read and at most one
+short write per page, pages sized by the time they take; on the others, a short write per
+delete. Writers are never held up for long. It is the one place a sweep starts and ends;
 its :class:`SweepReport` says what it deleted.
 """
 
@@ -81,7 +83,8 @@ class RetentionPolicy(BaseModel):
     ``keep_last`` alone with ``keep_terminal=False`` is ``max_checkpoints``: it prunes at
     every write, in the save's transaction. Any other history rule is applied by sweeps,
     because a write that prunes the oldest step could otherwise delete a step it keeps.
-    ``batch_size`` is how many records a sweep reads or deletes per round trip.
+    ``batch_size`` is how many records a sweep reads or deletes per round trip (on stores
+    with batched sweeps, the first page's workflows: later pages are sized by time).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
