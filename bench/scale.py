@@ -58,10 +58,15 @@ async def build(manager: CheckpointManager, args: argparse.Namespace) -> float:
     return time.perf_counter() - began
 
 
+def file_bytes(where: Path) -> int:
+    """SQLite's files: the database, its WAL and shared-memory index."""
+    return sum(p.stat().st_size for p in where.glob("store.db*"))
+
+
 async def store_bytes(backend: str, where: Path, dsn: str, schema: str) -> int:
     """The store's size on disk: SQLite's files, or the schema's tables with their indexes."""
     if backend == "sqlite":
-        return sum(p.stat().st_size for p in where.glob("store.db*"))
+        return await asyncio.to_thread(file_bytes, where)
     con = await asyncpg.connect(dsn)
     try:
         size = await con.fetchval(
