@@ -58,8 +58,9 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: What one batch of a sweep aims to take, and the most workflows it takes.
 _BATCH_SECONDS: Final = 0.05
 _MAX_BATCH: Final = 2000
-#: The most records one batched read of histories holds.
+#: The most records, and bytes of records, one batched read of histories holds.
 _MAX_RECORDS: Final = 20_000
+_MAX_BYTES: Final = 64 * 1024 * 1024
 
 
 class RetentionPolicy(BaseModel):
@@ -411,27 +412,44 @@ class _Sweep:
                 await self.thin_counted(workflow_id)
             return
         histories = await storage.histories(
-            workflow_ids, more_than=self.policy.keep_last, max_records=_MAX_RECORDS
+            workflow_ids,
+            more_than=self.policy.keep_last,
+            max_records=_MAX_RECORDS,
+            max_bytes=_MAX_BYTES,
         )
+        facts: list[list[RecordFacts | None] | None] = [None] * len(histories)
+        if self.opened is None:  # the records' fields, parsed off the loop in one hop
+            facts = await anyio.to_thread.run_sync(_page_facts, histories)
         cuts: list[Cut] = []
         sizes: dict[tuple[str, int], int] = {}
-        for history in histories:
+        for history, judged in zip(histories, facts, strict=True):
             if history.records is None and history.count > self.policy.keep_last:
                 await self.thin_counted(history.workflow_id)
                 continue
-            cut = await self.cut(history, sizes)
+            cut = await self.cut(history, sizes, judged)
             if cut is not None:
                 cuts.append(cut)
         await self.apply(storage, cuts, sizes)
 
-    async def cut(self, history: History, sizes: dict[tuple[str, int], int]) -> Cut | None:
-        """What the policy deletes of one history (None: nothing); record sizes into ``sizes``."""
-        if history.records is None:  # no more than the newest keep_last: all kept
+    async def cut(
+        self,
+        history: History,
+        sizes: dict[tuple[str, int], int],
+        facts: list[RecordFacts | None] | None = None,
+    ) -> Cut | None:
+        """What the policy deletes of one history (None: nothing); record sizes into ``sizes``.
+
+        ``facts`` are its records' fields, if read already (None where unreadable).
+        """
+        records = history.records
+        if records is None:  # no more than the newest keep_last: all kept
             return Cut(history.workflow_id, (), history.oldest) if history.orphans else None
+        if facts is None:
+            facts = [await self.judged(history.workflow_id, record) for record in records]
         keeper = _Keeper(self.policy)
         steps: list[int] = []
-        for record in history.records:
-            if await self.kept(keeper, history.workflow_id, record):
+        for record, fields in zip(records, facts, strict=True):
+            if self.keeps(keeper, fields):
                 keeper.oldest = record.step
             else:
                 steps.append(record.step)
@@ -502,11 +520,20 @@ class _Sweep:
         )
 
     async def kept(self, keeper: _Keeper, workflow_id: str, record: StoredCheckpoint) -> bool:
+        return self.keeps(keeper, await self.judged(workflow_id, record))
+
+    async def judged(self, workflow_id: str, record: StoredCheckpoint) -> RecordFacts | None:
+        """The record's fields (unsealed first, if encrypted), or None if unreadable."""
         try:
             if self.opened is not None:
                 record = StoredCheckpoint(record.step, await self.opened(workflow_id, record))
-            facts = await _facts(record)
+            return await _facts(record)
         except CheckpointCorruptedError:
+            return None
+
+    def keeps(self, keeper: _Keeper, facts: RecordFacts | None) -> bool:
+        """Whether the policy keeps a record; an unreadable one is kept, and counted."""
+        if facts is None:
             self.report.skipped_unreadable += 1
             return True
         return keeper.keeps(facts)
@@ -581,6 +608,20 @@ async def _facts(record: StoredCheckpoint) -> RecordFacts:
     if len(record.data) > _PARSE_ON_LOOP:
         return await anyio.to_thread.run_sync(record_facts, record.data)
     return record_facts(record.data)
+
+
+def _page_facts(histories: list[History]) -> list[list[RecordFacts | None] | None]:
+    """Each read history's records' fields (None where unreadable), in a worker thread."""
+    return [
+        None if h.records is None else [_fields_or_none(r) for r in h.records] for h in histories
+    ]
+
+
+def _fields_or_none(record: StoredCheckpoint) -> RecordFacts | None:
+    try:
+        return record_facts(record.data)
+    except CheckpointCorruptedError:
+        return None
 
 
 def _refused_step(bad: CheckpointCorruptedError, low: int | None, before: int | None) -> int:

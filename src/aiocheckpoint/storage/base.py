@@ -357,18 +357,22 @@ class Cut:
     below: int | None = None
 
 
-def histories_to_read(counts: Mapping[str, int], more_than: int, max_records: int) -> list[str]:
-    """The workflows of ``counts`` over ``more_than`` whose records fit in ``max_records``.
+def histories_to_read(
+    sizes: Mapping[str, tuple[int, int]], more_than: int, max_records: int, max_bytes: int
+) -> list[str]:
+    """The workflows to read of ``sizes`` (``workflow_id: (records, bytes)``).
 
-    In ``counts``' order, until the next one would not fit: what one batched read of
+    Those with more than ``more_than`` records, in ``sizes``' order, while they fit in
+    ``max_records`` records and ``max_bytes`` bytes: what one batched read of
     :meth:`SweepStorage.histories` fetches.
     """
     wanted: list[str] = []
-    budget = max_records
-    for workflow_id, count in counts.items():
-        if more_than < count <= budget:
+    records, size = max_records, max_bytes
+    for workflow_id, (count, total) in sizes.items():
+        if more_than < count <= records and total <= size:
             wanted.append(workflow_id)
-            budget -= count
+            records -= count
+            size -= total
     return wanted
 
 
@@ -380,9 +384,10 @@ class SweepStorage(Protocol):
     (``scan``, ``delete``, ``drop_orphan_effects``, ``delete_workflow``), with the same
     outcome. Contract (checked by :class:`aiocheckpoint.testing.RetentionConformance`):
 
-    * ``histories(ids, more_than=N, max_records=M)`` reads, in one consistent view, a
-      :class:`History` of each of ``ids`` that has a checkpoint (in ``ids``' order); the
-      records of those with more than N, until M records are read.
+    * ``histories(ids, more_than=N, max_records=M, max_bytes=B)`` reads, in one
+      consistent view, a :class:`History` of each of ``ids`` that has a checkpoint (in
+      ``ids``' order); the records of those with more than N, while they fit in M records
+      and B bytes (:func:`histories_to_read`).
     * ``thin_many(cuts)`` deletes every cut in one transaction: each step with its
       effects and the blob references only it held, and the orphaned effects below
       ``below``. It returns the ``(workflow_id, step)`` pairs it deleted and how many
@@ -394,7 +399,7 @@ class SweepStorage(Protocol):
     """
 
     async def histories(
-        self, workflow_ids: Sequence[str], *, more_than: int, max_records: int
+        self, workflow_ids: Sequence[str], *, more_than: int, max_records: int, max_bytes: int
     ) -> list[History]:
         """The histories of ``workflow_ids``; records of those with more than ``more_than``."""
         ...

@@ -33,7 +33,8 @@ class Sweeps:
         self._max = max_record_bytes
         t, w, e = f"{quoted}.checkpoints", f"{quoted}.workflows", f"{quoted}.effects"
         self._counts = (
-            "SELECT c.workflow_id, count(*), min(c.step), EXISTS (SELECT 1 FROM "
+            "SELECT c.workflow_id, count(*), min(c.step), sum(octet_length(c.data)), "
+            "EXISTS (SELECT 1 FROM "
             f"{e} AS x WHERE x.workflow_id = c.workflow_id AND x.step < min(c.step)) "
             f"FROM {t} AS c WHERE c.workflow_id = ANY($1::text[]) GROUP BY c.workflow_id"
         )
@@ -82,17 +83,19 @@ class Sweeps:
         )
 
     async def histories(
-        self, workflow_ids: list[str], more_than: int, max_records: int
+        self, workflow_ids: list[str], budget: tuple[int, int, int]
     ) -> list[History]:
-        """The histories of ``workflow_ids`` from one snapshot (``SweepStorage``)."""
+        """The histories of ``workflow_ids`` from one snapshot (``SweepStorage``).
+
+        ``budget`` is ``(more_than, max_records, max_bytes)`` of ``histories_to_read``.
+        """
 
         async def read(con: Any) -> list[History]:
             async with con.transaction(isolation="repeatable_read", readonly=True):
-                counts = await con.fetch(self._counts, workflow_ids)
-                found = {row[0]: (int(row[1]), int(row[2]), bool(row[3])) for row in counts}
-                wanted = histories_to_read(
-                    {wf: n for wf, (n, _, _) in found.items()}, more_than, max_records
-                )
+                rows = await con.fetch(self._counts, workflow_ids)
+                found = {row[0]: (int(row[1]), int(row[2]), bool(row[4])) for row in rows}
+                sizes = {row[0]: (int(row[1]), int(row[3])) for row in rows}
+                wanted = histories_to_read(sizes, *budget)
                 rows = await con.fetch(self._records_of, wanted, self._max) if wanted else []
             read_records = _grouped(rows)
             return [

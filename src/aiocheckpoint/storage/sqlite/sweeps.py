@@ -33,42 +33,41 @@ def _marks(count: int) -> str:
 def read_histories(
     conn: sqlite3.Connection,
     workflow_ids: Sequence[str],
-    more_than: int,
-    max_records: int,
+    budget: tuple[int, int, int],
     max_bytes: int,
 ) -> list[History]:
-    """The histories of ``workflow_ids`` from one snapshot (see :class:`~..base.SweepStorage`)."""
+    """The histories of ``workflow_ids`` from one snapshot (see :class:`~..base.SweepStorage`).
+
+    ``budget`` is ``(more_than, max_records, max_bytes)`` of
+    :func:`~..base.histories_to_read`; ``max_bytes`` the largest record this store reads.
+    """
     conn.execute("BEGIN")
     try:
-        counts: dict[str, tuple[int, int]] = {}
+        counts: dict[str, tuple[int, int, int]] = {}
         lowest_effect: dict[str, int] = {}
         for start in range(0, len(workflow_ids), _CHUNK):
             chunk = list(workflow_ids[start : start + _CHUNK])
             counts.update(_counts(conn, chunk))
             lowest_effect.update(_lowest_effects(conn, chunk))
-        wanted = histories_to_read({wf: n for wf, (n, _) in counts.items()}, more_than, max_records)
-        found = _records(conn, wanted, max_bytes)
+        sizes = {wf: (n, size) for wf, (n, _, size) in counts.items()}
+        found = _records(conn, histories_to_read(sizes, *budget), max_bytes)
     finally:
         conn.execute("COMMIT")
     return [
-        History(
-            wf,
-            counts[wf][0],
-            counts[wf][1],
-            lowest_effect.get(wf, counts[wf][1]) < counts[wf][1],
-            found.get(wf),
-        )
+        History(wf, n, low, lowest_effect.get(wf, low) < low, found.get(wf))
         for wf in workflow_ids
         if wf in counts
+        for n, low, _ in [counts[wf]]
     ]
 
 
-def _counts(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[int, int]]:
+def _counts(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[int, int, int]]:
+    """Each workflow's checkpoint count, lowest step and bytes (``length`` reads no data)."""
     sql = (
-        "SELECT workflow_id, count(*), min(step) FROM checkpoints "
+        "SELECT workflow_id, count(*), min(step), sum(length(data)) FROM checkpoints "
         f"WHERE workflow_id IN ({_marks(len(ids))}) AND {_STEP_OK} GROUP BY workflow_id"
     )
-    return {wf: (n, low) for wf, n, low in conn.execute(sql, ids).fetchall()}
+    return {wf: (n, low, size) for wf, n, low, size in conn.execute(sql, ids).fetchall()}
 
 
 def _lowest_effects(conn: sqlite3.Connection, ids: list[str]) -> dict[str, int]:
