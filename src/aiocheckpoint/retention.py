@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -51,6 +51,7 @@ __all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep", "run_th
 Opener = Callable[[str, StoredCheckpoint], Awaitable[bytes]]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: A version-1 record longer than this has its fields parsed in a worker thread.
 _PARSE_ON_LOOP: Final = 64 * 1024
@@ -376,18 +377,20 @@ class _Sweep:
     # --- history -----------------------------------------------------------------------
 
     async def thin_all(self) -> None:
+        if isinstance(self.storage, SweepStorage) and self.policy.keep_last is not None:
+            after: str | None = ""
+            while after is not None:
+                after = await self.pacer.timed(self.thin_batch(self.storage, after or None))
+            return
         if not isinstance(self.storage, _WorkflowStorage):
             # A store without records lists its workflows in one call (the protocol's only way).
             for workflow_id in await self.storage.list_workflows():
                 await self.thin_counted(workflow_id)
             return
         async for page in self.pages(WorkflowQuery(limit=self.policy.batch_size)):
-            ids = [
-                record.workflow_id
-                for record in page
-                if record.status is not WorkflowStatus.PAUSED or not self.policy.keep_paused
-            ]
-            await self.pacer.timed(self.thin_page(ids))
+            for record in page:
+                if record.status is not WorkflowStatus.PAUSED or not self.policy.keep_paused:
+                    await self.thin_counted(record.workflow_id)
 
     async def thin_counted(self, workflow_id: str) -> None:
         if await self.thin(workflow_id):
@@ -400,36 +403,39 @@ class _Sweep:
         record = await self.storage.get_workflow(workflow_id)
         return record is not None and record.status is WorkflowStatus.PAUSED
 
-    async def thin_page(self, workflow_ids: list[str]) -> None:
-        """Thin a page of workflows: one read and one write where the store batches.
+    async def thin_batch(self, storage: SweepStorage, after: str | None) -> str | None:
+        """Thin the next page of workflows after ``after``: one read, at most one write.
 
-        A workflow with nothing to delete costs no write; one whose history is longer than
-        one read's share, or holds a record the store refuses to read, is thinned alone.
+        Returns the page's last workflow id, or None when there is none. A workflow with
+        nothing to delete costs no write; one whose history is longer than one read's
+        share, or holds a record the store refuses to read, is thinned by itself.
         """
-        storage = self.storage
-        if not isinstance(storage, SweepStorage) or self.policy.keep_last is None:
-            for workflow_id in workflow_ids:
-                await self.thin_counted(workflow_id)
-            return
+        keep_last = self.policy.keep_last
+        assert keep_last is not None  # thin_all checked
         histories = await storage.histories(
-            workflow_ids,
-            more_than=self.policy.keep_last,
+            after=after,
+            limit=self.pacer.size,
+            more_than=keep_last,
             max_records=_MAX_RECORDS,
             max_bytes=_MAX_BYTES,
         )
-        facts: list[list[RecordFacts | None] | None] = [None] * len(histories)
+        if not histories:
+            return None
+        todo = [h for h in histories if not (h.paused and self.policy.keep_paused)]
+        facts: list[list[RecordFacts | None] | None] = [None] * len(todo)
         if self.opened is None:  # the records' fields, parsed off the loop in one hop
-            facts = await anyio.to_thread.run_sync(_page_facts, histories)
+            facts = await anyio.to_thread.run_sync(_page_facts, todo)
         cuts: list[Cut] = []
         sizes: dict[tuple[str, int], int] = {}
-        for history, judged in zip(histories, facts, strict=True):
-            if history.records is None and history.count > self.policy.keep_last:
+        for history, judged in zip(todo, facts, strict=True):
+            if history.records is None and history.count > keep_last:
                 await self.thin_counted(history.workflow_id)
                 continue
             cut = await self.cut(history, sizes, judged)
             if cut is not None:
                 cuts.append(cut)
         await self.apply(storage, cuts, sizes)
+        return histories[-1].workflow_id
 
     async def cut(
         self,
@@ -558,14 +564,16 @@ class _Pacer:
     def __init__(self, start: int) -> None:
         self.size = start
 
-    async def timed(self, work: Awaitable[None]) -> None:
+    async def timed(self, work: Awaitable[_T]) -> _T:
+        """``work``'s result; its time sizes the next batch."""
         started = time.monotonic()
-        await work
+        result = await work
         elapsed = time.monotonic() - started
         if elapsed < _BATCH_SECONDS / 2:
             self.size = min(self.size * 2, max(self.size, _MAX_BATCH))
         elif elapsed > _BATCH_SECONDS * 2:
             self.size = max(self.size // 2, 1)
+        return result
 
 
 class _Keeper:

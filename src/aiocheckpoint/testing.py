@@ -1716,8 +1716,13 @@ class RetentionConformance:
         for workflow_id in ids:
             for step in range(5):
                 await manager.create_checkpoint(workflow_id, step, "a", "running", {"s": step})
-        histories = await storage.histories(ids, more_than=2, max_records=100, max_bytes=1 << 20)
-        assert [(h.workflow_id, h.count, h.oldest) for h in histories] == [(wf, 5, 0) for wf in ids]
+        budget = {"more_than": 2, "max_records": 100, "max_bytes": 1 << 20}
+        histories = await storage.histories(after=None, limit=10, **budget)
+        assert [(h.workflow_id, h.count, h.oldest, h.paused) for h in histories] == [
+            (wf, 5, 0, False) for wf in ids
+        ]
+        page = await storage.histories(after="a", limit=1, **budget)
+        assert [h.workflow_id for h in page] == ["b"]
         await manager.create_checkpoint("b", 5, "a", "running", {"s": 5})
         lease = None
         if isinstance(storage, WorkflowStorage):

@@ -331,7 +331,8 @@ class History:
     """What a batched sweep reads of one workflow's history (:class:`SweepStorage`).
 
     ``count`` checkpoints, the lowest at step ``oldest``; ``orphans`` says whether it has
-    effect records of steps below ``oldest``. ``records`` holds every checkpoint, newest
+    effect records of steps below ``oldest``, ``paused`` whether its workflow record says
+    PAUSED (False on a store without records). ``records`` holds every checkpoint, newest
     first, when it was read; None when it was not (``count`` at most the sweep's window,
     more than one read's share, or a record over ``max_record_bytes``): the sweep then
     reads it a page at a time with ``scan``.
@@ -341,6 +342,7 @@ class History:
     count: int
     oldest: int
     orphans: bool
+    paused: bool
     records: list[StoredCheckpoint] | None
 
 
@@ -384,10 +386,12 @@ class SweepStorage(Protocol):
     (``scan``, ``delete``, ``drop_orphan_effects``, ``delete_workflow``), with the same
     outcome. Contract (checked by :class:`aiocheckpoint.testing.RetentionConformance`):
 
-    * ``histories(ids, more_than=N, max_records=M, max_bytes=B)`` reads, in one
-      consistent view, a :class:`History` of each of ``ids`` that has a checkpoint (in
-      ``ids``' order); the records of those with more than N, while they fit in M records
-      and B bytes (:func:`histories_to_read`).
+    * ``histories(after=id, limit=L, more_than=N, max_records=M, max_bytes=B)`` reads, in
+      one consistent view, a :class:`History` of each of the next L workflows with
+      checkpoints in id order, after ``after`` (from the first when None): an index walk.
+      It reads the records of those with more than N, while they fit in M records and B
+      bytes (:func:`histories_to_read`). Rows the library could not have written are
+      passed over; an empty list ends the walk.
     * ``thin_many(cuts)`` deletes every cut in one transaction: each step with its
       effects and the blob references only it held, and the orphaned effects below
       ``below``. It returns the ``(workflow_id, step)`` pairs it deleted and how many
@@ -399,9 +403,15 @@ class SweepStorage(Protocol):
     """
 
     async def histories(
-        self, workflow_ids: Sequence[str], *, more_than: int, max_records: int, max_bytes: int
+        self,
+        *,
+        after: str | None,
+        limit: int,
+        more_than: int,
+        max_records: int,
+        max_bytes: int,
     ) -> list[History]:
-        """The histories of ``workflow_ids``; records of those with more than ``more_than``."""
+        """The next ``limit`` workflows' histories after ``after``, in id order."""
         ...
 
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:

@@ -277,12 +277,18 @@ class PostgresCheckpointStorage(BaseStorage):
     # --- batched sweeps (SweepStorage) ---------------------------------------------------
 
     async def histories(
-        self, workflow_ids: Sequence[str], *, more_than: int, max_records: int, max_bytes: int
+        self,
+        *,
+        after: str | None,
+        limit: int,
+        more_than: int,
+        max_records: int,
+        max_bytes: int,
     ) -> list[History]:
-        """The histories of ``workflow_ids`` in one read (see :class:`SweepStorage`)."""
+        """The next ``limit`` histories after ``after``, in one read (see :class:`SweepStorage`)."""
         self._check_open()
-        ids = [check_workflow_id(wf) for wf in workflow_ids]
-        return await self._sweeps.histories(ids, (more_than, max_records, max_bytes))
+        after = None if after is None else check_workflow_id(after)
+        return await self._sweeps.histories(after, limit, (more_than, max_records, max_bytes))
 
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
         """Delete every cut in one statement (see :class:`SweepStorage`).

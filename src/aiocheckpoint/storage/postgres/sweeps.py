@@ -32,11 +32,16 @@ class Sweeps:
         self._records = records
         self._max = max_record_bytes
         t, w, e = f"{quoted}.checkpoints", f"{quoted}.workflows", f"{quoted}.effects"
-        self._counts = (
-            "SELECT c.workflow_id, count(*), min(c.step), sum(octet_length(c.data)), "
-            "EXISTS (SELECT 1 FROM "
-            f"{e} AS x WHERE x.workflow_id = c.workflow_id AND x.step < min(c.step)) "
-            f"FROM {t} AS c WHERE c.workflow_id = ANY($1::text[]) GROUP BY c.workflow_id"
+        # The next $2 workflows with checkpoints after $1, in id order (an index walk):
+        # each one's count, lowest step, bytes, whether it has effects below its lowest
+        # step and whether its record says PAUSED.
+        self._page = (
+            "SELECT g.w, g.n, g.low, g.size, "
+            f"EXISTS (SELECT 1 FROM {e} AS x WHERE x.workflow_id = g.w AND x.step < g.low), "
+            f"EXISTS (SELECT 1 FROM {w} AS r WHERE r.workflow_id = g.w AND r.status = 'paused') "
+            "FROM (SELECT workflow_id AS w, count(*) AS n, min(step) AS low, "
+            f"sum(octet_length(data)) AS size FROM {t} WHERE workflow_id > $1 "
+            "GROUP BY workflow_id ORDER BY workflow_id LIMIT $2) AS g"
         )
         self._records_of = (
             "SELECT workflow_id, step, CASE WHEN octet_length(data) <= $2 THEN data END "
@@ -83,23 +88,23 @@ class Sweeps:
         )
 
     async def histories(
-        self, workflow_ids: list[str], budget: tuple[int, int, int]
+        self, after: str | None, limit: int, budget: tuple[int, int, int]
     ) -> list[History]:
-        """The histories of ``workflow_ids`` from one snapshot (``SweepStorage``).
+        """The next ``limit`` histories after ``after``, from one snapshot (``SweepStorage``).
 
         ``budget`` is ``(more_than, max_records, max_bytes)`` of ``histories_to_read``.
         """
 
         async def read(con: Any) -> list[History]:
             async with con.transaction(isolation="repeatable_read", readonly=True):
-                rows = await con.fetch(self._counts, workflow_ids)
-                found = {row[0]: (int(row[1]), int(row[2]), bool(row[4])) for row in rows}
-                sizes = {row[0]: (int(row[1]), int(row[3])) for row in rows}
+                page = await con.fetch(self._page, "" if after is None else after, limit)
+                sizes = {row[0]: (int(row[1]), int(row[3])) for row in page}
                 wanted = histories_to_read(sizes, *budget)
                 rows = await con.fetch(self._records_of, wanted, self._max) if wanted else []
-            read_records = _grouped(rows)
+            found = _grouped(rows)
             return [
-                History(wf, *found[wf], read_records.get(wf)) for wf in workflow_ids if wf in found
+                History(wf, int(n), int(low), bool(orphans), bool(paused), found.get(wf))
+                for wf, n, low, _size, orphans, paused in page
             ]
 
         return await self._connection.run("sweep's read", read)

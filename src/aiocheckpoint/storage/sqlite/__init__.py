@@ -285,14 +285,20 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     # --- batched sweeps (SweepStorage) ----------------------------------------------------
 
     async def histories(
-        self, workflow_ids: Sequence[str], *, more_than: int, max_records: int, max_bytes: int
+        self,
+        *,
+        after: str | None,
+        limit: int,
+        more_than: int,
+        max_records: int,
+        max_bytes: int,
     ) -> list[History]:
-        """The histories of ``workflow_ids`` in one read (see :class:`SweepStorage`)."""
+        """The next ``limit`` histories after ``after``, in one read (see :class:`SweepStorage`)."""
         self._check_open()
-        ids = [check_workflow_id(wf) for wf in workflow_ids]
+        after = None if after is None else check_workflow_id(after)
         budget = (more_than, max_records, max_bytes)
-        limit = self._max_record_bytes
-        return await self._read(lambda conn: sweeps.read_histories(conn, ids, budget, limit))
+        cap = self._max_record_bytes
+        return await self._read(lambda conn: sweeps.read_histories(conn, after, limit, budget, cap))
 
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
         """Delete every cut in one write of the group commit (see :class:`SweepStorage`)."""

@@ -16,6 +16,7 @@ from typing import Final
 
 from ..base import Cut, History, StoredCheckpoint, histories_to_read
 from . import effects
+from .foreign import id_problem
 from .sql import _DELETE_STEP
 from .writer import delete_untouched
 
@@ -30,52 +31,46 @@ def _marks(count: int) -> str:
     return ",".join("?" * count)
 
 
+#: The next workflows with checkpoints after ?1, ?2 of them, in id order (an index walk):
+#: each one's count, lowest step, bytes (``length`` reads no data), whether it has effects
+#: below its lowest step and whether its record says PAUSED (one index probe each).
+_PAGE: Final = f"""
+    SELECT g.w, g.n, g.low, g.size,
+        EXISTS (SELECT 1 FROM effects AS e WHERE e.workflow_id = g.w AND e.step < g.low),
+        EXISTS (SELECT 1 FROM workflows AS x WHERE x.workflow_id = g.w AND x.status = 'paused')
+    FROM (
+        SELECT workflow_id AS w, count(*) AS n, min(step) AS low, sum(length(data)) AS size
+        FROM checkpoints
+        WHERE workflow_id > ?1 AND typeof(workflow_id) = 'text' AND {_STEP_OK}
+        GROUP BY workflow_id ORDER BY workflow_id LIMIT ?2
+    ) AS g
+"""
+
+
 def read_histories(
     conn: sqlite3.Connection,
-    workflow_ids: Sequence[str],
+    after: str | None,
+    limit: int,
     budget: tuple[int, int, int],
     max_bytes: int,
 ) -> list[History]:
-    """The histories of ``workflow_ids`` from one snapshot (see :class:`~..base.SweepStorage`).
+    """The next ``limit`` histories after ``after`` from one snapshot (``SweepStorage``).
 
     ``budget`` is ``(more_than, max_records, max_bytes)`` of
     :func:`~..base.histories_to_read`; ``max_bytes`` the largest record this store reads.
     """
     conn.execute("BEGIN")
     try:
-        counts: dict[str, tuple[int, int, int]] = {}
-        lowest_effect: dict[str, int] = {}
-        for start in range(0, len(workflow_ids), _CHUNK):
-            chunk = list(workflow_ids[start : start + _CHUNK])
-            counts.update(_counts(conn, chunk))
-            lowest_effect.update(_lowest_effects(conn, chunk))
-        sizes = {wf: (n, size) for wf, (n, _, size) in counts.items()}
+        rows = conn.execute(_PAGE, ("" if after is None else after, limit)).fetchall()
+        rows = [row for row in rows if id_problem(row[0]) is None]
+        sizes = {row[0]: (row[1], row[3]) for row in rows}
         found = _records(conn, histories_to_read(sizes, *budget), max_bytes)
     finally:
         conn.execute("COMMIT")
     return [
-        History(wf, n, low, lowest_effect.get(wf, low) < low, found.get(wf))
-        for wf in workflow_ids
-        if wf in counts
-        for n, low, _ in [counts[wf]]
+        History(wf, n, low, bool(orphans), bool(paused), found.get(wf))
+        for wf, n, low, _size, orphans, paused in rows
     ]
-
-
-def _counts(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[int, int, int]]:
-    """Each workflow's checkpoint count, lowest step and bytes (``length`` reads no data)."""
-    sql = (
-        "SELECT workflow_id, count(*), min(step), sum(length(data)) FROM checkpoints "
-        f"WHERE workflow_id IN ({_marks(len(ids))}) AND {_STEP_OK} GROUP BY workflow_id"
-    )
-    return {wf: (n, low, size) for wf, n, low, size in conn.execute(sql, ids).fetchall()}
-
-
-def _lowest_effects(conn: sqlite3.Connection, ids: list[str]) -> dict[str, int]:
-    sql = (
-        "SELECT workflow_id, min(step) FROM effects "
-        f"WHERE workflow_id IN ({_marks(len(ids))}) GROUP BY workflow_id"
-    )
-    return dict(conn.execute(sql, ids).fetchall())
 
 
 def _records(
