@@ -319,7 +319,7 @@ class _Sweep:
         for status, ttl in self.policy.ttls():
             query = _expired(status, now - ttl, self.pacer.size)
             async for page in self.pages(query):
-                await self.pacer.timed(self.expire_page(page, _REASONS[status]))
+                await self.expire_page(page, _REASONS[status])
 
     async def pages(self, query: WorkflowQuery) -> AsyncIterator[list[WorkflowRecord]]:
         """Every record ``query`` matches, one page (one short read) at a time.
@@ -347,7 +347,7 @@ class _Sweep:
         if not live:
             return
         pairs = [(record.workflow_id, record.updated_at) for record in live]
-        sizes = await self.storage.delete_workflows(pairs)
+        sizes = await self.pacer.timed(self.storage.delete_workflows(pairs))
         for record, size in zip(live, sizes, strict=True):
             self.deleted_whole(record.workflow_id, size, reason)
 
@@ -380,7 +380,7 @@ class _Sweep:
         if isinstance(self.storage, SweepStorage) and self.policy.keep_last is not None:
             after: str | None = ""
             while after is not None:
-                after = await self.pacer.timed(self.thin_batch(self.storage, after or None))
+                after = await self.thin_batch(self.storage, after or None)
             return
         if not isinstance(self.storage, _WorkflowStorage):
             # A store without records lists its workflows in one call (the protocol's only way).
@@ -434,7 +434,8 @@ class _Sweep:
             cut = await self.cut(history, sizes, judged)
             if cut is not None:
                 cuts.append(cut)
-        await self.apply(storage, cuts, sizes)
+        if not await self.apply(storage, cuts, sizes):
+            self.pacer.grow()
         return histories[-1].workflow_id
 
     async def cut(
@@ -466,18 +467,22 @@ class _Sweep:
 
     async def apply(
         self, storage: SweepStorage, cuts: list[Cut], sizes: dict[tuple[str, int], int]
-    ) -> None:
-        """Delete the cuts in one write (a dry run counts them); fill in the report."""
+    ) -> bool:
+        """Delete the cuts in one write (a dry run counts them); whether anything was written.
+
+        Fills in the report.
+        """
         if self.dry_run:
             deleted = [(cut.workflow_id, step) for cut in cuts for step in cut.steps]
         elif cuts:
-            deleted, dropped = await storage.thin_many(cuts)
+            deleted, dropped = await self.pacer.timed(storage.thin_many(cuts))
             self.report.effects_deleted += dropped
         else:
-            return
+            return False
         self.report.checkpoints_deleted += len(deleted)
         self.report.checkpoint_bytes += sum(sizes[pair] for pair in deleted)
         self.report.workflows_thinned += len({workflow_id for workflow_id, _ in deleted})
+        return not self.dry_run
 
     async def thin(self, workflow_id: str) -> int:
         """Delete what the policy does not keep of one workflow; return how many.
@@ -553,12 +558,12 @@ class _Sweep:
 
 
 class _Pacer:
-    """How many workflows a sweep's batch takes: as many as it handles in about 50 ms.
+    """How many workflows a sweep's batch takes: as many as its write deletes in ~50 ms.
 
     A batch's write holds up the writers queued behind it (SQLite's group commit) or
-    waiting on its row locks (PostgreSQL), so batches are sized by the time they take, as
-    the group commit sizes its own: doubled while a batch takes under half the target,
-    halved while one takes over twice it.
+    waiting on its row locks (PostgreSQL), so batches are sized by the time their writes
+    take, as the group commit sizes its own: doubled after a write under half the target
+    (and after a batch with nothing to write), halved after one over twice it.
     """
 
     def __init__(self, start: int) -> None:
@@ -570,10 +575,13 @@ class _Pacer:
         result = await work
         elapsed = time.monotonic() - started
         if elapsed < _BATCH_SECONDS / 2:
-            self.size = min(self.size * 2, max(self.size, _MAX_BATCH))
+            self.grow()
         elif elapsed > _BATCH_SECONDS * 2:
             self.size = max(self.size // 2, 1)
         return result
+
+    def grow(self) -> None:
+        self.size = min(self.size * 2, max(self.size, _MAX_BATCH))
 
 
 class _Keeper:
