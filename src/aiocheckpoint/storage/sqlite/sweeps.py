@@ -25,6 +25,7 @@ __all__ = ["delete_workflows", "read_histories", "thin_many"]
 #: Ids per statement: well under SQLite's variable limit.
 _CHUNK: Final = 500
 _STEP_OK: Final = "typeof(step) = 'integer' AND step >= 0"
+_STEPS_UP_TO: Final = "SELECT step FROM checkpoints WHERE workflow_id = ? AND step <= ?"
 
 
 def _marks(count: int) -> str:
@@ -99,20 +100,29 @@ def _records(
 def thin_many(
     conn: sqlite3.Connection, _now: float, *, cuts: Sequence[Cut]
 ) -> tuple[list[tuple[str, int]], int]:
-    """Delete every cut's steps and orphaned effects, in the writer's transaction."""
-    deleted: list[tuple[str, int]] = []
+    """Delete every cut's steps and orphaned effects, in the writer's transaction.
+
+    One read per workflow finds which of its cut steps are still there (another sweeper
+    may have taken some); the deletes then loop in C (``executemany``).
+    """
+    pairs = [(cut.workflow_id, step) for cut in cuts for step in cut.steps]
+    present: list[tuple[str, int]] = []
+    for cut in cuts:
+        if cut.steps:
+            wanted = set(cut.steps)
+            rows = conn.execute(_STEPS_UP_TO, (cut.workflow_id, max(cut.steps))).fetchall()
+            present += [(cut.workflow_id, step) for (step,) in rows if step in wanted]
+    # The effects of every cut step, with a checkpoint or not (the trigger takes only the
+    # former), then the checkpoints.
+    conn.executemany(effects.DELETE_STEP, pairs)
+    conn.executemany(_DELETE_STEP, present)
     dropped = 0
     for cut in cuts:
-        for step in cut.steps:
-            # Effects of the step too (the trigger takes them only with a checkpoint row).
-            effects.delete(conn, cut.workflow_id, step)
-            if conn.execute(_DELETE_STEP, (cut.workflow_id, step)).rowcount > 0:
-                deleted.append((cut.workflow_id, step))
         if cut.below is not None:
             dropped += effects.drop_orphans(
                 conn, _now, workflow_id=cut.workflow_id, below=cut.below
             )
-    return deleted, dropped
+    return present, dropped
 
 
 def delete_workflows(
