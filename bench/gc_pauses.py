@@ -9,7 +9,7 @@ exceed a quarter of the objects already there). Counting promotions walks genera
 every generation-1 collection, so the other figures are taken without it unless asked.
 
 ``--freeze`` calls ``gc.freeze()`` after the warm-up, as an application may after its
-start-up (docs/performance.md "Garbage collection pauses"): the full collections then skip
+start-up (bench/NOTES.md "Garbage collection pauses"): the full collections then skip
 every object that existed by then.
 
 Usage: ``python bench/gc_pauses.py [--systems ours-sqlite,ours-memory] [--seconds S]

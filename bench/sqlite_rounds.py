@@ -9,7 +9,7 @@ throughput, the p99, the loop thread's CPU per checkpoint, the number of batches
 mean size, and the batch and gap times (p50 and p90, ms). Both systems run
 ``bench/run.py``'s write workload (``bench.workloads``) on the ~1 KB state, one after the
 other in each round, so their ratio holds up better than two separate runs on a loaded
-machine. See docs/performance.md "Small states at C=100".
+machine. See bench/NOTES.md "Small states at C=100".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A small real tmpfs for full-disk and read-only tests (the suite runs as root, as CI does)."""
+"""A small real tmpfs for full-disk and read-only tests (root only: the ``root`` tier)."""
 
 from __future__ import annotations
 

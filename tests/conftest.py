@@ -1,10 +1,30 @@
-"""Suite-wide hooks: which tests start first, and the end-of-run summaries.
+"""Suite-wide hooks: the test tiers, which tests start first, and the end-of-run summaries.
+
+The suite has three tiers (README.md, "Run the tests"), told apart by markers:
+
+* the fast tier, unmarked: runs anywhere, as any user, from a fresh clone; a plain
+  ``pytest`` runs it, and nothing else;
+* ``slow``: long but self-contained (crash and kill loops, decoding bombs, the docs site
+  build, the bench scripts): ``pytest -m slow``;
+* ``root``: needs root (tmpfs and loop mounts, files of another uid) and, for the power-loss
+  suite, /dev/fuse and LazyFS: ``sudo .venv/bin/python -m pytest -m root``.
+
+Which tier a new test belongs to: ``root`` if it needs anything a fresh clone run by any
+user lacks (root, a mount, another uid, /dev/fuse, LazyFS or anything else from beside the
+repository); otherwise ``slow`` if one run of it takes more than about five seconds on a
+quiet machine (kill and crash loops, decoding bombs, builds), as the fast tier must finish
+in under five minutes on two cores; otherwise no marker. Never a skip instead.
+
+A test carries at most one of the two markers. An explicit ``-m`` picks tests by pytest's
+own rules; without one, a test file named on the command line runs in full (whatever its
+tiers), and anything else runs its fast tier only, with a line at the end saying how many
+tests of the other tiers were left out and how to run them. ``.ci/run`` runs every tier.
 
 The README's test command runs the suite on four pytest-xdist workers (``-n 4``). Most of
 the suite waits on fsync, child processes and PostgreSQL, so four workers on two cores pay.
 Under xdist:
 
-* tests marked ``slow`` are queued first, so the long crash loops start at once and
+* tests marked ``slow`` or ``root`` are queued first, so the long crash loops start at once and
   the short tests fill the gaps around them instead of one long test ending the run;
 * a module whose tests share an expensive module- or session-scoped fixture (the docs site
   build, the power-loss trials) marks itself ``pytestmark = pytest.mark.xdist_group(name)``
@@ -41,10 +61,69 @@ def pytest_configure(config: pytest.Config) -> None:
         del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 
+#: The markers of the tiers beyond the fast one, and the command that runs each.
+TIERS = {
+    "slow": ".venv/bin/python -m pytest -q -n 4 -m slow",
+    "root": "sudo .venv/bin/python -m pytest -q -n 4 -m root",
+}
+
+
+#: Fixtures that need root (a mount, FUSE): a test using one must be in the root tier.
+ROOT_FIXTURES = frozenset({"lazyfs_binary", "mounts", "tiny_disk"})
+
+
+def tier(item: pytest.Item) -> str:
+    """The tier of a test: ``slow``, ``root`` or ``fast`` (unmarked)."""
+    marked = [name for name in TIERS if item.get_closest_marker(name) is not None]
+    if len(marked) > 1:
+        raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(marked)}: pick one tier")
+    needs_root = ROOT_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    if needs_root and marked != ["root"]:
+        raise pytest.UsageError(f"{item.nodeid} uses {min(needs_root)}: mark it root")
+    return marked[0] if marked else "fast"
+
+
+def _named_files(config: pytest.Config) -> set[Path]:
+    """The test files named on the command line (``tests/test_x.py``, ``...::test_y``)."""
+    base = config.invocation_params.dir
+    named = (base / arg.split("::", 1)[0] for arg in config.args)
+    return {path.resolve() for path in named if path.is_file()}
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Queue the slow tests first (a stable sort: the same order on every worker)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the fast tier unless ``-m`` or a named file says otherwise (see the module's doc);
+    queue the slow and root tests first (a stable sort: the same order on every worker)."""
+    tiers = {item.nodeid: tier(item) for item in items}
+    if not config.option.markexpr:
+        named = _named_files(config)
+        left = [i for i in items if tiers[i.nodeid] != "fast" and i.path.resolve() not in named]
+        if left:
+            gone = {id(item) for item in left}
+            items[:] = [item for item in items if id(item) not in gone]
+            config.hook.pytest_deselected(items=left)
+            _publish_left_out(config, [tiers[item.nodeid] for item in left])
+    items.sort(key=lambda item: tiers[item.nodeid] == "fast")
+
+
+def _publish_left_out(config: pytest.Config, left: list[str]) -> None:
+    """Say at the end of the run which tiers were not run, and their commands (once: every
+    pytest-xdist worker collects the same tests)."""
+    worker = getattr(config, "workerinput", {}).get("workerid", "gw0")
+    if worker != "gw0":
+        return
+    lines = [
+        f"not run here (the fast tier only): {left.count(name)} {name} tests: {command}"
+        for name, command in TIERS.items()
+        if name in left
+    ]
+    _summary.publish(config, lines)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A root-tier test run without root fails at once, saying so (it is never skipped)."""
+    if item.get_closest_marker("root") is not None and os.geteuid() != 0:
+        pytest.fail(f"{item.nodeid} needs root (the root tier: {TIERS['root']})", pytrace=False)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -54,7 +133,7 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print what the crash and power-loss suites published (see tests/_summary.py)."""
+    """Print what the suites published (tests/_summary.py): the tiers left out, the kills..."""
     _summary.write(terminalreporter)
 
 

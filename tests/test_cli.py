@@ -164,6 +164,7 @@ async def test_workflows_lists_every_workflow(store: str) -> None:
         "latest_step": 2,
         "latest_status": "failed",
         "workflow_status": "unfinished" if keeps_records else None,
+        "kind": "workflow" if keeps_records else None,
         "finished": False if keeps_records else None,
     }
 
@@ -425,8 +426,8 @@ async def test_export_then_import_round_trips(
     assert cli("export", src, str(path)).code == 0
     lines = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
     assert lines[0]["format"] == "aiocheckpoint-export"
-    assert lines[0]["version"] == 1
-    assert lines[-1] == {"type": "end", "checkpoints": 15, "workflows": 2}
+    assert lines[0]["version"] == 2
+    assert lines[-1] == {"type": "end", "checkpoints": 15, "effects": 0, "workflows": 2}
     first = lines[1]
     assert set(first) == {"type", "workflow_id", "step", "record"}
     assert base64.b64decode(first["record"]) == (await raw(src))[(first["workflow_id"], 0)]

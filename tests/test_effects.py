@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from aiocheckpoint import (
+    CheckpointCorruptedError,
     CheckpointManager,
     CheckpointSerializationError,
     CheckpointStorage,
@@ -293,6 +294,29 @@ async def test_resolve_effect(open_store: Open) -> None:
     assert await manager.list_in_doubt_workflows() == []
 
 
+async def test_an_effect_record_under_another_name_is_corrupted(open_store: Open) -> None:
+    """An effect record's bytes put under another workflow, step or key (a bad copy, a
+    hand edit) are refused as corrupted, naming the workflow and step; the step never
+    returns the other effect's result."""
+    store = open_store()
+    manager = CheckpointManager(store)
+    calls = Calls()
+    async with ResumableWorkflow("wf", manager) as wf:
+        async with wf.step(0, agent_id="a"):
+            await wf.effect("pay", calls.send)
+    [stored] = await store.load_effects("wf", 0)  # type: ignore[attr-defined]
+    for workflow_id, step, key in (("other", 0, "pay"), ("wf", 1, "pay"), ("wf", 0, "refund")):
+        await store.put_effect(workflow_id, step, key, stored.data, in_doubt=False)  # type: ignore[attr-defined]
+        with pytest.raises(CheckpointCorruptedError) as caught:
+            await manager.get_effects(workflow_id, step)
+        assert (caught.value.workflow_id, caught.value.step) == (workflow_id, step)
+    with pytest.raises(CheckpointCorruptedError):
+        async with ResumableWorkflow("other", manager) as other:
+            async with other.step(0, agent_id="a"):
+                await other.effect("pay", calls.send)
+    assert len(calls.made) == 1
+
+
 async def test_misuse_is_refused(open_store: Open) -> None:
     """Outside a step, a '#' key, a key already running: InvalidArgumentError, no call."""
     manager = CheckpointManager(open_store())
@@ -369,6 +393,46 @@ async def test_stale_runner_settling_a_settled_effect_loses_its_lease(
             await manager.resolve_effect("wf", 0, "mail", happened=False, lease=fresh)
         [record] = await manager.get_effects("wf", 0)
         assert record.state is EffectState.DONE and record.result == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_stale_runner_resolving_an_effect_still_in_doubt_writes_nothing(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """A runner taken over while its effect is still in doubt: resolving it with the old
+    lease raises LeaseLostError, and the effect stays in doubt for the new holder."""
+    async with CheckpointManager(leased_store(kind, tmp_path, pg_schema)) as manager:
+        await leave_in_doubt(manager, "mail")
+        stale = await manager.acquire_lease("wf", "a", ttl=0.05)
+        await asyncio.sleep(0.1)
+        await manager.acquire_lease("wf", "b", ttl=30)
+        with pytest.raises(LeaseLostError):
+            await manager.resolve_effect("wf", 0, "mail", happened=True, result=1, lease=stale)
+        [record] = await manager.get_effects("wf", 0)
+        assert record.in_doubt and record.result is None
+        assert await manager.list_in_doubt_workflows() == ["wf"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_a_call_returning_after_a_takeover_leaves_its_effect_in_doubt(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """A runner taken over while its effect's call runs: the outcome is not written
+    (LeaseLostError), so the new holder finds the effect in doubt, not the stale result."""
+    async with CheckpointManager(leased_store(kind, tmp_path, pg_schema)) as manager:
+        stale = await manager.acquire_lease("wf", "a", ttl=0.05)
+
+        async def call_across_a_takeover() -> str:
+            await asyncio.sleep(0.1)
+            await manager.acquire_lease("wf", "b", ttl=30)
+            return "stale result"
+
+        with pytest.raises(LeaseLostError):
+            async with ResumableWorkflow("wf", manager, lease=stale, lease_ttl=600) as wf:
+                async with wf.step(0, agent_id="a"):
+                    await wf.effect("mail", call_across_a_takeover)
+        [record] = await manager.get_effects("wf", 0)
+        assert record.in_doubt and record.result is None
 
 
 @pytest.mark.parametrize("kind", ["memory", "file", "sqlite", "postgres"])

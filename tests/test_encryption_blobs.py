@@ -27,7 +27,7 @@ from aiocheckpoint import (
 )
 from aiocheckpoint.codec.join import areferenced_hashes
 from aiocheckpoint.codec.pipeline import RecordCodec
-from aiocheckpoint.format import node_children, record_root_refs
+from aiocheckpoint.format import node_children, record_format_version, record_root_refs
 from aiocheckpoint.format.sealed import (
     BLOB_SEALED,
     is_sealed_tree_record,
@@ -283,6 +283,30 @@ async def test_sealed_layouts_name_their_references_and_refuse_damage(
             assert (caught.value.workflow_id, caught.value.step) == ("wf", 0)
         with pytest.raises(CheckpointCorruptedError):
             node_children(blob[:3], 16)
+
+
+@pytest.mark.parametrize("kind", ["memory", *WITH_BLOBS])
+async def test_a_fork_made_while_migrating_is_sealed(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """A migrating manager (``allow_plaintext=True``) forks a plaintext incremental history:
+    each of the fork's records is sealed whole, so a strict reader reads every step and no
+    record of the fork holds plaintext."""
+    async with make_storage(kind, tmp_path, pg_schema) as store:
+        plain = CheckpointManager(store, incremental=True)
+        await history(plain, "wf", 2)
+        states = [c.state_snapshot.data for c in await plain.list_checkpoints("wf")]
+        source = await store.load("wf", 1)
+        assert source is not None and record_format_version(source.data) == 2
+        migrating = CheckpointManager(
+            store, incremental=True, encryption=ring(), allow_plaintext=True
+        )
+        assert await migrating.fork_workflow("wf", 1, "fork") == 2
+        strict = CheckpointManager(store, encryption=ring())
+        for step, state in enumerate(states):
+            assert (await strict.get_checkpoint("fork", step)).state_snapshot.data == state
+            stored = await store.load("fork", step)
+            assert stored is not None and CANARY.encode() not in stored.data
 
 
 async def test_a_blob_under_a_key_the_reader_lacks_is_an_unknown_key(

@@ -2,7 +2,7 @@
 
 ``syncfs`` only where the filesystem's type (``fstatfs``) is on the store's list; fsyncs of
 every file and directory everywhere else. The filesystems are real mounts made here (the
-tests run as root, as in CI): tmpfs, a loop-mounted ext4 image, overlayfs (a layered
+``root`` tier): tmpfs, a loop-mounted ext4 image, overlayfs (a layered
 filesystem, like FUSE and network filesystems not on the list), and /proc.
 """
 
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from aiocheckpoint import CheckpointManager
+from aiocheckpoint.format import record_root_refs
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.file.durability import (
     SYNCFS_DURABLE,
@@ -25,7 +27,10 @@ from aiocheckpoint.storage.file.durability import (
     filesystem_type,
     syncfs_is_durable,
 )
+from aiocheckpoint.storage.file.format import step_name
 from aiocheckpoint.storage.file.io import FileOps
+
+pytestmark = pytest.mark.root  # every test mounts filesystems
 
 
 def mount(*args: str) -> None:
@@ -226,3 +231,118 @@ async def test_a_workflow_directory_on_another_filesystem_makes_its_group_fsync(
     finally:
         umount(inner)
     await store.close()
+
+
+def fd_path(fd: int) -> str:
+    """The path a descriptor is open on (as the kernel names it)."""
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+class PathLog(FileOps):
+    """Records fsyncs, directory fsyncs, syncfs and renames (from every thread) with the
+    path each one touches: a rename's destination, an fsync's file or directory."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.sources: dict[str, str] = {}  # a rename's destination -> its source
+        self._lock = threading.Lock()
+
+    def _log(self, name: str, path: str) -> None:
+        with self._lock:
+            self.calls.append((name, path))
+
+    def fsync(self, fd: int) -> None:
+        super().fsync(fd)
+        self._log("fsync", fd_path(fd))
+
+    def fsync_dir(self, fd: int) -> None:
+        super().fsync_dir(fd)
+        self._log("fsync_dir", fd_path(fd))
+
+    def syncfs(self, fd: int) -> None:
+        super().syncfs(fd)
+        self._log("syncfs", fd_path(fd))
+
+    def rename(self, src: str, dst: str, *, src_dir_fd: int | None, dst_dir_fd: int | None) -> None:
+        super().rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        where = dst if dst_dir_fd is None else os.path.join(fd_path(dst_dir_fd), dst)
+        with self._lock:
+            self.sources[where] = (
+                src if src_dir_fd is None else os.path.join(fd_path(src_dir_fd), src)
+            )
+        self._log("rename", where)
+
+
+def tree_state(tag: str) -> dict[str, object]:
+    """A state well over the inline limit whose every chunk is new for each ``tag``."""
+    return {"docs": [{"id": i, "body": f"{tag} doc {i} " + "lorem ipsum " * 80} for i in range(60)]}
+
+
+def pack_holding(store: Path, blob: bytes) -> str:
+    """The path of the one pack under ``store`` that holds ``blob`` (its stored bytes)."""
+    found = [p for p in (store / "blobs" / "packs").glob("*.pack") if blob in p.read_bytes()]
+    assert len(found) == 1, found
+    return os.path.realpath(found[0])
+
+
+def assert_pack_durable_before_record(log: PathLog, pack: str, record: str) -> None:
+    """The pack's data is fsynced before its rename into ``packs/``, and ``packs/`` is
+    fsynced after that rename and before the record's rename (no syncfs anywhere)."""
+    calls = log.calls
+    pack_at = calls.index(("rename", pack))
+    record_at = calls.index(("rename", record))
+    assert pack_at < record_at, calls
+    assert ("fsync", log.sources[pack]) in calls[:pack_at], calls
+    assert ("fsync_dir", os.path.dirname(pack)) in calls[pack_at + 1 : record_at], calls
+    assert all(name != "syncfs" for name, _path in calls), calls
+
+
+def record_path(store: FileCheckpointStorage, workflow_id: str, step: int) -> str:
+    """Where the file store keeps a step's record (as the kernel names the path)."""
+    return os.path.realpath(os.path.join(store.workflow_dir(workflow_id), step_name(step)))
+
+
+async def saved_trees(
+    base: Path, count: int, **options: bool
+) -> tuple[PathLog, list[tuple[str, str]]]:
+    """``count`` workflows (directories made first) each save a new tree at once: the calls,
+    and each save's (pack holding its root's first child, record file) paths."""
+    store = FileCheckpointStorage(base, **options)
+    manager = CheckpointManager(store)
+    for i in range(count):
+        await store.save(f"wf-{i}", 0, b"zero")
+    log = PathLog()
+    store._os = log
+    states = [tree_state(f"t{i}") for i in range(count)]
+    await asyncio.gather(
+        *(manager.create_checkpoint(f"wf-{i}", 1, "a", "running", states[i]) for i in range(count))
+    )
+    pairs = []
+    for i in range(count):
+        assert (await manager.get_checkpoint(f"wf-{i}", 1)).state_snapshot.data == states[i]
+        stored = await store.load(f"wf-{i}", 1)
+        assert stored is not None
+        first = record_root_refs(stored.data)[0]
+        pack = pack_holding(base, (await store.fetch_blobs([first]))[first])
+        pairs.append((pack, record_path(store, f"wf-{i}", 1)))
+    await store.close()
+    return log, pairs
+
+
+@pytest.mark.parametrize("count", [1, 8], ids=["alone", "eight-at-once"])
+async def test_a_new_pack_is_durable_in_packs_before_the_record_is_renamed(
+    tmp_path: Path, count: int
+) -> None:
+    """On the fsync path (``use_syncfs=False``), a tree save fsyncs its new pack, renames
+    it into ``packs/`` and fsyncs ``packs/`` before its record is renamed: else a power cut
+    could keep the record and lose the pack's directory entry, and with it the blobs."""
+    log, pairs = await saved_trees(tmp_path / "store", count, use_syncfs=False)
+    assert len({pack for pack, _record in pairs}) == count
+    for pack, record in pairs:
+        assert_pack_durable_before_record(log, pack, record)
+
+
+async def test_on_overlayfs_a_pack_is_durable_before_its_record(mounts: dict[str, Path]) -> None:
+    """A filesystem not on the syncfs list takes the same fsync path by itself."""
+    log, [(pack, record)] = await saved_trees(mounts["overlay"] / "store", 1)
+    assert_pack_durable_before_record(log, pack, record)

@@ -241,6 +241,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         yield mnt
 
 
+@pytest.mark.root  # mounts a tmpfs
 async def test_real_disk_full(tiny_disk: Path) -> None:
     """On a full 256 KiB tmpfs a save raises StorageBackendError(ENOSPC) and harms nothing."""
     store = FileCheckpointStorage(tiny_disk / "s")
@@ -268,6 +269,7 @@ async def test_real_disk_full(tiny_disk: Path) -> None:
     await store.close()
 
 
+@pytest.mark.root  # mounts a tmpfs
 async def test_read_only_store_still_reads(tiny_disk: Path) -> None:
     """On a read-only mount saves raise StorageBackendError(EROFS) and loads still work."""
     store = FileCheckpointStorage(tiny_disk / "s")

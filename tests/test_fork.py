@@ -15,7 +15,9 @@ from aiocheckpoint import (
     ExecutionMetrics,
     InvalidStepError,
     InvalidWorkflowIdError,
+    Keyring,
     ResumableWorkflow,
+    StorageBackendError,
     WorkflowBusyError,
     WorkflowExistsError,
 )
@@ -117,16 +119,47 @@ async def test_fork_into_a_driven_workflow_is_refused(any_storage: CheckpointSto
             await manager.fork_workflow("src", 0, "busy")
 
 
+async def test_a_fork_cut_short_resumes_after_the_fork_step(any_storage: CheckpointStorage) -> None:
+    """The fork writes its newest step first: a fork whose second write fails already
+    resumes after the fork step, with part of the history."""
+    manager = CheckpointManager(any_storage)
+    await _history(manager, 4)
+    real_save, written = any_storage.save, []
+
+    async def failing(*args: Any, **kwargs: Any) -> None:
+        if args[0] == "cut":
+            written.append(args[1])
+            if len(written) == 2:
+                raise StorageBackendError("the disk went away")
+        await real_save(*args, **kwargs)
+
+    any_storage.save = failing  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StorageBackendError):
+            await manager.fork_workflow("src", 2, "cut")
+    finally:
+        del any_storage.save
+    assert written == [2, 1]
+    assert [c.step for c in await manager.list_checkpoints("cut")] == [2]
+    point = await manager.get_resume_point("cut")
+    assert point is not None and (point[0], point[1].data) == (3, {"n": 2})
+
+
 def _large_state() -> dict[str, Any]:
     rng = random.Random(7)
     return {"docs": [{"id": i, "text": f"{rng.random():.17f}" * 8} for i in range(4000)]}
 
 
-async def test_fork_shares_blobs_and_outlives_the_source(blob_storage: CheckpointStorage) -> None:
-    """On stores with blobs a fork writes no blob; after the source is deleted and garbage
-    is collected, the fork still reads its whole state."""
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+async def test_fork_shares_blobs_and_outlives_the_source(
+    blob_storage: CheckpointStorage, encrypted: bool
+) -> None:
+    """On stores with blobs a fork writes no blob (encrypted too: the sealed blobs are
+    shared as they are); after the source is deleted and garbage is collected, the fork
+    still reads its whole state."""
     assert isinstance(blob_storage, BlobCheckpointStorage)
-    manager = CheckpointManager(blob_storage, incremental=True)
+    keyring = Keyring(keys={"k1": bytes(range(32))}, primary="k1") if encrypted else None
+    manager = CheckpointManager(blob_storage, incremental=True, encryption=keyring)
     state = _large_state()
     await _history(manager, 2, state)
     saved: list[int] = []
@@ -155,3 +188,39 @@ async def test_fork_shares_blobs_and_outlives_the_source(blob_storage: Checkpoin
     await manager.delete_checkpoints("fork")
     if hasattr(blob_storage, "base_dir"):
         assert await blob_storage.collect_garbage(grace=0) > 0  # type: ignore[call-arg]
+
+
+class _StepFailed(Exception):
+    """The body of a step failing after its effect completed."""
+
+
+async def test_a_fork_starts_with_an_empty_effect_journal(any_storage: CheckpointStorage) -> None:
+    """Forks copy checkpoints, not effects: no step of the fork has an effect record, and
+    re-running the FAILED step it was forked at calls the effect anew, with the fork's own
+    idempotency key; the source's journal is unchanged."""
+    manager = CheckpointManager(any_storage)
+    keys: list[str] = []
+
+    async def pay(*, idempotency_key: str) -> int:
+        keys.append(idempotency_key)
+        return len(keys)
+
+    with pytest.raises(_StepFailed):
+        async with ResumableWorkflow("src", manager) as wf:
+            async with wf.step(0, agent_id="a"):
+                await wf.effect("pay", pay, idempotent=True)
+            async with wf.step(1, agent_id="a"):
+                await wf.effect("pay", pay, idempotent=True)
+                raise _StepFailed
+    source = [await manager.get_effects("src", step) for step in (0, 1)]
+    assert [len(records) for records in source] == [1, 1]
+    assert await manager.fork_workflow("src", 1, "fork") == 2
+    assert [await manager.get_effects("fork", step) for step in (0, 1)] == [[], []]
+    async with ResumableWorkflow("fork", manager) as fork:
+        assert fork.resume_step == 1
+        async with fork.step(1, agent_id="a"):
+            assert await fork.effect("pay", pay, idempotent=True) == 3
+    assert keys[2] not in keys[:2]
+    [record] = await manager.get_effects("fork", 1)
+    assert (record.result, record.idempotency_key) == (3, keys[2])
+    assert [await manager.get_effects("src", step) for step in (0, 1)] == source

@@ -44,6 +44,7 @@ EXPECTED = {
     "UnsupportedOperationError",
     "WorkflowBusyError",
     "WorkflowExistsError",
+    "WorkflowTransferError",
     "WorkflowRecord",
     "Page",
     "RetryPolicy",

@@ -8,6 +8,7 @@ imported and the decorated methods are the methods themselves.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from aiocheckpoint import (
     CheckpointManager,
     InMemoryCheckpointStorage,
+    Keyring,
     LeaseLostError,
     ResumableWorkflow,
     RetentionPolicy,
@@ -201,6 +203,49 @@ async def test_an_effect_found_in_doubt_is_counted_and_marked_on_its_span(
     assert otel.total("aiocheckpoint.effect.in_doubt") == 1
     (effect,) = otel.named("aiocheckpoint.effect")
     assert [event.name for event in effect.events] == ["aiocheckpoint.effect.in_doubt"]
+
+
+SECRET = "card 4242-4242 of zq-secret-customer declined"
+
+
+class Declined(Exception):
+    pass
+
+
+async def _failing_effect(manager: CheckpointManager) -> None:
+    async def charge() -> None:
+        raise Declined(SECRET)
+
+    with pytest.raises(Declined):
+        async with ResumableWorkflow("wf", manager) as wf:
+            async with wf.step(0, agent_id="agent"):
+                await wf.effect("charge", charge)
+
+
+@pytest.mark.parametrize("sealed", [True, False], ids=["encrypted", "plain"])
+async def test_an_effects_error_message_stays_off_spans_when_the_store_encrypts_it(
+    otel: Telemetry, any_storage: CheckpointStorage, sealed: bool
+) -> None:
+    """Encrypted at rest, a failed effect's span has its error's type, not its message (nor
+    a traceback, whose last line is the message); the sealed record keeps the message. A
+    store without encryption puts the message on the span, as for any failed call."""
+    keys = Keyring(keys={"k1": os.urandom(32)}, primary="k1") if sealed else None
+    manager = CheckpointManager(any_storage, encryption=keys)
+    await _failing_effect(manager)
+    (effect,) = otel.named("aiocheckpoint.effect")
+    assert effect.status.status_code is StatusCode.ERROR
+    assert effect.attributes["error.type"] == "Declined"
+    assert [event.name for event in effect.events] == ["exception"]
+    (record,) = await manager.get_effects("wf", 0)
+    assert record.error == {"type": "Declined", "message": SECRET}
+    exported = "".join(span.to_json() for span in otel.finished())
+    if sealed:
+        assert effect.status.description == "Declined"
+        assert dict(effect.events[0].attributes or {}) == {"exception.type": "Declined"}
+        assert "zq-secret-customer" not in exported
+    else:
+        assert SECRET in (effect.status.description or "")
+        assert (effect.events[0].attributes or {})["exception.message"] == SECRET
 
 
 def test_counters_summed_in_process_lose_no_add_from_other_threads(otel: Telemetry) -> None:

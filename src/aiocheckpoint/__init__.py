@@ -36,6 +36,7 @@ from .errors import (
     UnsupportedOperationError,
     WorkflowBusyError,
     WorkflowExistsError,
+    WorkflowTransferError,
 )
 from .leases import Lease, Page, RetryPolicy, WorkflowRecord, WorkflowStatus
 from .manager import CheckpointManager, ResumePoint
@@ -136,6 +137,7 @@ __all__ = [
     "UnsupportedOperationError",
     "WorkflowBusyError",
     "WorkflowExistsError",
+    "WorkflowTransferError",
     "WorkflowRecord",
     "WorkflowStatus",
     "WorkflowStorage",

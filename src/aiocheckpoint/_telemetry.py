@@ -73,17 +73,21 @@ def traced(
     duration: str | None = None,
     acquires: bool = False,
     instance: bool = False,
+    private: Callable[[Any], bool] | None = None,
 ) -> Callable[[Method[P, T]], Method[P, T]]:
     """Decorate an async method with a span ``aiocheckpoint.<operation>``.
 
     ``duration`` ("save" or "load") names the latency histogram the call is timed in;
     ``acquires`` counts a result that is not None as a lease acquisition; ``instance``
-    takes the workflow id and step from the method's object too. Without OpenTelemetry the
-    method is returned as it is.
+    takes the workflow id and step from the method's object too. ``private``, asked with
+    the method's object, says whether the messages of the errors it raises may hold what
+    the store keeps encrypted: then the span records the error's type, not its message.
+    Without OpenTelemetry the method is returned as it is.
     """
     if not ENABLED:
         return _identity
-    return functools.partial(_wrap, _Operation(operation, duration, acquires, instance))
+    described = _Operation(operation, duration, acquires, instance, private)
+    return functools.partial(_wrap, described)
 
 
 def round_trip(
@@ -141,15 +145,27 @@ def _identity(fn: Method[P, T]) -> Method[P, T]:
 class _Operation:
     """What :func:`traced` knows of one decorated method."""
 
-    __slots__ = ("acquires", "duration", "instance", "name", "params", "span_name")
+    __slots__ = ("acquires", "duration", "instance", "name", "params", "private", "span_name")
 
-    def __init__(self, name: str, duration: str | None, acquires: bool, instance: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        duration: str | None,
+        acquires: bool,
+        instance: bool,
+        private: Callable[[Any], bool] | None,
+    ) -> None:
         self.name = name
         self.span_name = f"{SCOPE}.{name}"
         self.duration = None if duration is None else f"{duration}_duration"
         self.acquires = acquires
         self.instance = instance
+        self.private = private
         self.params: tuple[tuple[int, str], ...] = ()
+
+    def hides_messages(self, args: tuple[Any, ...]) -> bool:
+        """Whether this call's errors go on its span by type alone (see :func:`traced`)."""
+        return self.private is not None and bool(args) and self.private(args[0])
 
     def attributes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attributes:
         """The span's attributes, from the call's arguments (unvalidated: types checked)."""
@@ -378,7 +394,8 @@ if ENABLED:
             if self.tracing:
                 attributes = operation.attributes(args, kwargs)
                 span = self.tracer.start_span(operation.span_name, attributes=attributes)
-            result = await self._call(span, fn, args, kwargs, measured, histogram)
+            private = span is not None and operation.hides_messages(args)
+            result = await self._call(span, fn, args, kwargs, measured, histogram, private)
             if operation.acquires and result is not None:
                 self.instruments.lease_acquisitions.add(1, measured)
             return result
@@ -391,8 +408,12 @@ if ENABLED:
             kwargs: dict[str, Any],
             measured: Attributes,
             histogram: Any,
+            private: bool = False,
         ) -> T:
-            """Await ``fn(*args, **kwargs)`` with ``span`` current; end it, time the call."""
+            """Await ``fn(*args, **kwargs)`` with ``span`` current; end it, time the call.
+
+            ``private``: an error goes on the span by its type alone.
+            """
             # A span sampled out is not made current: its round trips then make no span either.
             token = None
             if span is not None and span.is_recording():
@@ -401,7 +422,7 @@ if ENABLED:
             try:
                 return await fn(*args, **kwargs)
             except Exception as exc:
-                measured = self._failed(span, exc, measured)
+                measured = self._failed(span, exc, measured, private)
                 raise
             finally:
                 elapsed = time.perf_counter() - start
@@ -413,14 +434,18 @@ if ENABLED:
                     histogram.record(elapsed, measured)
 
         def _failed(
-            self, span: _trace.Span | None, exc: Exception, measured: Attributes
+            self, span: _trace.Span | None, exc: Exception, measured: Attributes, private: bool
         ) -> Attributes:
             """Record ``exc`` on the span; the metric attributes of the failed call."""
             error = type(exc).__qualname__
             if span is not None:
                 span.set_attribute("error.type", error)
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{error}: {exc}"[:1000]))
+                if private:  # the exception event without its message and traceback
+                    span.add_event("exception", {"exception.type": error})
+                    span.set_status(Status(StatusCode.ERROR, error))
+                else:
+                    span.record_exception(exc)
+                    span.set_status(Status(StatusCode.ERROR, f"{error}: {exc}"[:1000]))
             failed = {**measured, "error.type": error}
             # Counted once, by the library's operation (its storage round trip fails too).
             if isinstance(exc, LeaseLostError) and "aiocheckpoint.operation" in measured:

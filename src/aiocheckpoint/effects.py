@@ -70,6 +70,11 @@ class StepEffects:
         """The step whose effects these are."""
         return self._step
 
+    @property
+    def sealed(self) -> bool:
+        """Whether the store keeps effect records encrypted (so their errors stay private)."""
+        return self._manager._codec.sealer is not None
+
     def name(self, key: str | None) -> str:
         """The effect's key: ``key``, or the next ``#n`` (taken when the call starts)."""
         if key is None:
@@ -81,7 +86,7 @@ class StepEffects:
             raise InvalidArgumentError(f"explicit effect keys may not start with '#': {key!r}")
         return key
 
-    @traced("effect", instance=True)
+    @traced("effect", instance=True, private=lambda effects: effects.sealed)
     async def run(
         self,
         key: str,

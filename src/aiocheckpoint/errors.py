@@ -15,13 +15,15 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     ├── InvalidArgumentError          a bad argument (also a ValueError)
     │   ├── InvalidWorkflowIdError    not a non-empty str of <= 255 UTF-8 bytes without NUL
     │   ├── InvalidStepError          not an int in [0, 2**63)
-    │   └── WorkflowExistsError       a new workflow's id is taken (fork_workflow)
+    │   ├── WorkflowExistsError       a new workflow's id is taken (fork_workflow)
+    │   └── CheckpointIdCollisionError  two LangGraph checkpoint ids would share a step
     ├── StorageClosedError            the storage (or manager) was used after close()
     ├── StorageSchemaError            a store written by a newer, unknown version
     ├── StorageBackendError           the backend failed (OSError, sqlite3.Error, ...)
     │   └── StoragePermissionError    the store's files belong to another user or are shared
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     ├── WorkflowBusyError             a second driver for a workflow this manager drives
+    ├── WorkflowTransferError         copy/export/import cannot carry a workflow whole
     ├── EncryptionError               encryption cannot run (no keys, no cryptography)
     ├── EffectError
     │   ├── EffectInDoubtError        an effect's call may or may not have happened
@@ -40,6 +42,7 @@ from datetime import datetime
 
 __all__ = [
     "CheckpointCorruptedError",
+    "CheckpointIdCollisionError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointSerializationError",
@@ -66,6 +69,7 @@ __all__ = [
     "UnsupportedOperationError",
     "WorkflowBusyError",
     "WorkflowExistsError",
+    "WorkflowTransferError",
 ]
 
 
@@ -189,6 +193,24 @@ class WorkflowExistsError(InvalidArgumentError):
         super().__init__(f"workflow {workflow_id!r} already exists{found}")
 
 
+class CheckpointIdCollisionError(InvalidArgumentError):
+    """Two checkpoint ids of a LangGraph thread namespace map to one step.
+
+    The LangGraph saver stores a checkpoint at a step taken from its id's timestamp; ids
+    with the same timestamp (differing only in the UUID's version digit or its last 64
+    bits) would share it. The one the saver met second is refused: nothing is written.
+    """
+
+    def __init__(self, workflow_id: str, checkpoint_id: str, stored_id: str) -> None:
+        self.workflow_id = workflow_id
+        self.checkpoint_id = checkpoint_id
+        self.stored_id = stored_id
+        super().__init__(
+            f"checkpoint id {checkpoint_id!r} has the timestamp of {stored_id!r}, stored in "
+            f"{workflow_id!r}: the two would share one step; nothing was written"
+        )
+
+
 class WorkflowBusyError(CheckpointError):
     """A ``ResumableWorkflow`` block already drives this workflow on this manager.
 
@@ -201,6 +223,22 @@ class WorkflowBusyError(CheckpointError):
             f"workflow {workflow_id!r} is already driven by an active ResumableWorkflow "
             "block on this manager"
         )
+
+
+class WorkflowTransferError(CheckpointError):
+    """``copy``, ``export`` or ``import`` cannot carry a workflow whole: nothing is written.
+
+    A workflow travels with its effect journal (``docs/effects.md``): one of its effect
+    records that does not verify, cannot be read without keys, differs at the destination
+    or has nowhere to go refuses the whole workflow, so that no store ends up with its
+    checkpoints but without the record of a call already made. ``workflow_id`` names it,
+    ``reason`` says why.
+    """
+
+    def __init__(self, workflow_id: str, reason: str) -> None:
+        self.workflow_id = workflow_id
+        self.reason = reason
+        super().__init__(f"workflow {workflow_id!r} not carried: {reason}")
 
 
 class StorageClosedError(CheckpointError):

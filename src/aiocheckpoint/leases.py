@@ -13,25 +13,31 @@ Backends that support this implement
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InvalidArgumentError, LeaseLostError
 
 __all__ = [
+    "WORKFLOW_KIND",
     "Lease",
     "Page",
     "RetryPolicy",
     "WorkflowRecord",
     "WorkflowStatus",
+    "check_kind",
     "check_ttl",
     "fence_token",
 ]
 
 _T = TypeVar("_T")
+#: The kind of a workflow that runners drive: the only kind ``claim_workflow`` hands out.
+WORKFLOW_KIND: Final = "workflow"
+_KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 #: The most attempts a retry policy may allow (its delays travel with every failure).
 MAX_ATTEMPTS = 1000
 
@@ -128,7 +134,9 @@ class WorkflowRecord(BaseModel):
     (``{"type": ..., "message": ...}``) and ``retry_at`` is when a workflow waiting to be
     retried may be claimed again. ``resume_input`` is what
     :meth:`~aiocheckpoint.CheckpointManager.resume_workflow` delivered to the next run,
-    until that run writes its first checkpoint.
+    until that run writes its first checkpoint. ``kind`` says who writes the workflow:
+    ``"workflow"`` (:data:`WORKFLOW_KIND`) for one that runners drive, another name for a
+    store's other users (``"langgraph"``: a LangGraph thread), which runners never claim.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -149,6 +157,7 @@ class WorkflowRecord(BaseModel):
     last_error: dict[str, str] | None = None
     retry_at: datetime | None = None
     resume_input: Any = None
+    kind: str = WORKFLOW_KIND
 
 
 class Page(list[_T], Generic[_T]):
@@ -166,6 +175,15 @@ def check_ttl(ttl: object) -> float:
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 10**9:
         raise InvalidArgumentError(f"ttl must be a positive number of seconds, got {ttl!r}")
     return float(ttl)
+
+
+def check_kind(kind: object) -> str:
+    """A workflow kind: 1-32 of ``a-z``, ``0-9``, ``_``, ``-``, starting with a letter."""
+    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+        raise InvalidArgumentError(
+            f"a workflow kind is 1-32 of a-z, 0-9, '_' and '-', starting with a letter: {kind!r}"
+        )
+    return kind
 
 
 def fence_token(fence: object, workflow_id: str) -> int:

@@ -41,11 +41,13 @@ from .errors import (
     WorkflowExistsError,
 )
 from .leases import (
+    WORKFLOW_KIND,
     Lease,
     Page,
     RetryPolicy,
     WorkflowRecord,
     WorkflowStatus,
+    check_kind,
     check_ttl,
     fence_token,
 )
@@ -171,6 +173,10 @@ class CheckpointManager:
     workflows to keep, applied by :meth:`sweep` and :meth:`sweeping` (``docs/retention.md``);
     ``max_checkpoints=N`` is its shorthand for "the newest N, pruned at each write".
 
+    ``workflow_kind`` is the kind of the workflow records this manager's checkpoints create
+    (``"workflow"``: runners claim them; another name, such as the LangGraph saver's
+    ``"langgraph"``, keeps them out of :meth:`claim_workflow` and of the default listings).
+
     Use it as ``async with CheckpointManager(storage) as manager:`` or call :meth:`close`.
     """
 
@@ -185,8 +191,11 @@ class CheckpointManager:
         encryption: KeyProvider | None = None,
         allow_plaintext: bool = False,
         retention: RetentionPolicy | None = None,
+        workflow_kind: str = WORKFLOW_KIND,
     ) -> None:
         self._retention = policy_from(max_checkpoints, retention)
+        # None: a save leaves the kind of an existing record as it is.
+        self._kind = None if check_kind(workflow_kind) == WORKFLOW_KIND else workflow_kind
         self._storage: CheckpointStorage = (
             storage if storage is not None else InMemoryCheckpointStorage()
         )
@@ -460,7 +469,7 @@ class CheckpointManager:
         if lease is not None:
             fence_token(lease, workflow_id)
             self._workflow_storage()
-        return StepInfo(agent_id, status._value_) if self._keeps_records else None
+        return StepInfo(agent_id, status._value_, self._kind) if self._keeps_records else None
 
     async def _store(
         self, checkpoint: Checkpoint, finite: bool, lease: Lease | None, info: StepInfo | None
@@ -765,21 +774,23 @@ class CheckpointManager:
         limit: int | None = None,
         cursor: str | None = None,
         in_doubt: bool | None = None,
+        kind: str | None = WORKFLOW_KIND,
     ) -> list[str]:
-        """Every workflow id that has at least one checkpoint, sorted.
+        """Every workflow id that has at least one checkpoint, sorted (of every kind).
 
         With ``status`` (for example ``"unfinished"``, what a runner resumes after a
-        restart, or ``"paused"``, what waits for a human) or any other filter of
-        :meth:`list_workflow_records`, the ids of the matching workflow records instead
-        (a :class:`~aiocheckpoint.Page`, whose ``next_cursor`` continues it); this needs a
-        backend with workflow records. ``in_doubt=True`` alone lists, on any backend with
-        an effect journal, every workflow with an effect in doubt (as
-        :meth:`list_in_doubt_workflows`); ``in_doubt=False`` alone, the workflows
-        with checkpoints and no effect in doubt.
+        restart, or ``"paused"``, what waits for a human), any other filter of
+        :meth:`list_workflow_records` or a ``kind`` other than ``"workflow"``, the ids of
+        the matching workflow records instead, of ``kind`` only (``"workflow"`` by default:
+        no LangGraph thread; None: every kind), as a :class:`~aiocheckpoint.Page`, whose
+        ``next_cursor`` continues it; this needs a backend with workflow records.
+        ``in_doubt=True`` alone lists, on any backend with an effect journal, every
+        workflow with an effect in doubt (as :meth:`list_in_doubt_workflows`);
+        ``in_doubt=False`` alone, the workflows with checkpoints and no effect in doubt.
         """
         self._check_open()
         filters = (agent_status, metadata, updated_after, updated_before, limit, cursor)
-        if status is None and all(f is None for f in filters):
+        if status is None and all(f is None for f in filters) and kind in (WORKFLOW_KIND, None):
             if in_doubt is None:
                 return await self._storage.list_workflows()
             return Page(await self._in_doubt_ids(in_doubt))
@@ -792,6 +803,7 @@ class CheckpointManager:
             limit=limit,
             cursor=cursor,
             in_doubt=in_doubt,
+            kind=kind,
         )
         return Page([record.workflow_id for record in page], page.next_cursor)
 
@@ -822,10 +834,13 @@ class CheckpointManager:
         limit: int | None = None,
         cursor: str | None = None,
         in_doubt: bool | None = None,
+        kind: str | None = WORKFLOW_KIND,
     ) -> Page[WorkflowRecord]:
         """Workflow records ordered by id, filtered, one page at a time.
 
-        Filters (all optional, combined with AND): the workflow ``status``; the
+        Only records of ``kind`` are listed: by default ``"workflow"``, those runners drive
+        (a LangGraph thread's record, of kind ``"langgraph"``, is not); None lists every
+        kind. Filters (all optional, combined with AND): the workflow ``status``; the
         ``agent_status`` of its latest step (e.g. ``"blocked"``); ``metadata`` equality on
         each given top-level key; ``updated_after`` / ``updated_before`` (exclusive,
         aware datetimes); ``in_doubt`` True, only the workflows with an effect in doubt
@@ -841,7 +856,7 @@ class CheckpointManager:
         wanted = None if status is None else _workflow_status(status)
         agent = None if agent_status is None else _status(agent_status).value
         updated = (updated_after, updated_before)
-        query = build_query(wanted, agent, metadata, updated, limit, cursor, in_doubt)
+        query = build_query(wanted, agent, metadata, updated, limit, cursor, in_doubt, kind)
         records = await self._workflow_storage().query_workflow_records(query)
         full = limit is not None and len(records) == limit
         return Page(records, encode_cursor(records[-1].workflow_id) if full else None)
@@ -975,8 +990,9 @@ class CheckpointManager:
     ) -> Lease | None:
         """Lease the next unfinished workflow whose lease is free or expired, or return None.
 
-        Claims are atomic: concurrent runners never get the same workflow. Paused workflows
-        and those whose retry backoff has not elapsed are never handed out. ``retry`` is the
+        Claims are atomic: concurrent runners never get the same workflow. Paused workflows,
+        those whose retry backoff has not elapsed and records of another kind than
+        ``"workflow"`` (LangGraph threads) are never handed out. ``retry`` is the
         pool's :class:`~aiocheckpoint.RetryPolicy`: it travels with the lease, and a
         ``ResumableWorkflow`` driving it retries a failed run by it.
         """

@@ -31,7 +31,7 @@ from .errors import (
     InvalidArgumentError,
     UnsupportedOperationError,
 )
-from .leases import WorkflowRecord, WorkflowStatus
+from .leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
 from .models import AgentStatus, utcnow
 from .storage.base import (
     BlobCheckpointStorage,
@@ -387,7 +387,10 @@ class _Sweep:
             for workflow_id in await self.storage.list_workflows():
                 await self.thin_counted(workflow_id)
             return
-        async for page in self.pages(WorkflowQuery(limit=self.policy.batch_size)):
+        # Records of another kind (LangGraph threads and their pages) keep their own
+        # rules: thinning a thread's pages would lose pages its checkpoints reference.
+        query = WorkflowQuery(limit=self.policy.batch_size, kind=WORKFLOW_KIND)
+        async for page in self.pages(query):
             for record in page:
                 if record.status is not WorkflowStatus.PAUSED or not self.policy.keep_paused:
                     await self.thin_counted(record.workflow_id)
@@ -421,7 +424,7 @@ class _Sweep:
         )
         if not histories:
             return None
-        todo = [h for h in histories if not (h.paused and self.policy.keep_paused)]
+        todo = [h for h in histories if self.thinnable(h)]
         facts: list[list[RecordFacts | None] | None] = [None] * len(todo)
         if self.opened is None:  # the records' fields, parsed off the loop in one hop
             facts = await anyio.to_thread.run_sync(_page_facts, todo)
@@ -437,6 +440,17 @@ class _Sweep:
         if not await self.apply(storage, cuts, sizes):
             self.pacer.grow()
         return histories[-1].workflow_id
+
+    def thinnable(self, history: History) -> bool:
+        """Whether thinning applies to this history.
+
+        Not to a paused workflow the policy keeps whole, nor to a record of another kind
+        (a LangGraph thread, whose pages its checkpoints reference), nor, on a store with
+        records, to checkpoints without one.
+        """
+        if history.paused and self.policy.keep_paused:
+            return False
+        return history.kind == WORKFLOW_KIND or not isinstance(self.storage, _WorkflowStorage)
 
     async def cut(
         self,
@@ -656,8 +670,8 @@ def _expired(status: WorkflowStatus, cutoff: datetime, limit: int) -> WorkflowQu
     keep it; an unfinished one counts from its last change.
     """
     if status is WorkflowStatus.UNFINISHED:
-        return WorkflowQuery(status=status, updated_before=cutoff, limit=limit)
-    return WorkflowQuery(status=status, finished_before=cutoff, limit=limit)
+        return WorkflowQuery(status=status, updated_before=cutoff, limit=limit, kind=WORKFLOW_KIND)
+    return WorkflowQuery(status=status, finished_before=cutoff, limit=limit, kind=WORKFLOW_KIND)
 
 
 def _leased(record: WorkflowRecord) -> bool:

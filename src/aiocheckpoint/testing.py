@@ -23,7 +23,9 @@ object on the same location. Backends with workflow records and leases also subc
 those that read trees in their own thread (``BlobReads``) :class:`BlobReadsConformance`.
 Backends with an effect journal (:class:`~aiocheckpoint.storage.base.EffectStorage`)
 subclass :class:`EffectStorageConformance` and :class:`EffectJournalConformance` (and, if
-durable, :class:`PersistentEffectConformance`). Sweeps (``docs/retention.md``) are checked by
+durable, :class:`PersistentEffectConformance`); those whose journal lists itself
+(:class:`~aiocheckpoint.storage.base.EffectListingStorage`, what ``copy`` and ``export``
+need) :class:`EffectListingConformance`. Sweeps (``docs/retention.md``) are checked by
 :class:`RetentionConformance` (every backend), :class:`WorkflowRetentionConformance`
 (workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs).
 The suite needs pytest and pytest-asyncio. The
@@ -33,6 +35,7 @@ suites share this one module, so that a backend's tests import everything from o
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -44,6 +47,7 @@ import pytest
 
 from . import retention as _retention
 from .codec.effects import EffectRecord, EffectState
+from .codec.sealing import Keyring
 from .codec.v1 import decode_checkpoint
 from .codec.v2 import encode_checkpoint_v2
 from .errors import (
@@ -69,11 +73,14 @@ from .storage.base import (
     BlobCheckpointStorage,
     BlobReads,
     CheckpointStorage,
+    EffectListingStorage,
     EffectStorage,
+    StepInfo,
     StoredEffect,
     SweepStorage,
     WorkflowStorage,
 )
+from .storage.queries import WorkflowQuery
 from .workflow import ResumableWorkflow
 
 __all__ = [
@@ -81,6 +88,7 @@ __all__ = [
     "BlobRetentionConformance",
     "BlobStorageConformance",
     "EffectJournalConformance",
+    "EffectListingConformance",
     "EffectStorageConformance",
     "PersistentEffectConformance",
     "PersistentStorageConformance",
@@ -420,7 +428,7 @@ def _manager(storage: WorkflowStorage) -> CheckpointManager:
 
 
 class WorkflowLifecycleConformance:
-    """Pausing, retries, metadata and filtered pages of workflow records (issue 15).
+    """Pausing, retries, metadata and filtered pages of workflow records.
 
     Part of :class:`WorkflowStorageConformance`; it runs through the public API.
     """
@@ -830,6 +838,89 @@ class WorkflowStorageConformance(WorkflowLifecycleConformance):
         assert claimed.workflow_id == "wf"
         assert claimed.token > old.token
 
+    async def test_save_with_a_kind_makes_a_record_runners_never_claim(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A save's kind goes on the record it creates; claims take the 'workflow' kind only."""
+        thread = StepInfo("langgraph", "completed", "langgraph")
+        await storage.save("lg:thread", 0, b"x", step_info=thread)
+        await storage.save("wf", 0, b"x", step_info=StepInfo("agent", "completed"))
+        await storage.save("plain", 0, b"x")
+        kinds = {r.workflow_id: r.kind for r in await storage.list_workflow_records()}
+        assert kinds == {"lg:thread": "langgraph", "wf": "workflow", "plain": "workflow"}
+        claimed = {(await storage.claim_next_workflow(f"r{n}", 30)) for n in range(3)}
+        assert {c.workflow_id for c in claimed if c is not None} == {"wf", "plain"}
+        assert None in claimed
+        record = await storage.get_workflow("lg:thread")
+        assert record is not None and record.lease_owner is None
+
+    async def test_a_kind_sticks_and_reaches_a_leased_record(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A record made by a lease takes a save's kind; later saves never set it back."""
+        lease = await storage.acquire_lease("lg:t", "saver", 30)
+        thread = StepInfo("langgraph", "completed", "langgraph")
+        await storage.save("lg:t", 2, b"x", fence=lease, step_info=thread)
+        await storage.save("lg:t", 4, b"y", fence=lease, step_info=StepInfo("a", "completed"))
+        await storage.save("lg:t", 6, b"z", fence=lease)
+        await storage.release_lease(lease)
+        record = await storage.get_workflow("lg:t")
+        assert record is not None
+        assert (record.kind, record.latest_step) == ("langgraph", 4)
+        assert await storage.claim_next_workflow("runner", 30) is None
+
+    async def test_kinds_in_one_batch_of_saves(self, storage: WorkflowStorage) -> None:
+        """Concurrent saves of both kinds (one group commit) each give their record its kind."""
+        thread = StepInfo("langgraph", "completed", "langgraph")
+        plain = StepInfo("agent", "completed")
+
+        async def save(n: int) -> None:
+            await storage.save(f"w{n:02}", 1, b"x", step_info=thread if n % 2 else plain)
+
+        async with anyio.create_task_group() as tg:
+            for n in range(20):
+                tg.start_soon(save, n)
+        kinds = {r.workflow_id: r.kind for r in await storage.list_workflow_records()}
+        assert kinds == {f"w{n:02}": "langgraph" if n % 2 else "workflow" for n in range(20)}
+
+    async def test_listings_filter_by_kind(self, storage: WorkflowStorage) -> None:
+        """Listings take 'workflow' records by default; kind=None is every kind."""
+        saver = CheckpointManager(storage, workflow_kind="langgraph")
+        manager = CheckpointManager(storage)
+        await saver.create_checkpoint("lg:t", 2, "langgraph", "completed", _big_state(1))
+        await manager.create_checkpoint("wf", 0, "agent", "completed", {"n": 1})
+        assert await manager.list_workflows("unfinished") == ["wf"]
+        assert await manager.list_workflows(kind="langgraph") == ["lg:t"]
+        assert await manager.list_workflows("unfinished", kind=None) == ["lg:t", "wf"]
+        assert await manager.list_workflows() == ["lg:t", "wf"]  # ids with checkpoints
+        assert [r.workflow_id for r in await manager.list_workflow_records()] == ["wf"]
+        every = await manager.list_workflow_records(kind=None)
+        assert [(r.workflow_id, r.kind) for r in every] == [
+            ("lg:t", "langgraph"),
+            ("wf", "workflow"),
+        ]
+        query = WorkflowQuery(status=WorkflowStatus.UNFINISHED, kind="langgraph")
+        assert [r.workflow_id for r in await storage.query_workflow_records(query)] == ["lg:t"]
+        got = await saver.get_checkpoint("lg:t", 2)
+        assert got.state_snapshot.data == _big_state(1)  # also when saved as a tree
+        assert (await manager.claim_workflow("runner")) is not None
+        assert await manager.claim_workflow("runner") is None
+
+    async def test_a_kind_is_checked(self, storage: WorkflowStorage) -> None:
+        """A kind must be a short lowercase name: anything else is refused, nothing written."""
+        for bad in ("", "Lang Graph", "x" * 33, 3, "lg\n"):
+            with pytest.raises(InvalidArgumentError):
+                CheckpointManager(storage, workflow_kind=bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentError):
+                await CheckpointManager(storage).list_workflow_records(kind=bad)  # type: ignore[arg-type]
+        assert await storage.list_workflow_records() == []
+
+
+def _keyring() -> Keyring:
+    """A keyring of one fresh key (skips the test without the ``crypto`` extra)."""
+    pytest.importorskip("cryptography", reason="encryption needs the 'crypto' extra")
+    return Keyring(keys={"k1": os.urandom(32)}, primary="k1")
+
 
 def _big_state(seed: int, tag: str = "", docs: int = 60) -> dict[str, Any]:
     """A state well over the inline limit: ~1 KB documents (same for one ``tag``), a counter."""
@@ -937,6 +1028,31 @@ class BlobStorageConformance:
         await manager.delete_checkpoints("wf")
         await storage.collect_garbage()
         assert await storage.fetch_blobs(list(split.blobs)) == {}
+
+    @pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+    async def test_a_fork_reads_whole_after_its_source_is_collected(
+        self, storage: CheckpointStorage, encrypted: bool
+    ) -> None:
+        """Fork, delete the source, collect garbage: every step of the fork still reads.
+
+        Encrypted, the fork's records are sealed again for the new workflow with the root's
+        references in the clear: those must name every blob the tree relies on, or the
+        store frees one with the source.
+        """
+        assert isinstance(storage, BlobCheckpointStorage)
+        keyring = _keyring() if encrypted else None
+        manager = CheckpointManager(storage, encryption=keyring)
+        states = [_big_state(i, f"v{i % 2}") for i in range(3)]
+        for i, state in enumerate(states):
+            await manager.create_checkpoint("src", i, "a", "completed", state)
+        assert await manager.fork_workflow("src", 2, "fork") == 3
+        await manager.delete_checkpoints("src")
+        await storage.collect_garbage()
+        for i, state in enumerate(states):
+            got = await manager.get_checkpoint("fork", i)
+            assert got.state_snapshot.data == state, i
+        point = await manager.get_resume_point("fork")
+        assert point is not None and (point[0], point[1].data) == (3, states[2])
 
     async def test_record_with_missing_blobs_is_corrupted(self, storage: CheckpointStorage) -> None:
         """A version-2 record whose blobs are missing is corrupted; resume falls back.
@@ -1521,6 +1637,66 @@ class EffectJournalConformance:
             await manager.mark_workflow("wf", WorkflowStatus.UNFINISHED)
             ttls = RetentionPolicy(finished_ttl=timedelta(days=1), failed_ttl=timedelta(days=1))
             await manager.sweep(now=utcnow() + _JOURNAL_LATER, policy=ttls)
+
+
+class EffectListingConformance:
+    """What an effect journal that lists itself must do (``EffectListingStorage``).
+
+    ``copy`` and ``export`` find every effect record through it, including those of steps
+    (and workflows) with no checkpoint. Its ``storage`` fixture yields a fresh store.
+    """
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_is_an_effect_listing_storage(self, storage: CheckpointStorage) -> None:
+        """The storage implements the EffectListingStorage protocol."""
+        assert isinstance(storage, EffectListingStorage)
+
+    async def test_lists_workflows_and_steps_without_checkpoints(
+        self, storage: EffectListingStorage
+    ) -> None:
+        """Workflows and steps are listed by their effects alone, sorted, each once."""
+        store: Any = storage
+        assert await storage.effect_workflows() == []
+        await store.save("b", 1, b"one")
+        await storage.put_effect("b", 7, "k", b"running", in_doubt=True)
+        await storage.put_effect("b", 1, "k", b"done", in_doubt=False)
+        await storage.put_effect("b", 1, "j", b"done", in_doubt=False)
+        await storage.put_effect("a", 0, "k", b"done", in_doubt=False)
+        await store.save("c", 0, b"no effects")
+        assert await storage.effect_workflows() == ["a", "b"]
+        assert await storage.effect_steps("b") == [1, 7]
+        assert await storage.effect_steps("a") == [0]
+        assert await storage.effect_steps("c") == []
+        assert await storage.effect_steps("nope") == []
+
+    async def test_listing_follows_deletes(self, storage: EffectListingStorage) -> None:
+        """A deleted step or workflow is no longer listed."""
+        store: Any = storage
+        for step in (2, 10):
+            await storage.put_effect("wf", step, "k", b"x", in_doubt=False)
+        await store.delete("wf", 2)
+        assert await storage.effect_steps("wf") == [10]
+        await store.delete("wf")
+        assert await storage.effect_steps("wf") == []
+        assert await storage.effect_workflows() == []
+
+    async def test_tricky_ids_and_large_steps(self, storage: EffectListingStorage) -> None:
+        """Ids that naive backends confuse and steps up to 2**63 - 1 list as written."""
+        last = 2**63 - 1
+        for wf in TRICKY_IDS:
+            await storage.put_effect(wf, last, "k", b"x", in_doubt=False)
+        assert await storage.effect_workflows() == sorted(TRICKY_IDS)
+        for wf in TRICKY_IDS:
+            assert await storage.effect_steps(wf) == [last]
+
+    async def test_closed_storage_refuses_listing(self, storage: EffectListingStorage) -> None:
+        """After close, both listings raise StorageClosedError."""
+        await storage.close()  # type: ignore[attr-defined]
+        with pytest.raises(StorageClosedError):
+            await storage.effect_workflows()
+        with pytest.raises(StorageClosedError):
+            await storage.effect_steps("wf")
 
 
 # --- retention and TTL (docs/retention.md) ---------------------------------------------

@@ -215,11 +215,7 @@ class ResumableWorkflow:
         Metrics are updated first: ``elapsed_seconds`` grows by the block's duration and
         ``total_steps`` by one for a completed step.
         """
-        # Every argument is checked (and the metadata copied) before the body runs: a bad
-        # one must fail before the body's side effects, not after them.
-        _, step, _, meta, _ = self.checkpoint_manager._check_arguments(
-            self.workflow_id, step, agent_id, AgentStatus.COMPLETED, metadata
-        )
+        step, meta = self._step_arguments(step, agent_id, metadata)
         self.current_step = step
         self._effects = StepEffects(self.checkpoint_manager, self.workflow_id, step, self._fence)
         state = self.state
@@ -234,7 +230,7 @@ class ResumableWorkflow:
         except _Paused as paused:
             self._in_step = False
             self._roll_back(state, before)
-            info = {**(metadata or {}), **paused.metadata}
+            info = {**meta, **paused.metadata}
             await self.checkpoint(step, paused.agent_id or agent_id, AgentStatus.BLOCKED, info)
             raise
         except Exception as exc:
@@ -250,6 +246,24 @@ class ResumableWorkflow:
             self._in_step = False
         self.metrics.elapsed_seconds += time.monotonic() - started
         await self._complete(step, agent_id, meta, state, before)
+
+    def _step_arguments(
+        self, step: int, agent_id: str, metadata: Mapping[str, Any] | None
+    ) -> tuple[int, dict[str, Any]]:
+        """The step, checked, and a private copy of ``metadata`` holding the caller's values.
+
+        Every argument is checked (and the metadata copied) before the body runs: a bad one
+        must fail before the body's side effects, not after them. The check's copy is in the
+        stored (tagged) form, and each checkpoint of the step encodes its metadata again, so
+        the copy is decoded back: encoded twice, a datetime would read back as its tag.
+        """
+        manager = self.checkpoint_manager
+        _, step, _, meta, _ = manager._check_arguments(
+            self.workflow_id, step, agent_id, AgentStatus.COMPLETED, metadata
+        )
+        # "raw": a TaggedValue (a value of a type this manager does not know) stays one.
+        decoded: dict[str, Any] = manager._codec.decode_value(meta, "metadata", "raw")
+        return step, decoded
 
     async def _complete(
         self,

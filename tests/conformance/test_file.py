@@ -9,6 +9,7 @@ from aiocheckpoint.testing import (
     BlobRetentionConformance,
     BlobStorageConformance,
     EffectJournalConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
@@ -20,6 +21,7 @@ from aiocheckpoint.testing import (
 class TestFileConformance(
     StorageConformance,
     PersistentStorageConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     EffectJournalConformance,
     PersistentEffectConformance,

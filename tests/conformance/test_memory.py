@@ -7,6 +7,7 @@ from aiocheckpoint.testing import (
     BlobRetentionConformance,
     BlobStorageConformance,
     EffectJournalConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     RetentionConformance,
     StorageConformance,
@@ -18,6 +19,7 @@ from aiocheckpoint.testing import (
 class TestInMemoryConformance(
     StorageConformance,
     WorkflowStorageConformance,
+    EffectListingConformance,
     EffectStorageConformance,
     EffectJournalConformance,
     RetentionConformance,

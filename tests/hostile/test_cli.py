@@ -27,6 +27,7 @@ import pytest
 from aiocheckpoint.cli.output import MAX_INT_DIGITS, int_text
 from aiocheckpoint.cli.redact import redact, redact_url
 from aiocheckpoint.cli.store import open_store
+from aiocheckpoint.format import MAX_INT_DIGITS as STORE_INT_DIGITS
 from tests.pg_support import DSN, drop_schema, new_schema_name
 from tests.test_cli import SRC, Result, cli
 
@@ -47,28 +48,31 @@ async def record_of(url: str, workflow_id: str, step: int, state: dict[str, obje
     return stored.data
 
 
-# --- 3: ints of millions of digits --------------------------------------------------------
+# --- 3: ints of a hundred thousand digits ----------------------------------------------------
 
 
 @pytest.mark.slow
-async def test_a_300_000_digit_int_is_decoded_and_printed_shortened(tmp_path: Path) -> None:
-    """A record holding a 300,000-digit int: `verify` decodes it with the library's own
-    parser (Python's digit limit stays on) and `show`/`diff` print it shortened, first and
-    last digits and the digit count, instead of spending minutes converting it.
+async def test_an_int_of_as_many_digits_as_a_store_keeps_is_decoded_and_printed_shortened(
+    tmp_path: Path,
+) -> None:
+    """A record holding a 100,000-digit int (the store limit, STORE_INT_DIGITS): `verify`
+    decodes it with the library's own parser (Python's digit limit stays on) and
+    `show`/`diff` print it shortened, first and last digits and the digit count, instead of
+    spending seconds converting it.
 
-    300,000 digits is 70 times Python's 4,300-digit limit, 30 times the CLI's
+    100,000 digits is 23 times Python's 4,300-digit limit, 10 times the CLI's
     MAX_INT_DIGITS and far past BIG_INT_BITS and decimal_to_int's 4,000-digit split; a
     full conversion would print every digit and fail the assertions on the output."""
     url = f"sqlite:{tmp_path}/big.db"
     await record_of(url, "w", 0, {"n": 7})
     small = await record_of(url, "w", 1, {"n": 7})
     assert small[4] == 1  # a version-1 record: header then the JSON body
-    digits = b"9" + b"0" * (300_000 - 2) + b"7"
+    digits = b"9" + b"0" * (STORE_INT_DIGITS - 2) + b"7"
     body = small[20:].replace(b'{"n":7}', b'{"n":' + digits + b"}")
-    assert len(body) > 300_000
+    assert len(body) > STORE_INT_DIGITS
     async with open_store(url, must_exist=True) as manager:
         await manager.storage.save("w", 1, v1_record(body))
-    shortened = "9" + "0" * 19 + "…" + "0" * 19 + "7 (300000 digits)"
+    shortened = "9" + "0" * 19 + "…" + "0" * 19 + "7 (100000 digits)"
 
     verify = cli("--json", "verify", url)
     assert verify.code == 0, verify.err
@@ -277,7 +281,12 @@ async def test_exports_are_private_and_killed_exports_are_cleaned(tmp_path: Path
     assert temporaries(target.parent, target.name) == [alive]
     assert other.exists()
     lines = target.read_text("utf-8").splitlines()
-    assert json.loads(lines[-1]) == {"type": "end", "checkpoints": 8000, "workflows": 1}
+    assert json.loads(lines[-1]) == {
+        "type": "end",
+        "checkpoints": 8000,
+        "effects": 0,
+        "workflows": 1,
+    }
 
 
 # --- 19: control and bidi characters from state values ------------------------------------
@@ -505,13 +514,16 @@ def share(target: Path, how: str) -> str:
     return f"belongs to uid 65534, not to this process's uid {os.geteuid()}"
 
 
-@pytest.mark.parametrize("how", ["group-writable", "another uid"])
+@pytest.mark.parametrize(
+    "how",
+    ["group-writable", pytest.param("another uid", marks=pytest.mark.root)],  # chown
+)
 @pytest.mark.parametrize("scheme", ["file", "sqlite"])
 async def test_allow_shared_opens_a_store_that_is_refused_without_it(
     tmp_path: Path, scheme: str, how: str
 ) -> None:
-    """A file store directory or SQLite database (the tests run as root) made group-writable
-    or another uid's: every command refuses it, exit status 4, one line naming the path, the
+    """A file store directory or SQLite database made group-writable or another uid's (as
+    root: the root tier): every command refuses it, exit status 4, one line naming the path, the
     reason and `--allow-shared`, and changes nothing; with `--allow-shared` (before or after
     the command) it is read and written; it stays refused without the flag."""
     top = tmp_path / "shared"

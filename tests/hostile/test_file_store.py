@@ -1,7 +1,7 @@
 """A file store whose directory holds anything (issue #22, items 5-8 and 12, file store).
 
 Real FIFOs, real sparse files, real directories where step files belong, real directories
-owned by another uid (the tests run as root, as in CI). A planted FIFO must never make a
+owned by another uid (those tests are in the ``root`` tier). A planted FIFO must never make a
 call wait for a writer: each such test runs the call under a :class:`Watchdog` that, if the
 call is still blocked after a while, opens the FIFO's other end to release it and records
 that it had to (so a hang fails the test instead of hanging the suite).
@@ -224,6 +224,7 @@ def chown_tree(path: Path, uid: int) -> None:
         os.chown(p, uid, uid, follow_symlinks=False)
 
 
+@pytest.mark.root  # chowns to another uid
 async def test_a_store_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     """A store (with a forged record) whose directory belongs to another uid is refused with
     StoragePermissionError by reads and writes alike; allow_shared=True opts in."""
@@ -255,6 +256,7 @@ async def test_a_store_directory_others_may_write_into_is_refused(
             await victim.load("wf")
 
 
+@pytest.mark.root  # chowns to another uid
 async def test_a_workflows_directory_planted_by_another_user_is_refused(tmp_path: Path) -> None:
     """Our own private store directory holding another uid's ``workflows/`` is refused."""
     base = tmp_path / "store"

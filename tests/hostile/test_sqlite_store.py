@@ -3,7 +3,7 @@
 Issue #22, the SQLite half: items 9 (a ``file:`` name read as a URI), 7 (a database file
 planted or opened up by another user), 12 (one record the storage refuses must not hide the
 good ones from ``get_resume_point``) and 18 (rows whose hand-damaged constraints let a BLOB
-workflow id in). Real files, a real second user (the tests run as root and ``chown`` to
+workflow id in). Real files, a real second user (the ``root`` tier's tests ``chown`` to
 uid 65534), real ``sqlite3`` edits with the CHECK constraints turned off.
 """
 
@@ -119,6 +119,7 @@ async def test_uri_characters_in_a_path_name_that_very_file(tmp_path: Path) -> N
 # --- item 7: database files of another user, or open to other users ------------------------
 
 
+@pytest.mark.root  # chowns to another uid
 async def test_a_database_file_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     """An empty 0666 file pre-created by another user is refused with StoragePermissionError
     naming it; nothing is written to it (the attacker reads nothing) and no -wal appears.
@@ -152,6 +153,7 @@ async def test_a_group_writable_database_of_its_own_is_refused(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+@pytest.mark.root  # chowns to another uid
 async def test_a_planted_wal_or_shm_file_is_refused(tmp_path: Path, suffix: str) -> None:
     """Another user's -wal or -shm next to the database (which SQLite would read) is refused,
     naming that file."""

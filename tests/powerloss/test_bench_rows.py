@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .lazyfs import REPO
+
+pytestmark = pytest.mark.root  # LazyFS: root and /dev/fuse
 
 
 def test_the_peer_rows_run_and_tell_durable_from_not(lazyfs_binary: Path) -> None:

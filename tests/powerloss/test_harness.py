@@ -11,6 +11,7 @@ from .conftest import RESULTS
 from .harness import Config, HarnessError, Trials
 from .lazyfs import mounted
 
+pytestmark = pytest.mark.root  # LazyFS: root and /dev/fuse
 UNSAFE = "tests.powerloss.targets:RenameWithoutFsync"
 
 

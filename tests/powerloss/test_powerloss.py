@@ -69,7 +69,7 @@ CONFIGS: dict[str, Config] = {
 JOBS = int(os.environ.get("AIOCHECKPOINT_POWERLOSS_JOBS", "2"))
 #: The trials of every configuration start together (see ``trials``): under pytest-xdist
 #: they all run on one worker, queued first.
-pytestmark = [pytest.mark.xdist_group("powerloss"), pytest.mark.slow]
+pytestmark = [pytest.mark.xdist_group("powerloss"), pytest.mark.root]
 
 
 def _selected(session: pytest.Session) -> list[str]:

@@ -246,6 +246,7 @@ def _remount(mnt: Path, options: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{options}", str(mnt)], check=True)
 
 
+@pytest.mark.root  # mounts a tmpfs
 async def test_a_full_disk_fails_saves_cleanly_and_recovers(
     disk_backend: Backend, tiny_disk: Path
 ) -> None:
@@ -282,6 +283,7 @@ async def test_a_full_disk_fails_saves_cleanly_and_recovers(
         assert {s.step for s in await again.scan("full")} == {*saved, 99}
 
 
+@pytest.mark.root  # mounts a tmpfs
 async def test_a_read_only_store_refuses_writes_and_keeps_reading(
     disk_backend: Backend, tiny_disk: Path
 ) -> None:

@@ -16,20 +16,24 @@ import stat
 import sys
 from typing import IO, Any, Final
 
+from ..errors import WorkflowTransferError
 from ..format import FORMAT_VERSION as RECORD_FORMAT
 from ..leases import WorkflowRecord
 from ..manager import CheckpointManager
 from ..models import utcnow
+from .journal import Journal, sealer_for
 from .keys import command_keys
-from .output import Output, Progress, bar
+from .output import Output, Progress, bar, printable
 from .store import EXIT_STORE, CommandError, open_store, read_page, workflow_ids
 from .transfer import Tally, list_records, report, verified
 
-__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "cmd_export"]
+__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "EXPORT_VERSIONS", "cmd_export"]
 
 #: The export file's format name and version (the header line carries both).
 EXPORT_FORMAT: Final = "aiocheckpoint-export"
-EXPORT_VERSION: Final = 1
+EXPORT_VERSION: Final = 2
+#: The versions ``import`` reads (version 1 files hold no effect records).
+EXPORT_VERSIONS: Final = (1, 2)
 
 
 #: An export is written to ``.FILE.tmp-PID`` next to FILE, then renamed to FILE.
@@ -130,7 +134,12 @@ def _running(pid: int) -> bool:
 
 
 def _line(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """One JSON line, with control, bidi and other unprintable characters as JSON escapes.
+
+    Ids and keys are arbitrary text: written raw, a C1 control or a bidi override would
+    reach a terminal that shows the file. Escaped, the line is still equal JSON.
+    """
+    return printable(json.dumps(obj, ensure_ascii=False, separators=(",", ":")), json_escapes=True)
 
 
 async def cmd_export(args: argparse.Namespace, out: Output) -> int:
@@ -141,7 +150,8 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
         args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
     ) as src:
         records = await list_records(src)
-        ids, tally.foreign = await workflow_ids(src, records)
+        journal = Journal(src, sealer_for(command_keys(args)), plaintext=args.plaintext)
+        ids, tally.foreign = await workflow_ids(src, [*records, *await journal.workflows()])
         tally.workflows = len(ids)
         file = await _ExportFile.create(args.file)
         try:
@@ -154,13 +164,23 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
             }
             await file.write([_line(header)])
             for n, workflow_id in enumerate(ids, 1):
+                try:
+                    await _export_journal(journal, workflow_id, file, tally)
+                except WorkflowTransferError as exc:
+                    tally.refuse(exc)
+                    continue
                 await _export_workflow(
                     src, workflow_id, records.get(workflow_id), file, tally, args.plaintext
                 )
                 progress.update(
                     f"export: {bar(n, len(ids))} workflows, {tally.written} checkpoints"
                 )
-            end = {"type": "end", "checkpoints": tally.written, "workflows": len(ids)}
+            end = {
+                "type": "end",
+                "checkpoints": tally.written,
+                "effects": tally.effects_written,
+                "workflows": len(ids) - len(tally.refused),
+            }
             await file.write([_line(end)])
             await file.commit()
         except OSError as exc:
@@ -173,8 +193,38 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
     if args.file == "-":
         out = Output(out.err, out.err, json_mode=out.json_mode)
     return report(
-        out, tally, f"exported {tally.written} checkpoints of {tally.workflows} workflows"
+        out,
+        tally,
+        f"exported {tally.written} checkpoints and {tally.effects_written} effect records of "
+        f"{tally.workflows - len(tally.refused)} workflows",
     )
+
+
+async def _export_journal(
+    journal: Journal, workflow_id: str, file: _ExportFile, tally: Tally
+) -> None:
+    """The workflow's effect lines, before its checkpoints; refused before any is written.
+
+    WorkflowTransferError when a record does not verify (the first pass reads them all).
+    """
+    for step in await journal.check(workflow_id):
+        effects = await journal.read(workflow_id, step)
+        await file.write(
+            [
+                _line(
+                    {
+                        "type": "effect",
+                        "workflow_id": workflow_id,
+                        "step": step,
+                        "key": effect.key,
+                        "in_doubt": effect.in_doubt,
+                        "record": base64.b64encode(effect.data).decode("ascii"),
+                    }
+                )
+                for effect in effects
+            ]
+        )
+        tally.effects_written += len(effects)
 
 
 async def _export_workflow(
@@ -204,6 +254,11 @@ async def _export_workflow(
         )
         tally.written += len(good)
     if record is not None:
-        await file.write(
-            [_line({"type": "workflow", "workflow_id": workflow_id, "status": record.status.value})]
-        )
+        line: dict[str, Any] = {
+            "type": "workflow",
+            "workflow_id": workflow_id,
+            "status": record.status.value,
+        }
+        if record.metadata:
+            line["metadata"] = record.metadata
+        await file.write([_line(line)])

@@ -8,16 +8,18 @@ import base64
 import binascii
 import json
 import sys
-from typing import IO, Any
+from typing import IO, Any, Final
 
 from .._validation import check_step, check_workflow_id
 from ..codec.sealing import Sealer, is_sealed_record
 from ..codec.v1 import decode_checkpoint
-from ..errors import CheckpointCorruptedError, InvalidArgumentError
+from ..errors import CheckpointCorruptedError, InvalidArgumentError, WorkflowTransferError
 from ..leases import WorkflowStatus
-from .export import EXPORT_FORMAT, EXPORT_VERSION
+from ..storage.base import StoredEffect
+from .export import EXPORT_FORMAT, EXPORT_VERSION, EXPORT_VERSIONS
+from .journal import Effect, JournalSink, check_effect, check_entry, sealer_for
 from .keys import KEYS_VARIABLE, command_keys
-from .output import Output, Progress
+from .output import Output, Progress, printable
 from .store import EXIT_STORE, PAGE, CommandError, open_store
 from .transfer import Sink, Tally, report
 
@@ -28,7 +30,22 @@ class _BadLine(Exception):
     pass
 
 
-def _parse_line(raw: bytes) -> dict[str, Any]:
+#: The line types of each export format version.
+_KINDS: Final = {
+    1: ("checkpoint", "workflow", "end"),
+    2: ("effect", "checkpoint", "workflow", "end"),
+}
+#: The most effect-record bytes held for one workflow until its checkpoints come: a
+#: workflow's effects are all checked before any of its lines is written.
+EFFECT_BUFFER: Final = 64 * 2**20
+
+
+def _parse_line(raw: bytes, version: int = EXPORT_VERSION) -> dict[str, Any]:
+    """One parsed line; _BadLine if it is malformed.
+
+    A malformed effect line of a workflow it names raises WorkflowTransferError instead:
+    that workflow is refused.
+    """
     try:
         obj = json.loads(raw)
     except ValueError as exc:
@@ -38,24 +55,43 @@ def _parse_line(raw: bytes) -> dict[str, Any]:
     if type(obj) is not dict:
         raise _BadLine("not a JSON object")
     kind = obj.get("type")
-    if kind not in ("checkpoint", "workflow", "end"):
-        raise _BadLine(f"unknown line type {kind!r}")
+    if kind not in _KINDS[version]:
+        raise _BadLine(f"unknown line type {printable(repr(kind)[:100])}")
     try:
         if kind != "end":
             check_workflow_id(obj.get("workflow_id"))
-        if kind == "checkpoint":
+        if kind == "effect":
+            obj["effect"] = _parse_effect(obj)
+        elif kind == "checkpoint":
             check_step(obj.get("step"))
-            if not isinstance(obj.get("record"), str):
-                raise _BadLine("record must be a base64 string")
-            obj["record"] = base64.b64decode(obj["record"], validate=True)
+            obj["record"] = _record(obj.get("record"))
         elif kind == "workflow":
             obj["status"] = WorkflowStatus(obj.get("status"))
+            if type(obj.setdefault("metadata", None)) not in (dict, type(None)):
+                raise _BadLine("metadata must be a JSON object")
     except (InvalidArgumentError, binascii.Error, ValueError) as exc:
         raise _BadLine(str(exc)) from exc
     return obj
 
 
-def _read_header(fh: IO[bytes], path: str) -> None:
+def _record(value: object) -> bytes:
+    if not isinstance(value, str):
+        raise _BadLine("record must be a base64 string")
+    return base64.b64decode(value, validate=True)
+
+
+def _parse_effect(obj: dict[str, Any]) -> StoredEffect:
+    """An effect line's record, its fields checked (not yet verified)."""
+    workflow_id = obj["workflow_id"]
+    entry = check_entry(workflow_id, obj.get("step"), obj.get("key"), obj.get("in_doubt"))
+    try:
+        data = _record(obj.get("record"))
+    except (_BadLine, binascii.Error, ValueError) as exc:
+        raise WorkflowTransferError(workflow_id, f"a malformed effect line: {exc}") from None
+    return StoredEffect(entry.step, entry.key, entry.in_doubt, data)
+
+
+def _read_header(fh: IO[bytes], path: str) -> int:
     first = fh.readline()
     try:
         header = json.loads(first)
@@ -64,12 +100,13 @@ def _read_header(fh: IO[bytes], path: str) -> None:
     if type(header) is not dict or header.get("format") != EXPORT_FORMAT:
         raise CommandError(f"{path} is not an aiocheckpoint export (bad header line)", EXIT_STORE)
     version = header.get("version")
-    if version != EXPORT_VERSION:
+    if type(version) is not int or version not in EXPORT_VERSIONS:
         raise CommandError(
-            f"{path} is export format version {version!r}; this aiocheckpoint reads "
-            f"version {EXPORT_VERSION}",
+            f"{path} is export format version {printable(repr(version)[:40])}; this "
+            f"aiocheckpoint reads versions {', '.join(map(str, EXPORT_VERSIONS))}",
             EXIT_STORE,
         )
+    return version
 
 
 def _read_lines(fh: IO[bytes], count: int) -> list[bytes]:
@@ -83,22 +120,57 @@ def _read_lines(fh: IO[bytes], count: int) -> list[bytes]:
 
 
 class _Importer:
-    """Feeds parsed lines to a Sink, one workflow's page at a time."""
+    """Feeds parsed lines to a Sink, one workflow's page at a time, its effects first.
 
-    def __init__(self, sink: Sink, tally: Tally, sealer: Sealer | None = None) -> None:
+    A workflow's effect lines are checked as they come and held (up to EFFECT_BUFFER
+    bytes) until its lines are written, effects before checkpoints; an export writes them
+    first, so a bad one refuses the workflow before anything of it is written, and its
+    later lines are skipped.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        effects: JournalSink,
+        tally: Tally,
+        sealer: Sealer | None = None,
+        version: int = EXPORT_VERSION,
+    ) -> None:
         self.sink = sink
+        self.effect_sink = effects
         #: Unseals encrypted records to verify them (they are stored as they are).
         self.sealer = sealer
         self.tally = tally
+        self.version = version
         self.workflow: str | None = None
         self.pending: dict[int, bytes] = {}
+        self.held: list[Effect] = []
+        self.held_bytes = 0
         self.seen: set[str] = set()
+        self.refused: set[str] = set()
+        #: Workflows something was written for (a refusal after that says so).
+        self.started: set[str] = set()
         self.checkpoints = 0
+        self.effects = 0
         self.end: dict[str, Any] | None = None
 
     async def flush(self) -> None:
-        if self.workflow is not None and self.pending:
-            await self.sink.put(self.workflow, self.pending)
+        """Write the current workflow's held effects, then its pending checkpoints."""
+        workflow_id = self.workflow
+        if workflow_id is None:
+            return
+        if self.held:
+            try:
+                await self.effect_sink.check(workflow_id, self.held)
+            except WorkflowTransferError as exc:
+                self._refuse(exc, None)
+                return
+            await self.effect_sink.put(workflow_id, self.held)
+            self.started.add(workflow_id)
+            self.held, self.held_bytes = [], 0
+        if self.pending:
+            await self.sink.put(workflow_id, self.pending)
+            self.started.add(workflow_id)
         self.pending = {}
 
     async def take(self, number: int, raw: bytes) -> None:
@@ -107,23 +179,79 @@ class _Importer:
         try:
             if self.end is not None:
                 raise _BadLine("line after the end line")
-            obj = _parse_line(raw)
+            obj = _parse_line(raw, self.version)
         except _BadLine as exc:
             self.tally.corrupted.append({"line": number, "reason": str(exc)})
+            return
+        except WorkflowTransferError as exc:
+            self.effects += 1
+            if exc.workflow_id not in self.refused:
+                await self._switch(exc.workflow_id)
+                self._refuse(exc, number)
             return
         if obj["type"] == "end":
             self.end = obj
             return
         workflow_id = obj["workflow_id"]
+        self.effects += obj["type"] == "effect"
+        self.checkpoints += obj["type"] == "checkpoint"
+        self.seen.add(workflow_id)
+        if workflow_id in self.refused:
+            return
+        await self._switch(workflow_id)
+        if obj["type"] == "effect":
+            await self._hold(number, workflow_id, obj["effect"])
+        elif obj["type"] == "workflow":
+            await self.flush()
+            if workflow_id not in self.refused:
+                await self._status(number, workflow_id, obj)
+        else:
+            await self._checkpoint(number, workflow_id, obj)
+
+    async def _status(self, number: int, workflow_id: str, obj: dict[str, Any]) -> None:
+        try:
+            await self.sink.status(workflow_id, obj["status"], obj["metadata"])
+        except InvalidArgumentError as exc:
+            where = {"line": number, "workflow_id": workflow_id}
+            self.tally.corrupted.append({**where, "reason": str(exc)})
+
+    async def _switch(self, workflow_id: str) -> None:
+        """Flush the current workflow when ``workflow_id``'s lines start (or a page is full)."""
         if workflow_id != self.workflow or len(self.pending) >= PAGE:
             await self.flush()
+            if workflow_id != self.workflow:
+                self.held, self.held_bytes = [], 0
             self.workflow = workflow_id
-        self.seen.add(workflow_id)
-        if obj["type"] == "workflow":
-            await self.flush()
-            await self.sink.status(workflow_id, obj["status"])
+
+    async def _hold(self, number: int, workflow_id: str, stored: StoredEffect) -> None:
+        try:
+            effect = await check_effect(self.sealer, workflow_id, stored)
+            self.held_bytes += len(effect.data)
+            if self.held_bytes > EFFECT_BUFFER:
+                raise WorkflowTransferError(
+                    workflow_id,
+                    f"its effect records are over {EFFECT_BUFFER // 2**20} MiB, more than "
+                    "import holds before writing (copy the store instead)",
+                )
+        except WorkflowTransferError as exc:
+            self._refuse(exc, number)
             return
-        self.checkpoints += 1
+        self.held.append(effect)
+
+    def _refuse(self, exc: WorkflowTransferError, number: int | None) -> None:
+        """Refuse a workflow: drop what is held of it, skip its later lines."""
+        workflow_id = exc.workflow_id
+        self.refused.add(workflow_id)
+        self.seen.add(workflow_id)
+        if workflow_id == self.workflow:
+            self.held, self.held_bytes, self.pending = [], 0, {}
+        if workflow_id in self.started:
+            exc = WorkflowTransferError(
+                workflow_id, f"{exc.reason} (its lines before this one were imported)"
+            )
+        self.tally.refuse(exc, **({} if number is None else {"line": number}))
+
+    async def _checkpoint(self, number: int, workflow_id: str, obj: dict[str, Any]) -> None:
         try:
             await self._verify(workflow_id, obj["step"], obj["record"])
         except CheckpointCorruptedError as exc:
@@ -170,13 +298,17 @@ async def cmd_import(args: argparse.Namespace, out: Output) -> int:
     except OSError as exc:
         raise CommandError(f"cannot read {args.file}: {exc.strerror}", EXIT_STORE) from exc
     try:
-        await asyncio.to_thread(_read_header, fh, args.file)
+        version = await asyncio.to_thread(_read_header, fh, args.file)
         async with open_store(
             args.url, must_exist=False, allow_shared=args.allow_shared, keys=command_keys(args)
         ) as dst:
-            keys = command_keys(args)
-            sealer = None if keys is None else Sealer(keys, allow_plaintext=True)
-            importer = _Importer(Sink(dst, tally, overwrite=args.overwrite), tally, sealer)
+            importer = _Importer(
+                Sink(dst, tally, overwrite=args.overwrite),
+                JournalSink(dst, tally, overwrite=args.overwrite),
+                tally,
+                sealer_for(command_keys(args)),
+                version,
+            )
             number = 1
             while lines := await asyncio.to_thread(_read_lines, fh, PAGE):
                 for raw in lines:
@@ -195,8 +327,9 @@ async def cmd_import(args: argparse.Namespace, out: Output) -> int:
     return report(
         out,
         tally,
-        f"imported {tally.written} checkpoints of {tally.workflows} workflows "
-        f"({tally.skipped} already there)",
+        f"imported {tally.written} checkpoints and {tally.effects_written} effect records of "
+        f"{tally.workflows - len(tally.refused)} workflows ({tally.skipped} checkpoints and "
+        f"{tally.effects_skipped} effect records already there)",
     )
 
 
@@ -204,10 +337,13 @@ def _check_end(importer: _Importer, tally: Tally) -> None:
     end = importer.end
     if end is None:
         tally.corrupted.append({"reason": "the file is truncated: it has no end line"})
-    elif end.get("checkpoints") != importer.checkpoints:
-        tally.corrupted.append(
-            {
-                "reason": f"the end line counts {end.get('checkpoints')!r} checkpoints, "
-                f"the file holds {importer.checkpoints}"
-            }
-        )
+        return
+    counts = [("checkpoints", importer.checkpoints)]
+    if importer.version >= 2:
+        counts.append(("effects", importer.effects))
+    for name, held in counts:
+        if end.get(name) != held:
+            said = printable(repr(end.get(name))[:40])
+            tally.corrupted.append(
+                {"reason": f"the end line counts {said} {name}, the file holds {held}"}
+            )

@@ -9,7 +9,7 @@ from typing import Any
 from .._validation import check_workflow_id
 from ..codec.effects import EffectRecord
 from ..errors import CheckpointNotFoundError
-from ..leases import WorkflowRecord, WorkflowStatus
+from ..leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import Checkpoint
 from .effects import (
@@ -50,7 +50,7 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
     ) as manager:
         records: dict[str, WorkflowRecord] = {}
         if manager.supports_workflow_records():
-            records = {r.workflow_id: r for r in await manager.list_workflow_records()}
+            records = {r.workflow_id: r for r in await manager.list_workflow_records(kind=None)}
         elif args.unfinished:
             raise CommandError(
                 "--unfinished needs workflow records, and this store's backend "
@@ -59,9 +59,8 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
         ids, foreign = await workflow_ids(manager, records)
         if args.in_doubt:  # those too that have no checkpoint yet (killed in their first step)
             ids = await manager.list_in_doubt_workflows()
-        if args.unfinished:
-            unfinished = WorkflowStatus.UNFINISHED
-            ids = [i for i in ids if i in records and records[i].status is unfinished]
+        if args.unfinished:  # what runners drive: not a LangGraph thread
+            ids = [i for i in ids if i in records and _unfinished(records[i])]
         progress = Progress(out.err)
         rows = []
         for n, workflow_id in enumerate(ids, 1):
@@ -87,16 +86,34 @@ async def cmd_workflows(args: argparse.Namespace, out: Output) -> int:
                 [
                     printable(r["workflow_id"]),
                     str(r["steps"]),
-                    "-" if r["latest_step"] is None else str(r["latest_step"]),
+                    _latest(r),
                     r["latest_status"] or "-",
                     r["_last_write"],
-                    r["workflow_status"] or "-",
+                    _workflow_status(r),
                 ]
                 for r in rows
             ],
             statuses=(3, 5),
         )
     return 0
+
+
+def _unfinished(record: WorkflowRecord) -> bool:
+    return record.status is WorkflowStatus.UNFINISHED and record.kind == WORKFLOW_KIND
+
+
+def _latest(row: dict[str, Any]) -> str:
+    """The latest step; none for another kind's workflow (a LangGraph step is a time)."""
+    if row["latest_step"] is None or row["kind"] not in (None, WORKFLOW_KIND):
+        return "-"
+    return str(row["latest_step"])
+
+
+def _workflow_status(row: dict[str, Any]) -> str:
+    """The record's status, or the kind of a workflow runners do not drive."""
+    if row["kind"] not in (None, WORKFLOW_KIND):
+        return f"({row['kind']})"
+    return row["workflow_status"] or "-"
 
 
 def _filtered(args: argparse.Namespace) -> str:
@@ -127,6 +144,7 @@ async def _summary(
         "last_write": None if written is None else written.isoformat(),
         "_last_write": when(written),
         "workflow_status": None if record is None else record.status.value,
+        "kind": None if record is None else record.kind,
         "finished": None if record is None else record.status is not WorkflowStatus.UNFINISHED,
     }
 

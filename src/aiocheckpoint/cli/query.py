@@ -112,6 +112,7 @@ def _row(record: WorkflowRecord) -> dict[str, Any]:
     return {
         "workflow_id": record.workflow_id,
         "workflow_status": record.status.value,
+        "kind": record.kind,
         "latest_step": record.latest_step,
         "latest_agent_id": record.latest_agent_id,
         "latest_status": record.latest_agent_status,

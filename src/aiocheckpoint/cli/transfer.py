@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._validation import MAX_STEP
+from ..errors import WorkflowTransferError
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..storage.base import StoredCheckpoint
+from .journal import Journal, JournalSink, sealer_for
 from .keys import command_keys
 from .output import Output, Progress, bar, printable
 from .store import (
@@ -46,6 +48,11 @@ class Tally:
     skipped: int = 0
     verified: int = 0
     workflows: int = 0
+    effects_written: int = 0
+    effects_skipped: int = 0
+    effects_verified: int = 0
+    #: Workflows not carried whole (WorkflowTransferError): nothing of them was written.
+    refused: list[dict[str, Any]] = field(default_factory=list)
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     corrupted: list[dict[str, Any]] = field(default_factory=list)
     mismatched: list[dict[str, Any]] = field(default_factory=list)
@@ -55,7 +62,13 @@ class Tally:
     @property
     def ok(self) -> bool:
         """Whether nothing went wrong."""
-        return not (self.conflicts or self.corrupted or self.mismatched or self.foreign)
+        return not (
+            self.conflicts or self.corrupted or self.mismatched or self.foreign or self.refused
+        )
+
+    def refuse(self, exc: WorkflowTransferError, **where: Any) -> None:
+        """Report a workflow not carried whole."""
+        self.refused.append({**where, "workflow_id": exc.workflow_id, "reason": exc.reason})
 
     def to_json(self) -> dict[str, Any]:
         """The tally as a JSON object."""
@@ -65,6 +78,12 @@ class Tally:
             "written": self.written,
             "skipped": self.skipped,
             "verified": self.verified,
+            "effects": {
+                "written": self.effects_written,
+                "skipped": self.effects_skipped,
+                "verified": self.effects_verified,
+            },
+            "refused": self.refused,
             "conflicts": self.conflicts,
             "corrupted": self.corrupted,
             "mismatched": self.mismatched,
@@ -109,14 +128,21 @@ class Sink:
                 raise result
         self._tally.written += len(writes)
 
-    async def status(self, workflow_id: str, status: WorkflowStatus) -> None:
-        """Give the workflow ``status`` at the destination, if it keeps workflow records."""
+    async def status(
+        self, workflow_id: str, status: WorkflowStatus, metadata: dict[str, Any] | None = None
+    ) -> None:
+        """Give the workflow ``status`` and ``metadata`` at the destination, if it keeps records."""
         if not self._manager.supports_workflow_records():
-            note = "the destination keeps no workflow records: workflow statuses not copied"
+            note = (
+                "the destination keeps no workflow records: workflow statuses and metadata "
+                "not copied"
+            )
             if note not in self._tally.notes:
                 self._tally.notes.append(note)
             return
         record = await self._manager.get_workflow(workflow_id)
+        if metadata and (record is None or record.metadata != metadata):
+            record = await self._manager.register_workflow(workflow_id, metadata=metadata)
         if record is None or record.status is not status:
             await self._manager.mark_workflow(workflow_id, status)
 
@@ -125,7 +151,7 @@ async def list_records(manager: CheckpointManager) -> dict[str, WorkflowRecord]:
     """The store's workflow records by id (none where the backend keeps none)."""
     if not manager.supports_workflow_records():
         return {}
-    return {r.workflow_id: r for r in await manager.list_workflow_records()}
+    return {r.workflow_id: r for r in await manager.list_workflow_records(kind=None)}
 
 
 def report(out: Output, tally: Tally, summary: str) -> int:
@@ -142,13 +168,18 @@ def report(out: Output, tally: Tally, summary: str) -> int:
                 tally.conflicts,
             ),
             ("not verified at the destination", tally.mismatched),
+            ("workflows not carried (nothing of them written)", tally.refused),
         ):
             if items:
                 out.line(out.style(f"{title}:", "red"))
                 for item in items:
                     where = f"line {item['line']}: " if "line" in item else ""
                     wf = item.get("workflow_id")
-                    what = f"{printable(wf)!s} step {item.get('step')}" if wf is not None else ""
+                    what = "" if wf is None else printable(wf)
+                    if "step" in item:
+                        what += f" step {item['step']}"
+                    if "key" in item:
+                        what += f" effect {printable(item['key'])}"
                     reason = f": {printable(item['reason'])}" if "reason" in item else ""
                     out.line(f"  {where}{what}{reason}")
         if tally.foreign:
@@ -184,10 +215,17 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
         if _same_store(args.src, src, args.dst, dst):
             raise CommandError("the source and destination are the same store", EXIT_USAGE)
         records = await list_records(src)
-        ids, tally.foreign = await workflow_ids(src, records)
+        journal = Journal(src, sealer_for(command_keys(args)))
+        ids, tally.foreign = await workflow_ids(src, [*records, *await journal.workflows()])
         tally.workflows = len(ids)
         sink = Sink(dst, tally, overwrite=args.overwrite)
+        effects = JournalSink(dst, tally, overwrite=args.overwrite)
         for n, workflow_id in enumerate(ids, 1):
+            try:
+                await carry_journal(journal, effects, workflow_id)
+            except WorkflowTransferError as exc:
+                tally.refuse(exc)
+                continue
             cursor: int | None = None
             while page := await read_page(src.storage, workflow_id, after=cursor):
                 cursor = page[-1].step
@@ -199,15 +237,55 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
                     f"{tally.skipped} already there"
                 )
             if workflow_id in records:
-                await sink.status(workflow_id, records[workflow_id].status)
-        await _verify_copy(src, dst, ids, tally, progress)
+                record = records[workflow_id]
+                await sink.status(workflow_id, record.status, record.metadata)
+        refused = {r["workflow_id"] for r in tally.refused}
+        carried = [i for i in ids if i not in refused]
+        await _verify_copy(src, dst, carried, tally, progress)
+        await _verify_journals(journal, dst, carried, tally)
     progress.clear()
     return report(
         out,
         tally,
-        f"copied {tally.written} checkpoints of {tally.workflows} workflows "
-        f"({tally.skipped} already there); verified {tally.verified} at the destination",
+        f"copied {tally.written} checkpoints and {tally.effects_written} effect records of "
+        f"{tally.workflows - len(tally.refused)} workflows ({tally.skipped} checkpoints and "
+        f"{tally.effects_skipped} effect records already there); verified {tally.verified} "
+        f"checkpoints and {tally.effects_verified} effect records at the destination",
     )
+
+
+async def carry_journal(journal: Journal, sink: JournalSink, workflow_id: str) -> None:
+    """Copy the workflow's effect journal, once all of it verifies and fits the destination.
+
+    Two passes over the source: the first checks every record (and the destination's
+    records under the same keys) before anything is written, the second writes. Raises
+    :class:`~aiocheckpoint.WorkflowTransferError` from the first pass, writing nothing.
+    """
+    steps = await journal.steps(workflow_id)
+    for step in steps:
+        await sink.check(workflow_id, await journal.read(workflow_id, step))
+    for step in steps:
+        await sink.put(workflow_id, await journal.read(workflow_id, step))
+
+
+async def _verify_journals(
+    journal: Journal, dst: CheckpointManager, ids: list[str], tally: Tally
+) -> None:
+    """Every carried effect record must be at the destination as is."""
+    check = JournalSink(dst, tally, overwrite=False)
+    for workflow_id in ids:
+        for step in await journal.steps(workflow_id):
+            try:
+                effects = await journal.read(workflow_id, step)
+                missing = await check.pending(workflow_id, effects)
+            except WorkflowTransferError as exc:
+                where = {"workflow_id": workflow_id, "step": step}
+                tally.mismatched.append({**where, "reason": exc.reason})
+                continue
+            for effect in missing:
+                where = {"workflow_id": workflow_id, "step": step, "key": effect.key}
+                tally.mismatched.append({**where, "reason": "not at the destination"})
+            tally.effects_verified += len(effects) - len(missing)
 
 
 async def verified(

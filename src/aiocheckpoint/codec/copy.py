@@ -2,14 +2,16 @@
 
 What can be stored
 ------------------
-dicts, lists, ``str``, ``int`` of any size, ``float`` (NaN and infinities included),
-``bool`` and ``None`` are stored as JSON, key order included; the standard types
+dicts, lists, ``str``, ``int`` (of up to
+:data:`~aiocheckpoint.format.limits.MAX_INT_DIGITS` digits), ``float`` (NaN and infinities
+included), ``bool`` and ``None`` are stored as JSON, key order included; the standard types
 (``datetime``, ``date``, ``time``, ``timedelta``, ``UUID``, ``Decimal``, ``bytes``,
 ``bytearray``, ``tuple``, ``set``, ``frozenset``, dicts with non-``str`` keys) and the
 classes of the manager's :class:`~aiocheckpoint.TypeRegistry` are stored tagged
 (:mod:`aiocheckpoint.format.tags`), and each comes back as itself. Anything else -- an
 unregistered class, a cycle, nesting deeper than
-:data:`~aiocheckpoint.format.limits.MAX_DEPTH` -- raises
+:data:`~aiocheckpoint.format.limits.MAX_DEPTH`, a longer int, a set of more than
+:data:`~aiocheckpoint.format.limits.MAX_SHARED_HASH` items of one hash -- raises
 :class:`CheckpointSerializationError` naming the offending path, and nothing is written.
 
 The copy is taken before the first await of ``create_checkpoint``: later changes by the
@@ -23,12 +25,13 @@ from collections.abc import Generator
 from time import perf_counter
 from typing import Any, Final
 
+from ..format.jsontext import SHORT_INT_BOUND
 from ..format.limits import MAX_DEPTH
 from ..format.tags import TAG_START, TYPED
 from .paths import child_path
 from .registry import EMPTY, TypeEntry, TypeRegistry
 from .split import text_bound
-from .typed import COLLECTIONS, SCALARS, Encoder, ordered
+from .typed import COLLECTIONS, SCALARS, Encoder, crowded, ordered
 
 __all__ = [
     "child_path",
@@ -44,8 +47,12 @@ class _Unstorable(Exception):
     """Internal: the fast copy met something it does not handle."""
 
 
-_PLAIN: Final = frozenset({str, int, bool, type(None)})
-_SCALARS: Final = _PLAIN | {float}
+# Ints are plain too, up to a size: a longer one bails out to the Encoder, which names it
+# if it is longer than a store keeps (format/limits.py).
+_PLAIN: Final = frozenset({str, bool, type(None)})
+_SCALARS: Final = _PLAIN | {int, float}
+_SHORT: Final = SHORT_INT_BOUND
+_LOW: Final = -SHORT_INT_BOUND  # computed once: negating the bound copies ~40 KB
 _LAST_DEPTH: Final = MAX_DEPTH - 1  # a tag's data sits one level below it
 _Types = dict[type, TypeEntry]
 
@@ -55,7 +62,7 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) ->
     # kept, no cycle set (a cycle ends at the depth limit). Anything unusual bails out to
     # the Encoder, which finds and names the problem.
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in _PLAIN or (kind is int and _LOW < value < _SHORT):
         return value
     if kind is float:
         if value - value != 0.0:  # NaN or an infinity
@@ -70,7 +77,11 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) ->
             if type(key) is not str:
                 raise _Unstorable
             kind = type(item)
-            if kind in _PLAIN:
+            if kind is int:
+                if not _LOW < item < _SHORT:
+                    raise _Unstorable  # the Encoder names it, if it is too long
+                out[key] = item
+            elif kind in _PLAIN:
                 out[key] = item
             elif kind is float:
                 if item - item != 0.0:
@@ -87,6 +98,10 @@ def _fast_copy(value: Any, depth: int, nonfinite: list[float], types: _Types) ->
         depth += 1
         for index, item in enumerate(items):
             kind = type(item)
+            if kind is int:
+                if _LOW < item < _SHORT:
+                    continue
+                raise _Unstorable
             if kind in _PLAIN:
                 continue
             if kind is float:
@@ -105,6 +120,8 @@ def _fast_tagged(value: Any, depth: int, nonfinite: list[float], types: _Types) 
         return {scalar[0]: scalar[1](value)}
     tag = COLLECTIONS.get(kind)
     if tag is not None:
+        if kind is not tuple and crowded(value):
+            raise _Unstorable
         items = list(value) if kind is tuple else ordered(value)
         return {tag: _fast_copy(items, depth + 1, nonfinite, types)}
     entry = types.get(kind)
@@ -141,7 +158,7 @@ def _counted_copy(
             if kind is str:
                 extra += len(item) + 1
                 out[key] = item
-            elif kind in _PLAIN:
+            elif kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
                 out[key] = item
             elif kind is float:
                 out[key] = _float(item, nonfinite)
@@ -161,7 +178,7 @@ def _counted_copy(
             extra += len(item) + 1
         elif kind is float:
             _float(item, nonfinite)
-        elif kind in _PLAIN:
+        elif kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
             continue
         elif size[0] <= size[1]:
             items[index] = _counted_copy(item, depth, nonfinite, types, size)

@@ -408,7 +408,7 @@ _NONCE: Final = secrets.token_bytes(16)
 PART_BYTES: Final = 1024 * 1024
 #: A large list or dict is parsed in runs of its chunks of about this many bytes of text:
 #: an orjson call per ~14 KB chunk cost the 10 MB resume 1.4-2.6 ms more CPU than one per
-#: run (docs/performance.md), and a run holds the GIL for ~0.1 ms.
+#: run (bench/NOTES.md), and a run holds the GIL for ~0.1 ms.
 RUN_BYTES: Final = 128 * 1024
 
 

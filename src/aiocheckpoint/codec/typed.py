@@ -15,7 +15,8 @@ import binascii
 import decimal
 import operator
 import uuid
-from collections.abc import Callable, Container, Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Container, Iterable
 from datetime import date, datetime, time, timedelta
 from typing import Any, Final
 
@@ -29,11 +30,21 @@ from ..errors import (
     UnknownTypeError,
 )
 from ..format import tags
-from ..format.limits import MAX_DEPTH
+from ..format.jsontext import int_too_long
+from ..format.limits import MAX_DEPTH, MAX_INT_DIGITS, MAX_SHARED_HASH
 from .paths import checked_text, child_path, safe_repr
 from .registry import TaggedValue, TypeEntry, TypeRegistry
 
-__all__ = ["COLLECTIONS", "SCALARS", "Decoder", "Encoder", "has_tags", "needs_map", "ordered"]
+__all__ = [
+    "COLLECTIONS",
+    "SCALARS",
+    "Decoder",
+    "Encoder",
+    "crowded",
+    "has_tags",
+    "needs_map",
+    "ordered",
+]
 
 
 def _b64(value: bytes | bytearray) -> str:
@@ -71,12 +82,35 @@ def ordered(items: Iterable[Any]) -> list[Any]:
         return list(items)
 
 
+def crowded(items: Collection[Any]) -> bool:
+    """Whether more than ``MAX_SHARED_HASH`` of ``items`` (hashable) share one hash value."""
+    if len(items) <= MAX_SHARED_HASH:
+        return False
+    return max(Counter(map(hash, items)).values()) > MAX_SHARED_HASH
+
+
+_CROWDED: Final = (
+    f"more than {MAX_SHARED_HASH} of its items share one hash value "
+    "(building it takes time quadratic in their number)"
+)
+
+
 def needs_map(value: dict[Any, Any]) -> bool:
     """Whether a dict must be stored as ``$map``: a non-str key, or it would read as a tag."""
     if len(value) == 1:
         key = next(iter(value))
         return type(key) is not str or key[:1] == tags.TAG_START
     return not all(type(key) is str for key in value)
+
+
+def _short_int(value: int, path: str) -> int:
+    if int_too_long(value):
+        raise CheckpointSerializationError(
+            path,
+            f"an int of more than {MAX_INT_DIGITS} digits is longer than a store keeps "
+            "(reading one takes time that grows faster than its length)",
+        )
+    return value
 
 
 class Encoder:
@@ -95,8 +129,10 @@ class Encoder:
         kind = type(value)
         if kind is str:
             return checked_text(value, path)
-        if kind is bool or value is None or kind is int:
+        if kind is bool or value is None:
             return value
+        if kind is int:
+            return _short_int(value, path)
         if kind is float:
             self.nonfinite = self.nonfinite or value - value != 0.0
             return value
@@ -109,6 +145,8 @@ class Encoder:
         tag = COLLECTIONS.get(kind)
         if tag is not None:
             _room(path, depth)
+            if kind is not tuple and crowded(value):
+                raise CheckpointSerializationError(path, _CROWDED)
             items = value if kind is tuple else ordered(value)
             return {tag: self._container(list(items), path, depth + 1)}
         return self._typed(value, path, depth)
@@ -169,6 +207,8 @@ class Encoder:
                 walk = self.walk
                 return [walk(item, child_path(path, i), depth + 1) for i, item in enumerate(value)]
             if needs_map(value):
+                if crowded(value):
+                    raise CheckpointSerializationError(path, _CROWDED)
                 return {tags.MAP: self._pairs(value, path, depth)}
             out: dict[str, Any] = {}
             for key, item in value.items():
@@ -301,7 +341,10 @@ class Decoder:
                 return self._typed(data, path)
             collection = _COLLECTIONS_READ.get(tag)
             if collection is not None:
-                return collection(self._items(data, path))
+                items = self._items(data, path)
+                if tag != tags.TUPLE and crowded(items):
+                    raise CheckpointCorruptedError(f"{_format(path)}: {tag}: {_CROWDED}")
+                return collection(items)
             if tag == tags.MAP:
                 return self._map(data, path)
         except (CheckpointTypeError, CheckpointCorruptedError):
@@ -318,13 +361,12 @@ class Decoder:
         return [self.value(item, (path, index)) for index, item in enumerate(data)]
 
     def _map(self, data: Any, path: _Path | str) -> dict[Any, Any]:
-        out = {}
-        for pair in self._items(data, path):
-            if type(pair) is not list or len(pair) != 2:
-                raise TypeError("not a [key, value] pair")
-            key, item = pair
-            out[key] = item
-        return out
+        pairs = self._items(data, path)
+        if any(type(pair) is not list or len(pair) != 2 for pair in pairs):
+            raise TypeError("not a [key, value] pair")
+        if crowded([key for key, _ in pairs]):
+            raise CheckpointCorruptedError(f"{_format(path)}: {tags.MAP}: {_CROWDED}")
+        return dict(pairs)
 
     def _typed(self, data: Any, path: _Path | str) -> Any:
         if type(data) is not list or len(data) != 3:

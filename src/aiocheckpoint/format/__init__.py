@@ -17,7 +17,7 @@ from .header import (
     read_header,
     record_format_version,
 )
-from .limits import DEFAULT_MAX_RECORD_BYTES, MAX_DEPTH
+from .limits import DEFAULT_MAX_RECORD_BYTES, MAX_DEPTH, MAX_INT_DIGITS, MAX_SHARED_HASH
 from .tree import (
     DEFAULT_PARAMS,
     SplitMemory,
@@ -37,6 +37,8 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "MAX_DEPTH",
+    "MAX_INT_DIGITS",
+    "MAX_SHARED_HASH",
     "SplitMemory",
     "SplitResult",
     "TreeParams",

@@ -8,8 +8,8 @@ it lets other threads run while it reads a buffer of a few KB or more, but it is
 within ~3 us, so a store's read thread that checksums a large state run by run (a call
 every ~1 ms) takes the GIL back before the event loop's thread, waiting for it, wakes, and
 every such hand-over restarts that thread's wait: reading a 50,000-message chat stalled
-the loop for 25-40 ms, against 2-5 ms with ``zlib.crc32`` (docs/performance.md, "Resume
-at the floor (issue 21, fifth part)"). Its gain on a 10 MB resume was ~1 ms of CPU.
+the loop for 25-40 ms, against 2-5 ms with ``zlib.crc32`` (bench/NOTES.md, "Resume at
+the floor"). Its gain on a 10 MB resume was ~1 ms of CPU.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ __all__ = [
     "StepInfo",
     "StoredCheckpoint",
     "WorkflowQuery",
+    "EffectListingStorage",
     "EffectStorage",
     "MAX_EFFECTS_PER_STEP",
     "StoredEffect",
@@ -152,13 +153,18 @@ class WorkflowStorage(CheckpointStorage, Protocol):
     * ``claim_next_workflow`` atomically grants the lease of one UNFINISHED workflow whose
       lease is free or expired and whose ``retry_at`` (if any) has passed (oldest record
       first), or returns None. Concurrent claimers never get the same workflow. PAUSED,
-      FINISHED and FAILED workflows are never claimed.
+      FINISHED and FAILED workflows are never claimed, nor any record whose ``kind`` is
+      not ``"workflow"``.
     * Expiry and backoff are judged by the storage's clock (the database server's, where
       there is one).
     * ``save(..., step_info=info)`` (and ``save_tree``) also sets the record's
       ``latest_step``, ``latest_agent_id`` and ``latest_agent_status`` when ``step`` is at
       least its ``latest_step``, sets ``updated_at``, and clears ``resume_input``: all in the
-      write's transaction.
+      write's transaction. A new record takes ``info.kind`` (``"workflow"`` when None); an
+      existing record of kind ``"workflow"`` takes a ``info.kind`` that is not None, and a
+      record of any other kind keeps it.
+    * ``query_workflow_records`` and ``list_workflow_records`` return records of every
+      kind unless ``query.kind`` names one.
     * ``register_workflow`` creates an UNFINISHED record when there is none and, with
       ``metadata``, replaces the record's metadata. ``resume_workflow`` turns a PAUSED
       workflow UNFINISHED and stores ``resume_input`` (JSON text) with it; any other status
@@ -332,7 +338,8 @@ class History:
 
     ``count`` checkpoints, the lowest at step ``oldest``; ``orphans`` says whether it has
     effect records of steps below ``oldest``, ``paused`` whether its workflow record says
-    PAUSED (False on a store without records). ``records`` holds every checkpoint, newest
+    PAUSED, ``kind`` its record's kind (None without a record: on a store without records,
+    always). ``records`` holds every checkpoint, newest
     first, when it was read; None when it was not (``count`` at most the sweep's window,
     more than one read's share, or a record over ``max_record_bytes``): the sweep then
     reads it a page at a time with ``scan``.
@@ -343,6 +350,7 @@ class History:
     oldest: int
     orphans: bool
     paused: bool
+    kind: str | None
     records: list[StoredCheckpoint] | None
 
 
@@ -516,6 +524,28 @@ async def workflow_traces(storage: CheckpointStorage, workflow_id: str) -> str |
     if isinstance(storage, EffectStorage) and await storage.has_effects(workflow_id):
         return "effect records"
     return None
+
+
+@runtime_checkable
+class EffectListingStorage(EffectStorage, Protocol):
+    """An effect journal that can list itself whole: what ``copy`` and ``export`` carry.
+
+    Contract (checked by :class:`aiocheckpoint.testing.EffectListingConformance`):
+
+    * ``effect_workflows`` lists, sorted, every workflow with at least one effect record,
+      whether or not it has a checkpoint or a workflow record.
+    * ``effect_steps(wf)`` lists, ascending, every step of ``wf`` with at least one effect
+      record, whether or not the step has a checkpoint (a crash inside a step leaves
+      exactly that); a step whose records were all deleted is not listed.
+    """
+
+    async def effect_workflows(self) -> list[str]:
+        """Every workflow with an effect record, sorted."""
+        ...
+
+    async def effect_steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` with effect records, ascending."""
+        ...
 
 
 def check_effect_key(key: object) -> str:

@@ -20,7 +20,7 @@ from ..errors import (
     LeaseLostError,
 )
 from ..format import SplitResult, TreeParams
-from ..leases import Lease, WorkflowRecord, WorkflowStatus
+from ..leases import WORKFLOW_KIND, Lease, WorkflowRecord, WorkflowStatus
 from ..models import utcnow
 from .base import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -431,6 +431,17 @@ class InMemoryCheckpointStorage(BaseStorage):
             if doubt
         ][:MAX_EFFECTS_PER_STEP]
 
+    async def effect_workflows(self) -> list[str]:
+        """Every workflow with at least one effect record, sorted."""
+        self._check_open()
+        return sorted(wf for wf, journal in self._effects.items() if journal)
+
+    async def effect_steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` that have effect records, ascending."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return sorted(s for s, keys in self._effects.get(workflow_id, {}).items() if keys)
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""
         self._check_open()
@@ -590,6 +601,7 @@ class InMemoryCheckpointStorage(BaseStorage):
             r
             for r in self._records.values()
             if r.status is WorkflowStatus.UNFINISHED
+            and r.kind == WORKFLOW_KIND
             and (r.lease_owner is None or _expired(r, now))
             and (r.retry_at is None or r.retry_at <= now)
         ]
@@ -641,6 +653,9 @@ class InMemoryCheckpointStorage(BaseStorage):
         record = self._raw.get(workflow_id)
         if record is None or record.resume_input is not None:
             record = self._update(self._ensure_record(workflow_id), resume_input=None)
+        kind = info.kind
+        if kind is not None and kind != record.kind and record.kind == WORKFLOW_KIND:
+            record = self._update(self._records[workflow_id], kind=kind)
         noted = self._pending.get(workflow_id)
         latest = (
             (record.latest_step, record.latest_agent_id, record.latest_agent_status)

@@ -20,7 +20,7 @@ from typing import Any, Final, NamedTuple
 
 from .._validation import check_workflow_id
 from ..errors import InvalidArgumentError, InvalidWorkflowIdError
-from ..leases import WorkflowRecord, WorkflowStatus
+from ..leases import WorkflowRecord, WorkflowStatus, check_kind
 
 __all__ = [
     "MAX_FILTER_KEYS",
@@ -47,12 +47,17 @@ MAX_FIELD_BYTES: Final = 64 * 1024
 class StepInfo(NamedTuple):
     """The agent and agent status of a saved step, for the workflow's record.
 
-    A tuple of two strings: the garbage collector stops tracking it, so the thousands a
+    A tuple of strings: the garbage collector stops tracking it, so the thousands a
     group commit holds while it waits never make it work (docs/performance.md).
+    ``kind`` (checked by :func:`~aiocheckpoint.leases.check_kind`) is the kind of the
+    workflow's record: a new record gets it, an existing one of the default kind
+    (``"workflow"``) takes it, in the save's transaction; None (or ``"workflow"``) creates
+    a ``"workflow"`` record and leaves an existing record's kind as it is.
     """
 
     agent_id: str
     agent_status: str
+    kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,7 @@ class WorkflowQuery:
     ``in_doubt`` True keeps the workflows with an effect in doubt, False those without.
     ``finished_before`` keeps the records that finished or failed before that time (a
     record without ``finished_at`` counts from its ``updated_at``): what finished and
-    failed TTLs count from.
+    failed TTLs count from. ``kind`` keeps the records of that kind (None: every kind).
     """
 
     status: WorkflowStatus | None = None
@@ -76,6 +81,7 @@ class WorkflowQuery:
     limit: int | None = None
     in_doubt: bool | None = None
     finished_before: datetime | None = None
+    kind: str | None = None
 
 
 def build_query(
@@ -86,6 +92,7 @@ def build_query(
     limit: int | None,
     cursor: str | None,
     in_doubt: bool | None = None,
+    kind: str | None = None,
 ) -> WorkflowQuery:
     """Check a listing's filters (statuses already checked) and make its query."""
     if metadata is not None and not isinstance(metadata, Mapping):
@@ -111,6 +118,7 @@ def build_query(
         after=None if cursor is None else decode_cursor(cursor),
         limit=limit,
         in_doubt=in_doubt,
+        kind=None if kind is None else check_kind(kind),
     )
 
 
@@ -167,6 +175,8 @@ def matches(record: WorkflowRecord, query: WorkflowQuery, in_doubt: Collection[s
         return False
     if query.status is not None and record.status is not query.status:
         return False
+    if query.kind is not None and record.kind != query.kind:
+        return False
     if query.agent_status is not None and record.latest_agent_status != query.agent_status:
         return False
     if query.updated_after is not None and record.updated_at <= query.updated_after:
@@ -203,8 +213,9 @@ def query_sql(
     ``mark(n)`` spells the n-th (1-based) parameter, ``moment`` converts a time to the
     database's representation. With a metadata filter the first key's index rows
     (``key, value, workflow_id``) drive the walk in workflow id order; otherwise the
-    ``(status, workflow_id)`` or ``(latest_agent_status, workflow_id)`` index does, or the
-    primary key: a page costs about its own size, not the number of workflows.
+    ``(kind, status, workflow_id)``, ``(status, workflow_id)`` or ``(latest_agent_status,
+    workflow_id)`` index does, or the primary key: a page costs about its own size, not the
+    number of workflows.
     ``in_doubt`` is the database's condition "workflow ``w`` has an effect in doubt" (an
     ``EXISTS`` over the effect journal's partial index), for ``query.in_doubt``.
     """
@@ -223,6 +234,7 @@ def query_sql(
     where = [
         f"{clause} {bind(value)}"
         for clause, value in (
+            ("w.kind =", query.kind),
             ("w.status =", None if query.status is None else query.status.value),
             ("w.latest_agent_status =", query.agent_status),
             (

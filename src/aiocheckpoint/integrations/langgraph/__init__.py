@@ -5,6 +5,7 @@ is a LangGraph ``BaseCheckpointSaver``: pass it as ``checkpointer=`` to ``compil
 ``docs/langgraph.md``.
 """
 
+from ...errors import CheckpointIdCollisionError
 from .saver import AioCheckpointSaver
 
-__all__ = ["AioCheckpointSaver"]
+__all__ = ["AioCheckpointSaver", "CheckpointIdCollisionError"]

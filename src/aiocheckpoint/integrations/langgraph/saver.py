@@ -25,14 +25,14 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from typing_extensions import Self
 
 from ...codec.sealing import KeyProvider
-from ...errors import InvalidArgumentError
+from ...errors import CheckpointIdCollisionError, InvalidArgumentError
 from ...manager import CheckpointManager
 from ...storage.base import CheckpointStorage
 from ...urls import open_storage
 from . import keys, records
 from . import pages as paging
 from .leases import ThreadLeases, default_owner
-from .store import Pair, ThreadStore
+from .store import KIND, Pair, ThreadStore
 
 __all__ = ["AioCheckpointSaver"]
 
@@ -109,7 +109,9 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             raise InvalidArgumentError(
                 f"max_checkpoints must be an int >= 1 or None, got {max_checkpoints!r}"
             )
-        self.manager = CheckpointManager(storage, encryption=encryption)
+        # Its threads' records are of their own kind: runners sharing the store never
+        # claim them, and the default listings leave them out.
+        self.manager = CheckpointManager(storage, encryption=encryption, workflow_kind=KIND)
         # Encrypted: pages are named by a key of this saver's, so a page's name (its step
         # in the store) confirms no guess of its content.
         self._page_name = (
@@ -125,9 +127,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         self._locks = [anyio.Lock() for _ in range(_LOCKS)]
         self._channels: OrderedDict[str, tuple[str, records.ChannelCache]] = OrderedDict()
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
-        # The writes this saver last stored per checkpoint (none for one it just created):
-        # a task's writes are merged without reading them back.
-        self._writes: OrderedDict[tuple[str, int], list[records.Write]] = OrderedDict()
+        # The checkpoint id and writes this saver last stored per writes step (none for a
+        # checkpoint it just created): a task's writes are merged without reading them back,
+        # and an id sharing the step of another is refused.
+        self._writes: OrderedDict[tuple[str, int], tuple[str, list[records.Write]]] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -187,6 +190,9 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         thread_id, ns, parent_id = _target(config)
         workflow_id = keys.workflow_id(thread_id, ns)
         step = keys.checkpoint_step(checkpoint["id"])
+        known = self._writes.get((workflow_id, step + 1))
+        if known is not None and known[0] != checkpoint["id"]:
+            raise CheckpointIdCollisionError(workflow_id, checkpoint["id"], known[0])
         previous = self._channels.get(workflow_id)
         parent_channels = previous[1] if previous and previous[0] == parent_id else {}
         new_pages: dict[str, list[Any]] = {}
@@ -204,10 +210,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             "checkpoint_id": checkpoint["id"],
             "parent_checkpoint_id": parent_id,
         }
-        if (workflow_id, step + 1) not in self._writes:
+        if known is None:
             # A new checkpoint has no writes (LangGraph stores each checkpoint id once); its
             # tasks' writes may arrive while it is being saved.
-            self._remember(self._writes, (workflow_id, step + 1), [])
+            self._remember(self._writes, (workflow_id, step + 1), (checkpoint["id"], []))
         lease = await self._fence(workflow_id, thread_id)
         await self._store.save_pages(thread_id, new_pages)  # before what references them
         await self._store.save(workflow_id, step, state, info, lease)
@@ -230,16 +236,25 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         workflow_id = keys.workflow_id(thread_id, ns)
         step = keys.writes_step(checkpoint_id)
         async with self._locks[hash((workflow_id, step)) % _LOCKS]:
-            old = self._writes.get((workflow_id, step))
-            if old is None:
-                stored = await self._store.load_writes(workflow_id, step)
-                old = [] if stored is None else records.decode_writes(stored.state_snapshot.data)
+            owner, old = await self._stored_writes(workflow_id, step)
+            if owner is not None and owner != checkpoint_id:
+                raise CheckpointIdCollisionError(workflow_id, checkpoint_id, owner)
             merged = records.merge_writes(self.serde, old, writes, task_id, task_path)
             info = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
             lease = await self._fence(workflow_id, thread_id)
             self._writes.pop((workflow_id, step), None)  # unknown again if the save fails
             await self._store.save(workflow_id, step, {"writes": merged}, info, lease)
-            self._remember(self._writes, (workflow_id, step), merged)
+            self._remember(self._writes, (workflow_id, step), (checkpoint_id, merged))
+
+    async def _stored_writes(
+        self, workflow_id: str, step: int
+    ) -> tuple[str | None, list[records.Write]]:
+        """The checkpoint id the writes at ``step`` belong to (None: unknown), and them."""
+        cached = self._writes.get((workflow_id, step))
+        if cached is not None:
+            return cached
+        owner, stored = await self._store.load_writes(workflow_id, step)
+        return owner, [] if stored is None else records.decode_writes(stored.state_snapshot.data)
 
     async def _fence(self, workflow_id: str, thread_id: str) -> Any:
         if self._leases is None:
@@ -265,6 +280,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             old = steps.pop(0)
             await self._store.delete(workflow_id, old)
             await self._store.delete(workflow_id, old + 1)
+            self._writes.pop((workflow_id, old + 1), None)
         self._remember(self._recent, workflow_id, steps)
 
     # -- reading --------------------------------------------------------------------

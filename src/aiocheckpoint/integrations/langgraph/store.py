@@ -20,10 +20,12 @@ from ...models import Checkpoint
 from ...storage.base import StoredCheckpoint
 from . import keys
 
-__all__ = ["AGENT", "Pair", "ThreadStore"]
+__all__ = ["AGENT", "KIND", "Pair", "ThreadStore"]
 
 #: The ``agent_id`` of every record the saver writes (``aiocheckpoint ls`` shows it).
 AGENT: Final = "langgraph"
+#: The kind of the workflow records of its threads (``WorkflowRecord.kind``).
+KIND: Final = "langgraph"
 _PAGE: Final = 64
 _CACHED_PAGES: Final = 512
 
@@ -35,6 +37,12 @@ def _page_items(workflow_id: str, digest: str, data: Mapping[str, Any]) -> list[
             f"page {digest} of a LangGraph list is missing or damaged", workflow_id=workflow_id
         )
     return items
+
+
+def _checkpoint_id(record: Checkpoint) -> str | None:
+    """The LangGraph checkpoint id a stored record belongs to (None: it names none)."""
+    found = record.metadata.get("checkpoint_id")
+    return found if isinstance(found, str) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,16 +134,34 @@ class ThreadStore:
             async for pair in self.pairs(workflow_id, before=None):
                 return pair
             return None
-        records = await self.manager.storage.scan(workflow_id, after=step - 1, before=step + 2)
+        after = step - 1 if step else None  # step 0: an id whose timestamp is 0
+        records = await self.manager.storage.scan(workflow_id, after=after, before=step + 2)
         found = {record.step: record for record in records}
         if step not in found:
             return None
         return await self._decode(workflow_id, found[step], found.get(step + 1))
 
-    async def load_writes(self, workflow_id: str, step: int) -> Checkpoint | None:
-        """The stored writes record at the odd ``step``, if any."""
-        stored = await self.manager.storage.load(workflow_id, step)
-        return None if stored is None else await self.manager.decode_record(workflow_id, stored)
+    async def load_writes(
+        self, workflow_id: str, step: int
+    ) -> tuple[str | None, Checkpoint | None]:
+        """The stored writes record at the odd ``step`` and the checkpoint id it belongs to.
+
+        The id is the one the writes record names, else the one of the checkpoint at
+        ``step - 1``; None when neither is stored. Both are read in one range read.
+        """
+        found = {
+            record.step: record
+            for record in await self.manager.storage.scan(
+                workflow_id, after=step - 2 if step >= 2 else None, before=step + 1
+            )
+        }
+        if step in found:
+            writes = await self.manager.decode_record(workflow_id, found[step])
+            return _checkpoint_id(writes), writes
+        if step - 1 in found:
+            checkpoint = await self.manager.decode_record(workflow_id, found[step - 1])
+            return _checkpoint_id(checkpoint), None
+        return None, None
 
     async def pairs(self, workflow_id: str, *, before: int | None) -> AsyncIterator[Pair]:
         """Checkpoints newest first (steps below ``before``), a page of records at a time."""
@@ -168,11 +194,13 @@ class ThreadStore:
     async def _decode(
         self, workflow_id: str, checkpoint: StoredCheckpoint, writes: StoredCheckpoint | None
     ) -> Pair:
+        """The pair; writes stored for another checkpoint id (at the same step) are not its."""
         decode = self.manager.decode_record
-        return Pair(
-            await decode(workflow_id, checkpoint),
-            None if writes is None else await decode(workflow_id, writes),
-        )
+        found = await decode(workflow_id, checkpoint)
+        own = None if writes is None else await decode(workflow_id, writes)
+        if own is not None and _checkpoint_id(own) not in (None, _checkpoint_id(found)):
+            own = None
+        return Pair(found, own)
 
     async def thread_workflows(self, thread_id: str) -> list[str]:
         """The workflow ids of every namespace of a thread."""

@@ -131,6 +131,36 @@ class EffectFiles:
                     ids.append(workflow_id)
         return sorted(ids)
 
+    def workflows(self) -> list[str]:
+        """Every workflow with at least one effect file, sorted (a listing per workflow)."""
+        try:
+            names = os.listdir(self.dirs.root)
+        except OSError as exc:
+            if is_missing(exc):
+                return []
+            raise
+        ids = []
+        for name in names:
+            if not name.startswith(".") and self._steps_of(name):
+                workflow_id = self._id_of(name)
+                if workflow_id is not None:
+                    ids.append(workflow_id)
+        return sorted(ids)
+
+    def steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` with at least one effect file, ascending."""
+        return self._steps_of(encode_name(workflow_id))
+
+    def _steps_of(self, name: str) -> list[int]:
+        efd = self._open_effects(name)
+        if efd is None:
+            return []
+        try:
+            entries = os.listdir(efd)
+        finally:
+            os.close(efd)
+        return sorted({step for e in entries if (step := _step_of(e)) is not None})
+
     def _id_of(self, name: str) -> str | None:
         dfd = self.dirs.open_dir(name)
         if dfd is None:
@@ -199,6 +229,14 @@ def _by_step(names: list[str]) -> list[tuple[int, list[str]]]:
         if name.endswith(".fx") and head[:-1].isdigit() and head.endswith("-"):
             steps.setdefault(int(head[:-1]), []).append(name)
     return sorted(steps.items())
+
+
+def _step_of(entry: str) -> int | None:
+    """The step an effect file's name holds (None for any other name)."""
+    digits, dash, _rest = entry.partition("-")
+    if dash and entry.endswith(".fx") and len(digits) == 20 and digits.isascii():
+        return int(digits) if digits.isdigit() else None
+    return None
 
 
 def _parse(content: bytes, workflow_id: str, step: int) -> StoredEffect:

@@ -386,6 +386,21 @@ class FileCheckpointStorage(BaseStorage):
             workflow_id,
         )
 
+    async def effect_workflows(self) -> list[str]:
+        """Every workflow with at least one effect file, sorted (a listing per workflow)."""
+        self._check_open()
+        return await self._run("cannot list the effect journals", self._effect_workflows)
+
+    async def effect_steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` with effect files, ascending (one listing)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._run(
+            f"cannot list the effects of workflow {workflow_id!r}",
+            self._effect_steps,
+            workflow_id,
+        )
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Unlink the effect files of steps below ``below`` that have no step file."""
         self._check_open()
@@ -503,6 +518,14 @@ class FileCheckpointStorage(BaseStorage):
     def _in_doubt_effects(self, workflow_id: str) -> list[StoredEffect]:
         self._layout.check_marker()
         return self._effects.in_doubt_of(workflow_id)
+
+    def _effect_workflows(self) -> list[str]:
+        self._layout.check_marker()
+        return self._effects.workflows()
+
+    def _effect_steps(self, workflow_id: str) -> list[int]:
+        self._layout.check_marker()
+        return self._effects.steps(workflow_id)
 
     def _in_doubt_workflows(self) -> list[str]:
         self._layout.check_marker()

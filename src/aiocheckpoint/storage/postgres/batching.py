@@ -279,10 +279,12 @@ class _BatchTransaction:
             [w.data for w in batch],
             [w.token for w in batch],
         )
-        # $7 and $8 of the upsert: the agent and agent status of each row (None: not told).
+        # $7, $8 and $9 of the upsert: the agent, agent status and record kind of each row
+        # (None: not told).
         self._infos = (
             [None if w.step_info is None else w.step_info.agent_id for w in batch],
             [None if w.step_info is None else w.step_info.agent_status for w in batch],
+            [None if w.step_info is None else w.step_info.kind for w in batch],
         )
         self._keeps = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
         self._splits = {(w.workflow_id, w.step): w.split for w in batch if w.split is not None}

@@ -68,6 +68,8 @@ class Effects:
             "CASE WHEN octet_length(data) <= $2 THEN data END "
             f"FROM {e} WHERE workflow_id = $1 AND in_doubt ORDER BY step, key LIMIT $3"
         )
+        self._workflows = f"SELECT DISTINCT workflow_id FROM {e} ORDER BY 1"
+        self._steps = f"SELECT DISTINCT step FROM {e} WHERE workflow_id = $1 ORDER BY 1"
         self._orphans = (
             f"DELETE FROM {e} AS x WHERE workflow_id = $1 AND step < $2 AND NOT EXISTS "
             f"(SELECT 1 FROM {quoted}.checkpoints AS c "
@@ -115,6 +117,20 @@ class Effects:
             "in_doubt_workflows", lambda con: con.fetch(self._in_doubt)
         )
         return [row[0] for row in rows]
+
+    async def workflows(self) -> list[str]:
+        """Every workflow with an effect record, in code point order."""
+        rows = await self._connection.run(
+            "effect_workflows", lambda con: con.fetch(self._workflows)
+        )
+        return [row[0] for row in rows]
+
+    async def steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` with effect records, ascending."""
+        rows = await self._connection.run(
+            "effect_steps", lambda con: con.fetch(self._steps, workflow_id)
+        )
+        return [int(row[0]) for row in rows]
 
     async def drop_orphans(self, workflow_id: str, below: int) -> int:
         """Delete the records of steps below ``below`` without a checkpoint; how many."""

@@ -196,6 +196,7 @@ def _workflow_record(row: Any) -> WorkflowRecord:
         last_error=None if row[13] is None else json.loads(row[13]),
         retry_at=row[14],
         resume_input=None if row[15] is None else json.loads(row[15]),
+        kind=row[16],
     )
 
 

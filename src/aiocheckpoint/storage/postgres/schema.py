@@ -6,12 +6,12 @@ a store runs the missing migrations under a transaction-level advisory lock, so 
 openers never race, and refuses a store whose version is newer than this code knows.
 
 To change the schema, append a migration to ``MIGRATIONS``: never edit a released one.
-Migration 2 adds workflow records and leases (issue 5); migration 3 the content-addressed
-blobs of incremental checkpoints with their reference counts (issue 9); migration 4 moves
-the counts into a narrow table of their own (``blob_refs``); migration 5 adds the ``paused``
-status, retries, metadata and the latest step to workflow records, with the indexes their
-queries walk (issue 15);
-migration 6 adds the effect journal (issue 17, ``effects``).
+Migration 2 adds workflow records and leases; migration 3 the content-addressed blobs of
+incremental checkpoints with their reference counts; migration 4 moves the counts into a
+narrow table of their own (``blob_refs``); migration 5 adds the ``paused`` status, retries,
+metadata and the latest step to workflow records, with the indexes their queries walk;
+migration 6 adds the effect journal (``effects``); migration 7 the kind of a workflow
+record, so that runners claim only workflows and never a LangGraph thread.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE {s}.blobs DROP COLUMN refs",
     ),
     (
-        # Workflow lifecycle and queries (issue 15): the paused status, retries (attempts,
+        # Workflow lifecycle and queries: the paused status, retries (attempts,
         # the last error, when a retry may be claimed), the input of a resumed run, the
         # metadata a workflow was registered with and its latest step.
         "ALTER TABLE {s}.workflows DROP CONSTRAINT IF EXISTS workflows_status_check",
@@ -135,6 +135,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ON {s}.workflow_metadata (key, value, workflow_id)",
     ),
     EFFECTS_MIGRATION,
+    (
+        # The kind of a record: runners claim only the 'workflow' kind.
+        'ALTER TABLE {s}.workflows ADD COLUMN IF NOT EXISTS kind text COLLATE "C" '
+        "NOT NULL DEFAULT 'workflow' CHECK (length(kind) BETWEEN 1 AND 32)",
+        # The records the LangGraph saver wrote before records had a kind: its thread and
+        # page workflows (``lg:`` and ``lgp:`` ids), whose latest step it wrote.
+        "UPDATE {s}.workflows SET kind = 'langgraph' WHERE latest_agent_id = 'langgraph' "
+        "AND (left(workflow_id, 3) = 'lg:' OR left(workflow_id, 4) = 'lgp:')",
+        "DROP INDEX IF EXISTS {s}.workflows_claimable",
+        "CREATE INDEX workflows_claimable ON {s}.workflows (created_at, workflow_id) "
+        "WHERE status = 'unfinished' AND kind = 'workflow'",
+        # Pages of a listing filtered by kind (and status): the default listing's.
+        "CREATE INDEX IF NOT EXISTS workflows_kind ON {s}.workflows (kind, status, workflow_id)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

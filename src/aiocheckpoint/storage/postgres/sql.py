@@ -38,6 +38,7 @@ RECORD_COLUMNS = (
     "last_error",
     "retry_at",
     "resume_input",
+    "kind",
 )
 
 
@@ -146,11 +147,12 @@ class Sql:
         upsert = (
             "WITH {blobs}r AS MATERIALIZED (SELECT * FROM "
             "unnest($1::text[], $2::bigint[], $3::bytea[], $4::bigint[], $7::text[], "
-            "$8::text[]) AS r(w, s, d, t, a, st){r_after}), "
+            "$8::text[], $9::text[]) AS r(w, s, d, t, a, st, k){r_after}), "
             # A new record starts with its latest step; existing ones are moved by ``lat``.
             f"rec AS (INSERT INTO {w} (workflow_id, latest_step, latest_agent_id, "
-            "latest_agent_status) SELECT DISTINCT ON (w) w, "
-            "CASE WHEN a IS NOT NULL THEN s END, a, st FROM r WHERE t IS NULL "
+            "latest_agent_status, kind) SELECT DISTINCT ON (w) w, "
+            "CASE WHEN a IS NOT NULL THEN s END, a, st, coalesce(k, 'workflow') "
+            "FROM r WHERE t IS NULL "
             "ORDER BY w, a IS NOT NULL DESC, s DESC "
             "ON CONFLICT (workflow_id) DO NOTHING RETURNING 1), "
             f"held AS MATERIALIZED (SELECT workflow_id, fencing_token FROM {w} "
@@ -162,14 +164,16 @@ class Sql:
             f"kept AS MATERIALIZED (SELECT workflow_id FROM {w} "
             "WHERE workflow_id = ANY($6::text[]){kept_after} ORDER BY workflow_id FOR KEY SHARE), "
             # The latest step of the records that existed (same rows as ``ok``): it only
-            # moves forward, and any checkpoint consumes the resume input.
+            # moves forward, and any checkpoint consumes the resume input; a kind other
+            # than the default names what writes the workflow, and sticks.
             f"lat AS (UPDATE {w} AS x SET updated_at = now(), resume_input = NULL, "
+            "kind = CASE WHEN x.kind = 'workflow' THEN coalesce(u.k, x.kind) ELSE x.kind END, "
             "latest_agent_id = CASE WHEN u.s >= coalesce(x.latest_step, -1) THEN u.a "
             "ELSE x.latest_agent_id END, "
             "latest_agent_status = CASE WHEN u.s >= coalesce(x.latest_step, -1) THEN u.st "
             "ELSE x.latest_agent_status END, "
             "latest_step = greatest(u.s, x.latest_step) "
-            "FROM (SELECT DISTINCT ON (r.w) r.w, r.s, r.a, r.st FROM r "
+            "FROM (SELECT DISTINCT ON (r.w) r.w, r.s, r.a, r.st, r.k FROM r "
             "LEFT JOIN held ON held.workflow_id = r.w WHERE r.a IS NOT NULL "
             "AND (r.t IS NULL OR held.fencing_token = r.t) ORDER BY r.w, r.s DESC) AS u "
             "WHERE x.workflow_id = u.w RETURNING 1), "
@@ -219,13 +223,13 @@ class Sql:
                 "WHERE e.workflow_id = w.workflow_id AND e.in_doubt)"
             ),
             upsert=upsert.format(blobs="", r_after="", kept_after="", blob="", union=""),
-            # A batch of trees: the upsert, after the blob lock ($9) and the first level of
-            # the trees' blobs ($10..$12, as blob_add), whose rows come back last (hash and
+            # A batch of trees: the upsert, after the blob lock ($10) and the first level of
+            # the trees' blobs ($11..$13, as blob_add), whose rows come back last (hash and
             # count in columns 6 and 7, the others NULL). ``r`` and ``kept`` read ``bc``, so
             # every row lock of the upsert comes after those of the level, as in separate
             # statements.
             upsert_tree=upsert.format(
-                blobs=blob_ctes(10, lock_at=9) + ", ",
+                blobs=blob_ctes(11, lock_at=10) + ", ",
                 r_after=" WHERE (SELECT count(*) FROM bc) >= 0",
                 kept_after=" AND (SELECT count(*) FROM bc) >= 0",
                 blob=", NULL::bytea, NULL::bigint",
@@ -354,7 +358,7 @@ class Sql:
                 f"lease_expires_at = {expiry.format(ttl='$2')}, "
                 f"fencing_token = nextval('{quoted}.fencing'), updated_at = now() "
                 f"FROM (SELECT workflow_id FROM {w} WHERE status = 'unfinished' "
-                "AND (lease_expires_at IS NULL OR lease_expires_at <= now()) "
+                "AND kind = 'workflow' AND (lease_expires_at IS NULL OR lease_expires_at <= now()) "
                 "AND (retry_at IS NULL OR retry_at <= now()) "
                 "ORDER BY created_at, workflow_id LIMIT 1 FOR UPDATE SKIP LOCKED) AS c "
                 "WHERE x.workflow_id = c.workflow_id "

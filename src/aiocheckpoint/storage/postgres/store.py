@@ -363,6 +363,17 @@ class PostgresCheckpointStorage(BaseStorage):
         self._check_open()
         return await self._effects.in_doubt_of(check_workflow_id(workflow_id))
 
+    async def effect_workflows(self) -> list[str]:
+        """Every workflow with at least one effect record, in code point order."""
+        self._check_open()
+        return await self._effects.workflows()
+
+    async def effect_steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` with effect records, ascending (an index range)."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        return await self._effects.steps(workflow_id)
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""
         self._check_open()

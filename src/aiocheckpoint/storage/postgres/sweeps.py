@@ -34,11 +34,12 @@ class Sweeps:
         t, w, e = f"{quoted}.checkpoints", f"{quoted}.workflows", f"{quoted}.effects"
         # The next $2 workflows with checkpoints after $1, in id order (an index walk):
         # each one's count, lowest step, bytes, whether it has effects below its lowest
-        # step and whether its record says PAUSED.
+        # step, whether its record says PAUSED and its record's kind.
         self._page = (
             "SELECT g.w, g.n, g.low, g.size, "
             f"EXISTS (SELECT 1 FROM {e} AS x WHERE x.workflow_id = g.w AND x.step < g.low), "
-            f"EXISTS (SELECT 1 FROM {w} AS r WHERE r.workflow_id = g.w AND r.status = 'paused') "
+            f"EXISTS (SELECT 1 FROM {w} AS r WHERE r.workflow_id = g.w AND r.status = 'paused'), "
+            f"(SELECT r.kind FROM {w} AS r WHERE r.workflow_id = g.w) "
             "FROM (SELECT workflow_id AS w, count(*) AS n, min(step) AS low, "
             f"sum(octet_length(data)) AS size FROM {t} WHERE workflow_id > $1 "
             "GROUP BY workflow_id ORDER BY workflow_id LIMIT $2) AS g"
@@ -103,8 +104,8 @@ class Sweeps:
                 rows = await con.fetch(self._records_of, wanted, self._max) if wanted else []
             found = _grouped(rows)
             return [
-                History(wf, int(n), int(low), bool(orphans), bool(paused), found.get(wf))
-                for wf, n, low, _size, orphans, paused in page
+                History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))
+                for wf, n, low, _size, orphans, paused, kind in page
             ]
 
         return await self._connection.run("sweep's read", read)

@@ -374,6 +374,17 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
             lambda conn: effects.read_in_doubt_effects(conn, workflow_id, limit)
         )
 
+    async def effect_workflows(self) -> list[str]:
+        """Every workflow with at least one effect record, sorted (an index walk)."""
+        self._check_open()
+        return await self._read(effects.read_workflows)
+
+    async def effect_steps(self, workflow_id: str) -> list[int]:
+        """The steps of ``workflow_id`` with effect records, ascending (an index range)."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        return await self._read(lambda conn: effects.read_steps(conn, workflow_id))
+
     async def drop_orphan_effects(self, workflow_id: str, below: int) -> int:
         """Delete the effect records of steps below ``below`` without a checkpoint."""
         self._check_open()

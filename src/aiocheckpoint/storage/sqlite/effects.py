@@ -25,6 +25,8 @@ __all__ = [
     "read_effects",
     "read_in_doubt",
     "read_in_doubt_effects",
+    "read_steps",
+    "read_workflows",
 ]
 
 #: Schema version 5. ``IF NOT EXISTS`` throughout: it depends on no other new migration.
@@ -64,6 +66,8 @@ _IN_DOUBT_OF: Final = (
     "SELECT step, key, length(data), CASE WHEN length(data) <= ? THEN data END "
     "FROM effects WHERE workflow_id = ? AND in_doubt = 1 ORDER BY step, key LIMIT ?"
 )
+_WORKFLOWS: Final = "SELECT DISTINCT workflow_id FROM effects ORDER BY 1"
+_STEPS: Final = "SELECT DISTINCT step FROM effects WHERE workflow_id = ? ORDER BY 1"
 DELETE_STEP: Final = "DELETE FROM effects WHERE workflow_id = ? AND step = ?"
 _DELETE_ALL: Final = "DELETE FROM effects WHERE workflow_id = ?"
 _DELETE_ORPHANS: Final = (
@@ -142,3 +146,13 @@ def read_any(conn: sqlite3.Connection, workflow_id: str) -> bool:
 def read_in_doubt(conn: sqlite3.Connection) -> list[str]:
     """Every workflow with an effect in doubt, sorted."""
     return [row[0] for row in conn.execute(_IN_DOUBT).fetchall() if isinstance(row[0], str)]
+
+
+def read_workflows(conn: sqlite3.Connection) -> list[str]:
+    """Every workflow with an effect record, sorted (the unique index, in order)."""
+    return [row[0] for row in conn.execute(_WORKFLOWS).fetchall() if isinstance(row[0], str)]
+
+
+def read_steps(conn: sqlite3.Connection, workflow_id: str) -> list[int]:
+    """The steps of ``workflow_id`` with effect records, ascending."""
+    return [int(row[0]) for row in conn.execute(_STEPS, (workflow_id,)).fetchall()]

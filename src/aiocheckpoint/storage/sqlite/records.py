@@ -31,7 +31,7 @@ from .foreign import ForeignRow, id_problem, warn_skipped
 _COLUMNS: Final = (
     "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
     "lease_expires_at, fencing_token, metadata, latest_step, latest_agent_id, "
-    "latest_agent_status, attempts, last_error, retry_at, resume_input"
+    "latest_agent_status, attempts, last_error, retry_at, resume_input, kind"
 )
 #: ensure_records() creates at most this many records per statement.
 _ENSURE_CHUNK: Final = 64
@@ -73,7 +73,7 @@ _RELEASE: Final = (
 )
 # Read row by row until the first workflow whose id is valid (foreign rows are passed over).
 _CLAIMABLE: Final = (
-    "SELECT workflow_id FROM workflows WHERE status = 'unfinished' "
+    "SELECT workflow_id FROM workflows WHERE status = 'unfinished' AND kind = 'workflow' "
     "AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) "
     "AND (retry_at IS NULL OR retry_at <= ?1) "
     "ORDER BY created_at, workflow_id"
@@ -91,7 +91,7 @@ def _time(seconds: float) -> datetime:
 def _record(row: Any) -> WorkflowRecord:
     """The row as a record; one the library could not have written raises a _DAMAGE error."""
     wf, status, created, updated, finished, owner, expires, token, *more = row
-    meta, step, agent, agent_status, attempts, error, retry_at, resume_input = more
+    meta, step, agent, agent_status, attempts, error, retry_at, resume_input, kind = more
     problem = id_problem(wf)
     if problem is not None:
         raise ValueError(problem)
@@ -112,6 +112,7 @@ def _record(row: Any) -> WorkflowRecord:
         last_error=None if error is None else json.loads(error),
         retry_at=_maybe_time(retry_at),
         resume_input=None if resume_input is None else json.loads(resume_input),
+        kind=kind,
     )
 
 
@@ -230,21 +231,24 @@ def note_saves(
         chunk += [chunk[-1]] * (rows - len(chunk))
         params: list[object] = [now]
         for wf, step, info in chunk:
-            params += (wf, step, info.agent_id, info.agent_status)
+            params += (wf, step, info.agent_id, info.agent_status, info.kind)
         conn.execute(_note_sql(rows), params)
 
 
 @functools.cache
 def _note_sql(rows: int) -> str:
     values = ", ".join(
-        f"(?{n}, ?1, ?1, ?{n + 1}, ?{n + 2}, ?{n + 3})" for n in range(2, 4 * rows + 2, 4)
+        f"(?{n}, ?1, ?1, ?{n + 1}, ?{n + 2}, ?{n + 3}, coalesce(?{n + 4}, 'workflow'))"
+        for n in range(2, 5 * rows + 2, 5)
     )
     new = "excluded.latest_step >= coalesce(latest_step, -1)"
     return (
         "INSERT INTO workflows (workflow_id, created_at, updated_at, latest_step, "
-        f"latest_agent_id, latest_agent_status) VALUES {values} "
+        f"latest_agent_id, latest_agent_status, kind) VALUES {values} "
         "ON CONFLICT (workflow_id) DO UPDATE SET updated_at = excluded.updated_at, "
         "resume_input = NULL, "
+        # A kind other than the default names what writes the workflow: it sticks.
+        "kind = CASE WHEN kind = 'workflow' THEN excluded.kind ELSE kind END, "
         f"latest_agent_id = CASE WHEN {new} THEN excluded.latest_agent_id "
         "ELSE latest_agent_id END, "
         f"latest_agent_status = CASE WHEN {new} THEN excluded.latest_agent_status "

@@ -7,7 +7,8 @@ transactional), so a crash or a concurrent opener never sees a half-migrated sch
 adds workflow records and leases; version 3 adds content-addressed blobs with reference
 counts (``docs/sqlite-storage.md``); version 4 the ``paused`` status, retries, metadata and
 the latest step on workflow records, with the indexes their queries walk; version 5 the effect
-journal (``docs/effects.md``).
+journal (``docs/effects.md``); version 6 the kind of a workflow record, so that runners claim
+only workflows and never a LangGraph thread (``docs/leases.md``).
 """
 
 from __future__ import annotations
@@ -190,11 +191,28 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             """,
         ),
     ),
-    # Version 4 is the workflow life cycle's (issue 15); this one depends on no other new one.
+    # Version 4 is the workflow life cycle's; this one depends on no other new one.
     Migration(
         5,
         "effects: the effect journal of durable effects (docs/effects.md)",
         EFFECTS_MIGRATION,
+    ),
+    Migration(
+        6,
+        "workflows: the kind of a record (runners claim only the 'workflow' kind)",
+        (
+            "ALTER TABLE workflows ADD COLUMN kind TEXT NOT NULL DEFAULT 'workflow' "
+            "CHECK (typeof(kind) = 'text' AND length(kind) BETWEEN 1 AND 32)",
+            # The records the LangGraph saver wrote before records had a kind: its thread
+            # and page workflows (``lg:`` and ``lgp:`` ids), whose latest step it wrote.
+            "UPDATE workflows SET kind = 'langgraph' WHERE latest_agent_id = 'langgraph' "
+            "AND (substr(workflow_id, 1, 3) = 'lg:' OR substr(workflow_id, 1, 4) = 'lgp:')",
+            "DROP INDEX workflows_claimable",
+            "CREATE INDEX workflows_claimable ON workflows (created_at, workflow_id) "
+            "WHERE status = 'unfinished' AND kind = 'workflow'",
+            # Pages of a listing filtered by kind (and status): the default listing's.
+            "CREATE INDEX workflows_kind ON workflows (kind, status, workflow_id)",
+        ),
     ),
 )
 

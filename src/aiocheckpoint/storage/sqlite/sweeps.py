@@ -34,11 +34,13 @@ def _marks(count: int) -> str:
 
 #: The next workflows with checkpoints after ?1, ?2 of them, in id order (an index walk):
 #: each one's count, lowest step, bytes (``length`` reads no data), whether it has effects
-#: below its lowest step and whether its record says PAUSED (one index probe each).
+#: below its lowest step, whether its record says PAUSED and its record's kind (one index
+#: probe each).
 _PAGE: Final = f"""
     SELECT g.w, g.n, g.low, g.size,
         EXISTS (SELECT 1 FROM effects AS e WHERE e.workflow_id = g.w AND e.step < g.low),
-        EXISTS (SELECT 1 FROM workflows AS x WHERE x.workflow_id = g.w AND x.status = 'paused')
+        EXISTS (SELECT 1 FROM workflows AS x WHERE x.workflow_id = g.w AND x.status = 'paused'),
+        (SELECT x.kind FROM workflows AS x WHERE x.workflow_id = g.w)
     FROM (
         SELECT workflow_id AS w, count(*) AS n, min(step) AS low, sum(length(data)) AS size
         FROM checkpoints
@@ -69,8 +71,8 @@ def read_histories(
     finally:
         conn.execute("COMMIT")
     return [
-        History(wf, n, low, bool(orphans), bool(paused), found.get(wf))
-        for wf, n, low, _size, orphans, paused in rows
+        History(wf, n, low, bool(orphans), bool(paused), kind, found.get(wf))
+        for wf, n, low, _size, orphans, paused, kind in rows
     ]
 
 

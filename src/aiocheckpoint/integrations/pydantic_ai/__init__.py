@@ -1,0 +1,14 @@
+"""pydantic-ai durable execution on aiocheckpoint's stores.
+
+``pip install aiocheckpoint[pydantic-ai]``.
+
+``AioCheckpointDurability(manager)`` is a durability capability: attach it to an agent, run
+with ``await durability.run(agent, prompt, workflow_id=...)``, and after a crash finish the
+run with ``await durability.resume(agent, workflow_id)``. See ``docs/pydantic-ai.md``.
+"""
+
+from ._backend import EffectConfig
+from ._durability import AioCheckpointDurability
+from ._scope import current_idempotency_key
+
+__all__ = ["AioCheckpointDurability", "EffectConfig", "current_idempotency_key"]
