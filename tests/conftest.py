@@ -1,21 +1,24 @@
 """Suite-wide hooks: the test tiers, which tests start first, and the end-of-run summaries.
 
-The suite has three tiers (README.md, "Run the tests"), told apart by markers:
+The suite has four tiers (README.md, "Run the tests"), told apart by markers:
 
 * the fast tier, unmarked: runs anywhere, as any user, from a fresh clone; a plain
   ``pytest`` runs it, and nothing else;
 * ``slow``: long but self-contained (crash and kill loops, decoding bombs, the docs site
   build, the bench scripts): ``pytest -m slow``;
 * ``root``: needs root (tmpfs and loop mounts, files of another uid) and, for the power-loss
-  suite, /dev/fuse and LazyFS: ``sudo .venv/bin/python -m pytest -m root``.
+  suite, /dev/fuse and LazyFS: ``sudo .venv/bin/python -m pytest -m root``;
+* ``browser``: drives the system's Chromium (/usr/bin/chromium, which ``.ci/run`` installs)
+  with Playwright (the web inspector): ``pytest -m browser``.
 
 Which tier a new test belongs to: ``root`` if it needs anything a fresh clone run by any
 user lacks (root, a mount, another uid, /dev/fuse, LazyFS or anything else from beside the
-repository); otherwise ``slow`` if one run of it takes more than about five seconds on a
-quiet machine (kill and crash loops, decoding bombs, builds), as the fast tier must finish
-in under five minutes on two cores; otherwise no marker. Never a skip instead.
+repository); ``browser`` if it drives Chromium; otherwise ``slow`` if one run of it takes
+more than about five seconds on a quiet machine (kill and crash loops, decoding bombs,
+builds), as the fast tier must finish in under five minutes on two cores; otherwise no
+marker. Never a skip instead.
 
-A test carries at most one of the two markers. An explicit ``-m`` picks tests by pytest's
+A test carries at most one of these markers. An explicit ``-m`` picks tests by pytest's
 own rules; without one, a test file named on the command line runs in full (whatever its
 tiers), and anything else runs its fast tier only, with a line at the end saying how many
 tests of the other tiers were left out and how to run them. ``.ci/run`` runs every tier.
@@ -65,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
 TIERS = {
     "slow": ".venv/bin/python -m pytest -q -n 4 -m slow",
     "root": "sudo .venv/bin/python -m pytest -q -n 4 -m root",
+    "browser": ".venv/bin/python -m pytest -q -m browser",
 }
 
 
@@ -73,7 +77,7 @@ ROOT_FIXTURES = frozenset({"lazyfs_binary", "mounts", "tiny_disk"})
 
 
 def tier(item: pytest.Item) -> str:
-    """The tier of a test: ``slow``, ``root`` or ``fast`` (unmarked)."""
+    """The tier of a test: ``slow``, ``root``, ``browser`` or ``fast`` (unmarked)."""
     marked = [name for name in TIERS if item.get_closest_marker(name) is not None]
     if len(marked) > 1:
         raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(marked)}: pick one tier")

@@ -121,7 +121,7 @@ async def test_reading_commands_take_the_keys(
     await populate(url, OLD)
     keys = keys_file(tmp_path / "k.json", {"k1": K1}, "k1")
     without = cli("verify", url)
-    assert without.code == 1 and "encrypted: pass --keys" in without.out
+    assert without.code == 5 and "encrypted under key k1: pass --keys" in without.out
     assert cli("verify", url, "--keys", keys).code == 0
     with monkeypatch.context() as patched:
         patched.setenv("AIOCHECKPOINT_KEYS", keys)
@@ -162,6 +162,27 @@ async def test_encrypt_then_rekey_then_retire_the_old_key(
     assert again.code == 0 and again.json()["resealed"] == 0  # type: ignore[index]
     assert await read_all(url, NEW) == 12
     assert cli("verify", url, "--keys", new).code == 0
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_rekey_reseals_every_effect_record_of_the_journal(
+    kind: str, new_store: NewStore, tmp_path: Path
+) -> None:
+    """Effects of a step far from any checkpoint, and of a workflow with no checkpoint (a
+    run killed in its first step), are re-sealed too: after the old key is retired, every
+    recorded result still replays."""
+    url = new_store(kind)
+    async with CheckpointManager(open_storage(url), encryption=OLD) as manager:
+        await manager.create_checkpoint("w", 0, "a", "completed", {"n": 0})
+        await manager.record_effect(effect("w", 7, "far"))
+        await manager.record_effect(effect("bare", 3, "no checkpoint"))
+    both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
+    result = cli("rekey", url, "--keys", both)
+    assert result.code == 0, result.out + result.err
+    async with CheckpointManager(open_storage(url), encryption=NEW) as manager:
+        [far] = await manager.get_effects("w", 7)
+        [bare] = await manager.get_effects("bare", 3)
+    assert (far.result, bare.result) == ("far", "no checkpoint")
 
 
 @pytest.mark.parametrize("kind", BACKENDS)

@@ -351,7 +351,6 @@ TAMPERING = [
     "crc-field",
     "flags",
     "flip-ciphertext",
-    "flip-key-id",
     "flip-nonce",
     "truncate",
     "empty",
@@ -379,6 +378,22 @@ async def test_tampered_records_are_refused_and_resume_falls_back(
     assert point is not None and point[1].data["secret"] == f"{CANARY} wf-a 2"
     assert [(await manager.get_checkpoint("wf-a", s)).step for s in range(3)] == [0, 1, 2]
     assert (await manager.get_checkpoint("wf-b", 3)).step == 3
+
+
+async def test_a_changed_key_id_is_a_missing_key_and_resume_does_not_fall_back(
+    backend: tuple[str, CheckpointStorage],
+) -> None:
+    """A key id the keyring lacks reads as a rotation's new key, damaged or not: resuming
+    from an older checkpoint could run completed work again, so it raises instead."""
+    _kind, store = backend
+    manager = CheckpointManager(store, encryption=ring())
+    await write_history(manager, "wf-a")
+    await write_history(manager, "wf-b")
+    await store.save("wf-a", 3, await tampered(store, "flip-key-id"))
+    with pytest.raises(UnknownKeyError) as caught:
+        await manager.get_resume_point("wf-a")
+    assert (caught.value.workflow_id, caught.value.step) == ("wf-a", 3)
+    assert caught.value.key_id != "k1"
 
 
 @pytest.mark.parametrize("how", ["other-workflow", "other-step", "other-key", "flip", "plain"])

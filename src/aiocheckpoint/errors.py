@@ -6,7 +6,6 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     ├── CheckpointNotFoundError       a requested step does not exist
     ├── CheckpointCorruptedError      stored bytes fail to decode or verify
     │   └── DecryptionError           an encrypted record fails authentication
-    │       ├── UnknownKeyError       sealed under a key id the keyring does not hold
     │       └── PlaintextRecordError  plaintext where an encrypted manager needs ciphertext
     ├── CheckpointSerializationError  a state that cannot be stored (nothing is written)
     ├── CheckpointTypeError           a stored typed value this registry cannot read
@@ -24,13 +23,19 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     ├── WorkflowBusyError             a second driver for a workflow this manager drives
     ├── WorkflowTransferError         copy/export/import cannot carry a workflow whole
-    ├── EncryptionError               encryption cannot run (no keys, no cryptography)
+    ├── EncryptionError               this process cannot read or seal (no keys, no cryptography)
+    │   └── UnknownKeyError           sealed under a key id the keyring does not hold
     ├── EffectError
     │   ├── EffectInDoubtError        an effect's call may or may not have happened
     │   └── EffectOrderError          a step's effects no longer match its journal
     └── LeaseError
         ├── LeaseHeldError            another live owner holds the workflow's lease
         └── LeaseLostError            the lease expired or was taken over (fencing)
+
+A record this process cannot read (an :class:`EncryptionError`, such as an
+:class:`UnknownKeyError`) is not a :class:`CheckpointCorruptedError`: what skips damaged
+records (resuming from an older checkpoint, a sweep, ``verify``) never skips one of those,
+whose bytes may be sound. Resuming past it would run completed steps again.
 
 Driver and OS errors are translated at the backend boundary; the original exception is
 always chained as ``__cause__``.
@@ -109,13 +114,9 @@ class DecryptionError(CheckpointCorruptedError):
     """An encrypted record or effect failed authentication (``docs/encryption.md``).
 
     Its bytes were changed, it was moved from another workflow, step or key, or it was
-    sealed under a key other than the one its key id names. Resuming skips it, as it skips
-    any corrupted checkpoint.
+    sealed under a key other than the one its key id names (a key the keyring holds).
+    Resuming skips it, as it skips any corrupted checkpoint.
     """
-
-
-class UnknownKeyError(DecryptionError):
-    """A record names a key id that the keyring (or key provider) does not hold."""
 
 
 class PlaintextRecordError(DecryptionError):
@@ -128,8 +129,53 @@ class PlaintextRecordError(DecryptionError):
 class EncryptionError(CheckpointError):
     """Encryption cannot run: an encrypted record read without keys, or no ``cryptography``.
 
-    Not a corruption: the record may be sound, this process lacks what reads it.
+    Not a corruption: the record may be sound, this process lacks what reads it. Nothing
+    that skips corrupted records skips it.
     """
+
+
+class UnknownKeyError(EncryptionError):
+    """A record is sealed under a key id that the keyring (or key provider) does not hold.
+
+    Not a corruption: the record may be sound and readable by a process with that key (a
+    runner not yet given the new key of a rolling rotation, say). Resuming raises it and
+    writes nothing, rather than resume from an older checkpoint and run a completed step
+    again; a step whose effect record it cannot read raises it instead of calling the
+    effect again. ``key_id`` names the key, ``workflow_id`` and ``step`` the record (None
+    where unknown), ``effect_key`` the effect when the record is an effect record.
+
+    A :class:`~aiocheckpoint.KeyProvider` may raise it with a message alone: the reader
+    raises its own, naming the key id it asked for.
+    """
+
+    def __init__(
+        self,
+        key_id: str,
+        *,
+        workflow_id: str | None = None,
+        step: int | None = None,
+        effect_key: str | None = None,
+    ) -> None:
+        self.key_id = key_id
+        self.workflow_id = workflow_id
+        self.step = step
+        self.effect_key = effect_key
+        what = "record" if effect_key is None else f"effect {effect_key!r}"
+        where = ""
+        if workflow_id is not None:
+            where = f"workflow {workflow_id!r}" + (f" step {step}" if step is not None else "")
+            where += f": {what} "
+        elif effect_key is not None:
+            where = f"{what} "
+        super().__init__(f"{where}sealed under key {key_id!r}, which is not in the keyring")
+
+    def located(
+        self, workflow_id: str, step: int, effect_key: str | None = None
+    ) -> UnknownKeyError:
+        """The same error naming the record it was raised for."""
+        return UnknownKeyError(
+            self.key_id, workflow_id=workflow_id, step=step, effect_key=effect_key
+        )
 
 
 class CheckpointSerializationError(CheckpointError, TypeError):

@@ -602,7 +602,8 @@ class CheckpointManager:
         """Return the checkpoint with the highest step, or None if the workflow has none.
 
         A corrupted latest checkpoint raises :class:`CheckpointCorruptedError`; use
-        :meth:`get_resume_point` to fall back to the newest one that verifies.
+        :meth:`get_resume_point` to fall back to the newest one that verifies. One sealed
+        under a key the keyring lacks raises :class:`~aiocheckpoint.UnknownKeyError`.
         """
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
@@ -687,7 +688,9 @@ class CheckpointManager:
         The step is the latest checkpoint's step + 1 when it is COMPLETED, and the same step
         otherwise (it has to run again). If the latest checkpoint is corrupted, the newest
         one that verifies is used instead and a warning is logged; if none verifies, the
-        :class:`CheckpointCorruptedError` of the latest is raised. The result's
+        :class:`CheckpointCorruptedError` of the latest is raised. A checkpoint sealed
+        under a key the keyring lacks is not corrupted: its :class:`UnknownKeyError` is
+        raised, never skipped (that would run completed steps again). The result's
         ``app_version`` names the application version that wrote the checkpoint.
         """
         checkpoint = await self._latest_valid(workflow_id)

@@ -26,8 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ._telemetry import annotate, record_sweep_deletions
 from .codec.facts import RecordFacts, record_facts
+from .codec.sealing import is_sealed_record, sealed_key_id
 from .errors import (
     CheckpointCorruptedError,
+    EncryptionError,
     InvalidArgumentError,
     UnsupportedOperationError,
 )
@@ -173,7 +175,10 @@ class SweepReport:
     that free blobs with their records). ``skipped_leased`` counts workflows past their TTL
     left alone because they are leased, ``skipped_changed`` those whose record changed
     between the sweep's read and its delete; ``skipped_unreadable`` records kept because
-    their fields could not be read.
+    their fields could not be read (damaged, or over the store's size limit);
+    ``skipped_no_key`` records kept because this process cannot read them, whose bytes may
+    be sound: sealed under a key the keyring lacks, or encrypted and read without keys.
+    ``missing_keys`` names the key ids of those records, sorted.
     """
 
     dry_run: bool
@@ -189,6 +194,8 @@ class SweepReport:
     skipped_leased: int = 0
     skipped_changed: int = 0
     skipped_unreadable: int = 0
+    skipped_no_key: int = 0
+    missing_keys: list[str] = field(default_factory=list)
 
     @property
     def deleted(self) -> int:
@@ -202,6 +209,11 @@ class SweepReport:
             moment = data[name]
             data[name] = None if moment is None else moment.isoformat()
         return data
+
+    def _no_key(self, key_id: str | None) -> None:
+        self.skipped_no_key += 1
+        if key_id is not None and key_id not in self.missing_keys:
+            self.missing_keys = sorted([*self.missing_keys, key_id])
 
     def _count(self, reason: str) -> None:
         self.workflows_deleted[reason] = self.workflows_deleted.get(reason, 0) + 1
@@ -269,6 +281,13 @@ def _ended(report: SweepReport, what: str) -> SweepReport:
     """Where every sweep and thinning ends: the report is complete here."""
     report.finished_at = utcnow()
     logger.info("%s%s: %s", what, " (dry run)" if report.dry_run else "", report.as_dict())
+    if report.skipped_no_key:
+        logger.warning(
+            "%s kept %d checkpoints it could not read: sealed under keys it lacks (%s)",
+            what,
+            report.skipped_no_key,
+            ", ".join(map(repr, report.missing_keys)) or "unnamed",
+        )
     _measured(report)
     return report
 
@@ -425,7 +444,7 @@ class _Sweep:
         if not histories:
             return None
         todo = [h for h in histories if self.thinnable(h)]
-        facts: list[list[RecordFacts | None] | None] = [None] * len(todo)
+        facts: list[list[_Judged] | None] = [None] * len(todo)
         if self.opened is None:  # the records' fields, parsed off the loop in one hop
             facts = await anyio.to_thread.run_sync(_page_facts, todo)
         cuts: list[Cut] = []
@@ -456,7 +475,7 @@ class _Sweep:
         self,
         history: History,
         sizes: dict[tuple[str, int], int],
-        facts: list[RecordFacts | None] | None = None,
+        facts: list[_Judged] | None = None,
     ) -> Cut | None:
         """What the policy deletes of one history (None: nothing); record sizes into ``sizes``.
 
@@ -547,19 +566,31 @@ class _Sweep:
     async def kept(self, keeper: _Keeper, workflow_id: str, record: StoredCheckpoint) -> bool:
         return self.keeps(keeper, await self.judged(workflow_id, record))
 
-    async def judged(self, workflow_id: str, record: StoredCheckpoint) -> RecordFacts | None:
-        """The record's fields (unsealed first, if encrypted), or None if unreadable."""
+    async def judged(self, workflow_id: str, record: StoredCheckpoint) -> _Judged:
+        """The record's fields (unsealed first, if encrypted).
+
+        None if unreadable, a :class:`_NoKey` if this process lacks the key to read it.
+        """
         try:
             if self.opened is not None:
-                record = StoredCheckpoint(record.step, await self.opened(workflow_id, record))
-            return await _facts(record)
+                plain = StoredCheckpoint(record.step, await self.opened(workflow_id, record))
+            elif is_sealed_record(record.data):
+                raise EncryptionError("an encrypted record read without keys")
+            else:
+                plain = record
+            return await _facts(plain)
+        except EncryptionError:  # not damage: a process with the key may read it
+            return _NoKey(sealed_key_id(record.data))
         except CheckpointCorruptedError:
             return None
 
-    def keeps(self, keeper: _Keeper, facts: RecordFacts | None) -> bool:
-        """Whether the policy keeps a record; an unreadable one is kept, and counted."""
+    def keeps(self, keeper: _Keeper, facts: _Judged) -> bool:
+        """Whether the policy keeps a record; one it cannot read is kept, and counted."""
         if facts is None:
             self.report.skipped_unreadable += 1
+            return True
+        if isinstance(facts, _NoKey):
+            self.report._no_key(facts.key_id)
             return True
         return keeper.keeps(facts)
 
@@ -640,14 +671,28 @@ async def _facts(record: StoredCheckpoint) -> RecordFacts:
     return record_facts(record.data)
 
 
-def _page_facts(histories: list[History]) -> list[list[RecordFacts | None] | None]:
+@dataclass(frozen=True, slots=True)
+class _NoKey:
+    """A record this process cannot read for lack of its key (its bytes may be sound)."""
+
+    key_id: str | None
+
+
+#: What a sweep makes of a record: its fields, None if unreadable, or :class:`_NoKey`.
+_Judged = RecordFacts | _NoKey | None
+
+
+def _page_facts(histories: list[History]) -> list[list[_Judged] | None]:
     """Each read history's records' fields (None where unreadable), in a worker thread."""
     return [
         None if h.records is None else [_fields_or_none(r) for r in h.records] for h in histories
     ]
 
 
-def _fields_or_none(record: StoredCheckpoint) -> RecordFacts | None:
+def _fields_or_none(record: StoredCheckpoint) -> _Judged:
+    """A record's fields read without keys (a sealed record is one this process cannot read)."""
+    if is_sealed_record(record.data):
+        return _NoKey(sealed_key_id(record.data))
     try:
         return record_facts(record.data)
     except CheckpointCorruptedError:

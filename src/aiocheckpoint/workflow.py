@@ -16,7 +16,7 @@ from typing_extensions import Self
 from ._telemetry import annotate, traced
 from ._validation import check_step, check_workflow_id
 from .effects import Reconcile, StepEffects
-from .errors import InvalidArgumentError, LeaseError, LeaseLostError
+from .errors import InvalidArgumentError, LeaseError, LeaseLostError, UnknownKeyError
 from .leases import Lease, RetryPolicy, WorkflowRecord, WorkflowStatus, check_ttl
 from .manager import CheckpointManager, _check_owner
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, utcnow
@@ -76,7 +76,9 @@ class ResumableWorkflow:
     ``steps - 1`` has not completed (an early return: PAUSED, logged). Leaving it with an
     exception records a failed run (:meth:`CheckpointManager.record_failure`: retried by
     ``retry``, or by the pool's policy that came with the lease, else FAILED). A
-    cancellation (a deadline, a TaskGroup sibling's failure) leaves it UNFINISHED.
+    cancellation (a deadline, a TaskGroup sibling's failure) leaves it UNFINISHED, and so
+    does an :class:`~aiocheckpoint.UnknownKeyError` (a record sealed under a key this
+    process lacks: on entry or from a step's effect journal), which writes nothing.
 
     ``metadata`` (a JSON object: tenant, user, kind...) is stored on the workflow's record
     on entry, for :meth:`CheckpointManager.list_workflow_records` to filter on.
@@ -288,8 +290,10 @@ class ResumableWorkflow:
     async def _record_failure(
         self, step: int, agent_id: str, meta: dict[str, Any], exc: Exception
     ) -> None:
-        if isinstance(exc, LeaseError):
-            return  # another runner owns the workflow now: nothing of ours may be written
+        if isinstance(exc, (LeaseError, UnknownKeyError)):
+            # Another runner owns the workflow now, or this one lacks a key that one with
+            # it has: nothing of ours may be written.
+            return
         error = {"type": type(exc).__qualname__, "message": str(exc)}
         try:
             await self.checkpoint(step, agent_id, AgentStatus.FAILED, {**meta, "error": error})
@@ -411,6 +415,8 @@ class ResumableWorkflow:
             if self.checkpoint_manager.supports_workflow_records():
                 if exc is None or paused:
                     await self._mark(self._exit_status())
+                elif isinstance(exc, UnknownKeyError):
+                    pass  # not the workflow's failure: left UNFINISHED for a runner with the key
                 elif isinstance(exc, Exception):
                     await self._mark(WorkflowStatus.FAILED, exc)
         finally:

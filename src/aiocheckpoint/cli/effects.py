@@ -14,10 +14,10 @@ from .._validation import check_workflow_id
 from ..codec.effects import EffectRecord, EffectState
 from ..errors import CheckpointCorruptedError, EncryptionError
 from ..manager import CheckpointManager
-from .keys import KEYS_VARIABLE, command_keys
+from .keys import command_keys
 from .output import Output, printable, when
 from .redact import redact_url
-from .store import CommandError, open_store
+from .store import CommandError, locked, open_store, problem
 
 __all__ = [
     "Doubts",
@@ -49,6 +49,8 @@ async def step_effects(
         return await manager.get_effects(workflow_id, step)
     except CheckpointCorruptedError as exc:
         return exc.reason
+    except EncryptionError as exc:  # a key the keys given lack: not damage
+        return locked(exc, b"", effect=True)
 
 
 async def in_doubt_of(manager: CheckpointManager, workflow_id: str) -> Doubts:
@@ -57,8 +59,8 @@ async def in_doubt_of(manager: CheckpointManager, workflow_id: str) -> Doubts:
         return await manager.list_in_doubt_effects(workflow_id)
     except CheckpointCorruptedError as exc:
         return f"corrupted: {exc.reason}"
-    except EncryptionError:
-        return f"encrypted: pass --keys FILE (or {KEYS_VARIABLE}) to read it"
+    except EncryptionError as exc:  # a key the keys given lack: not damage
+        return locked(exc, b"", effect=True)
 
 
 def doubts_json(doubts: Doubts) -> list[dict[str, Any]] | dict[str, str]:
@@ -90,9 +92,9 @@ def print_doubts(out: Output, url: str, doubts: list[tuple[str, str, Doubts]]) -
 
 
 def effect_counts(effects: list[EffectRecord] | str) -> str:
-    """``2 done, 1 in doubt`` (``-`` for none, ``corrupted`` for a bad journal)."""
+    """``2 done, 1 in doubt`` (``-`` for none, ``corrupted`` or ``unreadable`` if unread)."""
     if isinstance(effects, str):
-        return "corrupted"
+        return problem(effects)
     counts = Counter(_LABELS[e.state] for e in effects)
     return ", ".join(f"{n} {label}" for label, n in sorted(counts.items())) or "-"
 
@@ -100,7 +102,7 @@ def effect_counts(effects: list[EffectRecord] | str) -> str:
 def effects_json(effects: list[EffectRecord] | str) -> list[dict[str, Any]] | dict[str, str]:
     """The journal as JSON: one object per effect (result included), or the corruption."""
     if isinstance(effects, str):
-        return {"corrupted": effects}
+        return {problem(effects): effects}
     return [
         {
             "key": e.key,
@@ -152,7 +154,7 @@ async def cmd_effect(args: argparse.Namespace, out: Output) -> int:
 def print_effects(out: Output, effects: list[EffectRecord] | str) -> None:
     """A table of the step's effects under an ``effects:`` heading (nothing when none)."""
     if isinstance(effects, str):
-        out.line(f"{out.style('effects:', 'bold')} corrupted ({printable(effects)})")
+        out.line(f"{out.style('effects:', 'bold')} {problem(effects)} ({printable(effects)})")
         return
     if not effects:
         return

@@ -13,14 +13,19 @@ from typing import IO, Any, Final
 from .._validation import check_step, check_workflow_id
 from ..codec.sealing import Sealer, is_sealed_record
 from ..codec.v1 import decode_checkpoint
-from ..errors import CheckpointCorruptedError, InvalidArgumentError, WorkflowTransferError
+from ..errors import (
+    CheckpointCorruptedError,
+    EncryptionError,
+    InvalidArgumentError,
+    WorkflowTransferError,
+)
 from ..leases import WorkflowStatus
 from ..storage.base import StoredEffect
 from .export import EXPORT_FORMAT, EXPORT_VERSION, EXPORT_VERSIONS
 from .journal import Effect, JournalSink, check_effect, check_entry, sealer_for
 from .keys import KEYS_VARIABLE, command_keys
 from .output import Output, Progress, printable
-from .store import EXIT_STORE, PAGE, CommandError, open_store
+from .store import EXIT_STORE, PAGE, CommandError, locked, open_store
 from .transfer import Sink, Tally, report
 
 __all__ = ["cmd_import"]
@@ -254,14 +259,11 @@ class _Importer:
     async def _checkpoint(self, number: int, workflow_id: str, obj: dict[str, Any]) -> None:
         try:
             await self._verify(workflow_id, obj["step"], obj["record"])
-        except CheckpointCorruptedError as exc:
+        except (CheckpointCorruptedError, EncryptionError) as exc:
+            # Not imported either way; a key the keys given lack is said as such.
+            reason = exc.reason if isinstance(exc, CheckpointCorruptedError) else locked(exc, b"")
             self.tally.corrupted.append(
-                {
-                    "line": number,
-                    "workflow_id": workflow_id,
-                    "step": obj["step"],
-                    "reason": exc.reason,
-                }
+                {"line": number, "workflow_id": workflow_id, "step": obj["step"], "reason": reason}
             )
             return
         self._add(number, workflow_id, obj["step"], obj["record"])

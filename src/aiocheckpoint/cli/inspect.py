@@ -27,13 +27,16 @@ from .query import cmd_query, wants_query
 from .redact import redact_url
 from .store import (
     EXIT_STORE,
+    EXIT_UNREADABLE,
     CommandError,
+    Locked,
     Record,
     Unreadable,
     decode,
     foreign_json,
     iter_records,
     open_store,
+    problem,
     read_page,
     workflow_ids,
 )
@@ -134,7 +137,7 @@ async def _summary(
         status: str | None = checkpoint.status.value
         written = checkpoint.timestamp
     else:
-        status = None if checkpoint is None else "corrupted"
+        status = None if checkpoint is None else problem(checkpoint)
         written = None
     return {
         "workflow_id": workflow_id,
@@ -231,7 +234,8 @@ async def _entry(manager: CheckpointManager, workflow_id: str, record: Any) -> d
             _time=result.timestamp,
         )
     else:
-        entry.update(agent_id=None, status="corrupted", timestamp=None, reason=result, _time=None)
+        status = problem(result)
+        entry.update(agent_id=None, status=status, timestamp=None, reason=result, _time=None)
     return entry
 
 
@@ -248,6 +252,9 @@ async def load_checkpoint(
     if stored is None:
         raise CheckpointNotFoundError(workflow_id, step)
     result = await decode(manager, workflow_id, stored)
+    if isinstance(result, Locked):
+        where = f"workflow {workflow_id!r} step {stored.step}"
+        raise CommandError(f"{where}: {result}", EXIT_UNREADABLE)
     if isinstance(result, str):
         where = f"workflow {workflow_id!r} step {stored.step}"
         raise CommandError(f"corrupted checkpoint: {where}: {result}", EXIT_STORE)

@@ -19,11 +19,17 @@ from typing import Protocol
 from .._validation import check_step, check_workflow_id
 from ..codec.effects import decode_effect
 from ..codec.sealing import ENVELOPE_MAGIC, Keyring, Sealer
-from ..errors import CheckpointCorruptedError, CheckpointError, WorkflowTransferError
+from ..errors import (
+    CheckpointCorruptedError,
+    CheckpointError,
+    EncryptionError,
+    WorkflowTransferError,
+)
 from ..manager import CheckpointManager
 from ..storage.base import EffectListingStorage, EffectStorage, StoredEffect, check_effect_key
 from .keys import KEYS_VARIABLE
 from .redact import redact
+from .store import locked
 
 __all__ = [
     "Counts",
@@ -71,6 +77,9 @@ async def check_effect(
         record = decode_effect(plain)
     except CheckpointCorruptedError as exc:
         raise WorkflowTransferError(workflow_id, f"{where}: {redact(exc.reason)}") from None
+    except EncryptionError as exc:  # a key the keys given lack: refused as unreadable
+        reason = locked(exc, stored.data, effect=True)
+        raise WorkflowTransferError(workflow_id, f"{where}: {reason}") from None
     if (record.workflow_id, record.step, record.key) != (workflow_id, stored.step, stored.key):
         raise WorkflowTransferError(
             workflow_id, f"{where} holds the record of another workflow, step or key"

@@ -14,7 +14,9 @@ from .keys import command_keys
 from .output import Output, Progress, bar, note_foreign, printable
 from .store import (
     EXIT_PROBLEMS,
+    EXIT_UNREADABLE,
     CommandError,
+    Locked,
     decode,
     foreign_json,
     iter_records,
@@ -27,9 +29,14 @@ __all__ = ["cmd_fork", "cmd_prune", "cmd_rm", "cmd_verify"]
 
 
 async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
-    """Decode and check every checkpoint of every workflow."""
+    """Decode and check every checkpoint of every workflow.
+
+    Records the keys given cannot read are counted apart from corrupted ones: their bytes
+    may be sound (exit status 5 when nothing is corrupted).
+    """
     progress = Progress(out.err)
     corrupted: list[dict[str, Any]] = []
+    unreadable: list[dict[str, Any]] = []
     checked = 0
     async with open_store(
         args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
@@ -40,34 +47,46 @@ async def cmd_verify(args: argparse.Namespace, out: Output) -> int:
                 checked += 1
                 result = await decode(manager, workflow_id, record)
                 if isinstance(result, str):
-                    corrupted.append(
+                    found = unreadable if isinstance(result, Locked) else corrupted
+                    found.append(
                         {"workflow_id": workflow_id, "step": record.step, "reason": result}
                     )
                 progress.update(
                     f"verify: {bar(n - 1, len(ids))} workflows, {checked} checkpoints, "
-                    f"{len(corrupted)} corrupted"
+                    f"{len(corrupted)} corrupted, {len(unreadable)} unreadable"
                 )
     progress.clear()
-    ok = not (corrupted or foreign)
+    status = _verify_status(corrupted or foreign, unreadable)
     if out.json_mode:
         out.json(
             {
-                "ok": ok,
+                "ok": status == 0,
                 "workflows": len(ids),
                 "checkpoints": checked,
                 "corrupted": corrupted,
+                **({"unreadable": unreadable} if unreadable else {}),
                 **foreign_json(foreign),
             }
         )
-        return 0 if ok else EXIT_PROBLEMS
-    problems = [[printable(c["workflow_id"]), str(c["step"]), c["reason"]] for c in corrupted]
+        return status
+    problems = [
+        [printable(c["workflow_id"]), str(c["step"]), c["reason"]] for c in corrupted + unreadable
+    ]
     problems += [[f.shown, "-", f"foreign row: {f.reason}"] for f in foreign]
     if problems:
         out.table(["WORKFLOW", "STEP", "PROBLEM"], problems)
     summary = f"checked {checked} checkpoints in {len(ids)} workflows: {len(corrupted)} corrupted"
+    summary += f", {len(unreadable)} unreadable with these keys" if unreadable else ""
     summary += f", {len(foreign)} foreign rows" if foreign else ""
-    out.line(out.style(summary, "green" if ok else "red"))
-    return 0 if ok else EXIT_PROBLEMS
+    out.line(out.style(summary, "green" if status == 0 else "red"))
+    return status
+
+
+def _verify_status(damaged: object, unreadable: list[dict[str, Any]]) -> int:
+    """1 if anything is damaged, else 5 if a record needs keys not given, else 0."""
+    if damaged:
+        return EXIT_PROBLEMS
+    return EXIT_UNREADABLE if unreadable else 0
 
 
 async def cmd_prune(args: argparse.Namespace, out: Output) -> int:

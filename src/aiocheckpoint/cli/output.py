@@ -55,6 +55,7 @@ _STATUS_STYLES = {
     "finished": "green",
     "failed": "red",
     "corrupted": "red",
+    "unreadable": "yellow",
     "running": "yellow",
     "blocked": "yellow",
     "unfinished": "yellow",

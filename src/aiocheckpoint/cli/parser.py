@@ -18,6 +18,7 @@ from .maintain import cmd_fork, cmd_prune, cmd_rm, cmd_verify
 from .output import Output
 from .query import meta_pair, moment
 from .rekey import cmd_encrypt, cmd_rekey
+from .serve import TOKEN_VARIABLE, cmd_serve
 from .store import EXIT_USAGE
 from .sweep import cmd_sweep, duration
 from .transfer import cmd_copy
@@ -203,7 +204,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.jsonl")
     p.add_argument("url", metavar="URL")
     p.add_argument("--overwrite", action="store_true", help="replace differing records")
+
+    p = command("serve", cmd_serve, "a read-only web inspector of the store (the web extra)")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8420, help="port to listen on (8420)")
+    p.add_argument(
+        "--token", help=f"require this token on every request (default: ${TOKEN_VARIABLE})"
+    )
     return parser
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is between 0 and 65535, got {value}")
+    return value
 
 
 def _sweep_command(p: argparse.ArgumentParser) -> None:

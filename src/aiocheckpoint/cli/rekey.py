@@ -22,19 +22,21 @@ from typing import Any
 from ..codec.effects import decode_effect
 from ..codec.sealing import Sealer, sealed_key_id
 from ..codec.v1 import decode_checkpoint, encode_checkpoint
-from ..errors import CheckpointCorruptedError
+from ..errors import CheckpointCorruptedError, EncryptionError
 from ..format.sealed import is_sealed_tree_record
 from ..manager import CheckpointManager
-from ..storage.base import EffectStorage, StoredCheckpoint, StoredEffect
+from ..storage.base import EffectListingStorage, EffectStorage, StoredCheckpoint, StoredEffect
 from .keys import KEYS_VARIABLE, command_keys
 from .output import Output, Progress, bar, printable
 from .redact import redact
 from .store import (
     EXIT_PROBLEMS,
+    EXIT_UNREADABLE,
     CommandError,
     Unreadable,
     foreign_json,
     iter_records,
+    locked,
     open_store,
     workflow_ids,
 )
@@ -53,6 +55,8 @@ class _Tally:
     #: Records a writer changed between the read and the save, and effects in doubt.
     left: int = 0
     bad: list[dict[str, Any]] = field(default_factory=list)
+    #: Records under a key the keyring lacks: left as they are, not corrupted.
+    unreadable: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +65,7 @@ class _Tally:
             "plaintext": self.plaintext,
             "left": self.left,
             "corrupted": self.bad,
+            **({"unreadable": self.unreadable} if self.unreadable else {}),
         }
 
 
@@ -83,7 +88,11 @@ async def _run(args: argparse.Namespace, out: Output, *, encrypt: bool) -> int:
     # A manager without keys: it decodes plaintext incremental records for ``encrypt``.
     async with open_store(args.url, must_exist=True, allow_shared=args.allow_shared) as plain:
         job = _Job(plain, Sealer(keys, allow_plaintext=True), keys.primary, encrypt, tally)
-        ids, foreign = await workflow_ids(plain)
+        listed = plain.storage
+        journals = (
+            await listed.effect_workflows() if isinstance(listed, EffectListingStorage) else []
+        )
+        ids, foreign = await workflow_ids(plain, journals)
         for n, workflow_id in enumerate(ids, 1):
             await job.workflow(workflow_id)
             progress.update(f"{args.command}: {bar(n, len(ids))} workflows")
@@ -93,19 +102,25 @@ async def _run(args: argparse.Namespace, out: Output, *, encrypt: bool) -> int:
 
 def _report(out: Output, tally: _Tally, foreign: dict[str, Any], encrypt: bool) -> int:
     ok = not (tally.bad or tally.left or foreign or (tally.plaintext and not encrypt))
+    status = 0 if ok else EXIT_PROBLEMS
+    if ok and tally.unreadable:
+        status = EXIT_UNREADABLE
     if out.json_mode:
-        out.json({"ok": ok, **tally.to_json(), **foreign})
-        return 0 if ok else EXIT_PROBLEMS
-    if tally.bad:
-        rows = [[printable(b["workflow_id"]), str(b["step"]), b["reason"]] for b in tally.bad]
+        out.json({"ok": status == 0, **tally.to_json(), **foreign})
+        return status
+    if tally.bad or tally.unreadable:
+        found = tally.bad + tally.unreadable
+        rows = [[printable(b["workflow_id"]), str(b["step"]), b["reason"]] for b in found]
         out.table(["WORKFLOW", "STEP", "PROBLEM"], rows)
     summary = f"checked {tally.checked} records: {tally.resealed} sealed under the primary key"
     if tally.plaintext:
         summary += f", {tally.plaintext} plaintext left (aiocheckpoint encrypt seals them)"
     if tally.left:
         summary += f", {tally.left} changed meanwhile or in doubt (run again)"
-    out.line(out.style(summary, "green" if ok else "red"))
-    return 0 if ok else EXIT_PROBLEMS
+    if tally.unreadable:
+        summary += f", {len(tally.unreadable)} unreadable with these keys (left as they are)"
+    out.line(out.style(summary, "green" if status == 0 else "red"))
+    return status
 
 
 class _Job:
@@ -146,17 +161,28 @@ class _Job:
                 self._bad(workflow_id, record.step, record.reason)
             elif is_sealed_tree_record(record.data) or self._wanted(sealed_key_id(record.data)):
                 await self._record(workflow_id, record)
-        if isinstance(self.storage, EffectStorage):
-            # Effects sit at the steps of checkpoints and at the step after the latest.
-            for step in [*steps, steps[-1] + 1 if steps else 0]:
-                for item in await self.storage.load_effects(workflow_id, step):
-                    await self._effect(workflow_id, item)
+        storage = self.storage
+        if not isinstance(storage, EffectStorage):
+            return
+        if isinstance(storage, EffectListingStorage):  # every step with effect records
+            steps = await storage.effect_steps(workflow_id)
+        else:  # effects sit at the steps of checkpoints and at the step after the latest
+            steps = [*steps, steps[-1] + 1 if steps else 0]
+        for step in steps:
+            for item in await storage.load_effects(workflow_id, step):
+                await self._effect(workflow_id, item)
 
     async def _record(self, workflow_id: str, stored: StoredCheckpoint) -> None:
         try:
             plain = await self._plain_record(workflow_id, stored)
         except CheckpointCorruptedError as exc:
             self._bad(workflow_id, stored.step, redact(exc.reason))
+            return
+        except EncryptionError as exc:
+            reason = locked(exc, stored.data)
+            self.tally.unreadable.append(
+                {"workflow_id": workflow_id, "step": stored.step, "reason": reason}
+            )
             return
         sealed = await self.sealer.seal_record(workflow_id, stored.step, plain)
         current = await self.storage.load(workflow_id, stored.step)
@@ -189,6 +215,12 @@ class _Job:
             decode_effect(plain)
         except CheckpointCorruptedError as exc:
             self._bad(workflow_id, item.step, f"effect {item.key!r}: {redact(exc.reason)}")
+            return
+        except EncryptionError as exc:
+            reason = f"effect {item.key!r}: {locked(exc, item.data, effect=True)}"
+            self.tally.unreadable.append(
+                {"workflow_id": workflow_id, "step": item.step, "reason": reason}
+            )
             return
         sealed = await self.sealer.seal_effect(workflow_id, item.step, item.key, plain)
         storage: Any = self.storage

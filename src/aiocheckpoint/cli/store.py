@@ -10,9 +10,14 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from .._validation import check_workflow_id
-from ..codec.sealing import Keyring
+from ..codec.sealing import Keyring, sealed_key_id
 from ..codec.v1 import encode_checkpoint
-from ..errors import CheckpointCorruptedError, EncryptionError, InvalidArgumentError
+from ..errors import (
+    CheckpointCorruptedError,
+    EncryptionError,
+    InvalidArgumentError,
+    UnknownKeyError,
+)
 from ..format.sealed import is_sealed_tree_record
 from ..manager import CheckpointManager
 from ..models import Checkpoint
@@ -32,17 +37,21 @@ __all__ = [
     "EXIT_PIPE",
     "EXIT_PROBLEMS",
     "EXIT_STORE",
+    "EXIT_UNREADABLE",
     "EXIT_USAGE",
     "PAGE",
     "CommandError",
     "Foreign",
+    "Locked",
     "Record",
     "Unreadable",
     "decode",
     "foreign_json",
     "iter_records",
     "location",
+    "locked",
     "open_store",
+    "problem",
     "read_page",
     "workflow_ids",
 ]
@@ -52,6 +61,8 @@ EXIT_PROBLEMS: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NOT_FOUND: Final = 3
 EXIT_STORE: Final = 4
+#: Records that may be sound but that the keys given cannot read (nothing corrupted).
+EXIT_UNREADABLE: Final = 5
 #: stdout was closed before the output was written (``| head``): what a shell reports for a
 #: tool stopped by SIGPIPE (128 + 13).
 EXIT_PIPE: Final = 141
@@ -74,6 +85,34 @@ class Unreadable:
 
     step: int
     reason: str
+
+
+class Locked(str):
+    """Why a record cannot be read with the keys given, its bytes perhaps sound.
+
+    Not corruption (which a plain ``str`` reason reports): sealed under a key id the keys
+    lack (``unreadable: key k2 not in the keyring``), or encrypted and no keys given.
+    """
+
+
+def locked(exc: EncryptionError, data: bytes, *, effect: bool = False) -> Locked:
+    """What to print for a record ``data`` that ``exc`` says this process cannot read."""
+    if isinstance(exc, UnknownKeyError):
+        return Locked(f"unreadable: key {_shown(exc.key_id)} not in the keyring")
+    # The command's keys are a Keyring, which needs cryptography: no keys were given.
+    key_id = sealed_key_id(data, effect=effect)
+    under = "" if key_id is None else f" under key {_shown(key_id)}"
+    return Locked(f"unreadable: encrypted{under}: pass --keys FILE (or {KEYS_VARIABLE}) to read it")
+
+
+def problem(reason: str) -> str:
+    """The status printed for a record that does not read: ``unreadable`` or ``corrupted``."""
+    return "unreadable" if isinstance(reason, Locked) else "corrupted"
+
+
+def _shown(key_id: str) -> str:
+    """A key id as read from a record (not yet authenticated): escaped unless printable."""
+    return key_id if key_id.isprintable() and " " not in key_id else repr(key_id)
 
 
 #: What paging yields: a stored record, or the step of one that cannot be read.
@@ -249,7 +288,7 @@ async def iter_records(
 
 
 async def decode(manager: CheckpointManager, workflow_id: str, record: Record) -> Checkpoint | str:
-    """The record's checkpoint, or the reason it is corrupted.
+    """The record's checkpoint, or why not: corrupted, or :class:`Locked` (no key for it).
 
     Values stay in the tagged JSON form records hold (``{"$dt": "..."}``): the command line
     never needs the application's classes, and what it prints, copies or exports is exact.
@@ -260,8 +299,8 @@ async def decode(manager: CheckpointManager, workflow_id: str, record: Record) -
         return await manager.decode_record(workflow_id, record, view="stored")
     except CheckpointCorruptedError as exc:
         return redact(exc.reason)
-    except EncryptionError:
-        return f"encrypted: pass --keys FILE (or {KEYS_VARIABLE}) to read it"
+    except EncryptionError as exc:
+        return locked(exc, record.data)
 
 
 async def portable(

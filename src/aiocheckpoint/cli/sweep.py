@@ -9,9 +9,9 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..retention import RetentionPolicy, SweepReport
-from .keys import command_keys
-from .output import Output
-from .store import open_store
+from .keys import KEYS_VARIABLE, command_keys
+from .output import Output, printable
+from .store import EXIT_UNREADABLE, open_store
 
 __all__ = ["cmd_sweep", "duration"]
 
@@ -52,10 +52,15 @@ def _policy(args: argparse.Namespace) -> RetentionPolicy:
 
 
 async def cmd_sweep(args: argparse.Namespace, out: Output) -> int:
-    """Delete what the policy given by the options does not keep (or count it)."""
+    """Delete what the policy given by the options does not keep (or count it).
+
+    Exit status 5 when it kept checkpoints it could not read for want of a key: a sweep
+    that kept everything because it read nothing must not look like one that succeeded.
+    """
     policy = _policy(args)
+    keys = command_keys(args)
     async with open_store(
-        args.url, must_exist=True, allow_shared=args.allow_shared, keys=command_keys(args)
+        args.url, must_exist=True, allow_shared=args.allow_shared, keys=keys
     ) as manager:
         report = await manager.sweep(
             policy=policy, dry_run=args.dry_run, collect_garbage=not args.no_gc
@@ -64,7 +69,20 @@ async def cmd_sweep(args: argparse.Namespace, out: Output) -> int:
         out.json(report.as_dict())
     else:
         out.line(_summary(report))
-    return 0
+    if not report.skipped_no_key:
+        return 0
+    out.note(_no_key(report, given=keys is not None))
+    return EXIT_UNREADABLE
+
+
+def _no_key(report: SweepReport, *, given: bool) -> str:
+    """What the sweep could not read, and how to read it."""
+    named = ", ".join(printable(k) for k in report.missing_keys) or "unnamed"
+    where = "not in the keyring" if given else f"no keys given: --keys FILE or ${KEYS_VARIABLE}"
+    return (
+        f"kept {report.skipped_no_key} checkpoints it could not read, without judging them: "
+        f"unreadable: sealed under key {named} ({where})"
+    )
 
 
 def _summary(report: SweepReport) -> str:

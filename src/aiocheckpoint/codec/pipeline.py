@@ -28,6 +28,7 @@ from ..errors import (
     DecryptionError,
     EncryptionError,
     InvalidArgumentError,
+    UnknownKeyError,
 )
 from ..format.header import HEADER_SIZE
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
@@ -584,6 +585,8 @@ class RecordCodec:
             return await sealer.unseal_blobs(await self._fetch_blobs(hashes), digest)
         except DecryptionError as exc:
             raise type(exc)(exc.reason, workflow_id=where[0], step=where[1]) from exc
+        except UnknownKeyError as exc:
+            raise exc.located(where[0], where[1]) from None
 
 
 async def _encode_tree(

@@ -30,12 +30,16 @@ associated data, and seals its version-2 record with the root's references in th
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
+import json
 import os
+import stat
 import struct
 from collections import OrderedDict
 from collections.abc import Awaitable, Mapping
-from typing import TYPE_CHECKING, Final, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, runtime_checkable
 
 import anyio.lowlevel
 import anyio.to_thread
@@ -97,6 +101,9 @@ _SLICE: Final = 256 * 1024
 #: The sealed blobs a sealer keeps for the next saves (bytes, least recently used dropped).
 _SEALED_CACHE: Final = 16 << 20
 _EXTRA: Final = "pip install 'aiocheckpoint[crypto]'"
+#: A keys file is small: anything larger is not one.
+_KEYS_FILE_BYTES: Final = 1 << 20
+_KEYS_SHAPE: Final = '{"primary": ID, "keys": {ID: BASE64 of 32 bytes, ...}}'
 _U16: Final = struct.Struct(">H")
 _U64: Final = struct.Struct(">Q")
 _T = TypeVar("_T")
@@ -171,6 +178,49 @@ class Keyring:
     def __repr__(self) -> str:
         return f"Keyring(key_ids={sorted(self._keys)!r}, primary={self._primary!r})"
 
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
+        """The keyring a keys file holds: the one loader of the command line's ``--keys``.
+
+        A keys file is JSON, ``{"primary": "k2", "keys": {"k2": "<base64>", "k1":
+        "<base64>"}}``, each key 32 bytes in standard base64, and must be private to its
+        owner (no group or other permission bits: a key readable by others is no secret).
+        A file that cannot be read, is shared, or is not that shape raises
+        :class:`~aiocheckpoint.InvalidArgumentError` naming the file, never its text.
+        Reads the file (blocking, a few KiB): call it at start-up, not on a running loop.
+        """
+        name = os.fsdecode(path)
+        try:
+            with open(path, "rb") as fh:
+                if stat.S_IMODE(os.fstat(fh.fileno()).st_mode) & 0o077:
+                    raise InvalidArgumentError(
+                        f"keys file {name} may be read by others (chmod 600 {name})"
+                    )
+                text = fh.read(_KEYS_FILE_BYTES + 1)
+        except OSError as exc:
+            raise InvalidArgumentError(f"cannot read keys file {name}: {exc.strerror}") from None
+        if len(text) > _KEYS_FILE_BYTES:
+            raise InvalidArgumentError(f"keys file {name} is too large to be one")
+        return cls.from_json(text, source=f"keys file {name}")
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "keys") -> Keyring:
+        """The keyring of a keys file's JSON text (see :meth:`from_file`).
+
+        Errors are :class:`~aiocheckpoint.InvalidArgumentError` starting with ``source``;
+        they name what is wrong, never a key.
+        """
+        try:
+            obj: Any = json.loads(text)
+            keys = {name: _base64_key(value) for name, value in obj["keys"].items()}
+            return cls(keys=keys, primary=obj["primary"])
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"{source}: {exc}") from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise InvalidArgumentError(
+                f"{source} is not {_KEYS_SHAPE}: {type(exc).__name__}: {_json_reason(exc)}"
+            ) from None
+
     async def wrap_key(self, data_key: bytes) -> tuple[str, bytes]:
         """See :meth:`KeyProvider.wrap_key`."""
         nonce = os.urandom(_NONCE)
@@ -189,11 +239,27 @@ class Keyring:
         """See :meth:`KeyProvider.unwrap_key`."""
         aead = self._keys.get(key_id)
         if aead is None:
-            raise UnknownKeyError(f"no key {key_id!r} in the keyring")
+            raise UnknownKeyError(key_id)
         try:
             return aead.decrypt(wrapped[:_NONCE], wrapped[_NONCE:], _WRAP_AD + key_id.encode())
         except Exception as exc:  # InvalidTag, or a nonce of the wrong size
             raise DecryptionError(f"the data key does not authenticate under {key_id!r}") from exc
+
+
+def _base64_key(value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise TypeError("a key is base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise ValueError("a key is not base64") from None
+
+
+def _json_reason(exc: Exception) -> str:
+    """What went wrong, never the file's text (a JSON error names only a position)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    return str(exc)[:200]
 
 
 def _key_id(name: object) -> str:
@@ -435,6 +501,8 @@ class Sealer:
             return await self._open(KIND_CHECKPOINT, _context(workflow_id, step, None), envelope)
         except DecryptionError as exc:
             raise type(exc)(exc.reason, workflow_id=workflow_id, step=step) from exc
+        except UnknownKeyError as exc:
+            raise exc.located(workflow_id, step) from None
 
     async def _unseal_tree(self, workflow_id: str, step: int, data: bytes) -> bytes:
         """The plain version-2 record a sealed tree record holds (its clear refs checked)."""
@@ -448,6 +516,8 @@ class Sealer:
             return await self._open(KIND_CHECKPOINT, context, data[start:])
         except DecryptionError as exc:
             raise type(exc)(exc.reason, workflow_id=workflow_id, step=step) from exc
+        except UnknownKeyError as exc:
+            raise exc.located(workflow_id, step) from None
 
     async def unseal_effect(self, workflow_id: str, step: int, key: str, data: bytes) -> bytes:
         """The plain effect record stored bytes hold; DecryptionError if they fail."""
@@ -458,6 +528,8 @@ class Sealer:
         except DecryptionError as exc:
             reason = f"effect {key!r}: {exc.reason}"
             raise type(exc)(reason, workflow_id=workflow_id, step=step) from exc
+        except UnknownKeyError as exc:
+            raise exc.located(workflow_id, step, key) from None
 
     def _plaintext(self, data: bytes, workflow_id: str, step: int, what: str) -> bytes:
         if self.allow_plaintext:
@@ -515,7 +587,11 @@ class Sealer:
             key_id = name.decode()
         except UnicodeDecodeError:
             raise DecryptionError("the key id is not UTF-8") from None
-        data_key = await self._provider_call(self.provider.unwrap_key(key_id, wrapped))
+        try:
+            data_key = await self._provider_call(self.provider.unwrap_key(key_id, wrapped))
+        except UnknownKeyError:
+            # Ours, naming the key id asked for, whatever the provider's message said.
+            raise UnknownKeyError(key_id) from None
         _check(len(data_key) == KEY_SIZE, "the unwrapped data key is not 32 bytes")
         aead = self._aesgcm(data_key)
         self._reading[cache_key] = aead

@@ -1,0 +1,262 @@
+"""The inspector's ASGI application: routes, templates and the safety headers.
+
+Read-only: every route is a GET that reads through the manager. Every value from the store
+reaches the page through Jinja2's autoescaping, and through :func:`shown`, which also makes
+control and bidirectional characters visible as escapes, so an id cannot reorder or hide
+the text around it. The Content-Security-Policy allows no script at all and styles only
+from the app's own static file.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import unicodedata
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
+from ..manager import CheckpointManager
+from ..urls import redacted
+from . import data, tree
+
+__all__ = ["HEADERS", "LOOPBACK_NAMES", "create_app", "shown"]
+
+_HERE: Final = Path(__file__).parent
+#: Sent with every response.
+HEADERS: Final = {
+    "content-security-policy": (
+        "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+    "cache-control": "no-store",
+}
+#: The Host names a loopback-bound inspector answers to (others: DNS rebinding).
+LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "::1", "[::1]")
+#: The cookie a token given once as ``?token=`` is kept in.
+COOKIE: Final = "aiocheckpoint_token"
+#: Characters written as ``\\uXXXX``: controls, format (bidi, zero-width), separators.
+_ESCAPED: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def shown(value: object, lines: bool = False) -> str:
+    """``value`` as text with control, format and bidi characters written as escapes.
+
+    With ``lines`` a newline stays one (JSON indented for a ``<pre>``).
+    """
+    text = value if isinstance(value, str) else str(value)
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(_visible(c, lines) for c in text)
+
+
+def _visible(char: str, lines: bool) -> str:
+    if char == "\n" and lines:
+        return char
+    if unicodedata.category(char) in _ESCAPED:
+        return f"\\u{ord(char):04x}" if ord(char) < 0x10000 else f"\\U{ord(char):08x}"
+    return char
+
+
+def _json(value: object, indent: int | None = None) -> str:
+    """``value`` as JSON text (escaped later, like every text)."""
+    return json.dumps(value, indent=indent, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def _link(target: str, **params: Any) -> str:
+    query = urlencode({k: v for k, v in params.items() if v is not None and v != ""})
+    return f"{target}?{query}" if query else target
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(_HERE / "templates"), autoescape=True, auto_reload=False
+    )
+    env.filters["shown"] = shown
+    env.filters["json"] = _json
+    env.globals["link"] = _link
+    return env
+
+
+class _Headers:
+    """Adds :data:`HEADERS` to every response; with a token, refuses requests without it."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                present = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [
+                    (k.encode(), v.encode())
+                    for k, v in HEADERS.items()
+                    if k.encode() not in present
+                ]
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        response = self._gate(Request(scope))
+        if response is not None:
+            await response(scope, receive, send_with_headers)
+        else:
+            await self.app(scope, receive, send_with_headers)
+
+    def _gate(self, request: Request) -> Response | None:
+        """None to let the request through; else the refusal (or the cookie's setting)."""
+        if self.token is None:
+            return None
+        given = request.query_params.get("token")
+        if given is not None and _same(given, self.token):
+            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+            # One leading slash: "//host/..." would send the browser to another site.
+            target = "/" + request.url.path.lstrip("/") + (f"?{urlencode(rest)}" if rest else "")
+            reply = RedirectResponse(target, status_code=303)
+            reply.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+            return reply
+        header = request.headers.get("authorization", "")
+        bearer = header[7:] if header.lower().startswith("bearer ") else None
+        for candidate in (bearer, request.cookies.get(COOKIE)):
+            if candidate is not None and _same(candidate, self.token):
+                return None
+        return PlainTextResponse("a token is required: open the URL serve printed", 401)
+
+
+def _same(given: str, token: str) -> bool:
+    return hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("utf-8"))
+
+
+def create_app(
+    manager: CheckpointManager,
+    url: str,
+    *,
+    token: str | None = None,
+    allowed_hosts: list[str] | None = None,
+) -> ASGIApp:
+    """The inspector over ``manager`` (whose store ``url`` names; shown redacted).
+
+    With ``token`` every request must carry it (``Authorization: Bearer``, or the cookie
+    set by visiting once with ``?token=``). ``allowed_hosts`` limits the Host header (the
+    loopback names when bound to loopback, against DNS rebinding).
+    """
+    env = _environment()
+    env.globals["store_url"] = redacted(url)
+    pages = _Pages(manager, url, env)
+    routes = [
+        Route("/", pages.workflows),
+        Route("/workflow", pages.workflow),
+        Route("/step", pages.step),
+        Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
+    ]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={})
+    return _Headers(app, token)
+
+
+class _Pages:
+    """The route handlers: each reads what its page shows and renders its template."""
+
+    def __init__(self, manager: CheckpointManager, url: str, env: Environment) -> None:
+        self.manager = manager
+        self.url = url
+        self.env = env
+
+    def render(self, name: str, context: dict[str, Any], code: int = 200) -> HTMLResponse:
+        html = self.env.get_template(name).render(**context)
+        return HTMLResponse(html, status_code=code)
+
+    def failed(self, exc: CheckpointError) -> HTMLResponse:
+        status = 404 if isinstance(exc, CheckpointNotFoundError) else 400
+        if not isinstance(exc, (CheckpointNotFoundError, InvalidArgumentError)):
+            status = 500
+        message = f"{type(exc).__name__}: {redacted(str(exc))}"
+        return self.render("error.html", {"message": message}, status)
+
+    async def workflows(self, request: Request) -> Response:
+        q = request.query_params
+        status, prefix, after = q.get("status", ""), q.get("q", ""), q.get("after")
+        try:
+            rows, next_after = await data.list_workflows(
+                self.manager, status=status, prefix=prefix, after=after
+            )
+            in_doubt = await data.in_doubt_ids(self.manager)
+            counts = await data.count_statuses(self.manager)
+        except CheckpointError as exc:
+            return self.failed(exc)
+        context = {
+            "rows": rows,
+            "next_after": next_after,
+            "counts": counts,
+            "status": status,
+            "prefix": prefix,
+            "records": self.manager.supports_workflow_records(),
+            "in_doubt": in_doubt,
+        }
+        return self.render("workflows.html", context)
+
+    async def workflow(self, request: Request) -> Response:
+        q = request.query_params
+        try:
+            before = _int(q.get("before"))
+            view = await data.workflow_view(self.manager, self.url, q.get("id", ""), before)
+        except CheckpointError as exc:
+            return self.failed(exc)
+        found = view.record or view.steps or view.effects or view.effects_problem
+        if not found and before is None:
+            return self.failed(CheckpointNotFoundError(view.workflow_id))
+        return self.render("workflow.html", {"view": view})
+
+    async def step(self, request: Request) -> Response:
+        q = request.query_params
+        try:
+            number = _int(q.get("step"))
+            if number is None:
+                raise InvalidArgumentError("which step? (?step=N)")
+            workflow_id = q.get("id", "")
+            checkpoint, problem, effects = await data.load_step(self.manager, workflow_id, number)
+            path = tree.parse_path(q.get("path", ""))
+            root = None
+            if checkpoint is not None:
+                value = tree.subtree(checkpoint.state_snapshot.data, path)
+                root = tree.build_tree(value, path, _int(q.get("offset")) or 0)
+        except CheckpointError as exc:
+            return self.failed(exc)
+        if checkpoint is None and not effects and problem == "no checkpoint at this step":
+            return self.failed(CheckpointNotFoundError(workflow_id, number))
+        context = {
+            "workflow_id": workflow_id,
+            "step": number,
+            "checkpoint": checkpoint,
+            "problem": problem,
+            "effects": effects,
+            "root": root,
+            "path": path,
+        }
+        return self.render("step.html", context)
+
+
+def _int(text: str | None) -> int | None:
+    if text is None or text == "":
+        return None
+    if not text.isdigit() or len(text) > 19:
+        raise InvalidArgumentError(f"not a step number: {text[:40]!r}")
+    return int(text)

@@ -1,0 +1,181 @@
+"""A state as a tree of nodes for the step page, cut to a budget.
+
+States arrive in their stored view: typed values are one-key objects whose key is a tag
+(``{"$dt": "..."}``, ``{"$": [name, version, data]}``, see
+:mod:`aiocheckpoint.format.tags`), shown by their type, so no application class is needed.
+A page shows at most :data:`NODES` nodes, :data:`CHILDREN` children per container and
+:data:`TEXT` characters per string; what is cut says how much, and a container cut short
+links to the page that continues it (its path and the offset of its next child).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Final
+
+from ..errors import InvalidArgumentError
+from ..format import tags
+
+__all__ = ["CHILDREN", "NODES", "TEXT", "Node", "build_tree", "parse_path", "subtree"]
+
+NODES: Final = 2000
+CHILDREN: Final = 200
+TEXT: Final = 2000
+#: How deep the tree is drawn; deeper containers are links to their own page.
+DEPTH: Final = 24
+
+#: How each tag is named on the page.
+_NAMES: Final = {
+    tags.DATETIME: "datetime",
+    tags.DATE: "date",
+    tags.TIME: "time",
+    tags.TIMEDELTA: "timedelta",
+    tags.UUID: "uuid",
+    tags.DECIMAL: "decimal",
+    tags.BYTES: "bytes",
+    tags.BYTEARRAY: "bytearray",
+    tags.TUPLE: "tuple",
+    tags.SET: "set",
+    tags.FROZENSET: "frozenset",
+    tags.MAP: "dict",
+}
+
+
+@dataclass
+class Node:
+    """One value: its key in its parent, its type and either its text or its children."""
+
+    key: str
+    kind: str
+    text: str = ""
+    children: list[Node] = field(default_factory=list)
+    #: (path, offset) of the page that continues this container, when it was cut short
+    more: tuple[str, int] | None = None
+    #: how many children or characters were left out
+    left_out: int = 0
+
+
+@dataclass
+class _Budget:
+    nodes: int = NODES
+
+
+def parse_path(text: str) -> list[str | int]:
+    """A subtree's path from its query parameter (a JSON array of keys and indexes)."""
+    if not text:
+        return []
+    try:
+        path = json.loads(text)
+    except ValueError:
+        raise InvalidArgumentError("not a state path") from None
+    if not isinstance(path, list) or not all(
+        isinstance(p, (str, int)) and not isinstance(p, bool) for p in path
+    ):
+        raise InvalidArgumentError("a state path is a JSON array of keys and indexes")
+    return path
+
+
+def subtree(value: Any, path: list[str | int]) -> Any:
+    """The value at ``path`` (keys of objects, indexes of arrays and of tagged containers)."""
+    for part in path:
+        value = _entries_of(value)
+        found = dict(_items(value))
+        if part not in found:
+            raise InvalidArgumentError(f"no {part!r} in this state")
+        value = found[part]
+    return value
+
+
+def build_tree(value: Any, path: list[str | int], offset: int = 0) -> Node:
+    """The tree of ``value`` (found at ``path``), its top container from child ``offset``."""
+    key = "state" if not path else str(path[-1])
+    return _node(key, value, path, _Budget(), offset, 0)
+
+
+def _node(
+    key: str, value: Any, path: list[str | int], budget: _Budget, offset: int, depth: int
+) -> Node:
+    budget.nodes -= 1
+    if isinstance(value, dict) and len(value) == 1:
+        tag, inner = next(iter(value.items()))
+        if isinstance(tag, str) and tag.startswith(tags.TAG_START):
+            return _typed(key, tag, inner, path, budget, offset, depth)
+    if isinstance(value, (dict, list)):
+        kind = "dict" if isinstance(value, dict) else "list"
+        return _container(Node(key, kind), value, path, budget, offset, depth)
+    return _leaf(key, value)
+
+
+def _typed(
+    key: str, tag: str, inner: Any, path: list[str | int], budget: _Budget, offset: int, depth: int
+) -> Node:
+    if tag == tags.TYPED and isinstance(inner, list) and len(inner) == 3:
+        name, version, data = inner
+        node = Node(key, f"{name} v{version}")
+        return _container(node, {"data": data}, path, budget, offset, depth)
+    if tag in (tags.TUPLE, tags.SET, tags.FROZENSET, tags.MAP) and isinstance(inner, list):
+        return _container(Node(key, _NAMES[tag]), inner, path, budget, offset, depth, tag)
+    if tag in (tags.BYTES, tags.BYTEARRAY) and isinstance(inner, str):
+        leaf = _leaf(key, inner)
+        leaf.kind = f"{_NAMES[tag]} ({len(inner) * 3 // 4 - inner[-2:].count('=')} bytes, base64)"
+        return leaf
+    leaf = _leaf(key, inner if isinstance(inner, str) else json.dumps(inner))
+    leaf.kind = _NAMES.get(tag, f"unknown tag {tag}")
+    return leaf
+
+
+def _leaf(key: str, value: Any) -> Node:
+    if value is None or isinstance(value, bool):
+        return Node(key, "null" if value is None else "bool", json.dumps(value))
+    if isinstance(value, (int, float)):
+        text = str(value) if isinstance(value, float) or abs(value) < 10**100 else "(huge int)"
+        return Node(key, type(value).__name__, text)
+    text = str(value)
+    node = Node(key, "str", text[:TEXT])
+    node.left_out = max(0, len(text) - TEXT)
+    return node
+
+
+def _container(
+    node: Node,
+    value: Any,
+    path: list[str | int],
+    budget: _Budget,
+    offset: int,
+    depth: int,
+    tag: str = "",
+) -> Node:
+    inner = _entries_of(value if not tag else {tag: value})
+    total = len(inner) if isinstance(inner, (dict, list)) else 0
+    node.text = f"{total} items"
+    entries = islice(_items(inner), offset, None)
+    for index, (child_key, child) in enumerate(entries, offset):
+        if budget.nodes <= 0 or index - offset >= CHILDREN or depth >= DEPTH:
+            node.more = (json.dumps(path), index)
+            node.left_out = total - index
+            break
+        child_path = [*path, child_key]
+        node.children.append(_node(str(child_key), child, child_path, budget, 0, depth + 1))
+    return node
+
+
+def _entries_of(value: Any) -> Any:
+    """A typed container's inside (a registered value's data, a tuple's items), or itself."""
+    if isinstance(value, dict) and len(value) == 1:
+        tag, inner = next(iter(value.items()))
+        if tag == tags.TYPED and isinstance(inner, list) and len(inner) == 3:
+            return {"data": inner[2]}
+        if isinstance(tag, str) and tag.startswith(tags.TAG_START) and isinstance(inner, list):
+            return inner
+    return value
+
+
+def _items(value: Any) -> Iterator[tuple[str | int, Any]]:
+    value = _entries_of(value)
+    if isinstance(value, dict):
+        yield from value.items()
+    elif isinstance(value, list):
+        yield from enumerate(value)
