@@ -19,7 +19,9 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     ├── StorageClosedError            the storage (or manager) was used after close()
     ├── StorageSchemaError            a store written by a newer, unknown version
     ├── StorageBackendError           the backend failed (OSError, sqlite3.Error, ...)
-    │   └── StoragePermissionError    the store's files belong to another user or are shared
+    │   ├── StoragePermissionError    the store's files belong to another user or are shared
+    │   ├── StorageTimeoutError       an operation outlasted its timeout (the store's budget)
+    │   └── StorageFullError          the disk (or the database server's disk) is full
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     ├── WorkflowBusyError             a second driver for a workflow this manager drives
     ├── WorkflowTransferError         copy/export/import cannot carry a workflow whole
@@ -66,8 +68,10 @@ __all__ = [
     "PlaintextRecordError",
     "StorageBackendError",
     "StorageClosedError",
+    "StorageFullError",
     "StoragePermissionError",
     "StorageSchemaError",
+    "StorageTimeoutError",
     "TypeVersionError",
     "UnknownKeyError",
     "UnknownTypeError",
@@ -311,6 +315,22 @@ class StoragePermissionError(StorageBackendError):
         self.path = path
         self.reason = reason
         super().__init__(f"refusing to open {path!r}: {reason}")
+
+
+class StorageTimeoutError(StorageBackendError):
+    """An operation did not finish within its timeout; the message names both and the wait.
+
+    For PostgreSQL the timeout is ``command_timeout``: the whole time the caller waits,
+    retries and the wait for a pooled connection included.
+    """
+
+
+class StorageFullError(StorageBackendError):
+    """The disk is full (``ENOSPC``, SQLite's ``SQLITE_FULL``, PostgreSQL's ``53100``).
+
+    Nothing of the failed write is stored; what was stored before stays readable, and writes
+    work again once space is freed.
+    """
 
 
 class UnsupportedOperationError(CheckpointError, NotImplementedError):

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._validation import check_optional_step, check_step, check_workflow_id
-from ...errors import InvalidArgumentError
+from ...errors import InvalidArgumentError, StorageFullError
 from ...format import SplitResult, TreeParams
 from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
 from ..base import (
@@ -571,7 +571,12 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         return await self._read(both)
 
     async def _read(self, fn: Callable[[Any], T]) -> T:
-        await self._ensure_open()
+        # A disk too full to open the store for writing still lets it be read, if SQLite can
+        # (ReaderPool.run_alone); when it cannot, that read's error says why.
+        try:
+            await self._ensure_open()
+        except StorageFullError:
+            return await self._in_thread(self._read_threads, self._readers.run_alone, fn)
         return await self._in_thread(self._read_threads, self._readers.run, fn)
 
     # --- lifecycle ------------------------------------------------------------------------
