@@ -78,6 +78,7 @@ from .storage.base import (
     EffectStorage,
     StepInfo,
     StoredEffect,
+    SweepStorage,
     WorkflowStorage,
 )
 from .storage.queries import WorkflowQuery
@@ -1844,6 +1845,84 @@ class RetentionConformance:
         assert await storage.in_doubt_workflows() == ["wf"]  # the running step 9's intent
         assert (await manager.sweep()).effects_deleted == 0
 
+    async def test_a_sweep_batch_thins_each_workflow_by_its_own_history(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """Workflows swept in one batch each lose what the policy drops of their own history.
+
+        One to thin by every rule, one with one step over the window, one with nothing to
+        delete but an orphaned effect below its oldest checkpoint, one with nothing at all.
+        """
+        manager = CheckpointManager(
+            storage, retention=RetentionPolicy(keep_last=2, keep_every=5, batch_size=50)
+        )
+        await _history(manager, "long", 12)
+        for workflow_id, steps in (("three", (3, 4, 5)), ("orphan", (4, 6)), ("short", (0, 1))):
+            for step in steps:
+                await manager.create_checkpoint(workflow_id, step, "a", "running", {"s": step})
+        effects = isinstance(storage, EffectStorage)
+        if effects:
+            for step in (1, 7):  # below the oldest checkpoint, and the running step
+                await storage.put_effect("orphan", step, "k", b"r", in_doubt=False)  # type: ignore[attr-defined]
+        report = await manager.sweep()
+        kept = {wf: await _steps(storage, wf) for wf in ("long", "three", "orphan", "short")}
+        assert kept == {
+            "long": [0, 5, 7, 10, 11],
+            "three": [4, 5],
+            "orphan": [4, 6],
+            "short": [0, 1],
+        }
+        assert (report.checkpoints_deleted, report.workflows_thinned) == (8, 2)
+        if effects:
+            assert report.effects_deleted == 1
+            assert await storage.load_effects("orphan", 1) == []  # type: ignore[attr-defined]
+            assert len(await storage.load_effects("orphan", 7)) == 1  # type: ignore[attr-defined]
+        again = await manager.sweep()
+        assert (again.checkpoints_deleted, again.effects_deleted) == (0, 0)
+
+    async def test_a_batch_deletes_only_what_it_read(self, storage: CheckpointStorage) -> None:
+        """Steps written (freely or under a lease) between a batch's read and its delete stay.
+
+        The batch deletes the steps it judged below each workflow's window, nothing else:
+        a workflow written meanwhile keeps its new steps and their effects.
+        """
+        if not isinstance(storage, SweepStorage):
+            pytest.skip("this store sweeps one workflow at a time")
+        policy = RetentionPolicy(keep_last=2)  # every step RUNNING: the newest 2 stay
+        manager = CheckpointManager(storage, retention=policy)
+        ids = ["a", "b", "c"]
+        for workflow_id in ids:
+            for step in range(5):
+                await manager.create_checkpoint(workflow_id, step, "a", "running", {"s": step})
+        budget = {"more_than": 2, "max_records": 100, "max_bytes": 1 << 20}
+        histories = await storage.histories(after=None, limit=10, **budget)
+        assert [(h.workflow_id, h.count, h.oldest, h.paused) for h in histories] == [
+            (wf, 5, 0, False) for wf in ids
+        ]
+        page = await storage.histories(after="a", limit=1, **budget)
+        assert [h.workflow_id for h in page] == ["b"]
+        await manager.create_checkpoint("b", 5, "a", "running", {"s": 5})
+        lease = None
+        if isinstance(storage, WorkflowStorage):
+            lease = await storage.acquire_lease("c", "runner", 30)
+        await manager.create_checkpoint("c", 5, "a", "running", {"s": 5}, lease=lease)
+        if isinstance(storage, EffectStorage):
+            await storage.put_effect("c", 6, "k", b"r", in_doubt=True, fence=lease)
+        sweep = _retention._Sweep(
+            storage, policy, SweepReport(dry_run=False, started_at=utcnow()), False, lambda _: None
+        )
+        sizes: dict[tuple[str, int], int] = {}
+        cuts = [cut for h in histories if (cut := await sweep.cut(h, sizes)) is not None]
+        await sweep.apply(storage, cuts, sizes)
+        assert {wf: await _steps(storage, wf) for wf in ids} == {
+            "a": [3, 4],
+            "b": [3, 4, 5],
+            "c": [3, 4, 5],
+        }
+        assert (sweep.report.checkpoints_deleted, sweep.report.workflows_thinned) == (9, 3)
+        if isinstance(storage, EffectStorage):
+            assert len(await storage.load_effects("c", 6)) == 1
+
     async def test_bad_policies_are_refused(self, storage: CheckpointStorage) -> None:
         """Bad policies raise InvalidArgumentError; a manager without one cannot sweep."""
         for bad in (
@@ -2080,6 +2159,33 @@ class WorkflowRetentionConformance:
         assert await _steps(storage, "wf") == [0]
         await storage.release_lease(lease)
         assert await storage.delete_workflow("wf", updated_at=seen.updated_at) is None
+
+    async def test_a_ttl_batch_keeps_the_workflows_written_or_leased_after_its_read(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """One batch of TTL deletes: the untouched workflows go whole, the others stay whole.
+
+        Between the page's read and its delete, one workflow is written (without a lease)
+        and one is leased: both keep their record, checkpoints and effects.
+        """
+        manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
+        ids = ["a", "b", "c", "d"]
+        for workflow_id in ids:
+            await manager.create_checkpoint(workflow_id, 0, "a", "running", {"k": 1})
+            await storage.put_effect(workflow_id, 0, "send", b"x", in_doubt=False)  # type: ignore[attr-defined]
+        seen = [await self._expired_record(storage, workflow_id) for workflow_id in ids]
+        await manager.create_checkpoint("b", 1, "a", "running", {"k": 2})
+        await storage.acquire_lease("c", "runner", 30)
+        sweep = self._sweep(storage)
+        await sweep.expire_page(seen, "idle")
+        assert sweep.report.workflows_deleted == {"idle": 2}
+        assert sweep.report.skipped_changed == 2 and sweep.report.workflow_bytes > 0
+        for workflow_id, steps in (("a", []), ("b", [0, 1]), ("c", [0]), ("d", [])):
+            assert await _steps(storage, workflow_id) == steps
+            assert (await storage.get_workflow(workflow_id) is None) == (not steps)
+            journal = await storage.load_effects(workflow_id, 0)  # type: ignore[attr-defined]
+            assert len(journal) == (1 if steps else 0)
+        assert await manager.list_workflows() == ["b", "c"]
 
     async def test_lease_less_writers_racing_ttl_sweeps_lose_nothing(
         self, storage: WorkflowStorage
