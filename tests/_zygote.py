@@ -125,12 +125,14 @@ class Zygote:
         stdio: Mapping[int, int],
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        umask: int | None = None,
     ) -> int:
         """Fork a child running the target with ``args``; its pid. ``stdio`` maps some of
         0, 1, 2 to the descriptors the child gets there (the others are the zygote's);
-        ``cwd`` and ``env`` default to the zygote's. :meth:`reply` then gives its exit code."""
+        ``cwd``, ``env`` and ``umask`` default to the zygote's. :meth:`reply` then gives its
+        exit code."""
         _ = self.imported_env  # the zygote's first message, before any answer
-        request = {"argv": list(args), "stdio": list(stdio), "cwd": cwd, "env": env}
+        request = {"argv": list(args), "stdio": list(stdio), "cwd": cwd, "env": env, "umask": umask}
         socket.send_fds(self._sock, [json.dumps(request).encode()], list(stdio.values()))
         return self.reply()
 
@@ -142,19 +144,29 @@ class Zygote:
         input: str | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        umask: int | None = None,
         timeout: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """``subprocess.run(args, stdin=, input=, capture_output=True, text=True, cwd=, env=,
-        timeout=)`` for a child: the same streams, text, exit code and timeout behaviour."""
+        timeout=)`` for a child: the same streams, text, exit code and timeout behaviour. As
+        with ``subprocess``, ``cwd`` and ``umask`` default to this process's current ones."""
         if input is not None and stdin is not None:
             raise ValueError("stdin and input arguments may not both be used.")
+        cwd = os.getcwd() if cwd is None else cwd
+        umask = current_umask() if umask is None else umask
         ends: list[int] = []  # the child's ends of its pipes, closed here once it has them
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        ends += [out_write, err_write]
+        feed = None
         try:
             child_in, feed = _stdin_for(stdin, input, ends)
-            out_read, out_write = os.pipe()
-            err_read, err_write = os.pipe()
-            ends += [out_write, err_write]
-            pid = self.start(args, {0: child_in, 1: out_write, 2: err_write}, cwd, env)
+            stdio = {0: child_in, 1: out_write, 2: err_write}
+            pid = self.start(args, stdio, cwd, env, umask)
+        except BaseException:
+            for fd in (out_read, err_read, *([feed] if feed is not None else [])):
+                os.close(fd)
+            raise
         finally:
             for fd in ends:
                 os.close(fd)
@@ -197,6 +209,20 @@ class Zygote:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it where ``/proc`` tells it."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _stdin_for(stdin: int | None, input: str | None, ends: list[int]) -> tuple[int, int | None]:
@@ -363,6 +389,8 @@ def _become_child(sock: socket.socket, request: dict[str, Any], fds: list[int]) 
         os.close(fd)
     if request["cwd"] is not None:
         os.chdir(request["cwd"])
+    if request["umask"] is not None:
+        os.umask(request["umask"])
     if request["env"] is not None:
         os.environ.clear()
         os.environ.update(request["env"])
