@@ -176,7 +176,7 @@ class SweepReport:
     ``blobs_freed`` is what the garbage collection that ends a sweep freed (0 on stores
     that free blobs with their records). ``skipped_leased`` counts workflows past their TTL
     left alone because they are leased, ``skipped_changed`` those whose record changed
-    between the sweep's read and its delete; ``skipped_unreadable`` records kept because
+    between the sweep's read and its delete; ``skipped_corrupted`` records kept because
     their fields could not be read (damaged, or over the store's size limit);
     ``skipped_no_key`` records kept because this process cannot read them, whose bytes may
     be sound: sealed under a key the keyring lacks, or encrypted and read without keys.
@@ -195,7 +195,7 @@ class SweepReport:
     blobs_freed: int = 0
     skipped_leased: int = 0
     skipped_changed: int = 0
-    skipped_unreadable: int = 0
+    skipped_corrupted: int = 0
     skipped_no_key: int = 0
     missing_keys: list[str] = field(default_factory=list)
 
@@ -552,7 +552,7 @@ class _Sweep:
             if len(page) == self.policy.batch_size:
                 before = page[-1].step
             elif low is not None:
-                self.report.skipped_unreadable += 1
+                self.report.skipped_corrupted += 1
                 keeper.oldest = low
                 before, low = low, None
             else:
@@ -590,7 +590,7 @@ class _Sweep:
     def keeps(self, keeper: _Keeper, facts: _Judged) -> bool:
         """Whether the policy keeps a record; one it cannot read is kept, and counted."""
         if facts is None:
-            self.report.skipped_unreadable += 1
+            self.report.skipped_corrupted += 1
             return True
         if isinstance(facts, _NoKey):
             self.report._no_key(facts.key_id)
