@@ -40,7 +40,10 @@ Under xdist:
 Hundreds of tests start Python processes (the CLI, crash and power-loss writers, docs
 examples). Under ``PYTHONDONTWRITEBYTECODE=1`` each of them would compile the whole package
 from source again, most of the CLI's start-up time; the children write their bytecode under
-``.pytest_cache/pycache`` instead (``PYTHONPYCACHEPREFIX``), never beside the sources.
+``.pytest_cache/pycache`` instead (``PYTHONPYCACHEPREFIX``), never beside the sources. The
+CLI tests' commands and the crash tests' writers do not start Python at all: each is forked
+from a warmed-up interpreter, one per test process (tests/_zygote.py, tests/cli_runner.py);
+``AIOCHECKPOINT_TEST_CLI_SUBPROCESS=1`` starts every CLI command as a fresh process instead.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ TIERS = {
 
 
 #: Fixtures that need root (a mount, FUSE): a test using one must be in the root tier.
-ROOT_FIXTURES = frozenset({"lazyfs_binary", "mounts", "tiny_disk"})
+ROOT_FIXTURES = frozenset({"lazyfs_binary", "mounts", "small_disk", "tiny_disk"})
 
 
 def tier(item: pytest.Item) -> str:

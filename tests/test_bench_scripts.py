@@ -85,3 +85,13 @@ def test_str_floor_bench_runs() -> None:
     lines = proc.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["round 1", "round 2"]
     assert all(line.count(" ms") == 3 for line in lines)
+
+
+def test_scale_bench_runs() -> None:
+    """`bench/scale.py --quick` builds 2,000 x 10, sweeps to the newest 3, sweeps again, on
+    SQLite and PostgreSQL (no timings checked)."""
+    lines = _bench_lines("scale.py", "--quick")
+    assert [line["backend"] for line in lines] == ["sqlite", "postgres"]
+    for line in lines:
+        assert (line["checkpoints"], line["deleted"], line["deleted_again"]) == (20_000, 14_000, 0)
+        assert line["bytes_before"] > 0 and line["bytes_after"] > 0

@@ -24,6 +24,7 @@ import pytest
 
 from aiocheckpoint import SharedState
 from aiocheckpoint.cli.store import open_store
+from tests import cli_runner
 from tests.pg_support import DSN, drop_schema, new_schema_name
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -35,18 +36,11 @@ NewStore = Callable[[str], str]
 
 
 def cli(*args: str, stdin: int | None = subprocess.DEVNULL, **kwargs: object) -> Result:
-    """Run ``python -m aiocheckpoint ARGS`` with this worktree's code."""
+    """Run ``python -m aiocheckpoint ARGS`` with this worktree's code (a process forked from a
+    warmed-up interpreter, or a fresh one: tests/cli_runner.py)."""
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "AIOCHECKPOINT_DEBUG")}
     env["PYTHONPATH"] = str(SRC)
-    proc = subprocess.run(
-        [sys.executable, "-m", "aiocheckpoint", *args],
-        stdin=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        **kwargs,  # type: ignore[call-overload]
-    )
+    proc = cli_runner.run(args, stdin=stdin, timeout=120, env=env, **kwargs)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -344,3 +344,19 @@ async def test_in_doubt_on_an_encrypted_store(tmp_path: Path) -> None:
         [record] = await manager.get_effects("wf", 1)
         assert record.state is EffectState.FAILED
         assert (await manager.get_workflow("wf")).status is WorkflowStatus.UNFINISHED  # type: ignore[union-attr]
+
+
+async def test_a_damaged_journal_in_the_in_doubt_listing_is_corrupted(tmp_path: Path) -> None:
+    """A journal whose record does not verify is listed as corrupted, apart from unreadable
+    (a missing key), in the text and in the JSON."""
+    url = f"sqlite://{tmp_path}/damaged.db"
+    intent = EffectRecord("wf", 1, "call", "tool", EffectState.IN_DOUBT, 1, utcnow(), "ack-1")
+    async with CheckpointManager(open_storage(url)) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"n": 0})
+        await manager.record_effect(intent)
+        storage: Any = manager.storage
+        await storage.put_effect("wf", 1, "call", b"not an effect record", in_doubt=True)
+    listed: Any = cli("workflows", url, "--in-doubt", "--json").json()
+    [problem] = listed["workflows"][0]["in_doubt"].items()
+    assert problem[0] == "corrupted" and problem[1].startswith("corrupted: ")
+    assert "corrupted: " in cli("workflows", url, "--in-doubt").out

@@ -608,6 +608,6 @@ async def test_retention_thins_encrypted_histories_as_plain_ones(
             status = "completed" if step in (7, 8) else "failed" if step == 11 else "running"
             await manager.create_checkpoint(name, step, "a", status, {"n": step})
         report = await manager.thin_workflow(name)
-        assert report.skipped_unreadable == 0
+        assert report.skipped_corrupted == 0
         kept[name] = [r.step for r in await store.scan(name)]
     assert kept["sealed"] == kept["plain"] == [0, 5, 8, 10, 11, 15, 17, 18, 19]

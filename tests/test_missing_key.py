@@ -182,14 +182,14 @@ async def test_a_sweep_keeps_and_names_what_it_cannot_read(store: CheckpointStor
     policy = RetentionPolicy(keep_last=1, keep_terminal=False)
     old = CheckpointManager(store, encryption=OLD)
     report = await old.thin_workflow("wf", policy=policy, dry_run=True)
-    assert (report.skipped_no_key, report.missing_keys, report.skipped_unreadable) == (
+    assert (report.skipped_no_key, report.missing_keys, report.skipped_corrupted) == (
         1,
         ["k2"],
         0,
     )
     keyless = await CheckpointManager(store).sweep(policy=policy, dry_run=True)
     assert (keyless.skipped_no_key, keyless.missing_keys) == (3, ["k1", "k2"])
-    assert keyless.skipped_unreadable == keyless.checkpoints_deleted == 0
+    assert keyless.skipped_corrupted == keyless.checkpoints_deleted == 0
     full = await CheckpointManager(store, encryption=NEW).sweep(policy=policy, dry_run=True)
     assert (full.skipped_no_key, full.checkpoints_deleted) == (0, 2)
 

@@ -80,7 +80,7 @@ async def test_unreadable_records_are_kept_and_counted() -> None:
     await storage.save("wf", 0, b"not a record")
     report = await manager.sweep()
     assert await steps(storage, "wf") == [0, 2]
-    assert (report.skipped_unreadable, report.checkpoints_deleted) == (1, 1)
+    assert (report.skipped_corrupted, report.checkpoints_deleted) == (1, 1)
 
 
 async def test_ttl_on_a_store_without_records_is_unsupported(tmp_path: Path) -> None:
@@ -333,6 +333,6 @@ async def test_a_record_the_storage_refuses_is_kept_and_thinning_goes_on(tmp_pat
     storage = SQLiteCheckpointStorage(path, max_record_bytes=2000)
     async with CheckpointManager(storage, retention=policy) as manager:
         report = await manager.sweep()
-    assert (report.checkpoints_deleted, report.skipped_unreadable) == (5, 1)
+    assert (report.checkpoints_deleted, report.skipped_corrupted) == (5, 1)
     async with SQLiteCheckpointStorage(path) as reopened:
         assert await steps(reopened, "wf") == [3, 6, 7]

@@ -32,6 +32,7 @@ from aiocheckpoint.serde import encode_checkpoint
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.storage.sqlite.blobs import read_blobs
 from aiocheckpoint.storage.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, migrate
+from tests import cli_runner
 from tests._sqlite_blob_check import check_refcounts
 from tests._sqlite_blob_check import sql as _sql
 
@@ -285,14 +286,7 @@ async def test_writers_in_several_processes_with_retention(tmp_path: Path) -> No
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "AIOCHECKPOINT_DEBUG")}
     env["PYTHONPATH"] = str(SRC)
-    return subprocess.run(
-        [sys.executable, "-m", "aiocheckpoint", *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    return cli_runner.run(args, stdin=subprocess.DEVNULL, timeout=120, env=env)
 
 
 async def test_cli_verifies_copies_exports_and_prunes_incremental_sqlite(tmp_path: Path) -> None:

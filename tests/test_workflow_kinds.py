@@ -17,7 +17,7 @@ from aiocheckpoint import CheckpointManager
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.postgres import schema as pg_schema_module
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
-from aiocheckpoint.storage.sqlite.schema import MIGRATIONS, migrate
+from aiocheckpoint.storage.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from tests.pg_support import DSN, pg_schema
 
 __all__ = ["pg_schema"]
@@ -76,7 +76,7 @@ async def test_sqlite_store_of_schema_5_gets_kinds(tmp_path: Path) -> None:
     async with CheckpointManager(SQLiteCheckpointStorage(db)) as manager:
         await check_migrated(manager)
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchall() == [(6,)]
+    assert conn.execute("PRAGMA user_version").fetchall() == [(SCHEMA_VERSION,)]
     [(claimable,)] = conn.execute(
         "SELECT sql FROM sqlite_master WHERE name = 'workflows_claimable'"
     ).fetchall()
@@ -114,7 +114,9 @@ async def test_postgres_store_of_schema_6_gets_kinds(pg_schema: str) -> None:
         storage = PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=2)
         async with CheckpointManager(storage) as manager:
             await check_migrated(manager)
-        assert await admin.fetchval(f"SELECT value FROM {quoted}.meta") == "7"
+        assert await admin.fetchval(f"SELECT value FROM {quoted}.meta") == str(
+            pg_schema_module.SCHEMA_VERSION
+        )
         claimable = await admin.fetchval(
             "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 "
             "AND indexname = 'workflows_claimable'",

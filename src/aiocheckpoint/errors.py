@@ -19,9 +19,12 @@ Every error the library raises on purpose derives from :class:`CheckpointError`:
     ├── StorageClosedError            the storage (or manager) was used after close()
     ├── StorageSchemaError            a store written by a newer, unknown version
     ├── StorageBackendError           the backend failed (OSError, sqlite3.Error, ...)
-    │   └── StoragePermissionError    the store's files belong to another user or are shared
+    │   ├── StoragePermissionError    the store's files belong to another user or are shared
+    │   ├── StorageTimeoutError       an operation outlasted its timeout (the store's budget)
+    │   └── StorageFullError          the disk (or the database server's disk) is full
     ├── UnsupportedOperationError     the backend lacks a capability (also NotImplementedError)
     ├── WorkflowBusyError             a second driver for a workflow this manager drives
+    ├── WorkflowCancelledError        the workflow was cancelled: its driver stops
     ├── WorkflowTransferError         copy/export/import cannot carry a workflow whole
     ├── EncryptionError               this process cannot read or seal (no keys, no cryptography)
     │   └── UnknownKeyError           sealed under a key id the keyring does not hold
@@ -66,13 +69,16 @@ __all__ = [
     "PlaintextRecordError",
     "StorageBackendError",
     "StorageClosedError",
+    "StorageFullError",
     "StoragePermissionError",
     "StorageSchemaError",
+    "StorageTimeoutError",
     "TypeVersionError",
     "UnknownKeyError",
     "UnknownTypeError",
     "UnsupportedOperationError",
     "WorkflowBusyError",
+    "WorkflowCancelledError",
     "WorkflowExistsError",
     "WorkflowTransferError",
 ]
@@ -271,6 +277,21 @@ class WorkflowBusyError(CheckpointError):
         )
 
 
+class WorkflowCancelledError(CheckpointError):
+    """The workflow was cancelled (:meth:`~aiocheckpoint.CheckpointManager.cancel_workflow`).
+
+    Raised by the driver (``ResumableWorkflow``) at its next step boundary or ``wf.effect``
+    call after the cancel is stored, and on entry to a cancelled workflow. ``reason`` is
+    the reason given to the cancel (None if none).
+    """
+
+    def __init__(self, workflow_id: str, reason: str | None = None) -> None:
+        self.workflow_id = workflow_id
+        self.reason = reason
+        why = f": {reason}" if reason else ""
+        super().__init__(f"workflow {workflow_id!r} was cancelled{why}")
+
+
 class WorkflowTransferError(CheckpointError):
     """``copy``, ``export`` or ``import`` cannot carry a workflow whole: nothing is written.
 
@@ -311,6 +332,22 @@ class StoragePermissionError(StorageBackendError):
         self.path = path
         self.reason = reason
         super().__init__(f"refusing to open {path!r}: {reason}")
+
+
+class StorageTimeoutError(StorageBackendError):
+    """An operation did not finish within its timeout; the message names both and the wait.
+
+    For PostgreSQL the timeout is ``command_timeout``: the whole time the caller waits,
+    retries and the wait for a pooled connection included.
+    """
+
+
+class StorageFullError(StorageBackendError):
+    """The disk is full (``ENOSPC``, SQLite's ``SQLITE_FULL``, PostgreSQL's ``53100``).
+
+    Nothing of the failed write is stored; what was stored before stays readable, and writes
+    work again once space is freed.
+    """
 
 
 class UnsupportedOperationError(CheckpointError, NotImplementedError):

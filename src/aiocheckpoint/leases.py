@@ -51,6 +51,10 @@ class WorkflowStatus(str, Enum):
     #: Waiting for :meth:`~aiocheckpoint.CheckpointManager.resume_workflow` (a human, an
     #: event, a budget): never claimed by runners.
     PAUSED = "paused"
+    #: Stopped by :meth:`~aiocheckpoint.CheckpointManager.cancel_workflow` (its reason in
+    #: ``last_error``): never claimed; :meth:`~aiocheckpoint.CheckpointManager.retry_workflow`
+    #: makes it claimable again.
+    CANCELLED = "cancelled"
 
     def __str__(self) -> str:
         return self.value

@@ -15,6 +15,7 @@ import anyio
 import anyio.lowlevel
 from typing_extensions import Self
 
+from . import control
 from ._holders import LocalHolders
 from ._telemetry import round_trip, traced
 from ._validation import (
@@ -894,6 +895,24 @@ class CheckpointManager:
         workflow_id = check_workflow_id(workflow_id)
         return await storage.resume_workflow(workflow_id, json_text(input, "resume input"))
 
+    async def cancel_workflow(self, workflow_id: str, reason: str | None = None) -> WorkflowRecord:
+        """Cancel an UNFINISHED or PAUSED workflow: CANCELLED, ``reason`` in ``last_error``.
+
+        Its runner stops at its next step boundary or ``wf.effect`` call with
+        :class:`~aiocheckpoint.WorkflowCancelledError`; see :mod:`aiocheckpoint.control`.
+        """
+        self._check_open()
+        return await control.cancel(self._storage, check_workflow_id(workflow_id), reason)
+
+    async def retry_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """Make a FAILED or CANCELLED workflow claimable again, with attempts back to 0.
+
+        Any other status raises :class:`~aiocheckpoint.InvalidArgumentError`; a runner
+        holding its lease :class:`~aiocheckpoint.LeaseHeldError` (:mod:`aiocheckpoint.control`).
+        """
+        self._check_open()
+        return await control.retry(self._storage, check_workflow_id(workflow_id))
+
     @traced("record_failure")
     async def record_failure(
         self,
@@ -944,7 +963,7 @@ class CheckpointManager:
         return await round_trip(
             self._workflow_storage().set_workflow_status,
             workflow_id,
-            _workflow_status(status),
+            control.markable(_workflow_status(status)),
             fence=lease,
         )
 

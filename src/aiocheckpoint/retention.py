@@ -3,8 +3,10 @@
 A :class:`RetentionPolicy` says what to keep of each workflow's history (the newest N, then
 every K-th step or one per time interval, always the terminal checkpoints) and when whole
 workflows go (a time after they finished or failed, or after they were last updated).
-:func:`run_sweep` applies it to a store in small batches: every delete is its own short
-write, so writers are never held up for long. It is the one place a sweep starts and ends;
+:func:`run_sweep` applies it to a store a page of workflows at a time: on a store with
+batched sweeps (:class:`~aiocheckpoint.storage.base.SweepStorage`) one read and at most one
+short write per page, pages sized by the time they take; on the others, a short write per
+delete. Writers are never held up for long. It is the one place a sweep starts and ends;
 its :class:`SweepReport` says what it deleted.
 """
 
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -35,8 +38,11 @@ from .models import AgentStatus, utcnow
 from .storage.base import (
     BlobCheckpointStorage,
     CheckpointStorage,
+    Cut,
     EffectStorage,
+    History,
     StoredCheckpoint,
+    SweepStorage,
 )
 from .storage.base import WorkflowStorage as _WorkflowStorage
 from .storage.queries import WorkflowQuery
@@ -47,10 +53,17 @@ __all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep", "run_th
 Opener = Callable[[str, StoredCheckpoint], Awaitable[bytes]]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: A version-1 record longer than this has its fields parsed in a worker thread.
 _PARSE_ON_LOOP: Final = 64 * 1024
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: What one batch of a sweep aims to take, and the most workflows it takes.
+_BATCH_SECONDS: Final = 0.05
+_MAX_BATCH: Final = 2000
+#: The most records, and bytes of records, one batched read of histories holds.
+_MAX_RECORDS: Final = 20_000
+_MAX_BYTES: Final = 64 * 1024 * 1024
 
 
 class RetentionPolicy(BaseModel):
@@ -69,12 +82,14 @@ class RetentionPolicy(BaseModel):
     ``idle_ttl`` delete a FINISHED, FAILED or UNFINISHED workflow (its record, checkpoints,
     effects, and the blobs it alone holds) when its record was last changed that long ago
     (for a finished or failed workflow: when it finished or failed, its ``finished_at``).
+    A CANCELLED workflow is terminal too: ``failed_ttl`` applies to it, from its cancel.
     A leased workflow is never deleted.
 
     ``keep_last`` alone with ``keep_terminal=False`` is ``max_checkpoints``: it prunes at
     every write, in the save's transaction. Any other history rule is applied by sweeps,
     because a write that prunes the oldest step could otherwise delete a step it keeps.
-    ``batch_size`` is how many records a sweep reads or deletes per round trip.
+    ``batch_size`` is how many records a sweep reads or deletes per round trip (on stores
+    with batched sweeps, the first page's workflows: later pages are sized by time).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -121,6 +136,7 @@ class RetentionPolicy(BaseModel):
         pairs = [
             (WorkflowStatus.FINISHED, self.finished_ttl),
             (WorkflowStatus.FAILED, self.failed_ttl),
+            (WorkflowStatus.CANCELLED, self.failed_ttl),
             (WorkflowStatus.UNFINISHED, self.idle_ttl),
         ]
         return [(status, ttl) for status, ttl in pairs if ttl is not None]
@@ -150,7 +166,7 @@ def policy_from(max_checkpoints: object, retention: object) -> RetentionPolicy |
 class SweepReport:
     """What one sweep deleted (or, with ``dry_run``, would delete).
 
-    ``workflows_deleted`` counts whole workflows by reason (``finished``, ``failed``,
+    ``workflows_deleted`` counts whole workflows by reason (``finished``, ``failed``, ``cancelled``,
     ``idle``) and ``workflow_bytes`` their checkpoint records' bytes (not counted by dry
     runs); ``checkpoints_deleted`` and ``checkpoint_bytes`` count the checkpoints the
     history rules thinned out, and their record bytes (blobs not included);
@@ -160,7 +176,7 @@ class SweepReport:
     ``blobs_freed`` is what the garbage collection that ends a sweep freed (0 on stores
     that free blobs with their records). ``skipped_leased`` counts workflows past their TTL
     left alone because they are leased, ``skipped_changed`` those whose record changed
-    between the sweep's read and its delete; ``skipped_unreadable`` records kept because
+    between the sweep's read and its delete; ``skipped_corrupted`` records kept because
     their fields could not be read (damaged, or over the store's size limit);
     ``skipped_no_key`` records kept because this process cannot read them, whose bytes may
     be sound: sealed under a key the keyring lacks, or encrypted and read without keys.
@@ -179,7 +195,7 @@ class SweepReport:
     blobs_freed: int = 0
     skipped_leased: int = 0
     skipped_changed: int = 0
-    skipped_unreadable: int = 0
+    skipped_corrupted: int = 0
     skipped_no_key: int = 0
     missing_keys: list[str] = field(default_factory=list)
 
@@ -208,6 +224,7 @@ class SweepReport:
 _REASONS: Final = {
     WorkflowStatus.FINISHED: "finished",
     WorkflowStatus.FAILED: "failed",
+    WorkflowStatus.CANCELLED: "cancelled",
     WorkflowStatus.UNFINISHED: "idle",
 }
 
@@ -308,6 +325,7 @@ class _Sweep:
         self.report = report
         self.dry_run = dry_run
         self.forget = forget
+        self.pacer = _Pacer(policy.batch_size)
 
     def records(self) -> _WorkflowStorage:
         if not isinstance(self.storage, _WorkflowStorage):
@@ -321,20 +339,48 @@ class _Sweep:
 
     async def expire(self, now: datetime) -> None:
         for status, ttl in self.policy.ttls():
-            query = _expired(status, now - ttl, self.policy.batch_size)
-            async for record in self.pages(query):
-                await self.expire_one(record, _REASONS[status])
+            query = _expired(status, now - ttl, self.pacer.size)
+            async for page in self.pages(query):
+                await self.expire_page(page, _REASONS[status])
 
-    async def pages(self, query: WorkflowQuery) -> AsyncIterator[WorkflowRecord]:
-        """Every record ``query`` matches, one page (one short read) at a time."""
+    async def pages(self, query: WorkflowQuery) -> AsyncIterator[list[WorkflowRecord]]:
+        """Every record ``query`` matches, one page (one short read) at a time.
+
+        A page holds as many records as the pacer's batch, which it sizes by time.
+        """
         storage = self.records()
         while True:
+            query = replace(query, limit=self.pacer.size)
             page = await storage.query_workflow_records(query)
-            for record in page:
-                yield record
+            if page:
+                yield page
             if query.limit is None or len(page) < query.limit:
                 return
             query = replace(query, after=page[-1].workflow_id)
+
+    async def expire_page(self, page: list[WorkflowRecord], reason: str) -> None:
+        """Delete a page of expired workflows: in one write where the store batches."""
+        if self.dry_run or not isinstance(self.storage, SweepStorage):
+            for record in page:
+                await self.expire_one(record, reason)
+            return
+        live = [record for record in page if not _leased(record)]
+        self.report.skipped_leased += len(page) - len(live)
+        if not live:
+            return
+        pairs = [(record.workflow_id, record.updated_at) for record in live]
+        sizes = await self.pacer.timed(self.storage.delete_workflows(pairs))
+        for record, size in zip(live, sizes, strict=True):
+            self.deleted_whole(record.workflow_id, size, reason)
+
+    def deleted_whole(self, workflow_id: str, size: int | None, reason: str) -> None:
+        """Count one conditional delete's outcome (None: the record changed, or is gone)."""
+        if size is None:
+            self.report.skipped_changed += 1
+            return
+        self.forget(workflow_id)
+        self.report._count(reason)
+        self.report.workflow_bytes += size
 
     async def expire_one(self, record: WorkflowRecord, reason: str) -> None:
         if _leased(record):
@@ -348,21 +394,32 @@ class _Sweep:
         size = await self.records().delete_workflow(
             record.workflow_id, updated_at=record.updated_at
         )
-        if size is None:
-            self.report.skipped_changed += 1
-            return
-        self.forget(record.workflow_id)
-        self.report._count(reason)
-        self.report.workflow_bytes += size
+        self.deleted_whole(record.workflow_id, size, reason)
 
     # --- history -----------------------------------------------------------------------
 
     async def thin_all(self) -> None:
-        async for workflow_id, status in self.workflows():
-            if status is WorkflowStatus.PAUSED and self.policy.keep_paused:
-                continue
-            if await self.thin(workflow_id):
-                self.report.workflows_thinned += 1
+        if isinstance(self.storage, SweepStorage) and self.policy.keep_last is not None:
+            after: str | None = ""
+            while after is not None:
+                after = await self.thin_batch(self.storage, after or None)
+            return
+        if not isinstance(self.storage, _WorkflowStorage):
+            # A store without records lists its workflows in one call (the protocol's only way).
+            for workflow_id in await self.storage.list_workflows():
+                await self.thin_counted(workflow_id)
+            return
+        # Records of another kind (LangGraph threads and their pages) keep their own
+        # rules: thinning a thread's pages would lose pages its checkpoints reference.
+        query = WorkflowQuery(limit=self.policy.batch_size, kind=WORKFLOW_KIND)
+        async for page in self.pages(query):
+            for record in page:
+                if record.status is not WorkflowStatus.PAUSED or not self.policy.keep_paused:
+                    await self.thin_counted(record.workflow_id)
+
+    async def thin_counted(self, workflow_id: str) -> None:
+        if await self.thin(workflow_id):
+            self.report.workflows_thinned += 1
 
     async def paused(self, workflow_id: str) -> bool:
         """Whether the policy keeps this workflow whole because it is paused."""
@@ -371,17 +428,97 @@ class _Sweep:
         record = await self.storage.get_workflow(workflow_id)
         return record is not None and record.status is WorkflowStatus.PAUSED
 
-    async def workflows(self) -> AsyncIterator[tuple[str, WorkflowStatus | None]]:
-        if isinstance(self.storage, _WorkflowStorage):
-            # Records of another kind (LangGraph threads and their pages) keep their own
-            # rules: thinning a thread's pages would lose pages its checkpoints reference.
-            query = WorkflowQuery(limit=self.policy.batch_size, kind=WORKFLOW_KIND)
-            async for record in self.pages(query):
-                yield record.workflow_id, record.status
-            return
-        # A store without records lists its workflows in one call (the protocol's only way).
-        for workflow_id in await self.storage.list_workflows():
-            yield workflow_id, None
+    async def thin_batch(self, storage: SweepStorage, after: str | None) -> str | None:
+        """Thin the next page of workflows after ``after``: one read, at most one write.
+
+        Returns the page's last workflow id, or None when there is none. A workflow with
+        nothing to delete costs no write; one whose history is longer than one read's
+        share, or holds a record the store refuses to read, is thinned by itself.
+        """
+        keep_last = self.policy.keep_last
+        assert keep_last is not None  # thin_all checked
+        histories = await storage.histories(
+            after=after,
+            limit=self.pacer.size,
+            more_than=keep_last,
+            max_records=_MAX_RECORDS,
+            max_bytes=_MAX_BYTES,
+        )
+        if not histories:
+            return None
+        todo = [h for h in histories if self.thinnable(h)]
+        facts: list[list[_Judged] | None] = [None] * len(todo)
+        if self.opened is None:  # the records' fields, parsed off the loop in one hop
+            facts = await anyio.to_thread.run_sync(_page_facts, todo)
+        cuts: list[Cut] = []
+        sizes: dict[tuple[str, int], int] = {}
+        for history, judged in zip(todo, facts, strict=True):
+            if history.records is None and history.count > keep_last:
+                await self.thin_counted(history.workflow_id)
+                continue
+            cut = await self.cut(history, sizes, judged)
+            if cut is not None:
+                cuts.append(cut)
+        if not await self.apply(storage, cuts, sizes):
+            self.pacer.grow()
+        return histories[-1].workflow_id
+
+    def thinnable(self, history: History) -> bool:
+        """Whether thinning applies to this history.
+
+        Not to a paused workflow the policy keeps whole, nor to a record of another kind
+        (a LangGraph thread, whose pages its checkpoints reference), nor, on a store with
+        records, to checkpoints without one.
+        """
+        if history.paused and self.policy.keep_paused:
+            return False
+        return history.kind == WORKFLOW_KIND or not isinstance(self.storage, _WorkflowStorage)
+
+    async def cut(
+        self,
+        history: History,
+        sizes: dict[tuple[str, int], int],
+        facts: list[_Judged] | None = None,
+    ) -> Cut | None:
+        """What the policy deletes of one history (None: nothing); record sizes into ``sizes``.
+
+        ``facts`` are its records' fields, if read already (None where unreadable).
+        """
+        records = history.records
+        if records is None:  # no more than the newest keep_last: all kept
+            return Cut(history.workflow_id, (), history.oldest) if history.orphans else None
+        if facts is None:
+            facts = [await self.judged(history.workflow_id, record) for record in records]
+        keeper = _Keeper(self.policy)
+        steps: list[int] = []
+        for record, fields in zip(records, facts, strict=True):
+            if self.keeps(keeper, fields):
+                keeper.oldest = record.step
+            else:
+                steps.append(record.step)
+                sizes[history.workflow_id, record.step] = len(record.data)
+        if not steps and not history.orphans:
+            return None
+        return Cut(history.workflow_id, tuple(steps), keeper.oldest)
+
+    async def apply(
+        self, storage: SweepStorage, cuts: list[Cut], sizes: dict[tuple[str, int], int]
+    ) -> bool:
+        """Delete the cuts in one write (a dry run counts them); whether anything was written.
+
+        Fills in the report.
+        """
+        if self.dry_run:
+            deleted = [(cut.workflow_id, step) for cut in cuts for step in cut.steps]
+        elif cuts:
+            deleted, dropped = await self.pacer.timed(storage.thin_many(cuts))
+            self.report.effects_deleted += dropped
+        else:
+            return False
+        self.report.checkpoints_deleted += len(deleted)
+        self.report.checkpoint_bytes += sum(sizes[pair] for pair in deleted)
+        self.report.workflows_thinned += len({workflow_id for workflow_id, _ in deleted})
+        return not self.dry_run
 
     async def thin(self, workflow_id: str) -> int:
         """Delete what the policy does not keep of one workflow; return how many.
@@ -415,7 +552,7 @@ class _Sweep:
             if len(page) == self.policy.batch_size:
                 before = page[-1].step
             elif low is not None:
-                self.report.skipped_unreadable += 1
+                self.report.skipped_corrupted += 1
                 keeper.oldest = low
                 before, low = low, None
             else:
@@ -430,6 +567,13 @@ class _Sweep:
         )
 
     async def kept(self, keeper: _Keeper, workflow_id: str, record: StoredCheckpoint) -> bool:
+        return self.keeps(keeper, await self.judged(workflow_id, record))
+
+    async def judged(self, workflow_id: str, record: StoredCheckpoint) -> _Judged:
+        """The record's fields (unsealed first, if encrypted).
+
+        None if unreadable, a :class:`_NoKey` if this process lacks the key to read it.
+        """
         try:
             if self.opened is not None:
                 plain = StoredCheckpoint(record.step, await self.opened(workflow_id, record))
@@ -437,12 +581,19 @@ class _Sweep:
                 raise EncryptionError("an encrypted record read without keys")
             else:
                 plain = record
-            facts = await _facts(plain)
+            return await _facts(plain)
         except EncryptionError:  # not damage: a process with the key may read it
-            self.report._no_key(sealed_key_id(record.data))
-            return True
+            return _NoKey(sealed_key_id(record.data))
         except CheckpointCorruptedError:
-            self.report.skipped_unreadable += 1
+            return None
+
+    def keeps(self, keeper: _Keeper, facts: _Judged) -> bool:
+        """Whether the policy keeps a record; one it cannot read is kept, and counted."""
+        if facts is None:
+            self.report.skipped_corrupted += 1
+            return True
+        if isinstance(facts, _NoKey):
+            self.report._no_key(facts.key_id)
             return True
         return keeper.keeps(facts)
 
@@ -452,6 +603,33 @@ class _Sweep:
         self.report.checkpoints_deleted += 1
         self.report.checkpoint_bytes += len(record.data)
         return 1
+
+
+class _Pacer:
+    """How many workflows a sweep's batch takes: as many as its write deletes in ~50 ms.
+
+    A batch's write holds up the writers queued behind it (SQLite's group commit) or
+    waiting on its row locks (PostgreSQL), so batches are sized by the time their writes
+    take, as the group commit sizes its own: doubled after a write under half the target
+    (and after a batch with nothing to write), halved after one over twice it.
+    """
+
+    def __init__(self, start: int) -> None:
+        self.size = start
+
+    async def timed(self, work: Awaitable[_T]) -> _T:
+        """``work``'s result; its time sizes the next batch."""
+        started = time.monotonic()
+        result = await work
+        elapsed = time.monotonic() - started
+        if elapsed < _BATCH_SECONDS / 2:
+            self.grow()
+        elif elapsed > _BATCH_SECONDS * 2:
+            self.size = max(self.size // 2, 1)
+        return result
+
+    def grow(self) -> None:
+        self.size = min(self.size * 2, max(self.size, _MAX_BATCH))
 
 
 class _Keeper:
@@ -494,6 +672,34 @@ async def _facts(record: StoredCheckpoint) -> RecordFacts:
     if len(record.data) > _PARSE_ON_LOOP:
         return await anyio.to_thread.run_sync(record_facts, record.data)
     return record_facts(record.data)
+
+
+@dataclass(frozen=True, slots=True)
+class _NoKey:
+    """A record this process cannot read for lack of its key (its bytes may be sound)."""
+
+    key_id: str | None
+
+
+#: What a sweep makes of a record: its fields, None if unreadable, or :class:`_NoKey`.
+_Judged = RecordFacts | _NoKey | None
+
+
+def _page_facts(histories: list[History]) -> list[list[_Judged] | None]:
+    """Each read history's records' fields (None where unreadable), in a worker thread."""
+    return [
+        None if h.records is None else [_fields_or_none(r) for r in h.records] for h in histories
+    ]
+
+
+def _fields_or_none(record: StoredCheckpoint) -> _Judged:
+    """A record's fields read without keys (a sealed record is one this process cannot read)."""
+    if is_sealed_record(record.data):
+        return _NoKey(sealed_key_id(record.data))
+    try:
+        return record_facts(record.data)
+    except CheckpointCorruptedError:
+        return None
 
 
 def _refused_step(bad: CheckpointCorruptedError, low: int | None, before: int | None) -> int:

@@ -62,6 +62,7 @@ from .errors import (
     LeaseLostError,
     StorageClosedError,
     UnsupportedOperationError,
+    WorkflowCancelledError,
     WorkflowExistsError,
 )
 from .format.header import record_format_version
@@ -77,6 +78,7 @@ from .storage.base import (
     EffectStorage,
     StepInfo,
     StoredEffect,
+    SweepStorage,
     WorkflowStorage,
 )
 from .storage.queries import WorkflowQuery
@@ -93,6 +95,7 @@ __all__ = [
     "PersistentStorageConformance",
     "RetentionConformance",
     "StorageConformance",
+    "WorkflowControlConformance",
     "WorkflowLifecycleConformance",
     "WorkflowRetentionConformance",
     "WorkflowStorageConformance",
@@ -1865,6 +1868,84 @@ class RetentionConformance:
         assert await storage.in_doubt_workflows() == ["wf"]  # the running step 9's intent
         assert (await manager.sweep()).effects_deleted == 0
 
+    async def test_a_sweep_batch_thins_each_workflow_by_its_own_history(
+        self, storage: CheckpointStorage
+    ) -> None:
+        """Workflows swept in one batch each lose what the policy drops of their own history.
+
+        One to thin by every rule, one with one step over the window, one with nothing to
+        delete but an orphaned effect below its oldest checkpoint, one with nothing at all.
+        """
+        manager = CheckpointManager(
+            storage, retention=RetentionPolicy(keep_last=2, keep_every=5, batch_size=50)
+        )
+        await _history(manager, "long", 12)
+        for workflow_id, steps in (("three", (3, 4, 5)), ("orphan", (4, 6)), ("short", (0, 1))):
+            for step in steps:
+                await manager.create_checkpoint(workflow_id, step, "a", "running", {"s": step})
+        effects = isinstance(storage, EffectStorage)
+        if effects:
+            for step in (1, 7):  # below the oldest checkpoint, and the running step
+                await storage.put_effect("orphan", step, "k", b"r", in_doubt=False)  # type: ignore[attr-defined]
+        report = await manager.sweep()
+        kept = {wf: await _steps(storage, wf) for wf in ("long", "three", "orphan", "short")}
+        assert kept == {
+            "long": [0, 5, 7, 10, 11],
+            "three": [4, 5],
+            "orphan": [4, 6],
+            "short": [0, 1],
+        }
+        assert (report.checkpoints_deleted, report.workflows_thinned) == (8, 2)
+        if effects:
+            assert report.effects_deleted == 1
+            assert await storage.load_effects("orphan", 1) == []  # type: ignore[attr-defined]
+            assert len(await storage.load_effects("orphan", 7)) == 1  # type: ignore[attr-defined]
+        again = await manager.sweep()
+        assert (again.checkpoints_deleted, again.effects_deleted) == (0, 0)
+
+    async def test_a_batch_deletes_only_what_it_read(self, storage: CheckpointStorage) -> None:
+        """Steps written (freely or under a lease) between a batch's read and its delete stay.
+
+        The batch deletes the steps it judged below each workflow's window, nothing else:
+        a workflow written meanwhile keeps its new steps and their effects.
+        """
+        if not isinstance(storage, SweepStorage):
+            pytest.skip("this store sweeps one workflow at a time")
+        policy = RetentionPolicy(keep_last=2)  # every step RUNNING: the newest 2 stay
+        manager = CheckpointManager(storage, retention=policy)
+        ids = ["a", "b", "c"]
+        for workflow_id in ids:
+            for step in range(5):
+                await manager.create_checkpoint(workflow_id, step, "a", "running", {"s": step})
+        budget = {"more_than": 2, "max_records": 100, "max_bytes": 1 << 20}
+        histories = await storage.histories(after=None, limit=10, **budget)
+        assert [(h.workflow_id, h.count, h.oldest, h.paused) for h in histories] == [
+            (wf, 5, 0, False) for wf in ids
+        ]
+        page = await storage.histories(after="a", limit=1, **budget)
+        assert [h.workflow_id for h in page] == ["b"]
+        await manager.create_checkpoint("b", 5, "a", "running", {"s": 5})
+        lease = None
+        if isinstance(storage, WorkflowStorage):
+            lease = await storage.acquire_lease("c", "runner", 30)
+        await manager.create_checkpoint("c", 5, "a", "running", {"s": 5}, lease=lease)
+        if isinstance(storage, EffectStorage):
+            await storage.put_effect("c", 6, "k", b"r", in_doubt=True, fence=lease)
+        sweep = _retention._Sweep(
+            storage, policy, SweepReport(dry_run=False, started_at=utcnow()), False, lambda _: None
+        )
+        sizes: dict[tuple[str, int], int] = {}
+        cuts = [cut for h in histories if (cut := await sweep.cut(h, sizes)) is not None]
+        await sweep.apply(storage, cuts, sizes)
+        assert {wf: await _steps(storage, wf) for wf in ids} == {
+            "a": [3, 4],
+            "b": [3, 4, 5],
+            "c": [3, 4, 5],
+        }
+        assert (sweep.report.checkpoints_deleted, sweep.report.workflows_thinned) == (9, 3)
+        if isinstance(storage, EffectStorage):
+            assert len(await storage.load_effects("c", 6)) == 1
+
     async def test_bad_policies_are_refused(self, storage: CheckpointStorage) -> None:
         """Bad policies raise InvalidArgumentError; a manager without one cannot sweep."""
         for bad in (
@@ -2102,6 +2183,33 @@ class WorkflowRetentionConformance:
         await storage.release_lease(lease)
         assert await storage.delete_workflow("wf", updated_at=seen.updated_at) is None
 
+    async def test_a_ttl_batch_keeps_the_workflows_written_or_leased_after_its_read(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """One batch of TTL deletes: the untouched workflows go whole, the others stay whole.
+
+        Between the page's read and its delete, one workflow is written (without a lease)
+        and one is leased: both keep their record, checkpoints and effects.
+        """
+        manager = CheckpointManager(storage, retention=RetentionPolicy(idle_ttl=timedelta(1)))
+        ids = ["a", "b", "c", "d"]
+        for workflow_id in ids:
+            await manager.create_checkpoint(workflow_id, 0, "a", "running", {"k": 1})
+            await storage.put_effect(workflow_id, 0, "send", b"x", in_doubt=False)  # type: ignore[attr-defined]
+        seen = [await self._expired_record(storage, workflow_id) for workflow_id in ids]
+        await manager.create_checkpoint("b", 1, "a", "running", {"k": 2})
+        await storage.acquire_lease("c", "runner", 30)
+        sweep = self._sweep(storage)
+        await sweep.expire_page(seen, "idle")
+        assert sweep.report.workflows_deleted == {"idle": 2}
+        assert sweep.report.skipped_changed == 2 and sweep.report.workflow_bytes > 0
+        for workflow_id, steps in (("a", []), ("b", [0, 1]), ("c", [0]), ("d", [])):
+            assert await _steps(storage, workflow_id) == steps
+            assert (await storage.get_workflow(workflow_id) is None) == (not steps)
+            journal = await storage.load_effects(workflow_id, 0)  # type: ignore[attr-defined]
+            assert len(journal) == (1 if steps else 0)
+        assert await manager.list_workflows() == ["b", "c"]
+
     async def test_lease_less_writers_racing_ttl_sweeps_lose_nothing(
         self, storage: WorkflowStorage
     ) -> None:
@@ -2169,3 +2277,221 @@ class BlobRetentionConformance:
         got = await manager.list_checkpoints("fork")
         assert [c.step for c in got] == [1]
         assert got[0].state_snapshot.data == _big_state(1, "s")
+
+
+class WorkflowControlConformance:
+    """Cancel and retry (``WorkflowControlStorage``), through the public API.
+
+    Its ``storage`` fixture yields a fresh store that keeps workflow records.
+    """
+
+    pytestmark: ClassVar = [pytest.mark.asyncio]
+
+    async def test_cancel_revokes_the_lease_and_is_never_claimed(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A cancel stores CANCELLED and its reason, and fences the runner's lease out."""
+        manager = _manager(storage)
+        await manager.register_workflow("wf")
+        lease = await manager.acquire_lease("wf", "runner", 30)
+        record = await manager.cancel_workflow("wf", reason="runaway loop")
+        assert record.status is WorkflowStatus.CANCELLED
+        assert record.last_error == {"type": "WorkflowCancelledError", "message": "runaway loop"}
+        assert record.lease_owner is None and record.finished_at is not None
+        assert record.fencing_token > lease.token
+        with pytest.raises(LeaseLostError):
+            await manager.create_checkpoint("wf", 0, "a", "completed", {}, lease=lease)
+        with pytest.raises(LeaseLostError):
+            await manager.renew_lease(lease)
+        assert await manager.claim_workflow("other") is None
+        assert await manager.list_checkpoints("wf") == []
+        assert await manager.list_workflows(status="cancelled") == ["wf"]
+
+    async def test_cancel_refuses_an_ended_or_unknown_workflow(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Only UNFINISHED and PAUSED workflows can be cancelled; a refusal changes nothing."""
+        manager = _manager(storage)
+        await manager.create_checkpoint("done", 0, "a", "completed", {})
+        await manager.mark_workflow("done", WorkflowStatus.FINISHED)
+        before = await manager.get_workflow("done")
+        with pytest.raises(InvalidArgumentError, match="finished"):
+            await manager.cancel_workflow("done")
+        assert await manager.get_workflow("done") == before
+        with pytest.raises(CheckpointNotFoundError):
+            await manager.cancel_workflow("missing")
+        with pytest.raises(InvalidArgumentError):
+            await manager.cancel_workflow("done", reason=42)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="cancel_workflow"):
+            await manager.mark_workflow("done", WorkflowStatus.CANCELLED)
+        assert await manager.get_workflow("done") == before
+        await manager.mark_workflow("paused", WorkflowStatus.PAUSED)
+        cancelled = await manager.cancel_workflow("paused")
+        assert cancelled.status is WorkflowStatus.CANCELLED
+        assert cancelled.last_error == {"type": "WorkflowCancelledError", "message": ""}
+
+    async def test_retry_gives_a_fresh_attempt_budget(self, storage: WorkflowStorage) -> None:
+        """A FAILED or CANCELLED workflow is claimable again, attempts back to 0."""
+        manager = _manager(storage)
+        await manager.register_workflow("failed")
+        await manager.record_failure("failed", _Boom("down"))
+        await manager.record_failure("failed", _Boom("down"))
+        assert (await manager.get_workflow("failed")).attempts == 2  # type: ignore[union-attr]
+        assert await manager.claim_workflow("runner") is None
+        record = await manager.retry_workflow("failed")
+        assert record.status is WorkflowStatus.UNFINISHED
+        assert (record.attempts, record.retry_at, record.finished_at) == (0, None, None)
+        assert record.lease_owner is None  # the retry's own lease is released
+        lease = await manager.claim_workflow("runner")
+        assert lease is not None and lease.workflow_id == "failed"
+        await manager.register_workflow("cancelled")
+        await manager.cancel_workflow("cancelled", reason="by mistake")
+        retried = await manager.retry_workflow("cancelled")
+        assert retried.status is WorkflowStatus.UNFINISHED
+        again = await manager.claim_workflow("runner")
+        assert again is not None and again.workflow_id == "cancelled"
+
+    async def test_retry_refuses_other_statuses_and_a_held_lease(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Retrying a workflow that did not fail names its status; a held lease refuses it."""
+        manager = _manager(storage)
+        await manager.register_workflow("wf")
+        with pytest.raises(InvalidArgumentError, match="unfinished"):
+            await manager.retry_workflow("wf")
+        with pytest.raises(CheckpointNotFoundError):
+            await manager.retry_workflow("missing")
+        assert await manager.get_workflow("missing") is None
+        await manager.record_failure("wf", _Boom("down"))
+        await manager.acquire_lease("wf", "stalled-runner", 60)
+        with pytest.raises(LeaseHeldError):
+            await manager.retry_workflow("wf")
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.FAILED
+        assert record.attempts == 1
+
+    async def test_cancel_stops_the_driver_before_its_next_effect(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A cancel while a step runs: the next wf.effect raises and its function never runs."""
+        manager = _manager(storage)
+        called: list[str] = []
+
+        async def send(what: str) -> str:
+            called.append(what)
+            return what
+
+        async def run() -> None:
+            async with ResumableWorkflow("wf", manager, lease_owner="runner") as wf:
+                async with wf.step(0, agent_id="a"):
+                    await wf.effect("first", send, "first")
+                    await manager.cancel_workflow("wf", reason="stop it")
+                    await wf.effect("second", send, "second")
+                async with wf.step(1, agent_id="b"):
+                    called.append("step 1")
+
+        with pytest.raises(WorkflowCancelledError) as raised:
+            await run()
+        assert raised.value.reason == "stop it" and raised.value.workflow_id == "wf"
+        assert called == ["first"]
+        assert await manager.list_checkpoints("wf") == []
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.CANCELLED
+        assert record.last_error == {"type": "WorkflowCancelledError", "message": "stop it"}
+
+    async def test_cancel_stops_the_driver_at_the_step_boundary(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A cancel while a step runs: its checkpoint is refused and no later step starts."""
+        manager = _manager(storage)
+        ran: list[int] = []
+        await manager.register_workflow("wf")
+        lease = await manager.claim_workflow("runner")
+        assert lease is not None
+
+        async def run() -> None:
+            async with ResumableWorkflow("wf", manager, lease=lease) as wf:
+                for n in range(3):
+                    async with wf.step(n, agent_id="a"):
+                        ran.append(n)
+                        if n == 1:
+                            await manager.cancel_workflow("wf")
+
+        with pytest.raises(WorkflowCancelledError):
+            await run()
+        assert ran == [0, 1]
+        assert [c.step for c in await manager.list_checkpoints("wf")] == [0]
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.CANCELLED
+        with pytest.raises(WorkflowCancelledError):
+            await ResumableWorkflow("wf", manager).__aenter__()
+
+    async def test_a_step_failing_after_the_cancel_leaves_it_cancelled(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """The failure of a step cancelled under it records nothing: it stays CANCELLED."""
+        manager = _manager(storage)
+
+        async def run() -> None:
+            async with (
+                ResumableWorkflow("wf", manager, lease_owner="runner") as wf,
+                wf.step(0, agent_id="a"),
+            ):
+                await manager.cancel_workflow("wf", reason="stop")
+                raise _Boom("the body's own error")
+
+        with pytest.raises(_Boom):
+            await run()
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.CANCELLED
+        assert record.attempts == 0
+        assert record.last_error == {"type": "WorkflowCancelledError", "message": "stop"}
+        assert await manager.list_checkpoints("wf") == []
+
+    async def test_cancel_interrupts_a_long_step_at_the_next_renewal(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A step that waits (no effect, no boundary) is stopped by its lease's renewal."""
+        manager = _manager(storage)
+        started = anyio.Event()
+        finished: list[int] = []
+
+        async def run() -> None:
+            async with ResumableWorkflow("wf", manager, lease_owner="runner", lease_ttl=0.3) as wf:
+                async with wf.step(0, agent_id="slow"):
+                    started.set()
+                    await anyio.sleep_forever()
+                finished.append(0)
+
+        async def cancel_when_started() -> None:
+            await started.wait()
+            await manager.cancel_workflow("wf", reason="too slow")
+
+        async def run_and_cancel() -> WorkflowCancelledError | None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_when_started)
+                try:
+                    await run()
+                except WorkflowCancelledError as exc:
+                    return exc
+            return None
+
+        with anyio.fail_after(30):
+            raised = await run_and_cancel()
+        assert raised is not None and raised.reason == "too slow"
+        assert finished == []
+        assert await manager.list_checkpoints("wf") == []
+
+    async def test_a_cancelled_workflow_goes_with_the_failed_ttl(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Cancelled is terminal for retention: ``failed_ttl`` deletes it from its cancel."""
+        manager = _manager(storage)
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"k": 1})
+        await manager.cancel_workflow("wf")
+        await manager.register_workflow("idle")
+        policy = RetentionPolicy(failed_ttl=timedelta(days=1))
+        report = await manager.sweep(now=utcnow() + _LATER, policy=policy)
+        assert report.workflows_deleted == {"cancelled": 1}
+        assert await manager.get_workflow("wf") is None
+        assert [r.workflow_id for r in await manager.list_workflow_records()] == ["idle"]

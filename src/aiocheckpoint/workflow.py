@@ -15,12 +15,20 @@ from typing_extensions import Self
 
 from ._telemetry import annotate, traced
 from ._validation import check_step, check_workflow_id
+from .control import cancelled_error
 from .effects import Reconcile, StepEffects
-from .errors import InvalidArgumentError, LeaseError, LeaseLostError, UnknownKeyError
+from .errors import (
+    InvalidArgumentError,
+    LeaseError,
+    LeaseLostError,
+    UnknownKeyError,
+    WorkflowCancelledError,
+)
 from .leases import Lease, RetryPolicy, WorkflowRecord, WorkflowStatus, check_ttl
 from .manager import CheckpointManager, _check_owner
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, utcnow
 from .state import SharedState
+from .storage.lifecycle import cancel_reason
 
 __all__ = ["ResumableWorkflow"]
 
@@ -169,17 +177,24 @@ class ResumableWorkflow:
         status: AgentStatus | str,
         metadata: Mapping[str, Any] | None = None,
     ) -> Checkpoint:
-        """Checkpoint the current state and metrics as ``step``."""
-        checkpoint = await self.checkpoint_manager.create_checkpoint(
-            self.workflow_id,
-            step,
-            agent_id,
-            status,
-            self.state,
-            metrics=self.metrics,
-            metadata=metadata,
-            lease=self.lease,
-        )
+        """Checkpoint the current state and metrics as ``step``.
+
+        Raises :class:`~aiocheckpoint.WorkflowCancelledError` when the workflow was
+        cancelled (its lease was revoked: the write was refused).
+        """
+        try:
+            checkpoint = await self.checkpoint_manager.create_checkpoint(
+                self.workflow_id,
+                step,
+                agent_id,
+                status,
+                self.state,
+                metrics=self.metrics,
+                metadata=metadata,
+                lease=self.lease,
+            )
+        except LeaseError as exc:
+            raise await self._refusal(exc) from exc
         self.current_step = step
         self._last_status = checkpoint.status
         return checkpoint
@@ -283,21 +298,23 @@ class ResumableWorkflow:
             # value that cannot be stored must not stay in the state for the retry).
             self.metrics.total_steps -= 1
             self._roll_back(state, before)
-            if isinstance(exc, Exception) and not isinstance(exc, LeaseError):
+            if isinstance(exc, Exception) and not isinstance(
+                exc, (LeaseError, WorkflowCancelledError)
+            ):
                 await self._record_failure(step, agent_id, meta, exc)
             raise
 
     async def _record_failure(
         self, step: int, agent_id: str, meta: dict[str, Any], exc: Exception
     ) -> None:
-        if isinstance(exc, (LeaseError, UnknownKeyError)):
-            # Another runner owns the workflow now, or this one lacks a key that one with
-            # it has: nothing of ours may be written.
+        if isinstance(exc, (LeaseError, UnknownKeyError, WorkflowCancelledError)):
+            # Another runner owns the workflow now, or nobody does (cancelled), or this one
+            # lacks a key that one with it has: nothing of ours may be written.
             return
         error = {"type": type(exc).__qualname__, "message": str(exc)}
         try:
             await self.checkpoint(step, agent_id, AgentStatus.FAILED, {**meta, "error": error})
-        except LeaseError:
+        except (LeaseError, WorkflowCancelledError):
             pass  # reported once, when the block exits (see _mark)
         except Exception:
             logger.exception(
@@ -335,10 +352,18 @@ class ResumableWorkflow:
         if effects is None:
             raise InvalidArgumentError("wf.effect is called inside `async with wf.step(...)`")
         name = effects.name(key)
-        result: T = await effects.run(
-            name, fn, args, kwargs, idempotent=idempotent, reconcile=reconcile
-        )
+        try:
+            result: T = await effects.run(
+                name, fn, args, kwargs, idempotent=idempotent, reconcile=reconcile
+            )
+        except LeaseError as exc:
+            raise await self._refusal(exc) from exc
         return result
+
+    async def _refusal(self, exc: LeaseError) -> Exception:
+        """What a refused fenced write raises: WorkflowCancelledError if it was cancelled."""
+        cancelled = await cancelled_error(self.checkpoint_manager.storage, self.workflow_id, exc)
+        return exc if cancelled is None else cancelled
 
     def _fence(self) -> Lease | None:
         return self.lease
@@ -389,6 +414,8 @@ class ResumableWorkflow:
         else:
             record = await manager.get_workflow(self.workflow_id)
         self.resume_input = None if record is None else record.resume_input
+        if record is not None and record.status is WorkflowStatus.CANCELLED:
+            raise WorkflowCancelledError(self.workflow_id, cancel_reason(record))
 
     async def __aexit__(
         self,
@@ -409,7 +436,14 @@ class ResumableWorkflow:
             cancelled = isinstance(exc, asyncio.CancelledError)
             if cancelled and current is not None and hasattr(current, "uncancel"):
                 current.uncancel()  # the cancellation was ours (Python 3.11+ counts them)
+            await self._release()
+            refusal = await self._refusal(self._lost)
+            if isinstance(refusal, WorkflowCancelledError):
+                raise refusal from (exc or self._lost)
             raise LeaseLostError(str(self._lost)) from (exc or self._lost)
+        if isinstance(exc, WorkflowCancelledError):
+            await self._release()  # revoked: ignored, as a stale lease is
+            return False
         paused = isinstance(exc, _Paused)
         try:
             if self.checkpoint_manager.supports_workflow_records():

@@ -11,6 +11,7 @@ from aiocheckpoint.testing import (
     EffectStorageConformance,
     RetentionConformance,
     StorageConformance,
+    WorkflowControlConformance,
     WorkflowRetentionConformance,
     WorkflowStorageConformance,
 )
@@ -24,6 +25,7 @@ class TestInMemoryConformance(
     EffectJournalConformance,
     RetentionConformance,
     WorkflowRetentionConformance,
+    WorkflowControlConformance,
 ):
     @pytest.fixture
     async def storage(self) -> AsyncIterator[InMemoryCheckpointStorage]:

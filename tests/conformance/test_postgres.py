@@ -14,6 +14,7 @@ from aiocheckpoint.testing import (
     Reopen,
     RetentionConformance,
     StorageConformance,
+    WorkflowControlConformance,
     WorkflowRetentionConformance,
     WorkflowStorageConformance,
 )
@@ -32,6 +33,7 @@ class TestPostgresConformance(
     PersistentEffectConformance,
     RetentionConformance,
     WorkflowRetentionConformance,
+    WorkflowControlConformance,
 ):
     # An unfenced save finds the record before a racing delete takes it (its INSERT ... ON
     # CONFLICT DO NOTHING locks nothing): its checkpoint stays, its record may not.

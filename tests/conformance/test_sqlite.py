@@ -15,6 +15,7 @@ from aiocheckpoint.testing import (
     PersistentStorageConformance,
     RetentionConformance,
     StorageConformance,
+    WorkflowControlConformance,
     WorkflowRetentionConformance,
     WorkflowStorageConformance,
 )
@@ -30,6 +31,7 @@ class TestSQLiteConformance(
     PersistentEffectConformance,
     RetentionConformance,
     WorkflowRetentionConformance,
+    WorkflowControlConformance,
 ):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:

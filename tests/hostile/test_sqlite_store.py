@@ -14,7 +14,6 @@ import os
 import sqlite3
 import stat
 import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from aiocheckpoint import (
 )
 from aiocheckpoint.errors import StoragePermissionError
 from aiocheckpoint.storage.sqlite import ForeignRow, SQLiteCheckpointStorage
+from tests import cli_runner
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 OTHER_UID = 65534  # nobody: a second user
@@ -356,14 +356,7 @@ async def test_a_damaged_workflow_record_is_a_typed_error(tmp_path: Path) -> Non
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     env.pop("AIOCHECKPOINT_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "aiocheckpoint", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    return cli_runner.run(args, timeout=120, env=env)
 
 
 async def test_cli_workflows_export_copy_survive_a_blob_workflow_id(tmp_path: Path) -> None:

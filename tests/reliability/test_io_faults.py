@@ -283,22 +283,30 @@ async def test_a_full_disk_fails_saves_cleanly_and_recovers(
         assert {s.step for s in await again.scan("full")} == {*saved, 99}
 
 
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: room for a new SQLite store's first write-ahead log (its schema's
+    migrations) besides the database, which a 256 KiB one no longer holds at a checkpoint."""
+    with tiny_tmpfs(tmp_path, size="1m") as mnt:
+        yield mnt
+
+
 @pytest.mark.root  # mounts a tmpfs
 async def test_a_read_only_store_refuses_writes_and_keeps_reading(
-    disk_backend: Backend, tiny_disk: Path
+    disk_backend: Backend, small_disk: Path
 ) -> None:
     """After a remount read-only, saves and deletes raise a CheckpointError with the cause chained,
     reads still return every checkpoint, and writes work again after a remount read-write.
     """
-    storage = disk_backend.open(tiny_disk)
+    storage = disk_backend.open(small_disk)
     manager = CheckpointManager(storage)
     for step in range(3):
         await manager.create_checkpoint("ro", step, "a", "completed", {"step": step})
     before = await dump_store(storage)
     await storage.close()
-    _remount(tiny_disk, "ro")
+    _remount(small_disk, "ro")
     try:
-        storage = disk_backend.open(tiny_disk)
+        storage = disk_backend.open(small_disk)
         manager = CheckpointManager(storage)
         if disk_backend.reads_when_read_only:
             latest = await manager.get_latest_checkpoint("ro")
@@ -319,8 +327,8 @@ async def test_a_read_only_store_refuses_writes_and_keeps_reading(
             assert await dump_store(storage) == before
         await storage.close()
     finally:
-        _remount(tiny_disk, "rw")
-    async with disk_backend.open(tiny_disk) as storage:
+        _remount(small_disk, "rw")
+    async with disk_backend.open(small_disk) as storage:
         manager = CheckpointManager(storage)
         await manager.create_checkpoint("ro", 3, "a", "completed", {"step": 3})
         assert [c.step for c in await manager.list_checkpoints("ro")] == [0, 1, 2, 3]

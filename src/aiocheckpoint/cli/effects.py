@@ -65,8 +65,8 @@ async def in_doubt_of(manager: CheckpointManager, workflow_id: str) -> Doubts:
 
 def doubts_json(doubts: Doubts) -> list[dict[str, Any]] | dict[str, str]:
     """The effects in doubt as JSON: each with its ``step``, what ``effect resolve`` takes."""
-    if isinstance(doubts, str):
-        return {"unreadable": doubts}
+    if isinstance(doubts, str):  # the reason: "unreadable: ..." (a key) or "corrupted: ..."
+        return {problem(doubts): doubts}
     entries = effects_json(doubts)
     assert isinstance(entries, list)
     return [{"step": e.step, **entry} for e, entry in zip(doubts, entries, strict=True)]

@@ -15,6 +15,7 @@ from .importer import cmd_import
 from .inspect import cmd_history, cmd_show, cmd_workflows
 from .keys import KEYS_VARIABLE, keyring_file
 from .maintain import cmd_fork, cmd_prune, cmd_rm, cmd_verify
+from .operate import cmd_cancel, cmd_resume, cmd_retry, input_value
 from .output import Output
 from .query import meta_pair, moment
 from .rekey import cmd_encrypt, cmd_rekey
@@ -158,6 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
     outcome.add_argument(
         "--rerun", action="store_true", help="it did not happen: the next run calls it"
     )
+
+    p = command("resume", cmd_resume, "make a paused workflow claimable, with its input")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW")
+    p.add_argument("--input", type=input_value, metavar="JSON", help="its next run's input")
+
+    p = command("retry", cmd_retry, "make a failed or cancelled workflow claimable again")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW")
+
+    p = command("cancel", cmd_cancel, "cancel a workflow: its runner stops at its next step")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW")
+    p.add_argument("--reason", metavar="TEXT", help="why (kept on the workflow's record)")
 
     p = command("verify", cmd_verify, "decode and check every checkpoint; exit 1 if corrupted")
     p.add_argument("url", metavar="URL")

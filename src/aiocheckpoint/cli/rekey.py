@@ -25,7 +25,7 @@ from ..codec.v1 import decode_checkpoint, encode_checkpoint
 from ..errors import CheckpointCorruptedError, EncryptionError
 from ..format.sealed import is_sealed_tree_record
 from ..manager import CheckpointManager
-from ..storage.base import EffectStorage, StoredCheckpoint, StoredEffect
+from ..storage.base import EffectListingStorage, EffectStorage, StoredCheckpoint, StoredEffect
 from .keys import KEYS_VARIABLE, command_keys
 from .output import Output, Progress, bar, printable
 from .redact import redact
@@ -88,7 +88,11 @@ async def _run(args: argparse.Namespace, out: Output, *, encrypt: bool) -> int:
     # A manager without keys: it decodes plaintext incremental records for ``encrypt``.
     async with open_store(args.url, must_exist=True, allow_shared=args.allow_shared) as plain:
         job = _Job(plain, Sealer(keys, allow_plaintext=True), keys.primary, encrypt, tally)
-        ids, foreign = await workflow_ids(plain)
+        listed = plain.storage
+        journals = (
+            await listed.effect_workflows() if isinstance(listed, EffectListingStorage) else []
+        )
+        ids, foreign = await workflow_ids(plain, journals)
         for n, workflow_id in enumerate(ids, 1):
             await job.workflow(workflow_id)
             progress.update(f"{args.command}: {bar(n, len(ids))} workflows")
@@ -157,11 +161,16 @@ class _Job:
                 self._bad(workflow_id, record.step, record.reason)
             elif is_sealed_tree_record(record.data) or self._wanted(sealed_key_id(record.data)):
                 await self._record(workflow_id, record)
-        if isinstance(self.storage, EffectStorage):
-            # Effects sit at the steps of checkpoints and at the step after the latest.
-            for step in [*steps, steps[-1] + 1 if steps else 0]:
-                for item in await self.storage.load_effects(workflow_id, step):
-                    await self._effect(workflow_id, item)
+        storage = self.storage
+        if not isinstance(storage, EffectStorage):
+            return
+        if isinstance(storage, EffectListingStorage):  # every step with effect records
+            steps = await storage.effect_steps(workflow_id)
+        else:  # effects sit at the steps of checkpoints and at the step after the latest
+            steps = [*steps, steps[-1] + 1 if steps else 0]
+        for step in steps:
+            for item in await storage.load_effects(workflow_id, step):
+                await self._effect(workflow_id, item)
 
     async def _record(self, workflow_id: str, stored: StoredCheckpoint) -> None:
         try:

@@ -103,6 +103,6 @@ def _summary(report: SweepReport) -> str:
         text += f"; kept {report.skipped_leased} leased workflows"
     if report.skipped_changed:
         text += f"; kept {report.skipped_changed} workflows changed during the sweep"
-    if report.skipped_unreadable:
-        text += f"; kept {report.skipped_unreadable} unreadable checkpoints"
+    if report.skipped_corrupted:
+        text += f"; kept {report.skipped_corrupted} corrupted checkpoints"
     return text

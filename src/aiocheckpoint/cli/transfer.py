@@ -185,7 +185,16 @@ class Sink:
         if metadata and (record is None or record.metadata != metadata):
             record = await self._manager.register_workflow(workflow_id, metadata=metadata)
         if record is None or record.status is not status:
-            await self._manager.mark_workflow(workflow_id, status)
+            await _mark(self._manager, workflow_id, status)
+
+
+async def _mark(manager: CheckpointManager, workflow_id: str, status: WorkflowStatus) -> None:
+    """Give the workflow ``status``; a cancelled one through a cancel, the only way to it."""
+    if status is not WorkflowStatus.CANCELLED:
+        await manager.mark_workflow(workflow_id, status)
+        return
+    await manager.mark_workflow(workflow_id, WorkflowStatus.UNFINISHED)
+    await manager.cancel_workflow(workflow_id)
 
 
 async def list_records(manager: CheckpointManager) -> dict[str, WorkflowRecord]:

@@ -9,7 +9,7 @@ must still treat ids as arbitrary text (they may contain ``/``, ``..``, quotes, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -38,6 +38,11 @@ __all__ = [
     "EffectStorage",
     "MAX_EFFECTS_PER_STEP",
     "StoredEffect",
+    "WorkflowControlStorage",
+    "History",
+    "Cut",
+    "SweepStorage",
+    "histories_to_read",
     "WorkflowStorage",
     "check_blob_sizes",
     "check_effect_key",
@@ -255,6 +260,34 @@ class WorkflowStorage(CheckpointStorage, Protocol):
 
 
 @runtime_checkable
+class WorkflowControlStorage(WorkflowStorage, Protocol):
+    """A workflow storage whose operators can cancel and retry workflows.
+
+    Contract (checked by :class:`aiocheckpoint.testing.WorkflowControlConformance`):
+
+    * ``cancel_workflow`` turns an UNFINISHED or PAUSED workflow CANCELLED, stores
+      ``{"type": "WorkflowCancelledError", "message": reason}`` as its ``last_error``, sets
+      ``finished_at``, clears ``retry_at`` and revokes its lease (a new fencing token, no
+      owner), all in one transaction: every write fenced by the old lease then fails with
+      ``LeaseLostError``. Any other status raises
+      :class:`~aiocheckpoint.InvalidArgumentError`, no record
+      :class:`~aiocheckpoint.CheckpointNotFoundError`; nothing changes.
+    * ``retry_workflow`` turns a FAILED or CANCELLED workflow UNFINISHED with ``attempts``
+      0 and no ``retry_at`` or ``finished_at`` (``last_error`` stays, as history); other
+      statuses and missing records are refused as for a cancel.
+    * ``claim_next_workflow`` never hands out a CANCELLED workflow.
+    """
+
+    async def cancel_workflow(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
+        """Cancel an UNFINISHED or PAUSED workflow and revoke its lease."""
+        ...
+
+    async def retry_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """Make a FAILED or CANCELLED workflow claimable again, attempts back to 0."""
+        ...
+
+
+@runtime_checkable
 class BlobCheckpointStorage(CheckpointStorage, Protocol):
     """A storage that also keeps content-addressed blobs: incremental (version-2) checkpoints.
 
@@ -330,6 +363,105 @@ class BlobReads(Protocol):
 
     async def read_blobs_in_thread(self, fn: Callable[[BlobFetch], _T]) -> _T:
         """Return ``fn(fetch)``, run in a worker thread with a blocking blob ``fetch``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """What a batched sweep reads of one workflow's history (:class:`SweepStorage`).
+
+    ``count`` checkpoints, the lowest at step ``oldest``; ``orphans`` says whether it has
+    effect records of steps below ``oldest``, ``paused`` whether its workflow record says
+    PAUSED, ``kind`` its record's kind (None without a record: on a store without records,
+    always). ``records`` holds every checkpoint, newest
+    first, when it was read; None when it was not (``count`` at most the sweep's window,
+    more than one read's share, or a record over ``max_record_bytes``): the sweep then
+    reads it a page at a time with ``scan``.
+    """
+
+    workflow_id: str
+    count: int
+    oldest: int
+    orphans: bool
+    paused: bool
+    kind: str | None
+    records: list[StoredCheckpoint] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """What a batched sweep deletes of one workflow: ``steps`` (with their effects).
+
+    With ``below``, also the effect records of the steps below it that have no checkpoint
+    (checked in the delete's transaction), as ``drop_orphan_effects`` does.
+    """
+
+    workflow_id: str
+    steps: tuple[int, ...]
+    below: int | None = None
+
+
+def histories_to_read(
+    sizes: Mapping[str, tuple[int, int]], more_than: int, max_records: int, max_bytes: int
+) -> list[str]:
+    """The workflows to read of ``sizes`` (``workflow_id: (records, bytes)``).
+
+    Those with more than ``more_than`` records, in ``sizes``' order, while they fit in
+    ``max_records`` records and ``max_bytes`` bytes: what one batched read of
+    :meth:`SweepStorage.histories` fetches.
+    """
+    wanted: list[str] = []
+    records, size = max_records, max_bytes
+    for workflow_id, (count, total) in sizes.items():
+        if more_than < count <= records and total <= size:
+            wanted.append(workflow_id)
+            records -= count
+            size -= total
+    return wanted
+
+
+@runtime_checkable
+class SweepStorage(Protocol):
+    """A store that sweeps a batch of workflows per statement and commit (optional).
+
+    A sweep uses these where the store has them, else the per-workflow calls
+    (``scan``, ``delete``, ``drop_orphan_effects``, ``delete_workflow``), with the same
+    outcome. Contract (checked by :class:`aiocheckpoint.testing.RetentionConformance`):
+
+    * ``histories(after=id, limit=L, more_than=N, max_records=M, max_bytes=B)`` reads, in
+      one consistent view, a :class:`History` of each of the next L workflows with
+      checkpoints in id order, after ``after`` (from the first when None): an index walk.
+      It reads the records of those with more than N, while they fit in M records and B
+      bytes (:func:`histories_to_read`). Rows the library could not have written are
+      passed over; an empty list ends the walk.
+    * ``thin_many(cuts)`` deletes every cut in one transaction: each step with its
+      effects and the blob references only it held, and the orphaned effects below
+      ``below``. It returns the ``(workflow_id, step)`` pairs it deleted and how many
+      orphaned effect records went.
+    * ``delete_workflows(pairs)`` is ``delete_workflow(workflow_id, updated_at=...)`` for
+      each pair, in one transaction: each goes only if its record is untouched since
+      ``updated_at`` and no live lease holds it. It returns, in order, each one's
+      checkpoint bytes, or None where nothing was deleted.
+    """
+
+    async def histories(
+        self,
+        *,
+        after: str | None,
+        limit: int,
+        more_than: int,
+        max_records: int,
+        max_bytes: int,
+    ) -> list[History]:
+        """The next ``limit`` workflows' histories after ``after``, in id order."""
+        ...
+
+    async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
+        """Delete every cut in one transaction; return the steps deleted and orphans dropped."""
+        ...
+
+    async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
+        """Delete each workflow untouched since its ``updated_at``, in one transaction."""
         ...
 
 

@@ -33,6 +33,7 @@ from .base import (
     check_max_record_bytes,
     check_record_size,
 )
+from .lifecycle import cancel_error, check_cancel, check_retry
 from .queries import StepInfo, WorkflowQuery, failure_update, matches
 from .refcounts import (
     Rows,
@@ -526,6 +527,33 @@ class InMemoryCheckpointStorage(BaseStorage):
             finished_at=None,
             retry_at=None,
             resume_input=json.loads(resume_input),
+        )
+
+    async def cancel_workflow(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
+        """Cancel an UNFINISHED or PAUSED workflow and revoke its lease (``lifecycle``)."""
+        self._check_open()
+        record = self._records.get(workflow_id)
+        check_cancel(record, workflow_id)
+        assert record is not None
+        return self._update(
+            record,
+            status=WorkflowStatus.CANCELLED,
+            last_error=json.loads(cancel_error(reason)),
+            finished_at=utcnow(),
+            retry_at=None,
+            lease_owner=None,
+            lease_expires_at=None,
+            fencing_token=record.fencing_token + 1,
+        )
+
+    async def retry_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """Make a FAILED or CANCELLED workflow UNFINISHED with a fresh attempt budget."""
+        self._check_open()
+        record = self._records.get(workflow_id)
+        check_retry(record, workflow_id)
+        assert record is not None
+        return self._update(
+            record, status=WorkflowStatus.UNFINISHED, attempts=0, retry_at=None, finished_at=None
         )
 
     async def record_failure(

@@ -16,6 +16,7 @@ import errno
 import hashlib
 import os
 import struct
+from collections.abc import Callable
 from typing import Final
 
 from ...errors import CheckpointCorruptedError
@@ -117,22 +118,14 @@ class EffectFiles:
 
     def in_doubt_workflows(self) -> list[str]:
         """Every workflow with an effect in doubt, sorted (reads each effect's flag byte)."""
-        try:
-            names = os.listdir(self.dirs.root)
-        except OSError as exc:
-            if is_missing(exc):
-                return []
-            raise
-        ids = []
-        for name in names:
-            if not name.startswith(".") and self._has_doubt(name):
-                workflow_id = self._id_of(name)
-                if workflow_id is not None:
-                    ids.append(workflow_id)
-        return sorted(ids)
+        return self._workflows_where(self._has_doubt)
 
     def workflows(self) -> list[str]:
         """Every workflow with at least one effect file, sorted (a listing per workflow)."""
+        return self._workflows_where(lambda name: bool(self._steps_of(name)))
+
+    def _workflows_where(self, keep: Callable[[str], bool]) -> list[str]:
+        """The ids of the workflow directories ``keep`` accepts, sorted."""
         try:
             names = os.listdir(self.dirs.root)
         except OSError as exc:
@@ -141,7 +134,7 @@ class EffectFiles:
             raise
         ids = []
         for name in names:
-            if not name.startswith(".") and self._steps_of(name):
+            if not name.startswith(".") and keep(name):
                 workflow_id = self._id_of(name)
                 if workflow_id is not None:
                     ids.append(workflow_id)

@@ -22,7 +22,8 @@ from typing import Final
 
 import anyio
 
-from ...errors import StorageBackendError, StorageClosedError
+from ...errors import StorageClosedError
+from ..diskfull import storage_error
 from .batch import Batch, EffectOp, Op, SaveOp
 from .dirs import WorkflowDirs
 
@@ -161,9 +162,9 @@ class GroupCommit:
             if outcome is None:
                 item.future.set_result(None)
             elif isinstance(outcome, OSError):
-                error = StorageBackendError(f"{_describe(item.op)} in {self._base}: {outcome}")
-                error.__cause__ = outcome
-                item.future.set_exception(error)
+                item.future.set_exception(
+                    storage_error(f"{_describe(item.op)} in {self._base}", outcome, outcome)
+                )
             else:
                 item.future.set_exception(outcome)
         if len(results) > _WAKE_SLICE:

@@ -23,7 +23,6 @@ from ..._validation import check_optional_step, check_step, check_workflow_id
 from ...errors import (
     CheckpointCorruptedError,
     InvalidArgumentError,
-    StorageBackendError,
     UnsupportedOperationError,
 )
 from ...format import SplitResult, TreeParams
@@ -39,6 +38,7 @@ from ..base import (
     check_max_record_bytes,
     check_record_size,
 )
+from ..diskfull import storage_error
 from .blobs import BlobStore
 from .dirs import ForeignEntry, WorkflowDirs
 from .effects import EffectFiles
@@ -449,7 +449,7 @@ class FileCheckpointStorage(BaseStorage):
         try:
             return await anyio.to_thread.run_sync(functools.partial(fn, *args))
         except OSError as exc:
-            raise StorageBackendError(f"{what} in {self._base}: {exc}") from exc
+            raise storage_error(f"{what} in {self._base}", exc, exc) from exc
 
     # --- the worker-thread halves of the public methods -------------------------------
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._telemetry import record_commit
-from ...errors import CheckpointError, LeaseLostError, StorageBackendError
+from ...errors import CheckpointError, LeaseLostError, StorageTimeoutError
 from ...format import SplitResult
 from ..queries import StepInfo
 from ..refcounts import held_root_refs
@@ -30,11 +30,11 @@ from .connection import (
     Connection,
     Raced,
     conflict,
-    describe,
     driver_errors,
+    failure,
     import_asyncpg,
     is_transient,
-    on_connection,
+    timeout_cause,
 )
 from .sql import Sql
 from .stats import WriteStats
@@ -187,7 +187,11 @@ class GroupCommit:
         try:
             await self._run_write(batch)
         except Exception as exc:
-            if len(batch) > 1 and not is_transient(exc):
+            if (
+                len(batch) > 1
+                and not is_transient(exc)
+                and not isinstance(exc, StorageTimeoutError)
+            ):
                 # One bad row fails the whole statement: write rows one by one so that only
                 # its own caller sees the error.
                 self._stats.split_batches += 1
@@ -209,13 +213,17 @@ class GroupCommit:
     async def _run_write(self, batch: list[Write]) -> None:
         tx = _BatchTransaction(batch, self._sql, self._blobs)
         errors: tuple[type[BaseException], ...] = (*driver_errors(import_asyncpg()), Raced)
-        attempt = conflicts = 0
+        conflicts = 0
         pool = await self._connection.pool()
+        budget = self._connection.budget()
+        what = f"save (a batch of {len(batch)})"
         while True:
             try:
-                await on_connection(pool, tx.run)
+                await self._connection.attempt(pool, what, tx.run, budget)
                 break
             except errors as exc:
+                if budget.expired():
+                    raise budget.timed_out(what, timeout_cause(exc)) from exc
                 # The transaction is all or nothing, so after a lost deadlock running it again
                 # is safe. If the commit's fate is unknown because the connection died and it
                 # did commit, the run again adds the trees' refs a second time, but its upsert
@@ -230,9 +238,8 @@ class GroupCommit:
                     self._stats.retries += 1
                     await asyncio.sleep(random.uniform(0, 0.002 * conflicts))
                     continue
-                if attempt < self._connection.retries and is_transient(exc):
+                if budget.attempts - conflicts <= self._connection.retries and is_transient(exc):
                     logger.debug("batch of %d writes: %s; retrying", len(batch), exc)
-                    attempt += 1
                     self._stats.retries += 1
                     continue
                 raise
@@ -379,6 +386,4 @@ def _weight(item: Write) -> int:
 def _write_error(exc: Exception) -> Exception:
     if isinstance(exc, CheckpointError):
         return exc
-    error = StorageBackendError(f"PostgreSQL save failed: {describe(exc)}")
-    error.__cause__ = exc
-    return error
+    return failure("save", exc)

@@ -6,7 +6,9 @@ the first time a store is used, never when this package is imported, and its abs
 
 :class:`Connection` opens the pool on the first call (and creates or migrates the schema,
 :mod:`.schema`), runs each operation on a pooled connection, discards connections that died,
-and retries an idempotent operation after a lost connection or a lost deadlock.
+and retries an idempotent operation after a lost connection or a lost deadlock. Each call
+holds a slot of :mod:`.ceiling` (so a server that refuses new connections makes it wait for
+a pooled one) and stays within its :mod:`.budget` (``command_timeout``, all tries included).
 """
 
 from __future__ import annotations
@@ -14,11 +16,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import math
 from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from ...errors import InvalidArgumentError, StorageBackendError, StorageClosedError
+import anyio
+
+from ...errors import (
+    InvalidArgumentError,
+    StorageBackendError,
+    StorageClosedError,
+    StorageTimeoutError,
+)
+from ..diskfull import storage_error
+from .budget import Budget
+from .ceiling import REGROW_AFTER, Ceiling, NoConnection, refused
 from .schema import migrate
 from .stats import WriteStats
 
@@ -29,9 +42,11 @@ __all__ = [
     "connection_lost",
     "describe",
     "driver_errors",
+    "failure",
     "import_asyncpg",
     "is_transient",
     "on_connection",
+    "timeout_cause",
 ]
 
 T = TypeVar("T")
@@ -106,16 +121,31 @@ def is_transient(exc: BaseException) -> bool:
     return pg is not None and isinstance(exc, pg.InvalidCachedStatementError)
 
 
+def failure(what: str, exc: BaseException) -> StorageBackendError:
+    """The error of ``what`` failing on ``exc``: :class:`StorageFullError` for ``53100``."""
+    return storage_error(f"PostgreSQL {what} failed", describe(exc), exc)
+
+
 def describe(exc: BaseException) -> str:
     """``Type: message`` of a driver error, for the messages of the errors it becomes."""
     return f"{type(exc).__name__}: {exc}"
 
 
-async def on_connection(pool: Any, op: Callable[[Any], Awaitable[T]]) -> T:
-    """Run ``op`` on a connection of ``pool``; a connection found dead is not handed back."""
-    async with pool.acquire() as con:
+async def on_connection(
+    pool: Any, op: Callable[[Any], Awaitable[T]], within: float | None = None
+) -> T:
+    """Run ``op`` on a connection of ``pool``; a connection found dead is not handed back.
+
+    With ``within``, the acquire and ``op`` together get that many seconds; a connection
+    interrupted by it is terminated (its statement's fate is unknown to the protocol).
+    """
+    deadline = None if within is None else anyio.current_time() + within
+    async with pool.acquire(timeout=within) as con:
         try:
-            return await op(con)
+            if deadline is None:
+                return await op(con)
+            with anyio.fail_after(deadline - anyio.current_time()):
+                return await op(con)
         except Exception as exc:
             if connection_lost(exc):
                 # If asyncpg already saw it close, it has detached it from the proxy and
@@ -155,6 +185,9 @@ class Connection:
         self._owner = owner
         self._check_open = check_open
         self._pool: Any = None
+        self._ceiling = Ceiling(int(pool_options.get("max_size", 10)))
+        self._timeout: float | None = _seconds(pool_options.get("command_timeout"))
+        self._wait_limit = _seconds(pool_options.get("timeout")) or 60.0
         self._closed = False
         self._open_lock = asyncio.Lock()
 
@@ -172,24 +205,55 @@ class Connection:
             self._check_open()
             if self._pool is None:
                 self._pool = await self._open()
+                max_size = getattr(self._pool, "get_max_size", None)
+                if self._dsn is None and callable(max_size):  # a given pool: its own size
+                    self._ceiling = Ceiling(int(max_size()))
             return self._pool
+
+    def budget(self) -> Budget:
+        """A new operation's clock: ``command_timeout`` for all its tries and waits."""
+        return Budget(self._timeout, self._wait_limit)
 
     async def run(self, what: str, op: Callable[[Any], Awaitable[T]], *, retry: bool = True) -> T:
         """Run ``op`` on a pooled connection; map driver errors; retry a lost connection."""
         pool = await self.pool()
         errors = driver_errors(import_asyncpg())
-        attempt = 0
+        budget = self.budget()
         while True:
             try:
-                return await on_connection(pool, op)
+                return await self.attempt(pool, what, op, budget)
             except errors as exc:
                 if self._closed and self._pool is None:
                     raise StorageClosedError(f"{self._owner} is closed") from exc
-                if retry and attempt < self._retries and is_transient(exc):
-                    attempt += 1
+                if budget.expired():
+                    raise budget.timed_out(what, timeout_cause(exc)) from exc
+                if retry and budget.attempts <= self._retries and is_transient(exc):
                     self._stats.retries += 1
                     continue
-                raise StorageBackendError(f"PostgreSQL {what} failed: {describe(exc)}") from exc
+                raise failure(what, exc) from exc
+
+    async def attempt(
+        self, pool: Any, what: str, op: Callable[[Any], Awaitable[T]], budget: Budget
+    ) -> T:
+        """One try of ``op``: a slot under the ceiling, a connection, ``op``, all in budget.
+
+        A connection the server refuses (too many connections) lowers the ceiling and the
+        try waits for a pooled connection instead; :class:`StorageTimeoutError` when none
+        comes within the budget (or the connect ``timeout`` without one).
+        """
+        budget.attempts += 1
+        last: BaseException | None = None
+        while True:
+            try:
+                async with self._ceiling.slot(budget.wait_deadline):
+                    return await on_connection(pool, op, budget.remaining())
+            except NoConnection:
+                raise budget.timed_out(what, _waited(last, self._ceiling.cap)) from last
+            except Exception as exc:
+                if not refused(exc):
+                    raise
+                self._ceiling.lower(pool.get_size() if hasattr(pool, "get_size") else 0)
+                last = exc
 
     async def close(self) -> None:
         """Close the pool if this store created it; later calls raise ``StorageClosedError``."""
@@ -200,6 +264,24 @@ class Connection:
                 await pool.close()
 
     async def _open(self) -> Any:
+        limit = self._timeout or self._wait_limit
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while True:
+            try:
+                return await self._open_once()
+            except StorageBackendError as exc:
+                if not refused(exc.__cause__):
+                    raise
+                if loop.time() - start >= limit:
+                    raise StorageTimeoutError(
+                        f"{exc}; the server refused every connection for "
+                        f"{loop.time() - start:.2f} s (the wait is bounded by {limit:g} s)"
+                    ) from exc.__cause__
+            # The server has no connection for this role or database yet: wait for one.
+            await asyncio.sleep(min(REGROW_AFTER, max(start + limit - loop.time(), 0.0)))
+
+    async def _open_once(self) -> Any:
         pg = import_asyncpg()
         errors = driver_errors(pg)
         pool: Any = None
@@ -215,10 +297,33 @@ class Connection:
                 pool.terminate()
             where = f"cannot open PostgreSQL store (schema {self._schema!r})"
             if isinstance(exc, errors):
-                raise StorageBackendError(f"{where}: {describe(exc)}") from exc
+                raise storage_error(where, describe(exc), exc) from exc
             if isinstance(exc, _BAD_ARGUMENT) and self._dsn is not None:
                 raise InvalidArgumentError(
                     f"{where}: a connection argument: {describe(exc)}"
                 ) from exc
             raise
         return pool
+
+
+def _seconds(value: Any) -> float | None:
+    """A timeout option as seconds; ``None`` when absent (or not a finite positive number)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if number and math.isfinite(value) and value > 0 else None
+
+
+def timeout_cause(exc: BaseException) -> str:
+    """What the last try ran into, unless it was only the timeout itself."""
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) and not str(exc):
+        return ""
+    return f"last error {describe(exc)}"
+
+
+def _waited(refusal: BaseException | None, cap: int) -> str:
+    """Why no connection came: the server's refusal and what the pool held, or a full pool."""
+    if refusal is None:
+        return f"no pooled connection was free (the pool holds at most {cap})"
+    return (
+        f"no pooled connection came free ({describe(refusal)}; the pool holds {cap} "
+        "connection(s) the server allowed)"
+    )

@@ -23,7 +23,7 @@ from ..queries import WorkflowQuery, metadata_pairs, query_sql
 from .connection import Connection
 from .sql import RECORD_COLUMNS, Sql
 
-__all__ = ["Leases"]
+__all__ = ["Leases", "record_from_row"]
 
 
 class Leases:
@@ -211,3 +211,7 @@ def _placeholder(n: int) -> str:
 
 def _same(moment: datetime) -> datetime:
     return moment
+
+
+#: A record from a row of ``RECORD_COLUMNS`` (for the store's other statement modules).
+record_from_row = _workflow_record

@@ -80,7 +80,7 @@ class Records:
             rows = await con.fetch(self._sql.delete_step, workflow_id, step)
             return bool(rows), [row[0] for row in rows]
 
-        return await self._releasing("delete", delete_all if step is None else delete_step)
+        return await self.releasing("delete", delete_all if step is None else delete_step)
 
     async def delete_untouched(self, workflow_id: str, updated_at: datetime) -> int | None:
         """Delete the workflow whole if its record is untouched since ``updated_at``.
@@ -92,9 +92,9 @@ class Records:
             size, records = await con.fetchrow(self._sql.delete_untouched, workflow_id, updated_at)
             return (None if size is None else int(size)), records
 
-        return await self._releasing("conditional delete", delete)
+        return await self.releasing("conditional delete", delete)
 
-    async def _releasing(
+    async def releasing(
         self, what: str, run: Callable[[Any], Awaitable[tuple[_T, list[bytes] | None]]]
     ) -> _T:
         """``run``'s delete in a transaction that releases the deleted records' blob refs."""

@@ -11,7 +11,8 @@ incremental checkpoints with their reference counts; migration 4 moves the count
 narrow table of their own (``blob_refs``); migration 5 adds the ``paused`` status, retries,
 metadata and the latest step to workflow records, with the indexes their queries walk;
 migration 6 adds the effect journal (``effects``); migration 7 the kind of a workflow
-record, so that runners claim only workflows and never a LangGraph thread.
+record, so that runners claim only workflows and never a LangGraph thread; migration 8 the
+``cancelled`` status.
 """
 
 from __future__ import annotations
@@ -148,6 +149,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "WHERE status = 'unfinished' AND kind = 'workflow'",
         # Pages of a listing filtered by kind (and status): the default listing's.
         "CREATE INDEX IF NOT EXISTS workflows_kind ON {s}.workflows (kind, status, workflow_id)",
+    ),
+    (
+        # The cancelled status (cancel_workflow); it depends on no other new migration.
+        "ALTER TABLE {s}.workflows DROP CONSTRAINT IF EXISTS workflows_status_check",
+        "ALTER TABLE {s}.workflows ADD CONSTRAINT workflows_status_check "
+        "CHECK (status IN ('unfinished', 'finished', 'failed', 'paused', 'cancelled'))",
     ),
 )
 

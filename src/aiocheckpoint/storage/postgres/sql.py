@@ -10,7 +10,15 @@ from dataclasses import dataclass
 
 from ...format import MAGIC
 
-__all__ = ["RECORD_COLUMNS", "Sql"]
+__all__ = ["RECORD_COLUMNS", "VERSION_2", "Sql"]
+
+# A version-2 record's bytes, else NULL: only those reference blobs, and only they are
+# sent back when a record is replaced or deleted (its refs are then released). ``{c}`` is
+# the column.
+VERSION_2 = (
+    "CASE WHEN substring({c} FROM 1 FOR 5) = "
+    f"'\\x{(MAGIC + bytes([2])).hex()}'::bytea THEN {{c}} END"
+)
 
 #: The columns of a workflow record, in the order :func:`.leases.workflow_record` reads them.
 RECORD_COLUMNS = (
@@ -85,10 +93,7 @@ class Sql:
         b = f"{quoted}.blobs"
         r = f"{quoted}.blob_refs"
         e = f"{quoted}.effects"
-        # A version-2 record's bytes, else NULL: only those reference blobs, and only they
-        # are sent back when a record is replaced or deleted (its refs are then released).
-        prefix = (MAGIC + bytes([2])).hex()
-        v2 = f"CASE WHEN substring({{c}} FROM 1 FOR 5) = '\\x{prefix}'::bytea THEN {{c}} END"
+        v2 = VERSION_2
         record = ", ".join(RECORD_COLUMNS)
         expiry = "now() + make_interval(secs => {ttl})"
         finished = "CASE WHEN $2 IN ('finished', 'failed') THEN now() END"

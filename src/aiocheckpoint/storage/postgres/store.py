@@ -9,7 +9,7 @@ records and leases), over the tables of :mod:`.schema` and the statements of :mo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +27,8 @@ from ...leases import (
 from ..base import (
     DEFAULT_MAX_RECORD_BYTES,
     BaseStorage,
+    Cut,
+    History,
     StoredCheckpoint,
     StoredEffect,
     check_effect_key,
@@ -36,6 +38,7 @@ from ..queries import StepInfo, WorkflowQuery
 from .batching import BatchLimits, GroupCommit, Write
 from .blobs import Blobs
 from .connection import Connection
+from .control import Control
 from .dsn import check_connect_options, check_dsn
 from .effects import Effects
 from .leases import Leases
@@ -43,6 +46,7 @@ from .records import Records
 from .schema import quote_schema
 from .sql import Sql
 from .stats import WriteStats
+from .sweeps import Sweeps
 
 __all__ = ["PostgresCheckpointStorage"]
 
@@ -135,9 +139,11 @@ class PostgresCheckpointStorage(BaseStorage):
         blobs = Blobs(sql, schema, self.stats, max_record_bytes)
         self._records = Records(self._connection, sql, blobs, max_record_bytes)
         self._leases = Leases(self._connection, sql)
+        self._control = Control(self._connection, sql, self._leases)
         limits = BatchLimits(write_concurrency, max_batch_rows, max_batch_bytes)
         self._group_commit = GroupCommit(self._connection, sql, blobs, self.stats, limits)
         self._effects = Effects(self._connection, quoted, max_record_bytes)
+        self._sweeps = Sweeps(self._connection, quoted, self._records, max_record_bytes)
 
     @property
     def schema(self) -> str:
@@ -277,6 +283,43 @@ class PostgresCheckpointStorage(BaseStorage):
         self._check_open()
         return await self._records.list_workflows()
 
+    # --- batched sweeps (SweepStorage) ---------------------------------------------------
+
+    async def histories(
+        self,
+        *,
+        after: str | None,
+        limit: int,
+        more_than: int,
+        max_records: int,
+        max_bytes: int,
+    ) -> list[History]:
+        """The next ``limit`` histories after ``after``, in one read (see :class:`SweepStorage`)."""
+        self._check_open()
+        after = None if after is None else check_workflow_id(after)
+        return await self._sweeps.histories(after, limit, (more_than, max_records, max_bytes))
+
+    async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
+        """Delete every cut in one statement (see :class:`SweepStorage`).
+
+        Not retried after a lost connection, like :meth:`delete`.
+        """
+        self._check_open()
+        for cut in cuts:
+            check_workflow_id(cut.workflow_id)
+            for step in cut.steps:
+                check_step(step)
+            if cut.below is not None:
+                check_step(cut.below)
+        return await self._sweeps.thin_many(cuts)
+
+    async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
+        """Delete each untouched workflow whole, in one statement (see :class:`SweepStorage`)."""
+        self._check_open()
+        for workflow_id, _ in pairs:
+            check_workflow_id(workflow_id)
+        return await self._sweeps.delete_workflows(pairs)
+
     # --- the effect journal (EffectStorage) ----------------------------------------------
 
     async def put_effect(
@@ -389,6 +432,16 @@ class PostgresCheckpointStorage(BaseStorage):
         self._check_open()
         check_workflow_id(workflow_id)
         return await self._leases.resume(workflow_id, resume_input)
+
+    async def cancel_workflow(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
+        """Cancel an UNFINISHED or PAUSED workflow and revoke its lease (``lifecycle``)."""
+        self._check_open()
+        return await self._control.cancel(check_workflow_id(workflow_id), reason)
+
+    async def retry_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """Make a FAILED or CANCELLED workflow UNFINISHED with a fresh attempt budget."""
+        self._check_open()
+        return await self._control.retry(check_workflow_id(workflow_id))
 
     async def record_failure(
         self,

@@ -31,14 +31,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._validation import check_optional_step, check_step, check_workflow_id
-from ...errors import InvalidArgumentError
+from ...errors import InvalidArgumentError, StorageFullError
 from ...format import SplitResult, TreeParams
 from ...leases import (
     Lease,
@@ -52,6 +52,8 @@ from ..base import (
     DEFAULT_MAX_RECORD_BYTES,
     BaseStorage,
     BlobFetch,
+    Cut,
+    History,
     StoredCheckpoint,
     StoredEffect,
     check_effect_key,
@@ -59,7 +61,7 @@ from ..base import (
 )
 from ..queries import StepInfo, WorkflowQuery
 from ..refcounts import checked_tree, held_root_refs
-from . import effects, records
+from . import control, effects, records, sweeps
 from .blobs import SaveTreeOp, drain_releases, in_one_read, read_blobs, recount
 from .connections import BusyRetry
 from .foreign import ForeignRow
@@ -287,6 +289,42 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         deleted: int | None = await self._submit(RecordOp("conditional delete", fn), 0)
         return deleted
 
+    # --- batched sweeps (SweepStorage) ----------------------------------------------------
+
+    async def histories(
+        self,
+        *,
+        after: str | None,
+        limit: int,
+        more_than: int,
+        max_records: int,
+        max_bytes: int,
+    ) -> list[History]:
+        """The next ``limit`` histories after ``after``, in one read (see :class:`SweepStorage`)."""
+        self._check_open()
+        after = None if after is None else check_workflow_id(after)
+        budget = (more_than, max_records, max_bytes)
+        cap = self._max_record_bytes
+        return await self._read(lambda conn: sweeps.read_histories(conn, after, limit, budget, cap))
+
+    async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
+        """Delete every cut in one write of the group commit (see :class:`SweepStorage`)."""
+        self._check_open()
+        checked = [_checked_cut(cut) for cut in cuts]
+        fn = functools.partial(sweeps.thin_many, cuts=checked)
+        done: tuple[list[tuple[str, int]], int] = await self._submit(
+            RecordOp("sweep's thinning", fn), 0
+        )
+        return done
+
+    async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
+        """Delete each untouched workflow whole, in one write (see :class:`SweepStorage`)."""
+        self._check_open()
+        checked = [(check_workflow_id(wf), at) for wf, at in pairs]
+        fn = functools.partial(sweeps.delete_workflows, pairs=checked)
+        sizes: list[int | None] = await self._submit(RecordOp("sweep's deletes", fn), 0)
+        return sizes
+
     # --- the effect journal (EffectStorage) ------------------------------------------------
 
     async def put_effect(
@@ -423,6 +461,20 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         )
         return await self._record_op("resume", fn)
 
+    async def cancel_workflow(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
+        """Cancel an UNFINISHED or PAUSED workflow and revoke its lease (``lifecycle``)."""
+        self._check_open()
+        fn = functools.partial(
+            control.cancel, workflow_id=check_workflow_id(workflow_id), reason=reason
+        )
+        return await self._record_op("cancel", fn)
+
+    async def retry_workflow(self, workflow_id: str) -> WorkflowRecord:
+        """Make a FAILED or CANCELLED workflow UNFINISHED with a fresh attempt budget."""
+        self._check_open()
+        fn = functools.partial(control.retry, workflow_id=check_workflow_id(workflow_id))
+        return await self._record_op("retry", fn)
+
     async def record_failure(
         self,
         workflow_id: str,
@@ -547,7 +599,12 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         return await self._read(both)
 
     async def _read(self, fn: Callable[[Any], T]) -> T:
-        await self._ensure_open()
+        # A disk too full to open the store for writing still lets it be read, if SQLite can
+        # (ReaderPool.run_alone); when it cannot, that read's error says why.
+        try:
+            await self._ensure_open()
+        except StorageFullError:
+            return await self._in_thread(self._read_threads, self._readers.run_alone, fn)
         return await self._in_thread(self._read_threads, self._readers.run, fn)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -577,6 +634,11 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._checkpointer.close()
         self._readers.close()
         self._writer.close()
+
+
+def _checked_cut(cut: Cut) -> Cut:
+    below = None if cut.below is None else check_step(cut.below)
+    return Cut(check_workflow_id(cut.workflow_id), tuple(map(check_step, cut.steps)), below)
 
 
 def _database_path(path: str | os.PathLike[str]) -> Path:

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Final, TypeVar
 from urllib.parse import quote
 
-from ...errors import StorageBackendError
+from ...errors import StorageBackendError, StorageFullError
+from ..diskfull import disk_full, storage_error
 from ..private import refuse_unless_private
 
 T = TypeVar("T")
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 _SQLITE_BUSY: Final = 5
 _SQLITE_LOCKED: Final = 6
+_SQLITE_IOERR: Final = 10
 
 
 def is_busy(exc: sqlite3.Error) -> bool:
@@ -45,11 +47,37 @@ def is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in message or "busy" in message
 
 
+def open_error(path: Path, exc: BaseException) -> StorageBackendError:
+    """Why ``path`` could not be opened; a full disk says so (see :func:`no_space_to_open`)."""
+    message = f"cannot open SQLite database {str(path)!r}"
+    if not no_space_to_open(path, exc):
+        return backend_error(message, exc)
+    error = StorageFullError(f"disk full: {message}: {exc} (the filesystem has no free space)")
+    error.__cause__ = exc
+    return error
+
+
+def no_space_to_open(path: Path, exc: BaseException) -> bool:
+    """Whether opening ``path`` failed for want of space.
+
+    A WAL connection sizes its ``-shm`` file by writing to it, and on a full disk SQLite
+    reports that as a plain I/O error (``SQLITE_IOERR``); the filesystem's free space says
+    which it was.
+    """
+    if disk_full(exc):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None or code & 0xFF != _SQLITE_IOERR:
+        return False
+    try:
+        return os.statvfs(path.parent).f_bavail == 0
+    except OSError:
+        return False
+
+
 def backend_error(message: str, exc: BaseException) -> StorageBackendError:
-    """A :class:`StorageBackendError` with ``exc`` chained as its cause."""
-    err = StorageBackendError(f"{message}: {exc}")
-    err.__cause__ = exc
-    return err
+    """A :class:`StorageBackendError` with ``exc`` chained (``StorageFullError`` if full)."""
+    return storage_error(message, exc, exc)
 
 
 class BusyRetry:

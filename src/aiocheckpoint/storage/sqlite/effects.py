@@ -17,6 +17,7 @@ from ..base import MAX_EFFECTS_PER_STEP, StoredEffect
 from . import records
 
 __all__ = [
+    "DELETE_STEP",
     "MIGRATION_STATEMENTS",
     "delete",
     "put",
@@ -67,7 +68,7 @@ _IN_DOUBT_OF: Final = (
 )
 _WORKFLOWS: Final = "SELECT DISTINCT workflow_id FROM effects ORDER BY 1"
 _STEPS: Final = "SELECT DISTINCT step FROM effects WHERE workflow_id = ? ORDER BY 1"
-_DELETE_STEP: Final = "DELETE FROM effects WHERE workflow_id = ? AND step = ?"
+DELETE_STEP: Final = "DELETE FROM effects WHERE workflow_id = ? AND step = ?"
 _DELETE_ALL: Final = "DELETE FROM effects WHERE workflow_id = ?"
 _DELETE_ORPHANS: Final = (
     "DELETE FROM effects WHERE workflow_id = ?1 AND step < ?2 AND NOT EXISTS "
@@ -97,7 +98,7 @@ def delete(conn: sqlite3.Connection, workflow_id: str, step: int | None) -> None
     if step is None:
         conn.execute(_DELETE_ALL, (workflow_id,))
     else:
-        conn.execute(_DELETE_STEP, (workflow_id, step))
+        conn.execute(DELETE_STEP, (workflow_id, step))
 
 
 def drop_orphans(conn: sqlite3.Connection, _now: float, *, workflow_id: str, below: int) -> int:

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from ...errors import CheckpointCorruptedError, StorageClosedError
 from ..base import StoredCheckpoint
-from .connections import BusyRetry, backend_error, connect
+from .connections import BusyRetry, backend_error, connect, open_error
 from .foreign import ForeignRow, id_problem, warn_skipped
 from .sql import _ALL_ROWS, _EXISTS_ANY, _EXISTS_STEP, _LATEST, _ONE, _SCAN, _WORKFLOWS
 
@@ -39,6 +39,7 @@ class ReaderPool:
         self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._alone_lock = threading.Lock()
 
     def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` with a read connection; map driver errors to StorageBackendError."""
@@ -49,6 +50,34 @@ class ReaderPool:
             raise backend_error("SQLite read failed", exc) from exc
         finally:
             self._release(conn)
+
+    def run_alone(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on a connection of its own that needs no ``-shm`` file, then close it.
+
+        On a full disk a WAL connection cannot size the shared ``-shm`` file. In exclusive
+        locking mode SQLite keeps the WAL index in its own memory instead, and still reads
+        what the WAL holds; the database is locked against every other connection while it
+        reads, so these reads run one at a time and each closes its connection at once.
+        """
+        with self._alone_lock:
+            self._check_open()
+            try:
+                conn = connect(self.path, self.busy_timeout)
+            except sqlite3.Error as exc:
+                raise open_error(self.path, exc) from exc
+            try:
+                conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+                conn.execute("PRAGMA query_only = ON")
+                return self.retry(lambda: fn(conn))
+            except sqlite3.Error as exc:
+                raise open_error(self.path, exc) from exc
+            finally:
+                conn.close()
+
+    def _check_open(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise StorageClosedError("SQLiteCheckpointStorage is closed")
 
     def close(self) -> None:
         """Close idle connections now and busy ones as they are released."""
@@ -69,7 +98,7 @@ class ReaderPool:
             conn.execute("PRAGMA query_only = ON")
             conn.execute(f"PRAGMA cache_size = {_CACHE_KIB}")
         except sqlite3.Error as exc:
-            raise backend_error(f"cannot open SQLite database {str(self.path)!r}", exc) from exc
+            raise open_error(self.path, exc) from exc
         return conn
 
     def _release(self, conn: sqlite3.Connection) -> None:

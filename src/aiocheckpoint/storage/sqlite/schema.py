@@ -8,7 +8,8 @@ adds workflow records and leases; version 3 adds content-addressed blobs with re
 counts (``docs/sqlite-storage.md``); version 4 the ``paused`` status, retries, metadata and
 the latest step on workflow records, with the indexes their queries walk; version 5 the effect
 journal (``docs/effects.md``); version 6 the kind of a workflow record, so that runners claim
-only workflows and never a LangGraph thread (``docs/leases.md``).
+only workflows and never a LangGraph thread (``docs/leases.md``); version 7 the ``cancelled``
+status (``docs/resuming.md``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ...errors import StorageSchemaError
+from .control import MIGRATION_STATEMENTS as CANCELLED_MIGRATION
 from .effects import MIGRATION_STATEMENTS as EFFECTS_MIGRATION
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate"]
@@ -214,6 +216,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "CREATE INDEX workflows_kind ON workflows (kind, status, workflow_id)",
         ),
     ),
+    # Depends on no other new migration: it rebuilds the table with its columns as of 6.
+    Migration(7, "workflows: the cancelled status", CANCELLED_MIGRATION),
 )
 
 #: The schema version this code writes.

@@ -35,6 +35,7 @@ from .connections import (
     connect,
     create_private,
     fsync_dir_once,
+    open_error,
     secure_files,
 )
 from .schema import MIGRATIONS, Migration, migrate
@@ -146,7 +147,7 @@ class Writer:
                 secure_files(self.path)
             conn = connect(self.path, self.busy_timeout)
         except (OSError, sqlite3.Error) as exc:
-            raise backend_error(f"cannot open SQLite database {str(self.path)!r}", exc) from exc
+            raise open_error(self.path, exc) from exc
         try:
             mode = self.retry(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchall())
             if mode[0][0].lower() != "wal":
@@ -164,7 +165,7 @@ class Writer:
             fsync_dir_once(self.path)
         except sqlite3.Error as exc:
             conn.close()
-            raise backend_error(f"cannot open SQLite database {str(self.path)!r}", exc) from exc
+            raise open_error(self.path, exc) from exc
         except BaseException:
             conn.close()
             raise

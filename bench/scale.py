@@ -1,0 +1,158 @@
+"""Retention at scale: build N workflows x M checkpoints, sweep them, sweep again.
+
+    python bench/scale.py [--workflows 100000] [--checkpoints 10] [--keep-last 3]
+                          [--backends sqlite,postgres] [--dsn DSN] [--concurrency 200]
+                          [--quick]
+
+For each backend, on a fresh SQLite file (or PostgreSQL schema, dropped afterwards):
+
+* **build**: ``workflows`` workflows of ``checkpoints`` RUNNING checkpoints each (a small
+  state), written through a manager by ``concurrency`` tasks, each task one workflow at a
+  time, step after step: the build rate in checkpoints/s;
+* **sweep**: one ``manager.sweep()`` with ``RetentionPolicy(keep_last=...)``: its time,
+  what it deleted and the deletes per second;
+* **again**: a second sweep, with nothing left to delete: its time, and that time per
+  100,000 workflows;
+* the store's bytes before and after (SQLite: the database file and its WAL; PostgreSQL:
+  ``pg_total_relation_size`` of the schema's tables). A sweep frees pages for reuse; it
+  does not shrink the file or the tables.
+
+Prints one JSON line per backend. ``--quick`` is CI's smoke size (2,000 x 10). The
+machine is shared: read the load average printed with each line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from aiocheckpoint import CheckpointManager, RetentionPolicy
+from aiocheckpoint.storage.base import CheckpointStorage
+from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+
+DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+async def build(manager: CheckpointManager, args: argparse.Namespace) -> float:
+    """Write every workflow's checkpoints; return the seconds it took."""
+    queue = iter(range(args.workflows))
+
+    async def task() -> None:
+        for n in queue:
+            for step in range(args.checkpoints):
+                state = {"n": n, "step": step}
+                await manager.create_checkpoint(f"wf-{n:07}", step, "agent", "running", state)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(task() for _ in range(args.concurrency)))
+    return time.perf_counter() - began
+
+
+def file_bytes(where: Path) -> int:
+    """SQLite's files: the database, its WAL and shared-memory index."""
+    return sum(p.stat().st_size for p in where.glob("store.db*"))
+
+
+async def store_bytes(backend: str, where: Path, dsn: str, schema: str) -> int:
+    """The store's size on disk: SQLite's files, or the schema's tables with their indexes."""
+    if backend == "sqlite":
+        return await asyncio.to_thread(file_bytes, where)
+    con = await asyncpg.connect(dsn)
+    try:
+        size = await con.fetchval(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = $1 AND c.relkind = 'r'",
+            schema,
+        )
+    finally:
+        await con.close()
+    return int(size)
+
+
+def open_store(backend: str, where: Path, dsn: str, schema: str) -> CheckpointStorage:
+    if backend == "sqlite":
+        return SQLiteCheckpointStorage(where / "store.db")
+    return PostgresCheckpointStorage(dsn, schema=schema, max_size=8)
+
+
+async def drop_schema(dsn: str, schema: str) -> None:
+    con = await asyncpg.connect(dsn)
+    try:
+        await con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await con.close()
+
+
+async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> dict[str, Any]:
+    """Build, sweep, sweep again on one backend; the figures of the run."""
+    schema = f"bench_scale_{uuid.uuid4().hex[:10]}"
+    policy = RetentionPolicy(keep_last=args.keep_last)
+    try:
+        async with CheckpointManager(
+            open_store(backend, where, args.dsn, schema), retention=policy
+        ) as manager:
+            built = await build(manager, args)
+            before = await store_bytes(backend, where, args.dsn, schema)
+            began = time.perf_counter()
+            swept = await manager.sweep()
+            sweep_s = time.perf_counter() - began
+            began = time.perf_counter()
+            again = await manager.sweep()
+            again_s = time.perf_counter() - began
+            after = await store_bytes(backend, where, args.dsn, schema)
+    finally:
+        if backend == "postgres":
+            await drop_schema(args.dsn, schema)
+    checkpoints = args.workflows * args.checkpoints
+    return {
+        "backend": backend,
+        "workflows": args.workflows,
+        "checkpoints": checkpoints,
+        "build_s": round(built, 2),
+        "build_per_s": round(checkpoints / built),
+        "sweep_s": round(sweep_s, 2),
+        "deleted": swept.checkpoints_deleted,
+        "deletes_per_s": round(swept.checkpoints_deleted / sweep_s),
+        "nothing_to_delete_s": round(again_s, 2),
+        "nothing_to_delete_s_per_100k": round(again_s * 100_000 / args.workflows, 2),
+        "deleted_again": again.checkpoints_deleted,
+        "bytes_before": before,
+        "bytes_after": after,
+        "load_average": [round(x, 1) for x in os.getloadavg()],
+    }
+
+
+async def run(args: argparse.Namespace) -> None:
+    for backend in args.backends.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(await one_backend(backend, args, Path(tmp))), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workflows", type=int, default=100_000)
+    parser.add_argument("--checkpoints", type=int, default=10)
+    parser.add_argument("--keep-last", type=int, default=3)
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--dsn", default=DSN)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="CI's smoke size: 2,000 x 10")
+    args = parser.parse_args()
+    if args.quick:
+        args.workflows, args.checkpoints = 2_000, 10
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

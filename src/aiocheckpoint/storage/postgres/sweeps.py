@@ -1,0 +1,157 @@
+"""Batched sweeps in PostgreSQL: a batch of workflows read in one read, deleted in one statement.
+
+Each statement takes the locks in the order every other write takes them: workflow
+records first (in id order), then checkpoint rows in ``(workflow_id, step)`` order, then
+the effect journal; the deleted records' blob references are released in the same
+transaction (:meth:`.records.Records.releasing`). Like the one-workflow deletes of
+:mod:`.sql`, a deleted step takes its effects in the same statement.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from ..base import Cut, History, StoredCheckpoint, histories_to_read
+from .connection import Connection
+from .records import Records
+from .sql import VERSION_2
+
+__all__ = ["Sweeps"]
+
+
+class Sweeps:
+    """The batched sweep statements of one store; arguments are checked already."""
+
+    def __init__(
+        self, connection: Connection, quoted: str, records: Records, max_record_bytes: int
+    ) -> None:
+        self._connection = connection
+        self._records = records
+        self._max = max_record_bytes
+        t, w, e = f"{quoted}.checkpoints", f"{quoted}.workflows", f"{quoted}.effects"
+        # The next $2 workflows with checkpoints after $1, in id order (an index walk):
+        # each one's count, lowest step, bytes, whether it has effects below its lowest
+        # step, whether its record says PAUSED and its record's kind.
+        self._page = (
+            "SELECT g.w, g.n, g.low, g.size, "
+            f"EXISTS (SELECT 1 FROM {e} AS x WHERE x.workflow_id = g.w AND x.step < g.low), "
+            f"EXISTS (SELECT 1 FROM {w} AS r WHERE r.workflow_id = g.w AND r.status = 'paused'), "
+            f"(SELECT r.kind FROM {w} AS r WHERE r.workflow_id = g.w) "
+            "FROM (SELECT workflow_id AS w, count(*) AS n, min(step) AS low, "
+            f"sum(octet_length(data)) AS size FROM {t} WHERE workflow_id > $1 "
+            "GROUP BY workflow_id ORDER BY workflow_id LIMIT $2) AS g"
+        )
+        self._records_of = (
+            "SELECT workflow_id, step, CASE WHEN octet_length(data) <= $2 THEN data END "
+            f"FROM {t} WHERE workflow_id = ANY($1::text[]) ORDER BY workflow_id, step DESC"
+        )
+        v2 = VERSION_2.format(c="c.data")
+        self._thin = (
+            "WITH r AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::bigint[]) AS r(w, s)), "
+            f"lk AS MATERIALIZED (SELECT c.workflow_id AS w, c.step AS s FROM {t} AS c "
+            "JOIN r ON c.workflow_id = r.w AND c.step = r.s ORDER BY 1, 2 FOR UPDATE OF c), "
+            f"cps AS (DELETE FROM {t} AS c USING lk WHERE c.workflow_id = lk.w "
+            f"AND c.step = lk.s RETURNING c.workflow_id AS w, c.step AS s, {v2} AS d), "
+            f"fx AS (DELETE FROM {e} AS x USING r WHERE x.workflow_id = r.w AND x.step = r.s "
+            "AND (SELECT count(*) FROM lk) >= 0), "
+            "o AS MATERIALIZED (SELECT * FROM unnest($3::text[], $4::bigint[]) AS o(w, b)), "
+            # The steps below ``b`` without a checkpoint in this statement's snapshot: the
+            # steps ``cps`` deletes still have theirs here, and ``fx`` takes their effects.
+            f"orph AS (DELETE FROM {e} AS x USING o WHERE x.workflow_id = o.w AND x.step < o.b "
+            f"AND NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.workflow_id = o.w "
+            "AND c.step = x.step) AND (SELECT count(*) FROM lk) >= 0 RETURNING 1) "
+            "SELECT (SELECT count(*) FROM orph), (SELECT array_agg(w) FROM cps), "
+            "(SELECT array_agg(s) FROM cps), (SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
+        )
+        self._delete = (
+            "WITH r AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::timestamptz[]) "
+            "AS r(w, u)), "
+            # Locked in id order, each only while untouched since the sweep read it (a
+            # record updated meanwhile is read again, and then fails the test).
+            f"rl AS MATERIALIZED (SELECT x.workflow_id AS w FROM {w} AS x JOIN r "
+            "ON x.workflow_id = r.w AND x.updated_at = r.u "
+            "WHERE x.lease_owner IS NULL OR x.lease_expires_at <= now() "
+            "ORDER BY 1 FOR UPDATE OF x), "
+            f"rec AS (DELETE FROM {w} AS x USING rl WHERE x.workflow_id = rl.w "
+            "RETURNING x.workflow_id AS w), "
+            f"lk AS MATERIALIZED (SELECT c.workflow_id AS w, c.step AS s FROM {t} AS c "
+            "WHERE c.workflow_id IN (SELECT w FROM rec) ORDER BY 1, 2 FOR UPDATE OF c), "
+            f"cps AS (DELETE FROM {t} AS c USING lk WHERE c.workflow_id = lk.w "
+            f"AND c.step = lk.s RETURNING c.workflow_id AS w, octet_length(c.data) AS n, "
+            f"{v2} AS d), "
+            f"fx AS (DELETE FROM {e} AS x WHERE x.workflow_id IN (SELECT w FROM rec) "
+            "AND (SELECT count(*) FROM lk) >= 0) "
+            "SELECT (SELECT array_agg(w) FROM rec), (SELECT array_agg(w) FROM cps), "
+            "(SELECT array_agg(n) FROM cps), (SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
+        )
+
+    async def histories(
+        self, after: str | None, limit: int, budget: tuple[int, int, int]
+    ) -> list[History]:
+        """The next ``limit`` histories after ``after``, from one snapshot (``SweepStorage``).
+
+        ``budget`` is ``(more_than, max_records, max_bytes)`` of ``histories_to_read``.
+        """
+
+        async def read(con: Any) -> list[History]:
+            async with con.transaction(isolation="repeatable_read", readonly=True):
+                page = await con.fetch(self._page, "" if after is None else after, limit)
+                sizes = {row[0]: (int(row[1]), int(row[3])) for row in page}
+                wanted = histories_to_read(sizes, *budget)
+                rows = await con.fetch(self._records_of, wanted, self._max) if wanted else []
+            found = _grouped(rows)
+            return [
+                History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))
+                for wf, n, low, _size, orphans, paused, kind in page
+            ]
+
+        return await self._connection.run("sweep's read", read)
+
+    async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
+        """Delete every cut in one statement and transaction (``SweepStorage``)."""
+        steps = [(cut.workflow_id, step) for cut in cuts for step in cut.steps]
+        below = [(cut.workflow_id, cut.below) for cut in cuts if cut.below is not None]
+        args = (
+            [w for w, _ in steps],
+            [s for _, s in steps],
+            [w for w, _ in below],
+            [b for _, b in below],
+        )
+
+        async def run(con: Any) -> tuple[tuple[list[tuple[str, int]], int], list[bytes] | None]:
+            dropped, ids, deleted, released = await con.fetchrow(self._thin, *args)
+            pairs = list(zip(ids or [], deleted or [], strict=True))
+            return (pairs, int(dropped)), released
+
+        return await self._records.releasing("sweep's thinning", run)
+
+    async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
+        """Delete each untouched workflow whole, in one statement (``SweepStorage``)."""
+        args = ([wf for wf, _ in pairs], [at for _, at in pairs])
+
+        async def run(con: Any) -> tuple[list[int | None], list[bytes] | None]:
+            gone, ids, sizes, released = await con.fetchrow(self._delete, *args)
+            total: Counter[str] = Counter()
+            for wf, size in zip(ids or [], sizes or [], strict=True):
+                total[wf] += int(size)
+            deleted = set(gone or [])
+            return [total[wf] if wf in deleted else None for wf, _ in pairs], released
+
+        return await self._records.releasing("sweep's deletes", run)
+
+
+def _grouped(rows: list[Any]) -> dict[str, list[StoredCheckpoint]]:
+    """Each workflow's records, newest first; one holding a record over the limit left out."""
+    found: dict[str, list[StoredCheckpoint]] = {}
+    refused: set[str] = set()
+    for wf, step, data in rows:
+        if data is None:
+            refused.add(wf)
+        else:
+            found.setdefault(wf, []).append(StoredCheckpoint(int(step), bytes(data)))
+    for wf in refused:
+        found.pop(wf, None)
+    return found

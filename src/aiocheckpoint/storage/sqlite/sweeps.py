@@ -1,0 +1,134 @@
+"""Batched sweeps in SQLite: a batch of workflows read in one read, deleted in one write.
+
+:func:`read_histories` runs in a read thread (one read transaction); :func:`thin_many` and
+:func:`delete_workflows` run in the writer's transaction as one
+:class:`~.writer.RecordOp`, so a batch of workflows costs one commit (one fsync) however
+many steps it deletes. The triggers take a deleted step's effects and queue its blobs'
+references for release, as they do for any delete.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Final
+
+from ..base import Cut, History, StoredCheckpoint, histories_to_read
+from . import effects
+from .foreign import id_problem
+from .sql import _DELETE_STEP
+from .writer import delete_untouched
+
+__all__ = ["delete_workflows", "read_histories", "thin_many"]
+
+#: Ids per statement: well under SQLite's variable limit.
+_CHUNK: Final = 500
+_STEP_OK: Final = "typeof(step) = 'integer' AND step >= 0"
+_STEPS_UP_TO: Final = "SELECT step FROM checkpoints WHERE workflow_id = ? AND step <= ?"
+
+
+def _marks(count: int) -> str:
+    return ",".join("?" * count)
+
+
+#: The next workflows with checkpoints after ?1, ?2 of them, in id order (an index walk):
+#: each one's count, lowest step, bytes (``length`` reads no data), whether it has effects
+#: below its lowest step, whether its record says PAUSED and its record's kind (one index
+#: probe each).
+_PAGE: Final = f"""
+    SELECT g.w, g.n, g.low, g.size,
+        EXISTS (SELECT 1 FROM effects AS e WHERE e.workflow_id = g.w AND e.step < g.low),
+        EXISTS (SELECT 1 FROM workflows AS x WHERE x.workflow_id = g.w AND x.status = 'paused'),
+        (SELECT x.kind FROM workflows AS x WHERE x.workflow_id = g.w)
+    FROM (
+        SELECT workflow_id AS w, count(*) AS n, min(step) AS low, sum(length(data)) AS size
+        FROM checkpoints
+        WHERE workflow_id > ?1 AND typeof(workflow_id) = 'text' AND {_STEP_OK}
+        GROUP BY workflow_id ORDER BY workflow_id LIMIT ?2
+    ) AS g
+"""
+
+
+def read_histories(
+    conn: sqlite3.Connection,
+    after: str | None,
+    limit: int,
+    budget: tuple[int, int, int],
+    max_bytes: int,
+) -> list[History]:
+    """The next ``limit`` histories after ``after`` from one snapshot (``SweepStorage``).
+
+    ``budget`` is ``(more_than, max_records, max_bytes)`` of
+    :func:`~..base.histories_to_read`; ``max_bytes`` the largest record this store reads.
+    """
+    conn.execute("BEGIN")
+    try:
+        rows = conn.execute(_PAGE, ("" if after is None else after, limit)).fetchall()
+        rows = [row for row in rows if id_problem(row[0]) is None]
+        sizes = {row[0]: (row[1], row[3]) for row in rows}
+        found = _records(conn, histories_to_read(sizes, *budget), max_bytes)
+    finally:
+        conn.execute("COMMIT")
+    return [
+        History(wf, n, low, bool(orphans), bool(paused), kind, found.get(wf))
+        for wf, n, low, _size, orphans, paused, kind in rows
+    ]
+
+
+def _records(
+    conn: sqlite3.Connection, ids: list[str], max_bytes: int
+) -> dict[str, list[StoredCheckpoint]]:
+    """Every record of ``ids``, newest first; a workflow with one over the limit left out."""
+    found: dict[str, list[StoredCheckpoint]] = {}
+    refused: set[str] = set()
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        sql = (
+            "SELECT workflow_id, step, CASE WHEN length(data) <= ? THEN data END "
+            f"FROM checkpoints WHERE workflow_id IN ({_marks(len(chunk))}) AND {_STEP_OK} "
+            "ORDER BY workflow_id, step DESC"
+        )
+        for wf, step, data in conn.execute(sql, [max_bytes, *chunk]).fetchall():
+            if type(data) is not bytes:
+                refused.add(wf)
+            else:
+                found.setdefault(wf, []).append(StoredCheckpoint(step, data))
+    for wf in refused:
+        found.pop(wf, None)
+    return found
+
+
+def thin_many(
+    conn: sqlite3.Connection, _now: float, *, cuts: Sequence[Cut]
+) -> tuple[list[tuple[str, int]], int]:
+    """Delete every cut's steps and orphaned effects, in the writer's transaction.
+
+    One read per workflow finds which of its cut steps are still there (another sweeper
+    may have taken some); the deletes then loop in C (``executemany``).
+    """
+    pairs = [(cut.workflow_id, step) for cut in cuts for step in cut.steps]
+    present: list[tuple[str, int]] = []
+    for cut in cuts:
+        if cut.steps:
+            wanted = set(cut.steps)
+            rows = conn.execute(_STEPS_UP_TO, (cut.workflow_id, max(cut.steps))).fetchall()
+            present += [(cut.workflow_id, step) for (step,) in rows if step in wanted]
+    # The effects of every cut step, with a checkpoint or not (the trigger takes only the
+    # former), then the checkpoints.
+    conn.executemany(effects.DELETE_STEP, pairs)
+    conn.executemany(_DELETE_STEP, present)
+    dropped = 0
+    for cut in cuts:
+        if cut.below is not None:
+            dropped += effects.drop_orphans(
+                conn, _now, workflow_id=cut.workflow_id, below=cut.below
+            )
+    return present, dropped
+
+
+def delete_workflows(
+    conn: sqlite3.Connection, now: float, *, pairs: Sequence[tuple[str, datetime]]
+) -> list[int | None]:
+    """Each workflow of ``pairs`` untouched since its time, deleted whole; its bytes or None."""
+    return [delete_untouched(conn, now, workflow_id=wf, updated_at=at) for wf, at in pairs]

@@ -1,0 +1,28 @@
+"""``bench/frameworks.py --tiny`` runs end to end: every row for every system (no timings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = {"session-add", "session-get", "session-add-c50"}
+
+
+def test_the_frameworks_bench_runs() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "frameworks.py"), "--tiny"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    systems = {"framework", "sqlite", "file", "postgres"}
+    measured = {(line["system"], line["row"]) for line in lines if "row" in line}
+    assert measured == {(s, r) for s in systems for r in ROWS}
+    summaries = {(line["summary"], line["backend"]) for line in lines if "summary" in line}
+    assert summaries == {(r, b) for r in ROWS for b in systems - {"framework"}}
