@@ -128,7 +128,13 @@ def test_copy_and_import_carry_workflow_statuses(
     args = ["export", "memory://", str(path)]
     assert _run(monkeypatch, capsys, args, asyncio.run(_store_with_records()))[0] == 0
     lines = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
-    assert {"type": "workflow", "workflow_id": "queued", "status": "unfinished"} in lines
+    queued = {
+        "type": "workflow",
+        "workflow_id": "queued",
+        "status": "unfinished",
+        "kind": "workflow",
+    }
+    assert queued in lines
     imported = KeepOnClose()
     assert _run(monkeypatch, capsys, ["import", str(path), "memory://"], imported)[0] == 0
 

@@ -146,6 +146,76 @@ async def test_copy_and_import_name_what_is_under_a_key_they_lack_and_go_on(
         ]
     report = imported.json()
     assert isinstance(report, dict) and report["written"] == 3  # wf-1's
-    assert [(c["workflow_id"], c["step"], c["reason"]) for c in report["corrupted"]] == [
-        ("wf-2", 0, missing)
+    for result in (imported, copied):
+        report = result.json()
+        assert isinstance(report, dict) and report["corrupted"] == []
+        assert [(c["workflow_id"], c["step"], c["reason"]) for c in report["unreadable"]] == [
+            ("wf-2", 0, missing)
+        ]
+
+
+async def sealed_checkpoints(url: str) -> None:
+    """wf-a: steps 0..1 under k1; wf-b: step 0 under k1, step 1 under k2 (no effects)."""
+    async with CheckpointManager(open_storage(url), encryption=OLD) as old:
+        for wf in ("wf-a", "wf-b"):
+            for step in range(2):
+                await old.create_checkpoint(wf, step, "a", "completed", {"n": step})
+    async with CheckpointManager(open_storage(url), encryption=BOTH) as new:
+        await new.create_checkpoint("wf-b", 2, "a", "completed", {"n": 2})
+
+
+def problems(report: object, name: str) -> list[tuple[str, int, str]]:
+    assert isinstance(report, dict)
+    return [(p["workflow_id"], p["step"], p["reason"]) for p in report.get(name, [])]
+
+
+@pytest.mark.parametrize("command", ["copy", "export"])
+async def test_copy_and_export_say_unreadable_not_corrupted(
+    command: str, new_store: NewStore, tmp_path: Path
+) -> None:
+    """A sealed record's only checksum is its authentication tag: copy and export must read
+    it to verify it. Without its key it is left out and listed as unreadable, apart from
+    corrupted records, with exit status 5; a corrupted record as well makes it 1."""
+    url = new_store("sqlite")
+    await sealed_checkpoints(url)
+    old = keys_file(tmp_path / "old.json", {"k1": K1}, "k1")
+    target = [new_store("sqlite")] if command == "copy" else [str(tmp_path / "out.jsonl")]
+
+    def run(*keys: str) -> object:
+        result = cli("--json", command, url, *target, *keys)
+        if command == "copy":
+            target[0] = new_store("sqlite")
+        else:
+            (tmp_path / "out.jsonl").unlink(missing_ok=True)
+        return result
+
+    bare = run()
+    assert bare.code == EXIT_UNREADABLE, bare.err
+    report = bare.json()
+    assert problems(report, "corrupted") == []
+    unread = problems(report, "unreadable")
+    assert [(wf, step) for wf, step, _ in unread] == [
+        ("wf-a", 0),
+        ("wf-a", 1),
+        ("wf-b", 0),
+        ("wf-b", 1),
+        ("wf-b", 2),
     ]
+    assert unread[0][2].startswith("unreadable: encrypted under key k1: pass --keys FILE")
+    assert report["ok"] is False and report["written"] == 0
+    lacking = run("--keys", old)
+    assert lacking.code == EXIT_UNREADABLE, lacking.err
+    report = lacking.json()
+    assert problems(report, "corrupted") == []
+    assert problems(report, "unreadable") == [("wf-b", 2, "unreadable: key k2 not in the keyring")]
+    assert report["written"] == 4
+    text = cli(command, url, *target, "--keys", old)
+    assert text.code == EXIT_UNREADABLE
+    assert "unreadable with these keys (not transferred):" in text.out
+    assert "corrupted" not in text.out
+    await corrupt(url, "wf-a", 0)
+    both = run("--keys", old)
+    assert both.code == 1, both.err
+    report = both.json()
+    assert [(wf, step) for wf, step, _ in problems(report, "corrupted")] == [("wf-a", 0)]
+    assert [(wf, step) for wf, step, _ in problems(report, "unreadable")] == [("wf-b", 2)]

@@ -885,6 +885,29 @@ class WorkflowStorageConformance(WorkflowLifecycleConformance):
         kinds = {r.workflow_id: r.kind for r in await storage.list_workflow_records()}
         assert kinds == {f"w{n:02}": "langgraph" if n % 2 else "workflow" for n in range(20)}
 
+    async def test_registration_with_a_kind(self, storage: WorkflowStorage) -> None:
+        """register_workflow's kind: a new record's, a default record's; others keep theirs."""
+        await storage.register_workflow("lg:new", kind="langgraph")
+        await storage.save("lg:new", 0, b"x")
+        await storage.save("lg:old", 0, b"x")
+        await storage.register_workflow("lg:old", kind="langgraph")
+        await storage.save("other", 0, b"x", step_info=StepInfo("a", "completed", "other"))
+        await storage.register_workflow("other", kind="langgraph")
+        await storage.register_workflow("other", metadata='{"a": 1}')
+        await storage.register_workflow("plain")
+        with pytest.raises(InvalidArgumentError):
+            await storage.register_workflow("bad", kind="Bad Kind!")
+        kinds = {r.workflow_id: r.kind for r in await storage.list_workflow_records()}
+        assert kinds == {
+            "lg:new": "langgraph",
+            "lg:old": "langgraph",
+            "other": "other",
+            "plain": "workflow",
+        }
+        claimed = await storage.claim_next_workflow("runner", 30)
+        assert claimed is not None and claimed.workflow_id == "plain"
+        assert await storage.claim_next_workflow("runner-2", 30) is None
+
     async def test_listings_filter_by_kind(self, storage: WorkflowStorage) -> None:
         """Listings take 'workflow' records by default; kind=None is every kind."""
         saver = CheckpointManager(storage, workflow_kind="langgraph")

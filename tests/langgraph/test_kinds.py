@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 
-from aiocheckpoint import CheckpointManager, RetentionPolicy
+from aiocheckpoint import CheckpointManager, RetentionPolicy, open_storage
 from aiocheckpoint.integrations.langgraph import AioCheckpointSaver
 from tests.langgraph.conftest import backend_url, open_backend
 from tests.langgraph.graphs import loop_graph, loop_input
 from tests.pg_support import drop_schema, new_schema_name
-from tests.test_cli import cli
+from tests.test_cli import NewStore, cli, new_store
+
+__all__ = ["new_store"]
 
 LOOP: Any = {"configurable": {"thread_id": "loop"}, "recursion_limit": 1000}
 #: More messages than a page holds: the thread has a pages workflow too.
@@ -97,3 +99,99 @@ async def test_a_sweep_keeps_langgraph_threads_whole(
         state = await loop_graph(saver, steps=STEPS).aget_state(LOOP)
         assert len(state.values["messages"]) > 64  # every page still reads
     await storage.close()
+
+
+async def threads_and_a_job(url: str) -> None:
+    """A LangGraph thread (its namespace and pages: kind langgraph) and a runner's job."""
+    async with AioCheckpointSaver.from_url(url) as saver:
+        await loop_graph(saver, steps=STEPS).ainvoke(loop_input(), LOOP)
+        await CheckpointManager(saver.manager.storage).create_checkpoint(
+            "job", 0, "agent", "completed", {"n": 1}
+        )
+
+
+async def assert_kinds_kept(url: str) -> None:
+    """At ``url`` the thread's records are langgraph ones: a pool claims the job only."""
+    async with AioCheckpointSaver.from_url(url) as saver:
+        pool = CheckpointManager(saver.manager.storage)
+        every = await pool.list_workflow_records(kind=None)
+        kinds = {r.workflow_id[:3]: r.kind for r in every}
+        assert kinds == {"lg:": "langgraph", "lgp": "langgraph", "job": "workflow"}
+        lease = await pool.claim_workflow("runner")
+        assert lease is not None and lease.workflow_id == "job"
+        assert await pool.claim_workflow("runner") is None
+        state = await loop_graph(saver, steps=STEPS).aget_state(LOOP)
+        assert len(state.values["messages"]) > 64  # the thread reads whole there
+
+
+async def test_copy_and_export_import_keep_a_threads_kind(
+    new_store: NewStore, tmp_path: Path
+) -> None:
+    """SQLite -> PostgreSQL by copy and by export/import: runners there never claim a
+    thread's records, as runners at the source never did."""
+    src = new_store("sqlite")
+    await threads_and_a_job(src)
+    copied = new_store("postgres")
+    result = cli("copy", src, copied)
+    assert result.code == 0, result.err
+    await assert_kinds_kept(copied)
+    export = tmp_path / "lg.jsonl"
+    assert cli("export", src, str(export)).code == 0
+    lines = [json.loads(line) for line in export.read_text().splitlines()]
+    kinds = {w["workflow_id"][:3]: w["kind"] for w in lines if w.get("type") == "workflow"}
+    assert kinds == {"lg:": "langgraph", "lgp": "langgraph", "job": "workflow"}
+    imported = new_store("postgres")
+    result = cli("import", str(export), imported)
+    assert result.code == 0, result.err
+    await assert_kinds_kept(imported)
+
+
+@pytest.mark.parametrize(
+    "bad", ["Langgraph", "lang graph", "x" * 33, "lg\u202e", "", 7, None, ["langgraph"]]
+)
+async def test_import_refuses_a_workflow_line_of_no_kind(
+    bad: object, new_store: NewStore, tmp_path: Path
+) -> None:
+    """A kind the kind check refuses is a bad line: listed, never stored."""
+    src = new_store("sqlite")
+    await threads_and_a_job(src)
+    export = tmp_path / "lg.jsonl"
+    assert cli("export", src, str(export)).code == 0
+    lines = export.read_text().splitlines()
+    [n] = [i for i, line in enumerate(lines) if '"type":"workflow"' in line and "lg:" in line]
+    line = json.loads(lines[n])
+    line["kind"] = bad
+    lines[n] = json.dumps(line)
+    export.write_text("\n".join(lines) + "\n")
+    dst = new_store("postgres")
+    result = cli("--json", "import", str(export), dst)
+    assert result.code == 1, result.err
+    report = result.json()
+    assert isinstance(report, dict)
+    [problem] = report["corrupted"]
+    assert problem["line"] == n + 1 and problem["reason"].startswith("not a workflow kind: ")
+    async with CheckpointManager(open_storage(dst)) as m:
+        kinds = {r.workflow_id[:3]: r.kind for r in await m.list_workflow_records(kind=None)}
+    assert set(kinds.values()) <= {"langgraph", "workflow"}
+    assert kinds["lgp"] == "langgraph" and kinds["job"] == "workflow"
+
+
+async def test_an_export_without_kinds_imports_workflow_records(
+    new_store: NewStore, tmp_path: Path
+) -> None:
+    """A version-2 export written before workflow lines had a kind: every record is a
+    ``workflow`` one, as it was."""
+    src = new_store("sqlite")
+    await threads_and_a_job(src)
+    export = tmp_path / "lg.jsonl"
+    assert cli("export", src, str(export)).code == 0
+    lines = [json.loads(line) for line in export.read_text().splitlines()]
+    for line in lines:
+        line.pop("kind", None)
+    export.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    dst = new_store("sqlite")
+    result = cli("import", str(export), dst)
+    assert result.code == 0, result.err
+    async with CheckpointManager(open_storage(dst)) as m:
+        records = await m.list_workflow_records(kind=None)
+    assert len(records) == 3 and {r.kind for r in records} == {"workflow"}

@@ -258,6 +258,7 @@ async def _export_workflow(
             "type": "workflow",
             "workflow_id": workflow_id,
             "status": record.status.value,
+            "kind": record.kind,
         }
         if record.metadata:
             line["metadata"] = record.metadata

@@ -19,11 +19,11 @@ from ..errors import (
     InvalidArgumentError,
     WorkflowTransferError,
 )
-from ..leases import WorkflowStatus
+from ..leases import WORKFLOW_KIND, WorkflowStatus, check_kind
 from ..storage.base import StoredEffect
 from .export import EXPORT_FORMAT, EXPORT_VERSION, EXPORT_VERSIONS
 from .journal import Effect, JournalSink, check_effect, check_entry, sealer_for
-from .keys import KEYS_VARIABLE, command_keys
+from .keys import command_keys
 from .output import Output, Progress, printable
 from .store import EXIT_STORE, PAGE, CommandError, locked, open_store
 from .transfer import Sink, Tally, report
@@ -74,9 +74,19 @@ def _parse_line(raw: bytes, version: int = EXPORT_VERSION) -> dict[str, Any]:
             obj["status"] = WorkflowStatus(obj.get("status"))
             if type(obj.setdefault("metadata", None)) not in (dict, type(None)):
                 raise _BadLine("metadata must be a JSON object")
+            obj["kind"] = _kind(obj.get("kind", WORKFLOW_KIND))
     except (InvalidArgumentError, binascii.Error, ValueError) as exc:
         raise _BadLine(str(exc)) from exc
     return obj
+
+
+def _kind(value: object) -> str:
+    """A workflow line's kind (absent: ``"workflow"``); _BadLine unless it is one."""
+    try:
+        return check_kind(value)
+    except InvalidArgumentError:
+        shown = printable(repr(value)[:40])
+        raise _BadLine(f"not a workflow kind: {shown}") from None
 
 
 def _record(value: object) -> bytes:
@@ -215,7 +225,7 @@ class _Importer:
 
     async def _status(self, number: int, workflow_id: str, obj: dict[str, Any]) -> None:
         try:
-            await self.sink.status(workflow_id, obj["status"], obj["metadata"])
+            await self.sink.status(workflow_id, obj["status"], obj["metadata"], obj["kind"])
         except InvalidArgumentError as exc:
             where = {"line": number, "workflow_id": workflow_id}
             self.tally.corrupted.append({**where, "reason": str(exc)})
@@ -261,20 +271,23 @@ class _Importer:
             await self._verify(workflow_id, obj["step"], obj["record"])
         except (CheckpointCorruptedError, EncryptionError) as exc:
             # Not imported either way; a key the keys given lack is said as such.
-            reason = exc.reason if isinstance(exc, CheckpointCorruptedError) else locked(exc, b"")
-            self.tally.corrupted.append(
-                {"line": number, "workflow_id": workflow_id, "step": obj["step"], "reason": reason}
-            )
+            if isinstance(exc, EncryptionError):
+                reason: str = locked(exc, obj["record"])
+            else:
+                reason = exc.reason
+            where = {"line": number, "workflow_id": workflow_id, "step": obj["step"]}
+            self.tally.problem(reason, **where)
             return
         self._add(number, workflow_id, obj["step"], obj["record"])
 
     async def _verify(self, workflow_id: str, step: int, record: bytes) -> None:
-        """Raise CheckpointCorruptedError unless the record verifies (unsealed, if sealed)."""
+        """Raise CheckpointCorruptedError unless the record verifies (unsealed, if sealed).
+
+        EncryptionError when it is sealed and the keys given (if any) cannot unseal it.
+        """
         if is_sealed_record(record):
             if self.sealer is None:
-                raise CheckpointCorruptedError(
-                    f"encrypted: pass --keys FILE (or {KEYS_VARIABLE}) to verify it"
-                )
+                raise EncryptionError("encrypted and no keys given")
             record = await self.sealer.unseal_record(workflow_id, step, record)
         decode_checkpoint(record, workflow_id=workflow_id, step=step)
 

@@ -313,10 +313,14 @@ async def portable(
     does not have: it is re-encoded as the equivalent version-1 record of the same
     checkpoint. An encrypted one is refused unless ``plaintext`` (never written out in the
     clear unasked): ``rekey`` makes it a whole encrypted record first.
+    A sealed record's checksum is its authentication tag: it verifies with its key only,
+    and without that key the reason returned is :class:`Locked`.
     """
+    if isinstance(record, Unreadable):
+        return record.reason
     result = await decode(manager, workflow_id, record)
-    if isinstance(result, str) or isinstance(record, Unreadable):
-        return str(result)
+    if isinstance(result, str):
+        return result
     if is_sealed_tree_record(record.data) and not plaintext:
         return _SEALED_TREE
     if len(record.data) > 4 and record.data[4] == 1 and not (plaintext and record.data[5]):

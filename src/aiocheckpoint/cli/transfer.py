@@ -17,17 +17,19 @@ from typing import Any
 
 from .._validation import MAX_STEP
 from ..errors import WorkflowTransferError
-from ..leases import WorkflowRecord, WorkflowStatus
+from ..leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
-from ..storage.base import StoredCheckpoint
+from ..storage.base import StoredCheckpoint, WorkflowStorage
 from .journal import Journal, JournalSink, sealer_for
 from .keys import command_keys
 from .output import Output, Progress, bar, printable
 from .store import (
     EXIT_PROBLEMS,
+    EXIT_UNREADABLE,
     EXIT_USAGE,
     CommandError,
     Foreign,
+    Locked,
     Record,
     foreign_json,
     location,
@@ -55,6 +57,8 @@ class Tally:
     refused: list[dict[str, Any]] = field(default_factory=list)
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     corrupted: list[dict[str, Any]] = field(default_factory=list)
+    #: Records not transferred because the keys given cannot read them (:class:`Locked`).
+    unreadable: list[dict[str, Any]] = field(default_factory=list)
     mismatched: list[dict[str, Any]] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -62,9 +66,26 @@ class Tally:
     @property
     def ok(self) -> bool:
         """Whether nothing went wrong."""
-        return not (
+        return not (self.damaged or self.unreadable)
+
+    @property
+    def damaged(self) -> bool:
+        """Whether anything went wrong other than records the keys given cannot read."""
+        return bool(
             self.conflicts or self.corrupted or self.mismatched or self.foreign or self.refused
         )
+
+    @property
+    def status(self) -> int:
+        """The exit status: 1 if anything is damaged, else 5 if a record needs other keys."""
+        if self.damaged:
+            return EXIT_PROBLEMS
+        return EXIT_UNREADABLE if self.unreadable else 0
+
+    def problem(self, reason: str, **where: Any) -> None:
+        """Report a record not transferred: ``unreadable`` if ``reason`` is Locked."""
+        unreadable = isinstance(reason, Locked)
+        (self.unreadable if unreadable else self.corrupted).append({**where, "reason": reason})
 
     def refuse(self, exc: WorkflowTransferError, **where: Any) -> None:
         """Report a workflow not carried whole."""
@@ -86,6 +107,7 @@ class Tally:
             "refused": self.refused,
             "conflicts": self.conflicts,
             "corrupted": self.corrupted,
+            **({"unreadable": self.unreadable} if self.unreadable else {}),
             "mismatched": self.mismatched,
             "notes": self.notes,
             **foreign_json(self.foreign),
@@ -128,10 +150,28 @@ class Sink:
                 raise result
         self._tally.written += len(writes)
 
+    async def kind(self, workflow_id: str, kind: str) -> None:
+        """Give the workflow's record ``kind`` at the destination, creating it if missing.
+
+        Called before anything of the workflow is written, so a record of another kind than
+        ``"workflow"`` is never one a runner pool or a sweep at the destination would take.
+        A record there of another kind than the default keeps its own.
+        """
+        storage = self._manager.storage
+        if kind != WORKFLOW_KIND and isinstance(storage, WorkflowStorage):
+            await storage.register_workflow(workflow_id, kind=kind)
+
     async def status(
-        self, workflow_id: str, status: WorkflowStatus, metadata: dict[str, Any] | None = None
+        self,
+        workflow_id: str,
+        status: WorkflowStatus,
+        metadata: dict[str, Any] | None = None,
+        kind: str = WORKFLOW_KIND,
     ) -> None:
-        """Give the workflow ``status`` and ``metadata`` at the destination, if it keeps records."""
+        """Give the workflow ``status``, ``metadata`` and ``kind`` at the destination.
+
+        Only where it keeps workflow records (else a note says they were not carried).
+        """
         if not self._manager.supports_workflow_records():
             note = (
                 "the destination keeps no workflow records: workflow statuses and metadata "
@@ -140,6 +180,7 @@ class Sink:
             if note not in self._tally.notes:
                 self._tally.notes.append(note)
             return
+        await self.kind(workflow_id, kind)
         record = await self._manager.get_workflow(workflow_id)
         if metadata and (record is None or record.metadata != metadata):
             record = await self._manager.register_workflow(workflow_id, metadata=metadata)
@@ -172,6 +213,7 @@ def report(out: Output, tally: Tally, summary: str) -> int:
             out.note(f"note: {note}")
         for title, items in (
             ("corrupted (not transferred)", tally.corrupted),
+            ("unreadable with these keys (not transferred)", tally.unreadable),
             (
                 "conflicts (different bytes at the destination; --overwrite replaces)",
                 tally.conflicts,
@@ -196,7 +238,7 @@ def report(out: Output, tally: Tally, summary: str) -> int:
             for row in tally.foreign:
                 out.line(f"  workflow id {printable(row.shown)}: {row.reason}")
         out.line(summary)
-    return 0 if tally.ok else EXIT_PROBLEMS
+    return tally.status
 
 
 # --- copy ------------------------------------------------------------------------------
@@ -230,11 +272,15 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
         sink = Sink(dst, tally, overwrite=args.overwrite)
         effects = JournalSink(dst, tally, overwrite=args.overwrite)
         for n, workflow_id in enumerate(ids, 1):
+            record = records.get(workflow_id)
             try:
-                await carry_journal(journal, effects, workflow_id)
+                steps = await check_journal(journal, effects, workflow_id)
             except WorkflowTransferError as exc:
                 tally.refuse(exc)
                 continue
+            if record is not None:
+                await sink.kind(workflow_id, record.kind)
+            await carry_journal(journal, effects, workflow_id, steps)
             cursor: int | None = None
             while page := await read_page(src.storage, workflow_id, after=cursor):
                 cursor = page[-1].step
@@ -245,9 +291,8 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
                     f"copy: {bar(n - 1, len(ids))} workflows, {tally.written} written, "
                     f"{tally.skipped} already there"
                 )
-            if workflow_id in records:
-                record = records[workflow_id]
-                await sink.status(workflow_id, record.status, record.metadata)
+            if record is not None:
+                await sink.status(workflow_id, record.status, record.metadata, record.kind)
         refused = {r["workflow_id"] for r in tally.refused}
         carried = [i for i in ids if i not in refused]
         await _verify_copy(src, dst, carried, tally, progress)
@@ -263,16 +308,23 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
     )
 
 
-async def carry_journal(journal: Journal, sink: JournalSink, workflow_id: str) -> None:
-    """Copy the workflow's effect journal, once all of it verifies and fits the destination.
+async def check_journal(journal: Journal, sink: JournalSink, workflow_id: str) -> list[int]:
+    """The steps of the workflow's effect journal, once all of it verifies and fits.
 
-    Two passes over the source: the first checks every record (and the destination's
-    records under the same keys) before anything is written, the second writes. Raises
-    :class:`~aiocheckpoint.WorkflowTransferError` from the first pass, writing nothing.
+    The first of two passes over the source: it checks every record (and the destination's
+    records under the same keys) before anything is written; :func:`carry_journal` writes.
+    Raises :class:`~aiocheckpoint.WorkflowTransferError`, having written nothing.
     """
     steps = await journal.steps(workflow_id)
     for step in steps:
         await sink.check(workflow_id, await journal.read(workflow_id, step))
+    return steps
+
+
+async def carry_journal(
+    journal: Journal, sink: JournalSink, workflow_id: str, steps: list[int]
+) -> None:
+    """Copy the workflow's effect records of ``steps``, checked by :func:`check_journal`."""
     for step in steps:
         await sink.put(workflow_id, await journal.read(workflow_id, step))
 
@@ -313,9 +365,7 @@ async def verified(
     for record in page:
         result = await portable(src, workflow_id, record, plaintext=plaintext)
         if isinstance(result, str):
-            tally.corrupted.append(
-                {"workflow_id": workflow_id, "step": record.step, "reason": result}
-            )
+            tally.problem(result, workflow_id=workflow_id, step=record.step)
         else:
             good[record.step] = result
     return good
@@ -329,7 +379,8 @@ async def _verify_copy(
     progress: Progress,
 ) -> None:
     """Read both stores again: every good source record must be at the destination as is."""
-    skip = {(c["workflow_id"], c["step"]) for c in tally.conflicts + tally.corrupted}
+    left = tally.conflicts + tally.corrupted + tally.unreadable
+    skip = {(c["workflow_id"], c["step"]) for c in left}
     for n, workflow_id in enumerate(ids, 1):
         cursor: int | None = None
         while page := await read_page(src.storage, workflow_id, after=cursor):

@@ -167,9 +167,11 @@ class WorkflowStorage(CheckpointStorage, Protocol):
     * ``query_workflow_records`` and ``list_workflow_records`` return records of every
       kind unless ``query.kind`` names one.
     * ``register_workflow`` creates an UNFINISHED record when there is none and, with
-      ``metadata``, replaces the record's metadata. ``resume_workflow`` turns a PAUSED
-      workflow UNFINISHED and stores ``resume_input`` (JSON text) with it; any other status
-      raises :class:`~aiocheckpoint.InvalidArgumentError`, no record
+      ``metadata``, replaces the record's metadata; its ``kind`` is set as a save's
+      ``info.kind`` is (checked by :func:`~aiocheckpoint.leases.check_kind`).
+      ``resume_workflow`` turns a PAUSED workflow UNFINISHED and stores ``resume_input``
+      (JSON text) with it; any other status raises
+      :class:`~aiocheckpoint.InvalidArgumentError`, no record
       :class:`~aiocheckpoint.CheckpointNotFoundError`.
     * ``record_failure`` counts a failed run (``attempts + 1``) and stores its error; while
       ``attempts <= len(retry_delays)`` the workflow goes back to UNFINISHED with
@@ -197,9 +199,12 @@ class WorkflowStorage(CheckpointStorage, Protocol):
         ...
 
     async def register_workflow(
-        self, workflow_id: str, *, metadata: str | None = None
+        self, workflow_id: str, *, metadata: str | None = None, kind: str | None = None
     ) -> WorkflowRecord:
-        """Create the record if missing; with ``metadata`` (JSON text of an object), set it."""
+        """Create the record if missing; with ``metadata`` (JSON text of an object), set it.
+
+        ``kind`` as in ``save(..., step_info=StepInfo(..., kind))``.
+        """
         ...
 
     async def resume_workflow(self, workflow_id: str, resume_input: str) -> WorkflowRecord:

@@ -20,7 +20,7 @@ from ..errors import (
     LeaseLostError,
 )
 from ..format import SplitResult, TreeParams
-from ..leases import WORKFLOW_KIND, Lease, WorkflowRecord, WorkflowStatus
+from ..leases import WORKFLOW_KIND, Lease, WorkflowRecord, WorkflowStatus, check_kind
 from ..models import utcnow
 from .base import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -495,11 +495,18 @@ class InMemoryCheckpointStorage(BaseStorage):
         return self._records.get(workflow_id)
 
     async def register_workflow(
-        self, workflow_id: str, *, metadata: str | None = None
+        self, workflow_id: str, *, metadata: str | None = None, kind: str | None = None
     ) -> WorkflowRecord:
-        """Create the record if missing; with ``metadata`` (JSON text), replace its metadata."""
+        """Create the record if missing; with ``metadata`` (JSON text), replace its metadata.
+
+        A new record takes ``kind`` (``"workflow"`` when None); an existing record of the
+        default kind takes a ``kind`` that is not None, one of any other kind keeps it.
+        """
         self._check_open()
+        kind = None if kind is None else check_kind(kind)
         record = self._ensure_record(workflow_id)
+        if kind is not None and record.kind == WORKFLOW_KIND and kind != WORKFLOW_KIND:
+            record = self._records[workflow_id] = record.model_copy(update={"kind": kind})
         if metadata is not None:
             record = self._update(record, metadata=json.loads(metadata))
         return record

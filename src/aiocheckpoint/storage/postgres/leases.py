@@ -62,14 +62,19 @@ class Leases:
         rows = await run("list_workflow_records", lambda con: con.fetch(sql, value))
         return [_workflow_record(row) for row in rows]
 
-    async def register(self, workflow_id: str, metadata: str | None) -> WorkflowRecord:
-        """Create the record if missing; with ``metadata``, replace it and its index rows."""
+    async def register(
+        self, workflow_id: str, metadata: str | None, kind: str | None = None
+    ) -> WorkflowRecord:
+        """Create the record if missing; with ``metadata``, replace it and its index rows.
+
+        A new record takes ``kind``; an existing one of the default kind does too.
+        """
         sql = self._sql
         pairs = [] if metadata is None else metadata_pairs(json.loads(metadata))
 
         async def upsert(con: Any) -> Any:
             async with con.transaction():
-                row = await con.fetchrow(sql.register, workflow_id, metadata)
+                row = await con.fetchrow(sql.register, workflow_id, metadata, kind)
                 if metadata is not None:
                     await con.execute(sql.metadata_drop, workflow_id)
                     keys, values = [k for k, _ in pairs], [v for _, v in pairs]

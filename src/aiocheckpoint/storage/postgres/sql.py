@@ -365,8 +365,12 @@ class Sql:
                 "RETURNING x.workflow_id, x.fencing_token, x.lease_expires_at"
             ),
             register=(
-                f"INSERT INTO {w} AS x (workflow_id, metadata) VALUES ($1, coalesce($2, '{{}}')) "
+                f"INSERT INTO {w} AS x (workflow_id, metadata, kind) "
+                "VALUES ($1, coalesce($2, '{}'), coalesce($3, 'workflow')) "
                 "ON CONFLICT (workflow_id) DO UPDATE SET metadata = coalesce($2, x.metadata), "
+                # A kind other than the default names what writes the workflow: it sticks.
+                "kind = CASE WHEN x.kind = 'workflow' THEN coalesce($3, x.kind) "
+                "ELSE x.kind END, "
                 "updated_at = CASE WHEN $2 IS NULL THEN x.updated_at ELSE now() END "
                 f"RETURNING {record}"
             ),

@@ -16,7 +16,14 @@ from typing import Any
 from ..._validation import check_limit, check_optional_step, check_step, check_workflow_id
 from ...errors import InvalidArgumentError
 from ...format import SplitResult, TreeParams
-from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
+from ...leases import (
+    Lease,
+    WorkflowRecord,
+    WorkflowStatus,
+    check_kind,
+    check_ttl,
+    fence_token,
+)
 from ..base import (
     DEFAULT_MAX_RECORD_BYTES,
     BaseStorage,
@@ -408,12 +415,17 @@ class PostgresCheckpointStorage(BaseStorage):
         return await self._leases.records(None if status is None else WorkflowStatus(status))
 
     async def register_workflow(
-        self, workflow_id: str, *, metadata: str | None = None
+        self, workflow_id: str, *, metadata: str | None = None, kind: str | None = None
     ) -> WorkflowRecord:
-        """Create the record if missing; with ``metadata`` (JSON text), replace its metadata."""
+        """Create the record if missing; with ``metadata`` (JSON text), replace its metadata.
+
+        A new record takes ``kind`` (``"workflow"`` when None); an existing record of the
+        default kind takes a ``kind`` that is not None, one of any other kind keeps it.
+        """
         self._check_open()
         check_workflow_id(workflow_id)
-        return await self._leases.register(workflow_id, metadata)
+        kind = None if kind is None else check_kind(kind)
+        return await self._leases.register(workflow_id, metadata, kind)
 
     async def resume_workflow(self, workflow_id: str, resume_input: str) -> WorkflowRecord:
         """Make a PAUSED workflow UNFINISHED, holding ``resume_input`` for its next run."""

@@ -40,7 +40,14 @@ from typing import Any, TypeVar
 from ..._validation import check_optional_step, check_step, check_workflow_id
 from ...errors import InvalidArgumentError, StorageFullError
 from ...format import SplitResult, TreeParams
-from ...leases import Lease, WorkflowRecord, WorkflowStatus, check_ttl, fence_token
+from ...leases import (
+    Lease,
+    WorkflowRecord,
+    WorkflowStatus,
+    check_kind,
+    check_ttl,
+    fence_token,
+)
 from ..base import (
     DEFAULT_MAX_RECORD_BYTES,
     BaseStorage,
@@ -430,12 +437,19 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         return await self._read(lambda conn: records.read_records(conn, wanted))
 
     async def register_workflow(
-        self, workflow_id: str, *, metadata: str | None = None
+        self, workflow_id: str, *, metadata: str | None = None, kind: str | None = None
     ) -> WorkflowRecord:
-        """Create the record if missing; with ``metadata`` (JSON text), replace its metadata."""
+        """Create the record if missing; with ``metadata`` (JSON text), replace its metadata.
+
+        A new record takes ``kind`` (``"workflow"`` when None); an existing record of the
+        default kind takes a ``kind`` that is not None, one of any other kind keeps it.
+        """
         self._check_open()
         fn = functools.partial(
-            records.register, workflow_id=check_workflow_id(workflow_id), metadata=metadata
+            records.register,
+            workflow_id=check_workflow_id(workflow_id),
+            metadata=metadata,
+            kind=None if kind is None else check_kind(kind),
         )
         return await self._record_op("registration", fn)
 

@@ -49,6 +49,8 @@ _SET_STATUS: Final = (
     "WHERE workflow_id = ?4"
 )
 _SET_METADATA: Final = "UPDATE workflows SET metadata = ?, updated_at = ? WHERE workflow_id = ?"
+#: A kind other than the default names what writes the workflow: it sticks.
+_SET_KIND: Final = "UPDATE workflows SET kind = ? WHERE workflow_id = ? AND kind = 'workflow'"
 _DROP_METADATA: Final = "DELETE FROM workflow_metadata WHERE workflow_id = ?"
 _ADD_METADATA: Final = "INSERT INTO workflow_metadata (workflow_id, key, value) VALUES (?, ?, ?)"
 _RESUME: Final = (
@@ -258,10 +260,19 @@ def _note_sql(rows: int) -> str:
 
 
 def register(
-    conn: sqlite3.Connection, now: float, workflow_id: str, metadata: str | None
+    conn: sqlite3.Connection,
+    now: float,
+    workflow_id: str,
+    metadata: str | None,
+    kind: str | None = None,
 ) -> WorkflowRecord:
-    """Create the record if missing; with ``metadata``, replace it and its index rows."""
+    """Create the record if missing; with ``metadata``, replace it and its index rows.
+
+    A new record takes ``kind``, and so does an existing one of the default kind.
+    """
     ensure_records(conn, [workflow_id], now)
+    if kind is not None:
+        conn.execute(_SET_KIND, (kind, workflow_id))
     if metadata is not None:
         conn.execute(_SET_METADATA, (metadata, now, workflow_id))
         conn.execute(_DROP_METADATA, (workflow_id,))
