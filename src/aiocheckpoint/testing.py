@@ -85,6 +85,7 @@ from .storage.queries import WorkflowQuery
 from .workflow import ResumableWorkflow
 
 __all__ = [
+    "BatchRetentionConformance",
     "BlobReadsConformance",
     "BlobRetentionConformance",
     "BlobStorageConformance",
@@ -96,6 +97,7 @@ __all__ = [
     "RetentionConformance",
     "StorageConformance",
     "WorkflowControlConformance",
+    "WorkflowEffectJournalConformance",
     "WorkflowLifecycleConformance",
     "WorkflowRetentionConformance",
     "WorkflowStorageConformance",
@@ -1600,19 +1602,6 @@ class EffectJournalConformance:
         await self._journal_is_gone(manager, "wf")
         assert await storage.in_doubt_workflows() == ["kept"]
 
-    async def test_a_ttl_sweep_takes_the_journal(self, storage: EffectStorage) -> None:
-        """A workflow swept by its TTL goes with its whole journal (stores with records)."""
-        if not isinstance(storage, WorkflowStorage):
-            pytest.skip("TTLs need workflow records")
-        manager = CheckpointManager(storage)
-        await self._charge_once(manager, "wf")
-        await manager.mark_workflow("wf", WorkflowStatus.FINISHED)
-        policy = RetentionPolicy(finished_ttl=timedelta(days=1))
-        report = await manager.sweep(now=utcnow() + _JOURNAL_LATER, policy=policy)
-        assert report.workflows_deleted == {"finished": 1}
-        assert await storage.get_workflow("wf") is None
-        await self._journal_is_gone(manager, "wf")
-
     async def test_an_effect_in_doubt_survives_what_keeps_its_workflow(
         self, storage: EffectStorage
     ) -> None:
@@ -1662,6 +1651,24 @@ class EffectJournalConformance:
             await manager.mark_workflow("wf", WorkflowStatus.UNFINISHED)
             ttls = RetentionPolicy(finished_ttl=timedelta(days=1), failed_ttl=timedelta(days=1))
             await manager.sweep(now=utcnow() + _JOURNAL_LATER, policy=ttls)
+
+
+class WorkflowEffectJournalConformance(EffectJournalConformance):
+    """The journal cases of a store that also keeps workflow records.
+
+    :class:`EffectJournalConformance`, plus: a TTL sweep takes a workflow's whole journal.
+    """
+
+    async def test_a_ttl_sweep_takes_the_journal(self, storage: WorkflowStorage) -> None:
+        """A workflow swept by its TTL goes with its whole journal (stores with records)."""
+        manager = CheckpointManager(storage)
+        await self._charge_once(manager, "wf")
+        await manager.mark_workflow("wf", WorkflowStatus.FINISHED)
+        policy = RetentionPolicy(finished_ttl=timedelta(days=1))
+        report = await manager.sweep(now=utcnow() + _JOURNAL_LATER, policy=policy)
+        assert report.workflows_deleted == {"finished": 1}
+        assert await storage.get_workflow("wf") is None
+        await self._journal_is_gone(manager, "wf")
 
 
 class EffectListingConformance:
@@ -1903,14 +1910,40 @@ class RetentionConformance:
         again = await manager.sweep()
         assert (again.checkpoints_deleted, again.effects_deleted) == (0, 0)
 
+    async def test_bad_policies_are_refused(self, storage: CheckpointStorage) -> None:
+        """Bad policies raise InvalidArgumentError; a manager without one cannot sweep."""
+        for bad in (
+            {"keep_last": 0},
+            {"keep_last": True},
+            {"keep_every": 5},
+            {"keep_last": 3, "keep_interval": timedelta(0)},
+            {"finished_ttl": 3600},
+            {"idle_ttl": timedelta(seconds=-1)},
+            {"batch_size": 0},
+            {"keep_lastt": 3},
+        ):
+            with pytest.raises(InvalidArgumentError):
+                RetentionPolicy(**bad)
+        with pytest.raises(InvalidArgumentError):
+            CheckpointManager(storage, retention={"keep_last": 3})  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            await CheckpointManager(storage).sweep()
+
+
+class BatchRetentionConformance(RetentionConformance):
+    """The retention cases of a store that sweeps a page of workflows at a time.
+
+    :class:`RetentionConformance`, plus the batch of
+    :class:`~aiocheckpoint.storage.base.SweepStorage`: it deletes only what it read.
+    """
+
     async def test_a_batch_deletes_only_what_it_read(self, storage: CheckpointStorage) -> None:
         """Steps written (freely or under a lease) between a batch's read and its delete stay.
 
         The batch deletes the steps it judged below each workflow's window, nothing else:
         a workflow written meanwhile keeps its new steps and their effects.
         """
-        if not isinstance(storage, SweepStorage):
-            pytest.skip("this store sweeps one workflow at a time")
+        assert isinstance(storage, SweepStorage)
         policy = RetentionPolicy(keep_last=2)  # every step RUNNING: the newest 2 stay
         manager = CheckpointManager(storage, retention=policy)
         ids = ["a", "b", "c"]
@@ -1945,25 +1978,6 @@ class RetentionConformance:
         assert (sweep.report.checkpoints_deleted, sweep.report.workflows_thinned) == (9, 3)
         if isinstance(storage, EffectStorage):
             assert len(await storage.load_effects("c", 6)) == 1
-
-    async def test_bad_policies_are_refused(self, storage: CheckpointStorage) -> None:
-        """Bad policies raise InvalidArgumentError; a manager without one cannot sweep."""
-        for bad in (
-            {"keep_last": 0},
-            {"keep_last": True},
-            {"keep_every": 5},
-            {"keep_last": 3, "keep_interval": timedelta(0)},
-            {"finished_ttl": 3600},
-            {"idle_ttl": timedelta(seconds=-1)},
-            {"batch_size": 0},
-            {"keep_lastt": 3},
-        ):
-            with pytest.raises(InvalidArgumentError):
-                RetentionPolicy(**bad)
-        with pytest.raises(InvalidArgumentError):
-            CheckpointManager(storage, retention={"keep_last": 3})  # type: ignore[arg-type]
-        with pytest.raises(InvalidArgumentError):
-            await CheckpointManager(storage).sweep()
 
 
 class WorkflowRetentionConformance:

@@ -6,12 +6,12 @@ from aiocheckpoint import InMemoryCheckpointStorage
 from aiocheckpoint.testing import (
     BlobRetentionConformance,
     BlobStorageConformance,
-    EffectJournalConformance,
     EffectListingConformance,
     EffectStorageConformance,
     RetentionConformance,
     StorageConformance,
     WorkflowControlConformance,
+    WorkflowEffectJournalConformance,
     WorkflowRetentionConformance,
     WorkflowStorageConformance,
 )
@@ -22,7 +22,7 @@ class TestInMemoryConformance(
     WorkflowStorageConformance,
     EffectListingConformance,
     EffectStorageConformance,
-    EffectJournalConformance,
+    WorkflowEffectJournalConformance,
     RetentionConformance,
     WorkflowRetentionConformance,
     WorkflowControlConformance,

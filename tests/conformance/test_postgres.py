@@ -4,17 +4,17 @@ import pytest
 
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.testing import (
+    BatchRetentionConformance,
     BlobRetentionConformance,
     BlobStorageConformance,
-    EffectJournalConformance,
     EffectListingConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
     Reopen,
-    RetentionConformance,
     StorageConformance,
     WorkflowControlConformance,
+    WorkflowEffectJournalConformance,
     WorkflowRetentionConformance,
     WorkflowStorageConformance,
 )
@@ -29,9 +29,9 @@ class TestPostgresConformance(
     WorkflowStorageConformance,
     EffectListingConformance,
     EffectStorageConformance,
-    EffectJournalConformance,
+    WorkflowEffectJournalConformance,
     PersistentEffectConformance,
-    RetentionConformance,
+    BatchRetentionConformance,
     WorkflowRetentionConformance,
     WorkflowControlConformance,
 ):

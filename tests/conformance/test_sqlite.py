@@ -5,17 +5,17 @@ import pytest
 
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.testing import (
+    BatchRetentionConformance,
     BlobReadsConformance,
     BlobRetentionConformance,
     BlobStorageConformance,
-    EffectJournalConformance,
     EffectListingConformance,
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
-    RetentionConformance,
     StorageConformance,
     WorkflowControlConformance,
+    WorkflowEffectJournalConformance,
     WorkflowRetentionConformance,
     WorkflowStorageConformance,
 )
@@ -27,9 +27,9 @@ class TestSQLiteConformance(
     WorkflowStorageConformance,
     EffectListingConformance,
     EffectStorageConformance,
-    EffectJournalConformance,
+    WorkflowEffectJournalConformance,
     PersistentEffectConformance,
-    RetentionConformance,
+    BatchRetentionConformance,
     WorkflowRetentionConformance,
     WorkflowControlConformance,
 ):
