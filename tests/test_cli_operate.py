@@ -7,6 +7,7 @@ set up and checked through the Python API.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,8 +16,10 @@ from aiocheckpoint import (
     LeaseLostError,
     ResumableWorkflow,
     WorkflowStatus,
+    open_storage,
 )
 from aiocheckpoint.cli.store import open_store
+from aiocheckpoint.cli.transfer import _mark
 from aiocheckpoint.leases import WorkflowRecord
 from tests.test_cli import NewStore, cli, new_store
 
@@ -171,3 +174,21 @@ async def test_copy_and_export_carry_a_cancelled_workflow(
             record = await manager.get_workflow("wf")
             assert record is not None and record.status is WorkflowStatus.CANCELLED
             assert await manager.claim_workflow("runner") is None
+    async with open_store(copied, must_exist=True) as manager:
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.last_error is not None
+        assert record.last_error["message"] == "stop"  # copy carries the reason
+
+
+async def test_a_copy_dying_before_the_cancel_leaves_nothing_claimable(tmp_path: Path) -> None:
+    """A copy killed between a cancelled workflow's two writes leaves it unclaimable."""
+
+    class Dies(CheckpointManager):
+        async def cancel_workflow(self, workflow_id: str, reason: str | None = None) -> Any:
+            raise KeyboardInterrupt  # the process dies here
+
+    async with Dies(open_storage(f"sqlite://{tmp_path}/dst.db")) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "completed", {"n": 1})
+        with pytest.raises(KeyboardInterrupt):
+            await _mark(manager, "wf", WorkflowStatus.CANCELLED, "stop")
+        assert await manager.claim_workflow("runner") is None

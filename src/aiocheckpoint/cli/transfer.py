@@ -20,6 +20,7 @@ from ..errors import WorkflowTransferError
 from ..leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..storage.base import StoredCheckpoint, WorkflowStorage
+from ..storage.lifecycle import cancel_reason
 from .journal import Journal, JournalSink, sealer_for
 from .keys import command_keys
 from .output import Output, Progress, bar, printable
@@ -167,10 +168,12 @@ class Sink:
         status: WorkflowStatus,
         metadata: dict[str, Any] | None = None,
         kind: str = WORKFLOW_KIND,
+        reason: str | None = None,
     ) -> None:
         """Give the workflow ``status``, ``metadata`` and ``kind`` at the destination.
 
         Only where it keeps workflow records (else a note says they were not carried).
+        ``reason`` is a cancelled workflow's.
         """
         if not self._manager.supports_workflow_records():
             note = (
@@ -185,16 +188,22 @@ class Sink:
         if metadata and (record is None or record.metadata != metadata):
             record = await self._manager.register_workflow(workflow_id, metadata=metadata)
         if record is None or record.status is not status:
-            await _mark(self._manager, workflow_id, status)
+            await _mark(self._manager, workflow_id, status, reason)
 
 
-async def _mark(manager: CheckpointManager, workflow_id: str, status: WorkflowStatus) -> None:
-    """Give the workflow ``status``; a cancelled one through a cancel, the only way to it."""
+async def _mark(
+    manager: CheckpointManager, workflow_id: str, status: WorkflowStatus, reason: str | None
+) -> None:
+    """Give the workflow ``status``; a cancelled one through a cancel, the only way to it.
+
+    On the way it is PAUSED, never UNFINISHED: no runner at the destination may claim a
+    workflow its source had cancelled, even if the command dies between the two writes.
+    """
     if status is not WorkflowStatus.CANCELLED:
         await manager.mark_workflow(workflow_id, status)
         return
-    await manager.mark_workflow(workflow_id, WorkflowStatus.UNFINISHED)
-    await manager.cancel_workflow(workflow_id)
+    await manager.mark_workflow(workflow_id, WorkflowStatus.PAUSED)
+    await manager.cancel_workflow(workflow_id, reason=reason)
 
 
 async def list_records(manager: CheckpointManager) -> dict[str, WorkflowRecord]:
@@ -292,7 +301,10 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
                     f"{tally.skipped} already there"
                 )
             if record is not None:
-                await sink.status(workflow_id, record.status, record.metadata, record.kind)
+                reason = (
+                    cancel_reason(record) if record.status is WorkflowStatus.CANCELLED else None
+                )
+                await sink.status(workflow_id, record.status, record.metadata, record.kind, reason)
         refused = {r["workflow_id"] for r in tally.refused}
         carried = [i for i in ids if i not in refused]
         await _verify_copy(src, dst, carried, tally, progress)
