@@ -4,9 +4,9 @@ A façade kept for its documented names; the code lives where each job is done:
 
 * the node and record formats, :class:`TreeParams`, :class:`SplitResult` and what
   backends parse: :mod:`aiocheckpoint.format.tree`;
-* cutting a state into blobs: :mod:`aiocheckpoint.codec.split`; rebuilding it:
-  :mod:`aiocheckpoint.codec.join`; version-2 records: :mod:`aiocheckpoint.codec.v2`;
-* a split's memory and its recovery: :mod:`aiocheckpoint.codec.memory`.
+* cutting a state into blobs: :mod:`aiocheckpoint.codec.tree.split`; rebuilding it:
+  :mod:`aiocheckpoint.codec.tree.join`; version-2 records: :mod:`aiocheckpoint.codec.tree.v2`;
+* a split's memory and its recovery: :mod:`aiocheckpoint.codec.tree.splitmemory`.
 
 ``docs/incremental.md`` describes the format, the garbage collection scheme and the write
 ordering backends must follow.
@@ -14,7 +14,7 @@ ordering backends must follow.
 
 from __future__ import annotations
 
-from .codec.join import (
+from .codec.tree.join import (
     AsyncFetch,
     Fetch,
     ajoin_state,
@@ -22,9 +22,9 @@ from .codec.join import (
     join_state,
     referenced_hashes,
 )
-from .codec.memory import recovered_memory
-from .codec.split import split_state
-from .codec.v2 import (
+from .codec.tree.split import split_state
+from .codec.tree.splitmemory import recovered_memory
+from .codec.tree.v2 import (
     adecode_checkpoint_v2,
     decode_checkpoint_v2,
     encode_checkpoint_v2,

@@ -11,10 +11,11 @@ module              job
 ``paths``           how errors name a value's path
 ``jsontext``        writing JSON text (reading: :mod:`aiocheckpoint.format.jsontext`)
 ``v1``              version-1 records
-``split``           cutting a state into blobs
-``join``            rebuilding a state from blobs
-``v2``              version-2 records (decoding both versions)
-``memory``          what a split remembers per workflow
+``tree``            trees of blobs: the split, its nodes and memory, the join, version-2
+                    records, reused sub-trees, forks (:mod:`aiocheckpoint.codec.tree`)
+``sliced``          sliced work: steps that yield between slices, and their drivers
+``pacing``          how long large-state saves may hold one turn of the event loop
+``sizes``           a lower bound on a value's JSON text, counted without encoding it
 ``compress``        compressing blobs
 ``verify``          the writer's limits, applied to what is read
 ==================  ===============================================================

@@ -64,7 +64,7 @@ class ValueStage(Protocol):
         """:meth:`copy`, and the size bound ``exceeds`` of the copy counts, or None.
 
         The bound is counted while copying and given up once past ``limit``:
-        ``exceeds(copy, limit)`` (:func:`~aiocheckpoint.codec.split.exceeds`) is
+        ``exceeds(copy, limit)`` (:func:`~aiocheckpoint.codec.sizes.exceeds`) is
         ``bound > limit``. None when it was not counted (then ask ``exceeds``).
         """
         ...
