@@ -414,7 +414,7 @@ class RecordCodec:
     async def fork_tree(
         self, storage: BlobCheckpointStorage, source_id: str, stored: StoredCheckpoint, new_id: str
     ) -> tuple[bytes, SplitResult] | None:
-        """A version-2 record rewritten for ``new_id``, sharing its blobs (:mod:`.fork`).
+        """A version-2 record rewritten for ``new_id``, sharing its blobs (:mod:`.tree.fork`).
 
         Encrypting, the record is unsealed (authenticated for its source) and sealed for its
         new workflow; its sealed blobs are shared as they are. None for a record to copy

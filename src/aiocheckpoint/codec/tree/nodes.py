@@ -51,7 +51,7 @@ Encoded = tuple[bytes, Refs]
 
 
 class NodeSet:
-    """Nodes a split named, in order, kept to be adopted whole (:meth:`Splitter.adopt_set`).
+    """Nodes a split named, in order, kept to be adopted whole (``Splitter.adopt_set``).
 
     By hash: each distinct node's children, size, stored blob and length (what adopting
     them one by one would add), ``length``, their lengths' sum, ``blob_bytes``, the
