@@ -23,17 +23,15 @@ from hypothesis import strategies as st
 
 import aiocheckpoint
 from aiocheckpoint import CheckpointManager
+from aiocheckpoint.codec.tree.join import referenced_hashes
 from aiocheckpoint.errors import (
     CheckpointCorruptedError,
     InvalidArgumentError,
     StorageSchemaError,
 )
 from aiocheckpoint.format import open_record_v2 as open_v2
-from aiocheckpoint.incremental import (
-    TreeParams,
-    record_format_version,
-    referenced_hashes,
-)
+from aiocheckpoint.format.header import record_format_version
+from aiocheckpoint.format.tree import TreeParams
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.file.packs import (
     MIDX,

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointManager, ResumableWorkflow, SharedState, TypeRegistry
 from aiocheckpoint.codec.copy import to_storable
-from aiocheckpoint.codec.jsontext import dumps
+from aiocheckpoint.codec.jsonwrite import dumps
 from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.codec.sizes import text_bound
 from aiocheckpoint.codec.sliced import finish

@@ -6,9 +6,15 @@ This module is the map of the public API: everything in ``__all__`` is supported
 
 from typing import TYPE_CHECKING, Any
 
-from .codec import TaggedValue, TypeRegistry
-from .codec.effects import EffectRecord, EffectState, Reconciled
-from .codec.sealing import KeyProvider, Keyring
+from .codec import (
+    EffectRecord,
+    EffectState,
+    KeyProvider,
+    Keyring,
+    Reconciled,
+    TaggedValue,
+    TypeRegistry,
+)
 from .errors import (
     CheckpointCorruptedError,
     CheckpointError,

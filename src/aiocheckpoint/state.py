@@ -7,8 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._validation import check_limit
-from .codec.copy import json_copy
-from .codec.tree.subtrees import Lineage
+from .codec import Lineage, json_copy
 from .models import StateSnapshot, StateVersion, utcnow
 
 __all__ = ["SharedState"]

@@ -25,7 +25,7 @@ from collections.abc import Generator
 from time import perf_counter
 from typing import Any, Final
 
-from ..format.jsontext import SHORT_INT_BOUND
+from ..format.jsonread import SHORT_INT_BOUND
 from ..format.limits import MAX_DEPTH
 from ..format.tags import TAG_START, TYPED
 from .paths import child_path

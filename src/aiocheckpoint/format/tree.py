@@ -38,7 +38,7 @@ from ..errors import CheckpointCorruptedError, InvalidArgumentError
 from .blob import Unwrapper, zstd
 from .checksum import crc32
 from .header import FORMAT_VERSION_2, HEADER, HEADER_SIZE, MAGIC, record_format_version
-from .jsontext import loads
+from .jsonread import loads
 from .sealed import BLOB_SEALED, is_sealed_tree_record, sealed_blob_children, sealed_tree_refs
 
 __all__ = [

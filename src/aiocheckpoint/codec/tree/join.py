@@ -23,7 +23,7 @@ import orjson
 from ...errors import CheckpointCorruptedError
 from ...format.blob import Unwrapper
 from ...format.checksum import crc32
-from ...format.jsontext import loads, loads_fast
+from ...format.jsonread import loads, loads_fast
 from ...format.limits import DEFAULT_MAX_RECORD_BYTES
 from ...format.sealed import BLOB_SEALED, sealed_blob_children
 from ...format.tags import MARK

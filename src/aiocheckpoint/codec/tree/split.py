@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from ...errors import CheckpointSerializationError
 from ...format.checksum import crc32
-from ...format.jsontext import BIG_INT_BITS
+from ...format.jsonread import BIG_INT_BITS
 from ...format.tree import (
     DEFAULT_PARAMS,
     KIND_DICT,
@@ -33,7 +33,7 @@ from ...format.tree import (
     TreeParams,
 )
 from ..compress import Compressor
-from ..jsontext import dumps, int_to_decimal
+from ..jsonwrite import dumps, int_to_decimal
 from ..sizes import exceeds
 from ..sliced import (
     OFFLOAD_BYTES,

@@ -23,7 +23,7 @@ from ...format.tree import (
     open_record_v2,
 )
 from ...models import Checkpoint
-from ..jsontext import dumps
+from ..jsonwrite import dumps
 from ..sizes import exceeds
 from ..sliced import Job, finish
 from ..typed import has_tags
