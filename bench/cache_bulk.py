@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from aiocheckpoint import CheckpointManager, SharedState, TypeRegistry, open_storage
-from aiocheckpoint.codec import split
+from aiocheckpoint.codec import sizes
 
 Bound = Callable[[Any, int], int]
 
@@ -88,7 +88,7 @@ def _state(kind: str) -> SharedState:
 
 async def _run(kind: str, bound: Bound) -> tuple[float, float]:
     """Median loop-thread and process CPU per checkpoint, in ms."""
-    split.text_bound = bound  # what exceeds calls
+    sizes.text_bound = bound  # what exceeds calls
     storage = open_storage("memory://")
     manager = CheckpointManager(storage, types=TYPES)
     state = _state(kind)
@@ -119,7 +119,7 @@ async def main() -> None:
     parser.add_argument("--before", action="store_true", help="pair each run with the old count")
     parser.add_argument("--kinds", nargs="*", choices=KINDS, default=list(KINDS))
     args = parser.parse_args()
-    now = split.text_bound
+    now = sizes.text_bound
     modes: dict[str, Bound] = {"after": now}
     if args.before:
         modes = {"before": _bound_before, "after": now}
@@ -132,7 +132,7 @@ async def main() -> None:
             thread = _summary([t for t, _ in runs])
             process = _summary([p for _, p in runs])
             print(f"{kind:7} {mode:6} loop thread {thread}, process {process}")
-    split.text_bound = now
+    sizes.text_bound = now
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import anyio
 
 from aiocheckpoint import CheckpointManager, InMemoryCheckpointStorage
 from aiocheckpoint.storage.file import FileCheckpointStorage
-from aiocheckpoint.storage.file.format import step_name
+from aiocheckpoint.storage.file.names import step_name
 
 
 def fmt(seconds: float) -> str:

@@ -45,6 +45,8 @@ if (ROOT / "src").is_dir() and str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))  # measure this checkout, not an installed copy
 
 from aiocheckpoint import CheckpointManager, Keyring, open_storage  # noqa: E402
+from aiocheckpoint.codec.copy import storable_copy  # noqa: E402
+from aiocheckpoint.codec.v1 import encode_checkpoint  # noqa: E402
 from aiocheckpoint.models import (  # noqa: E402
     AgentStatus,
     Checkpoint,
@@ -53,7 +55,6 @@ from aiocheckpoint.models import (  # noqa: E402
     built,
     utcnow,
 )
-from aiocheckpoint.serde import encode_checkpoint, storable_copy  # noqa: E402
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage  # noqa: E402
 from aiocheckpoint.storage.sqlite import writer as sqlite_writer  # noqa: E402
 from bench.data import small_state  # noqa: E402

@@ -35,8 +35,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from incremental_size import _docs_state, _message
 
 from aiocheckpoint import CheckpointManager
-from aiocheckpoint.incremental import TreeParams
-from aiocheckpoint.serde import encode_checkpoint, to_storable
+from aiocheckpoint.codec.copy import to_storable
+from aiocheckpoint.codec.v1 import encode_checkpoint
+from aiocheckpoint.format.tree import TreeParams
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage

@@ -24,15 +24,12 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from aiocheckpoint.incremental import (
-    SplitMemory,
-    TreeParams,
-    decode_checkpoint_v2,
-    encode_checkpoint_v2,
-    split_state,
-)
+from aiocheckpoint.codec.copy import to_storable
+from aiocheckpoint.codec.tree.split import split_state
+from aiocheckpoint.codec.tree.v2 import decode_checkpoint_v2, encode_checkpoint_v2
+from aiocheckpoint.codec.v1 import decode_checkpoint, encode_checkpoint
+from aiocheckpoint.format.tree import SplitMemory, TreeParams
 from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot
-from aiocheckpoint.serde import decode_checkpoint, encode_checkpoint, to_storable
 
 _WORDS = [
     "".join(random.Random(i).choices(string.ascii_lowercase, k=random.Random(i).randint(2, 9)))

@@ -74,9 +74,11 @@ def cpu(quick: bool) -> dict[str, float]:
     """Split, join and version-1 encode/decode speeds on the 1 MB documents state."""
     import inspect
 
-    from aiocheckpoint.incremental import join_state, split_state
+    from aiocheckpoint.codec.copy import storable_copy
+    from aiocheckpoint.codec.tree.join import join_state
+    from aiocheckpoint.codec.tree.split import split_state
+    from aiocheckpoint.codec.v1 import decode_checkpoint, encode_checkpoint
     from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot
-    from aiocheckpoint.serde import decode_checkpoint, encode_checkpoint, storable_copy
     from bench.data import DocStates
 
     state, _ = storable_copy(DocStates.of(1_000_000).at(1))
@@ -413,8 +415,8 @@ def _read_blobs(root: Path) -> dict[bytes, bytes]:
 
 def _decode_seconds(data: bytes, blobs: dict[bytes, bytes] | None, calls: int) -> float:
     """CPU time of decoding one record with its blobs in a dict (no I/O)."""
-    from aiocheckpoint.incremental import decode_checkpoint_v2
-    from aiocheckpoint.serde import decode_checkpoint
+    from aiocheckpoint.codec.tree.v2 import decode_checkpoint_v2
+    from aiocheckpoint.codec.v1 import decode_checkpoint
 
     if blobs is None:
         return _best(lambda: decode_checkpoint(data), calls)

@@ -36,7 +36,7 @@ from incremental_e2e import v1_size
 from incremental_size import _docs_state, _message
 
 from aiocheckpoint import CheckpointManager
-from aiocheckpoint.serde import to_storable
+from aiocheckpoint.codec.copy import to_storable
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 
 DSN = os.environ.get("AIOCHECKPOINT_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")

@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 
 from aiocheckpoint import CheckpointManager
-from aiocheckpoint.serde import encode_checkpoint
+from aiocheckpoint.codec.v1 import encode_checkpoint
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 
 

@@ -39,7 +39,7 @@ from aiocheckpoint import (
     InMemoryCheckpointStorage,
     StateSnapshot,
 )
-from aiocheckpoint.serde import encode_checkpoint
+from aiocheckpoint.codec.v1 import encode_checkpoint
 from aiocheckpoint.storage.base import BaseStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 

@@ -12,8 +12,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from aiocheckpoint import AgentStatus, Checkpoint, StateSnapshot
-from aiocheckpoint.incremental import TreeParams, encode_checkpoint_v2, node_children
-from aiocheckpoint.serde import encode_checkpoint, to_storable
+from aiocheckpoint.codec.copy import to_storable
+from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
+from aiocheckpoint.codec.v1 import encode_checkpoint
+from aiocheckpoint.format.tree import TreeParams, node_children
 from aiocheckpoint.storage.base import BlobCheckpointStorage
 
 PARAMS = TreeParams(inline_limit=128, root_inline_limit=512, chunk_min=64, chunk_avg=256)

@@ -6,7 +6,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from aiocheckpoint.incremental import decode_checkpoint_v2, record_root_refs
+from aiocheckpoint.codec.tree.v2 import decode_checkpoint_v2
+from aiocheckpoint.format.tree import record_root_refs
 from tests._blob_refs import true_counts
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from aiocheckpoint import InMemoryCheckpointStorage, TypeRegistry
 from aiocheckpoint.codec.copy import storable_copy, storable_copy_sized
 from aiocheckpoint.codec.pipeline import RecordCodec
-from aiocheckpoint.codec.split import exceeds
+from aiocheckpoint.codec.sizes import exceeds
 from aiocheckpoint.codec.stages import TypedValues
 from aiocheckpoint.format.tree import TreeParams
 from tests.typed_values import same, scalars, sets, states, text

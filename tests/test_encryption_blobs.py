@@ -25,8 +25,8 @@ from aiocheckpoint import (
     SharedState,
     UnknownKeyError,
 )
-from aiocheckpoint.codec.join import areferenced_hashes
 from aiocheckpoint.codec.pipeline import RecordCodec
+from aiocheckpoint.codec.tree.join import areferenced_hashes
 from aiocheckpoint.format import node_children, record_format_version, record_root_refs
 from aiocheckpoint.format.sealed import (
     BLOB_SEALED,

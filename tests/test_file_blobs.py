@@ -23,17 +23,15 @@ from hypothesis import strategies as st
 
 import aiocheckpoint
 from aiocheckpoint import CheckpointManager
+from aiocheckpoint.codec.tree.join import referenced_hashes
 from aiocheckpoint.errors import (
     CheckpointCorruptedError,
     InvalidArgumentError,
     StorageSchemaError,
 )
 from aiocheckpoint.format import open_record_v2 as open_v2
-from aiocheckpoint.incremental import (
-    TreeParams,
-    record_format_version,
-    referenced_hashes,
-)
+from aiocheckpoint.format.header import record_format_version
+from aiocheckpoint.format.tree import TreeParams
 from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.file.packs import (
     MIDX,
@@ -814,7 +812,7 @@ async def test_a_blob_over_max_record_bytes_is_refused_and_nothing_is_stored(
     tmp_path: Path,
 ) -> None:
     """save_tree checks every blob's size (the largest one) before it writes anything."""
-    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+    from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
 
     manager = CheckpointManager(InMemoryCheckpointStorage())
     checkpoint = await manager.create_checkpoint(
@@ -839,7 +837,7 @@ async def test_a_store_object_sees_packs_another_one_wrote_since_its_last_save(
 ) -> None:
     """A save lists packs/ again when it changed (here: another object's pack), so blobs
     another writer stored are shared, not written again."""
-    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+    from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
 
     source = CheckpointManager(InMemoryCheckpointStorage())
     store = tmp_path / "store"
@@ -893,7 +891,7 @@ async def test_a_save_relying_on_another_writers_pack_makes_its_entry_durable_on
     """A pack another object wrote may lack its directory fsync: a save relying on it (and
     writing no pack of its own) fsyncs ``packs/``, again after a failed fsync, and once it
     succeeded the next save does not."""
-    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+    from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
     from aiocheckpoint.errors import StorageBackendError
 
     source = CheckpointManager(InMemoryCheckpointStorage())
@@ -949,7 +947,7 @@ async def test_a_pack_listed_while_a_save_looks_up_its_blobs_is_looked_at(
 ) -> None:
     """A listing (another save's) that adds a pack after a save found no pack to look at
     sends that save the long way: the pack it now relies on is stat'ed and fsynced."""
-    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+    from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
 
     source = CheckpointManager(InMemoryCheckpointStorage())
     other = await source.create_checkpoint("wf", 0, "a", "running", big_state(0))

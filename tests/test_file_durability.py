@@ -27,8 +27,8 @@ from aiocheckpoint.storage.file.durability import (
     filesystem_type,
     syncfs_is_durable,
 )
-from aiocheckpoint.storage.file.format import step_name
 from aiocheckpoint.storage.file.io import FileOps
+from aiocheckpoint.storage.file.names import step_name
 
 pytestmark = pytest.mark.root  # every test mounts filesystems
 

@@ -113,7 +113,7 @@ async def test_tree_saves_queued_behind_a_busy_writer_share_its_next_group(
 ) -> None:
     """Large states' saves (records with blobs) join the group commit, as plain saves do:
     four of them queued behind a held group are written by one group and its two syncfs."""
-    from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+    from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
 
     store, ops = grouped
     source = CheckpointManager(InMemoryCheckpointStorage())

@@ -25,7 +25,7 @@ from aiocheckpoint import (
     open_storage,
 )
 from aiocheckpoint.storage.file import FileCheckpointStorage
-from aiocheckpoint.storage.file.format import (
+from aiocheckpoint.storage.file.names import (
     MAX_PLAIN_NAME,
     Hint,
     decode_name,

@@ -19,24 +19,24 @@ from aiocheckpoint import (
     CheckpointSerializationError,
     StateSnapshot,
 )
-from aiocheckpoint.incremental import (
-    SplitResult,
-    TreeParams,
-    adecode_checkpoint_v2,
+from aiocheckpoint.codec.copy import to_storable
+from aiocheckpoint.codec.tree.join import (
     ajoin_state,
     areferenced_hashes,
+    join_state,
+    referenced_hashes,
+)
+from aiocheckpoint.codec.tree.split import split_state
+from aiocheckpoint.codec.tree.splitmemory import recovered_memory
+from aiocheckpoint.codec.tree.v2 import (
+    adecode_checkpoint_v2,
     decode_checkpoint_v2,
     encode_checkpoint_v2,
     encode_v2_work,
-    join_state,
-    node_children,
-    record_format_version,
-    record_root_refs,
-    recovered_memory,
-    referenced_hashes,
-    split_state,
 )
-from aiocheckpoint.serde import encode_checkpoint, to_storable
+from aiocheckpoint.codec.v1 import encode_checkpoint
+from aiocheckpoint.format.header import record_format_version
+from aiocheckpoint.format.tree import SplitResult, TreeParams, node_children, record_root_refs
 
 # Tiny limits make even small generated states into deep trees of chunks and indexes.
 TINY = TreeParams(

@@ -28,12 +28,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointCorruptedError, CheckpointManager, SharedState, open_storage
-from aiocheckpoint.codec import join, split
-from aiocheckpoint.codec.join import join_state
 from aiocheckpoint.codec.pacing import Pacer
 from aiocheckpoint.codec.pipeline import cooperate
-from aiocheckpoint.codec.v2 import decode_checkpoint_v2, encode_checkpoint_v2
-from aiocheckpoint.format.jsontext import loads, loads_fast
+from aiocheckpoint.codec.tree import join, split
+from aiocheckpoint.codec.tree.join import join_state
+from aiocheckpoint.codec.tree.v2 import decode_checkpoint_v2, encode_checkpoint_v2
+from aiocheckpoint.format.jsonread import loads, loads_fast
 from aiocheckpoint.format.tags import MARK, may_hold_tag
 from aiocheckpoint.format.tree import TreeParams
 from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot

@@ -337,7 +337,7 @@ async def test_split_memories_are_bounded_and_dropped_with_their_workflow(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The manager keeps one split memory per recently saved workflow, within its bounds."""
-    from aiocheckpoint.codec import memory as manager_module
+    from aiocheckpoint.codec.tree import splitmemory as manager_module
     from aiocheckpoint.storage.file import FileCheckpointStorage
 
     monkeypatch.setattr(manager_module, "_MEMORY_WORKFLOWS", 3)

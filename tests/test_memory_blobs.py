@@ -19,8 +19,9 @@ from aiocheckpoint import (
     InvalidArgumentError,
     SharedState,
 )
-from aiocheckpoint.incremental import decode_checkpoint_v2, encode_checkpoint_v2, record_root_refs
-from aiocheckpoint.serde import to_storable
+from aiocheckpoint.codec.copy import to_storable
+from aiocheckpoint.codec.tree.v2 import decode_checkpoint_v2, encode_checkpoint_v2
+from aiocheckpoint.format.tree import record_root_refs
 from tests._blob_refs import PARAMS, random_history, true_counts
 from tests._blob_refs import checkpoint as _checkpoint
 

@@ -30,17 +30,12 @@ from aiocheckpoint import (
     StateSnapshot,
     StorageBackendError,
 )
+from aiocheckpoint.codec.tree.join import areferenced_hashes
+from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
 from aiocheckpoint.codec.v1 import encode_checkpoint
 from aiocheckpoint.format import open_record_v2 as _open_v2
-from aiocheckpoint.incremental import (
-    SplitResult,
-    TreeParams,
-    areferenced_hashes,
-    encode_checkpoint_v2,
-    node_children,
-    record_format_version,
-    record_root_refs,
-)
+from aiocheckpoint.format.header import record_format_version
+from aiocheckpoint.format.tree import SplitResult, TreeParams, node_children, record_root_refs
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.postgres import schema as _pg_schema
 from tests._blob_child import state_for

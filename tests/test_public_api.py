@@ -1,6 +1,10 @@
 import inspect
+import re
+from pathlib import Path
 
 import aiocheckpoint
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 EXPECTED = {
     "AgentStatus",
@@ -68,6 +72,9 @@ EXPECTED = {
     "Keyring",
     "PlaintextRecordError",
     "UnknownKeyError",
+    "StoragePermissionError",
+    "BlobReads",
+    "EffectListingStorage",
 }
 
 
@@ -77,6 +84,26 @@ def test_all_lists_exactly_the_public_names() -> None:
     assert len(aiocheckpoint.__all__) == len(EXPECTED)
     for name in aiocheckpoint.__all__:
         assert hasattr(aiocheckpoint, name), name
+
+
+def test_all_is_sorted() -> None:
+    """__all__ reads in order, so that a name is found (and a missing one seen) at a glance."""
+    assert aiocheckpoint.__all__ == sorted(aiocheckpoint.__all__)
+
+
+def _documented_names() -> set[str]:
+    """Names the docs use as ``aiocheckpoint.X`` (X a class, error or function)."""
+    names: set[str] = set()
+    for page in DOCS.rglob("*.md"):
+        names.update(re.findall(r"\baiocheckpoint\.([A-Za-z_]\w*)\b(?!\.)", page.read_text()))
+    return names
+
+
+def test_every_name_the_docs_use_at_the_top_is_exported() -> None:
+    """A class or error written ``aiocheckpoint.X`` in the docs is in __all__."""
+    documented = {name for name in _documented_names() if name[0].isupper()}
+    assert {"CheckpointManager", "StoragePermissionError", "BlobReads"} <= documented
+    assert documented <= set(aiocheckpoint.__all__)
 
 
 def test_public_names_have_docstrings() -> None:

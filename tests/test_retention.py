@@ -27,8 +27,8 @@ from aiocheckpoint import (
     UnsupportedOperationError,
     WorkflowStatus,
 )
+from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
 from aiocheckpoint.codec.v1 import encode_checkpoint
-from aiocheckpoint.codec.v2 import encode_checkpoint_v2
 from aiocheckpoint.models import Checkpoint
 from aiocheckpoint.storage.base import BlobCheckpointStorage, CheckpointStorage
 from aiocheckpoint.storage.file import FileCheckpointStorage

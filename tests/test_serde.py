@@ -16,16 +16,10 @@ from aiocheckpoint import (
     CheckpointSerializationError,
     StateSnapshot,
 )
-from aiocheckpoint.serde import (
-    HEADER_SIZE,
-    MAGIC,
-    MAX_DEPTH,
-    decode_checkpoint,
-    encode_checkpoint,
-    storable_copy,
-    storable_copy_work,
-    to_storable,
-)
+from aiocheckpoint.codec.copy import storable_copy, storable_copy_work, to_storable
+from aiocheckpoint.codec.v1 import decode_checkpoint, encode_checkpoint
+from aiocheckpoint.format.header import HEADER_SIZE, MAGIC
+from aiocheckpoint.format.limits import MAX_DEPTH
 
 
 def _checkpoint(data: dict[str, Any], **extra: Any) -> Checkpoint:

@@ -27,8 +27,10 @@ from aiocheckpoint import (
     LeaseLostError,
     StateSnapshot,
 )
-from aiocheckpoint.incremental import encode_checkpoint_v2, node_children, record_format_version
-from aiocheckpoint.serde import encode_checkpoint
+from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
+from aiocheckpoint.codec.v1 import encode_checkpoint
+from aiocheckpoint.format.header import record_format_version
+from aiocheckpoint.format.tree import node_children
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.storage.sqlite.blobs import read_blobs
 from aiocheckpoint.storage.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, migrate

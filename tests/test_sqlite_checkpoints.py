@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from aiocheckpoint import CheckpointManager
-from aiocheckpoint.codec.v2 import encode_checkpoint_v2
+from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
 from aiocheckpoint.storage.base import StoredCheckpoint
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage, groupcommit

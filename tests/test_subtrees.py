@@ -23,12 +23,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointManager, CheckpointStorage, SharedState, open_storage
-from aiocheckpoint.codec import subtrees
 from aiocheckpoint.codec.copy import to_storable
 from aiocheckpoint.codec.pipeline import RecordCodec
-from aiocheckpoint.codec.split import Node, NodeSet, _Splitter, finish, split_work
+from aiocheckpoint.codec.sliced import finish
 from aiocheckpoint.codec.stages import TypedValues
-from aiocheckpoint.codec.subtrees import _bits_shift, crc_combine, crc_shift, shared_split_work
+from aiocheckpoint.codec.tree import subtrees
+from aiocheckpoint.codec.tree.crc import _bits_shift, crc_combine, crc_shift
+from aiocheckpoint.codec.tree.nodes import Node, NodeSet
+from aiocheckpoint.codec.tree.split import Splitter as _Splitter
+from aiocheckpoint.codec.tree.split import split_work
+from aiocheckpoint.codec.tree.subtrees import shared_split_work
 from aiocheckpoint.format.tags import MARK
 from aiocheckpoint.format.tree import SplitMemory, SplitResult, TreeParams
 from aiocheckpoint.storage.base import BlobCheckpointStorage

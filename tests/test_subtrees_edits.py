@@ -29,11 +29,13 @@ from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointManager, ResumableWorkflow, SharedState, TypeRegistry
 from aiocheckpoint.codec.copy import to_storable
-from aiocheckpoint.codec.jsontext import dumps
+from aiocheckpoint.codec.jsonwrite import dumps
 from aiocheckpoint.codec.pipeline import RecordCodec
-from aiocheckpoint.codec.split import finish, split_work, text_bound
+from aiocheckpoint.codec.sizes import text_bound
+from aiocheckpoint.codec.sliced import finish
 from aiocheckpoint.codec.stages import TypedValues
-from aiocheckpoint.codec.subtrees import shared_split_work
+from aiocheckpoint.codec.tree.split import split_work
+from aiocheckpoint.codec.tree.subtrees import shared_split_work
 from aiocheckpoint.codec.typed import Decoder
 from aiocheckpoint.format.tags import MARK
 from aiocheckpoint.format.tree import SplitMemory, SplitResult

@@ -516,7 +516,7 @@ async def test_odd_top_level_keys_read_back_and_a_top_level_tag_is_corruption() 
 
 def test_one_value_through_the_managers_value_stage() -> None:
     """encode_value/decode_value: what effect results use, with the manager's registry."""
-    from aiocheckpoint.format.jsontext import loads
+    from aiocheckpoint.format.jsonread import loads
 
     manager = CheckpointManager(types=registry())
     codec = manager._codec

@@ -6,9 +6,15 @@ This module is the map of the public API: everything in ``__all__`` is supported
 
 from typing import TYPE_CHECKING, Any
 
-from .codec import TaggedValue, TypeRegistry
-from .codec.effects import EffectRecord, EffectState, Reconciled
-from .codec.sealing import KeyProvider, Keyring
+from .codec import (
+    EffectRecord,
+    EffectState,
+    KeyProvider,
+    Keyring,
+    Reconciled,
+    TaggedValue,
+    TypeRegistry,
+)
 from .errors import (
     CheckpointCorruptedError,
     CheckpointError,
@@ -30,6 +36,7 @@ from .errors import (
     StorageBackendError,
     StorageClosedError,
     StorageFullError,
+    StoragePermissionError,
     StorageSchemaError,
     StorageTimeoutError,
     TypeVersionError,
@@ -48,7 +55,9 @@ from .retention import RetentionPolicy, SweepReport
 from .state import SharedState
 from .storage import (
     BlobCheckpointStorage,
+    BlobReads,
     CheckpointStorage,
+    EffectListingStorage,
     EffectStorage,
     InMemoryCheckpointStorage,
     StoredCheckpoint,
@@ -86,6 +95,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AgentStatus",
     "BlobCheckpointStorage",
+    "BlobReads",
     "Checkpoint",
     "CheckpointCorruptedError",
     "CheckpointError",
@@ -97,6 +107,7 @@ __all__ = [
     "DecryptionError",
     "EffectError",
     "EffectInDoubtError",
+    "EffectListingStorage",
     "EffectOrderError",
     "EffectRecord",
     "EffectState",
@@ -129,24 +140,25 @@ __all__ = [
     "StorageBackendError",
     "StorageClosedError",
     "StorageFullError",
+    "StoragePermissionError",
     "StorageSchemaError",
     "StorageTimeoutError",
     "StoredCheckpoint",
+    "StoredEffect",
     "SweepReport",
     "TaggedValue",
     "TypeRegistry",
     "TypeVersionError",
     "UnknownKeyError",
     "UnknownTypeError",
-    "StoredEffect",
     "UnsupportedOperationError",
     "WorkflowBusyError",
     "WorkflowCancelledError",
     "WorkflowExistsError",
-    "WorkflowTransferError",
     "WorkflowRecord",
     "WorkflowStatus",
     "WorkflowStorage",
+    "WorkflowTransferError",
     "__version__",
     "open_storage",
 ]

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ._telemetry import round_trip
-from .codec.effects import EffectRecord, EffectState
+from .codec import EffectRecord, EffectState
 from .errors import CheckpointCorruptedError, EffectInDoubtError
 from .leases import Lease, WorkflowRecord, WorkflowStatus
 from .storage.base import EffectStorage, StoredEffect, WorkflowStorage

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ._telemetry import record_in_doubt, traced
-from .codec.effects import EffectRecord, EffectState, Reconciled
+from .codec import EffectRecord, EffectState, Reconciled
 from .errors import EffectInDoubtError, EffectOrderError, InvalidArgumentError, LeaseError
 from .leases import Lease
 from .manager import CheckpointManager

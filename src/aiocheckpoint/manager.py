@@ -24,11 +24,17 @@ from ._validation import (
     check_step,
     check_workflow_id,
 )
-from .codec import RecordCodec, TypedValues, TypeRegistry
-from .codec.effects import EffectRecord
-from .codec.sealing import KeyProvider, Sealer
-from .codec.stages import DEFAULT_VALUES, View
-from .codec.typed import has_tags
+from .codec import (
+    DEFAULT_VALUES,
+    EffectRecord,
+    KeyProvider,
+    RecordCodec,
+    Sealer,
+    TypedValues,
+    TypeRegistry,
+    View,
+    has_tags,
+)
 from .doubt import open_records, reopen_before_settle, settled
 from .errors import (
     CheckpointCorruptedError,

@@ -20,13 +20,11 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final, TypeVar
 
-import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ._telemetry import annotate, record_sweep_deletions
-from .codec.facts import RecordFacts, record_facts
-from .codec.sealing import is_sealed_record, sealed_key_id
+from .codec import RecordFacts, is_sealed_record, record_facts, sealed_key_id
 from .errors import (
     CheckpointCorruptedError,
     EncryptionError,

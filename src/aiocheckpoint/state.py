@@ -7,8 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._validation import check_limit
-from .codec.copy import json_copy
-from .codec.subtrees import Lineage
+from .codec import Lineage, json_copy
 from .models import StateSnapshot, StateVersion, utcnow
 
 __all__ = ["SharedState"]
@@ -165,7 +164,7 @@ class SharedState:
 
         The tree's lists are never changed in place, so a list that another one extends
         stays its prefix: a checkpoint of a growing list resumes the list's last cut without
-        comparing the elements before it one by one (:mod:`aiocheckpoint.codec.subtrees`).
+        comparing the elements before it one by one (:mod:`aiocheckpoint.codec.tree.subtrees`).
         A lineage found here is for the list whose id it is only if its list is that list.
         """
         return self._grown

@@ -46,10 +46,7 @@ import anyio.lowlevel
 import pytest
 
 from . import retention as _retention
-from .codec.effects import EffectRecord, EffectState
-from .codec.sealing import Keyring
-from .codec.v1 import decode_checkpoint
-from .codec.v2 import encode_checkpoint_v2
+from .codec import EffectRecord, EffectState, Keyring, decode_checkpoint, encode_checkpoint_v2
 from .errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,

@@ -30,8 +30,8 @@ from aiocheckpoint import (
     FileCheckpointStorage,
     StateSnapshot,
 )
+from aiocheckpoint.codec.tree.v2 import encode_checkpoint_v2
 from aiocheckpoint.codec.v1 import decode_checkpoint, encode_checkpoint
-from aiocheckpoint.codec.v2 import encode_checkpoint_v2
 from aiocheckpoint.format import MAX_DEPTH, SplitResult, TreeParams, node_children, open_record_v2
 from aiocheckpoint.format.header import HEADER, MAGIC
 from aiocheckpoint.format.tree import V2_PREFIX

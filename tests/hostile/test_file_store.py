@@ -23,7 +23,7 @@ import pytest
 from aiocheckpoint import CheckpointCorruptedError, CheckpointManager, StorageSchemaError
 from aiocheckpoint.errors import StoragePermissionError
 from aiocheckpoint.storage.file import FileCheckpointStorage
-from aiocheckpoint.storage.file.format import encode_name, hashed_name, step_name
+from aiocheckpoint.storage.file.names import encode_name, hashed_name, step_name
 
 #: A state large enough to be stored incrementally (a version-2 record and blobs).
 BIG = {"doc": " ".join(f"word{i}" for i in range(4000))}

@@ -31,7 +31,7 @@ from aiocheckpoint import (
 from aiocheckpoint.codec.effects import encode_effect
 from aiocheckpoint.format import MAX_INT_DIGITS, MAX_SHARED_HASH, SplitResult
 from aiocheckpoint.format.header import HEADER_SIZE
-from aiocheckpoint.format.jsontext import loads
+from aiocheckpoint.format.jsonread import loads
 from tests.backend_support import ALL, make_storage
 from tests.hostile.test_decoder import WF, body_of, meta_of, record_v1, record_v2, value_node
 from tests.pg_support import pg_schema

@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from aiocheckpoint import CheckpointManager
-from aiocheckpoint.incremental import TreeParams
+from aiocheckpoint.format.tree import TreeParams
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from tests.pg_support import DSN
 from tests.test_postgres_blobs import check_counts

@@ -15,9 +15,9 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 
 from aiocheckpoint import CheckpointStorage
-from aiocheckpoint.incremental import adecode_checkpoint_v2
+from aiocheckpoint.codec.tree.v2 import adecode_checkpoint_v2
+from aiocheckpoint.format.header import FORMAT_VERSION, MAGIC
 from aiocheckpoint.models import Checkpoint
-from aiocheckpoint.serde import FORMAT_VERSION, MAGIC
 from aiocheckpoint.storage.base import BlobCheckpointStorage
 
 #: ``AIOCHECKPOINT_SOAK=1`` turns every count in the suite up for a long run.

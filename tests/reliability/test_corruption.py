@@ -22,7 +22,7 @@ from aiocheckpoint import (
     CheckpointStorage,
     ResumableWorkflow,
 )
-from aiocheckpoint.serde import HEADER_SIZE
+from aiocheckpoint.format.header import HEADER_SIZE
 
 from ._support import hypothesis_settings, record
 

@@ -30,7 +30,7 @@ from aiocheckpoint import (
     ResumableWorkflow,
     StateSnapshot,
 )
-from aiocheckpoint.serde import MAX_DEPTH
+from aiocheckpoint.format.limits import MAX_DEPTH
 from tests.typed_values import same as exactly
 
 from ._support import dump_store, hypothesis_settings, outside

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 
 from aiocheckpoint import CheckpointManager, CheckpointStorage
-from aiocheckpoint.serde import decode_checkpoint
+from aiocheckpoint.codec.v1 import decode_checkpoint
 
 from ._support import dump_store, scaled
 

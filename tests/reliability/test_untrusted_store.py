@@ -17,7 +17,7 @@ from aiocheckpoint import (
     CheckpointManager,
     CheckpointStorage,
 )
-from aiocheckpoint.serde import HEADER_SIZE
+from aiocheckpoint.format.header import HEADER_SIZE
 
 from ._support import dump_store, record
 from .conftest import Backend

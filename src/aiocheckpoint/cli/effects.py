@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 from .._validation import check_workflow_id
-from ..codec.effects import EffectRecord, EffectState
+from ..codec import EffectRecord, EffectState
 from ..errors import CheckpointCorruptedError, EncryptionError
 from ..manager import CheckpointManager
 from .keys import command_keys

@@ -11,8 +11,7 @@ import sys
 from typing import IO, Any, Final
 
 from .._validation import check_step, check_workflow_id
-from ..codec.sealing import Sealer, is_sealed_record
-from ..codec.v1 import decode_checkpoint
+from ..codec import Sealer, decode_checkpoint, is_sealed_record
 from ..errors import (
     CheckpointCorruptedError,
     EncryptionError,

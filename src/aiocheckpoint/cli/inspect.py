@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from .._validation import check_workflow_id
-from ..codec.effects import EffectRecord
+from ..codec import EffectRecord
 from ..errors import CheckpointNotFoundError
 from ..leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .._validation import check_step, check_workflow_id
-from ..codec.effects import decode_effect
-from ..codec.sealing import ENVELOPE_MAGIC, Keyring, Sealer
+from ..codec import ENVELOPE_MAGIC, Keyring, Sealer, decode_effect
 from ..errors import (
     CheckpointCorruptedError,
     CheckpointError,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
-from ..codec.sealing import Keyring
+from ..codec import Keyring
 from ..errors import InvalidArgumentError
 
 __all__ = ["KEYS_VARIABLE", "command_keys", "keyring_file"]

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, Final, TextIO
 
-from ..codec.jsontext import int_to_decimal
-from ..format.jsontext import BIG_INT_BITS, is_digit_limit
+from ..codec import int_to_decimal
+from ..format.jsonread import BIG_INT_BITS, is_digit_limit
 from .store import EXIT_STORE, CommandError, Foreign
 
 __all__ = [

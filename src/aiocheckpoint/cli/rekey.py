@@ -19,9 +19,13 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..codec.effects import decode_effect
-from ..codec.sealing import Sealer, sealed_key_id
-from ..codec.v1 import decode_checkpoint, encode_checkpoint
+from ..codec import (
+    Sealer,
+    decode_checkpoint,
+    decode_effect,
+    encode_checkpoint,
+    sealed_key_id,
+)
 from ..errors import CheckpointCorruptedError, EncryptionError
 from ..format.sealed import is_sealed_tree_record
 from ..manager import CheckpointManager

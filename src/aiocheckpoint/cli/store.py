@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from .._validation import check_workflow_id
-from ..codec.sealing import Keyring, sealed_key_id
-from ..codec.v1 import encode_checkpoint
+from ..codec import Keyring, encode_checkpoint, sealed_key_id
 from ..errors import (
     CheckpointCorruptedError,
     EncryptionError,

@@ -25,12 +25,12 @@ from collections.abc import Generator
 from time import perf_counter
 from typing import Any, Final
 
-from ..format.jsontext import SHORT_INT_BOUND
+from ..format.jsonread import SHORT_INT_BOUND
 from ..format.limits import MAX_DEPTH
 from ..format.tags import TAG_START, TYPED
 from .paths import child_path
 from .registry import EMPTY, TypeEntry, TypeRegistry
-from .split import text_bound
+from .sizes import text_bound
 from .typed import COLLECTIONS, SCALARS, Encoder, crowded, ordered
 
 __all__ = [
@@ -210,7 +210,7 @@ def storable_copy_sized(
 ) -> tuple[Any, bool, int | None]:
     """:func:`storable_copy`, and a lower bound on the length of the copy's JSON text.
 
-    The bound is the count :func:`~aiocheckpoint.codec.split.exceeds` makes, taken while
+    The bound is the count :func:`~aiocheckpoint.codec.sizes.exceeds` makes, taken while
     copying and given up once past ``limit``: ``exceeds(copy, limit)`` is
     ``bound > limit``. None when the copy was not taken by the fast path (then ask
     ``exceeds``).

@@ -27,8 +27,8 @@ from typing import Any, Final
 from .._validation import check_step
 from ..errors import CheckpointCorruptedError, CheckpointSerializationError
 from ..format.checksum import crc32
-from ..format.jsontext import loads
-from .jsontext import dumps
+from ..format.jsonread import loads
+from .jsonwrite import dumps
 from .stages import DEFAULT_VALUES, ValueStage
 from .verify import check_depth
 

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import CheckpointCorruptedError
 from ..format.checksum import crc32
 from ..format.header import HEADER_SIZE, read_header, record_format_version
-from ..format.jsontext import loads
+from ..format.jsonread import loads
 from ..format.tree import open_record_v2
 from ..models import AgentStatus
 

@@ -52,17 +52,18 @@ from ..storage.base import (
 )
 from .copy import json_copy
 from .effects import EffectRecord, decode_effect, encode_effect
-from .fork import fork_tree
 from .lent import lent_snapshot
-from .memory import MemoryCache, recovered_memory
 from .pacing import READY_PACE_SECONDS, Pacer
 from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
-from .split import Job, exceeds
+from .sizes import exceeds
+from .sliced import Job
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
-from .subtrees import Lineage, SharedSplit, SubtreeCache, shared_split_work
+from .tree.fork import fork_tree
+from .tree.splitmemory import MemoryCache, recovered_memory
+from .tree.subtrees import Lineage, SharedSplit, SubtreeCache, shared_split_work
+from .tree.v2 import decode_tagged, encode_checkpoint_v2, encode_v2_work, record_v2
 from .typed import has_tags
 from .v1 import decode_checkpoint, encode_checkpoint, encode_fields
-from .v2 import decode_tagged, encode_checkpoint_v2, encode_v2_work, record_v2
 
 __all__ = ["RecordCodec", "cooperate"]
 
@@ -262,7 +263,7 @@ class RecordCodec:
 
         With ``workflow_id``, a large state bound for a version-2 tree is also split here,
         reusing what the workflow's last saved split made of every sub-tree still the same
-        object (:mod:`aiocheckpoint.codec.subtrees`): only what changed is copied and
+        object (:mod:`aiocheckpoint.codec.tree.subtrees`): only what changed is copied and
         encoded, and the copy shares the unchanged sub-trees' copies with the snapshots of
         earlier checkpoints. :meth:`encode_tree` then takes that split.
         """
@@ -413,7 +414,7 @@ class RecordCodec:
     async def fork_tree(
         self, storage: BlobCheckpointStorage, source_id: str, stored: StoredCheckpoint, new_id: str
     ) -> tuple[bytes, SplitResult] | None:
-        """A version-2 record rewritten for ``new_id``, sharing its blobs (:mod:`.fork`).
+        """A version-2 record rewritten for ``new_id``, sharing its blobs (:mod:`.tree.fork`).
 
         Encrypting, the record is unsealed (authenticated for its source) and sealed for its
         new workflow; its sealed blobs are shared as they are. None for a record to copy

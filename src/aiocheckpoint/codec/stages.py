@@ -1,30 +1,21 @@
-"""The two kinds of stage around the encoding, and the value stage the pipeline runs today.
+"""The value stage: Python values <-> the JSON-able values the encoders take.
 
 The path of a checkpoint through :class:`~aiocheckpoint.codec.pipeline.RecordCodec`::
 
-    Python values --[ValueStage]--> JSON-able values --[encoding]--> record (+ blobs)
+    Python values --[value stage]--> JSON-able values --[encoding]--> record (+ blobs)
                                                                           |
-                                             (a BytesStage goes here) <---+
+                                            stored bytes <--[bytes stage]-+
 
 and the reverse on reads. The *value stage* turns what callers pass into values the
 encoders accept, and back: :class:`TypedValues`, the validated copy of
 :mod:`aiocheckpoint.codec.copy` in the tagged JSON form of :mod:`aiocheckpoint.format.tags`,
 and :mod:`aiocheckpoint.codec.typed`'s decoder in :meth:`ValueStage.restore`, both with the
-manager's :class:`~aiocheckpoint.TypeRegistry`. The *bytes stage* would transform encoded
-bytes (encryption): none runs today, and :class:`BytesStage` is where one goes. Adding
-either touches only :mod:`aiocheckpoint.codec`.
-
-What a bytes stage must respect (the stored formats are otherwise opaque to backends):
-
-* records: the 20-byte header stays readable (backends read the format version byte to
-  find version-2 records); the header's flags byte, 0 today, is where a sealed record would
-  be marked, so that records written before the stage still read;
-* blobs: backends cascade reference counts by reading a stored blob's child hashes
-  (:func:`~aiocheckpoint.format.tree.node_children`), so a sealed blob must keep its node's
-  hash list in the clear (seal the JSON text only), or the backends must keep the
-  ``SplitResult.children`` they are given; the blob flags byte has free bits to mark it;
-* a blob's name is the hash of its node before any stage, so sealing never changes which
-  blobs are shared.
+manager's :class:`~aiocheckpoint.TypeRegistry`. The *bytes stage* is encryption at rest,
+:class:`~aiocheckpoint.codec.sealing.Sealer` (``docs/encryption.md``), run by the pipeline
+when the manager has ``encryption=``: it keeps a record's 20-byte header readable to the
+backends, and an encrypted tree's references in the clear
+(:mod:`aiocheckpoint.format.sealed`), so that backends read the version byte and cascade
+reference counts without the key.
 """
 
 from __future__ import annotations
@@ -41,7 +32,7 @@ from .copy import storable_copy, storable_copy_sized, storable_copy_work
 from .registry import EMPTY, TypeRegistry
 from .typed import Decoder, has_tags
 
-__all__ = ["DEFAULT_VALUES", "BytesStage", "TypedValues", "ValueStage", "View"]
+__all__ = ["DEFAULT_VALUES", "TypedValues", "ValueStage", "View"]
 
 #: How a read hands values back: ``"typed"`` as themselves (an unregistered type raises),
 #: ``"raw"`` with a :class:`~aiocheckpoint.TaggedValue` for each unregistered type,
@@ -64,7 +55,7 @@ class ValueStage(Protocol):
         """:meth:`copy`, and the size bound ``exceeds`` of the copy counts, or None.
 
         The bound is counted while copying and given up once past ``limit``:
-        ``exceeds(copy, limit)`` (:func:`~aiocheckpoint.codec.split.exceeds`) is
+        ``exceeds(copy, limit)`` (:func:`~aiocheckpoint.codec.sizes.exceeds`) is
         ``bound > limit``. None when it was not counted (then ask ``exceeds``).
         """
         ...
@@ -177,15 +168,3 @@ def _mapping(decoder: Decoder, data: dict[str, Any], path: str) -> dict[str, Any
     if type(value) is not dict:
         raise CheckpointCorruptedError(f"{path} is not an object")
     return value
-
-
-class BytesStage(Protocol):
-    """Encoded bytes -> stored bytes, and back (for example encryption). None runs today."""
-
-    def seal(self, data: bytes) -> bytes:
-        """The bytes to store for an encoded record or blob."""
-        ...
-
-    def unseal(self, data: bytes) -> bytes:
-        """The encoded bytes back from stored ones; a CheckpointCorruptedError if they fail."""
-        ...

@@ -30,7 +30,7 @@ from ..errors import (
     UnknownTypeError,
 )
 from ..format import tags
-from ..format.jsontext import int_too_long
+from ..format.jsonread import int_too_long
 from ..format.limits import MAX_DEPTH, MAX_INT_DIGITS, MAX_SHARED_HASH
 from .paths import checked_text, child_path, safe_repr
 from .registry import TaggedValue, TypeEntry, TypeRegistry

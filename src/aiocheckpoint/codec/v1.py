@@ -21,10 +21,10 @@ from .._validation import check_step, check_workflow_id
 from ..errors import CheckpointCorruptedError, CheckpointSerializationError, InvalidArgumentError
 from ..format.checksum import crc32
 from ..format.header import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, read_header
-from ..format.jsontext import loads
+from ..format.jsonread import loads
 from ..models import METRICS_DEFAULTS, Checkpoint, CheckpointFields
 from .copy import child_path
-from .jsontext import dumps
+from .jsonwrite import dumps
 from .verify import check_depth, may_nest_deeply
 
 __all__ = ["build_checkpoint", "check_owner", "decode_checkpoint", "encode_checkpoint"]

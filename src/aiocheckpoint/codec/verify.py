@@ -3,7 +3,7 @@
 A record the writer could not have made is corruption, even when its checksums hold: a
 state nested deeper than :data:`~aiocheckpoint.format.limits.MAX_DEPTH` read back as a
 resume point would make every later save of it fail. The format's own checks (headers,
-hashes, UTF-8 and lone surrogates in :func:`~aiocheckpoint.format.jsontext.loads`) come
+hashes, UTF-8 and lone surrogates in :func:`~aiocheckpoint.format.jsonread.loads`) come
 first; this module adds what needs the decoded values.
 """
 

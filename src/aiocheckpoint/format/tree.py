@@ -23,8 +23,8 @@ state; a state small enough is kept inline as ``state.data`` and the root is emp
 ``docs/incremental.md`` describes the format, the garbage collection scheme and the write
 ordering backends must follow. This module holds what readers and backends need: the
 definitions, the split's result a backend stores, and the parsing of nodes and records.
-Writing is :mod:`aiocheckpoint.codec.split`, reading a state back
-:mod:`aiocheckpoint.codec.join`.
+Writing is :mod:`aiocheckpoint.codec.tree.split`, reading a state back
+:mod:`aiocheckpoint.codec.tree.join`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..errors import CheckpointCorruptedError, InvalidArgumentError
 from .blob import Unwrapper, zstd
 from .checksum import crc32
 from .header import FORMAT_VERSION_2, HEADER, HEADER_SIZE, MAGIC, record_format_version
-from .jsontext import loads
+from .jsonread import loads
 from .sealed import BLOB_SEALED, is_sealed_tree_record, sealed_blob_children, sealed_tree_refs
 
 __all__ = [
@@ -142,7 +142,7 @@ class SplitMemory:
     per region's first and last entries), never state. Losing it costs sharing, not
     correctness: a split without it bundles every region of several chunks. It is never
     stored; it lives here because :class:`SplitResult` carries it (see
-    :mod:`aiocheckpoint.codec.memory` for how it is kept and recovered).
+    :mod:`aiocheckpoint.codec.tree.splitmemory` for how it is kept and recovered).
     """
 
     __slots__ = ("edges", "first_chunks", "regions")
@@ -154,7 +154,7 @@ class SplitMemory:
         self.edges: set[int] = set()
         #: Filled by a split made without a previous memory: region fingerprint -> the hash
         #: its first chunk has as a blob of its own. A store that holds that blob stored the
-        #: region cut into chunks (:func:`~aiocheckpoint.codec.memory.recovered_memory`).
+        #: region cut into chunks (:func:`~aiocheckpoint.codec.tree.splitmemory.recovered_memory`).
         self.first_chunks: dict[int, bytes] = {}
 
     def __len__(self) -> int:

@@ -3,6 +3,7 @@
 from .base import (
     BaseStorage,
     BlobCheckpointStorage,
+    BlobReads,
     CheckpointStorage,
     EffectListingStorage,
     EffectStorage,
@@ -15,6 +16,7 @@ from .memory import InMemoryCheckpointStorage
 __all__ = [
     "BaseStorage",
     "BlobCheckpointStorage",
+    "BlobReads",
     "CheckpointStorage",
     "EffectListingStorage",
     "EffectStorage",

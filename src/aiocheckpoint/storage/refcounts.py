@@ -85,7 +85,7 @@ def checked_tree(record: bytes, split: object) -> tuple[bytes, ...]:
     """The root references of a ``save_tree`` call's version-2 ``record``, checked.
 
     Raises :class:`~aiocheckpoint.InvalidArgumentError` if ``split`` is not a
-    :class:`~aiocheckpoint.incremental.SplitResult`, if ``record`` is not a valid version-2
+    :class:`~aiocheckpoint.format.tree.SplitResult`, if ``record`` is not a valid version-2
     record, or if it does not reference exactly ``split.root_refs``.
     """
     if not isinstance(split, SplitResult):

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Final
 
 from .._validation import check_workflow_id
-from ..codec.effects import EffectRecord
+from ..codec import EffectRecord
 from ..errors import (
     CheckpointCorruptedError,
     CheckpointError,

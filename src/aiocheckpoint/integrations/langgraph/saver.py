@@ -24,7 +24,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from typing_extensions import Self
 
-from ...codec.sealing import KeyProvider
+from ...codec import KeyProvider
 from ...errors import CheckpointIdCollisionError, InvalidArgumentError
 from ...manager import CheckpointManager
 from ...storage.base import CheckpointStorage

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from .dirs import ForeignEntry
-from .format import FORMAT_VERSION
+from .names import FORMAT_VERSION
 from .store import FileCheckpointStorage
 
 __all__ = ["FORMAT_VERSION", "FileCheckpointStorage", "ForeignEntry"]

@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 from .dirs import Replaced, WorkflowDirs
 from .durability import fsync_in, run_all, syncfs_is_durable
-from .format import HINT, encode_name, step_name
 from .io import DIR_FLAGS, discard, write_temp
+from .names import HINT, encode_name, step_name
 
 __all__ = ["Batch", "EffectOp", "Op", "SaveOp"]
 

@@ -36,8 +36,8 @@ from operator import itemgetter
 from typing import Final, cast
 
 from ...format import SplitResult
-from .format import pid_is_dead, temp_name
 from .io import FileOps, is_missing
+from .names import pid_is_dead, temp_name
 from .packs import (
     MAGIC,
     MIDX,

@@ -23,19 +23,6 @@ from typing import Final
 
 from ..._validation import check_workflow_id
 from ...errors import InvalidWorkflowIdError, StorageBackendError
-from .format import (
-    HASHED_PREFIX,
-    HINT,
-    ID_FILE,
-    LOCK,
-    Hint,
-    decode_name,
-    encode_name,
-    parse_step_name,
-    pid_is_dead,
-    step_name,
-    temp_name,
-)
 from .io import (
     DIR_FLAGS,
     NEW_FLAGS,
@@ -48,6 +35,19 @@ from .io import (
     is_missing,
     read_small,
     write_temp,
+)
+from .names import (
+    HASHED_PREFIX,
+    HINT,
+    ID_FILE,
+    LOCK,
+    Hint,
+    decode_name,
+    encode_name,
+    parse_step_name,
+    pid_is_dead,
+    step_name,
+    temp_name,
 )
 
 __all__ = ["EFFECTS", "RETRIES", "ForeignEntry", "Replaced", "WorkflowDirs", "effect_prefix"]

@@ -23,8 +23,8 @@ from ...errors import CheckpointCorruptedError
 from ..base import MAX_EFFECTS_PER_STEP, StoredEffect
 from .batch import EffectOp
 from .dirs import EFFECTS, Replaced, WorkflowDirs, effect_prefix
-from .format import encode_name
 from .io import DIR_FLAGS, OddEntry, discard, is_missing, open_regular, read_bounded, write_temp
+from .names import encode_name
 
 __all__ = ["EffectFiles"]
 

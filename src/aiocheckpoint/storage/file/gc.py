@@ -34,8 +34,8 @@ from ...format import HEADER_SIZE, node_children, record_format_version
 from ...format import open_record_v2 as _open_v2
 from ...format.sealed import is_sealed_tree_record, tree_refs_end
 from .blobs import BlobStore
-from .format import parse_step_name, pid_is_dead
 from .io import DIR_FLAGS, OddEntry, open_regular, read_bounded
+from .names import parse_step_name, pid_is_dead
 from .packs import GC_LOCK, TRASH, Index, pack_base
 
 __all__ = ["Collector"]

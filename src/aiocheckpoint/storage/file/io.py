@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Final
 
-from .format import temp_name
+from .names import temp_name
 
 __all__ = [
     "DIR_FLAGS",

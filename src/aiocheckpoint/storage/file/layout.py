@@ -13,8 +13,8 @@ from typing import Final
 
 from ...errors import StorageSchemaError
 from ..private import refuse_unless_private
-from .format import FORMAT_PLAIN, MARKER, WORKFLOWS, encode_marker, parse_marker
 from .io import DIR_FLAGS, FileOps, OddEntry, discard, fsync_path, open_regular, write_temp
+from .names import FORMAT_PLAIN, MARKER, WORKFLOWS, encode_marker, parse_marker
 
 __all__ = ["StoreDir"]
 

@@ -13,7 +13,6 @@ import time
 from ...errors import CheckpointCorruptedError, StorageBackendError
 from ..base import StoredCheckpoint
 from .dirs import RETRIES, ForeignEntry, Replaced, WorkflowDirs
-from .format import WORKFLOWS, encode_name, parse_step_name, step_name, temp_name
 from .io import (
     FileOps,
     OddEntry,
@@ -24,6 +23,7 @@ from .io import (
     read_bounded,
     write_temp,
 )
+from .names import WORKFLOWS, encode_name, parse_step_name, step_name, temp_name
 
 __all__ = ["RecordFiles"]
 

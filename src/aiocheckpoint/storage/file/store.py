@@ -42,11 +42,11 @@ from ..diskfull import storage_error
 from .blobs import BlobStore
 from .dirs import ForeignEntry, WorkflowDirs
 from .effects import EffectFiles
-from .format import FORMAT_BLOBS, FORMAT_VERSION, encode_name
 from .gc import Collector
 from .groupcommit import EffectOp, GroupCommit, Op, SaveOp
 from .io import FileOps
 from .layout import StoreDir
+from .names import FORMAT_BLOBS, FORMAT_VERSION, encode_name
 from .records import RecordFiles
 
 __all__ = ["FileCheckpointStorage"]

@@ -98,7 +98,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     * ``readers``: threads (each with its own connection) serving reads.
     * ``max_batch``: the most writes committed in one transaction.
     * ``blob_params``: how large states are cut into blobs
-      (:class:`~aiocheckpoint.incremental.TreeParams`; ``compression="zstd"`` compresses them).
+      (:class:`~aiocheckpoint.format.tree.TreeParams`; ``compression="zstd"`` compresses them).
     * ``allow_shared``: open the file even if another user owns it, or group or others may
       read or write it (or its -wal or -shm). By default such a file is refused with
       :class:`~aiocheckpoint.errors.StoragePermissionError`: it may have been planted to

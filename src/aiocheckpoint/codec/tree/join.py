@@ -20,15 +20,15 @@ from typing import Any, Final, TypeVar
 
 import orjson
 
-from ..errors import CheckpointCorruptedError
-from ..format.blob import Unwrapper
-from ..format.checksum import crc32
-from ..format.jsontext import loads, loads_fast
-from ..format.limits import DEFAULT_MAX_RECORD_BYTES
-from ..format.sealed import BLOB_SEALED, sealed_blob_children
-from ..format.tags import MARK
-from ..format.tags import may_hold_tag as has_tags
-from ..format.tree import KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
+from ...errors import CheckpointCorruptedError
+from ...format.blob import Unwrapper
+from ...format.checksum import crc32
+from ...format.jsonread import loads, loads_fast
+from ...format.limits import DEFAULT_MAX_RECORD_BYTES
+from ...format.sealed import BLOB_SEALED, sealed_blob_children
+from ...format.tags import MARK
+from ...format.tags import may_hold_tag as has_tags
+from ...format.tree import KIND_LIST, KIND_VALUE, LEAF, PLAIN_LEAF, node_refs
 
 __all__ = [
     "AsyncFetch",
@@ -527,7 +527,7 @@ def join_state(
     digest_size: int = 16,
     max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> Any:
-    """Rebuild the value that :func:`~aiocheckpoint.codec.split.split_state` cut up.
+    """Rebuild the value that :func:`~aiocheckpoint.codec.tree.split.split_state` cut up.
 
     ``root`` is the split's root; ``fetch`` is called once per tree level with the hashes
     of that level and returns their stored blobs. Every blob is

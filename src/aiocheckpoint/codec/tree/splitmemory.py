@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection
 
-from ..format.tree import SplitMemory
+from ...format.tree import SplitMemory
 
 __all__ = ["MemoryCache", "SplitMemory", "recovered_memory"]
 

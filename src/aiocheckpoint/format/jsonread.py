@@ -7,7 +7,7 @@ convert ints of more than 4300 digits by default; :func:`loads` reads them up to
 whatever the interpreter's setting, and refuses a longer one as corruption before it
 converts it).
 Writers never store a string that is not valid Unicode (a lone surrogate), so :func:`loads`
-refuses one, raw or escaped. The writing side is :mod:`aiocheckpoint.codec.jsontext`.
+refuses one, raw or escaped. The writing side is :mod:`aiocheckpoint.codec.jsonwrite`.
 """
 
 from __future__ import annotations

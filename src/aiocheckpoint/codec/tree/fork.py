@@ -9,10 +9,10 @@ keep fresh) every blob the new record relies on, as it does for a new tree.
 
 from __future__ import annotations
 
-from ..errors import CheckpointCorruptedError
-from ..format.header import FORMAT_VERSION_2, record_format_version
-from ..format.tree import SplitResult, node_children, open_record_v2
-from ..storage.base import BlobCheckpointStorage
+from ...errors import CheckpointCorruptedError
+from ...format.header import FORMAT_VERSION_2, record_format_version
+from ...format.tree import SplitResult, node_children, open_record_v2
+from ...storage.base import BlobCheckpointStorage
 from .v2 import rehomed_record
 
 __all__ = ["fork_tree"]

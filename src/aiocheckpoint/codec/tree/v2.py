@@ -1,7 +1,7 @@
 """Version-2 records: the checkpoint's fields in the record, its state in a tree of blobs.
 
 The record layout is :mod:`aiocheckpoint.format.tree`'s; the state is cut by
-:mod:`aiocheckpoint.codec.split` and rebuilt by :mod:`aiocheckpoint.codec.join`. The
+:mod:`aiocheckpoint.codec.tree.split` and rebuilt by :mod:`aiocheckpoint.codec.tree.join`. The
 decoders here read records of both format versions.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Collection, Generator
 from typing import Any
 
-from ..errors import CheckpointCorruptedError, CheckpointSerializationError
-from ..format.checksum import crc32
-from ..format.header import FORMAT_VERSION_2, HEADER, MAGIC, record_format_version
-from ..format.limits import DEFAULT_MAX_RECORD_BYTES
-from ..format.tree import (
+from ...errors import CheckpointCorruptedError, CheckpointSerializationError
+from ...format.checksum import crc32
+from ...format.header import FORMAT_VERSION_2, HEADER, MAGIC, record_format_version
+from ...format.limits import DEFAULT_MAX_RECORD_BYTES
+from ...format.tree import (
     DEFAULT_PARAMS,
     V2_PREFIX,
     SplitMemory,
@@ -22,12 +22,14 @@ from ..format.tree import (
     TreeParams,
     open_record_v2,
 )
-from ..models import Checkpoint
+from ...models import Checkpoint
+from ..jsonwrite import dumps
+from ..sizes import exceeds
+from ..sliced import Job, finish
+from ..typed import has_tags
+from ..v1 import build_checkpoint, check_owner, decode_checkpoint
 from .join import AsyncFetch, Fetch, Joiner, Steps, adrive, drive, guard
-from .jsontext import dumps
-from .split import Job, exceeds, finish, split_work
-from .typed import has_tags
-from .v1 import build_checkpoint, check_owner, decode_checkpoint
+from .split import split_work
 
 __all__ = [
     "adecode_checkpoint_v2",
@@ -95,7 +97,7 @@ def encode_checkpoint_v2(
     stored whole in the record, with no blobs and no root (``result.root == b""``).
     Otherwise the caller must make every blob in ``result.blobs`` durable before the
     record (see docs/incremental.md). The state must already be storable; ``finite``,
-    ``previous`` and ``max_bytes`` are as in :func:`~aiocheckpoint.codec.split.split_state`.
+    ``previous`` and ``max_bytes`` are as in :func:`~aiocheckpoint.codec.tree.split.split_state`.
     """
     return finish(
         encode_v2_work(

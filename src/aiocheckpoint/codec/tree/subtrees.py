@@ -7,7 +7,7 @@ made of it then -- its value-stage copy, its encoded text and references, the no
 and regions its split produced -- is still right. :func:`shared_split_work` walks the
 state's dicts from the root, reuses that for every sub-tree it has seen (by identity), and
 runs the value stage and the fast encoder only on what is new. The result is the split a
-from-scratch :func:`~aiocheckpoint.codec.split.split_work` of the same state with the same
+from-scratch :func:`~aiocheckpoint.codec.tree.split.split_work` of the same state with the same
 split memory makes, byte for byte (``tests/test_subtrees.py`` checks it on random edit
 sequences), so readers and backends see nothing new.
 
@@ -28,38 +28,33 @@ from itertools import repeat
 from operator import is_
 from typing import Any, Final
 
-from ..errors import CheckpointSerializationError
-from ..format.checksum import crc32
-from ..format.limits import MAX_DEPTH
-from ..format.tags import TAG_START
-from ..format.tree import KIND_LIST, SplitMemory, SplitResult, TreeParams
-from .copy import child_path
-from .split import (
-    _SLICE_BYTES,
+from ...errors import CheckpointSerializationError
+from ...format.checksum import crc32
+from ...format.limits import MAX_DEPTH
+from ...format.tags import TAG_START
+from ...format.tree import KIND_LIST, SplitMemory, SplitResult, TreeParams
+from ..copy import child_path
+from ..sliced import SLICE_BYTES, Job, crc_work, dumps_work, fast_dumps
+from ..stages import ValueStage
+from ..typed import has_tags, needs_map
+from .crc import crc_combine, crc_shift
+from .nodes import (
     NO_NODES,
     ChunkMemo,
     IndexLevel,
-    Job,
     Node,
     NodeSet,
+    Refs,
     Region,
-    _check_size,
-    _fast_dumps,
-    _join_entries,
-    _mix,
-    _Refs,
-    _Splitter,
-    _value_node,
-    crc_work,
-    dumps_work,
+    boundary_mix,
+    join_entries,
+    value_node_bytes,
 )
-from .stages import ValueStage
-from .typed import has_tags, needs_map
+from .split import Splitter, check_size
 
-__all__ = ["Lineage", "SubtreeCache", "crc_combine", "crc_shift", "shared_split_work"]
+__all__ = ["Entries", "Lineage", "SharedSplit", "SubtreeCache", "shared_split_work"]
 
 _Work = Generator[Job | None, Any, Any]
-_POLY: Final = 0xEDB88320
 #: Dicts nested deeper than this are taken whole, like any other value.
 _WALK_DEPTH: Final = 32
 #: Lists shorter than this are taken whole (a list is walked so that an append resumes
@@ -68,62 +63,6 @@ _LIST_MIN: Final = 16
 #: Bounds of the cached sub-trees kept: workflows, and bytes of their blobs in all.
 _CACHE_WORKFLOWS: Final = 1024
 _CACHE_BYTES: Final = 128 * 1024 * 1024
-
-
-def _multmodp(a: int, b: int) -> int:
-    """``a * b`` modulo the CRC-32 polynomial (bit-reflected; ``a`` non-zero)."""
-    m = 1 << 31
-    p = 0
-    while True:
-        if a & m:
-            p ^= b
-            if not a & (m - 1):
-                return p
-        m >>= 1
-        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
-
-
-_X2N: Final = [1 << 30]  # x^(2^k) modulo the polynomial, k = 0..31
-for _ in range(31):
-    _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
-
-
-def _bits_shift(length: int) -> int:
-    """:func:`crc_shift` by the bits of ``length``: a product per bit set."""
-    p, k = 1 << 31, 3
-    while length:
-        if length & 1:
-            p = _multmodp(_X2N[k & 31], p)
-        length >>= 1
-        k += 1
-    return p
-
-
-#: :func:`_bits_shift` of ``b << 8 * j`` for the bytes ``b`` of lengths seen (at most 256
-#: per byte position): a length's operator is the product of its bytes' (~10 products per
-#: length by its bits, ~5 us each, against at most one per byte beyond the first).
-_BYTE_SHIFTS: Final[dict[int, int]] = {}
-
-
-def crc_shift(length: int) -> int:
-    """The operator that :func:`crc_combine` needs for a text of ``length`` bytes."""
-    p = 0
-    at = 0
-    while length:
-        digit = (length & 0xFF) << at
-        if digit:
-            factor = _BYTE_SHIFTS.get(digit)
-            if factor is None:
-                factor = _BYTE_SHIFTS[digit] = _bits_shift(digit)
-            p = _multmodp(factor, p) if p else factor
-        length >>= 8
-        at += 8
-    return p or 1 << 31  # 1 << 31: the operator of no bytes (x^0)
-
-
-def crc_combine(crc1: int, crc2: int, shift2: int) -> int:
-    """CRC-32 of ``a + b`` from ``crc32(a)``, ``crc32(b)`` and ``crc_shift(len(b))``."""
-    return _multmodp(shift2, crc1) ^ crc2
 
 
 _referents: Final = gc.get_referents
@@ -175,7 +114,7 @@ class _Entry:
     )
 
     def __init__(
-        self, source: Any, copy: Any, text: bytes, refs: _Refs, crc: int, length: int, depth: int
+        self, source: Any, copy: Any, text: bytes, refs: Refs, crc: int, length: int, depth: int
     ) -> None:
         self.source = source  # kept alive, so that its id is not reused
         self.copy = copy
@@ -274,7 +213,7 @@ class _Scan:
         #: CRC-32 and length of ``[`` and the elements' texts before ``index``, comma
         #: separated; the depth of the list of those elements.
         self.crc, self.length, self.depth = text
-        #: The index levels over ``chunks`` (``_Splitter.index``).
+        #: The index levels over ``chunks`` (``Splitter.index``).
         self.levels = levels
         #: Whether the elements before ``index`` may hold a tag.
         self.tagged = False
@@ -333,7 +272,7 @@ class _Walk:
 
     def __init__(
         self,
-        splitter: _Splitter,
+        splitter: Splitter,
         values: ValueStage,
         cache: Entries,
         lineages: Mapping[int, Lineage] = _NO_LINEAGES,
@@ -407,12 +346,12 @@ class _Walk:
             entries.append((yield from self.value(source[key], child_path(path, key), depth + 1)))
         copy = dict(zip(keys, [e.copy for e in entries], strict=True))
         texts: list[bytes] = []
-        refmap: dict[int, _Refs] = {}
+        refmap: dict[int, Refs] = {}
         mixes: list[int] = []
         length = 1 + len(keys)
         crc = crc32(b"{")
         for i, (key, entry) in enumerate(zip(keys, entries, strict=True)):
-            head = _fast_dumps(key) + b":"
+            head = fast_dumps(key) + b":"
             if i:
                 crc = crc32(b",", crc)
             crc = crc32(head, crc)
@@ -424,10 +363,10 @@ class _Walk:
                 if not entry.shift:
                     entry.shift = crc_shift(entry.length)
                 crc = crc_combine(crc, entry.crc, entry.shift)
-                mixes.append(_mix(crc32(text), refs))
+                mixes.append(boundary_mix(crc32(text), refs))
             else:
                 crc = crc32(entry.text, crc)
-                mixes.append(_mix(crc32(text), None))
+                mixes.append(boundary_mix(crc32(text), None))
             texts.append(text)
         crc = crc32(b"}", crc)
         length = max(length, 2)
@@ -440,8 +379,8 @@ class _Walk:
             entry.tagged = tagged
             return entry
 
-        def chunk(first: int, end: int, head: bytes) -> tuple[bytes, _Refs]:
-            return _join_entries(texts, refmap, first, end, True, head)
+        def chunk(first: int, end: int, head: bytes) -> tuple[bytes, Refs]:
+            return join_entries(texts, refmap, first, end, True, head)
 
         lens = list(map(len, texts))
         text, refs = yield from self.splitter._container(
@@ -481,7 +420,7 @@ class _Walk:
                 first_tagged += len(seen.items)
             items = [*seen.items, *items]
         if base is None and scan.length + sum(map(len, items)) + len(items) <= self.limit:
-            item = _fast_dumps(copy)
+            item = fast_dumps(copy)
             return _tagged(_Entry(source, copy, item, [], 0, len(item), _depth(copy)), item)
         marks = self._marks()
         cut = _ListCut(self.splitter, copy, scan)
@@ -531,7 +470,7 @@ class _Walk:
 def _encoded(elements: list[Any], start: int) -> Generator[None, Any, tuple[list[bytes], int]]:
     """The compact texts of ``elements[start:]``, and where the first tag may be.
 
-    Encoded a run of about ``_SLICE_BYTES`` at a time: one ``map`` over a 50,000-message
+    Encoded a run of about ``SLICE_BYTES`` at a time: one ``map`` over a 50,000-message
     chat held the GIL for its whole encode (~50 MB). The index returned is that (in the
     texts) of the first text that may hold a tag, or their count if none may.
     """
@@ -539,12 +478,12 @@ def _encoded(elements: list[Any], start: int) -> Generator[None, Any, tuple[list
     first_tagged = -1
     count = 64
     while start < len(elements):
-        run = list(map(_fast_dumps, elements[start : start + count]))
+        run = list(map(fast_dumps, elements[start : start + count]))
         if first_tagged < 0 and any(tags := list(map(has_tags, run))):
             first_tagged = len(items) + tags.index(True)
         items += run
         start += count
-        count = max(1, min(4 * count, count * _SLICE_BYTES // (sum(map(len, run)) or 1)))
+        count = max(1, min(4 * count, count * SLICE_BYTES // (sum(map(len, run)) or 1)))
         yield None
     return items, len(items) if first_tagged < 0 else first_tagged
 
@@ -573,13 +512,13 @@ class _ListCut:
         "texts",
     )
 
-    def __init__(self, splitter: _Splitter, copy: list[Any], scan: _Scan) -> None:
+    def __init__(self, splitter: Splitter, copy: list[Any], scan: _Scan) -> None:
         self.splitter = splitter
         self.copy = copy
         self.scan = scan
         self.lens: list[int] = []
         self.mixes: list[int] = []
-        self.refmap: dict[int, _Refs] = {}
+        self.refmap: dict[int, Refs] = {}
         self.texts: dict[int, bytes] = {}  # the entries that hold references
         #: The log's length before each element's nodes, and after the last one's.
         self.ends: list[int] = []
@@ -602,7 +541,7 @@ class _ListCut:
 
     def run(
         self, items: list[bytes], resumed: bool
-    ) -> Generator[Job | None, Any, tuple[bytes, _Refs]]:
+    ) -> Generator[Job | None, Any, tuple[bytes, Refs]]:
         """The list's encoded text and references, its nodes named in the splitter."""
         splitter = self.splitter
         log = splitter.log
@@ -650,7 +589,7 @@ class _ListCut:
             crc, length = tail.after[-1]
             base += len(tail.items)
             items = items[len(tail.items) :]
-        budget = _SLICE_BYTES
+        budget = SLICE_BYTES
         for i, item in enumerate(items, base):
             self.ends.append(len(log))
             self.region_ends.append(len(splitter.region_log))
@@ -664,13 +603,13 @@ class _ListCut:
                 inner, refs = yield from splitter.encode_fast(self.copy[i], item)
                 self.refmap[i], self.texts[i] = refs, inner
                 self.lens.append(len(inner))
-                self.mixes.append(_mix(crc32(inner), refs))
+                self.mixes.append(boundary_mix(crc32(inner), refs))
             else:
                 self.lens.append(len(item))
-                self.mixes.append(_mix(crc32(item), None))
+                self.mixes.append(boundary_mix(crc32(item), None))
             budget -= len(item)
             if budget < 0:
-                budget = _SLICE_BYTES
+                budget = SLICE_BYTES
                 yield None
         self.ends.append(len(log))
         self.region_ends.append(len(splitter.region_log))
@@ -679,14 +618,14 @@ class _ListCut:
     def _mix(self, i: int) -> int:
         return self.mixes[i - self.scan.index]
 
-    def _chunk(self, start: int, end: int, head: bytes) -> tuple[bytes, _Refs]:
+    def _chunk(self, start: int, end: int, head: bytes) -> tuple[bytes, Refs]:
         """Elements ``start:end`` as a list after ``head``, as ``encode_fast``'s chunks."""
         copy, refmap = self.copy, self.refmap
         if not refmap or not any(i in refmap for i in range(start, end)):
-            return b"".join((head, _fast_dumps(copy[start:end]))), []
-        texts = [self.texts.get(i) or _fast_dumps(copy[i]) for i in range(start, end)]
+            return b"".join((head, fast_dumps(copy[start:end]))), []
+        texts = [self.texts.get(i) or fast_dumps(copy[i]) for i in range(start, end)]
         refs = {i - start: r for i, r in refmap.items() if start <= i < end}
-        return _join_entries(texts, refs, 0, end - start, False, head)
+        return join_entries(texts, refs, 0, end - start, False, head)
 
     def depth(self) -> int:
         """The depth of the whole list."""
@@ -784,7 +723,7 @@ def shared_split_work(
     """
     if needs_map(data):
         return None  # a state of one "$" key is stored as "$map": not walked key by key
-    splitter = _Splitter(params, (), previous)
+    splitter = Splitter(params, (), previous)
     splitter.log = []
     walk = _Walk(splitter, values, cache, lineages)
     try:
@@ -792,8 +731,8 @@ def shared_split_work(
     except (_Fallback, TypeError, RecursionError):
         return None
     hashes = [h for _, h in root.refs]
-    node = _value_node(root.text, root.refs)
-    _check_size(splitter.spliced(root.text, hashes), splitter.node_bytes + len(node), max_bytes)
+    node = value_node_bytes(root.text, root.refs)
+    check_size(splitter.spliced(root.text, hashes), splitter.node_bytes + len(node), max_bytes)
     split = SplitResult(
         splitter.wrap(node),
         splitter.blobs,

@@ -4,7 +4,7 @@ The text is what Python's ``json`` module writes with ``ensure_ascii=False`` and
 separators: ``NaN``/``Infinity`` for non-finite floats, ints of any size in full. orjson
 writes the same bytes 10-90x faster (docs/serialization.md) for everything else, so it is
 tried first when the caller promises finite floats. Reading is
-:mod:`aiocheckpoint.format.jsontext`.
+:mod:`aiocheckpoint.format.jsonread`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import orjson
 
-from ..format.jsontext import BIG_INT_BITS, is_digit_limit
+from ..format.jsonread import BIG_INT_BITS, is_digit_limit
 
 __all__ = ["dumps", "int_to_decimal"]
 
