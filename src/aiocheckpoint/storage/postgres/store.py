@@ -294,13 +294,13 @@ class PostgresCheckpointStorage(BaseStorage):
         max_records: int,
         max_bytes: int,
     ) -> list[History]:
-        """The next ``limit`` histories after ``after``, in one read (see :class:`SweepStorage`)."""
+        """The next ``limit`` histories after ``after``, in one read (``SweepStorage``)."""
         self._check_open()
         after = None if after is None else check_workflow_id(after)
         return await self._sweeps.histories(after, limit, (more_than, max_records, max_bytes))
 
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
-        """Delete every cut in one statement (see :class:`SweepStorage`).
+        """Delete every cut in one statement (``SweepStorage``).
 
         Not retried after a lost connection, like :meth:`delete`.
         """
@@ -314,7 +314,7 @@ class PostgresCheckpointStorage(BaseStorage):
         return await self._sweeps.thin_many(cuts)
 
     async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
-        """Delete each untouched workflow whole, in one statement (see :class:`SweepStorage`)."""
+        """Delete each untouched workflow whole, in one statement (``SweepStorage``)."""
         self._check_open()
         for workflow_id, _ in pairs:
             check_workflow_id(workflow_id)

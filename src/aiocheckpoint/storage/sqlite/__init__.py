@@ -300,7 +300,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         max_records: int,
         max_bytes: int,
     ) -> list[History]:
-        """The next ``limit`` histories after ``after``, in one read (see :class:`SweepStorage`)."""
+        """The next ``limit`` histories after ``after``, in one read (``SweepStorage``)."""
         self._check_open()
         after = None if after is None else check_workflow_id(after)
         budget = (more_than, max_records, max_bytes)
@@ -308,7 +308,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         return await self._read(lambda conn: sweeps.read_histories(conn, after, limit, budget, cap))
 
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
-        """Delete every cut in one write of the group commit (see :class:`SweepStorage`)."""
+        """Delete every cut in one write of the group commit (``SweepStorage``)."""
         self._check_open()
         checked = [_checked_cut(cut) for cut in cuts]
         fn = functools.partial(sweeps.thin_many, cuts=checked)
@@ -318,7 +318,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         return done
 
     async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
-        """Delete each untouched workflow whole, in one write (see :class:`SweepStorage`)."""
+        """Delete each untouched workflow whole, in one write (``SweepStorage``)."""
         self._check_open()
         checked = [(check_workflow_id(wf), at) for wf, at in pairs]
         fn = functools.partial(sweeps.delete_workflows, pairs=checked)
