@@ -10,6 +10,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
+from datetime import time as dt_time
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,18 @@ async def test_random_values_round_trip_through_the_incremental_format(
         assert stored is not None and stored.data[4] == 2  # a version-2 record
         back = await manager.get_checkpoint("wf", 0)
     assert same(padded, back.state_snapshot.data)
+
+
+@pytest.mark.parametrize("micros", [1, -1, 999_999, -999_999])
+async def test_offsets_of_under_a_second_round_trip(store_url: str, micros: int) -> None:
+    """A datetime or time whose UTC offset is a fraction of a second keeps it (Python
+    3.11's fromisoformat reads ``+00:00:00.000001`` as UTC)."""
+    zone = timezone(timedelta(microseconds=micros))
+    state = {"at": datetime(2020, 1, 1, 12, tzinfo=zone), "t": dt_time(1, 2, 3, tzinfo=zone)}
+    async with _manager(store_url, InMemoryCheckpointStorage()) as manager:
+        await manager.create_checkpoint("wf", 0, "a", "running", state)
+        back = await manager.get_checkpoint("wf", 0)
+    assert same(state, back.state_snapshot.data)
 
 
 async def test_registered_types_round_trip_on_every_backend(store_url: str) -> None:

@@ -14,11 +14,12 @@ import base64
 import binascii
 import decimal
 import operator
+import re
 import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Container, Iterable
-from datetime import date, datetime, time, timedelta
-from typing import Any, Final
+from datetime import date, datetime, time, timedelta, timezone
+from typing import Any, Final, TypeVar
 
 from pydantic_core import to_jsonable_python
 
@@ -451,11 +452,43 @@ def _decimal(data: Any) -> decimal.Decimal:
     return decimal.Decimal(_text(data))
 
 
+_Clock = TypeVar("_Clock", datetime, time)
+
+#: An offset of whole hours and minutes and a sub-second part: "+00:00:00.000001".
+_FINE_OFFSET: Final = re.compile(r"([+-])(\d\d):(\d\d):(\d\d)\.(\d{6})\Z")
+
+
+def _with_fine_offset(value: _Clock, text: str) -> _Clock:
+    """``value`` with the offset ``text`` ends in, where ``fromisoformat`` dropped it.
+
+    Python 3.11 reads an offset of zero hours, minutes and seconds and a sub-second part
+    (``+00:00:00.000001``, which ``isoformat`` writes) as UTC.
+    """
+    if value.tzinfo is not timezone.utc:
+        return value
+    fine = _FINE_OFFSET.search(text)
+    if fine is None:
+        return value
+    sign, hours, minutes, seconds, micros = fine.groups()
+    offset = timedelta(
+        hours=int(hours), minutes=int(minutes), seconds=int(seconds), microseconds=int(micros)
+    )
+    return value.replace(tzinfo=timezone(-offset if sign == "-" else offset))
+
+
+def _datetime(data: Any) -> datetime:
+    return _with_fine_offset(datetime.fromisoformat(data), data)
+
+
+def _time(data: Any) -> time:
+    return _with_fine_offset(time.fromisoformat(data), data)
+
+
 #: The tags over a scalar and how each is read (a non-str raises TypeError: corruption).
 _SCALAR_READERS: Final[dict[str, Callable[[Any], Any]]] = {
-    tags.DATETIME: datetime.fromisoformat,
+    tags.DATETIME: _datetime,
     tags.DATE: date.fromisoformat,
-    tags.TIME: time.fromisoformat,
+    tags.TIME: _time,
     tags.TIMEDELTA: _delta,
     tags.UUID: _uuid,
     tags.DECIMAL: _decimal,
