@@ -397,3 +397,22 @@ async def test_a_workflows_steps_page_newest_first(kind: str, new_store: NewStor
             older = [h for h in links(steps) if "before=" in h]
             target = older[0] if older else None
     assert seen == list(range(119, -1, -1))
+
+
+async def test_the_token_redirect_stays_on_this_site(new_store: NewStore) -> None:
+    """After ?token= the redirect goes to a path of this site, percent-encoded: a
+    backslash ("/\\evil.example", which browsers read as "//evil.example") or slashes at
+    the start never make it a link to another host."""
+    url = new_store("sqlite")
+    await populate(url)
+    async with client(url, token="s3cret") as http:
+        for path, expected in [
+            ("/%5Cevil.example", "/evil.example"),
+            ("/%5C%5Cevil.example/x", "/evil.example/x"),
+            ("/%2F%5Cevil.example", "/evil.example"),
+            ("/%09/evil.example", "/%09/evil.example"),
+            ("/caf%C3%A9%20%22q%22", "/caf%C3%A9%20%22q%22"),
+        ]:
+            reply = await http.get(f"http://127.0.0.1{path}?token=s3cret&a=1")
+            assert reply.status_code == 303, path
+            assert reply.headers["location"] == f"{expected}?a=1", path
