@@ -200,7 +200,7 @@ class _Pages:
             rows, next_after = await data.list_workflows(
                 self.manager, status=status, prefix=prefix, after=after
             )
-            in_doubt = await data.in_doubt_ids(self.manager)
+            in_doubt, doubt_after = await data.in_doubt_ids(self.manager, q.get("doubt_after"))
             counts = await data.count_statuses(self.manager)
         except CheckpointError as exc:
             return self.failed(exc)
@@ -212,6 +212,7 @@ class _Pages:
             "prefix": prefix,
             "records": self.manager.supports_workflow_records(),
             "in_doubt": in_doubt,
+            "doubt_after": doubt_after,
         }
         return self.render("workflows.html", context)
 
