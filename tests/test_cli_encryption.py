@@ -293,6 +293,8 @@ async def test_rekey_leaves_the_effects_of_a_workflow_a_runner_holds(
     re-seals them once the lease is free."""
     url = new_store(kind)
     await populate(url, OLD, workflows=2, steps=2)
+    async with CheckpointManager(open_storage(url), encryption=OLD) as manager:
+        await manager.record_effect(effect("bare", 0, "no checkpoint, no record"))
     both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
     async with open_storage(url) as storage:
         assert isinstance(storage, WorkflowStorage)
@@ -310,6 +312,10 @@ async def test_rekey_leaves_the_effects_of_a_workflow_a_runner_holds(
     again = cli("--json", "rekey", url, "--keys", both)
     assert again.code == 0, again.out + again.err
     assert await key_ids(url) == {"k2"}
+    async with CheckpointManager(open_storage(url), encryption=NEW) as manager:
+        [bare] = await manager.get_effects("bare", 0)
+        assert bare.result == "no checkpoint, no record"
+        assert await manager.get_workflow("bare") is None  # no lease taken, no record made
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])

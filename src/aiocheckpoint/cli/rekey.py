@@ -173,6 +173,8 @@ class _Job:
         #: The lease rekey holds on the current workflow while it re-seals its effects.
         self._lease: Lease | None = None
         self._granted = 0.0
+        #: The current workflow has no workflow record: its saves are not fenced.
+        self._unrecorded = False
 
     def _wanted(self, key_id: str | None) -> bool:
         """Whether a record under ``key_id`` (None: plaintext) is to be sealed again."""
@@ -276,13 +278,18 @@ class _Job:
         """The workflow's lease for an effect's save (None: the store has no leases).
 
         Held, a runner cannot write the record between the check and the save; a runner
-        holding it now makes rekey leave the workflow's effects to it.
+        holding it now makes rekey leave the workflow's effects to it. A workflow without a
+        record (effects of a first step run without a lease) has no lease to take: taking
+        one would create its record, and make it claimable.
         """
         storage = self.storage
-        if not isinstance(storage, WorkflowStorage):
+        if not isinstance(storage, WorkflowStorage) or self._unrecorded:
             return None
         try:
             if self._lease is None:
+                if await storage.get_workflow(workflow_id) is None:
+                    self._unrecorded = True
+                    return None
                 self._lease = await storage.acquire_lease(workflow_id, OPERATOR, _LEASE_TTL)
                 self._granted = time.monotonic()
             elif time.monotonic() - self._granted > _LEASE_TTL / 2:
@@ -293,7 +300,7 @@ class _Job:
         return self._lease
 
     async def _release(self) -> None:
-        lease, self._lease = self._lease, None
+        lease, self._lease, self._unrecorded = self._lease, None, False
         if lease is not None and isinstance(self.storage, WorkflowStorage):
             await self.storage.release_lease(lease)
 
