@@ -246,3 +246,23 @@ async def test_a_real_error_of_a_batch_write_at_the_deadline_is_reported_as_it_i
         monkeypatch.undo()
         await storage.close()
         await drop_schema(pg_schema)
+
+
+async def test_opening_on_a_pool_held_elsewhere_is_a_typed_error(pg_schema: str) -> None:
+    """A given pool whose only connection the application holds: the store's first call
+    (which opens it and migrates the schema) gets StorageTimeoutError after the connect
+    ``timeout``, not an endless wait; the next call opens it once the connection is back."""
+    pool = await asyncpg.create_pool(DSN, min_size=1, max_size=1)
+    storage = PostgresCheckpointStorage(pool, schema=pg_schema, timeout=1)
+    try:
+        async with pool.acquire():
+            with anyio.fail_after(60):  # a guard: unbounded, the wait would never end
+                with pytest.raises(StorageTimeoutError) as caught:
+                    await storage.save("wf", 0, b"x")
+        assert "cannot open PostgreSQL store" in str(caught.value)
+        await storage.save("wf", 0, b"x")
+        assert (await storage.load("wf")).step == 0
+    finally:
+        await storage.close()
+        await pool.close()
+        await drop_schema(pg_schema)

@@ -308,12 +308,19 @@ class Connection:
                 pool = self._given_pool
             else:
                 pool = await pg.create_pool(self._dsn, **self._pool_options)
-            async with pool.acquire() as con:
+            # A given pool's connections may all be held by its other users: bounded.
+            async with pool.acquire(timeout=self._timeout or self._wait_limit) as con:
                 await migrate(con, self._quoted, self._schema)
         except BaseException as exc:
             if pool is not None and self._dsn is not None:
                 pool.terminate()
             where = f"cannot open PostgreSQL store (schema {self._schema!r})"
+            if isinstance(exc, asyncio.TimeoutError):
+                limit = self._timeout or self._wait_limit
+                raise StorageTimeoutError(
+                    f"{where}: no pooled connection came free (or the migration did not "
+                    f"finish) within {limit:g} s"
+                ) from exc
             if isinstance(exc, errors):
                 raise storage_error(where, describe(exc), exc) from exc
             if isinstance(exc, _BAD_ARGUMENT) and self._dsn is not None:
