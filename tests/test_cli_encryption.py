@@ -17,6 +17,7 @@ import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,9 +28,10 @@ from aiocheckpoint import (
     Keyring,
     open_storage,
 )
-from aiocheckpoint.codec.sealing import sealed_key_id
+from aiocheckpoint.cli import rekey
+from aiocheckpoint.codec.sealing import Sealer, sealed_key_id
 from aiocheckpoint.format.sealed import is_sealed_tree_record
-from aiocheckpoint.storage.base import EffectStorage
+from aiocheckpoint.storage.base import EffectStorage, StoredEffect, WorkflowStorage
 from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
 
 __all__ = ["new_store"]
@@ -280,3 +282,82 @@ async def test_rekey_survives_sigkill_with_writers_running(
     assert await rekey(None) == 0
     assert await key_ids(url) == {"k2"}
     assert await read_all(url, NEW) >= 400
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_rekey_leaves_the_effects_of_a_workflow_a_runner_holds(
+    kind: str, new_store: NewStore, tmp_path: Path
+) -> None:
+    """A runner holding a workflow's lease may be writing its effects: rekey re-seals none
+    of them (its save could replace a newer outcome), names the workflow, and a later run
+    re-seals them once the lease is free."""
+    url = new_store(kind)
+    await populate(url, OLD, workflows=2, steps=2)
+    async with CheckpointManager(open_storage(url), encryption=OLD) as manager:
+        await manager.record_effect(effect("bare", 0, "no checkpoint, no record"))
+    both = keys_file(tmp_path / "both.json", {"k1": K1, "k2": K2}, "k2")
+    async with open_storage(url) as storage:
+        assert isinstance(storage, WorkflowStorage)
+        runner = await storage.acquire_lease("wf-0", "runner", 600)
+        held = cli("--json", "rekey", url, "--keys", both)
+        report = held.json()
+        assert held.code != 0 and report["held"] == ["wf-0"]  # type: ignore[index]
+        assert isinstance(storage, EffectStorage)
+        for step in range(2):
+            [mine] = await storage.load_effects("wf-0", step)
+            [other] = await storage.load_effects("wf-1", step)
+            assert sealed_key_id(mine.data, effect=True) == "k1"
+            assert sealed_key_id(other.data, effect=True) == "k2"
+        await storage.release_lease(runner)
+    again = cli("--json", "rekey", url, "--keys", both)
+    assert again.code == 0, again.out + again.err
+    assert await key_ids(url) == {"k2"}
+    async with CheckpointManager(open_storage(url), encryption=NEW) as manager:
+        [bare] = await manager.get_effects("bare", 0)
+        assert bare.result == "no checkpoint, no record"
+        assert await manager.get_workflow("bare") is None  # no lease taken, no record made
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_rekey_cannot_write_over_a_runner_that_took_the_workflow_over(
+    kind: str, new_store: NewStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rekey reads an effect FAILED and checks it is unchanged; then its lease expires, a
+    runner takes the workflow over, retries the call and records it DONE. Rekey's save,
+    fenced by its own lease, is refused: the DONE record stands (the call is not repeated)
+    and the workflow is reported as left to the runner."""
+    url = new_store(kind)
+    now = datetime.now(timezone.utc)
+    intent = EffectRecord("w", 1, "call", "tool", EffectState.IN_DOUBT, 1, now, "i")
+    failed = intent.finished(EffectState.FAILED, error={"type": "E", "message": "down"})
+    async with CheckpointManager(open_storage(url), encryption=OLD) as manager:
+        await manager.create_checkpoint("w", 0, "a", "running", {"n": 0})
+        await manager.record_effect(failed)
+    monkeypatch.setattr(rekey, "_LEASE_TTL", 0.05, raising=False)
+    async with CheckpointManager(open_storage(url), encryption=BOTH) as manager:
+        storage: Any = manager.storage
+        load = storage.load_effects
+        calls = 0
+
+        async def checked_then_taken_over(workflow_id: str, step: int) -> list[StoredEffect]:
+            nonlocal calls
+            found: list[StoredEffect] = await load(workflow_id, step)
+            calls += step == 1
+            if calls == 2:  # rekey's check just before its save
+                await asyncio.sleep(0.3)  # its lease has expired
+                lease = await manager.acquire_lease("w", "runner", 600)
+                retried = EffectRecord("w", 1, "call", "tool", EffectState.IN_DOUBT, 2, now, "i")
+                await manager.record_effect(retried, lease=lease)
+                await manager.record_effect(
+                    retried.finished(EffectState.DONE, result="ok"), lease=lease
+                )
+            return found
+
+        monkeypatch.setattr(storage, "load_effects", checked_then_taken_over)
+        tally = rekey._Tally()
+        job = rekey._Job(manager, Sealer(BOTH, allow_plaintext=True), "k2", False, tally)
+        await job.workflow("w")
+        monkeypatch.setattr(storage, "load_effects", load)
+        [record] = await manager.get_effects("w", 1)
+    assert (record.state, record.result, record.attempt) == (EffectState.DONE, "ok", 2)
+    assert tally.held == ["w"]  # type: ignore[attr-defined]

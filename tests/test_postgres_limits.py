@@ -11,15 +11,17 @@ connection; nothing asserts a duration.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 import asyncpg
 import pytest
 
 from aiocheckpoint import StorageBackendError, StorageTimeoutError
-from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.postgres import PostgresCheckpointStorage, batching
 from tests.pg_support import DSN, drop_schema, pg_schema
 
 __all__ = ["pg_schema"]
@@ -158,4 +160,109 @@ async def test_command_timeout_bounds_the_whole_call_and_names_it(pg_schema: str
     finally:
         await admin.close()
         await storage.close()
+        await drop_schema(pg_schema)
+
+
+async def test_without_command_timeout_a_pool_held_elsewhere_is_a_typed_error(
+    pg_schema: str,
+) -> None:
+    """No command_timeout, and the given pool's only connection held by the application
+    (outside the store's own count): a load gets StorageTimeoutError after the connect
+    ``timeout`` instead of waiting for ever, and works again once the connection is back."""
+    pool = await asyncpg.create_pool(DSN, min_size=1, max_size=1)
+    storage = PostgresCheckpointStorage(pool, schema=pg_schema, timeout=1)
+    try:
+        await storage.save("wf", 0, b"x")
+        async with pool.acquire():
+            with anyio.fail_after(60):  # a guard: unbounded, the wait would never end
+                with pytest.raises(StorageTimeoutError) as caught:
+                    await storage.load("wf")
+        assert "no pooled connection was free" in str(caught.value)
+        assert (await storage.load("wf")).step == 0
+    finally:
+        await storage.close()
+        await pool.close()
+        await drop_schema(pg_schema)
+
+
+def late(op: Callable[[Any], Awaitable[Any]], seconds: float) -> Callable[[Any], Awaitable[Any]]:
+    """``op``, whose outcome reaches the caller ``seconds`` later (a busy event loop)."""
+
+    async def slow(con: Any) -> Any:
+        try:
+            return await op(con)
+        finally:
+            # Blocks the loop on purpose: no timer fires before the outcome is seen.
+            time.sleep(seconds)  # noqa: ASYNC251
+
+    return slow
+
+
+async def test_a_real_error_at_the_deadline_is_reported_as_it_is(pg_schema: str) -> None:
+    """A statement's real error (here a unique violation) that reaches the store only after
+    command_timeout has passed is that error, a StorageBackendError caused by it, not a
+    StorageTimeoutError: the caller must learn what failed."""
+    storage = PostgresCheckpointStorage(DSN, schema=pg_schema, command_timeout=0.5, retries=2)
+    try:
+        await storage.save("wf", 0, b"x")
+        table = f'"{pg_schema}".checkpoints'
+
+        async def duplicate(con: Any) -> None:
+            await con.execute(f"INSERT INTO {table} SELECT * FROM {table}")
+
+        with pytest.raises(StorageBackendError) as caught:
+            await storage._connection.run("probe", late(duplicate, 0.6))
+        assert not isinstance(caught.value, StorageTimeoutError), caught.value
+        assert isinstance(caught.value.__cause__, asyncpg.UniqueViolationError)
+    finally:
+        await storage.close()
+        await drop_schema(pg_schema)
+
+
+async def test_a_real_error_of_a_batch_write_at_the_deadline_is_reported_as_it_is(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a batched save: the server's error (a division by zero run in the
+    batch's transaction) reaches its caller after command_timeout, and is that error."""
+    storage = PostgresCheckpointStorage(DSN, schema=pg_schema, command_timeout=0.5)
+    run = batching._BatchTransaction.run
+
+    async def failing(self: Any, con: Any) -> Any:
+        await run(self, con)
+        await con.execute("SELECT 1 / 0")
+
+    try:
+        await storage.save("wf", 0, b"x")
+
+        def slowly(self: Any, con: Any) -> Awaitable[Any]:
+            return late(lambda c: failing(self, c), 0.6)(con)
+
+        monkeypatch.setattr(batching._BatchTransaction, "run", slowly)
+        with pytest.raises(StorageBackendError) as caught:
+            await storage.save("wf", 1, b"y")
+        assert not isinstance(caught.value, StorageTimeoutError), caught.value
+        assert isinstance(caught.value.__cause__, asyncpg.DivisionByZeroError), caught.value
+    finally:
+        monkeypatch.undo()
+        await storage.close()
+        await drop_schema(pg_schema)
+
+
+async def test_opening_on_a_pool_held_elsewhere_is_a_typed_error(pg_schema: str) -> None:
+    """A given pool whose only connection the application holds: the store's first call
+    (which opens it and migrates the schema) gets StorageTimeoutError after the connect
+    ``timeout``, not an endless wait; the next call opens it once the connection is back."""
+    pool = await asyncpg.create_pool(DSN, min_size=1, max_size=1)
+    storage = PostgresCheckpointStorage(pool, schema=pg_schema, timeout=1)
+    try:
+        async with pool.acquire():
+            with anyio.fail_after(60):  # a guard: unbounded, the wait would never end
+                with pytest.raises(StorageTimeoutError) as caught:
+                    await storage.save("wf", 0, b"x")
+        assert "cannot open PostgreSQL store" in str(caught.value)
+        await storage.save("wf", 0, b"x")
+        assert (await storage.load("wf")).step == 0
+    finally:
+        await storage.close()
+        await pool.close()
         await drop_schema(pg_schema)

@@ -11,7 +11,9 @@ import re
 import shlex
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -20,13 +22,15 @@ from pydantic import BaseModel
 
 from aiocheckpoint import (
     CheckpointManager,
+    EffectRecord,
+    EffectState,
     Keyring,
     ResumableWorkflow,
     TypeRegistry,
     open_storage,
 )
 from aiocheckpoint.cli.serve import is_loopback
-from aiocheckpoint.web import tree
+from aiocheckpoint.web import data, tree
 from tests.test_cli import BACKENDS, SRC, NewStore, cli, new_store
 from tests.web_support import HOSTILE, HOSTILE_VALUE, KEYS, client, populate, serving
 
@@ -397,3 +401,65 @@ async def test_a_workflows_steps_page_newest_first(kind: str, new_store: NewStor
             older = [h for h in links(steps) if "before=" in h]
             target = older[0] if older else None
     assert seen == list(range(119, -1, -1))
+
+
+async def test_the_token_redirect_stays_on_this_site(new_store: NewStore) -> None:
+    """After ?token= the redirect goes to a path of this site, percent-encoded: a
+    backslash ("/\\evil.example", which browsers read as "//evil.example") or slashes at
+    the start never make it a link to another host."""
+    url = new_store("sqlite")
+    await populate(url)
+    async with client(url, token="s3cret") as http:
+        for path, expected in [
+            ("/%5Cevil.example", "/evil.example"),
+            ("/%5C%5Cevil.example/x", "/evil.example/x"),
+            ("/%2F%5Cevil.example", "/evil.example"),
+            ("/%09/evil.example", "/%09/evil.example"),
+            ("/caf%C3%A9%20%22q%22", "/caf%C3%A9%20%22q%22"),
+        ]:
+            reply = await http.get(f"http://127.0.0.1{path}?token=s3cret&a=1")
+            assert reply.status_code == 303, path
+            assert reply.headers["location"] == f"{expected}?a=1", path
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_the_front_page_reads_a_bounded_number_of_records(
+    kind: str, new_store: NewStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The counts read one page of records per status (past it "N+"), and the workflows in
+    doubt are read a page at a time from the store's index ("more…" leads on), never all."""
+    url = new_store(kind)
+    await populate(url, extra=6)
+    async with CheckpointManager(open_storage(url)) as manager:
+        now = datetime.now(timezone.utc)
+        for name in ("doubt-2", "doubt-3"):
+            intent = EffectRecord(name, 0, "pay", "pay", EffectState.IN_DOUBT, 1, now, "i")
+            await manager.record_effect(intent)
+    monkeypatch.setattr(data, "COUNT_CAP", 3)
+    monkeypatch.setattr(data, "PAGE", 2)
+    read: list[int] = []
+    listing = CheckpointManager.list_workflow_records
+
+    async def counted(self: CheckpointManager, *args: Any, **kwargs: Any) -> Any:
+        page = await listing(self, *args, **kwargs)
+        read.append(len(page))
+        return page
+
+    async def whole(self: CheckpointManager) -> list[str]:
+        raise AssertionError("the inspector listed every workflow in doubt")
+
+    monkeypatch.setattr(CheckpointManager, "list_workflow_records", counted)
+    monkeypatch.setattr(CheckpointManager, "list_in_doubt_workflows", whole)
+    async with client(url) as http:
+        front = await http.get("/")
+        assert front.status_code == 200, front.text
+        assert re.search(r"finished <b>3\+</b>", front.text), front.text
+        assert max(read) <= 3  # the counts and the list page (PAGE + 1) alike
+        doubts = front.text.split('class="doubts"', 1)[1].split("</p>", 1)[0]
+        assert [html.unescape(w) for w in re.findall(r">([^<]+)</a>", doubts)][:2] == [
+            "doubt",
+            "doubt-2",
+        ]
+        [more] = [h for h in links(doubts) if "doubt_after=" in h]
+        rest = (await http.get(more)).text.split('class="doubts"', 1)[1].split("</p>", 1)[0]
+        assert "doubt-3" in rest and "doubt_after=" not in rest

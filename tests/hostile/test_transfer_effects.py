@@ -21,7 +21,7 @@ import pytest
 
 from aiocheckpoint import EffectRecord, EffectState, WorkflowTransferError
 from aiocheckpoint.cli.journal import Journal
-from aiocheckpoint.cli.store import open_store
+from aiocheckpoint.cli.store import PAGE, open_store
 from aiocheckpoint.codec.sealing import Keyring
 from tests.hostile.test_cli import checkpoint_line, export_file, record_of
 from tests.test_cli import cli
@@ -393,3 +393,41 @@ def test_import_holds_a_bounded_journal_per_workflow(
     assert report["effects"]["written"] == 1
     assert asyncio.run(stored_of(dst, "big")) == ([], [])
     assert len(asyncio.run(stored_of(dst, "small"))[1]) == 1
+
+
+@pytest.mark.parametrize("split", ["another-workflow", "full-page"])
+async def test_import_refuses_an_effect_line_after_its_workflows_checkpoints(
+    tmp_path: Path, split: str
+) -> None:
+    """A crafted file whose effect line of "late" comes after "late"'s checkpoints were
+    written (another workflow's lines, or a full page of its own, flushed them): the effect
+    would be stored after the checkpoints a resume replays from, so "late" is refused by
+    name at that line and its effect is not written; the other workflow is imported."""
+    count = 1 if split == "another-workflow" else PAGE
+    lines: list[Any] = [
+        checkpoint_line("late", step, await record_of("memory://", "late", step, {"n": step}))
+        for step in range(count)
+    ]
+    if split == "another-workflow":
+        lines.append(checkpoint_line("other", 0, await record_of("memory://", "other", 0, {})))
+    else:  # one more checkpoint line makes the full page flush first
+        step = count
+        lines.append(checkpoint_line("late", step, await record_of("memory://", "late", step, {})))
+    effect = await effect_bytes("late", count + 1, "k", done=True)
+    lines.append(effect_line("late", count + 1, "k", False, effect))
+    lines.append(end_line(len(lines) - 1, 1))
+    path = v2_file(tmp_path / "late.jsonl", lines)
+    dst = f"sqlite:{tmp_path}/dst.db"
+    result = cli("--json", "import", str(path), dst)
+    assert result.code == 1, result.out + result.err
+    report = result.json()
+    assert isinstance(report, dict)
+    [refused] = report["refused"]
+    assert (refused["workflow_id"], refused["line"]) == ("late", len(lines))
+    assert "after its checkpoints were written" in refused["reason"]
+    assert report["effects"]["written"] == 0
+    async with open_store(dst, must_exist=False) as manager:
+        assert await manager.storage.load_effects("late", count + 1) == []  # type: ignore[attr-defined]
+        assert [r.step for r in await manager.storage.scan("other")] == (
+            [0] if split == "another-workflow" else []
+        )

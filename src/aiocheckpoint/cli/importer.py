@@ -139,7 +139,10 @@ class _Importer:
     A workflow's effect lines are checked as they come and held (up to EFFECT_BUFFER
     bytes) until its lines are written, effects before checkpoints; an export writes them
     first, so a bad one refuses the workflow before anything of it is written, and its
-    later lines are skipped.
+    later lines are skipped. An effect line of a workflow something was already written for
+    (its lines resumed after another workflow's, or after a full page of its checkpoints)
+    refuses it: written after its checkpoints, the record would not be there when a resume
+    from them replays the step.
     """
 
     def __init__(
@@ -239,6 +242,12 @@ class _Importer:
 
     async def _hold(self, number: int, workflow_id: str, stored: StoredEffect) -> None:
         try:
+            if workflow_id in self.started:
+                raise WorkflowTransferError(
+                    workflow_id,
+                    "an effect line after its checkpoints were written (an export writes a "
+                    "workflow's effect lines before its checkpoints, all together)",
+                )
             effect = await check_effect(self.sealer, workflow_id, stored)
             self.held_bytes += len(effect.data)
             if self.held_bytes > EFFECT_BUFFER:

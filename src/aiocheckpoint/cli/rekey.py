@@ -9,15 +9,19 @@ is atomic), so a run stopped anywhere, even by SIGKILL, leaves every record read
 the keyring and the next run goes on where it stopped: records already under the primary key
 are skipped. A record is rewritten only if it still holds the bytes that were read (checked
 just before the save); a record a writer changed meanwhile is left to the writer. Effects in
-doubt (a call running now) are left for a later run. ``docs/encryption.md`` has the details.
+doubt (a call running now) are left for a later run. On a store with leases a workflow's
+effect records are re-sealed under its lease, each save fenced by it: a workflow a runner
+holds is left to it (reported), and a runner that takes the workflow over refuses the rest.
+``docs/encryption.md`` has the details.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from ..codec import (
     Sealer,
@@ -26,10 +30,18 @@ from ..codec import (
     encode_checkpoint,
     sealed_key_id,
 )
-from ..errors import CheckpointCorruptedError, EncryptionError
+from ..control import OPERATOR
+from ..errors import CheckpointCorruptedError, EncryptionError, LeaseHeldError, LeaseLostError
 from ..format.sealed import is_sealed_tree_record
+from ..leases import Lease
 from ..manager import CheckpointManager
-from ..storage.base import EffectListingStorage, EffectStorage, StoredCheckpoint, StoredEffect
+from ..storage.base import (
+    EffectListingStorage,
+    EffectStorage,
+    StoredCheckpoint,
+    StoredEffect,
+    WorkflowStorage,
+)
 from .keys import KEYS_VARIABLE, command_keys
 from .output import Output, Progress, bar, printable
 from .redact import redact
@@ -47,6 +59,13 @@ from .store import (
 
 __all__ = ["cmd_encrypt", "cmd_rekey"]
 
+#: How long rekey holds a workflow's lease while it re-seals its effects (renewed at half).
+_LEASE_TTL: Final = 30.0
+
+
+class _Held(Exception):
+    """A runner holds (or took over) the workflow: its effects are left to it."""
+
 
 @dataclass
 class _Tally:
@@ -59,6 +78,8 @@ class _Tally:
     #: Records a writer changed between the read and the save, and effects in doubt.
     left: int = 0
     bad: list[dict[str, Any]] = field(default_factory=list)
+    #: Workflows whose lease a runner held: their effects are left to it.
+    held: list[str] = field(default_factory=list)
     #: Records under a key the keyring lacks: left as they are, not corrupted.
     unreadable: list[dict[str, Any]] = field(default_factory=list)
 
@@ -69,6 +90,7 @@ class _Tally:
             "plaintext": self.plaintext,
             "left": self.left,
             "corrupted": self.bad,
+            **({"held": self.held} if self.held else {}),
             **({"unreadable": self.unreadable} if self.unreadable else {}),
         }
 
@@ -121,6 +143,10 @@ def _report(out: Output, tally: _Tally, foreign: dict[str, Any], encrypt: bool) 
         summary += f", {tally.plaintext} plaintext left (aiocheckpoint encrypt seals them)"
     if tally.left:
         summary += f", {tally.left} changed meanwhile or in doubt (run again)"
+    if tally.held:
+        names = ", ".join(printable(w) for w in tally.held[:10])
+        more = f" and {len(tally.held) - 10} more" if len(tally.held) > 10 else ""
+        summary += f"; effects left to the runner holding {names}{more}"
     if tally.unreadable:
         summary += f", {len(tally.unreadable)} unreadable with these keys (left as they are)"
     out.line(out.style(summary, "green" if status == 0 else "red"))
@@ -148,6 +174,11 @@ class _Job:
         self.primary = primary
         self.encrypt = encrypt
         self.tally = tally
+        #: The lease rekey holds on the current workflow while it re-seals its effects.
+        self._lease: Lease | None = None
+        self._granted = 0.0
+        #: The current workflow has no workflow record: its saves are not fenced.
+        self._unrecorded = False
 
     def _wanted(self, key_id: str | None) -> bool:
         """Whether a record under ``key_id`` (None: plaintext) is to be sealed again."""
@@ -172,9 +203,15 @@ class _Job:
             steps = await storage.effect_steps(workflow_id)
         else:  # effects sit at the steps of checkpoints and at the step after the latest
             steps = [*steps, steps[-1] + 1 if steps else 0]
-        for step in steps:
-            for item in await storage.load_effects(workflow_id, step):
-                await self._effect(workflow_id, item)
+        try:
+            for step in steps:
+                for item in await storage.load_effects(workflow_id, step):
+                    await self._effect(workflow_id, item)
+        except _Held:
+            self.tally.left += 1
+            self.tally.held.append(workflow_id)
+        finally:
+            await self._release()
 
     async def _record(self, workflow_id: str, stored: StoredCheckpoint) -> None:
         try:
@@ -227,13 +264,49 @@ class _Job:
             )
             return
         sealed = await self.sealer.seal_effect(workflow_id, item.step, item.key, plain)
+        fence = await self._fence(workflow_id)
         storage: Any = self.storage
         now = {e.key: e.data for e in await storage.load_effects(workflow_id, item.step)}
         if now.get(item.key) != item.data:
             self.tally.left += item.key in now
             return
-        await storage.put_effect(workflow_id, item.step, item.key, sealed, in_doubt=False)
+        try:
+            await storage.put_effect(
+                workflow_id, item.step, item.key, sealed, in_doubt=False, fence=fence
+            )
+        except LeaseLostError as exc:  # a runner took the workflow over: its records stand
+            raise _Held from exc
         self.tally.resealed += 1
+
+    async def _fence(self, workflow_id: str) -> Lease | None:
+        """The workflow's lease for an effect's save (None: the store has no leases).
+
+        Held, a runner cannot write the record between the check and the save; a runner
+        holding it now makes rekey leave the workflow's effects to it. A workflow without a
+        record (effects of a first step run without a lease) has no lease to take: taking
+        one would create its record, and make it claimable.
+        """
+        storage = self.storage
+        if not isinstance(storage, WorkflowStorage) or self._unrecorded:
+            return None
+        try:
+            if self._lease is None:
+                if await storage.get_workflow(workflow_id) is None:
+                    self._unrecorded = True
+                    return None
+                self._lease = await storage.acquire_lease(workflow_id, OPERATOR, _LEASE_TTL)
+                self._granted = time.monotonic()
+            elif time.monotonic() - self._granted > _LEASE_TTL / 2:
+                self._lease = await storage.renew_lease(self._lease, _LEASE_TTL)
+                self._granted = time.monotonic()
+        except (LeaseHeldError, LeaseLostError) as exc:
+            raise _Held from exc
+        return self._lease
+
+    async def _release(self) -> None:
+        lease, self._lease, self._unrecorded = self._lease, None, False
+        if lease is not None and isinstance(self.storage, WorkflowStorage):
+            await self.storage.release_lease(lease)
 
     def _bad(self, workflow_id: str, step: int, reason: str) -> None:
         self.tally.bad.append({"workflow_id": workflow_id, "step": step, "reason": reason})

@@ -35,6 +35,7 @@ __all__ = [
     "StoredCheckpoint",
     "WorkflowQuery",
     "EffectListingStorage",
+    "InDoubtPagingStorage",
     "EffectStorage",
     "MAX_EFFECTS_PER_STEP",
     "StoredEffect",
@@ -579,6 +580,21 @@ class EffectListingStorage(EffectStorage, Protocol):
 
     async def effect_steps(self, workflow_id: str) -> list[int]:
         """The steps of ``workflow_id`` with effect records, ascending."""
+        ...
+
+
+@runtime_checkable
+class InDoubtPagingStorage(EffectStorage, Protocol):
+    """An effect journal that lists its workflows in doubt a page at a time.
+
+    ``in_doubt_page(after, limit)`` returns, sorted, the first ``limit`` of the ids that
+    ``in_doubt_workflows`` lists and that sort after ``after`` (from the first when None),
+    reading no more than that: what the web inspector shows. SQLite and PostgreSQL read a
+    range of their partial index.
+    """
+
+    async def in_doubt_page(self, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` workflows with an effect in doubt whose ids sort after ``after``."""
         ...
 
 

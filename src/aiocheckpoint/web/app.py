@@ -14,7 +14,7 @@ import json
 import unicodedata
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader
 from starlette.applications import Starlette
@@ -128,8 +128,10 @@ class _Headers:
         given = request.query_params.get("token")
         if given is not None and _same(given, self.token):
             rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            # One leading slash: "//host/..." would send the browser to another site.
-            target = "/" + request.url.path.lstrip("/") + (f"?{urlencode(rest)}" if rest else "")
+            # The decoded path, percent-encoded again after one leading slash: "//host" and
+            # "/\\host" would send the browser to another site.
+            path = quote(str(request.scope["path"]).lstrip("/\\"), safe="/")
+            target = "/" + path + (f"?{urlencode(rest)}" if rest else "")
             reply = RedirectResponse(target, status_code=303)
             reply.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return reply
@@ -198,7 +200,7 @@ class _Pages:
             rows, next_after = await data.list_workflows(
                 self.manager, status=status, prefix=prefix, after=after
             )
-            in_doubt = await data.in_doubt_ids(self.manager)
+            in_doubt, doubt_after = await data.in_doubt_ids(self.manager, q.get("doubt_after"))
             counts = await data.count_statuses(self.manager)
         except CheckpointError as exc:
             return self.failed(exc)
@@ -210,6 +212,7 @@ class _Pages:
             "prefix": prefix,
             "records": self.manager.supports_workflow_records(),
             "in_doubt": in_doubt,
+            "doubt_after": doubt_after,
         }
         return self.render("workflows.html", context)
 

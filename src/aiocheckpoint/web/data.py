@@ -1,7 +1,8 @@
 """What the inspector's pages show, read from a store through the manager's public calls.
 
-Every read is bounded: a page of workflows or steps at a time, and counts that stop at
-:data:`COUNT_CAP`. A record the codec cannot open is reported, never raised: a missing key
+Every read is bounded: a page of workflows, of steps or of workflows in doubt at a time, and
+counts that stop at :data:`COUNT_CAP` (one page of records per status). A record the codec
+cannot open is reported, never raised: a missing key
 (:class:`~aiocheckpoint.EncryptionError`, :class:`~aiocheckpoint.UnknownKeyError` among them)
 marks it locked; any :class:`~aiocheckpoint.CheckpointCorruptedError` (a
 :class:`~aiocheckpoint.DecryptionError` too: it failed authentication under a key the
@@ -27,7 +28,7 @@ from ..errors import (
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import Checkpoint
-from ..storage.base import StoredCheckpoint
+from ..storage.base import InDoubtPagingStorage, StoredCheckpoint
 from ..storage.queries import encode_cursor
 from ..urls import redacted
 
@@ -47,8 +48,8 @@ __all__ = [
 
 #: Rows per page of the workflow list and of a workflow's steps.
 PAGE: Final = 50
-#: Counts per status stop here (shown as "10000+"): a count is a walk of index pages.
-COUNT_CAP: Final = 10_000
+#: Counts per status stop here (shown as "1000+"): a count reads one page of records.
+COUNT_CAP: Final = 1000
 #: What a record the keys cannot open is called on the pages.
 LOCKED: Final = "locked: encrypted, and the inspector has no key for it (serve --keys FILE)"
 
@@ -176,22 +177,28 @@ async def count_statuses(manager: CheckpointManager) -> dict[str, str]:
         return {}
     counts = {}
     for status in WorkflowStatus:
-        n, cursor = 0, None
-        while n < COUNT_CAP:
-            page = await manager.list_workflow_records(status, limit=1000, cursor=cursor, kind=None)
-            n += len(page)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        counts[status.value] = f"{COUNT_CAP}+" if n >= COUNT_CAP and cursor else str(n)
+        page = await manager.list_workflow_records(status, limit=COUNT_CAP, kind=None)
+        more = len(page) >= COUNT_CAP and page.next_cursor is not None
+        counts[status.value] = f"{COUNT_CAP}+" if more else str(len(page))
     return counts
 
 
-async def in_doubt_ids(manager: CheckpointManager) -> list[str]:
-    """The first :data:`PAGE` workflows with an effect in doubt (none without a journal)."""
+async def in_doubt_ids(
+    manager: CheckpointManager, after: str | None = None
+) -> tuple[list[str], str | None]:
+    """A page of workflows with an effect in doubt after ``after``; the next page's ``after``.
+
+    The next page's is None after the last. A store that pages them (SQLite,
+    PostgreSQL) reads only the page; the others list them all (none without a journal).
+    """
     if not manager.supports_effects():
-        return []
-    return (await manager.list_in_doubt_workflows())[:PAGE]
+        return [], None
+    storage = manager.storage
+    if isinstance(storage, InDoubtPagingStorage):
+        ids = await storage.in_doubt_page(after, PAGE + 1)
+    else:
+        ids = [i for i in await manager.list_in_doubt_workflows() if after is None or i > after]
+    return ids[:PAGE], ids[PAGE - 1] if len(ids) > PAGE else None
 
 
 async def workflow_view(

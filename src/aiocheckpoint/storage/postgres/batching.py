@@ -222,7 +222,7 @@ class GroupCommit:
                 await self._connection.attempt(pool, what, tx.run, budget)
                 break
             except errors as exc:
-                if budget.expired():
+                if budget.expired() and is_transient(exc):  # a real error is reported as it is
                     raise budget.timed_out(what, timeout_cause(exc)) from exc
                 # The transaction is all or nothing, so after a lost deadlock running it again
                 # is safe. If the commit's fate is unknown because the connection died and it

@@ -37,6 +37,10 @@ class Budget:
             return None
         return self.start + self.limit - self._loop.time()
 
+    def wait_left(self) -> float:
+        """Seconds left to wait for a connection (``wait_deadline``; at least a moment)."""
+        return max(self.wait_deadline - self._loop.time(), _MARGIN)
+
     def expired(self) -> bool:
         """Whether the limit has passed (or is a millisecond away: no try fits in that)."""
         left = self.remaining()

@@ -132,27 +132,44 @@ def describe(exc: BaseException) -> str:
 
 
 async def on_connection(
-    pool: Any, op: Callable[[Any], Awaitable[T]], within: float | None = None
+    pool: Any,
+    op: Callable[[Any], Awaitable[T]],
+    within: float | None = None,
+    *,
+    wait: float | None = None,
 ) -> T:
     """Run ``op`` on a connection of ``pool``; a connection found dead is not handed back.
 
     With ``within``, the acquire and ``op`` together get that many seconds; a connection
     interrupted by it is terminated (its statement's fate is unknown to the protocol).
+    Without it, the acquire alone gets ``wait`` seconds (:class:`NoConnection` after them):
+    a connection the pool's other users hold must not make the call wait for ever.
     """
     deadline = None if within is None else anyio.current_time() + within
-    async with pool.acquire(timeout=within) as con:
-        try:
-            if deadline is None:
-                return await op(con)
-            with anyio.fail_after(deadline - anyio.current_time()):
-                return await op(con)
-        except Exception as exc:
-            if connection_lost(exc):
-                # If asyncpg already saw it close, it has detached it from the proxy and
-                # terminate() raises; the original error is the one to report (and retry on).
-                with contextlib.suppress(Exception):
-                    con.terminate()
+    acquired = False
+    try:
+        async with pool.acquire(timeout=within if within is not None else wait) as con:
+            acquired = True
+            return await _run_on(con, op, deadline)
+    except asyncio.TimeoutError as exc:
+        if acquired or within is not None:
             raise
+        raise NoConnection from exc
+
+
+async def _run_on(con: Any, op: Callable[[Any], Awaitable[T]], deadline: float | None) -> T:
+    try:
+        if deadline is None:
+            return await op(con)
+        with anyio.fail_after(deadline - anyio.current_time()):
+            return await op(con)
+    except Exception as exc:
+        if connection_lost(exc):
+            # If asyncpg already saw it close, it has detached it from the proxy and
+            # terminate() raises; the original error is the one to report (and retry on).
+            with contextlib.suppress(Exception):
+                con.terminate()
+        raise
 
 
 class Connection:
@@ -225,7 +242,7 @@ class Connection:
             except errors as exc:
                 if self._closed and self._pool is None:
                     raise StorageClosedError(f"{self._owner} is closed") from exc
-                if budget.expired():
+                if budget.expired() and is_transient(exc):  # a real error is reported as it is
                     raise budget.timed_out(what, timeout_cause(exc)) from exc
                 if retry and budget.attempts <= self._retries and is_transient(exc):
                     self._stats.retries += 1
@@ -246,7 +263,8 @@ class Connection:
         while True:
             try:
                 async with self._ceiling.slot(budget.wait_deadline):
-                    return await on_connection(pool, op, budget.remaining())
+                    wait = budget.wait_left()
+                    return await on_connection(pool, op, budget.remaining(), wait=wait)
             except NoConnection:
                 raise budget.timed_out(what, _waited(last, self._ceiling.cap)) from last
             except Exception as exc:
@@ -290,12 +308,19 @@ class Connection:
                 pool = self._given_pool
             else:
                 pool = await pg.create_pool(self._dsn, **self._pool_options)
-            async with pool.acquire() as con:
+            # A given pool's connections may all be held by its other users: bounded.
+            async with pool.acquire(timeout=self._timeout or self._wait_limit) as con:
                 await migrate(con, self._quoted, self._schema)
         except BaseException as exc:
             if pool is not None and self._dsn is not None:
                 pool.terminate()
             where = f"cannot open PostgreSQL store (schema {self._schema!r})"
+            if isinstance(exc, asyncio.TimeoutError):
+                limit = self._timeout or self._wait_limit
+                raise StorageTimeoutError(
+                    f"{where}: no pooled connection came free (or the migration did not "
+                    f"finish) within {limit:g} s"
+                ) from exc
             if isinstance(exc, errors):
                 raise storage_error(where, describe(exc), exc) from exc
             if isinstance(exc, _BAD_ARGUMENT) and self._dsn is not None:

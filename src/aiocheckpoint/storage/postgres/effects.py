@@ -63,6 +63,10 @@ class Effects:
         )
         self._any = f"SELECT EXISTS (SELECT 1 FROM {e} WHERE workflow_id = $1)"
         self._in_doubt = f"SELECT DISTINCT workflow_id FROM {e} WHERE in_doubt ORDER BY 1"
+        self._in_doubt_page = (
+            f"SELECT DISTINCT workflow_id FROM {e} WHERE in_doubt AND workflow_id > $1 "
+            "ORDER BY 1 LIMIT $2"
+        )
         self._in_doubt_of = (
             "SELECT step, key, octet_length(data), "
             "CASE WHEN octet_length(data) <= $2 THEN data END "
@@ -115,6 +119,13 @@ class Effects:
         """Every workflow with an effect in doubt, in code point order."""
         rows = await self._connection.run(
             "in_doubt_workflows", lambda con: con.fetch(self._in_doubt)
+        )
+        return [row[0] for row in rows]
+
+    async def in_doubt_page(self, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` workflows with an effect in doubt after ``after``, in order."""
+        rows = await self._connection.run(
+            "in_doubt_workflows", lambda con: con.fetch(self._in_doubt_page, after or "", limit)
         )
         return [row[0] for row in rows]
 

@@ -361,6 +361,13 @@ class PostgresCheckpointStorage(BaseStorage):
         self._check_open()
         return await self._effects.in_doubt_workflows()
 
+    async def in_doubt_page(self, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` workflows in doubt after ``after``, in code point order."""
+        self._check_open()
+        size = check_limit(limit)
+        start = None if after is None else check_workflow_id(after)
+        return await self._effects.in_doubt_page(start, size or 1)
+
     async def has_effects(self, workflow_id: str) -> bool:
         """Whether the workflow has any effect record (a probe of the primary key)."""
         self._check_open()

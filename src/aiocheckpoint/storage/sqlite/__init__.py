@@ -37,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..._validation import check_optional_step, check_step, check_workflow_id
+from ..._validation import check_limit, check_optional_step, check_step, check_workflow_id
 from ...errors import InvalidArgumentError, StorageFullError
 from ...format import SplitResult, TreeParams
 from ...leases import (
@@ -365,6 +365,13 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         """Every workflow with an effect in doubt, sorted (a partial index)."""
         self._check_open()
         return await self._read(effects.read_in_doubt)
+
+    async def in_doubt_page(self, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` workflows in doubt after ``after``, sorted (a partial index range)."""
+        self._check_open()
+        size = check_limit(limit)
+        start = None if after is None else check_workflow_id(after)
+        return await self._read(lambda conn: effects.read_in_doubt_page(conn, start, size or 1))
 
     async def has_effects(self, workflow_id: str) -> bool:
         """Whether the workflow has any effect record (one index probe, a read connection)."""

@@ -60,6 +60,11 @@ _READ: Final = (
     "FROM effects WHERE workflow_id = ? AND step = ? ORDER BY key LIMIT ?"
 )
 _IN_DOUBT: Final = "SELECT DISTINCT workflow_id FROM effects WHERE in_doubt = 1 ORDER BY 1"
+#: A range of the partial index ``effects_in_doubt`` (ids are never empty).
+_IN_DOUBT_PAGE: Final = (
+    "SELECT DISTINCT workflow_id FROM effects WHERE in_doubt = 1 AND workflow_id > ? "
+    "ORDER BY 1 LIMIT ?"
+)
 #: A prefix of the unique index ``effects_step_key``: one probe.
 _ANY: Final = "SELECT EXISTS (SELECT 1 FROM effects WHERE workflow_id = ?)"
 _IN_DOUBT_OF: Final = (
@@ -146,6 +151,12 @@ def read_any(conn: sqlite3.Connection, workflow_id: str) -> bool:
 def read_in_doubt(conn: sqlite3.Connection) -> list[str]:
     """Every workflow with an effect in doubt, sorted."""
     return [row[0] for row in conn.execute(_IN_DOUBT).fetchall() if isinstance(row[0], str)]
+
+
+def read_in_doubt_page(conn: sqlite3.Connection, after: str | None, limit: int) -> list[str]:
+    """Up to ``limit`` workflows with an effect in doubt after ``after``, sorted."""
+    rows = conn.execute(_IN_DOUBT_PAGE, (after or "", limit)).fetchall()
+    return [row[0] for row in rows if isinstance(row[0], str)]
 
 
 def read_workflows(conn: sqlite3.Connection) -> list[str]:
