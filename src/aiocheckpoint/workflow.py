@@ -90,7 +90,11 @@ class ResumableWorkflow:
     ``retry``, or by the pool's policy that came with the lease, else FAILED). A
     cancellation (a deadline, a TaskGroup sibling's failure) leaves it UNFINISHED, and so
     does an :class:`~aiocheckpoint.UnknownKeyError` (a record sealed under a key this
-    process lacks: on entry or from a step's effect journal), which writes nothing.
+    process lacks: on entry or from a step's effect journal), which writes nothing and
+    keeps the lease a few seconds instead of releasing it (``docs/encryption.md``).
+    Without a lease, a workflow cancelled while the block runs is found when the block
+    ends: its status write is refused and the block raises
+    :class:`~aiocheckpoint.WorkflowCancelledError` (``docs/resuming.md``).
 
     ``metadata`` (a JSON object: tenant, user, kind...) is stored on the workflow's record
     on entry, for :meth:`CheckpointManager.list_workflow_records` to filter on.
