@@ -72,7 +72,13 @@ def check_reason(reason: object) -> str | None:
 
 
 def markable(status: WorkflowStatus) -> WorkflowStatus:
-    """``status``, unless it is CANCELLED: only a cancel revokes the runner's lease."""
+    """``status``, unless it is CANCELLED: only a cancel revokes the runner's lease.
+
+    The other way, out of CANCELLED, the storage's status write refuses in its own statement
+    (atomic: a cancel may land between a read and the write) with
+    :class:`~aiocheckpoint.storage.lifecycle.CancelledRecordError`, an InvalidArgumentError
+    naming ``retry_workflow``: only a retry moves a cancelled workflow.
+    """
     if status is WorkflowStatus.CANCELLED:
         raise InvalidArgumentError(
             "a workflow is cancelled with cancel_workflow, which also stops its runner"

@@ -2506,3 +2506,87 @@ class WorkflowControlConformance:
         assert report.workflows_deleted == {"cancelled": 1}
         assert await manager.get_workflow("wf") is None
         assert [r.workflow_id for r in await manager.list_workflow_records()] == ["idle"]
+
+    async def test_a_driver_without_a_lease_cannot_overwrite_the_cancel(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """No lease to revoke: its closing status write is refused and it raises the cancel."""
+        manager = _manager(storage)
+        ran: list[int] = []
+
+        async def run() -> None:
+            async with ResumableWorkflow("wf", manager, steps=2) as wf:
+                async with wf.step(0, agent_id="a"):
+                    ran.append(0)
+                await manager.cancel_workflow("wf", reason="stop")
+                async with wf.step(1, agent_id="a"):
+                    ran.append(1)
+
+        with pytest.raises(WorkflowCancelledError) as raised:
+            await run()
+        assert raised.value.reason == "stop" and ran == [0, 1]
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.CANCELLED
+        assert record.last_error == {"type": "WorkflowCancelledError", "message": "stop"}
+        assert record.attempts == 0
+
+    async def test_a_failure_without_a_lease_leaves_the_cancel(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A lease-less step failing after the cancel: its error propagates, nothing counted."""
+        manager = _manager(storage)
+        await manager.register_workflow("wf")
+
+        async def run() -> None:
+            async with ResumableWorkflow("wf", manager) as wf, wf.step(0, agent_id="a"):
+                await manager.cancel_workflow("wf", reason="stop")
+                raise _Boom("the body's own error")
+
+        with pytest.raises(_Boom):
+            await run()
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.CANCELLED
+        assert (record.attempts, record.finished_at is not None) == (0, True)
+
+    async def test_only_a_retry_moves_a_cancelled_workflow(self, storage: WorkflowStorage) -> None:
+        """Marking or failing a CANCELLED workflow is refused (naming retry_workflow), unchanged."""
+        manager = _manager(storage)
+        await manager.register_workflow("wf")
+        await manager.cancel_workflow("wf", reason="stop")
+        before = await manager.get_workflow("wf")
+        for status in WorkflowStatus:
+            with pytest.raises(WorkflowCancelledError):
+                await storage.set_workflow_status("wf", status)
+            if status is not WorkflowStatus.CANCELLED:
+                with pytest.raises(InvalidArgumentError, match="retry_workflow"):
+                    await manager.mark_workflow("wf", status)
+        with pytest.raises(WorkflowCancelledError, match="retry_workflow"):
+            await manager.record_failure("wf", _Boom("late"), retry=RetryPolicy(max_attempts=3))
+        assert await manager.get_workflow("wf") == before
+        assert await manager.claim_workflow("runner") is None
+        retried = await manager.retry_workflow("wf")
+        assert (retried.status, retried.attempts) == (WorkflowStatus.UNFINISHED, 0)
+        marked = await manager.mark_workflow("wf", WorkflowStatus.FINISHED)
+        assert marked.status is WorkflowStatus.FINISHED
+
+    async def test_a_cancel_after_the_last_step_raises_the_cancel(
+        self, storage: WorkflowStorage, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A cancel between the last step and the block's end: WorkflowCancelledError."""
+        manager = _manager(storage)
+
+        async def run() -> None:
+            async with ResumableWorkflow("wf", manager, steps=1, lease_owner="runner") as wf:
+                async with wf.step(0, agent_id="a"):
+                    pass
+                await manager.cancel_workflow("wf", reason="too late")
+
+        with (
+            caplog.at_level("WARNING", logger="aiocheckpoint"),
+            pytest.raises(WorkflowCancelledError) as raised,
+        ):
+            await run()
+        assert raised.value.reason == "too late"
+        assert "another runner" not in caplog.text
+        record = await manager.get_workflow("wf")
+        assert record is not None and record.status is WorkflowStatus.CANCELLED

@@ -38,6 +38,10 @@ T = TypeVar("T")
 
 _RELEASE_TIMEOUT = 5.0
 _DEFAULT_TTL = 30.0
+#: How long a runner that lacks a key keeps the workflow's lease (at most its TTL) instead
+#: of releasing it: its next claims pass the workflow over, and a runner with the key
+#: claims it once the lease expired (``docs/encryption.md``).
+UNKNOWN_KEY_HOLD = 5.0
 
 
 class _Paused(BaseException):
@@ -86,7 +90,11 @@ class ResumableWorkflow:
     ``retry``, or by the pool's policy that came with the lease, else FAILED). A
     cancellation (a deadline, a TaskGroup sibling's failure) leaves it UNFINISHED, and so
     does an :class:`~aiocheckpoint.UnknownKeyError` (a record sealed under a key this
-    process lacks: on entry or from a step's effect journal), which writes nothing.
+    process lacks: on entry or from a step's effect journal), which writes nothing and
+    keeps the lease a few seconds instead of releasing it (``docs/encryption.md``).
+    Without a lease, a workflow cancelled while the block runs is found when the block
+    ends: its status write is refused and the block raises
+    :class:`~aiocheckpoint.WorkflowCancelledError` (``docs/resuming.md``).
 
     ``metadata`` (a JSON object: tenant, user, kind...) is stored on the workflow's record
     on entry, for :meth:`CheckpointManager.list_workflow_records` to filter on.
@@ -393,9 +401,9 @@ class ResumableWorkflow:
             await self.try_resume()
             if manager.supports_workflow_records():
                 await self._read_record()
-        except BaseException:
+        except BaseException as exc:
             try:
-                await self._release()
+                await self._let_go(exc)
             finally:
                 manager._undrive(self.workflow_id)
             raise
@@ -454,7 +462,7 @@ class ResumableWorkflow:
                 elif isinstance(exc, Exception):
                     await self._mark(WorkflowStatus.FAILED, exc)
         finally:
-            await self._release()
+            await self._let_go(exc)
         return paused
 
     def _exit_status(self) -> WorkflowStatus:
@@ -483,7 +491,14 @@ class ResumableWorkflow:
                 await manager.record_failure(
                     self.workflow_id, error, retry=self._retry, lease=self.lease
                 )
+        except WorkflowCancelledError as exc:
+            # Without a lease nothing was revoked: the status write met the cancel itself.
+            self._cancelled_at_exit(WorkflowCancelledError(self.workflow_id, exc.reason), error)
         except LeaseError as exc:
+            refusal = await self._refusal(exc)
+            if isinstance(refusal, WorkflowCancelledError):
+                self._cancelled_at_exit(refusal, error)
+                return
             # Expected when a runner stalls past its lease: one line, no traceback.
             logger.warning(
                 "workflow %r: lease lost (%s); another runner drives it now", self.workflow_id, exc
@@ -494,6 +509,34 @@ class ResumableWorkflow:
             logger.exception("workflow %r: could not mark it %s", self.workflow_id, status)
             if status is WorkflowStatus.FINISHED:
                 raise
+
+    def _cancelled_at_exit(
+        self, cancelled: WorkflowCancelledError, error: Exception | None
+    ) -> None:
+        """Raise ``cancelled``, unless the block raised ``error`` (that one propagates)."""
+        if error is None:
+            raise cancelled
+
+    async def _let_go(self, exc: BaseException | None) -> None:
+        """Release the lease; after an UnknownKeyError, keep it a few seconds instead.
+
+        Released, the workflow would be the oldest claimable one again, and this runner's
+        next claim would hand it straight back: a loop that never reaches the workflows it
+        can run. Kept for :data:`UNKNOWN_KEY_HOLD` seconds (renewed to that, not released,
+        no attempt counted), it is passed over until the lease expires; then any runner,
+        one with the key, claims it.
+        """
+        lease = self.lease
+        if not isinstance(exc, UnknownKeyError) or lease is None:
+            await self._release()
+            return
+        self.lease = None
+        hold = min(UNKNOWN_KEY_HOLD, self._lease_ttl)
+        with anyio.move_on_after(_RELEASE_TIMEOUT, shield=True):
+            try:
+                await self.checkpoint_manager.renew_lease(lease, hold)
+            except Exception:
+                logger.warning("workflow %r: could not hold its lease", self.workflow_id)
 
     async def _release(self) -> None:
         lease, self.lease = self.lease, None

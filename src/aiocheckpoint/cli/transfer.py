@@ -188,17 +188,25 @@ class Sink:
         if metadata and (record is None or record.metadata != metadata):
             record = await self._manager.register_workflow(workflow_id, metadata=metadata)
         if record is None or record.status is not status:
-            await _mark(self._manager, workflow_id, status, reason)
+            await _mark(self._manager, workflow_id, status, reason, record)
 
 
 async def _mark(
-    manager: CheckpointManager, workflow_id: str, status: WorkflowStatus, reason: str | None
+    manager: CheckpointManager,
+    workflow_id: str,
+    status: WorkflowStatus,
+    reason: str | None,
+    record: WorkflowRecord | None = None,
 ) -> None:
-    """Give the workflow ``status``; a cancelled one through a cancel, the only way to it.
+    """Give the workflow ``status``: into CANCELLED by a cancel, out of it by a retry.
 
-    On the way it is PAUSED, never UNFINISHED: no runner at the destination may claim a
-    workflow its source had cancelled, even if the command dies between the two writes.
+    ``record`` is the destination's, as it stands (None: none, or not cancelled). Those are
+    the only ways in and out; a status write never moves a cancelled record. On
+    the way into CANCELLED it is PAUSED, never UNFINISHED: no runner at the destination may
+    claim a workflow its source had cancelled, even if the command dies between the writes.
     """
+    if record is not None and record.status is WorkflowStatus.CANCELLED:
+        await manager.retry_workflow(workflow_id)
     if status is not WorkflowStatus.CANCELLED:
         await manager.mark_workflow(workflow_id, status)
         return

@@ -33,7 +33,7 @@ from .base import (
     check_max_record_bytes,
     check_record_size,
 )
-from .lifecycle import cancel_error, check_cancel, check_retry
+from .lifecycle import cancel_error, cancelled_refusal, check_cancel, check_retry
 from .queries import StepInfo, WorkflowQuery, failure_update, matches
 from .refcounts import (
     Rows,
@@ -478,7 +478,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._check_fence(workflow_id, fence)
         now = utcnow()
         ends = status in (WorkflowStatus.FINISHED, WorkflowStatus.FAILED)
-        record = self._ensure_record(workflow_id)
+        record = self._unless_cancelled(self._ensure_record(workflow_id))
         revived = record.status is WorkflowStatus.FAILED and status is WorkflowStatus.UNFINISHED
         return self._update(
             record,
@@ -493,6 +493,13 @@ class InMemoryCheckpointStorage(BaseStorage):
         """The workflow's record, or None."""
         self._check_open()
         return self._records.get(workflow_id)
+
+    @staticmethod
+    def _unless_cancelled(record: WorkflowRecord) -> WorkflowRecord:
+        """``record``; CancelledRecordError if it is CANCELLED (only a retry moves it)."""
+        if record.status is WorkflowStatus.CANCELLED:
+            raise cancelled_refusal(record)
+        return record
 
     async def register_workflow(
         self, workflow_id: str, *, metadata: str | None = None, kind: str | None = None
@@ -567,7 +574,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         """Count a failed run and store ``error``; retry it after a delay, or mark it FAILED."""
         self._check_open()
         self._check_fence(workflow_id, fence)
-        record = self._ensure_record(workflow_id)
+        record = self._unless_cancelled(self._ensure_record(workflow_id))
         status, delay = failure_update(record.attempts, retry_delays)
         now = utcnow()
         return self._update(

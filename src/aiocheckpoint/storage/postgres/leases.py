@@ -19,6 +19,7 @@ from ...errors import (
     LeaseLostError,
 )
 from ...leases import Lease, WorkflowRecord, WorkflowStatus
+from ..lifecycle import CancelledRecordError, cancelled_refusal
 from ..queries import WorkflowQuery, metadata_pairs, query_sql
 from .connection import Connection
 from .sql import RECORD_COLUMNS, Sql
@@ -45,8 +46,20 @@ class Leases:
         run = self._connection.run
         row = await run("set_workflow_status", lambda con: con.fetchrow(sql, *args))
         if row is None:
-            raise lost(workflow_id, lease)
+            raise await self._refused(workflow_id, token, lease)
         return _workflow_record(row)
+
+    async def _refused(self, workflow_id: str, token: int | None, lease: Lease | None) -> Exception:
+        """Why a status write wrote nothing: a lease no longer current, or a CANCELLED record.
+
+        The statements carry both guards; this read only names the one that refused.
+        """
+        record = await self.get(workflow_id)
+        if token is not None and (record is None or record.fencing_token != token):
+            return lost(workflow_id, lease)
+        if record is not None and record.status is WorkflowStatus.CANCELLED:
+            return cancelled_refusal(record)
+        return CancelledRecordError(workflow_id)  # retried since the guard refused
 
     async def get(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or None."""
@@ -117,7 +130,7 @@ class Leases:
         # Not retried after a lost connection: it may have counted the attempt already.
         row = await self._connection.run("record_failure", update, retry=False)
         if row is None:
-            raise lost(workflow_id, lease)
+            raise await self._refused(workflow_id, token, lease)
         return _workflow_record(row)
 
     async def query(self, query: WorkflowQuery) -> list[WorkflowRecord]:

@@ -312,12 +312,14 @@ class Sql:
                 f"INSERT INTO {w} AS x (workflow_id, status, finished_at) "
                 f"VALUES ($1, $2, {finished}) ON CONFLICT (workflow_id) DO UPDATE "
                 "SET status = EXCLUDED.status, finished_at = EXCLUDED.finished_at, "
-                f"updated_at = now(), retry_at = NULL, {revive} RETURNING {record}"
+                f"updated_at = now(), retry_at = NULL, {revive} "
+                f"WHERE x.status <> 'cancelled' RETURNING {record}"
             ),
             status_fenced=(
                 f"UPDATE {w} AS x SET status = $2, finished_at = {finished}, updated_at = now(), "
                 f"retry_at = NULL, {revive} "
-                f"WHERE workflow_id = $1 AND fencing_token = $3 RETURNING {record}"
+                "WHERE workflow_id = $1 AND fencing_token = $3 AND x.status <> 'cancelled' "
+                f"RETURNING {record}"
             ),
             get_record=f"SELECT {record} FROM {w} WHERE workflow_id = $1",
             list_records=(
@@ -392,7 +394,8 @@ class Sql:
                 "make_interval(secs => ($3::float8[])[x.attempts + 1]) END, "
                 f"finished_at = CASE WHEN {retried} THEN NULL ELSE now() END, "
                 "updated_at = now() WHERE x.workflow_id = $1 "
-                f"AND ($4::bigint IS NULL OR x.fencing_token = $4) RETURNING {record}"
+                f"AND ($4::bigint IS NULL OR x.fencing_token = $4) AND x.status <> 'cancelled' "
+                f"RETURNING {record}"
             ),
             # add_ref of one tree level (section 8 of docs/incremental.md), for many hashes
             # at once: $2 is how many new referrers each hash gets. A blob that exists gets

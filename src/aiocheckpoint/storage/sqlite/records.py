@@ -25,6 +25,7 @@ from ...errors import (
     LeaseLostError,
 )
 from ...leases import Lease, WorkflowRecord, WorkflowStatus
+from ..lifecycle import cancelled_refusal
 from ..queries import StepInfo, WorkflowQuery, failure_update, metadata_pairs, query_sql
 from .foreign import ForeignRow, id_problem, warn_skipped
 
@@ -46,7 +47,7 @@ _LIST_STATUS: Final = f"SELECT {_COLUMNS} FROM workflows WHERE status = ? ORDER 
 _SET_STATUS: Final = (
     "UPDATE workflows SET status = ?1, finished_at = ?2, updated_at = ?3, retry_at = NULL, "
     "attempts = CASE WHEN status = 'failed' AND ?1 = 'unfinished' THEN 0 ELSE attempts END "
-    "WHERE workflow_id = ?4"
+    "WHERE workflow_id = ?4 AND status <> 'cancelled'"
 )
 _SET_METADATA: Final = "UPDATE workflows SET metadata = ?, updated_at = ? WHERE workflow_id = ?"
 #: A kind other than the default names what writes the workflow: it sticks.
@@ -59,7 +60,8 @@ _RESUME: Final = (
 )
 _FAIL: Final = (
     "UPDATE workflows SET status = ?, attempts = attempts + 1, last_error = ?, "
-    "finished_at = ?, retry_at = ?, updated_at = ? WHERE workflow_id = ?"
+    "finished_at = ?, retry_at = ?, updated_at = ? WHERE workflow_id = ? "
+    "AND status <> 'cancelled'"
 )
 _GRANT: Final = (
     "UPDATE workflows SET lease_owner = ?, lease_expires_at = ?, fencing_token = ?, "
@@ -203,12 +205,23 @@ def set_status(
         _check_token(conn, workflow_id, token)
     ensure_records(conn, [workflow_id], now)
     ends = status in (WorkflowStatus.FINISHED, WorkflowStatus.FAILED)
-    conn.execute(_SET_STATUS, (status.value, now if ends else None, now, workflow_id))
-    return _read_back(conn, workflow_id)
+    written = conn.execute(_SET_STATUS, (status.value, now if ends else None, now, workflow_id))
+    return _written_back(conn, workflow_id, written.rowcount)
 
 
 def _read_back(conn: sqlite3.Connection, workflow_id: str) -> WorkflowRecord:
     return _checked(conn.execute(_GET, (workflow_id,)).fetchall()[0], workflow_id)
+
+
+def _written_back(conn: sqlite3.Connection, workflow_id: str, rows: int) -> WorkflowRecord:
+    """The record after a guarded status write; CancelledRecordError if it wrote nothing.
+
+    The statement's own guard refused the write: the record is CANCELLED (``lifecycle``).
+    """
+    record = _read_back(conn, workflow_id)
+    if rows == 0:
+        raise cancelled_refusal(record)
+    return record
 
 
 def note_saves(
@@ -317,8 +330,8 @@ def fail(
     status, delay = failure_update(attempts, delays)
     retry_at = None if delay is None else now + delay
     finished = now if delay is None else None
-    conn.execute(_FAIL, (status.value, error, finished, retry_at, now, workflow_id))
-    return _read_back(conn, workflow_id)
+    written = conn.execute(_FAIL, (status.value, error, finished, retry_at, now, workflow_id))
+    return _written_back(conn, workflow_id, written.rowcount)
 
 
 def _grant(
