@@ -10,8 +10,9 @@ would be restarted with the new keys). When every workflow is finished:
 * every effect function ran exactly once per (workflow, step, key): none ran twice, across
   kills and across keyrings (an effect in doubt is settled from the call log, not re-run);
 * no step ran again once its COMPLETED checkpoint was stored (no ``begin`` after ``done``);
-* old runners did meet records under the new key (the rotation was exercised), and every
-  record and effect reads with the new keyring.
+* both keyrings called effects (the rotation was exercised), an old runner that met a
+  record lacked ``k2`` and nothing else, and every record and effect reads with the new
+  keyring.
 """
 
 from __future__ import annotations
@@ -102,8 +103,11 @@ def test_a_rolling_rotation_under_sigkill_repeats_no_effect_and_no_step(
     calls = [line for line in lines if line[0] not in ("claim", "lost", "nokey", "begin", "done")]
     asyncio.run(check_effects(open_store, calls))
     assert deaths > 0
+    # Whether an old runner meets a record under k2 here depends on the schedule; when one
+    # does, it is k2 it lacks. That meeting is made deterministic by
+    # tests/test_unknown_key_claims.py and tests/test_missing_key.py.
     nokey = [line for line in lines if line[0] == "nokey"]
-    assert nokey and {line[3] for line in nokey} == {"k2"}, "no old runner met the new key"
+    assert {line[3] for line in nokey} <= {"k2"}, nokey
     assert {line[-1] for line in calls} == {"old", "new"}  # both keyrings called effects
 
 
