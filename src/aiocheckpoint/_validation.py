@@ -11,7 +11,9 @@ __all__ = [
     "MAX_STEP",
     "MAX_WORKFLOW_ID_BYTES",
     "check_limit",
+    "check_keep_last",
     "check_optional_step",
+    "check_save",
     "check_step",
     "check_workflow_id",
 ]
@@ -75,3 +77,15 @@ def check_limit(limit: Any) -> int | None:
     if type(limit) is not int or limit < 1:
         raise InvalidArgumentError(f"limit must be an int >= 1 or None, got {limit!r}")
     return limit
+
+
+def check_keep_last(keep_last: Any) -> int | None:
+    """``keep_last`` if it is None or an int >= 1; else :class:`InvalidArgumentError`."""
+    if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
+        raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+    return keep_last
+
+
+def check_save(workflow_id: Any, step: Any, keep_last: Any) -> tuple[str, int, int | None]:
+    """The arguments of a backend's ``save`` or ``save_tree``, checked: the one gate."""
+    return check_workflow_id(workflow_id), check_step(step), check_keep_last(keep_last)

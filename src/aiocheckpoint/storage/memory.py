@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio.lowlevel
 
-from .._validation import check_step, check_workflow_id
+from .._validation import check_save, check_step, check_workflow_id
 from ..errors import (
     CheckpointNotFoundError,
     InvalidArgumentError,
@@ -204,6 +204,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         # Yield once, as a real store would, so that a loop of saves cannot starve other tasks.
         await _yield()
         self._check_open()
+        workflow_id, step, keep_last = check_save(workflow_id, step, keep_last)
         check_record_size(data, self._max_record_bytes)
         self._check_fence(workflow_id, fence)
         data = bytes(data)
@@ -231,6 +232,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         """
         await _yield()
         self._check_open()
+        workflow_id, step, keep_last = check_save(workflow_id, step, keep_last)
         record = bytes(record)
         refs = checked_tree(record, split)
         check_record_size(record, self._max_record_bytes)

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import anyio.to_thread
 
-from ..._validation import check_optional_step, check_step, check_workflow_id
+from ..._validation import check_optional_step, check_save, check_step, check_workflow_id
 from ...errors import (
     CheckpointCorruptedError,
     InvalidArgumentError,
@@ -198,10 +198,7 @@ class FileCheckpointStorage(BaseStorage):
         unlink per pruned step.
         """
         self._check_open()
-        check_workflow_id(workflow_id)
-        check_step(step)
-        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
-            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+        check_save(workflow_id, step, keep_last)
         check_record_size(data, self._max)
         op = SaveOp(workflow_id, step, bytes(data), keep_last)
         await self._group.commit(op)
@@ -309,10 +306,7 @@ class FileCheckpointStorage(BaseStorage):
         self._check_open()
         if fence is not None:
             raise UnsupportedOperationError("FileCheckpointStorage keeps no leases")
-        check_workflow_id(workflow_id)
-        check_step(step)
-        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
-            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+        check_save(workflow_id, step, keep_last)
         check_record_size(record, self._max)
         check_blob_sizes(split, self._max)
         op = SaveOp(workflow_id, step, bytes(record), keep_last)

@@ -13,7 +13,13 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..._validation import check_limit, check_optional_step, check_step, check_workflow_id
+from ..._validation import (
+    check_limit,
+    check_optional_step,
+    check_save,
+    check_step,
+    check_workflow_id,
+)
 from ...errors import InvalidArgumentError
 from ...format import SplitResult, TreeParams
 from ...leases import (
@@ -511,10 +517,7 @@ class PostgresCheckpointStorage(BaseStorage):
 
     @staticmethod
     def _check_write(workflow_id: str, step: int, keep_last: int | None) -> None:
-        check_workflow_id(workflow_id)
-        check_step(step)
-        if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
-            raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
+        check_save(workflow_id, step, keep_last)
 
     async def _enqueue(
         self,

@@ -37,7 +37,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..._validation import check_limit, check_optional_step, check_step, check_workflow_id
+from ..._validation import (
+    check_limit,
+    check_optional_step,
+    check_save,
+    check_step,
+    check_workflow_id,
+)
 from ...errors import InvalidArgumentError, StorageFullError
 from ...format import SplitResult, TreeParams
 from ...leases import (
@@ -194,9 +200,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         this call (and no other in its batch) raises :class:`~aiocheckpoint.LeaseLostError`.
         """
         self._check_open()
-        workflow_id = check_workflow_id(workflow_id)
-        step = check_step(step)
-        _check_keep_last(keep_last)
+        workflow_id, step, keep_last = check_save(workflow_id, step, keep_last)
         data = bytes(data)
         check_record_size(data, self._max_record_bytes)
         token = None if fence is None else fence_token(fence, workflow_id)
@@ -229,9 +233,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         written then.
         """
         self._check_open()
-        workflow_id = check_workflow_id(workflow_id)
-        step = check_step(step)
-        _check_keep_last(keep_last)
+        workflow_id, step, keep_last = check_save(workflow_id, step, keep_last)
         record = bytes(record)
         refs = checked_tree(record, split)
         check_record_size(record, self._max_record_bytes)
@@ -660,8 +662,3 @@ def _database_path(path: str | os.PathLike[str]) -> Path:
             "(sqlite:///abs/path.db or sqlite:relative/path.db)"
         )
     return file
-
-
-def _check_keep_last(keep_last: object) -> None:
-    if keep_last is not None and (type(keep_last) is not int or keep_last < 1):
-        raise InvalidArgumentError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
