@@ -13,6 +13,7 @@ from ..errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
     CheckpointSerializationError,
+    InvalidArgumentError,
     InvalidStepError,
     InvalidWorkflowIdError,
     StorageClosedError,
@@ -153,6 +154,39 @@ class StorageConformance:
             await storage.save("wf", step, rec(step), keep_last=3)
         assert [r.step for r in await storage.scan("wf")] == [3, 4, 5]
         assert await storage.exists("other", 0)
+
+    @pytest.mark.parametrize(
+        ("workflow_id", "step", "keep_last", "error"),
+        [
+            ("", 0, None, InvalidWorkflowIdError),
+            ("a\x00b", 0, None, InvalidWorkflowIdError),
+            (7, 0, None, InvalidWorkflowIdError),
+            ("wf", -1, None, InvalidStepError),
+            ("wf", 2**63, None, InvalidStepError),
+            ("wf", True, None, InvalidStepError),
+            ("wf", 9, 0, InvalidArgumentError),
+            ("wf", 9, -1, InvalidArgumentError),
+            ("wf", 9, 2.0, InvalidArgumentError),
+            ("wf", 9, True, InvalidArgumentError),
+        ],
+    )
+    async def test_save_refuses_bad_arguments_and_changes_nothing(
+        self,
+        storage: CheckpointStorage,
+        workflow_id: Any,
+        step: Any,
+        keep_last: Any,
+        error: type[Exception],
+    ) -> None:
+        """A save with a bad id, step or keep_last raises its typed error; nothing changes.
+
+        A keep_last of 0 must not delete the workflow's records.
+        """
+        for n in range(3):
+            await storage.save("wf", n, rec(n))
+        with pytest.raises(error):
+            await storage.save(workflow_id, step, rec(9), keep_last=keep_last)
+        assert [r.step for r in await storage.scan("wf")] == [0, 1, 2]
 
     async def test_workflows_are_isolated(self, storage: CheckpointStorage) -> None:
         """Ids that differ only in separators or escaping are different workflows."""
