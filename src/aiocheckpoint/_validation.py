@@ -87,5 +87,10 @@ def check_keep_last(keep_last: Any) -> int | None:
 
 
 def check_save(workflow_id: Any, step: Any, keep_last: Any) -> tuple[str, int, int | None]:
-    """The arguments of a backend's ``save`` or ``save_tree``, checked: the one gate."""
+    """The arguments of a backend's ``save`` or ``save_tree``, checked: the one gate.
+
+    Returns them as given, or raises :class:`~aiocheckpoint.InvalidWorkflowIdError`,
+    :class:`~aiocheckpoint.InvalidStepError` or :class:`~aiocheckpoint.InvalidArgumentError`
+    (``keep_last`` not None nor an int >= 1) before anything is stored.
+    """
     return check_workflow_id(workflow_id), check_step(step), check_keep_last(keep_last)

@@ -1,5 +1,10 @@
-"""Storage backends and the protocol they implement."""
+"""Storage backends and the protocol they implement.
 
+A backend checks a save's arguments with :func:`check_save`, the gate every bundled backend
+uses (the conformance suite holds third-party ones to the same rules).
+"""
+
+from .._validation import check_save
 from .base import (
     BaseStorage,
     BlobCheckpointStorage,
@@ -24,4 +29,5 @@ __all__ = [
     "StoredCheckpoint",
     "StoredEffect",
     "WorkflowStorage",
+    "check_save",
 ]
