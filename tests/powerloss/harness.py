@@ -355,7 +355,7 @@ class Trials:
         self.result.acknowledged += self.ledger.feed(pipe.lines)
         self._writer_exit()
         self.fs.unmount()
-        self._check(since=run * STRIDE)
+        self._check(since=run * STRIDE, how="" if chosen else " (after a cut LazyFS made itself)")
         if chosen:
             self.result.cuts += 1
         else:
@@ -482,7 +482,7 @@ class Trials:
 
     # --- checking ----------------------------------------------------------------------
 
-    def _check(self, since: int, final: bool = False) -> None:
+    def _check(self, since: int, final: bool = False, how: str = "") -> None:
         request = self.workdir / "request.json"
         request.write_text(json.dumps(self.ledger.request(since)))
         result = self._run_verifier(request)
@@ -491,7 +491,7 @@ class Trials:
         for kind in ("lost", "corrupt", "torn", "behind", "error"):
             for problem in result.get(kind, ()):
                 bad = True
-                self._found(kind, problem)
+                self._found(kind, f"{problem}{how}")
         self.result.bad_cuts += bad and not final
 
     def _found(self, kind: str, problem: str) -> None:
