@@ -148,6 +148,30 @@ def plain_snapshot(data: dict[str, Any], now: datetime) -> StateSnapshot:
     )
 
 
+class CheckpointDraft(NamedTuple):
+    """A checkpoint as ``create_checkpoint`` was asked for it: its arguments checked.
+
+    What the manager hands the record pipeline (:meth:`RecordCodec.save
+    <aiocheckpoint.codec.RecordCodec.save>`), which copies the state, builds the models and
+    stores them. Everything but ``state`` is already a private copy or an atom.
+    """
+
+    workflow_id: str
+    step: int
+    agent_id: str
+    status: AgentStatus
+    #: The caller's state, not yet copied: a dict, a mapping, a StateSnapshot or a SharedState.
+    state: Any
+    #: Whether ``state`` is a :class:`~aiocheckpoint.SharedState` (copied in slices).
+    shared: bool
+    #: The copied fields of the caller's ExecutionMetrics; None for ``ExecutionMetrics()``.
+    metrics: dict[str, Any] | None
+    #: A copy of the checkpoint's metadata, and whether its floats are all finite.
+    metadata: dict[str, Any]
+    metadata_finite: bool
+    app_version: str | None
+
+
 class CheckpointFields(NamedTuple):
     """A checkpoint of a plain dict state before its models are built.
 

@@ -35,7 +35,15 @@ from .facts import RecordFacts, record_facts
 from .jsonwrite import int_to_decimal
 from .pipeline import RecordCodec
 from .registry import TaggedValue, TypeRegistry
-from .sealing import ENVELOPE_MAGIC, KeyProvider, Keyring, Sealer, is_sealed_record, sealed_key_id
+from .sealing import (
+    ENVELOPE_MAGIC,
+    KeyProvider,
+    Keyring,
+    Sealer,
+    is_sealed_record,
+    sealed_key_id,
+    sealer_for,
+)
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
 from .tree.join import join_state
 from .tree.split import split_state
@@ -76,6 +84,7 @@ __all__ = [
     "record_facts",
     "recovered_memory",
     "sealed_key_id",
+    "sealer_for",
     "split_state",
     "storable_copy",
     "to_storable",
