@@ -29,7 +29,6 @@ KNOWN = {
     },
     "storage/sqlite/sweeps.py": {"_DELETE_STEP"},
     "storage/sqlite/writer.py": {"_DELETE_STEP", "_DELETE_WORKFLOW", "_PRUNE", "_UPSERT"},
-    "workflow.py": {"_check_owner"},
 }
 
 
