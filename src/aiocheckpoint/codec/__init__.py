@@ -32,7 +32,7 @@ from a module inside (a contract in pyproject.toml checks it).
 from .copy import json_copy, storable_copy, to_storable
 from .effects import EffectRecord, EffectState, Reconciled, decode_effect, encode_effect
 from .facts import RecordFacts, record_facts
-from .jsonwrite import int_to_decimal
+from .jsonwrite import int_to_decimal, with_long_ints
 from .pipeline import RecordCodec
 from .registry import TaggedValue, TypeRegistry
 from .sealing import (
@@ -88,4 +88,5 @@ __all__ = [
     "split_state",
     "storable_copy",
     "to_storable",
+    "with_long_ints",
 ]
