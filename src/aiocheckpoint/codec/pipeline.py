@@ -1,10 +1,12 @@
 """The record pipeline the manager calls: checkpoints to stored records, and back.
 
-:class:`RecordCodec` decides, per checkpoint, everything between a validated call and the
-storage: the value stage (:mod:`aiocheckpoint.codec.stages`), whether the state goes into a
-version-1 record or a version-2 tree of blobs, where the encoding runs (on the event loop
-in slices, or in a worker thread), the split memory of each workflow and its recovery from
-the store, and on reads which decoder runs where and how blobs are fetched.
+:class:`RecordCodec` does, per checkpoint, everything between a validated call and the
+storage: the copy through the value stage (:mod:`aiocheckpoint.codec.stages`), whether the
+state goes into a whole (version-1) record or an incremental (version-2) tree of blobs,
+where the encoding runs (on the event loop in slices, or in a worker thread), sealing, the
+storage's ``save`` or ``save_tree``, and the split memory of each workflow and its recovery
+from the store. Reads (which decoder runs where, how blobs are fetched) are
+:mod:`aiocheckpoint.codec.reading`'s.
 """
 
 from __future__ import annotations
