@@ -46,9 +46,9 @@ from .leases import WORKFLOW_KIND, Lease, check_kind, fence_token
 from .models import (
     AgentStatus,
     Checkpoint,
-    CheckpointDraft,
     ExecutionMetrics,
     StateSnapshot,
+    make_draft,
 )
 from .retention import RetentionPolicy, policy_from
 from .state import SharedState
@@ -182,6 +182,7 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
             self._storage, blobs, values, sealer, keep_last=self._max_checkpoints
         )
         self._records = WorkflowRecords(self._storage, self._check_open)
+        self._keeps_records = self._records.supported
         self._journal = EffectJournal(self._storage, self._codec, self._records, self._check_open)
         self._sweeper = Sweeper(self._storage, self._codec, policy, self._check_open)
         self._closed = False
@@ -237,36 +238,30 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         workflow_id, step, agent_status, meta, meta_finite = self._check_arguments(
             workflow_id, step, agent_id, status, metadata
         )
-        draft = CheckpointDraft(
-            workflow_id,
-            step,
-            agent_id,
-            agent_status,
-            state,
-            type(state) is not dict and isinstance(state, SharedState),
-            _metrics_fields(metrics),
-            meta,
-            meta_finite,
-            self._app_version,
+        draft = make_draft(
+            (
+                workflow_id,
+                step,
+                agent_id,
+                agent_status,
+                state,
+                type(state) is not dict and isinstance(state, SharedState),
+                None if metrics is None else _metrics_fields(metrics),
+                meta,
+                meta_finite,
+                self._app_version,
+            )
         )
-        info = self._step_info(agent_id, agent_status, workflow_id, lease)
+        if lease is not None:  # it must be the workflow's, and the storage must keep leases
+            fence_token(lease, workflow_id)
+            self._records.workflow_storage()
+        # What the workflow's record says of its latest step (stores with records only).
+        info = StepInfo(agent_id, agent_status._value_, self._kind) if self._keeps_records else None
         # The codec copies the state before its first await; the caller's objects are not
         # kept here while the record is stored.
         saving = self._codec.save(draft, lease, info)
         del state, metrics, metadata, draft
         return await saving
-
-    def _step_info(
-        self, agent_id: str, status: AgentStatus, workflow_id: str, lease: Lease | None
-    ) -> StepInfo | None:
-        """What the workflow's record says of its latest step (stores with records only).
-
-        Checks ``lease`` first: it must be the workflow's and the storage must keep leases.
-        """
-        if lease is not None:
-            fence_token(lease, workflow_id)
-            self._records.workflow_storage()
-        return StepInfo(agent_id, status._value_, self._kind) if self._records.supported else None
 
     def _check_arguments(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, NamedTuple, TypeVar
@@ -170,6 +172,13 @@ class CheckpointDraft(NamedTuple):
     metadata: dict[str, Any]
     metadata_finite: bool
     app_version: str | None
+
+
+#: A :class:`CheckpointDraft` from the tuple of its fields, in order and complete: without
+#: the Python frame of a NamedTuple's ``__new__`` (~0.2 us, and every save builds one).
+make_draft: Callable[[tuple[Any, ...]], CheckpointDraft] = functools.partial(
+    tuple.__new__, CheckpointDraft
+)
 
 
 class CheckpointFields(NamedTuple):

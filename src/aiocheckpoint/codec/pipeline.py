@@ -12,11 +12,11 @@ from the store. Reads (which decoder runs where, how blobs are fetched) are
 from __future__ import annotations
 
 import functools
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import replace
 from datetime import datetime
+from time import perf_counter
 from typing import Any, Final, Protocol, TypeVar
 
 import anyio.lowlevel
@@ -147,30 +147,23 @@ class RecordCodec:
         given (a storage with workflow records needs it). An unstorable value raises
         :class:`~aiocheckpoint.CheckpointSerializationError` before anything is written.
         """
-        state = draft.state
-        if type(state) is not dict:
+        if type(draft.state) is not dict:
             saving = self._save_snapshot(draft, lease, info)
-            del state, draft
+            del draft
             return await saving
         # A plain dict, the common case: while its record is stored this frame keeps only
         # CheckpointFields (copies and atoms), not the caller's objects nor built models,
         # which the garbage collector would promote by the thousand (docs/performance.md).
-        copying = time.perf_counter()
+        workflow_id, step, agent_id, status, state, _, metrics, meta, meta_finite, app = draft
+        del draft
+        copying = perf_counter()
         data, finite, tree = self.copy_state(state)
-        copied = time.perf_counter()
+        copied = perf_counter()
+        del state
         fields = CheckpointFields(
-            draft.workflow_id,
-            draft.step,
-            draft.agent_id,
-            draft.status,
-            data,
-            draft.metrics,
-            utcnow(),
-            draft.metadata,
-            draft.app_version,
+            workflow_id, step, agent_id, status, data, metrics, utcnow(), meta, app
         )
-        finite = finite and draft.metadata_finite
-        del state, draft
+        finite = finite and meta_finite
         if copied - copying > _HELD_LONG:
             await anyio.lowlevel.checkpoint()  # as in _save_snapshot: a long copy held the loop
         if tree:
@@ -180,7 +173,7 @@ class RecordCodec:
             return await self._store(fields.checkpoint(), finite, lease, info)
         # Built only once stored (a tagged value must be restored, and may refuse, before).
         returned = self.returned(fields.checkpoint(), record) if has_tags(record) else None
-        await self._write_record(fields.workflow_id, fields.step, record, lease, info)
+        await self._write_record(workflow_id, step, record, lease, info)
         return fields.checkpoint() if returned is None else returned
 
     async def _save_snapshot(
@@ -188,13 +181,13 @@ class RecordCodec:
     ) -> Checkpoint:
         """:meth:`save` of a state that is not a plain dict."""
         now = utcnow()
-        copying = time.perf_counter()
+        copying = perf_counter()
         if draft.shared:
             # Its tree is copy-on-write: taken now, copied in slices (see shared_snapshot).
             snapshot, finite = await self.shared_snapshot(draft.state, draft.workflow_id)
         else:
             snapshot, finite = self.snapshot(draft.state, now)
-        copied = time.perf_counter()
+        copied = perf_counter()
         metrics = draft.metrics
         checkpoint = built(
             Checkpoint,
