@@ -31,6 +31,7 @@ from aiocheckpoint import (
     LeaseLostError,
     ResumableWorkflow,
 )
+from aiocheckpoint.journal import EffectJournal
 
 STEPS = 3
 
@@ -106,10 +107,11 @@ class CallLog:
 
 def hook_records(killer: Killer) -> None:
     """Make every effect record and checkpoint write a kill point, before and after."""
-    record = CheckpointManager.record_effect
+    # Every effect write, a runner's (record_effect) or a settle's, is EffectJournal.record.
+    record = EffectJournal.record
     checkpoint = CheckpointManager.create_checkpoint
 
-    async def record_effect(self: CheckpointManager, *args: Any, **kwargs: Any) -> EffectRecord:
+    async def record_effect(self: EffectJournal, *args: Any, **kwargs: Any) -> EffectRecord:
         killer.maybe()
         stored = await record(self, *args, **kwargs)
         killer.maybe()
@@ -119,7 +121,7 @@ def hook_records(killer: Killer) -> None:
         killer.maybe()
         return await checkpoint(self, *args, **kwargs)
 
-    CheckpointManager.record_effect = record_effect  # type: ignore[method-assign]
+    EffectJournal.record = record_effect  # type: ignore[method-assign]
     CheckpointManager.create_checkpoint = create_checkpoint  # type: ignore[method-assign]
 
 

@@ -246,13 +246,13 @@ async def test_in_doubt_from_start_to_finish(kind: str, new_store: NewStore) -> 
 #: resolve_effect in a child that SIGKILLs itself at the settle's write (after the status).
 KILLED_SETTLE = """
 import asyncio, os, signal, sys
-from aiocheckpoint import CheckpointManager
 from aiocheckpoint.cli.store import open_store
+from aiocheckpoint.journal import EffectJournal
 
 async def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
-CheckpointManager.record_effect = die
+EffectJournal.record = die  # the settle's own write, after the status change
 
 async def main(url):
     async with open_store(url, must_exist=True) as manager:

@@ -371,7 +371,7 @@ async def test_large_version_1_records_are_decoded_off_the_event_loop(
     """A large record is parsed in a worker thread, a small one on the loop (no hop)."""
     import threading
 
-    from aiocheckpoint.codec import pipeline as manager_module
+    from aiocheckpoint.codec import reading as manager_module
 
     threads: list[bool] = []
     decode = manager_module.decode_checkpoint

@@ -93,7 +93,12 @@ def _exists(obj: griffe.Object, path: str) -> bool:
 
 
 def resolve(obj: griffe.Object, target: str) -> str | None:
-    """The full path of ``target`` as seen from ``obj``'s docstring, or None."""
+    """The full path of ``target`` as seen from ``obj``'s docstring, or None.
+
+    In a class, or a method of one, a member's name also finds the members the class
+    inherits, and those of the classes that inherit from it (a part of a class's API
+    defined with what it delegates to, such as the manager's, names its siblings).
+    """
     target = target.lstrip(".")
     if _exists(obj, target):
         return target
@@ -101,9 +106,35 @@ def resolve(obj: griffe.Object, target: str) -> str | None:
     try:
         path = obj.resolve(first)
     except griffe.NameResolutionError:
-        return None
+        return _in_class(obj, target)
     full = f"{path}.{rest}" if rest else path
     return full if _exists(obj, full) else None
+
+
+def _in_class(obj: griffe.Object, target: str) -> str | None:
+    """``target`` as a member of ``obj``'s class or of one of its subclasses, or None."""
+    cls: griffe.Object | None = obj if obj.is_class else obj.parent
+    if cls is None or not cls.is_class:
+        return None
+    for owner in [cls.path, *_SUBCLASSES.get(cls.path, ())]:
+        if _exists(obj, f"{owner}.{target}"):
+            return f"{owner}.{target}"
+    return None
+
+
+#: The classes of the package that inherit from each class, by path (see :func:`resolve`).
+_SUBCLASSES: dict[str, list[str]] = {}
+
+
+def _index_subclasses(obj: griffe.Object) -> None:
+    for member in obj.members.values():
+        if member.is_alias:
+            continue
+        if member.is_class:
+            for base in member.resolved_bases:  # type: ignore[union-attr]
+                _SUBCLASSES.setdefault(base.path, []).append(member.path)
+        if member.is_module or member.is_class:
+            _index_subclasses(member)  # type: ignore[arg-type]
 
 
 def link_roles(obj: griffe.Object, text: str) -> str:
@@ -134,6 +165,7 @@ class RestDocstrings(griffe.Extension):
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
         """Rewrite the docstrings of ``pkg`` and all its members, once it is fully loaded."""
+        _index_subclasses(pkg)
         self._rewrite(pkg)
 
     def _rewrite(self, obj: griffe.Object) -> None:

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from .errors import InvalidArgumentError, InvalidStepError, InvalidWorkflowIdError
 from .format.limits import MAX_STEP, MAX_WORKFLOW_ID_BYTES
+from .leases import WorkflowStatus
+from .models import AgentStatus
 
 __all__ = [
     "MAX_STEP",
     "MAX_WORKFLOW_ID_BYTES",
-    "check_limit",
+    "check_agent_status",
     "check_keep_last",
+    "check_limit",
     "check_optional_step",
     "check_save",
     "check_step",
+    "check_text",
     "check_workflow_id",
+    "check_workflow_status",
 ]
 
 
@@ -94,3 +100,43 @@ def check_save(workflow_id: Any, step: Any, keep_last: Any) -> tuple[str, int, i
     (``keep_last`` not None nor an int >= 1) before anything is stored.
     """
     return check_workflow_id(workflow_id), check_step(step), check_keep_last(keep_last)
+
+
+def check_text(value: Any, name: str) -> str:
+    """Return ``value`` if it is a ``str`` of valid Unicode, else raise InvalidArgumentError."""
+    if type(value) is str and value.isascii():
+        return value  # ASCII always encodes: no copy to make
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{name} must be str, not {type(value).__qualname__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{name} is not valid Unicode text") from None
+    return value
+
+
+_E = TypeVar("_E", bound=Enum)
+_AGENT_STATUSES: dict[Any, AgentStatus] = {s: s for s in AgentStatus}
+
+
+def check_agent_status(status: Any) -> AgentStatus:
+    """``status`` (an :class:`AgentStatus` or its value) as an AgentStatus."""
+    # An AgentStatus equals and hashes like its value: one lookup serves both spellings.
+    if type(status) is AgentStatus or type(status) is str:
+        found = _AGENT_STATUSES.get(status)
+        if found is not None:
+            return found
+    return _enum(AgentStatus, status)
+
+
+def check_workflow_status(status: Any) -> WorkflowStatus:
+    """``status`` (a :class:`WorkflowStatus` or its value) as a WorkflowStatus."""
+    return _enum(WorkflowStatus, status)
+
+
+def _enum(kind: type[_E], status: Any) -> _E:
+    try:
+        return kind(status)
+    except ValueError:
+        allowed = ", ".join(s.value for s in kind)
+        raise InvalidArgumentError(f"status must be one of {allowed}; got {status!r}") from None

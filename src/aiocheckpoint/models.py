@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, NamedTuple, TypeVar
@@ -146,6 +148,37 @@ def plain_snapshot(data: dict[str, Any], now: datetime) -> StateSnapshot:
         {"data": data, "version": version, "metadata": {}},
         {"data", "version", "metadata"},
     )
+
+
+class CheckpointDraft(NamedTuple):
+    """A checkpoint as ``create_checkpoint`` was asked for it: its arguments checked.
+
+    What the manager hands the record pipeline (:meth:`RecordCodec.save
+    <aiocheckpoint.codec.RecordCodec.save>`), which copies the state, builds the models and
+    stores them. Everything but ``state`` is already a private copy or an atom.
+    """
+
+    workflow_id: str
+    step: int
+    agent_id: str
+    status: AgentStatus
+    #: The caller's state, not yet copied: a dict, a mapping, a StateSnapshot or a SharedState.
+    state: Any
+    #: Whether ``state`` is a :class:`~aiocheckpoint.SharedState` (copied in slices).
+    shared: bool
+    #: The copied fields of the caller's ExecutionMetrics; None for ``ExecutionMetrics()``.
+    metrics: dict[str, Any] | None
+    #: A copy of the checkpoint's metadata, and whether its floats are all finite.
+    metadata: dict[str, Any]
+    metadata_finite: bool
+    app_version: str | None
+
+
+#: A :class:`CheckpointDraft` from the tuple of its fields, in order and complete: without
+#: the Python frame of a NamedTuple's ``__new__`` (~0.2 us, and every save builds one).
+make_draft: Callable[[tuple[Any, ...]], CheckpointDraft] = functools.partial(
+    tuple.__new__, CheckpointDraft
+)
 
 
 class CheckpointFields(NamedTuple):

@@ -25,10 +25,11 @@ from .errors import (
     WorkflowCancelledError,
 )
 from .leases import Lease, RetryPolicy, WorkflowRecord, WorkflowStatus, check_ttl
-from .manager import CheckpointManager, _check_owner
+from .manager import CheckpointManager
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, utcnow
 from .state import SharedState
 from .storage.lifecycle import cancel_reason
+from .workflow_records import check_owner
 
 __all__ = ["ResumableWorkflow"]
 
@@ -591,6 +592,6 @@ def _check_arguments(
     if lease_owner is not None:
         if lease is not None:
             raise InvalidArgumentError("pass lease_owner or lease, not both")
-        _check_owner(lease_owner)
+        check_owner(lease_owner)
     if lease_ttl is not None:
         check_ttl(lease_ttl)

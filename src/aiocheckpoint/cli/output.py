@@ -12,12 +12,11 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, Final, TextIO
 
-from ..codec import int_to_decimal
+from ..codec import int_to_decimal, with_long_ints
 from ..format.jsonread import BIG_INT_BITS, is_digit_limit
 from .store import EXIT_STORE, CommandError, Foreign
 
@@ -143,26 +142,15 @@ def dumps(value: Any, *, indent: int | None = None, json_mode: bool = False) -> 
 def _dumps_long_ints(
     value: Any, indent: int | None, separators: tuple[str, str] | None, json_mode: bool
 ) -> str:
-    # Each long int becomes a unique placeholder string, spliced back as its text.
-    nonce = uuid.uuid4().hex
-    texts: dict[str, str] = {}
+    def encode(item: Any) -> str:
+        return json.dumps(item, ensure_ascii=False, indent=indent, separators=separators)
 
-    def swap(item: Any) -> Any:
-        if type(item) is int and item.bit_length() > BIG_INT_BITS:
-            token = f"\ue000int-{nonce}-{len(texts)}"
-            texts[token] = int_text(item)
-            return token
-        if type(item) is dict:
-            return {k: swap(v) for k, v in item.items()}
-        if type(item) is list:
-            return [swap(v) for v in item]
-        return item
+    def shown(n: int) -> str:
+        text = int_text(n)
+        # A shortened int is a string in JSON mode, so the document stays valid JSON.
+        return json.dumps(text) if json_mode and not text.lstrip("-").isdigit() else text
 
-    text = json.dumps(swap(value), ensure_ascii=False, indent=indent, separators=separators)
-    for token, number in texts.items():
-        shown = json.dumps(number) if json_mode and not number.lstrip("-").isdigit() else number
-        text = text.replace(json.dumps(token, ensure_ascii=False), shown, 1)
-    return text
+    return with_long_ints(value, encode, shown)
 
 
 def compact(value: Any, width: int | None = None) -> str:

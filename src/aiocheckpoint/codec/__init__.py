@@ -32,10 +32,18 @@ from a module inside (a contract in pyproject.toml checks it).
 from .copy import json_copy, storable_copy, to_storable
 from .effects import EffectRecord, EffectState, Reconciled, decode_effect, encode_effect
 from .facts import RecordFacts, record_facts
-from .jsonwrite import int_to_decimal
+from .jsonwrite import int_to_decimal, with_long_ints
 from .pipeline import RecordCodec
 from .registry import TaggedValue, TypeRegistry
-from .sealing import ENVELOPE_MAGIC, KeyProvider, Keyring, Sealer, is_sealed_record, sealed_key_id
+from .sealing import (
+    ENVELOPE_MAGIC,
+    KeyProvider,
+    Keyring,
+    Sealer,
+    is_sealed_record,
+    sealed_key_id,
+    sealer_for,
+)
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
 from .tree.join import join_state
 from .tree.split import split_state
@@ -76,7 +84,9 @@ __all__ = [
     "record_facts",
     "recovered_memory",
     "sealed_key_id",
+    "sealer_for",
     "split_state",
     "storable_copy",
     "to_storable",
+    "with_long_ints",
 ]

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
 
 from ..format.jsonread import BIG_INT_BITS, is_digit_limit
 
-__all__ = ["dumps", "int_to_decimal"]
+__all__ = ["dumps", "int_to_decimal", "with_long_ints"]
 
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
@@ -47,14 +48,25 @@ def dumps(obj: Any, finite: bool) -> bytes:
     except ValueError as exc:
         if not is_digit_limit(exc):
             raise
-    # Replace each huge int by a unique placeholder string, then splice in its digits.
+    return with_long_ints(obj, _ENCODER.encode).encode()
+
+
+def with_long_ints(
+    obj: Any, encode: Callable[[Any], str], text_of: Callable[[int], str] = int_to_decimal
+) -> str:
+    """``encode(obj)`` where ``obj`` holds ints past Python's digit limit for ``str()``.
+
+    Each int beyond :data:`BIG_INT_BITS` becomes a unique placeholder string, which is
+    replaced in the encoded text by ``text_of`` of the int (its digits by default).
+    ``encode`` must write the placeholders as they are (``ensure_ascii=False``).
+    """
     nonce = uuid.uuid4().hex
-    digits: dict[str, str] = {}
+    texts: dict[str, str] = {}
 
     def swap(value: Any) -> Any:
         if type(value) is int and value.bit_length() > BIG_INT_BITS:
-            token = f"\ue000bigint-{nonce}-{len(digits)}"
-            digits[token] = int_to_decimal(value)
+            token = f"\ue000int-{nonce}-{len(texts)}"
+            texts[token] = text_of(value)
             return token
         if type(value) is dict:
             return {k: swap(v) for k, v in value.items()}
@@ -62,7 +74,7 @@ def dumps(obj: Any, finite: bool) -> bytes:
             return [swap(v) for v in value]
         return value
 
-    text = _ENCODER.encode(swap(obj))
-    for token, number in digits.items():
+    text = encode(swap(obj))
+    for token, number in texts.items():
         text = text.replace(f'"{token}"', number, 1)
-    return text.encode()
+    return text

@@ -1,77 +1,74 @@
 """The record pipeline the manager calls: checkpoints to stored records, and back.
 
-:class:`RecordCodec` decides, per checkpoint, everything between a validated call and the
-storage: the value stage (:mod:`aiocheckpoint.codec.stages`), whether the state goes into a
-version-1 record or a version-2 tree of blobs, where the encoding runs (on the event loop
-in slices, or in a worker thread), the split memory of each workflow and its recovery from
-the store, and on reads which decoder runs where and how blobs are fetched.
+:class:`RecordCodec` does, per checkpoint, everything between a validated call and the
+storage: the copy through the value stage (:mod:`aiocheckpoint.codec.stages`), whether the
+state goes into a whole (version-1) record or an incremental (version-2) tree of blobs,
+where the encoding runs (on the event loop in slices, or in a worker thread), sealing, the
+storage's ``save`` or ``save_tree``, and the split memory of each workflow and its recovery
+from the store. Reads (which decoder runs where, how blobs are fetched) are
+:mod:`aiocheckpoint.codec.reading`'s.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import replace
 from datetime import datetime
+from time import perf_counter
 from typing import Any, Final, Protocol, TypeVar
 
-import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import orjson
 
-from ..errors import (
-    CheckpointCorruptedError,
-    CheckpointSerializationError,
-    CheckpointTypeError,
-    DecryptionError,
-    EncryptionError,
-    InvalidArgumentError,
-    UnknownKeyError,
-)
-from ..format.header import HEADER_SIZE
+from .._telemetry import round_trip
+from ..errors import CheckpointSerializationError, CheckpointTypeError, InvalidArgumentError
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.sealed import is_sealed_tree_record, tree_refs_end
 from ..format.tree import SplitMemory, SplitResult, TreeParams
+from ..leases import Lease
 from ..models import (
     Checkpoint,
+    CheckpointDraft,
     CheckpointFields,
+    ExecutionMetrics,
     StateSnapshot,
     StateVersion,
     built,
+    default_metrics,
     plain_snapshot,
     rebuilt,
+    utcnow,
 )
 from ..storage.base import (
     BlobCheckpointStorage,
-    BlobFetch,
-    BlobReads,
     CheckpointStorage,
     StoredCheckpoint,
+    WorkflowStorage,
 )
+from ..storage.queries import StepInfo
 from .copy import json_copy
 from .effects import EffectRecord, decode_effect, encode_effect
 from .lent import lent_snapshot
 from .pacing import READY_PACE_SECONDS, Pacer
-from .sealing import ENVELOPE_MAGIC, Sealer, is_sealed_record
+from .reading import RecordReader, needs_keys
+from .sealing import ENVELOPE_MAGIC, Sealer
 from .sizes import exceeds
 from .sliced import Job
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
 from .tree.fork import fork_tree
 from .tree.splitmemory import MemoryCache, recovered_memory
 from .tree.subtrees import Lineage, SharedSplit, SubtreeCache, shared_split_work
-from .tree.v2 import decode_tagged, encode_checkpoint_v2, encode_v2_work, record_v2
+from .tree.v2 import encode_checkpoint_v2, encode_v2_work, record_v2
 from .typed import has_tags
-from .v1 import decode_checkpoint, encode_checkpoint, encode_fields
+from .v1 import encode_checkpoint, encode_fields
 
 __all__ = ["RecordCodec", "cooperate"]
 
-#: Version-1 records up to this size are decoded on the event loop (~0.5 ms), larger ones
-#: in a worker thread.
-_DECODE_ON_LOOP: Final = 256 * 1024
-#: The text hint for values read from texts that hold no tag (see ValueStage.restore).
-_UNTAGGED: Final = b""
+#: A state copy longer than this (a state of ~0.3 MB or more) is followed by a yield.
+_HELD_LONG: Final = 0.0002
 #: SharedState splits made by snapshots and not (yet) taken by :meth:`RecordCodec.encode_tree`.
 _PREPARED: Final = 256
 
@@ -87,13 +84,19 @@ class _Shared(Protocol):
 
 
 class RecordCodec:
-    """Encodes checkpoints for one storage and decodes what it returns.
+    """Copies, encodes and stores checkpoints for one storage, and decodes what it returns.
+
+    The manager's one door into the pipeline: :meth:`save` takes a checked
+    :class:`~aiocheckpoint.models.CheckpointDraft` to a durable record (a version-1 record
+    or a version-2 tree, sealed when it seals) and remembers what the workflow's next save
+    reuses; :meth:`decode` reads a stored record back (:mod:`.reading`).
 
     ``blobs`` is the storage when it should receive large states as version-2 trees (the
     manager's ``incremental``), else None: then every record is version 1. Reads decode
     both versions whatever ``blobs`` is, fetching blobs from ``storage`` when it keeps them.
     The storage's ``max_record_bytes`` (when it has one) bounds a tree as it bounds a
-    record: the text of its state and its nodes, on write and on read.
+    record: the text of its state and its nodes, on write and on read. ``keep_last`` is
+    what each save prunes in its own write (the manager's ``max_checkpoints``).
     """
 
     def __init__(
@@ -102,8 +105,11 @@ class RecordCodec:
         blobs: BlobCheckpointStorage | None,
         values: ValueStage = DEFAULT_VALUES,
         sealer: Sealer | None = None,
+        *,
+        keep_last: int | None = None,
     ) -> None:
         self._storage = storage
+        self._keep_last = keep_last
         #: The bytes stage (encryption, ``docs/encryption.md``), or None.
         self.sealer = sealer
         #: The storage that receives version-2 trees, or None.
@@ -126,6 +132,183 @@ class RecordCodec:
         self._sealed: dict[str, tuple[int, SplitResult]] = {}
         #: Bounds this codec's large-state work per loop iteration (:mod:`.pacing`).
         self.pacer = _pacer(storage)
+        self._reader = RecordReader(storage, values, sealer, self.max_bytes)
+
+    # --- storing ------------------------------------------------------------------------
+
+    async def save(
+        self, draft: CheckpointDraft, lease: Lease | None, info: StepInfo | None
+    ) -> Checkpoint:
+        """Copy ``draft``'s state, encode it, store it; return what ``create_checkpoint`` returns.
+
+        The caller's objects are copied before the first await (a SharedState's tree is
+        copy-on-write, so only it is copied while other tasks run); then the record goes to
+        the storage, fenced by ``lease`` and with ``info`` for the workflow's record when
+        given (a storage with workflow records needs it). An unstorable value raises
+        :class:`~aiocheckpoint.CheckpointSerializationError` before anything is written.
+        """
+        if type(draft.state) is not dict:
+            saving = self._save_snapshot(draft, lease, info)
+            del draft
+            return await saving
+        # A plain dict, the common case: while its record is stored this frame keeps only
+        # CheckpointFields (copies and atoms), not the caller's objects nor built models,
+        # which the garbage collector would promote by the thousand (docs/performance.md).
+        workflow_id, step, agent_id, status, state, _, metrics, meta, meta_finite, app = draft
+        del draft
+        copying = perf_counter()
+        data, finite, tree = self.copy_state(state)
+        copied = perf_counter()
+        del state
+        fields = CheckpointFields(
+            workflow_id, step, agent_id, status, data, metrics, utcnow(), meta, app
+        )
+        finite = finite and meta_finite
+        if copied - copying > _HELD_LONG:
+            await anyio.lowlevel.checkpoint()  # as in _save_snapshot: a long copy held the loop
+        if tree:
+            return await self._store(fields.checkpoint(), finite, lease, info)
+        record = encode_fields(fields, finite)
+        if record is None:  # only the exact encoder writes it (or names what it cannot)
+            return await self._store(fields.checkpoint(), finite, lease, info)
+        # Built only once stored (a tagged value must be restored, and may refuse, before).
+        returned = self.returned(fields.checkpoint(), record) if has_tags(record) else None
+        await self._write_record(workflow_id, step, record, lease, info)
+        return fields.checkpoint() if returned is None else returned
+
+    async def _save_snapshot(
+        self, draft: CheckpointDraft, lease: Lease | None, info: StepInfo | None
+    ) -> Checkpoint:
+        """:meth:`save` of a state that is not a plain dict."""
+        now = utcnow()
+        copying = perf_counter()
+        if draft.shared:
+            # Its tree is copy-on-write: taken now, copied in slices (see shared_snapshot).
+            snapshot, finite = await self.shared_snapshot(draft.state, draft.workflow_id)
+        else:
+            snapshot, finite = self.snapshot(draft.state, now)
+        copied = perf_counter()
+        metrics = draft.metrics
+        checkpoint = built(
+            Checkpoint,
+            workflow_id=draft.workflow_id,
+            step=draft.step,
+            agent_id=draft.agent_id,
+            status=draft.status,
+            state_snapshot=snapshot,
+            metrics=default_metrics() if metrics is None else built(ExecutionMetrics, **metrics),
+            timestamp=now,
+            metadata=draft.metadata,
+            app_version=draft.app_version,
+        )
+        finite = finite and draft.metadata_finite
+        del draft
+        if copied - copying > _HELD_LONG and not self.prepared(snapshot.data):
+            # (A split SharedState was copied under the pacer, which _store goes on with.)
+            # A large state's copy (which must happen before any await: the caller may
+            # change the state afterwards) held the loop: let it run before the encoding,
+            # which works on our private copy. Each writer then holds the loop for one
+            # step at a time, and a round of the loop over 20 writers stays short.
+            await anyio.lowlevel.checkpoint()
+        return await self._store(checkpoint, finite, lease, info)
+
+    async def _store(
+        self, checkpoint: Checkpoint, finite: bool, lease: Lease | None, info: StepInfo | None
+    ) -> Checkpoint:
+        """Encode and store ``checkpoint`` (private copies); return what the caller gets."""
+        workflow_id, step = checkpoint.workflow_id, checkpoint.step
+        blobs = self.blobs
+        if blobs is not None and self.wants_tree(checkpoint.state_snapshot.data):
+            # ``checkpoint`` holds private copies made above, so nothing else changes it.
+            # On a storage that never waits, each step of a large save takes its turn:
+            # twenty always-ready writers share out the loop's iterations (codec/pacing.py).
+            pacer = self.pacer
+            await pacer.step()
+            tree = await self.encode_tree(workflow_id, checkpoint, finite)
+            if tree is not None:
+                record, split = tree
+                returned = await self.returned_tree(workflow_id, checkpoint)
+                await round_trip(
+                    blobs.save_tree,
+                    workflow_id,
+                    step,
+                    record,
+                    split,
+                    keep_last=self._keep_last,
+                    fence=lease,
+                    step_info=info,
+                )
+                try:
+                    await pacer.step()
+                finally:  # stored: its split is the workflow's last, even if cancelled here
+                    self.remember(workflow_id, split)
+                return returned
+        data = self.encode(checkpoint, finite)
+        returned = self.returned(checkpoint, data)  # before the save: it may refuse a value
+        await self._write_record(workflow_id, step, data, lease, info)
+        return returned
+
+    def _write_record(
+        self, workflow_id: str, step: int, data: bytes, lease: Lease | None, info: StepInfo | None
+    ) -> Awaitable[None]:
+        """The save of a version-1 record, sealed first if this codec seals.
+
+        Not a coroutine unless it seals: a frame less for each waiting save to keep.
+        """
+        sealer = self.sealer
+        if sealer is not None:
+            return self._write_sealed(sealer, workflow_id, step, data, lease, info)
+        return self._write_plain(workflow_id, step, data, lease, info)
+
+    async def _write_sealed(
+        self,
+        sealer: Sealer,
+        workflow_id: str,
+        step: int,
+        data: bytes,
+        lease: Lease | None,
+        info: StepInfo | None,
+    ) -> None:
+        sealed = await sealer.seal_record(workflow_id, step, data)
+        await self._write_plain(workflow_id, step, sealed, lease, info)
+
+    def _write_plain(
+        self, workflow_id: str, step: int, data: bytes, lease: Lease | None, info: StepInfo | None
+    ) -> Awaitable[None]:
+        if info is None:
+            return round_trip(
+                self._storage.save, workflow_id, step, data, keep_last=self._keep_last
+            )
+        # Only a WorkflowStorage is given ``info`` (the manager checks): a protocol
+        # isinstance check here would cost the hot path ~10 us per checkpoint.
+        records: WorkflowStorage = self._storage  # type: ignore[assignment]
+        return round_trip(
+            records.save,
+            workflow_id,
+            step,
+            data,
+            keep_last=self._keep_last,
+            fence=lease,
+            step_info=info,
+        )
+
+    async def fork(self, source_id: str, stored: StoredCheckpoint, new_id: str) -> None:
+        """Store a copy of ``stored``, a record of ``source_id``, as ``new_id``'s.
+
+        A tree shares its blobs (only its record is written, re-sealed for its new workflow
+        when sealing); any other record is decoded in its stored (tagged) form, so typed
+        values are copied as they are, and encoded again.
+        """
+        storage, keep = self._storage, self._keep_last
+        if isinstance(storage, BlobCheckpointStorage):
+            tree = await self.fork_tree(storage, source_id, stored, new_id)
+            if tree is not None:
+                await storage.save_tree(new_id, stored.step, tree[0], tree[1], keep_last=keep)
+                return
+        checkpoint = await self.decode(source_id, stored, "stored")
+        data = self.encode(checkpoint.model_copy(update={"workflow_id": new_id}), False)
+        data = await self.seal(new_id, stored.step, data)
+        await storage.save(new_id, stored.step, data, keep_last=keep)
 
     # --- the value stage ----------------------------------------------------------------
 
@@ -337,7 +520,7 @@ class RecordCodec:
         if sealer is not None:
             data = await sealer.unseal_effect(workflow_id, step, key, data)
         elif data.startswith(ENVELOPE_MAGIC):
-            raise _needs_keys(workflow_id, step, f"effect {key!r}")
+            raise needs_keys(workflow_id, step, f"effect {key!r}")
         return self.decode_effect(data)
 
     def _effect_result(self, stored: Any, key: str) -> Any:
@@ -474,120 +657,19 @@ class RecordCodec:
 
     def opener(self) -> Callable[[str, StoredCheckpoint], Awaitable[bytes]] | None:
         """What gives a stored record's plain bytes when this codec seals (None: as stored)."""
-        return None if self.sealer is None else self._unsealed
+        return self._reader.opener()
 
-    async def _unsealed(self, workflow_id: str, stored: StoredCheckpoint) -> bytes:
-        """The plain record of a stored one: unsealed, or refused when it cannot be."""
-        sealer = self.sealer
-        if sealer is not None:
-            return await sealer.unseal_record(workflow_id, stored.step, stored.data)
-        if is_sealed_record(stored.data):
-            raise _needs_keys(workflow_id, stored.step, "checkpoint")
-        return stored.data
-
-    async def decode(
+    def decode(
         self, workflow_id: str, stored: StoredCheckpoint, view: View = "typed"
-    ) -> Checkpoint:
-        """Verify and decode a stored record of either version; ``view`` as in :data:`View`.
+    ) -> Awaitable[Checkpoint]:
+        """Verify and decode a stored record of either version (:meth:`RecordReader.decode`)."""
+        return self._reader.decode(workflow_id, stored, view)
 
-        Raises :class:`~aiocheckpoint.CheckpointCorruptedError` for any damage, and
-        :class:`~aiocheckpoint.CheckpointTypeError` for a typed value ``view`` cannot give.
-        """
-        data = stored.data
-        sealed_tree = is_sealed_tree_record(data)
-        if self.sealer is not None or is_sealed_record(data):
-            data = await self._unsealed(workflow_id, stored)
-        restore = self._values.restore
-        if len(data) > 4 and data[4] == 2:
-            # Joining a tree is CPU work (its parse alone ~2 ms per MB): off the loop.
-            def decode_tree(fetch: BlobFetch) -> Checkpoint:
-                checkpoint, tagged = decode_tagged(
-                    data,
-                    fetch,
-                    workflow_id=workflow_id,
-                    step=stored.step,
-                    max_bytes=self.max_bytes,
-                    authenticated=sealed_tree,
-                )
-                # The joiner looked at every text the values came from: without a tag in
-                # them, no walk (and no re-encoding of the state to look for one).
-                return restore(checkpoint, None if tagged else _UNTAGGED, view)
-
-            storage = self._storage
-            if not sealed_tree and isinstance(storage, BlobReads):
-                # The whole tree read in the store's thread: no hop to the loop per level.
-                return await storage.read_blobs_in_thread(decode_tree)
-            fetch = self._hopping_fetch(data, sealed_tree, (workflow_id, stored.step))
-            return await anyio.to_thread.run_sync(decode_tree, fetch)
-        # A version-1 record holds all the values' text: without a tag in it, no walk.
-        text = data if len(data) > 4 and data[4] == 1 else None
-        decode: Callable[[], Checkpoint]
-        if len(data) > _DECODE_ON_LOOP:
-            # A large version-1 record: ~2 ms of parsing per MB.
-            decode = functools.partial(
-                decode_checkpoint, data, workflow_id=workflow_id, step=stored.step
-            )
-        else:
-            checkpoint = decode_checkpoint(data, workflow_id=workflow_id, step=stored.step)
-            return self._values.restore(checkpoint, text, view)
-        # In a worker thread: the loop gets the GIL back every switch interval instead of
-        # waiting for the whole decode.
-        return await anyio.to_thread.run_sync(lambda: restore(decode(), text, view))
-
-    async def decode_live(
+    def decode_live(
         self, workflow_id: str, stored: StoredCheckpoint, view: View = "typed"
-    ) -> Checkpoint | None:
-        """:meth:`decode`; None if a blob is missing because the record was deleted.
-
-        A record deleted after it was read may lose its blobs to garbage collection before
-        they are fetched: that is "not found", not corruption.
-        """
-        try:
-            return await self.decode(workflow_id, stored, view)
-        except CheckpointCorruptedError:
-            data = stored.data
-            storage = self._storage
-            if len(data) > 4 and data[4] == 2 and isinstance(storage, BlobCheckpointStorage):
-                current = await storage.load(workflow_id, stored.step)
-                if current is None:
-                    return None
-                if current.data != data:  # replaced meanwhile: read the new record
-                    return await self.decode(workflow_id, current, view)
-            raise
-
-    def _hopping_fetch(self, data: bytes, sealed: bool, where: tuple[str, int]) -> BlobFetch:
-        """A fetch for a worker thread that asks the event loop for each tree level."""
-        # The body's digest size byte (checked when the record is opened).
-        digest = data[HEADER_SIZE + 4] if len(data) > HEADER_SIZE + 4 else 16
-
-        def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
-            if sealed:
-                return anyio.from_thread.run(self._fetch_sealed, hashes, digest, where)
-            return anyio.from_thread.run(self._fetch_blobs, hashes)
-
-        return fetch
-
-    async def _fetch_blobs(self, hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
-        if isinstance(self._storage, BlobCheckpointStorage):
-            return await self._storage.fetch_blobs(hashes)
-        return {}  # a version-2 record in a store without blobs: reported as missing blobs
-
-    async def _fetch_sealed(
-        self, hashes: Collection[bytes], digest: int, where: tuple[str, int]
-    ) -> Mapping[bytes, bytes]:
-        """The blobs of an encrypted tree, each authenticated under its name (or refused).
-
-        A blob that fails raises DecryptionError naming the checkpoint (``where``).
-        """
-        sealer = self.sealer
-        if sealer is None:  # only reached for a record this codec unsealed
-            raise EncryptionError("an encrypted tree's blobs need the keys (encryption=)")
-        try:
-            return await sealer.unseal_blobs(await self._fetch_blobs(hashes), digest)
-        except DecryptionError as exc:
-            raise type(exc)(exc.reason, workflow_id=where[0], step=where[1]) from exc
-        except UnknownKeyError as exc:
-            raise exc.located(where[0], where[1]) from None
+    ) -> Awaitable[Checkpoint | None]:
+        """:meth:`decode`; None if the record was deleted while it was read."""
+        return self._reader.decode_live(workflow_id, stored, view)
 
 
 async def _encode_tree(
@@ -620,13 +702,6 @@ def _unreadable(exc: CheckpointTypeError) -> CheckpointSerializationError:
     """A value that would not read back, refused as unstorable."""
     reason = f"it would not read back as {exc.type_name}: {exc.reason}"
     return CheckpointSerializationError(exc.path, reason)
-
-
-def _needs_keys(workflow_id: str, step: int, what: str) -> EncryptionError:
-    return EncryptionError(
-        f"workflow {workflow_id!r} step {step}: the {what} is encrypted; "
-        "read it with a manager given its keys (encryption=)"
-    )
 
 
 def _pacer(storage: CheckpointStorage) -> Pacer:

@@ -76,6 +76,7 @@ __all__ = [
     "Sealer",
     "is_sealed_record",
     "sealed_key_id",
+    "sealer_for",
 ]
 
 KIND_CHECKPOINT: Final = 1
@@ -275,6 +276,17 @@ def _key_bytes(name: str, key: object) -> bytes:
         size = len(key) if isinstance(key, bytes) else type(key).__name__
         raise InvalidArgumentError(f"key {name!r} must be {KEY_SIZE} bytes, not {size}")
     return key
+
+
+def sealer_for(encryption: KeyProvider | None, allow_plaintext: Any) -> Sealer | None:
+    """The bytes stage of a manager's ``encryption=`` (``docs/encryption.md``), or None."""
+    if type(allow_plaintext) is not bool:
+        raise InvalidArgumentError(f"allow_plaintext must be a bool, got {allow_plaintext!r}")
+    if encryption is None:
+        if allow_plaintext:
+            raise InvalidArgumentError("allow_plaintext=True needs encryption=")
+        return None
+    return Sealer(encryption, allow_plaintext=allow_plaintext)
 
 
 def is_sealed_record(data: bytes) -> bool:

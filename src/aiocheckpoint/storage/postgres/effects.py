@@ -10,13 +10,11 @@ without a checkpoint, in the same statement.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from ...errors import CheckpointCorruptedError
 from ..base import MAX_EFFECTS_PER_STEP, StoredEffect
-
-if TYPE_CHECKING:  # connection imports the schema, which imports this module's migration
-    from .connection import Connection
+from .protocols import Runner
 
 __all__ = ["MIGRATION", "Effects"]
 
@@ -52,7 +50,7 @@ MIGRATION: Final[tuple[str, ...]] = (
 class Effects:
     """The effect statements of one store (reads, orphan cleanup); arguments are checked."""
 
-    def __init__(self, connection: Connection, quoted: str, max_record_bytes: int) -> None:
+    def __init__(self, connection: Runner, quoted: str, max_record_bytes: int) -> None:
         self._connection = connection
         self._max = max_record_bytes
         e = f"{quoted}.effects"
