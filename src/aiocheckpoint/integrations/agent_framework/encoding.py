@@ -97,7 +97,7 @@ class Encoding:
     def _value(self, value: Any, path: str) -> Any:
         kind = type(value)
         if kind is dict:
-            return {key: self._value(item, f"{path}[{key!r}]") for key, item in value.items()}
+            return {key: self._value(item, _child(path, key)) for key, item in value.items()}
         if kind is list or kind is tuple:
             items = [self._value(item, f"{path}[{i}]") for i, item in enumerate(value)]
             return items if kind is list else tuple(items)
@@ -191,7 +191,7 @@ class Encoding:
     def _read(self, value: Any, path: str, where: Where) -> Any:
         kind = type(value)
         if kind is dict:
-            return {key: self._read(item, f"{path}[{key!r}]", where) for key, item in value.items()}
+            return {key: self._read(item, _child(path, key), where) for key, item in value.items()}
         if kind is list or kind is tuple:
             items = [self._read(item, f"{path}[{i}]", where) for i, item in enumerate(value)]
             return items if kind is list else tuple(items)
@@ -256,6 +256,13 @@ class Encoding:
                 "a request event's type", str(name), "the type is not registered"
             )
         return entry.cls
+
+
+def _child(path: str, key: Any) -> str:
+    """The path of ``key`` in the dict at ``path``, named as the manager's errors name it."""
+    if type(key) is str and key.isidentifier():
+        return f"{path}.{key}"
+    return f"{path}[{key!r}]"
 
 
 _READERS: Final[dict[str, Callable[[Encoding, dict[str, Any], Where], Any]]] = {
