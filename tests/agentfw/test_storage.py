@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import uuid
+from collections.abc import AsyncIterator
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,12 @@ from aiocheckpoint import (
     InvalidArgumentError,
     TaggedValue,
     TypeRegistry,
+    TypeVersionError,
     UnknownTypeError,
 )
 from aiocheckpoint.integrations.agent_framework import AioCheckpointStorage
 from tests.backend_support import make_storage
+from tests.integrations.managers import keyring
 
 from .workflows import COUNTER, START, Order, build_counter, registry
 
@@ -344,3 +347,140 @@ def test_the_integration_imports_no_pickle_nor_the_framework_encoding() -> None:
     for source in Path(package.__file__).parent.glob("*.py"):
         text = source.read_text(encoding="utf-8")
         assert "import pickle" not in text and "_checkpoint_encoding" not in text, source
+
+
+CorruptedError = CheckpointCorruptedError
+
+
+@pytest.fixture(params=[("memory", False), ("sqlite", True)], ids=["memory", "sqlite-sealed"])
+async def two_managers(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[CheckpointManager]:
+    """The record's shape does not depend on the backend: two of them, one encrypting."""
+    backend, sealed = request.param
+    storage = make_storage(backend, tmp_path, "unused")
+    keys = keyring() if sealed else None
+    async with storage, CheckpointManager(storage, encryption=keys) as manager:
+        yield manager
+
+
+MESSAGE = "aiocheckpoint.agent_framework.WorkflowMessage"
+REQUEST = "aiocheckpoint.agent_framework.RequestInfoEvent"
+GOOD_MESSAGE = {
+    "data": "text",
+    "source_id": "s",
+    "target_id": None,
+    "type": "standard",
+    "trace_contexts": None,
+    "source_span_ids": None,
+    "original_request_info_event": None,
+}
+GOOD_EVENT = {
+    "data": "text",
+    "origin": "EXECUTOR",
+    "request_id": "r",
+    "source_executor_id": "s",
+    "request_type": ["standard", "builtins.str"],
+    "response_type": ["standard", "builtins.str"],
+    "executor_id": None,
+    "iteration": None,
+}
+
+
+@pytest.mark.parametrize(
+    ("state", "error"),
+    [
+        ({"format": 2}, CheckpointCorruptedError),
+        ({"iteration_count": "7"}, CheckpointCorruptedError),
+        ({"previous_checkpoint_id": 5}, CheckpointCorruptedError),
+        ({"state": []}, CheckpointCorruptedError),
+        (
+            {"messages": {"s": [TaggedValue(MESSAGE, 1, {"source_id": 1})]}},
+            CheckpointCorruptedError,
+        ),
+        ({"messages": {"s": [TaggedValue(MESSAGE, 1, [])]}}, CorruptedError),
+        ({"messages": {"s": [TaggedValue(MESSAGE, 1, GOOD_MESSAGE | {"x": 1})]}}, CorruptedError),
+        (
+            {"messages": {"s": [TaggedValue(MESSAGE, 1, GOOD_MESSAGE | {"source_id": 3})]}},
+            CorruptedError,
+        ),
+        (
+            {"messages": {"s": [TaggedValue(MESSAGE, 1, GOOD_MESSAGE | {"type": "odd"})]}},
+            CheckpointCorruptedError,
+        ),
+        ({"state": {"x": TaggedValue(MESSAGE, 2, {})}}, TypeVersionError),
+        ({"state": {"x": TaggedValue("os.system", 1, "echo")}}, UnknownTypeError),
+        (
+            {
+                "pending_request_info_events": {
+                    "r": TaggedValue(
+                        REQUEST, 1, GOOD_EVENT | {"request_type": ["standard", "os.system"]}
+                    )
+                }
+            },
+            UnknownTypeError,
+        ),
+        (
+            {
+                "pending_request_info_events": {
+                    "r": TaggedValue(
+                        REQUEST, 1, GOOD_EVENT | {"request_type": ["standard", "builtins.int"]}
+                    )
+                }
+            },
+            CheckpointCorruptedError,
+        ),
+        (
+            {
+                "pending_request_info_events": {
+                    "r": TaggedValue(REQUEST, 1, GOOD_EVENT | {"origin": "ELSEWHERE"})
+                }
+            },
+            CheckpointCorruptedError,
+        ),
+    ],
+)
+async def test_a_record_of_the_wrong_shape_is_refused(
+    two_managers: CheckpointManager, state: dict[str, Any], error: type[Exception]
+) -> None:
+    """A record written by something other than this storage (with the store's own seal)
+    is refused with a typed error, nothing constructed but the framework's fixed classes."""
+    manager = two_managers
+    storage = AioCheckpointStorage(manager)
+    cp = checkpoint("w", n=1)
+    await storage.save(cp)
+    record = await manager.get_checkpoint(storage.workflow_id("w"), 0, raw=True)
+    forged = dict(record.state_snapshot.data) | state
+    await manager.create_checkpoint(
+        storage.workflow_id("w"), 0, "x", "completed", forged, metadata=record.metadata
+    )
+    with pytest.raises(error):
+        await AioCheckpointStorage(manager).load(cp.checkpoint_id)
+    good = dict(record.state_snapshot.data) | {
+        "messages": {"s": [TaggedValue(MESSAGE, 1, GOOD_MESSAGE)]},
+        "pending_request_info_events": {"r": TaggedValue(REQUEST, 1, GOOD_EVENT)},
+    }
+    await manager.create_checkpoint(
+        storage.workflow_id("w"), 0, "x", "completed", good, metadata=record.metadata
+    )
+    loaded = await storage.load(cp.checkpoint_id)
+    assert loaded.messages == {"s": [WorkflowMessage(data="text", source_id="s")]}
+    event = loaded.pending_request_info_events["r"]
+    assert (event.data, event.request_type, event.response_type) == ("text", str, str)
+
+
+async def test_a_record_under_another_id_is_refused(manager: CheckpointManager) -> None:
+    storage = AioCheckpointStorage(manager)
+    cp = checkpoint("w", n=1)
+    await storage.save(cp)
+    record = await manager.get_checkpoint(storage.workflow_id("w"), 0, raw=True)
+    await manager.create_checkpoint(
+        storage.workflow_id("w"),
+        0,
+        "x",
+        "completed",
+        record.state_snapshot.data,
+        metadata={"checkpoint_id": "other"},
+    )
+    with pytest.raises(CheckpointCorruptedError):
+        await AioCheckpointStorage(manager).list_checkpoints(workflow_name="w")

@@ -200,12 +200,15 @@ class Encoding:
         return value
 
     def _tagged(self, value: TaggedValue, path: str, where: Where) -> Any:
-        reader = _READERS.get(value.type_name)
-        if reader is not None and value.version == _VERSION:
+        known = _READERS.get(value.type_name)
+        if known is not None and value.version == _VERSION:
+            reader, keys = known
             stored = value.data
             where.expect(stored, dict, path)
+            if stored.keys() != keys:
+                raise where.corrupted(f"{path}: not the fields of a {value.type_name}")
             return reader(self, {k: self._read(v, path, where) for k, v in stored.items()}, where)
-        if reader is not None or self.types.by_name(value.type_name) is not None:
+        if known is not None or self.types.by_name(value.type_name) is not None:
             raise TypeVersionError(path, value.type_name, f"version {value.version} is unknown")
         raise UnknownTypeError(path, value.type_name, "the type is not registered")
 
@@ -265,9 +268,35 @@ def _child(path: str, key: Any) -> str:
     return f"{path}[{key!r}]"
 
 
-_READERS: Final[dict[str, Callable[[Encoding, dict[str, Any], Where], Any]]] = {
-    _MESSAGE: Encoding._read_message,
-    _REQUEST: Encoding._read_event,
+_MESSAGE_KEYS: Final = frozenset(
+    (
+        "data",
+        "source_id",
+        "target_id",
+        "type",
+        "trace_contexts",
+        "source_span_ids",
+        "original_request_info_event",
+    )
+)
+_REQUEST_KEYS: Final = frozenset(
+    (
+        "data",
+        "origin",
+        "request_id",
+        "source_executor_id",
+        "request_type",
+        "response_type",
+        "executor_id",
+        "iteration",
+    )
+)
+#: Each reserved name's reader and the exact fields its stored data has.
+_READERS: Final[
+    dict[str, tuple[Callable[[Encoding, dict[str, Any], Where], Any], frozenset[str]]]
+] = {
+    _MESSAGE: (Encoding._read_message, _MESSAGE_KEYS),
+    _REQUEST: (Encoding._read_event, _REQUEST_KEYS),
 }
 
 
