@@ -241,6 +241,28 @@ async def test_what_needs_pickle_is_refused_before_anything_is_written(
         assert await manager.get_workflow(storage.workflow_id("w")) is None
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "path"),
+    [
+        ("timestamp", START, "checkpoint.timestamp"),
+        ("iteration_count", "1", "checkpoint.iteration_count"),
+        ("previous_checkpoint_id", 5, "checkpoint.previous_checkpoint_id"),
+        ("graph_signature_hash", None, "checkpoint.graph_signature_hash"),
+        ("messages", {"s": [WorkflowMessage(data=1, source_id=2)]}, "checkpoint.messages.s[0]"),
+    ],
+)
+async def test_a_field_the_reader_would_refuse_is_refused_at_save(
+    manager: CheckpointManager, field: str, value: Any, path: str
+) -> None:
+    storage = AioCheckpointStorage(manager)
+    cp = checkpoint("w")
+    setattr(cp, field, value)
+    with pytest.raises(CheckpointSerializationError) as raised:
+        await storage.save(cp)
+    assert raised.value.path.startswith(path)
+    assert await manager.list_workflows() == []
+
+
 async def test_the_runner_goes_on_when_a_checkpoint_is_refused(
     manager: CheckpointManager, caplog: pytest.LogCaptureFixture
 ) -> None:

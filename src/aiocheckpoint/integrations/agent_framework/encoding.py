@@ -61,16 +61,19 @@ _STANDARD_TYPES: Final[dict[str, type]] = {
 }
 _STANDARD_NAMES: Final[dict[type, str]] = {cls: name for name, cls in _STANDARD_TYPES.items()}
 
-#: The checkpoint's own fields of plain values (str, int, None), stored as they are.
-_PLAIN_FIELDS: Final = (
-    "workflow_name",
-    "graph_signature_hash",
-    "checkpoint_id",
-    "previous_checkpoint_id",
-    "timestamp",
-    "iteration_count",
-    "version",
-)
+_TEXT: Final = (str,)
+_MAYBE_TEXT: Final = (str, type(None))
+_MAYBE_INT: Final = (int, type(None))
+#: The checkpoint's own fields of plain values, stored as they are, and their types.
+_PLAIN_FIELDS: Final[dict[str, tuple[type, ...]]] = {
+    "workflow_name": _TEXT,
+    "graph_signature_hash": _TEXT,
+    "checkpoint_id": _TEXT,
+    "previous_checkpoint_id": _MAYBE_TEXT,
+    "timestamp": _TEXT,
+    "iteration_count": (int,),
+    "version": _TEXT,
+}
 
 
 class Encoding:
@@ -84,8 +87,8 @@ class Encoding:
     def encode(self, checkpoint: WorkflowCheckpoint) -> dict[str, Any]:
         """The checkpoint as a dict of storable values (framework objects tagged)."""
         out: dict[str, Any] = {"format": FORMAT}
-        for name in _PLAIN_FIELDS:
-            out[name] = getattr(checkpoint, name)
+        for name, kinds in _PLAIN_FIELDS.items():
+            out[name] = _plain(getattr(checkpoint, name), kinds, f"checkpoint.{name}")
         out["messages"] = self._value(checkpoint.messages, "checkpoint.messages")
         out["state"] = self._value(checkpoint.state, "checkpoint.state")
         out["pending_request_info_events"] = self._value(
@@ -123,9 +126,9 @@ class Encoding:
         original = message.original_request_info_event
         data = {
             "data": self._value(message.data, f"{path}.data"),
-            "source_id": message.source_id,
-            "target_id": message.target_id,
-            "type": message.type.value,
+            "source_id": _plain(message.source_id, _TEXT, f"{path}.source_id"),
+            "target_id": _plain(message.target_id, _MAYBE_TEXT, f"{path}.target_id"),
+            "type": _plain(message.type, (MessageType,), f"{path}.type").value,
             "trace_contexts": self._value(message.trace_contexts, f"{path}.trace_contexts"),
             "source_span_ids": self._value(message.source_span_ids, f"{path}.source_span_ids"),
             "original_request_info_event": (
@@ -145,13 +148,15 @@ class Encoding:
             )
         data = {
             "data": self._value(event.data, f"{path}.data"),
-            "origin": event.origin.value,
-            "request_id": event.request_id,
-            "source_executor_id": event.source_executor_id,
+            "origin": _plain(event.origin, (WorkflowEventSource,), f"{path}.origin").value,
+            "request_id": _plain(event.request_id, _TEXT, f"{path}.request_id"),
+            "source_executor_id": _plain(
+                event.source_executor_id, _TEXT, f"{path}.source_executor_id"
+            ),
             "request_type": self._type_name(event.request_type, f"{path}.request_type"),
             "response_type": self._type_name(event.response_type, f"{path}.response_type"),
-            "executor_id": event.executor_id,
-            "iteration": event.iteration,
+            "executor_id": _plain(event.executor_id, _MAYBE_TEXT, f"{path}.executor_id"),
+            "iteration": _plain(event.iteration, _MAYBE_INT, f"{path}.iteration"),
         }
         return TaggedValue(_REQUEST, _VERSION, data)
 
@@ -177,11 +182,8 @@ class Encoding:
         if data.get("format") != FORMAT:
             raise where.corrupted(f"not an Agent Framework checkpoint of format {FORMAT}")
         fields: dict[str, Any] = {name: data.get(name) for name in _PLAIN_FIELDS}
-        for name in ("workflow_name", "graph_signature_hash", "checkpoint_id", "timestamp"):
-            where.expect(fields[name], str, name)
-        where.expect(fields["previous_checkpoint_id"], (str, type(None)), "previous_checkpoint_id")
-        where.expect(fields["iteration_count"], int, "iteration_count")
-        where.expect(fields["version"], str, "version")
+        for name, kinds in _PLAIN_FIELDS.items():
+            where.expect(fields[name], kinds, name)
         for name in ("messages", "state", "pending_request_info_events", "metadata"):
             value = data.get(name)
             where.expect(value, dict, name)
@@ -259,6 +261,14 @@ class Encoding:
                 "a request event's type", str(name), "the type is not registered"
             )
         return entry.cls
+
+
+def _plain(value: Any, kinds: tuple[type, ...], path: str) -> Any:
+    """``value`` if it is of one of ``kinds`` exactly (what :meth:`Encoding.decode` reads)."""
+    if type(value) not in kinds:
+        names = " or ".join("None" if kind is type(None) else kind.__name__ for kind in kinds)
+        raise CheckpointSerializationError(path, f"a {type(value).__name__}, not {names}")
+    return value
 
 
 def _child(path: str, key: Any) -> str:
