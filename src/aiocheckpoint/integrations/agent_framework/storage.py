@@ -27,7 +27,7 @@ from agent_framework import WorkflowCheckpoint
 from agent_framework.exceptions import WorkflowCheckpointException
 
 from ..._validation import check_workflow_id
-from ...codec import to_storable
+from ...codec import View, to_storable
 from ...errors import InvalidArgumentError
 from ...manager import CheckpointManager
 from ...models import AgentStatus, Checkpoint
@@ -155,9 +155,9 @@ class AioCheckpointStorage:
         return [record async for record in self._iter(workflow_id)]
 
     async def _iter(
-        self, workflow_id: str, *, descending: bool = False
+        self, workflow_id: str, *, descending: bool = False, view: View = "raw"
     ) -> AsyncIterator[Checkpoint]:
-        """The workflow's records (verified, decoded as raw values), a page at a time."""
+        """The workflow's records (verified, decoded in ``view``), a page at a time."""
         cursor: int | None = None
         while True:
             bound = {"before": cursor} if descending else {"after": cursor}
@@ -165,13 +165,15 @@ class AioCheckpointStorage:
                 workflow_id, limit=_PAGE, descending=descending, **bound
             )
             for stored in page:
-                yield await self._read(workflow_id, stored)
+                yield await self._read(workflow_id, stored, view)
             if len(page) < _PAGE:
                 return
             cursor = page[-1].step
 
-    async def _read(self, workflow_id: str, stored: StoredCheckpoint) -> Checkpoint:
-        record = await self._manager.decode_record(workflow_id, stored, view="raw")
+    async def _read(
+        self, workflow_id: str, stored: StoredCheckpoint, view: View = "raw"
+    ) -> Checkpoint:
+        record = await self._manager.decode_record(workflow_id, stored, view=view)
         self._remember(_stored_id(record), workflow_id, record.step)
         return record
 
@@ -197,11 +199,9 @@ class AioCheckpointStorage:
             raise InvalidArgumentError(f"checkpoint_id must be a non-empty str: {checkpoint_id!r}")
         where = self._where.get(checkpoint_id)
         if where is not None:
-            stored = await self._manager.storage.load(*where)
-            if stored is not None:
-                record = await self._read(where[0], stored)
-                if _stored_id(record) == checkpoint_id:
-                    return self._decoded(record), *where
+            found = await self._at(checkpoint_id, *where)
+            if found is not None:
+                return found
             self._where.pop(checkpoint_id, None)
         return await self._search(checkpoint_id)
 
@@ -210,9 +210,24 @@ class AioCheckpointStorage:
         for workflow_id in await self._manager.storage.list_workflows():
             if not workflow_id.startswith(self._prefix):
                 continue
-            async for record in self._iter(workflow_id, descending=True):
+            # The ids are in the records' metadata: values are left in their stored form
+            # (cheaper) until the one asked for is found, and read again then.
+            async for record in self._iter(workflow_id, descending=True, view="stored"):
                 if _stored_id(record) == checkpoint_id:
-                    return self._decoded(record), workflow_id, record.step
+                    found = await self._at(checkpoint_id, workflow_id, record.step)
+                    if found is not None:
+                        return found
+        return None
+
+    async def _at(
+        self, checkpoint_id: str, workflow_id: str, step: int
+    ) -> tuple[WorkflowCheckpoint, str, int] | None:
+        """The checkpoint at ``step`` if it is still ``checkpoint_id``."""
+        stored = await self._manager.storage.load(workflow_id, step)
+        if stored is not None:
+            record = await self._read(workflow_id, stored)
+            if _stored_id(record) == checkpoint_id:
+                return self._decoded(record), workflow_id, step
         return None
 
 
