@@ -1,7 +1,7 @@
-"""The OpenAI Agents SDK session against the SDK's own default durable storage.
+"""The framework integrations against each framework's own default storage.
 
-    python bench/frameworks.py [--backends sqlite,file,postgres] [--ops 300] [--rounds 3]
-                               [--dsn DSN] [--tiny]
+    python bench/frameworks.py [--backends memory,sqlite,file,postgres] [--ops 300]
+                               [--rounds 3] [--dsn DSN] [--tiny]
 
 OpenAI Agents SDK, one session, against the SDK's ``SQLiteSession`` on a file:
 
@@ -9,6 +9,17 @@ OpenAI Agents SDK, one session, against the SDK's ``SQLiteSession`` on a file:
 * ``session-get``: ``get_items(limit=10)`` on that history, ``ops`` times;
 * ``session-add-c50``: 50 sessions at once, each ``add_items`` of one message ``ops / 50``
   times (time per add over all of them: what concurrent conversations share).
+
+Microsoft Agent Framework, one workflow name of ``ops`` chained checkpoints (a few keys of
+state, executor states, one message in transit), against its ``FileCheckpointStorage``
+(system ``framework``) and its ``InMemoryCheckpointStorage`` (``framework-memory``):
+
+* ``af-save``: ``save`` of each checkpoint;
+* ``af-load``: ``load`` by id of each, through the storage object that saved them;
+* ``af-load-cold``: ``load`` by id of the oldest ``ops / 10``, each through a new storage
+  object (ours then searches the workflow name's records, newest first);
+* ``af-latest``: ``get_latest``, ``ops / 10`` times (the framework's storages read every
+  checkpoint for it).
 
 Each round runs every system on fresh stores, alternating their order; prints one JSON
 line per system, row and round (``us_per_op``), then per row the medians and the ratio of
@@ -29,15 +40,22 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from agent_framework import FileCheckpointStorage as AfFiles
+from agent_framework import InMemoryCheckpointStorage as AfMemory
+from agent_framework import WorkflowCheckpoint, WorkflowMessage
 from agents.memory import SQLiteSession
 
 from aiocheckpoint import CheckpointManager, CheckpointStorage
+from aiocheckpoint.integrations.agent_framework import AioCheckpointStorage
 from aiocheckpoint.integrations.openai_agents import AioCheckpointSession
 from aiocheckpoint.storage.file import FileCheckpointStorage as OurFiles
+from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 
-BACKENDS = ("sqlite", "file", "postgres")
+BACKENDS = ("memory", "sqlite", "file", "postgres")
+#: The framework storages each Agent Framework row is compared with.
+AF_REFERENCES = ("framework", "framework-memory")
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
 Timings = dict[str, float]
 
@@ -76,7 +94,40 @@ async def concurrent_adds(sessions: list[Any], ops: int) -> float:
     return (time.perf_counter() - start) / (each * len(sessions)) * 1e6
 
 
+def workflow_checkpoint(n: int, previous: str | None) -> WorkflowCheckpoint:
+    """A checkpoint as a small workflow saves one at the end of a superstep."""
+    message = WorkflowMessage(data=f"payload {n}: " + "x" * 150, source_id="add", target_id="check")
+    return WorkflowCheckpoint(
+        workflow_name="bench",
+        graph_signature_hash="h" * 64,
+        previous_checkpoint_id=previous,
+        messages={"add": [message]},
+        state={
+            "total": n,
+            "seen": list(range(n % 20)),
+            "_executor_state": {"add": {"count": n}, "check": {}},
+        },
+        iteration_count=n,
+    )
+
+
+async def checkpoint_rows(storage: Any, new_storage: Callable[[], Any], ops: int) -> Timings:
+    ids: list[str] = []
+
+    async def save(n: int) -> None:
+        ids.append(await storage.save(workflow_checkpoint(n, ids[-1] if ids else None)))
+
+    out = {"af-save": await timed(ops, save)}
+    out["af-load"] = await timed(ops, lambda n: storage.load(ids[n]))
+    few = max(1, ops // 10)
+    out["af-load-cold"] = await timed(few, lambda n: new_storage().load(ids[n]))
+    out["af-latest"] = await timed(few, lambda n: storage.get_latest(workflow_name="bench"))
+    return out
+
+
 def open_store(backend: str, where: Path, dsn: str) -> CheckpointStorage:
+    if backend == "memory":
+        return InMemoryCheckpointStorage()
     if backend == "sqlite":
         return SQLiteCheckpointStorage(where / "ours.db")
     if backend == "file":
@@ -103,6 +154,9 @@ async def ours(backend: str, where: Path, ops: int, dsn: str) -> Timings:
             out = await session_rows(AioCheckpointSession("bench", manager), ops)
             many = [AioCheckpointSession(f"c{n}", manager) for n in range(CONCURRENT)]
             out["session-add-c50"] = await concurrent_adds(many, ops)
+            out |= await checkpoint_rows(
+                AioCheckpointStorage(manager), lambda: AioCheckpointStorage(manager), ops
+            )
     finally:
         await drop_schema(storage, dsn)
     return out
@@ -117,7 +171,14 @@ async def theirs(where: Path, ops: int) -> Timings:
     finally:
         for one in [session, *many]:
             one.close()
-    return out
+    files = AfFiles(where / "af")
+    return out | await checkpoint_rows(files, lambda: AfFiles(where / "af"), ops)
+
+
+async def theirs_in_memory(ops: int) -> Timings:
+    """The framework's in-memory storage (one object: a new one holds nothing)."""
+    memory = AfMemory()
+    return await checkpoint_rows(memory, lambda: memory, ops)
 
 
 async def one_round(systems: list[str], ops: int, dsn: str) -> dict[str, Timings]:
@@ -127,28 +188,28 @@ async def one_round(systems: list[str], ops: int, dsn: str) -> dict[str, Timings
             where = Path(tmp)
             if system == "framework":
                 results[system] = await theirs(where, ops)
+            elif system == "framework-memory":
+                results[system] = await theirs_in_memory(ops)
             else:
                 results[system] = await ours(system, where, ops, dsn)
     return results
 
 
 def summarize(all_rounds: list[dict[str, Timings]], backends: list[str]) -> None:
-    rows = list(all_rounds[0]["framework"])
-    for row in rows:
-        theirs_us = statistics.median(r["framework"][row] for r in all_rounds)
-        for backend in backends:
-            ours_us = statistics.median(r[backend][row] for r in all_rounds)
-            print(
-                json.dumps(
-                    {
-                        "summary": row,
-                        "backend": backend,
-                        "ours_us": round(ours_us, 1),
-                        "framework_us": round(theirs_us, 1),
-                        "ratio": round(theirs_us / ours_us, 2),
-                    }
-                )
-            )
+    for reference in ("framework", "framework-memory"):
+        for row in all_rounds[0][reference]:
+            theirs_us = statistics.median(r[reference][row] for r in all_rounds)
+            for backend in backends:
+                ours_us = statistics.median(r[backend][row] for r in all_rounds)
+                line = {
+                    "summary": row,
+                    "backend": backend,
+                    "reference": reference,
+                    "ours_us": round(ours_us, 1),
+                    "framework_us": round(theirs_us, 1),
+                    "ratio": round(theirs_us / ours_us, 2),
+                }
+                print(json.dumps(line))
 
 
 async def main() -> None:
@@ -163,7 +224,7 @@ async def main() -> None:
     ops, rounds = (5, 1) if args.tiny else (args.ops, args.rounds)
     all_rounds = []
     for n in range(rounds):
-        systems = ["framework", *backends]
+        systems = ["framework", "framework-memory", *backends]
         if n % 2:
             systems.reverse()
         result = await one_round(systems, ops, args.dsn)
