@@ -38,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .audit import KIND as AUDIT_KIND
 from .lazyfs import REPO, LazyFS, LazyFSFault, mounted
 from .workload import STRIDE, Ledger, workflows
 
@@ -284,6 +285,14 @@ class Trials:
         self.ledger = Ledger({wf.name: wf.keep for wf in self.flows})
         self.exit: int | None = None  # the writer's wait status, once it ended
         self.stores = 0  # stores started so far (their steps start at 0 again)
+        self.lines: list[bytes] = []  # what the last writer announced and acknowledged
+        #: The store's files whose fsync LazyFS answered without its disk holding the data
+        #: (the writer's audit, audit.py), by inode on the disk: what the check finds wrong
+        #: with them is LazyFS's fault, not the store's (see _check).
+        self.unhonoured: dict[int, str] = {}
+        #: AIOCHECKPOINT_POWERLOSS_KEEP=DIR: a check that finds a problem copies its evidence
+        #: there (the disk, LazyFS's log, the writer's lines and errors; see _keep).
+        self.keep = os.environ.get("AIOCHECKPOINT_POWERLOSS_KEEP")
 
     def run(self, stop_at_failure: bool = False) -> Result:
         """Make ``config.cuts`` cuts, each checked; return what they found.
@@ -321,6 +330,7 @@ class Trials:
     def _fresh_store(self) -> None:
         self.fs.wipe()
         self.stores += 1
+        self.unhonoured = {}
         self.ledger = Ledger({wf.name: wf.keep for wf in self.flows})
 
     def _mount(self) -> None:
@@ -353,6 +363,8 @@ class Trials:
             chosen = False
         chosen = self._cut(pid, pipe) and chosen
         self.result.acknowledged += self.ledger.feed(pipe.lines)
+        self.lines = pipe.lines
+        chosen = self._audited(pipe.lines) and chosen
         self._writer_exit()
         self.fs.unmount()
         self._check(since=run * STRIDE, how="" if chosen else " (after a cut LazyFS made itself)")
@@ -361,6 +373,23 @@ class Trials:
         else:
             self.result.unchosen += 1
 
+    def _audited(self, lines: list[bytes]) -> bool:
+        """Note the fsyncs LazyFS did not honour (the writer's ``L`` lines, audit.py); False
+        if there were any: like a full cache, a filesystem that broke fsync proves less."""
+        honoured = True
+        for line in lines:
+            if not line.startswith(f"{AUDIT_KIND}\t".encode()):
+                continue
+            _kind, inode, path, written, held = line.decode().split("\t")
+            evidence = (
+                f"LazyFS answered the writer's fsync of {path} ({written} bytes) with "
+                f"{held} bytes of it on its disk (inode {inode})"
+            )
+            self.unhonoured[int(inode)] = evidence
+            self.result.lazyfs.append(f"fsync not honoured: {evidence}")
+            honoured = False
+        return honoured
+
     def _job(self, kind: str, **more: Any) -> dict[str, Any]:
         config = self.config
         return {
@@ -368,6 +397,7 @@ class Trials:
             "target": config.target,
             # Writers on LazyFS; verifiers on its disk, unmounted (see _check).
             "path": str(self.fs.mount_dir if kind == "write" else self.fs.root),
+            "disk": str(self.fs.root),
             "options": config.options,
             "tasks": config.tasks,
             "retention": config.retention,
@@ -487,12 +517,41 @@ class Trials:
         request.write_text(json.dumps(self.ledger.request(since)))
         result = self._run_verifier(request)
         self.result.checked += result.get("checked", 0)
+        inodes: dict[str, list[int]] = result.get("inodes", {})
         bad = False
         for kind in ("lost", "corrupt", "torn", "behind", "error"):
             for problem in result.get(kind, ()):
+                # About a record whose fsync LazyFS was seen not to honour: LazyFS's loss.
+                lazyfs = self._unhonoured(inodes.get(problem.split(": ", 1)[0], []))
+                if lazyfs is not None:
+                    why = f"fsync not honoured, then {kind}: {problem}{how}; {lazyfs}"
+                    self.result.lazyfs.append(why)
+                    continue
                 bad = True
                 self._found(kind, f"{problem}{how}")
         self.result.bad_cuts += bad and not final
+        if bad and self.keep:
+            self._keep(Path(self.keep), final)
+
+    def _keep(self, keep: Path, final: bool) -> None:
+        """Copy a failed check's evidence under ``keep`` (for a human, never read back)."""
+        slug = re.sub(r"[^a-z0-9]+", "-", self.config.name.lower()).strip("-")
+        check = self.result.cuts + self.result.unchosen
+        dest = keep / f"{slug}-store{self.stores}-{'final' if final else f'check{check}'}"
+        shutil.copytree(self.fs.root, dest / "disk", symlinks=True, dirs_exist_ok=True)
+        for source in (
+            self.fs.log,
+            self.fs.log.with_suffix(".log.prev"),
+            self.fs.workdir / "lazyfs.out",
+            *(self.workdir / n for n in ("write.err", "request.json", "result.json")),
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copy(source, dest / source.name)
+        (dest / "writer-lines.txt").write_bytes(b"\n".join(self.lines) + b"\n")
+
+    def _unhonoured(self, inodes: list[int]) -> str | None:
+        """The evidence that LazyFS lost one of these records' fsynced data, if it did."""
+        return next((self.unhonoured[i] for i in inodes if i in self.unhonoured), None)
 
     def _found(self, kind: str, problem: str) -> None:
         """Count a problem once: a checkpoint's loss is found again by later checks."""
