@@ -49,8 +49,8 @@ async def _write(job: dict[str, Any]) -> None:
     fd = os.open(job["acks"], os.O_WRONLY)
     target = make_target(job)
     await target.open()
-    if job.get("disk"):  # fsyncs LazyFS does not honour are reported (audit.py)
-        target.audit_fsyncs(job["disk"], lambda line: os.write(fd, line.encode() + b"\n"))
+    if job.get("disk"):  # what LazyFS answers against its disk (audit.py)
+        target.audit_lazyfs(job["disk"], lambda line: os.write(fd, line.encode() + b"\n"))
     os.write(fd, b"R\n")
     seed, run = job["seed"], job["run"]
     flows = workflows(job["tasks"], job["retention"])

@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import Any
 
 from .audit import KIND as AUDIT_KIND
+from .audit import MISREAD
 from .lazyfs import REPO, LazyFS, LazyFSFault, mounted
 from .workload import STRIDE, Ledger, workflows
 
@@ -286,9 +287,10 @@ class Trials:
         self.exit: int | None = None  # the writer's wait status, once it ended
         self.stores = 0  # stores started so far (their steps start at 0 again)
         self.lines: list[bytes] = []  # what the last writer announced and acknowledged
-        #: The store's files whose fsync LazyFS answered without its disk holding the data
-        #: (the writer's audit, audit.py), by inode on the disk: what the check finds wrong
-        #: with them is LazyFS's fault, not the store's (see _check).
+        #: The store's files LazyFS was caught mishandling by the writer's audit (audit.py):
+        #: an fsync answered without its disk holding the data, a record its disk holds
+        #: whole read short by the garbage collector. By inode on the disk, the evidence:
+        #: what the check finds wrong with them is LazyFS's fault, not the store's.
         self.unhonoured: dict[int, str] = {}
         #: AIOCHECKPOINT_POWERLOSS_KEEP=DIR: a check that finds a problem copies its evidence
         #: there (the disk, LazyFS's log, the writer's lines and errors; see _keep).
@@ -374,19 +376,28 @@ class Trials:
             self.result.unchosen += 1
 
     def _audited(self, lines: list[bytes]) -> bool:
-        """Note the fsyncs LazyFS did not honour (the writer's ``L`` lines, audit.py); False
-        if there were any: like a full cache, a filesystem that broke fsync proves less."""
+        """Note what the writer's audit caught LazyFS doing (audit.py); False if anything:
+        like a full cache, a filesystem that broke fsync or read proves less."""
         honoured = True
         for line in lines:
-            if not line.startswith(f"{AUDIT_KIND}\t".encode()):
+            kind, _, rest = line.decode(errors="replace").partition("\t")
+            if kind == AUDIT_KIND:
+                inode, path, written, held = rest.split("\t")
+                evidence = (
+                    f"fsync not honoured: LazyFS answered the writer's fsync of {path} "
+                    f"({written} bytes) with {held} bytes of it on its disk (inode {inode})"
+                )
+            elif kind == MISREAD:
+                inode, where, size, reason = rest.split("\t")
+                evidence = (
+                    f"short read: the writer's garbage collector read {where} through LazyFS "
+                    f"as '{reason}' while LazyFS's disk held it whole ({size} bytes, inode "
+                    f"{inode}); the sweep kept none of its blobs"
+                )
+            else:
                 continue
-            _kind, inode, path, written, held = line.decode().split("\t")
-            evidence = (
-                f"LazyFS answered the writer's fsync of {path} ({written} bytes) with "
-                f"{held} bytes of it on its disk (inode {inode})"
-            )
             self.unhonoured[int(inode)] = evidence
-            self.result.lazyfs.append(f"fsync not honoured: {evidence}")
+            self.result.lazyfs.append(evidence)
             honoured = False
         return honoured
 
@@ -521,10 +532,11 @@ class Trials:
         bad = False
         for kind in ("lost", "corrupt", "torn", "behind", "error"):
             for problem in result.get(kind, ()):
-                # About a record whose fsync LazyFS was seen not to honour: LazyFS's loss.
+                # About a record LazyFS was caught mishandling: LazyFS's loss.
                 lazyfs = self._unhonoured(inodes.get(problem.split(": ", 1)[0], []))
                 if lazyfs is not None:
-                    why = f"fsync not honoured, then {kind}: {problem}{how}; {lazyfs}"
+                    label, _, evidence = lazyfs.partition(": ")
+                    why = f"{label}, then {kind}: {problem}{how}; {evidence}"
                     self.result.lazyfs.append(why)
                     continue
                 bad = True
@@ -550,7 +562,7 @@ class Trials:
         (dest / "writer-lines.txt").write_bytes(b"\n".join(self.lines) + b"\n")
 
     def _unhonoured(self, inodes: list[int]) -> str | None:
-        """The evidence that LazyFS lost one of these records' fsynced data, if it did."""
+        """The evidence that LazyFS mishandled one of these records, if it did."""
         return next((self.unhonoured[i] for i in inodes if i in self.unhonoured), None)
 
     def _found(self, kind: str, problem: str) -> None:

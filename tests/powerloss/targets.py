@@ -48,9 +48,9 @@ class Target:
     async def collect(self) -> None:
         """One round of the system's garbage collection, if it has one."""
 
-    def audit_fsyncs(self, disk: str, report: Callable[[str], object]) -> None:
-        """Before the first write: check LazyFS's disk after each fsync (audit.py), if the
-        target can; ``disk`` is LazyFS's backing directory, ``report`` sends a line."""
+    def audit_lazyfs(self, disk: str, report: Callable[[str], object]) -> None:
+        """Before the first write: check what LazyFS answers against its disk (audit.py), if
+        the target can; ``disk`` is LazyFS's backing directory, ``report`` sends a line."""
 
     async def workflows(self) -> list[str]:
         """Every workflow with a visible record."""
@@ -90,11 +90,24 @@ class Aiocheckpoint(Target):
         self.managers: dict[int | None, CheckpointManager] = {}
         self.reader = self.manager(None)
 
-    def audit_fsyncs(self, disk: str, report: Callable[[str], object]) -> None:
-        if self.options["backend"] == "file":
-            from .audit import FsyncAudit
+    def audit_lazyfs(self, disk: str, report: Callable[[str], object]) -> None:
+        if self.options["backend"] != "file":
+            return
+        import logging
 
-            self.storage._os = FsyncAudit(str(self.path), disk, report)
+        from .audit import GCReadAudit
+
+        self.storage._os = self.fsync_audit(disk, report)
+        workflows = self.storage._root
+        logging.getLogger("aiocheckpoint.storage.file.gc").addHandler(
+            GCReadAudit(str(self.path), disk, workflows, report)
+        )
+
+    def fsync_audit(self, disk: str, report: Callable[[str], object]) -> Any:
+        """The file store's OS calls, each fsync audited (audit.py)."""
+        from .audit import FsyncAudit
+
+        return FsyncAudit(str(self.path), disk, report)
 
     def record_inodes(self, wf: str, low: int) -> dict[int, int]:
         if self.options["backend"] != "file":
@@ -273,7 +286,7 @@ class DiskDropsAnFsync(Aiocheckpoint):
     is truncated there, as a LazyFS that does not honour an fsync leaves it). The writer's
     audit sees it: the harness must blame LazyFS for that record, and only for it."""
 
-    def audit_fsyncs(self, disk: str, report: Callable[[str], object]) -> None:
+    def fsync_audit(self, disk: str, report: Callable[[str], object]) -> Any:
         from .audit import FsyncAudit
 
         trial = 0
@@ -297,7 +310,7 @@ class DiskDropsAnFsync(Aiocheckpoint):
                 os.truncate(found[0], 0)
                 self.check(fd)
 
-        self.storage._os = Dropping(str(self.path), disk, self.reporter(report))
+        return Dropping(str(self.path), disk, self.reporter(report))
 
     def reporter(self, report: Callable[[str], object]) -> Callable[[str], object]:
         """Where the audit's reports go."""

@@ -5,10 +5,13 @@ No LazyFS needed: a "mount" directory and a "disk" directory stand for its two s
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
-from .audit import KIND, FsyncAudit
+from .audit import KIND, MISREAD, FsyncAudit, GCReadAudit
+from .targets import Aiocheckpoint
+from .workload import States, Workflow
 
 
 def _write(path: Path, data: bytes) -> int:
@@ -52,3 +55,32 @@ def test_descriptors_that_wrote_nothing_through_their_position_are_not_compared(
     finally:
         os.close(fd)
     assert reports == []
+
+
+async def test_a_record_the_sweep_skipped_but_the_disk_holds_whole_is_reported(
+    tmp_path: Path,
+) -> None:
+    """The garbage collector logs a record it could not read; if the disk's copy reads whole,
+    the short read was the filesystem's: reported with the record's inode. A copy that is
+    short on the disk too is the store's business: not reported."""
+    disk = tmp_path / "disk"
+    target = Aiocheckpoint(disk, {"backend": "file", "storage": {}})
+    await target.open()
+    big = Workflow("wf", 0, True, None)
+    await target.save("wf", 7, States(1, 0, big).next(7), None)  # a tree record (format 2)
+    await target.close()
+    record = next((disk / "store" / "workflows" / "wf").glob("*.ckpt"))
+    where, size, ino = f"wf/{record.name}", record.stat().st_size, record.stat().st_ino
+    mount = tmp_path / "mnt"
+    reports: list[str] = []
+    workflows = str(mount / "store" / "workflows")
+    handler = GCReadAudit(str(mount), str(disk), workflows, reports.append)
+    logger = logging.getLogger("aiocheckpoint.storage.file.gc")
+    logger.addHandler(handler)
+    try:
+        logger.warning("GC: skipping unreadable record %s: %s", where, "body is 0 bytes")
+        record.write_bytes(record.read_bytes()[:30])  # short on the disk as well
+        logger.warning("GC: skipping unreadable record %s: %s", where, "body is 0 bytes")
+    finally:
+        logger.removeHandler(handler)
+    assert reports == [f"{MISREAD}\t{ino}\t{where}\t{size}\tbody is 0 bytes"]
