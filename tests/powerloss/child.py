@@ -102,7 +102,7 @@ def _inodes(
     """The inodes of the records each problem may be about, by its subject: the record of
     ``wf@step`` (lost, corrupt, torn), or every record of ``wf`` from its last acknowledged
     step on (behind: one of them is what the latest is behind or fails on). The parent
-    matches them against the files whose fsync LazyFS did not honour (audit.py)."""
+    matches them against the files the writer's audit caught LazyFS mishandling (audit.py)."""
     out: dict[str, list[int]] = {}
     for kind, problems in found.items():
         for problem in problems:

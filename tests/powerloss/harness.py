@@ -16,6 +16,12 @@ LazyFS that dies or fails while the writer runs is a cut at a moment nobody chos
 like a chosen one but not counted towards the target. Nothing that could not be checked
 counts as a pass: the trials stop with :class:`HarnessError` (a failure) when they run out
 of time or attempts before reaching the target.
+
+LazyFS also errs without dying: it has answered an fsync without its disk holding the data,
+and served a short read of a record its disk held whole. The writer audits it (audit.py)
+and reports each such file by its inode on the disk; what a check then finds wrong with
+that very record is a LazyFS failure with the evidence, not a loss of the store's, and the
+trial is not counted towards the target (see ``_audited`` and ``_check``).
 """
 
 from __future__ import annotations
@@ -291,7 +297,7 @@ class Trials:
         #: an fsync answered without its disk holding the data, a record its disk holds
         #: whole read short by the garbage collector. By inode on the disk, the evidence:
         #: what the check finds wrong with them is LazyFS's fault, not the store's.
-        self.unhonoured: dict[int, str] = {}
+        self.mishandled: dict[int, str] = {}
         #: AIOCHECKPOINT_POWERLOSS_KEEP=DIR: a check that finds a problem copies its evidence
         #: there (the disk, LazyFS's log, the writer's lines and errors; see _keep).
         self.keep = os.environ.get("AIOCHECKPOINT_POWERLOSS_KEEP")
@@ -332,7 +338,7 @@ class Trials:
     def _fresh_store(self) -> None:
         self.fs.wipe()
         self.stores += 1
-        self.unhonoured = {}
+        self.mishandled = {}
         self.ledger = Ledger({wf.name: wf.keep for wf in self.flows})
 
     def _mount(self) -> None:
@@ -366,11 +372,11 @@ class Trials:
         chosen = self._cut(pid, pipe) and chosen
         self.result.acknowledged += self.ledger.feed(pipe.lines)
         self.lines = pipe.lines
-        chosen = self._audited(pipe.lines) and chosen
+        audited = self._audited(pipe.lines)
         self._writer_exit()
         self.fs.unmount()
         self._check(since=run * STRIDE, how="" if chosen else " (after a cut LazyFS made itself)")
-        if chosen:
+        if chosen and audited:
             self.result.cuts += 1
         else:
             self.result.unchosen += 1
@@ -396,7 +402,7 @@ class Trials:
                 )
             else:
                 continue
-            self.unhonoured[int(inode)] = evidence
+            self.mishandled[int(inode)] = evidence
             self.result.lazyfs.append(evidence)
             honoured = False
         return honoured
@@ -533,7 +539,7 @@ class Trials:
         for kind in ("lost", "corrupt", "torn", "behind", "error"):
             for problem in result.get(kind, ()):
                 # About a record LazyFS was caught mishandling: LazyFS's loss.
-                lazyfs = self._unhonoured(inodes.get(problem.split(": ", 1)[0], []))
+                lazyfs = self._mishandled_one(inodes.get(problem.split(": ", 1)[0], []))
                 if lazyfs is not None:
                     label, _, evidence = lazyfs.partition(": ")
                     why = f"{label}, then {kind}: {problem}{how}; {evidence}"
@@ -561,9 +567,9 @@ class Trials:
                 shutil.copy(source, dest / source.name)
         (dest / "writer-lines.txt").write_bytes(b"\n".join(self.lines) + b"\n")
 
-    def _unhonoured(self, inodes: list[int]) -> str | None:
+    def _mishandled_one(self, inodes: list[int]) -> str | None:
         """The evidence that LazyFS mishandled one of these records, if it did."""
-        return next((self.unhonoured[i] for i in inodes if i in self.unhonoured), None)
+        return next((self.mishandled[i] for i in inodes if i in self.mishandled), None)
 
     def _found(self, kind: str, problem: str) -> None:
         """Count a problem once: a checkpoint's loss is found again by later checks."""
