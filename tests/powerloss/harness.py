@@ -51,6 +51,8 @@ from .workload import STRIDE, Ledger, workflows
 
 #: How the writer's exit code says why it stopped on its own (see child.run_job).
 _LAZYFS_EXIT = 4
+#: How the LazyFS failures the writer's audit caught begin (see ``_audited``).
+AUDITED = ("fsync not honoured", "short read")
 #: A writer gets this long to start and acknowledge its first save (it takes well under 1 s).
 _FIRST_ACK_SECONDS = 20
 
@@ -543,7 +545,8 @@ class Trials:
                 if lazyfs is not None:
                     label, _, evidence = lazyfs.partition(": ")
                     why = f"{label}, then {kind}: {problem}{how}; {evidence}"
-                    self.result.lazyfs.append(why)
+                    if why not in self.result.lazyfs:  # later checks find it again
+                        self.result.lazyfs.append(why)
                     continue
                 bad = True
                 self._found(kind, f"{problem}{how}")

@@ -100,9 +100,10 @@ def test_a_record_whose_fsync_lazyfs_did_not_honour_is_blamed_on_lazyfs(
     blamed = [why for why in result.lazyfs if why.startswith("fsync not honoured, then")]
     assert blamed, result.lazyfs
     assert all("answered the writer's fsync of" in why and "-all/.tmp-" in why for why in blamed)
-    # One record dropped per trial that reached it: each such trial is not a cut.
+    # One record dropped per trial that reached it: no such trial is a cut (LazyFS's own
+    # deaths, under load, add uncounted trials too).
     dropped = [why for why in result.lazyfs if why.startswith("fsync not honoured: ")]
-    assert dropped and result.unchosen == len(dropped) and result.cuts == 4
+    assert dropped and result.unchosen >= len(dropped) and result.cuts == 4
 
 
 def test_the_same_loss_without_the_audits_evidence_fails(
