@@ -49,6 +49,8 @@ async def _write(job: dict[str, Any]) -> None:
     fd = os.open(job["acks"], os.O_WRONLY)
     target = make_target(job)
     await target.open()
+    if job.get("disk"):  # what LazyFS answers against its disk (audit.py)
+        target.audit_lazyfs(job["disk"], lambda line: os.write(fd, line.encode() + b"\n"))
     os.write(fd, b"R\n")
     seed, run = job["seed"], job["run"]
     flows = workflows(job["tasks"], job["retention"])
@@ -91,7 +93,28 @@ async def verify(target: Target, request: dict[str, Any]) -> dict[str, Any]:
 
     await asyncio.gather(*(check(wf) for wf in sorted(names)))
     checked = sum(len(steps) for steps in request["required"].values())
-    return {"checked": checked, **found}
+    return {"checked": checked, **found, "inodes": _inodes(target, request, found)}
+
+
+def _inodes(
+    target: Target, request: dict[str, Any], found: dict[str, list[str]]
+) -> dict[str, list[int]]:
+    """The inodes of the records each problem may be about, by its subject: the record of
+    ``wf@step`` (lost, corrupt, torn), or every record of ``wf`` from its last acknowledged
+    step on (behind: one of them is what the latest is behind or fails on). The parent
+    matches them against the files the writer's audit caught LazyFS mishandling (audit.py)."""
+    out: dict[str, list[int]] = {}
+    for kind, problems in found.items():
+        for problem in problems:
+            subject = problem.split(": ", 1)[0]
+            if kind == "behind":
+                records = target.record_inodes(subject, int(request["last_acks"][subject]))
+                out[subject] = sorted(records.values())
+            else:
+                wf, _, step_text = subject.rpartition("@")
+                record = target.record_inodes(wf, int(step_text)).get(int(step_text))
+                out[subject] = [] if record is None else [record]
+    return out
 
 
 async def _check_workflow(

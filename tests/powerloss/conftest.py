@@ -8,7 +8,7 @@ import pytest
 
 from tests import _summary
 
-from .harness import Result
+from .harness import AUDITED, Result
 from .lazyfs import build
 
 #: What every configuration's trials did and found, printed at the end of the run.
@@ -28,4 +28,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         lines.append(f"power loss: {result.summary()}")
         if result.lazyfs:
             lines.append(f"    LazyFS failures: {result.lazyfs_failures()}")
+        # What the writer's audit caught LazyFS doing (rare), with its evidence in full.
+        lines += [f"    {why}" for why in result.lazyfs if why.startswith(AUDITED)]
     _summary.publish(session.config, lines)

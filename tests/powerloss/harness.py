@@ -16,6 +16,12 @@ LazyFS that dies or fails while the writer runs is a cut at a moment nobody chos
 like a chosen one but not counted towards the target. Nothing that could not be checked
 counts as a pass: the trials stop with :class:`HarnessError` (a failure) when they run out
 of time or attempts before reaching the target.
+
+LazyFS also errs without dying: it has answered an fsync without its disk holding the data,
+and served a short read of a record its disk held whole. The writer audits it (audit.py)
+and reports each such file by its inode on the disk; what a check then finds wrong with
+that very record is a LazyFS failure with the evidence, not a loss of the store's, and the
+trial is not counted towards the target (see ``_audited`` and ``_check``).
 """
 
 from __future__ import annotations
@@ -38,11 +44,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .audit import KIND as AUDIT_KIND
+from .audit import MISREAD
 from .lazyfs import REPO, LazyFS, LazyFSFault, mounted
 from .workload import STRIDE, Ledger, workflows
 
 #: How the writer's exit code says why it stopped on its own (see child.run_job).
 _LAZYFS_EXIT = 4
+#: How the LazyFS failures the writer's audit caught begin (see ``_audited``).
+AUDITED = ("fsync not honoured", "short read")
 #: A writer gets this long to start and acknowledge its first save (it takes well under 1 s).
 _FIRST_ACK_SECONDS = 20
 
@@ -284,6 +294,15 @@ class Trials:
         self.ledger = Ledger({wf.name: wf.keep for wf in self.flows})
         self.exit: int | None = None  # the writer's wait status, once it ended
         self.stores = 0  # stores started so far (their steps start at 0 again)
+        self.lines: list[bytes] = []  # what the last writer announced and acknowledged
+        #: The store's files LazyFS was caught mishandling by the writer's audit (audit.py):
+        #: an fsync answered without its disk holding the data, a record its disk holds
+        #: whole read short by the garbage collector. By inode on the disk, the evidence:
+        #: what the check finds wrong with them is LazyFS's fault, not the store's.
+        self.mishandled: dict[int, str] = {}
+        #: AIOCHECKPOINT_POWERLOSS_KEEP=DIR: a check that finds a problem copies its evidence
+        #: there (the disk, LazyFS's log, the writer's lines and errors; see _keep).
+        self.keep = os.environ.get("AIOCHECKPOINT_POWERLOSS_KEEP")
 
     def run(self, stop_at_failure: bool = False) -> Result:
         """Make ``config.cuts`` cuts, each checked; return what they found.
@@ -321,6 +340,7 @@ class Trials:
     def _fresh_store(self) -> None:
         self.fs.wipe()
         self.stores += 1
+        self.mishandled = {}
         self.ledger = Ledger({wf.name: wf.keep for wf in self.flows})
 
     def _mount(self) -> None:
@@ -353,13 +373,41 @@ class Trials:
             chosen = False
         chosen = self._cut(pid, pipe) and chosen
         self.result.acknowledged += self.ledger.feed(pipe.lines)
+        self.lines = pipe.lines
+        audited = self._audited(pipe.lines)
         self._writer_exit()
         self.fs.unmount()
         self._check(since=run * STRIDE, how="" if chosen else " (after a cut LazyFS made itself)")
-        if chosen:
+        if chosen and audited:
             self.result.cuts += 1
         else:
             self.result.unchosen += 1
+
+    def _audited(self, lines: list[bytes]) -> bool:
+        """Note what the writer's audit caught LazyFS doing (audit.py); False if anything:
+        like a full cache, a filesystem that broke fsync or read proves less."""
+        honoured = True
+        for line in lines:
+            kind, _, rest = line.decode(errors="replace").partition("\t")
+            if kind == AUDIT_KIND:
+                inode, path, written, held = rest.split("\t")
+                evidence = (
+                    f"fsync not honoured: LazyFS answered the writer's fsync of {path} "
+                    f"({written} bytes) with {held} bytes of it on its disk (inode {inode})"
+                )
+            elif kind == MISREAD:
+                inode, where, size, reason = rest.split("\t")
+                evidence = (
+                    f"short read: the writer's garbage collector read {where} through LazyFS "
+                    f"as '{reason}' while LazyFS's disk held it whole ({size} bytes, inode "
+                    f"{inode}); the sweep kept none of its blobs"
+                )
+            else:
+                continue
+            self.mishandled[int(inode)] = evidence
+            self.result.lazyfs.append(evidence)
+            honoured = False
+        return honoured
 
     def _job(self, kind: str, **more: Any) -> dict[str, Any]:
         config = self.config
@@ -368,6 +416,7 @@ class Trials:
             "target": config.target,
             # Writers on LazyFS; verifiers on its disk, unmounted (see _check).
             "path": str(self.fs.mount_dir if kind == "write" else self.fs.root),
+            "disk": str(self.fs.root),
             "options": config.options,
             "tasks": config.tasks,
             "retention": config.retention,
@@ -487,12 +536,43 @@ class Trials:
         request.write_text(json.dumps(self.ledger.request(since)))
         result = self._run_verifier(request)
         self.result.checked += result.get("checked", 0)
+        inodes: dict[str, list[int]] = result.get("inodes", {})
         bad = False
         for kind in ("lost", "corrupt", "torn", "behind", "error"):
             for problem in result.get(kind, ()):
+                # About a record LazyFS was caught mishandling: LazyFS's loss.
+                lazyfs = self._mishandled_one(inodes.get(problem.split(": ", 1)[0], []))
+                if lazyfs is not None:
+                    label, _, evidence = lazyfs.partition(": ")
+                    why = f"{label}, then {kind}: {problem}{how}; {evidence}"
+                    if why not in self.result.lazyfs:  # later checks find it again
+                        self.result.lazyfs.append(why)
+                    continue
                 bad = True
                 self._found(kind, f"{problem}{how}")
         self.result.bad_cuts += bad and not final
+        if bad and self.keep:
+            self._keep(Path(self.keep), final)
+
+    def _keep(self, keep: Path, final: bool) -> None:
+        """Copy a failed check's evidence under ``keep`` (for a human, never read back)."""
+        slug = re.sub(r"[^a-z0-9]+", "-", self.config.name.lower()).strip("-")
+        check = self.result.cuts + self.result.unchosen
+        dest = keep / f"{slug}-store{self.stores}-{'final' if final else f'check{check}'}"
+        shutil.copytree(self.fs.root, dest / "disk", symlinks=True, dirs_exist_ok=True)
+        for source in (
+            self.fs.log,
+            self.fs.log.with_suffix(".log.prev"),
+            self.fs.workdir / "lazyfs.out",
+            *(self.workdir / n for n in ("write.err", "request.json", "result.json")),
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copy(source, dest / source.name)
+        (dest / "writer-lines.txt").write_bytes(b"\n".join(self.lines) + b"\n")
+
+    def _mishandled_one(self, inodes: list[int]) -> str | None:
+        """The evidence that LazyFS mishandled one of these records, if it did."""
+        return next((self.mishandled[i] for i in inodes if i in self.mishandled), None)
 
     def _found(self, kind: str, problem: str) -> None:
         """Count a problem once: a checkpoint's loss is found again by later checks."""

@@ -87,10 +87,12 @@ def build() -> Path:
 
 
 def _config(fifo: Path, done: Path, log: Path, cache_mb: int) -> str:
+    # AIOCHECKPOINT_LAZYFS_LOG_OPS=1 logs every operation (slower; evidence for a human).
+    ops = "true" if os.environ.get("AIOCHECKPOINT_LAZYFS_LOG_OPS") == "1" else "false"
     return (
         f'[faults]\nfifo_path="{fifo}"\nfifo_path_completed="{done}"\n'
         f'[cache]\napply_eviction=false\n[cache.simple]\ncustom_size="{cache_mb}mb"\n'
-        f'blocks_per_page=1\n[filesystem]\nlog_all_operations=false\nlogfile="{log}"\n'
+        f'blocks_per_page=1\n[filesystem]\nlog_all_operations={ops}\nlogfile="{log}"\n'
     )
 
 
@@ -129,6 +131,8 @@ class LazyFS:
         self.mount_dir.mkdir(parents=True, exist_ok=True)
         assert mounted(self.root), "wipe() first: it mounts the disk"
         self.config.write_text(_config(self.fifo, self.done, self.log, self.cache_mb))
+        with contextlib.suppress(FileNotFoundError):  # the log holds this mount's life only
+            self.log.replace(self.log.with_suffix(".log.prev"))
         with open(self.workdir / "lazyfs.out", "ab") as out:
             self.proc = subprocess.Popen(
                 [

@@ -9,8 +9,10 @@ harness must catch; the peers of the bench (LangGraph, the seed) are in bench/po
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,10 @@ class Target:
     async def collect(self) -> None:
         """One round of the system's garbage collection, if it has one."""
 
+    def audit_lazyfs(self, disk: str, report: Callable[[str], object]) -> None:
+        """Before the first write: check what LazyFS answers against its disk (audit.py), if
+        the target can; ``disk`` is LazyFS's backing directory, ``report`` sends a line."""
+
     async def workflows(self) -> list[str]:
         """Every workflow with a visible record."""
         raise NotImplementedError
@@ -61,6 +67,11 @@ class Target:
     async def latest(self, wf: str) -> int | None:
         """Where a restarted workflow would resume from: the step of its latest record."""
         raise NotImplementedError
+
+    def record_inodes(self, wf: str, low: int) -> dict[int, int]:
+        """The inodes of the files holding the workflow's records from step ``low`` on, by
+        step (empty if the target keeps no record in a file of its own)."""
+        return {}
 
     async def close(self) -> None:
         """Release everything."""
@@ -78,6 +89,41 @@ class Aiocheckpoint(Target):
         self.storage = open_storage(url, **self.options.get("storage", {}))
         self.managers: dict[int | None, CheckpointManager] = {}
         self.reader = self.manager(None)
+
+    def audit_lazyfs(self, disk: str, report: Callable[[str], object]) -> None:
+        if self.options["backend"] != "file":
+            return
+        import logging
+
+        from .audit import GCReadAudit
+
+        self.storage._os = self.fsync_audit(disk, report)
+        workflows = self.storage._root
+        logging.getLogger("aiocheckpoint.storage.file.gc").addHandler(
+            GCReadAudit(str(self.path), disk, workflows, report)
+        )
+
+    def fsync_audit(self, disk: str, report: Callable[[str], object]) -> Any:
+        """The file store's OS calls, each fsync audited (audit.py)."""
+        from .audit import FsyncAudit
+
+        return FsyncAudit(str(self.path), disk, report)
+
+    def record_inodes(self, wf: str, low: int) -> dict[int, int]:
+        if self.options["backend"] != "file":
+            return {}
+        from aiocheckpoint.storage.file.names import parse_step_name
+
+        out: dict[int, int] = {}
+        with (
+            contextlib.suppress(FileNotFoundError),
+            os.scandir(self.storage.workflow_dir(wf)) as it,
+        ):
+            for entry in it:
+                step = parse_step_name(entry.name)
+                if step is not None and step >= low:
+                    out[step] = entry.inode()
+        return out
 
     def manager(self, keep: int | None) -> Any:
         """The manager that applies retention ``keep`` (one per value, one storage)."""
@@ -232,3 +278,48 @@ class RenameWithoutFsync(Target):
     async def latest(self, wf: str) -> int | None:
         steps = self._steps(wf)
         return steps[-1] if steps else None
+
+
+class DiskDropsAnFsync(Aiocheckpoint):
+    """As :class:`Aiocheckpoint`, but in every other trial of a store the first record of a
+    workflow without retention loses its data on LazyFS's disk right after its fsync (it
+    is truncated there, as a LazyFS that does not honour an fsync leaves it). The writer's
+    audit sees it: the harness must blame LazyFS for that record, and only for it."""
+
+    def fsync_audit(self, disk: str, report: Callable[[str], object]) -> Any:
+        from .audit import FsyncAudit
+
+        trial = 0
+        while True:  # metadata is durable on LazyFS at once: a count that survives cuts
+            try:
+                os.mkdir(self.path / f"trial-{trial}")
+                break
+            except FileExistsError:
+                trial += 1
+        drop = trial % 2 == 0
+
+        class Dropping(FsyncAudit):
+            def fsync(self, fd: int) -> None:
+                nonlocal drop
+                found = self.on_disk(fd)
+                if not (drop and found and "-all/.tmp-" in found[0]):
+                    super().fsync(fd)
+                    return
+                drop = False
+                super(FsyncAudit, self).fsync(fd)
+                os.truncate(found[0], 0)
+                self.check(fd)
+
+        return Dropping(str(self.path), disk, self.reporter(report))
+
+    def reporter(self, report: Callable[[str], object]) -> Callable[[str], object]:
+        """Where the audit's reports go."""
+        return report
+
+
+class DiskDropsAnFsyncUnseen(DiskDropsAnFsync):
+    """As :class:`DiskDropsAnFsync`, with the audit's reports thrown away: the same loss,
+    without the evidence that LazyFS caused it, is the store's and fails the trials."""
+
+    def reporter(self, report: Callable[[str], object]) -> Callable[[str], object]:
+        return lambda line: None

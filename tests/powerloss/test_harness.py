@@ -80,3 +80,39 @@ def test_a_lazyfs_that_never_mounts_fails_the_run(tmp_path: Path) -> None:
     config = Config("never mounts", UNSAFE, {}, 1, 1)
     with pytest.raises(HarnessError, match="would not mount"):
         Trials(config, Path("/bin/false"), tmp_path, seed=3).run()
+
+
+def _drops(target: str) -> Config:
+    options = {"backend": "file", "storage": {"use_syncfs": False}}
+    return Config(target.rsplit(":", 1)[1], target, options, 1, 4)
+
+
+def test_a_record_whose_fsync_lazyfs_did_not_honour_is_blamed_on_lazyfs(
+    lazyfs_binary: Path, tmp_path: Path
+) -> None:
+    """The writer's audit sees LazyFS's disk without the data of an fsync it answered: what
+    the checks then find wrong with that record (and only that record) is LazyFS's failure,
+    with the evidence, and that trial does not count as a cut."""
+    config = _drops("tests.powerloss.targets:DiskDropsAnFsync")
+    result = Trials(config, lazyfs_binary, tmp_path, seed=5).run(stop_at_failure=True)
+    RESULTS.append(result)
+    assert result.failures == 0, "\n".join([result.summary(), *result.examples()])
+    blamed = [why for why in result.lazyfs if why.startswith("fsync not honoured, then")]
+    assert blamed, result.lazyfs
+    assert all("answered the writer's fsync of" in why and "-all/.tmp-" in why for why in blamed)
+    # One record dropped per trial that reached it: no such trial is a cut (LazyFS's own
+    # deaths, under load, add uncounted trials too).
+    dropped = [why for why in result.lazyfs if why.startswith("fsync not honoured: ")]
+    assert dropped and result.unchosen >= len(dropped) and result.cuts == 4
+
+
+def test_the_same_loss_without_the_audits_evidence_fails(
+    lazyfs_binary: Path, tmp_path: Path
+) -> None:
+    """Control: the same record lost the same way, the audit's report thrown away, is a loss
+    of the store's: nothing but the audit's evidence excuses one."""
+    config = _drops("tests.powerloss.targets:DiskDropsAnFsyncUnseen")
+    result = Trials(config, lazyfs_binary, tmp_path, seed=5).run(stop_at_failure=True)
+    RESULTS.append(result)
+    assert result.failures > 0, result.summary()
+    assert any("0 bytes" in p for found in result.problems.values() for p in found.values())
