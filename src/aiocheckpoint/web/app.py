@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 from ..manager import CheckpointManager
 from ..urls import redacted
-from . import data, tree
+from . import data, diff, tree
 
 __all__ = ["HEADERS", "LOOPBACK_NAMES", "create_app", "shown"]
 
@@ -167,6 +167,7 @@ def create_app(
         Route("/", pages.workflows),
         Route("/workflow", pages.workflow),
         Route("/step", pages.step),
+        Route("/diff", pages.diff),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]
@@ -255,6 +256,18 @@ class _Pages:
             "path": path,
         }
         return self.render("step.html", context)
+
+    async def diff(self, request: Request) -> Response:
+        q = request.query_params
+        try:
+            number = _int(q.get("step"))
+            if number is None:
+                raise InvalidArgumentError("which step? (?step=N)")
+            against, offset = _int(q.get("against")), _int(q.get("offset")) or 0
+            view = await diff.load_diff(self.manager, q.get("id", ""), number, against, offset)
+        except CheckpointError as exc:
+            return self.failed(exc)
+        return self.render("diff.html", {"view": view})
 
 
 def _int(text: str | None) -> int | None:
