@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 from ..manager import CheckpointManager
 from ..urls import redacted
-from . import data, diff, tree
+from . import charts, data, diff, timeline, tree
 
 __all__ = ["HEADERS", "LOOPBACK_NAMES", "create_app", "shown"]
 
@@ -168,6 +168,7 @@ def create_app(
         Route("/workflow", pages.workflow),
         Route("/step", pages.step),
         Route("/diff", pages.diff),
+        Route("/throughput", pages.throughput),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]
@@ -227,7 +228,8 @@ class _Pages:
         found = view.record or view.steps or view.effects or view.effects_problem
         if not found and before is None:
             return self.failed(CheckpointNotFoundError(view.workflow_id))
-        return self.render("workflow.html", {"view": view})
+        picture = charts.timeline(timeline.workflow_spans(view))
+        return self.render("workflow.html", {"view": view, "timeline": picture})
 
     async def step(self, request: Request) -> Response:
         q = request.query_params
@@ -268,6 +270,15 @@ class _Pages:
         except CheckpointError as exc:
             return self.failed(exc)
         return self.render("diff.html", {"view": view})
+
+    async def throughput(self, request: Request) -> Response:
+        try:
+            minutes = _int(request.query_params.get("minutes")) or 60
+            view = await timeline.throughput(self.manager, minutes)
+        except CheckpointError as exc:
+            return self.failed(exc)
+        context = {"view": view, "series": timeline.SERIES, "sample": timeline.SAMPLE}
+        return self.render("throughput.html", context)
 
 
 def _int(text: str | None) -> int | None:
