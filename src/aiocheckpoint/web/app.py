@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
 from ..manager import CheckpointManager
 from ..urls import redacted
-from . import charts, data, diff, timeline, tree
+from . import charts, data, diff, store, timeline, tree
 
 __all__ = ["HEADERS", "LOOPBACK_NAMES", "create_app", "shown"]
 
@@ -169,6 +169,7 @@ def create_app(
         Route("/step", pages.step),
         Route("/diff", pages.diff),
         Route("/throughput", pages.throughput),
+        Route("/store", pages.store),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]
@@ -279,6 +280,20 @@ class _Pages:
             return self.failed(exc)
         context = {"view": view, "series": timeline.SERIES, "sample": timeline.SAMPLE}
         return self.render("throughput.html", context)
+
+    async def store(self, request: Request) -> Response:
+        q = request.query_params
+        try:
+            facts = await store.store_facts(self.manager)
+            counts = await data.count_statuses(self.manager)
+            checked = None
+            if q.get("verify"):
+                after = q.get("after") or None
+                checked = await store.verify_page(self.manager, after, _int(q.get("from")))
+        except CheckpointError as exc:
+            return self.failed(exc)
+        context = {"facts": facts, "counts": counts, "checked": checked, "after": q.get("after")}
+        return self.render("store.html", context)
 
 
 def _int(text: str | None) -> int | None:
