@@ -4,7 +4,8 @@ Off unless the app is built with ``allow_actions`` (``serve --allow-actions``, w
 requires a token). Each action is a ``POST`` of a form that carries a CSRF token: an HMAC,
 under a secret made when the app starts, of a random value kept in an HttpOnly,
 SameSite=Strict cookie. A POST whose token does not match its cookie, whose ``Origin``
-names another site, or whose body is over :data:`MAX_BODY` bytes is refused and changes
+names another site (under the pages' no-referrer policy a browser sends ``null``, which
+names none), or whose body is over :data:`MAX_BODY` bytes is refused and changes
 nothing.
 
 Each action calls what the command line calls, so each takes the workflow's lease as the
@@ -71,7 +72,8 @@ class Csrf:
     def check(self, request: Request, form: Mapping[str, str]) -> None:
         """ActionRefused unless the form's token matches the cookie and the origin is ours."""
         origin = request.headers.get("origin")
-        if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        # "null": what a browser sends under the pages' no-referrer policy; the token decides.
+        if origin not in (None, "null") and urlsplit(origin).netloc != request.headers.get("host"):
             raise ActionRefused("refused: the form was sent from another site")
         cookie = request.cookies.get(CSRF_COOKIE)
         given = form.get("csrf", "")

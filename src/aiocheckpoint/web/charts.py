@@ -90,7 +90,7 @@ def timeline(spans: Sequence[Span]) -> Chart | None:
     last = max(s.end for s in spans)
     total = max((last - first).total_seconds(), 1e-3)
     scale = (WIDTH - LEFT - 10) / total
-    chart = Chart(WIDTH, ROW * len(lanes) + 30)
+    chart = Chart(WIDTH, ROW * len(lanes) + 44)
     for lane, row in lanes.items():
         chart.labels.append(Tick(4, row * ROW + 15, lane))
     for span in spans:
@@ -106,7 +106,7 @@ def _time_axis(first: datetime, total: float, scale: float, y: float) -> list[Ti
     """Five labels along the time axis: the offset from the start (``+1.5s``, ``+2m``)."""
     return [
         Tick(LEFT + total * n / 4 * scale, y, "+" + _duration(total * n / 4)) for n in range(5)
-    ] + [Tick(4, y, first.isoformat(timespec="seconds"))]
+    ] + [Tick(LEFT, y + 14, "from " + first.isoformat(timespec="seconds"))]
 
 
 def _duration(seconds: float) -> str:

@@ -29,7 +29,7 @@ from .data import StepRow, WorkflowView
 __all__ = ["BUCKETS", "SAMPLE", "Throughput", "throughput", "workflow_spans"]
 
 #: Workflow records the throughput page reads at most, per query.
-SAMPLE: Final = 5000
+SAMPLE: Final = 2000
 #: Columns of the throughput chart.
 BUCKETS: Final = 60
 #: The longest window (a week).
