@@ -1,6 +1,7 @@
 """The inspector's ASGI application: routes, templates and the safety headers.
 
-Read-only: every route is a GET that reads through the manager. Every value from the store
+Read-only by default: every route is a GET that reads through the manager; only an app
+built with ``allow_actions`` adds the POST routes of :mod:`.actions`. Every value from the store
 reaches the page through Jinja2's autoescaping, and through :func:`shown`, which also makes
 control and bidirectional characters visible as escapes, so an id cannot reorder or hide
 the text around it. The Content-Security-Policy allows no script at all and styles only
