@@ -97,3 +97,71 @@ async def test_click_through_and_no_planted_script_runs(kind: str, new_store: Ne
             await browser.close()
     assert errors == []
     assert HOSTILE.startswith("<script>")
+
+
+async def test_diff_pictures_store_and_actions_in_the_browser(new_store: NewStore) -> None:
+    """With --allow-actions and a token: a step's diff shows the changed key, the timeline
+    and the throughput are drawn, the store verifies, a paused workflow is resumed with
+    input by its form; the hostile workflow's diff, timeline and forms run no script."""
+    url = new_store("sqlite")
+    await populate(url)
+    env = {"AIOCHECKPOINT_TOKEN": "t0ken"}
+    shoot = os.environ.get("AIOCHECKPOINT_DOC_SHOTS") == "1"
+    with serving(url, "--allow-actions", env=env) as address:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            errors = watch(page)
+            await page.goto(f"{address}/workflow?id=done&token=t0ken")
+            assert "actions allowed" in await page.locator("header").inner_text()
+            assert await page.locator("svg.chart rect.bar").count() >= 3
+            await page.locator("svg.chart a").last.click()
+            await page.wait_for_url("**/step?id=done&step=2")
+            await page.locator("a.diff").click()
+            await page.wait_for_url("**/diff?id=done&step=2")
+            rows = page.locator("table.diff tbody tr")
+            assert await rows.count() == 1
+            assert "count" in await rows.first.inner_text()
+            await page.locator("input[name=against]").fill("0")
+            await page.locator("form.filters button").click()
+            await page.wait_for_url("**/diff?id=done&step=2&against=0")
+            assert "against step 0" in await page.locator("h1").inner_text()
+            if shoot:
+                await page.screenshot(path=str(SHOTS / "diff.png"))
+
+            await page.locator("header nav a", has_text="throughput").click()
+            await page.wait_for_url("**/throughput")
+            assert await page.locator("svg.chart rect.bar").count() >= 1
+            if shoot:
+                await page.screenshot(path=str(SHOTS / "throughput.png"))
+            await page.locator("header nav a", has_text="store").click()
+            await page.get_by_role("button", name="Verify").click()
+            summary = await page.locator(".verify-summary").inner_text()
+            assert "0 problems" in summary
+            if shoot:
+                await page.screenshot(path=str(SHOTS / "store.png"))
+
+            await page.goto(f"{address}/workflow?id=waiting")
+            await page.locator("textarea[name=input]").fill('{"approved": true}')
+            if shoot:
+                await page.screenshot(path=str(SHOTS / "actions.png"), full_page=True)
+            await page.get_by_role("button", name="Resume").click()
+            await page.wait_for_load_state()
+            assert page.url.endswith("/workflow?id=waiting"), await page.content()
+            facts = await page.locator("dl.facts").first.inner_text()
+            assert "unfinished" in facts
+
+            await page.goto(f"{address}/")
+            await page.locator("table a.wf", has_text="<script>").click()
+            await page.wait_for_load_state()
+            await not_pwned(page)
+            assert await page.locator("svg.chart").count() == 1
+            await page.locator("a.step").first.click()
+            await page.locator("a.diff").click()
+            await page.wait_for_load_state()
+            await not_pwned(page)
+            table = await page.locator("table.diff").inner_text()
+            assert "__pwned=1</script>" in table and "<img src=x onerror=" in table
+            assert await page.locator("table.diff img, table.diff script").count() == 0
+            await browser.close()
+    assert errors == []

@@ -220,12 +220,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", metavar="URL")
     p.add_argument("--overwrite", action="store_true", help="replace differing records")
 
-    p = command("serve", cmd_serve, "a read-only web inspector of the store (the web extra)")
+    p = command(
+        "serve", cmd_serve, "a web inspector of the store, read-only by default (the web extra)"
+    )
     p.add_argument("url", metavar="URL")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=_port, default=8420, help="port to listen on (8420)")
     p.add_argument(
         "--token", help=f"require this token on every request (default: ${TOKEN_VARIABLE})"
+    )
+    p.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="offer resume, retry, cancel and effect resolve (needs a token)",
     )
     return parser
 

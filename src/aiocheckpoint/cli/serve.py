@@ -1,4 +1,7 @@
-"""``serve``: the web inspector (the ``web`` extra), read-only, on loopback by default."""
+"""``serve``: the web inspector (the ``web`` extra), on loopback by default.
+
+Read-only unless ``--allow-actions``, which needs a token.
+"""
 
 from __future__ import annotations
 
@@ -32,9 +35,14 @@ def is_loopback(host: str) -> bool:
 
 
 async def cmd_serve(args: argparse.Namespace, out: Output) -> int:
-    """Serve the read-only inspector until interrupted (Ctrl-C)."""
+    """Serve the inspector until interrupted (Ctrl-C)."""
     token = args.token or os.environ.get(TOKEN_VARIABLE) or None
     loopback = is_loopback(args.host)
+    if args.allow_actions and token is None:
+        raise CommandError(
+            "--allow-actions lets a visitor change workflows: pass --token (or set "
+            f"{TOKEN_VARIABLE}) so that only those given the token can"
+        )
     if not loopback and token is None:
         raise CommandError(
             f"--host {args.host} is not a loopback address: anyone who can reach it would read "
@@ -47,9 +55,16 @@ async def cmd_serve(args: argparse.Namespace, out: Output) -> int:
         shown_host = f"[{args.host}]" if ":" in args.host else args.host
         where = f"http://{shown_host}:{args.port}/"
         hint = f"{where}?token=…" if token else where
-        out.note(f"serving {printable(redact_url(args.url))} read-only at {hint} (Ctrl-C stops)")
+        mode = "with actions" if args.allow_actions else "read-only"
+        out.note(f"serving {printable(redact_url(args.url))} {mode} at {hint} (Ctrl-C stops)")
         await web.serve(
-            manager, args.url, host=args.host, port=args.port, token=token, loopback=loopback
+            manager,
+            args.url,
+            host=args.host,
+            port=args.port,
+            token=token,
+            loopback=loopback,
+            allow_actions=args.allow_actions,
         )
     return 0
 

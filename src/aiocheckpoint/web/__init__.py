@@ -1,4 +1,4 @@
-"""``aiocheckpoint serve``: a read-only web inspector for any store (the ``web`` extra).
+"""``aiocheckpoint serve``: a web inspector for any store (the ``web`` extra).
 
 :func:`create_app` builds the ASGI application over a manager; :func:`serve` runs it with
 uvicorn. docs/web.md describes the pages and the safety model.
@@ -20,12 +20,13 @@ async def serve(
     port: int,
     token: str | None,
     loopback: bool,
+    allow_actions: bool = False,
 ) -> None:
     """Serve the inspector over ``manager`` on ``host``:``port`` until interrupted."""
     import uvicorn
 
     hosts = list(LOOPBACK_NAMES) if loopback else None
-    app = create_app(manager, url, token=token, allowed_hosts=hosts)
+    app = create_app(manager, url, token=token, allowed_hosts=hosts, allow_actions=allow_actions)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, server_header=False
     )

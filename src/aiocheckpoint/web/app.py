@@ -1,6 +1,7 @@
 """The inspector's ASGI application: routes, templates and the safety headers.
 
-Read-only: every route is a GET that reads through the manager. Every value from the store
+Read-only by default: every route is a GET that reads through the manager; only an app
+built with ``allow_actions`` adds the POST routes of :mod:`.actions`. Every value from the store
 reaches the page through Jinja2's autoescaping, and through :func:`shown`, which also makes
 control and bidirectional characters visible as escapes, so an id cannot reorder or hide
 the text around it. The Content-Security-Policy allows no script at all and styles only
@@ -26,10 +27,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError
+from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError, LeaseError
 from ..manager import CheckpointManager
 from ..urls import redacted
-from . import data, tree
+from . import actions, charts, data, diff, store, timeline, tree
 
 __all__ = ["HEADERS", "LOOPBACK_NAMES", "create_app", "shown"]
 
@@ -153,20 +154,28 @@ def create_app(
     *,
     token: str | None = None,
     allowed_hosts: list[str] | None = None,
+    allow_actions: bool = False,
 ) -> ASGIApp:
     """The inspector over ``manager`` (whose store ``url`` names; shown redacted).
 
     With ``token`` every request must carry it (``Authorization: Bearer``, or the cookie
     set by visiting once with ``?token=``). ``allowed_hosts`` limits the Host header (the
-    loopback names when bound to loopback, against DNS rebinding).
+    loopback names when bound to loopback, against DNS rebinding). With ``allow_actions``
+    the workflow page has forms for the operator's actions (:mod:`.actions`), each a POST
+    checked against CSRF; without it there is no route that writes.
     """
     env = _environment()
     env.globals["store_url"] = redacted(url)
-    pages = _Pages(manager, url, env)
+    env.globals["actions"] = allow_actions
+    pages = _Pages(manager, url, env, actions.Csrf() if allow_actions else None)
     routes = [
         Route("/", pages.workflows),
         Route("/workflow", pages.workflow),
         Route("/step", pages.step),
+        Route("/diff", pages.diff),
+        Route("/throughput", pages.throughput),
+        Route("/store", pages.store),
+        *([Route("/action/{name}", pages.action, methods=["POST"])] if allow_actions else []),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]
@@ -177,18 +186,54 @@ def create_app(
 class _Pages:
     """The route handlers: each reads what its page shows and renders its template."""
 
-    def __init__(self, manager: CheckpointManager, url: str, env: Environment) -> None:
+    def __init__(
+        self, manager: CheckpointManager, url: str, env: Environment, csrf: actions.Csrf | None
+    ) -> None:
         self.manager = manager
         self.url = url
         self.env = env
+        self.csrf = csrf
 
-    def render(self, name: str, context: dict[str, Any], code: int = 200) -> HTMLResponse:
+    def render(
+        self,
+        name: str,
+        context: dict[str, Any],
+        code: int = 200,
+        request: Request | None = None,
+    ) -> HTMLResponse:
+        """The page; with actions allowed and ``request`` given, its forms' CSRF token."""
+        cookie, fresh = None, False
+        if self.csrf is not None and request is not None:
+            cookie = request.cookies.get(actions.CSRF_COOKIE)
+            fresh = cookie is None
+            cookie = cookie or self.csrf.new_cookie()
+            context = {**context, "csrf": self.csrf.token(cookie)}
         html = self.env.get_template(name).render(**context)
-        return HTMLResponse(html, status_code=code)
+        response = HTMLResponse(html, status_code=code)
+        if cookie is not None and fresh:
+            response.set_cookie(actions.CSRF_COOKIE, cookie, httponly=True, samesite="strict")
+        return response
+
+    async def action(self, request: Request) -> Response:
+        """An operator's action (a POST with a CSRF token); back to the workflow's page."""
+        assert self.csrf is not None
+        try:
+            form = await actions.read_form(request)
+            self.csrf.check(request, form)
+            workflow_id = await actions.run_action(
+                self.manager, str(request.path_params["name"]), form
+            )
+        except actions.ActionRefused as exc:
+            return PlainTextResponse(str(exc), exc.status)
+        except CheckpointError as exc:
+            return self.failed(exc)
+        return RedirectResponse(_link("/workflow", id=workflow_id), status_code=303)
 
     def failed(self, exc: CheckpointError) -> HTMLResponse:
         status = 404 if isinstance(exc, CheckpointNotFoundError) else 400
-        if not isinstance(exc, (CheckpointNotFoundError, InvalidArgumentError)):
+        if isinstance(exc, LeaseError):
+            status = 409
+        elif not isinstance(exc, (CheckpointNotFoundError, InvalidArgumentError)):
             status = 500
         message = f"{type(exc).__name__}: {redacted(str(exc))}"
         return self.render("error.html", {"message": message}, status)
@@ -226,7 +271,8 @@ class _Pages:
         found = view.record or view.steps or view.effects or view.effects_problem
         if not found and before is None:
             return self.failed(CheckpointNotFoundError(view.workflow_id))
-        return self.render("workflow.html", {"view": view})
+        picture = charts.timeline(timeline.workflow_spans(view))
+        return self.render("workflow.html", {"view": view, "timeline": picture}, request=request)
 
     async def step(self, request: Request) -> Response:
         q = request.query_params
@@ -255,6 +301,41 @@ class _Pages:
             "path": path,
         }
         return self.render("step.html", context)
+
+    async def diff(self, request: Request) -> Response:
+        q = request.query_params
+        try:
+            number = _int(q.get("step"))
+            if number is None:
+                raise InvalidArgumentError("which step? (?step=N)")
+            against, offset = _int(q.get("against")), _int(q.get("offset")) or 0
+            view = await diff.load_diff(self.manager, q.get("id", ""), number, against, offset)
+        except CheckpointError as exc:
+            return self.failed(exc)
+        return self.render("diff.html", {"view": view})
+
+    async def throughput(self, request: Request) -> Response:
+        try:
+            minutes = _int(request.query_params.get("minutes")) or 60
+            view = await timeline.throughput(self.manager, minutes)
+        except CheckpointError as exc:
+            return self.failed(exc)
+        context = {"view": view, "series": timeline.SERIES, "sample": timeline.SAMPLE}
+        return self.render("throughput.html", context)
+
+    async def store(self, request: Request) -> Response:
+        q = request.query_params
+        try:
+            facts = await store.store_facts(self.manager)
+            counts = await data.count_statuses(self.manager)
+            checked = None
+            if q.get("verify"):
+                after = q.get("after") or None
+                checked = await store.verify_page(self.manager, after, _int(q.get("from")))
+        except CheckpointError as exc:
+            return self.failed(exc)
+        context = {"facts": facts, "counts": counts, "checked": checked, "after": q.get("after")}
+        return self.render("store.html", context)
 
 
 def _int(text: str | None) -> int | None:

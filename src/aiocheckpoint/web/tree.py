@@ -19,13 +19,26 @@ from typing import Any, Final
 from ..errors import InvalidArgumentError
 from ..format import tags
 
-__all__ = ["CHILDREN", "NODES", "TEXT", "Node", "build_tree", "parse_path", "subtree"]
+__all__ = [
+    "CHILDREN",
+    "NODES",
+    "PREVIEW",
+    "TEXT",
+    "Node",
+    "build_tree",
+    "describe",
+    "is_typed",
+    "parse_path",
+    "subtree",
+]
 
 NODES: Final = 2000
 CHILDREN: Final = 200
 TEXT: Final = 2000
 #: How deep the tree is drawn; deeper containers are links to their own page.
 DEPTH: Final = 24
+#: Characters of a value's one-line preview (a diff's old and new values).
+PREVIEW: Final = 300
 
 #: How each tag is named on the page.
 _NAMES: Final = {
@@ -56,6 +69,8 @@ class Node:
     more: tuple[str, int] | None = None
     #: how many children or characters were left out
     left_out: int = 0
+    #: whether it holds children (a dict, list, tuple, set, registered value...)
+    container: bool = False
 
 
 @dataclass
@@ -148,6 +163,7 @@ def _container(
     depth: int,
     tag: str = "",
 ) -> Node:
+    node.container = True
     inner = _entries_of(value if not tag else {tag: value})
     total = len(inner) if isinstance(inner, (dict, list)) else 0
     node.text = f"{total} items"
@@ -179,3 +195,65 @@ def _items(value: Any) -> Iterator[tuple[str | int, Any]]:
         yield from value.items()
     elif isinstance(value, list):
         yield from enumerate(value)
+
+
+def is_typed(value: Any) -> bool:
+    """Whether ``value`` is a typed value in its tagged form (``{"$dt": "..."}``)."""
+    if isinstance(value, dict) and len(value) == 1:
+        tag = next(iter(value))
+        return isinstance(tag, str) and tag.startswith(tags.TAG_START)
+    return False
+
+
+def describe(value: Any) -> Node:
+    """``value`` as one line: its type and a preview cut at :data:`PREVIEW` characters.
+
+    The preview is written a piece at a time and stops at the limit, so a huge value costs
+    no more than the limit.
+    """
+    node = _node("", value, [], _Budget(1), 0, DEPTH)
+    if node.container:
+        pieces: list[str] = []
+        left = _preview(_entries_of(value), pieces, PREVIEW)
+        node.text = f"{node.text}: {''.join(pieces)}"
+        node.left_out = 0 if left >= 0 else 1
+        node.more = None
+    elif len(node.text) > PREVIEW:
+        node.left_out += len(node.text) - PREVIEW
+        node.text = node.text[:PREVIEW]
+    return node
+
+
+def _preview(value: Any, out: list[str], room: int) -> int:
+    """Append compact JSON of ``value`` to ``out`` until ``room`` runs out; what is left."""
+    if room < 0:
+        return room
+    if isinstance(value, dict):
+        out.append("{")
+        room -= 1
+        for n, (key, child) in enumerate(value.items()):
+            if room < 0:
+                break
+            head = (", " if n else "") + json.dumps(str(key)[:room], ensure_ascii=False) + ": "
+            out.append(head)
+            room = _preview(child, out, room - len(head))
+        out.append("}")
+        return room - 1
+    if isinstance(value, list):
+        out.append("[")
+        room -= 1
+        for n, child in enumerate(value):
+            if room < 0:
+                break
+            if n:
+                out.append(", ")
+                room -= 2
+            room = _preview(child, out, room)
+        out.append("]")
+        return room - 1
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**100:
+        text = "(huge int)"
+    else:
+        text = json.dumps(value[: room + 1] if isinstance(value, str) else value)
+    out.append(text[: max(room, 0) + 1])
+    return room - len(text)
