@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 from typing_extensions import Self
 
-from . import control
+from . import control, history
 from ._holders import LocalHolders
 from ._telemetry import round_trip, traced
 from ._validation import (
@@ -47,6 +47,7 @@ from .errors import (
     WorkflowBusyError,
     WorkflowExistsError,
 )
+from .history import WorkflowEvent
 from .leases import (
     WORKFLOW_KIND,
     Lease,
@@ -735,7 +736,9 @@ class CheckpointManager:
         step = check_step(step)
         self._drive(new_id)  # no block of this manager starts it while it is being copied
         try:
-            return await self._fork(source_id, step, new_id)
+            copied = await self._fork(source_id, step, new_id)
+            await history.forked(self._storage, source_id, step, new_id)
+            return copied
         finally:
             self._undrive(new_id)
 
@@ -900,6 +903,18 @@ class CheckpointManager:
         storage = self._workflow_storage()
         workflow_id = check_workflow_id(workflow_id)
         return await storage.resume_workflow(workflow_id, json_text(input, "resume input"))
+
+    async def get_events(
+        self, workflow_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[WorkflowEvent]:
+        """The workflow's events, oldest first: :mod:`aiocheckpoint.history`.
+
+        Paged as :meth:`list_workflow_records` is: ``limit`` of them after ``cursor``.
+        """
+        self._check_open()
+        return await history.get_events(
+            self._storage, check_workflow_id(workflow_id), limit, cursor
+        )
 
     async def cancel_workflow(self, workflow_id: str, reason: str | None = None) -> WorkflowRecord:
         """Cancel an UNFINISHED or PAUSED workflow: CANCELLED, ``reason`` in ``last_error``.

@@ -1,0 +1,53 @@
+"""The in-memory store's event histories (:class:`~aiocheckpoint.storage.events.EventStorage`)."""
+
+from __future__ import annotations
+
+import bisect
+from datetime import datetime
+
+from ..leases import WorkflowRecord
+from .events import EventKind, StoredEvent
+
+__all__ = ["EventLog"]
+
+
+class EventLog:
+    """Each workflow's events in order, numbered by one store-wide counter."""
+
+    __slots__ = ("_events", "_seq")
+
+    def __init__(self) -> None:
+        self._events: dict[str, list[StoredEvent]] = {}
+        self._seq = 0
+
+    def append(self, record: WorkflowRecord, kind: EventKind, data: str, at: datetime) -> None:
+        """Append an event of ``record`` (its latest step and attempts as they are now)."""
+        self._seq += 1
+        attempt = record.attempts if kind in _COUNTED else None
+        event = StoredEvent(self._seq, kind.value, at, record.latest_step, attempt, data)
+        self._events.setdefault(record.workflow_id, []).append(event)
+
+    def page(self, workflow_id: str, after: int | None, limit: int) -> list[StoredEvent]:
+        """The events after sequence number ``after``, oldest first, at most ``limit``."""
+        events = self._events.get(workflow_id, [])
+        start = 0 if after is None else bisect.bisect_right([e.seq for e in events], after)
+        return events[start : start + limit]
+
+    def drop(self, workflow_id: str) -> None:
+        """Forget the workflow's events."""
+        self._events.pop(workflow_id, None)
+
+    def clear(self) -> None:
+        """Forget every event."""
+        self._events.clear()
+
+
+#: The kinds whose ``attempt`` is the record's count of failed runs.
+_COUNTED = frozenset(
+    {
+        EventKind.STEP_FAILED,
+        EventKind.RETRY_SCHEDULED,
+        EventKind.FAILED,
+        EventKind.EFFECT_IN_DOUBT,
+    }
+)
