@@ -6,6 +6,8 @@ set up through the Python API.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from aiocheckpoint import CheckpointManager, ResumableWorkflow, RetryPolicy
@@ -122,3 +124,34 @@ async def test_a_store_without_events(new_store: NewStore) -> None:
     assert result.code == 2 and "keeps no event history" in result.error_line()
     shown = cli("history", url, "wf", "--json").json()
     assert isinstance(shown, dict) and shown["checkpoints"][0]["events"] is None
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_copy_export_and_import_carry_the_history(
+    new_store: NewStore, kind: str, tmp_path: Path
+) -> None:
+    """A workflow's events reach the destination as they were, once, by copy and import."""
+    source = new_store(kind)
+    async with open_store(source, must_exist=False) as manager:
+        await _story(manager)
+        await manager.register_workflow("cancelled")
+        await manager.cancel_workflow("cancelled", reason="by \x1b mistake")
+        expected = {
+            wf: [(str(e.kind), e.step, e.attempt, e.data) for e in await manager.get_events(wf)]
+            for wf in ("wf", "cancelled")
+        }
+    copied = new_store("postgres" if kind == "sqlite" else "sqlite")
+    exported = tmp_path / "out.jsonl"
+    imported = new_store(kind)
+    assert cli("copy", source, copied).code == 0
+    assert cli("copy", source, copied).code == 0  # again: the same history, not twice
+    assert cli("export", source, str(exported)).code == 0
+    assert cli("import", str(exported), imported).code == 0
+    for url in (copied, imported):
+        async with open_store(url, must_exist=True) as manager:
+            for workflow_id, events in expected.items():
+                found = await manager.get_events(workflow_id)
+                assert [(str(e.kind), e.step, e.attempt, e.data) for e in found] == events
+    lines = exported.read_text(encoding="utf-8").splitlines()
+    assert '"version":3' in lines[0] and "\x1b" not in exported.read_text(encoding="utf-8")
+    assert sum('"type":"event"' in line for line in lines) == sum(map(len, expected.values()))

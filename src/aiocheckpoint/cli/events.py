@@ -65,7 +65,8 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> int:
             fit=4,
         )
     else:
-        out.note(f"no events of workflow {workflow_id}" + (" after the cursor" * bool(args.cursor)))
+        after = " after the cursor" if args.cursor else ""
+        out.note(f"no events of workflow {workflow_id}{after}")
     if page.next_cursor is not None:
         command = ["aiocheckpoint", "events", redact_url(args.url), workflow_id]
         command += ["--limit", str(args.limit), "--cursor", page.next_cursor]

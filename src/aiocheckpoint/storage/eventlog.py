@@ -33,6 +33,15 @@ class EventLog:
         start = 0 if after is None else bisect.bisect_right([e.seq for e in events], after)
         return events[start : start + limit]
 
+    def put(self, workflow_id: str, events: list[StoredEvent], replace: bool) -> None:
+        """Append carried events with new sequence numbers (after dropping the rest)."""
+        if replace:
+            self.drop(workflow_id)
+        log = self._events.setdefault(workflow_id, [])
+        for event in events:
+            self._seq += 1
+            log.append(StoredEvent(self._seq, *_fields(event)))
+
     def drop(self, workflow_id: str) -> None:
         """Forget the workflow's events."""
         self._events.pop(workflow_id, None)
@@ -40,6 +49,10 @@ class EventLog:
     def clear(self) -> None:
         """Forget every event."""
         self._events.clear()
+
+
+def _fields(event: StoredEvent) -> tuple[str, datetime, int | None, int | None, str]:
+    return event.kind, event.at, event.step, event.attempt, event.data
 
 
 #: The kinds whose ``attempt`` is the record's count of failed runs.

@@ -14,6 +14,7 @@ none), and its data, a JSON object as text. The manager reads them with
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -33,6 +34,7 @@ __all__ = [
     "EventStorage",
     "StoredEvent",
     "check_event_page",
+    "check_events",
     "check_sleep",
     "failure_events",
     "status_event",
@@ -123,6 +125,10 @@ class EventStorage(WorkflowStorage, Protocol):
       ``retry_at`` ``seconds`` after the storage's clock (``claim_next_workflow`` passes it
       over until then) and no ``finished_at``, and appends ``sleeping`` with ``{"until"}``;
       fenced and guarded against a cancelled record as ``set_workflow_status`` is.
+    * ``put_events(wf, events, replace=...)`` appends events carried from another store
+      (``copy``, ``import``) with their kind, time, step, attempt and data, in order, in
+      one transaction; with ``replace=True`` the workflow's events are deleted first, in
+      the same transaction. The workflow's record exists (the caller writes it first).
     """
 
     async def set_workflow_status(
@@ -146,6 +152,12 @@ class EventStorage(WorkflowStorage, Protocol):
         self, workflow_id: str, seconds: float, *, fence: Lease | None = None
     ) -> WorkflowRecord:
         """Make the workflow UNFINISHED, claimable only ``seconds`` from now; ``sleeping``."""
+        ...
+
+    async def put_events(
+        self, workflow_id: str, events: Sequence[StoredEvent], *, replace: bool
+    ) -> None:
+        """Append ``events`` as they are (new sequence numbers); ``replace``: drop the rest."""
         ...
 
 
@@ -196,6 +208,27 @@ def check_sleep(seconds: object) -> float:
     if not 0 <= seconds <= MAX_SLEEP:
         raise InvalidArgumentError(f"a sleep is 0 to {MAX_SLEEP:.0f} seconds, not {seconds!r}")
     return float(seconds)
+
+
+def check_events(events: object) -> list[StoredEvent]:
+    """Events to put: a sequence of StoredEvent whose kind and data are sound."""
+    if not isinstance(events, Sequence) or not all(isinstance(e, StoredEvent) for e in events):
+        raise InvalidArgumentError("events must be a sequence of StoredEvent")
+    for event in events:
+        if not isinstance(event.kind, str) or not 0 < len(event.kind) <= 64:
+            raise InvalidArgumentError(f"an event kind is 1-64 characters, not {event.kind!r}")
+        if event.at.tzinfo is None:
+            raise InvalidArgumentError("an event's time must carry its time zone")
+        for value in (event.step, event.attempt):
+            if value is not None and (type(value) is not int or not 0 <= value < 2**63):
+                raise InvalidArgumentError(f"an event's step or attempt is bad: {value!r}")
+        try:
+            fields = json.loads(event.data)
+        except (TypeError, ValueError):
+            fields = None
+        if not isinstance(fields, dict):
+            raise InvalidArgumentError("an event's data must be a JSON object's text")
+    return list(events)
 
 
 def failure_events(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,6 +38,7 @@ from .events import (
     EventNote,
     StoredEvent,
     check_event_page,
+    check_events,
     check_sleep,
     failure_events,
     status_event,
@@ -558,6 +559,14 @@ class InMemoryCheckpointStorage(BaseStorage):
         return self._update(
             record, status=WorkflowStatus.UNFINISHED, retry_at=until, finished_at=None
         )
+
+    async def put_events(
+        self, workflow_id: str, events: Sequence[StoredEvent], *, replace: bool
+    ) -> None:
+        """Append carried events as they are; ``replace``: drop the workflow's others first."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        self._events.put(workflow_id, check_events(events), replace)
 
     async def get_events(
         self, workflow_id: str, *, after: int | None = None, limit: int = 1000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
@@ -20,7 +21,7 @@ from ..leases import Lease, RetryPolicy, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import utcnow
 from ..storage.base import WorkflowStorage
-from ..storage.events import EventKind
+from ..storage.events import EventKind, EventStorage, StoredEvent
 from ..workflow import ResumableWorkflow
 from ._support import Boom, new_manager
 
@@ -304,3 +305,37 @@ class EventStorageConformance:
                 pass
         assert await kinds(manager, "wf") == ["completed"]
         assert [c.step for c in await manager.list_checkpoints("wf")] == [0, 1]
+
+    async def test_put_events_carries_a_history(self, storage: WorkflowStorage) -> None:
+        """put_events appends events as they are, after the rest or instead of them."""
+        manager = new_manager(storage)
+        assert isinstance(storage, EventStorage)
+        await manager.create_checkpoint("src", 2, "a", "failed", {})
+        await manager.record_failure("src", Boom("down"), retry=RetryPolicy(backoff=60))
+        await manager.mark_workflow("src", WorkflowStatus.PAUSED)
+        source = await storage.get_events("src")
+        await manager.register_workflow("dst")
+        await manager.mark_workflow("dst", WorkflowStatus.PAUSED)  # the transfer's own write
+        await storage.put_events("dst", source, replace=True)
+        await storage.put_events("dst", source, replace=True)  # again: the same history
+        carried = await storage.get_events("dst")
+
+        def same(a: StoredEvent, b: StoredEvent) -> bool:
+            fields = (a.kind, a.step, a.attempt, json.loads(a.data))
+            near = abs((a.at - b.at).total_seconds()) < 0.001
+            return near and fields == (b.kind, b.step, b.attempt, json.loads(b.data))
+
+        assert len(carried) == len(source) == 3
+        assert all(same(a, b) for a, b in zip(carried, source, strict=True))
+        assert [e.seq for e in carried] == sorted({e.seq for e in carried})
+        await storage.put_events("dst", source[:1], replace=False)
+        assert [e.kind for e in await storage.get_events("dst")] == [
+            "step_failed",
+            "retry_scheduled",
+            "paused",
+            "step_failed",
+        ]
+        bad = StoredEvent(0, "paused", utcnow(), None, None, "[1]")
+        with pytest.raises(InvalidArgumentError):
+            await storage.put_events("dst", [bad], replace=True)
+        assert len(await storage.get_events("dst")) == 4

@@ -64,6 +64,7 @@ class EventSql:
     page: str
     table: str
     sleep: str
+    put: str
 
     @classmethod
     def build(cls, quoted: str, sql: Sql) -> EventSql:
@@ -100,6 +101,8 @@ class EventSql:
         claim = sql.claim.replace(
             "SELECT workflow_id FROM", "SELECT workflow_id, lease_owner AS prior FROM", 1
         )
+        if claim == sql.claim:  # the claim's text changed: this wrapper must follow it
+            raise RuntimeError("the claim statement has no candidate sub-query to extend")
         prior = f"(SELECT lease_owner AS o, lease_expires_at <= now() AS gone FROM {w} "
         return cls(
             status_upsert=status(sql.status_upsert, 3),
@@ -135,6 +138,14 @@ class EventSql:
                 "WHERE workflow_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
             ),
             table=ev,
+            # $1 id, $2 replace, then the events' columns as arrays, in order.
+            put=(
+                f"WITH d AS (DELETE FROM {ev} WHERE $2 AND workflow_id = $1 RETURNING 1) "
+                f"INSERT INTO {ev} (at, workflow_id, kind, step, attempt, data) "
+                "SELECT a, $1, k, s, t, x FROM unnest($3::text[], $4::timestamptz[], "
+                "$5::bigint[], $6::bigint[], $7::text[]) WITH ORDINALITY AS e(k, a, s, t, x, n) "
+                "WHERE (SELECT count(*) FROM d) >= 0 ORDER BY n"
+            ),
             # $1 id, $2 seconds, $3 the fence's token (NULL: none).
             sleep=(
                 f"WITH u AS (UPDATE {w} SET status = 'unfinished', "

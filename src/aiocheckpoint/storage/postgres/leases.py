@@ -221,6 +221,26 @@ class Leases:
         return Lease(workflow_id=row[0], owner=owner, token=row[1], expires_at=row[2], ttl=ttl)
 
 
+async def put_events(
+    connection: Connection,
+    sql: EventSql,
+    workflow_id: str,
+    events: list[StoredEvent],
+    replace: bool,
+) -> None:
+    """Append carried events as they are, in one statement (after deleting, with ``replace``)."""
+    columns = (
+        [e.kind for e in events],
+        [e.at for e in events],
+        [e.step for e in events],
+        [e.attempt for e in events],
+        [e.data for e in events],
+    )
+    await connection.run(
+        "put_events", lambda con: con.execute(sql.put, workflow_id, replace, *columns), retry=False
+    )
+
+
 async def events_page(
     connection: Connection, sql: EventSql, workflow_id: str, after: int | None, limit: int
 ) -> list[StoredEvent]:

@@ -40,7 +40,14 @@ from ..base import (
     check_effect_key,
     check_record_size,
 )
-from ..events import MAX_EVENT_PAGE, EventNote, StoredEvent, check_event_page, check_sleep
+from ..events import (
+    MAX_EVENT_PAGE,
+    EventNote,
+    StoredEvent,
+    check_event_page,
+    check_events,
+    check_sleep,
+)
 from ..queries import StepInfo, WorkflowQuery
 from .batching import BatchLimits, GroupCommit, Write
 from .blobs import Blobs
@@ -49,7 +56,7 @@ from .control import Control
 from .dsn import check_connect_options, check_dsn
 from .effects import Effects
 from .events import EventSql
-from .leases import Leases, events_page
+from .leases import Leases, events_page, put_events
 from .records import Records
 from .schema import quote_schema
 from .sql import Sql
@@ -433,6 +440,15 @@ class PostgresCheckpointStorage(BaseStorage):
         check_workflow_id(workflow_id)
         token = None if fence is None else fence_token(fence, workflow_id)
         return await self._leases.sleep(workflow_id, check_sleep(seconds), token, fence)
+
+    async def put_events(
+        self, workflow_id: str, events: Sequence[StoredEvent], *, replace: bool
+    ) -> None:
+        """Append carried events as they are; ``replace``: drop the workflow's others first."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        carried = check_events(events)
+        await put_events(self._connection, self._event_sql, workflow_id, carried, bool(replace))
 
     async def get_events(
         self, workflow_id: str, *, after: int | None = None, limit: int = MAX_EVENT_PAGE

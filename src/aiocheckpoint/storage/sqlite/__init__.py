@@ -65,10 +65,18 @@ from ..base import (
     check_effect_key,
     check_record_size,
 )
-from ..events import MAX_EVENT_PAGE, EventNote, StoredEvent, check_event_page, check_sleep
+from ..events import (
+    MAX_EVENT_PAGE,
+    EventNote,
+    StoredEvent,
+    check_event_page,
+    check_events,
+    check_sleep,
+)
 from ..queries import StepInfo, WorkflowQuery
 from ..refcounts import checked_tree, held_root_refs
-from . import control, effects, events, records, sweeps
+from . import control, effects, records, sweeps
+from . import events as event_rows
 from .blobs import SaveTreeOp, drain_releases, in_one_read, read_blobs, recount
 from .connections import BusyRetry
 from .foreign import ForeignRow
@@ -449,6 +457,19 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         )
         return await self._record_op("sleep", fn)
 
+    async def put_events(
+        self, workflow_id: str, events: Sequence[StoredEvent], *, replace: bool
+    ) -> None:
+        """Append carried events as they are; ``replace``: drop the workflow's others first."""
+        self._check_open()
+        fn = functools.partial(
+            event_rows.put,
+            workflow_id=check_workflow_id(workflow_id),
+            events=check_events(events),
+            replace=bool(replace),
+        )
+        await self._submit(RecordOp("events", fn), 0)
+
     async def get_events(
         self, workflow_id: str, *, after: int | None = None, limit: int = MAX_EVENT_PAGE
     ) -> list[StoredEvent]:
@@ -456,7 +477,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         after, limit = check_event_page(after, limit)
-        return await self._read(lambda conn: events.page(conn, workflow_id, after, limit))
+        return await self._read(lambda conn: event_rows.page(conn, workflow_id, after, limit))
 
     async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or None."""

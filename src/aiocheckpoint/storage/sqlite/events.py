@@ -13,7 +13,7 @@ from typing import Final
 
 from ..events import EventKind, StoredEvent
 
-__all__ = ["MIGRATION_STATEMENTS", "append", "page"]
+__all__ = ["MIGRATION_STATEMENTS", "append", "page", "put"]
 
 MIGRATION_STATEMENTS: Final[tuple[str, ...]] = (
     # AUTOINCREMENT: a sequence number is never handed out twice, even after deletes.
@@ -49,6 +49,11 @@ _APPEND: Final = (
     "SELECT workflow_id, ?2, ?3, latest_step, CASE WHEN ?4 THEN attempts END, ?5 "
     "FROM workflows WHERE workflow_id = ?1"
 )
+_DROP: Final = "DELETE FROM workflow_events WHERE workflow_id = ?"
+_PUT: Final = (
+    "INSERT INTO workflow_events (workflow_id, kind, at, step, attempt, data) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
 _PAGE: Final = (
     "SELECT seq, kind, at, step, attempt, data FROM workflow_events "
     "WHERE workflow_id = ? AND seq > ? ORDER BY seq LIMIT ?"
@@ -60,6 +65,22 @@ def append(
 ) -> None:
     """Append an event of the workflow, with its record's latest step (and attempts)."""
     conn.execute(_APPEND, (workflow_id, kind.value, now, kind in _COUNTED, data))
+
+
+def put(
+    conn: sqlite3.Connection,
+    now: float,
+    workflow_id: str,
+    events: list[StoredEvent],
+    replace: bool,
+) -> None:
+    """Append carried events as they are (after deleting the workflow's, with ``replace``)."""
+    if replace:
+        conn.execute(_DROP, (workflow_id,))
+    conn.executemany(
+        _PUT,
+        [(workflow_id, e.kind, e.at.timestamp(), e.step, e.attempt, e.data) for e in events],
+    )
 
 
 def page(
