@@ -19,7 +19,7 @@ __all__ = ["MIGRATION", "EventSql"]
 
 MIGRATION: Final[tuple[str, ...]] = (
     """
-    CREATE TABLE {s}.workflow_events (
+    CREATE TABLE IF NOT EXISTS {s}.workflow_events (
         seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         workflow_id text COLLATE "C" NOT NULL
             REFERENCES {s}.workflows (workflow_id) ON DELETE CASCADE,
@@ -30,7 +30,7 @@ MIGRATION: Final[tuple[str, ...]] = (
         data text NOT NULL
     )
     """,
-    "CREATE INDEX workflow_events_workflow ON {s}.workflow_events (workflow_id, seq)",
+    "CREATE INDEX IF NOT EXISTS workflow_events_workflow ON {s}.workflow_events (workflow_id, seq)",
 )
 
 _RECORD: Final = ", ".join(RECORD_COLUMNS)
