@@ -420,7 +420,7 @@ async def test_export_then_import_round_trips(
     assert cli("export", src, str(path)).code == 0
     lines = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
     assert lines[0]["format"] == "aiocheckpoint-export"
-    assert lines[0]["version"] == 2
+    assert lines[0]["version"] == 3
     assert lines[-1] == {"type": "end", "checkpoints": 15, "effects": 0, "workflows": 2}
     first = lines[1]
     assert set(first) == {"type", "workflow_id", "step", "record"}

@@ -48,6 +48,7 @@ from .errors import (
     WorkflowExistsError,
     WorkflowTransferError,
 )
+from .history import WorkflowEvent
 from .leases import Lease, Page, RetryPolicy, WorkflowRecord, WorkflowStatus
 from .manager import CheckpointManager, ResumePoint
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, StateSnapshot, StateVersion
@@ -64,6 +65,7 @@ from .storage import (
     StoredEffect,
     WorkflowStorage,
 )
+from .storage.events import EventKind, EventStorage, StoredEvent
 from .urls import open_storage
 from .workflow import ResumableWorkflow
 
@@ -113,6 +115,8 @@ __all__ = [
     "EffectState",
     "EffectStorage",
     "EncryptionError",
+    "EventKind",
+    "EventStorage",
     "ExecutionMetrics",
     "FileCheckpointStorage",
     "InMemoryCheckpointStorage",
@@ -145,6 +149,7 @@ __all__ = [
     "StorageTimeoutError",
     "StoredCheckpoint",
     "StoredEffect",
+    "StoredEvent",
     "SweepReport",
     "TaggedValue",
     "TypeRegistry",
@@ -154,6 +159,7 @@ __all__ = [
     "UnsupportedOperationError",
     "WorkflowBusyError",
     "WorkflowCancelledError",
+    "WorkflowEvent",
     "WorkflowExistsError",
     "WorkflowRecord",
     "WorkflowStatus",

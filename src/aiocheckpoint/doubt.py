@@ -16,6 +16,7 @@ completes both. The other order would leave it FAILED with nothing left to settl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from .codec import EffectRecord, EffectState
 from .errors import CheckpointCorruptedError, EffectInDoubtError
 from .leases import Lease, WorkflowRecord, WorkflowStatus
 from .storage.base import EffectStorage, StoredEffect, WorkflowStorage
+from .storage.events import EventKind, EventNote, EventStorage
 
 __all__ = ["open_records", "reopen_before_settle", "settled", "stopped_by_doubt"]
 
@@ -82,5 +84,12 @@ async def reopen_before_settle(
     if any((e.step, e.key) != (settling.step, settling.key) for e in doubts):
         return False
     unfinished = WorkflowStatus.UNFINISHED
-    await round_trip(workflows.set_workflow_status, workflow_id, unfinished, fence=fence)
+    if isinstance(workflows, EventStorage):
+        data = json.dumps({"step": settling.step, "key": settling.key})
+        note = EventNote(EventKind.EFFECT_RESOLVED, data)
+        await round_trip(
+            workflows.set_workflow_status, workflow_id, unfinished, fence=fence, note=note
+        )
+    else:
+        await round_trip(workflows.set_workflow_status, workflow_id, unfinished, fence=fence)
     return True

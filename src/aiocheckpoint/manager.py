@@ -15,6 +15,7 @@ from typing import Any
 
 from typing_extensions import Self
 
+from . import history
 from ._telemetry import round_trip, traced
 from ._validation import (
     check_agent_status,
@@ -439,7 +440,9 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         step = check_step(step)
         self._drive(new_id)  # no block of this manager starts it while it is being copied
         try:
-            return await self._fork(source_id, step, new_id)
+            copied = await self._fork(source_id, step, new_id)
+            await history.forked(self._storage, source_id, step, new_id)
+            return copied
         finally:
             self._undrive(new_id)
 

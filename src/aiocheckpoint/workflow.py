@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
 import anyio
 from typing_extensions import Self
 
+from . import history, sleeping
 from ._telemetry import annotate, traced
 from ._validation import check_step, check_workflow_id
 from .control import cancelled_error
@@ -28,6 +31,7 @@ from .leases import Lease, RetryPolicy, WorkflowRecord, WorkflowStatus, check_tt
 from .manager import CheckpointManager
 from .models import AgentStatus, Checkpoint, ExecutionMetrics, utcnow
 from .state import SharedState
+from .storage.events import EventNote
 from .storage.lifecycle import cancel_reason
 from .workflow_records import check_owner
 
@@ -156,6 +160,7 @@ class ResumableWorkflow:
         #: The application version that wrote the checkpoint resumed from (None if none).
         self.resumed_app_version: str | None = None
         self._effects: StepEffects | None = None
+        self._woke = False
 
     @traced("resume", instance=True)
     async def try_resume(self) -> int:
@@ -207,6 +212,31 @@ class ResumableWorkflow:
         self.current_step = step
         self._last_status = checkpoint.status
         return checkpoint
+
+    async def sleep(self, delay: float | timedelta, *, durable: bool | None = None) -> None:
+        """Wait ``delay`` (seconds or a ``timedelta``) between steps, durably if it is long.
+
+        A sleep of more than :data:`~aiocheckpoint.sleeping.SHORT_SLEEP` seconds (or any,
+        with ``durable=True``) ends the run like :meth:`pause`: the workflow stays
+        UNFINISHED, and runners claim it only once the storage's clock passes the wake-up
+        time; the run that does resumes at the next step, where this call returns at once.
+        A shorter one (or ``durable=False``) waits here. See :mod:`aiocheckpoint.sleeping`.
+        """
+        seconds = sleeping.check_delay(delay)
+        sleeping.check_outside(self._in_step)
+        completed = self._last_status is AgentStatus.COMPLETED
+        step = self.current_step + 1 if completed else self.current_step
+        manager = self.checkpoint_manager
+        if self.is_resumed and step == self.resume_step and not self._woke:
+            self._woke = True  # only the sleep this run resumed at was taken already
+            if await sleeping.already_slept(manager, self.workflow_id, step):
+                return
+        if not (seconds > sleeping.SHORT_SLEEP if durable is None else durable):
+            await asyncio.sleep(seconds)
+            return
+        sleeping.sleep_storage(manager)
+        await self.checkpoint(step, sleeping.AGENT, AgentStatus.PENDING, sleeping.marker(seconds))
+        raise sleeping.Sleeping(seconds)
 
     async def pause(
         self, reason: str, data: Any = None, *, agent_id: str | None = None
@@ -453,11 +483,13 @@ class ResumableWorkflow:
         if isinstance(exc, WorkflowCancelledError):
             await self._release()  # revoked: ignored, as a stale lease is
             return False
-        paused = isinstance(exc, _Paused)
+        paused = isinstance(exc, (_Paused, sleeping.Sleeping))
         try:
-            if self.checkpoint_manager.supports_workflow_records():
+            if isinstance(exc, sleeping.Sleeping):
+                await self._mark(WorkflowStatus.UNFINISHED, sleep=exc.seconds)
+            elif self.checkpoint_manager.supports_workflow_records():
                 if exc is None or paused:
-                    await self._mark(self._exit_status())
+                    await self._mark(self._exit_status(), note=self._pause_note(exc))
                 elif isinstance(exc, UnknownKeyError):
                     pass  # not the workflow's failure: left UNFINISHED for a runner with the key
                 elif isinstance(exc, Exception):
@@ -483,10 +515,33 @@ class ResumableWorkflow:
             return WorkflowStatus.PAUSED
         return WorkflowStatus.FINISHED
 
-    async def _mark(self, status: WorkflowStatus, error: Exception | None = None) -> None:
+    def _pause_note(self, exc: BaseException | None) -> EventNote | None:
+        """The ``paused`` event of a pause (its reason and data), where events are kept."""
+        if not isinstance(exc, _Paused) or not history.keeps_events(
+            self.checkpoint_manager.storage
+        ):
+            return None
+        pause = exc.metadata["pause"]
+        value, _ = self.checkpoint_manager._codec.encode_value(pause["data"], "pause data")
+        return history.pause_note(pause["reason"], json.dumps(value))
+
+    async def _mark(
+        self,
+        status: WorkflowStatus,
+        error: Exception | None = None,
+        *,
+        note: EventNote | None = None,
+        sleep: float | None = None,
+    ) -> None:
         manager = self.checkpoint_manager
         try:
-            if error is None:
+            if sleep is not None:
+                storage = sleeping.sleep_storage(manager)
+                await sleeping.sleep_workflow(storage, self.workflow_id, sleep, self.lease)
+            elif note is not None and status is WorkflowStatus.PAUSED:
+                storage = history.event_storage(manager.storage)
+                await history.mark_with_note(storage, self.workflow_id, status, self.lease, note)
+            elif error is None:
                 await manager.mark_workflow(self.workflow_id, status, lease=self.lease)
             else:
                 await manager.record_failure(

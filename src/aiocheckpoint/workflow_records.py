@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from . import control
+from . import control, history
 from ._holders import LocalHolders
 from ._telemetry import round_trip, traced
 from ._validation import (
@@ -22,6 +22,7 @@ from ._validation import (
     check_workflow_status,
 )
 from .errors import InvalidArgumentError, LeaseLostError, UnsupportedOperationError
+from .history import WorkflowEvent
 from .leases import (
     WORKFLOW_KIND,
     Lease,
@@ -147,6 +148,15 @@ class WorkflowRecords:
         storage = self.workflow_storage()
         workflow_id = check_workflow_id(workflow_id)
         return await storage.resume_workflow(workflow_id, json_text(input, "resume input"))
+
+    async def events(
+        self, workflow_id: str, limit: int | None, cursor: str | None
+    ) -> Page[WorkflowEvent]:
+        """The workflow's events, oldest first (:func:`aiocheckpoint.history.get_events`)."""
+        self._check_open()
+        return await history.get_events(
+            self._storage, check_workflow_id(workflow_id), limit, cursor
+        )
 
     async def cancel(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
         """``cancel_workflow`` (:func:`aiocheckpoint.control.cancel`)."""
@@ -339,6 +349,15 @@ class WorkflowRecordMethods:
         :class:`~aiocheckpoint.CheckpointNotFoundError`.
         """
         return await self._records.resume(workflow_id, input)
+
+    async def get_events(
+        self, workflow_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[WorkflowEvent]:
+        """The workflow's events, oldest first: :mod:`aiocheckpoint.history`.
+
+        Paged as :meth:`list_workflow_records` is: ``limit`` of them after ``cursor``.
+        """
+        return await self._records.events(workflow_id, limit, cursor)
 
     async def cancel_workflow(self, workflow_id: str, reason: str | None = None) -> WorkflowRecord:
         """Cancel an UNFINISHED or PAUSED workflow: CANCELLED, ``reason`` in ``last_error``.

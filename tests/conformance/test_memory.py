@@ -8,6 +8,7 @@ from aiocheckpoint.testing import (
     BlobStorageConformance,
     EffectListingConformance,
     EffectStorageConformance,
+    EventStorageConformance,
     RetentionConformance,
     StorageConformance,
     WorkflowControlConformance,
@@ -26,6 +27,7 @@ class TestInMemoryConformance(
     RetentionConformance,
     WorkflowRetentionConformance,
     WorkflowControlConformance,
+    EventStorageConformance,
 ):
     @pytest.fixture
     async def storage(self) -> AsyncIterator[InMemoryCheckpointStorage]:

@@ -9,6 +9,7 @@ from aiocheckpoint.testing import (
     BlobStorageConformance,
     EffectListingConformance,
     EffectStorageConformance,
+    EventStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
     Reopen,
@@ -34,6 +35,7 @@ class TestPostgresConformance(
     BatchRetentionConformance,
     WorkflowRetentionConformance,
     WorkflowControlConformance,
+    EventStorageConformance,
 ):
     # An unfenced save finds the record before a racing delete takes it (its INSERT ... ON
     # CONFLICT DO NOTHING locks nothing): its checkpoint stays, its record may not.

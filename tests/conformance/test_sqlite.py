@@ -11,6 +11,7 @@ from aiocheckpoint.testing import (
     BlobStorageConformance,
     EffectListingConformance,
     EffectStorageConformance,
+    EventStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
     StorageConformance,
@@ -32,6 +33,7 @@ class TestSQLiteConformance(
     BatchRetentionConformance,
     WorkflowRetentionConformance,
     WorkflowControlConformance,
+    EventStorageConformance,
 ):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:

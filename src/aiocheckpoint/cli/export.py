@@ -21,6 +21,7 @@ from ..format import FORMAT_VERSION as RECORD_FORMAT
 from ..leases import WorkflowRecord
 from ..manager import CheckpointManager
 from ..models import utcnow
+from .eventlines import event_line, read_events
 from .journal import Journal, sealer_for
 from .keys import command_keys
 from .output import Output, Progress, bar, printable
@@ -31,9 +32,9 @@ __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "EXPORT_VERSIONS", "cmd_export"]
 
 #: The export file's format name and version (the header line carries both).
 EXPORT_FORMAT: Final = "aiocheckpoint-export"
-EXPORT_VERSION: Final = 2
-#: The versions ``import`` reads (version 1 files hold no effect records).
-EXPORT_VERSIONS: Final = (1, 2)
+EXPORT_VERSION: Final = 3
+#: The versions ``import`` reads (version 1 files hold no effect records, 2 no events).
+EXPORT_VERSIONS: Final = (1, 2, 3)
 
 
 #: An export is written to ``.FILE.tmp-PID`` next to FILE, then renamed to FILE.
@@ -263,3 +264,5 @@ async def _export_workflow(
         if record.metadata:
             line["metadata"] = record.metadata
         await file.write([_line(line)])
+        events = await read_events(src, workflow_id)
+        await file.write([_line(event_line(workflow_id, e)) for e in events])

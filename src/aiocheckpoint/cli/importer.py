@@ -20,6 +20,8 @@ from ..errors import (
 )
 from ..leases import WORKFLOW_KIND, WorkflowStatus, check_kind
 from ..storage.base import StoredEffect
+from ..storage.events import StoredEvent
+from .eventlines import parse_event, put_events
 from .export import EXPORT_FORMAT, EXPORT_VERSION, EXPORT_VERSIONS
 from .journal import Effect, JournalSink, check_effect, check_entry, sealer_for
 from .keys import command_keys
@@ -38,6 +40,7 @@ class _BadLine(Exception):
 _KINDS: Final = {
     1: ("checkpoint", "workflow", "end"),
     2: ("effect", "checkpoint", "workflow", "end"),
+    3: ("effect", "checkpoint", "workflow", "event", "end"),
 }
 #: The most effect-record bytes held for one workflow until its checkpoints come: a
 #: workflow's effects are all checked before any of its lines is written.
@@ -74,6 +77,8 @@ def _parse_line(raw: bytes, version: int = EXPORT_VERSION) -> dict[str, Any]:
             if type(obj.setdefault("metadata", None)) not in (dict, type(None)):
                 raise _BadLine("metadata must be a JSON object")
             obj["kind"] = _kind(obj.get("kind", WORKFLOW_KIND))
+        elif kind == "event":
+            obj["event"] = parse_event(obj)
     except (InvalidArgumentError, binascii.Error, ValueError) as exc:
         raise _BadLine(str(exc)) from exc
     return obj
@@ -170,6 +175,10 @@ class _Importer:
         self.checkpoints = 0
         self.effects = 0
         self.end: dict[str, Any] | None = None
+        #: The current workflow's event lines, put when its lines end.
+        self.events: list[StoredEvent] = []
+        #: Workflows whose workflow line was imported (their events may follow).
+        self.statused: set[str] = set()
 
     async def flush(self) -> None:
         """Write the current workflow's held effects, then its pending checkpoints."""
@@ -222,6 +231,9 @@ class _Importer:
             await self.flush()
             if workflow_id not in self.refused:
                 await self._status(number, workflow_id, obj)
+                self.statused.add(workflow_id)
+        elif obj["type"] == "event":
+            self.events.append(obj["event"])
         else:
             await self._checkpoint(number, workflow_id, obj)
 
@@ -237,8 +249,16 @@ class _Importer:
         if workflow_id != self.workflow or len(self.pending) >= PAGE:
             await self.flush()
             if workflow_id != self.workflow:
+                await self.put_events()
                 self.held, self.held_bytes = [], 0
             self.workflow = workflow_id
+
+    async def put_events(self) -> None:
+        """Make the current workflow's event lines its history (after its status)."""
+        workflow_id, events, self.events = self.workflow, self.events, []
+        if workflow_id in self.statused and events and workflow_id not in self.refused:
+            assert workflow_id is not None
+            await put_events(self.sink.manager, workflow_id, events)
 
     async def _hold(self, number: int, workflow_id: str, stored: StoredEffect) -> None:
         try:
@@ -339,6 +359,7 @@ async def cmd_import(args: argparse.Namespace, out: Output) -> int:
                     await importer.take(number, raw)
                 progress.update(f"import: {tally.written} written, {tally.skipped} already there")
             await importer.flush()
+            await importer.put_events()
     except OSError as exc:
         raise CommandError(f"cannot read {args.file}: {exc.strerror}", EXIT_STORE) from exc
     finally:

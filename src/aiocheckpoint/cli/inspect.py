@@ -21,6 +21,7 @@ from .effects import (
     print_effects,
     step_effects,
 )
+from .events import event_json, events_by_step, step_summary
 from .keys import command_keys
 from .output import Output, Progress, compact, dumps, int_text, note_foreign, printable, when
 from .query import cmd_query, wants_query
@@ -170,6 +171,11 @@ async def cmd_history(args: argparse.Namespace, out: Output) -> int:
         more = len(page) > args.limit
         page = page[: args.limit]
         entries = [await _entry(manager, workflow_id, record) for record in page]
+        by_step = await events_by_step(manager, workflow_id)
+    for entry in entries:
+        events = None if by_step is None else by_step.get(entry["step"], [])
+        entry["_events"] = events
+        entry["events"] = None if events is None else [event_json(e) for e in events]
     next_before = page[-1].step if more else None
     if out.json_mode:
         out.json(
@@ -182,7 +188,7 @@ async def cmd_history(args: argparse.Namespace, out: Output) -> int:
         return 0
     if entries:
         out.table(
-            ["STEP", "AGENT", "STATUS", "TIME", "SIZE", "EFFECTS"],
+            ["STEP", "AGENT", "STATUS", "TIME", "SIZE", "EFFECTS", "EVENTS"],
             [
                 [
                     str(e["step"]),
@@ -191,6 +197,7 @@ async def cmd_history(args: argparse.Namespace, out: Output) -> int:
                     when(e["_time"]),
                     str(e["size"]) if e["size"] is not None else "-",
                     effect_counts(e["_effects"]),
+                    step_summary(e["_events"]),
                 ]
                 for e in entries
             ],

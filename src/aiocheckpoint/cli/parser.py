@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 from .. import __version__
 from .diff import cmd_diff
 from .effects import cmd_effect, json_value
+from .events import cmd_events
 from .export import cmd_export
 from .importer import cmd_import
 from .inspect import cmd_history, cmd_show, cmd_workflows
@@ -134,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workflow", metavar="WORKFLOW")
     p.add_argument("--limit", type=_positive, default=20, help="checkpoints per page (20)")
     p.add_argument("--before", type=_step, help="only steps below this one (the next page)")
+
+    p = command("events", cmd_events, "a workflow's event history, oldest first, paged")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("workflow", metavar="WORKFLOW")
+    p.add_argument("--limit", type=_positive, default=50, help="events per page (50)")
+    p.add_argument("--cursor", help="the page after this cursor (printed by the last page)")
 
     p = command("show", cmd_show, "one checkpoint (the latest by default)")
     p.add_argument("url", metavar="URL")

@@ -21,6 +21,7 @@ from ..leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..storage.base import StoredCheckpoint, WorkflowStorage
 from ..storage.lifecycle import cancel_reason
+from .eventlines import carry_events
 from .journal import Journal, JournalSink, sealer_for
 from .keys import command_keys
 from .output import Output, Progress, bar, printable
@@ -150,6 +151,11 @@ class Sink:
             if isinstance(result, BaseException):
                 raise result
         self._tally.written += len(writes)
+
+    @property
+    def manager(self) -> CheckpointManager:
+        """The destination."""
+        return self._manager
 
     async def kind(self, workflow_id: str, kind: str) -> None:
         """Give the workflow's record ``kind`` at the destination, creating it if missing.
@@ -313,6 +319,7 @@ async def cmd_copy(args: argparse.Namespace, out: Output) -> int:
                     cancel_reason(record) if record.status is WorkflowStatus.CANCELLED else None
                 )
                 await sink.status(workflow_id, record.status, record.metadata, record.kind, reason)
+                await carry_events(src, dst, workflow_id)
         refused = {r["workflow_id"] for r in tally.refused}
         carried = [i for i in ids if i not in refused]
         await _verify_copy(src, dst, carried, tally, progress)

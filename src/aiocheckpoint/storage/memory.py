@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
-from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,15 +32,25 @@ from .base import (
     check_max_record_bytes,
     check_record_size,
 )
+from .eventlog import EventLog
+from .events import (
+    EventKind,
+    EventNote,
+    StoredEvent,
+    check_event_page,
+    check_events,
+    check_sleep,
+    failure_events,
+    status_event,
+    status_event_data,
+    taken_over,
+)
 from .lifecycle import cancel_error, cancelled_refusal, check_cancel, check_retry
+from .memoryblobs import MemoryBlobs
 from .queries import StepInfo, WorkflowQuery, failure_update, matches
 from .refcounts import (
-    Rows,
-    add_references,
     checked_tree,
     held_root_refs,
-    missing_blob,
-    release_references,
 )
 
 __all__ = ["InMemoryCheckpointStorage"]
@@ -55,83 +64,6 @@ class _Workflow:
         self.records: dict[int, bytes] = {}
         # The blob references each version-2 record holds (version-1 records: none).
         self.refs: dict[int, tuple[bytes, ...]] = {}
-
-
-class _Blobs:
-    """The store's content-addressed blobs with their reference counts.
-
-    The :class:`~aiocheckpoint.storage.refcounts.RefCounts` of ``docs/incremental.md`` §8
-    over two dicts. A save's walk that fails halfway (a blob neither stored nor in the
-    split) is taken back by :meth:`add`, as a database rolls its transaction back.
-    """
-
-    __slots__ = ("_added", "counts", "data", "size")
-
-    def __init__(self) -> None:
-        self.counts: dict[bytes, int] = {}
-        self.data: dict[bytes, bytes] = {}
-        #: The bytes of every blob held.
-        self.size = 0
-        self._added: Counter[bytes] = Counter()
-
-    def add(self, split: SplitResult) -> None:
-        """Count ``split``'s root references, storing its blobs not yet held; all or nothing."""
-        self._added = Counter()
-        try:
-            add_references([split], self)
-        except BaseException:
-            self.subtract(self._added)
-            raise
-
-    def add_stored(self, refs: tuple[bytes, ...]) -> tuple[bytes, ...]:
-        """Count the references of a record given whole: those to held blobs (returned)."""
-        held = tuple(h for h in refs if h in self.counts)
-        for h in held:
-            self.counts[h] += 1
-        return held
-
-    def release(self, refs: Iterable[bytes]) -> None:
-        """Release removed records' references, freeing the blobs no record reaches."""
-        release_references(refs, self)
-
-    def upsert(self, rows: Rows) -> Collection[bytes]:
-        """Add to the held blobs' counts, store the others; return those stored."""
-        counts = self.counts
-        inserted: list[bytes] = []
-        for h, (n, blob) in rows.items():
-            if h in counts:
-                counts[h] += n
-            elif blob is None:
-                raise missing_blob(h)
-            else:
-                counts[h] = n
-                self.data[h] = bytes(blob)
-                self.size += len(blob)
-                inserted.append(h)
-            self._added[h] += n
-        return inserted
-
-    def subtract(self, counts: Mapping[bytes, int]) -> Mapping[bytes, bytes]:
-        """Subtract from the counts; drop and return the blobs that reach 0."""
-        freed: dict[bytes, bytes] = {}
-        held = self.counts
-        for h, n in counts.items():
-            left = held.get(h)
-            if left is None:
-                continue
-            if left > n:
-                held[h] = left - n
-            else:
-                del held[h]
-                blob = freed[h] = self.data.pop(h)
-                self.size -= len(blob)
-        return freed
-
-    def clear(self) -> None:
-        """Drop every blob."""
-        self.counts.clear()
-        self.data.clear()
-        self.size = 0
 
 
 #: One workflow's effect journal: ``step -> key -> (in_doubt, record)``.
@@ -168,12 +100,13 @@ class InMemoryCheckpointStorage(BaseStorage):
             raise InvalidArgumentError("blob_params must be a TreeParams or None")
         self._params = blob_params or TreeParams()
         self._workflows: dict[str, _Workflow] = {}
-        self._blobs = _Blobs()
+        self._blobs = MemoryBlobs()
         self._raw: dict[str, WorkflowRecord] = {}
         # The newest step of saved workflows not yet written into their records (a pydantic
         # copy per save is most of an in-memory save's cost): folded in by any read.
         self._pending: dict[str, _Latest] = {}
         self._effects: dict[str, _Effects] = {}
+        self._events = EventLog()
 
     @property
     def blob_params(self) -> TreeParams:
@@ -321,6 +254,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._drop_effects(workflow_id, lambda s: step is None or s == step)
         if step is None:
             had_record = self._records.pop(workflow_id, None) is not None
+            self._events.drop(workflow_id)
             wf = self._workflows.pop(workflow_id, None)
             if wf is not None:
                 self._blobs.release(h for refs in wf.refs.values() for h in refs)
@@ -381,6 +315,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._blobs.clear()
         self._records.clear()
         self._effects.clear()
+        self._events.clear()
         await super().close()
 
     # --- the effect journal (EffectStorage) -------------------------------------------
@@ -473,15 +408,26 @@ class InMemoryCheckpointStorage(BaseStorage):
     # --- workflow records and leases (WorkflowStorage) -------------------------------
 
     async def set_workflow_status(
-        self, workflow_id: str, status: WorkflowStatus, *, fence: Lease | None = None
+        self,
+        workflow_id: str,
+        status: WorkflowStatus,
+        *,
+        fence: Lease | None = None,
+        note: EventNote | None = None,
     ) -> WorkflowRecord:
-        """Create or update the workflow's record with ``status``."""
+        """Create or update the workflow's record with ``status``, appending its event."""
         self._check_open()
         self._check_fence(workflow_id, fence)
         now = utcnow()
         ends = status in (WorkflowStatus.FINISHED, WorkflowStatus.FAILED)
+        old = self._records.get(workflow_id)
         record = self._unless_cancelled(self._ensure_record(workflow_id))
         revived = record.status is WorkflowStatus.FAILED and status is WorkflowStatus.UNFINISHED
+        kind = status_event(None if old is None else old.status, status)
+        if note is not None:
+            self._events.append(record, note.kind, note.data, now)
+        elif kind is not None:
+            self._events.append(record, kind, status_event_data(record.status, kind), now)
         return self._update(
             record,
             status=status,
@@ -530,6 +476,8 @@ class InMemoryCheckpointStorage(BaseStorage):
             raise InvalidArgumentError(
                 f"workflow {workflow_id!r} is {record.status}, not paused: nothing to resume"
             )
+        data = json.dumps({"input": json.loads(resume_input)})
+        self._events.append(record, EventKind.RESUMED, data, utcnow())
         return self._update(
             record,
             status=WorkflowStatus.UNFINISHED,
@@ -544,6 +492,8 @@ class InMemoryCheckpointStorage(BaseStorage):
         record = self._records.get(workflow_id)
         check_cancel(record, workflow_id)
         assert record is not None
+        data = json.dumps({"reason": reason})
+        self._events.append(record, EventKind.CANCELLED, data, utcnow())
         return self._update(
             record,
             status=WorkflowStatus.CANCELLED,
@@ -561,6 +511,8 @@ class InMemoryCheckpointStorage(BaseStorage):
         record = self._records.get(workflow_id)
         check_retry(record, workflow_id)
         assert record is not None
+        data = json.dumps({"previous": record.status.value})
+        self._events.append(record, EventKind.RETRIED, data, utcnow())
         return self._update(
             record, status=WorkflowStatus.UNFINISHED, attempts=0, retry_at=None, finished_at=None
         )
@@ -579,14 +531,51 @@ class InMemoryCheckpointStorage(BaseStorage):
         record = self._unless_cancelled(self._ensure_record(workflow_id))
         status, delay = failure_update(record.attempts, retry_delays)
         now = utcnow()
-        return self._update(
+        retry_at = None if delay is None else now + timedelta(seconds=delay)
+        record = self._update(
             record,
             status=status,
             attempts=record.attempts + 1,
             last_error=json.loads(error),
             finished_at=now if delay is None else None,
-            retry_at=None if delay is None else now + timedelta(seconds=delay),
+            retry_at=retry_at,
         )
+        at = None if retry_at is None else retry_at.isoformat()
+        for kind, data in failure_events(error, status, at):
+            self._events.append(record, kind, data, now)
+        return record
+
+    async def sleep_workflow(
+        self, workflow_id: str, seconds: float, *, fence: Lease | None = None
+    ) -> WorkflowRecord:
+        """UNFINISHED, claimable ``seconds`` from now; appends ``sleeping``."""
+        self._check_open()
+        seconds = check_sleep(seconds)
+        self._check_fence(workflow_id, fence)
+        record = self._unless_cancelled(self._ensure_record(workflow_id))
+        now = utcnow()
+        until = now + timedelta(seconds=seconds)
+        self._events.append(record, EventKind.SLEEPING, _until(until), now)
+        return self._update(
+            record, status=WorkflowStatus.UNFINISHED, retry_at=until, finished_at=None
+        )
+
+    async def put_events(
+        self, workflow_id: str, events: Sequence[StoredEvent], *, replace: bool
+    ) -> None:
+        """Append carried events as they are; ``replace``: drop the workflow's others first."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        self._events.put(workflow_id, check_events(events), replace)
+
+    async def get_events(
+        self, workflow_id: str, *, after: int | None = None, limit: int = 1000
+    ) -> list[StoredEvent]:
+        """The workflow's events after sequence number ``after``, oldest first."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        after, limit = check_event_page(after, limit)
+        return self._events.page(workflow_id, after, limit)
 
     async def query_workflow_records(self, query: WorkflowQuery) -> list[WorkflowRecord]:
         """The records passing ``query``, ordered by workflow id (a pass over every record)."""
@@ -622,6 +611,7 @@ class InMemoryCheckpointStorage(BaseStorage):
                 f"workflow {workflow_id!r} is leased by {record.lease_owner!r} "
                 f"until {record.lease_expires_at}"
             )
+        self._note_takeover(record, owner, now)
         return self._grant(record, owner, ttl, now, record.fencing_token + 1)
 
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
@@ -652,7 +642,13 @@ class InMemoryCheckpointStorage(BaseStorage):
         if not free:
             return None
         record = min(free, key=lambda r: (r.created_at, r.workflow_id))
+        self._note_takeover(record, owner, now)
         return self._grant(record, owner, ttl, now, record.fencing_token + 1)
+
+    def _note_takeover(self, record: WorkflowRecord, owner: str, now: datetime) -> None:
+        data = taken_over(record.lease_owner, _expired(record, now), owner)
+        if data is not None:
+            self._events.append(record, EventKind.LEASE_TAKEN_OVER, data, now)
 
     def _ensure_record(self, workflow_id: str) -> WorkflowRecord:
         record = self._records.get(workflow_id)
@@ -754,6 +750,10 @@ async def _yield() -> None:
         await anyio.lowlevel.checkpoint()
     else:
         await asyncio.sleep(0)
+
+
+def _until(moment: datetime) -> str:
+    return json.dumps({"until": moment.isoformat()})
 
 
 def _expired(record: WorkflowRecord, now: datetime) -> bool:

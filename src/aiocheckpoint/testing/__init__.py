@@ -25,7 +25,9 @@ Backends with an effect journal (:class:`~aiocheckpoint.storage.base.EffectStora
 subclass :class:`EffectStorageConformance` and :class:`EffectJournalConformance` (and, if
 durable, :class:`PersistentEffectConformance`); those whose journal lists itself
 (:class:`~aiocheckpoint.storage.base.EffectListingStorage`, what ``copy`` and ``export``
-need) :class:`EffectListingConformance`. Sweeps (``docs/retention.md``) are checked by
+need) :class:`EffectListingConformance`. Backends that keep event histories
+(:class:`~aiocheckpoint.storage.events.EventStorage`) subclass
+:class:`EventStorageConformance`. Sweeps (``docs/retention.md``) are checked by
 :class:`RetentionConformance` (every backend), :class:`WorkflowRetentionConformance`
 (workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs).
 The suite needs pytest and pytest-asyncio. Each protocol's suites live in their own
@@ -46,6 +48,7 @@ from .effects import (
     PersistentEffectConformance,
     WorkflowEffectJournalConformance,
 )
+from .events import EventStorageConformance
 from .retention import (
     BatchRetentionConformance,
     BlobRetentionConformance,
@@ -63,6 +66,7 @@ __all__ = [
     "EffectJournalConformance",
     "EffectListingConformance",
     "EffectStorageConformance",
+    "EventStorageConformance",
     "PersistentEffectConformance",
     "PersistentStorageConformance",
     "RetentionConformance",

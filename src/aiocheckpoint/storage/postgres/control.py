@@ -12,6 +12,7 @@ from ...errors import InvalidArgumentError
 from ...leases import WorkflowRecord
 from ..lifecycle import cancel_error, check_cancel, check_retry
 from .connection import Connection
+from .events import EventSql
 from .leases import Leases, record_from_row
 from .sql import RECORD_COLUMNS, Sql
 
@@ -21,29 +22,33 @@ __all__ = ["Control"]
 class Control:
     """The cancel and retry statements of one store; arguments are checked already."""
 
-    def __init__(self, connection: Connection, sql: Sql, leases: Leases) -> None:
+    def __init__(self, connection: Connection, sql: Sql, leases: Leases, events: EventSql) -> None:
         self._connection = connection
         self._leases = leases
         table = sql.workflows_table
         # The store's fencing sequence: the cancel's token is newer than any lease granted.
         sequence = table.rsplit(".", 1)[0] + ".fencing"
         record = ", ".join(RECORD_COLUMNS)
-        self._cancel = (
+        cancel = (
             f"UPDATE {table} SET status = 'cancelled', last_error = $2, finished_at = now(), "
             "retry_at = NULL, lease_owner = NULL, lease_expires_at = NULL, "
             f"fencing_token = nextval('{sequence}'), updated_at = now() "
             f"WHERE workflow_id = $1 AND status IN ('unfinished', 'paused') RETURNING {record}"
         )
-        self._retry = (
+        retry = (
             f"UPDATE {table} SET status = 'unfinished', attempts = 0, retry_at = NULL, "
             "finished_at = NULL, updated_at = now() "
             f"WHERE workflow_id = $1 AND status IN ('failed', 'cancelled') RETURNING {record}"
         )
+        self._cancel = events.cancel(cancel)
+        self._retry = events.retry(retry, table)
 
     async def cancel(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
         """Cancel an UNFINISHED or PAUSED workflow and revoke its lease; else refuse."""
         sql, error = self._cancel, cancel_error(reason)
-        row = await self._run("cancel_workflow", lambda con: con.fetchrow(sql, workflow_id, error))
+        row = await self._run(
+            "cancel_workflow", lambda con: con.fetchrow(sql, workflow_id, error, reason)
+        )
         if row is None:
             check_cancel(await self._leases.get(workflow_id), workflow_id)
         return _settled(row, workflow_id)

@@ -19,9 +19,11 @@ from ...errors import (
     LeaseLostError,
 )
 from ...leases import Lease, WorkflowRecord, WorkflowStatus
+from ..events import EventNote, StoredEvent
 from ..lifecycle import CancelledRecordError, cancelled_refusal
 from ..queries import WorkflowQuery, metadata_pairs, query_sql
 from .connection import Connection
+from .events import EventSql
 from .sql import RECORD_COLUMNS, Sql
 
 __all__ = ["Leases", "record_from_row"]
@@ -30,21 +32,49 @@ __all__ = ["Leases", "record_from_row"]
 class Leases:
     """The lease and workflow-record statements of one store; arguments are checked already."""
 
-    def __init__(self, connection: Connection, sql: Sql) -> None:
+    def __init__(self, connection: Connection, sql: Sql, events: EventSql) -> None:
         self._connection = connection
         self._sql = sql
+        self._events = events
 
     async def set_status(
-        self, workflow_id: str, status: WorkflowStatus, token: int | None, lease: Lease | None
+        self,
+        workflow_id: str,
+        status: WorkflowStatus,
+        token: int | None,
+        lease: Lease | None,
+        note: EventNote | None = None,
     ) -> WorkflowRecord:
-        """Create or update the record with ``status``; only if ``token`` is current, if given."""
+        """Create or update the record with ``status``; only if ``token`` is current, if given.
+
+        The statement appends the change's event (``note``'s, when given).
+        """
         args: list[object] = [workflow_id, status.value]
-        sql = self._sql.status_upsert
+        sql = self._events.status_upsert
         if token is not None:
-            sql = self._sql.status_fenced
+            sql = self._events.status_fenced
             args.append(token)
+        args += [None, None] if note is None else [note.kind.value, note.data]
         run = self._connection.run
         row = await run("set_workflow_status", lambda con: con.fetchrow(sql, *args))
+        if row is None:
+            raise await self._refused(workflow_id, token, lease)
+        return _workflow_record(row)
+
+    async def sleep(
+        self, workflow_id: str, seconds: float, token: int | None, lease: Lease | None
+    ) -> WorkflowRecord:
+        """UNFINISHED, claimable ``seconds`` from now (the server's clock); ``sleeping``."""
+        sql = self._events.sleep
+
+        async def update(con: Any) -> Any:
+            if token is not None:  # fenced: the record exists, one statement
+                return await con.fetchrow(sql, workflow_id, seconds, token)
+            async with con.transaction():
+                await con.execute(self._sql.ensure, workflow_id)
+                return await con.fetchrow(sql, workflow_id, seconds, token)
+
+        row = await self._connection.run("sleep_workflow", update, retry=False)
         if row is None:
             raise await self._refused(workflow_id, token, lease)
         return _workflow_record(row)
@@ -98,7 +128,7 @@ class Leases:
 
     async def resume(self, workflow_id: str, resume_input: str) -> WorkflowRecord:
         """Make a PAUSED workflow UNFINISHED with ``resume_input``; refuse any other status."""
-        sql = self._sql.resume
+        sql = self._events.resume
         run = self._connection.run
         row = await run("resume_workflow", lambda con: con.fetchrow(sql, workflow_id, resume_input))
         if row is not None:
@@ -125,7 +155,8 @@ class Leases:
             async with con.transaction():
                 if token is None:
                     await con.execute(sql.ensure, workflow_id)
-                return await con.fetchrow(sql.fail, workflow_id, error, list(delays), token)
+                fail = self._events.fail
+                return await con.fetchrow(fail, workflow_id, error, list(delays), token)
 
         # Not retried after a lost connection: it may have counted the attempt already.
         row = await self._connection.run("record_failure", update, retry=False)
@@ -152,7 +183,7 @@ class Leases:
 
         async def grant(con: Any) -> Any:
             for _ in range(3):
-                row = await con.fetchrow(self._sql.acquire, workflow_id, owner, ttl)
+                row = await con.fetchrow(self._events.acquire, workflow_id, owner, ttl)
                 if row is not None:
                     return row
                 held = await con.fetchrow(self._sql.holder, workflow_id)
@@ -181,13 +212,42 @@ class Leases:
 
     async def claim(self, owner: str, ttl: float) -> Lease | None:
         """Lease the oldest unfinished workflow whose lease is free or expired, or None."""
-        sql = self._sql.claim
+        sql = self._events.claim
         row = await self._connection.run(
             "claim_next_workflow", lambda con: con.fetchrow(sql, owner, ttl), retry=False
         )
         if row is None:
             return None
         return Lease(workflow_id=row[0], owner=owner, token=row[1], expires_at=row[2], ttl=ttl)
+
+
+async def put_events(
+    connection: Connection,
+    sql: EventSql,
+    workflow_id: str,
+    events: list[StoredEvent],
+    replace: bool,
+) -> None:
+    """Append carried events as they are, in one statement (after deleting, with ``replace``)."""
+    columns = (
+        [e.kind for e in events],
+        [e.at for e in events],
+        [e.step for e in events],
+        [e.attempt for e in events],
+        [e.data for e in events],
+    )
+    await connection.run(
+        "put_events", lambda con: con.execute(sql.put, workflow_id, replace, *columns), retry=False
+    )
+
+
+async def events_page(
+    connection: Connection, sql: EventSql, workflow_id: str, after: int | None, limit: int
+) -> list[StoredEvent]:
+    """The workflow's events after ``after``, oldest first, at most ``limit``."""
+    args = (workflow_id, -1 if after is None else after, limit)
+    rows = await connection.run("get_events", lambda con: con.fetch(sql.page, *args))
+    return [StoredEvent(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
 
 def lost(workflow_id: str, lease: Lease | None) -> LeaseLostError:

@@ -12,7 +12,7 @@ narrow table of their own (``blob_refs``); migration 5 adds the ``paused`` statu
 metadata and the latest step to workflow records, with the indexes their queries walk;
 migration 6 adds the effect journal (``effects``); migration 7 the kind of a workflow
 record, so that runners claim only workflows and never a LangGraph thread; migration 8 the
-``cancelled`` status.
+``cancelled`` status; migration 9 each workflow's event history (``workflow_events``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from ...errors import InvalidArgumentError, StorageSchemaError
 from .effects import MIGRATION as EFFECTS_MIGRATION
+from .events import MIGRATION as EVENTS_MIGRATION
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "quote_schema"]
 
@@ -156,6 +157,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE {s}.workflows ADD CONSTRAINT workflows_status_check "
         "CHECK (status IN ('unfinished', 'finished', 'failed', 'paused', 'cancelled'))",
     ),
+    # Each workflow's event history; it depends on no other new migration.
+    EVENTS_MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -40,6 +40,14 @@ from ..base import (
     check_effect_key,
     check_record_size,
 )
+from ..events import (
+    MAX_EVENT_PAGE,
+    EventNote,
+    StoredEvent,
+    check_event_page,
+    check_events,
+    check_sleep,
+)
 from ..queries import StepInfo, WorkflowQuery
 from .batching import BatchLimits, GroupCommit, Write
 from .blobs import Blobs
@@ -47,7 +55,8 @@ from .connection import Connection
 from .control import Control
 from .dsn import check_connect_options, check_dsn
 from .effects import Effects
-from .leases import Leases
+from .events import EventSql
+from .leases import Leases, events_page, put_events
 from .records import Records
 from .schema import quote_schema
 from .sql import Sql
@@ -144,8 +153,9 @@ class PostgresCheckpointStorage(BaseStorage):
         sql = Sql.for_schema(quoted)
         blobs = Blobs(sql, schema, self.stats, max_record_bytes)
         self._records = Records(self._connection, sql, blobs, max_record_bytes)
-        self._leases = Leases(self._connection, sql)
-        self._control = Control(self._connection, sql, self._leases)
+        self._event_sql = EventSql.build(quoted, sql)
+        self._leases = Leases(self._connection, sql, self._event_sql)
+        self._control = Control(self._connection, sql, self._leases, self._event_sql)
         limits = BatchLimits(write_concurrency, max_batch_rows, max_batch_bytes)
         self._group_commit = GroupCommit(self._connection, sql, blobs, self.stats, limits)
         self._effects = Effects(self._connection, quoted, max_record_bytes)
@@ -405,14 +415,49 @@ class PostgresCheckpointStorage(BaseStorage):
     # --- workflow records and leases (WorkflowStorage) ----------------------------------
 
     async def set_workflow_status(
-        self, workflow_id: str, status: WorkflowStatus, *, fence: Lease | None = None
+        self,
+        workflow_id: str,
+        status: WorkflowStatus,
+        *,
+        fence: Lease | None = None,
+        note: EventNote | None = None,
     ) -> WorkflowRecord:
-        """Create or update the workflow's record with ``status`` (fenced by ``fence``)."""
+        """Create or update the workflow's record with ``status`` (fenced by ``fence``).
+
+        The same statement appends the change's event (``note``'s, when given).
+        """
         self._check_open()
         check_workflow_id(workflow_id)
         status = WorkflowStatus(status)
         token = None if fence is None else fence_token(fence, workflow_id)
-        return await self._leases.set_status(workflow_id, status, token, fence)
+        return await self._leases.set_status(workflow_id, status, token, fence, note)
+
+    async def sleep_workflow(
+        self, workflow_id: str, seconds: float, *, fence: Lease | None = None
+    ) -> WorkflowRecord:
+        """UNFINISHED, claimable ``seconds`` from now (the server's clock); ``sleeping``."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        token = None if fence is None else fence_token(fence, workflow_id)
+        return await self._leases.sleep(workflow_id, check_sleep(seconds), token, fence)
+
+    async def put_events(
+        self, workflow_id: str, events: Sequence[StoredEvent], *, replace: bool
+    ) -> None:
+        """Append carried events as they are; ``replace``: drop the workflow's others first."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        carried = check_events(events)
+        await put_events(self._connection, self._event_sql, workflow_id, carried, bool(replace))
+
+    async def get_events(
+        self, workflow_id: str, *, after: int | None = None, limit: int = MAX_EVENT_PAGE
+    ) -> list[StoredEvent]:
+        """The workflow's events after sequence number ``after``, oldest first."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        after, limit = check_event_page(after, limit)
+        return await events_page(self._connection, self._event_sql, workflow_id, after, limit)
 
     async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or None."""

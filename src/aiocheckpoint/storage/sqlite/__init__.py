@@ -65,9 +65,18 @@ from ..base import (
     check_effect_key,
     check_record_size,
 )
+from ..events import (
+    MAX_EVENT_PAGE,
+    EventNote,
+    StoredEvent,
+    check_event_page,
+    check_events,
+    check_sleep,
+)
 from ..queries import StepInfo, WorkflowQuery
 from ..refcounts import checked_tree, held_root_refs
 from . import control, effects, records, sweeps
+from . import events as event_rows
 from .blobs import SaveTreeOp, drain_releases, in_one_read, read_blobs, recount
 from .connections import BusyRetry
 from .foreign import ForeignRow
@@ -415,18 +424,60 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     # --- workflow records and leases (WorkflowStorage) ------------------------------------
 
     async def set_workflow_status(
-        self, workflow_id: str, status: WorkflowStatus, *, fence: Lease | None = None
+        self,
+        workflow_id: str,
+        status: WorkflowStatus,
+        *,
+        fence: Lease | None = None,
+        note: EventNote | None = None,
     ) -> WorkflowRecord:
-        """Create or update the workflow's record with ``status`` (fenced by ``fence``)."""
+        """Create or update the workflow's record with ``status`` (fenced by ``fence``).
+
+        Appends the change's event (``note``'s, when given) in the same transaction.
+        """
         self._check_open()
         workflow_id = check_workflow_id(workflow_id)
         status = WorkflowStatus(status)
         token = None if fence is None else fence_token(fence, workflow_id)
         fn = functools.partial(
-            records.set_status, workflow_id=workflow_id, status=status, token=token
+            records.set_status, workflow_id=workflow_id, status=status, token=token, note=note
         )
         result: WorkflowRecord = await self._submit(RecordOp("status change", fn), 0)
         return result
+
+    async def sleep_workflow(
+        self, workflow_id: str, seconds: float, *, fence: Lease | None = None
+    ) -> WorkflowRecord:
+        """UNFINISHED, claimable ``seconds`` from now (this host's clock); ``sleeping``."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        token = None if fence is None else fence_token(fence, workflow_id)
+        fn = functools.partial(
+            records.sleep, workflow_id=workflow_id, seconds=check_sleep(seconds), token=token
+        )
+        return await self._record_op("sleep", fn)
+
+    async def put_events(
+        self, workflow_id: str, events: Sequence[StoredEvent], *, replace: bool
+    ) -> None:
+        """Append carried events as they are; ``replace``: drop the workflow's others first."""
+        self._check_open()
+        fn = functools.partial(
+            event_rows.put,
+            workflow_id=check_workflow_id(workflow_id),
+            events=check_events(events),
+            replace=bool(replace),
+        )
+        await self._submit(RecordOp("events", fn), 0)
+
+    async def get_events(
+        self, workflow_id: str, *, after: int | None = None, limit: int = MAX_EVENT_PAGE
+    ) -> list[StoredEvent]:
+        """The workflow's events after sequence number ``after``, oldest first."""
+        self._check_open()
+        workflow_id = check_workflow_id(workflow_id)
+        after, limit = check_event_page(after, limit)
+        return await self._read(lambda conn: event_rows.page(conn, workflow_id, after, limit))
 
     async def get_workflow(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or None."""

@@ -6,12 +6,14 @@ check and the write are one atomic step, and a refusal writes nothing.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Final
 
 from ...leases import WorkflowRecord
+from ..events import EventKind
 from ..lifecycle import cancel_error, check_cancel, check_retry
-from . import records
+from . import events, records
 
 __all__ = ["MIGRATION_STATEMENTS", "cancel", "retry"]
 
@@ -82,13 +84,18 @@ def cancel(
     check_cancel(records.read_record(conn, workflow_id), workflow_id)
     token = int(conn.execute(_NEXT_TOKEN).fetchall()[0][0])
     conn.execute(_CANCEL, (cancel_error(reason), now, token, now, workflow_id))
+    events.append(conn, now, workflow_id, EventKind.CANCELLED, json.dumps({"reason": reason}))
     return _read(conn, workflow_id)
 
 
 def retry(conn: sqlite3.Connection, now: float, workflow_id: str) -> WorkflowRecord:
     """Make a FAILED or CANCELLED workflow UNFINISHED with attempts back to 0; else refuse."""
-    check_retry(records.read_record(conn, workflow_id), workflow_id)
+    record = records.read_record(conn, workflow_id)
+    check_retry(record, workflow_id)
+    assert record is not None
     conn.execute(_RETRY, (now, workflow_id))
+    previous = json.dumps({"previous": record.status.value})
+    events.append(conn, now, workflow_id, EventKind.RETRIED, previous)
     return _read(conn, workflow_id)
 
 

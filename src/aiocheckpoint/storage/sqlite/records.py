@@ -25,8 +25,17 @@ from ...errors import (
     LeaseLostError,
 )
 from ...leases import Lease, WorkflowRecord, WorkflowStatus
+from ..events import (
+    EventKind,
+    EventNote,
+    failure_events,
+    status_event,
+    status_event_data,
+    taken_over,
+)
 from ..lifecycle import cancelled_refusal
 from ..queries import StepInfo, WorkflowQuery, failure_update, metadata_pairs, query_sql
+from . import events
 from .foreign import ForeignRow, id_problem, warn_skipped
 
 _COLUMNS: Final = (
@@ -77,13 +86,19 @@ _RELEASE: Final = (
 )
 # Read row by row until the first workflow whose id is valid (foreign rows are passed over).
 _CLAIMABLE: Final = (
-    "SELECT workflow_id FROM workflows WHERE status = 'unfinished' AND kind = 'workflow' "
+    "SELECT workflow_id, lease_owner FROM workflows "
+    "WHERE status = 'unfinished' AND kind = 'workflow' "
     "AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) "
     "AND (retry_at IS NULL OR retry_at <= ?1) "
     "ORDER BY created_at, workflow_id"
 )
 _ALL_ROWS: Final = f"SELECT rowid, {_COLUMNS} FROM workflows"
 _ATTEMPTS: Final = "SELECT attempts FROM workflows WHERE workflow_id = ?"
+_STATUS: Final = "SELECT status FROM workflows WHERE workflow_id = ?"
+_SLEEP: Final = (
+    "UPDATE workflows SET status = 'unfinished', retry_at = ?, finished_at = NULL, "
+    "updated_at = ? WHERE workflow_id = ? AND status <> 'cancelled'"
+)
 #: What a damaged row raises when it is made into a WorkflowRecord.
 _DAMAGE: Final = (ValueError, TypeError, OverflowError, OSError)
 
@@ -199,14 +214,26 @@ def set_status(
     workflow_id: str,
     status: WorkflowStatus,
     token: int | None,
+    note: EventNote | None = None,
 ) -> WorkflowRecord:
-    """Create or update the record with ``status``; fenced by ``token`` when given."""
+    """Create or update the record with ``status``; fenced by ``token`` when given.
+
+    Appends the change's event (``note``'s, when given) if the write happened.
+    """
     if token is not None:
         _check_token(conn, workflow_id, token)
+    rows = conn.execute(_STATUS, (workflow_id,)).fetchall()
+    old = WorkflowStatus(rows[0][0]) if rows else None
     ensure_records(conn, [workflow_id], now)
     ends = status in (WorkflowStatus.FINISHED, WorkflowStatus.FAILED)
     written = conn.execute(_SET_STATUS, (status.value, now if ends else None, now, workflow_id))
-    return _written_back(conn, workflow_id, written.rowcount)
+    record = _written_back(conn, workflow_id, written.rowcount)
+    kind = status_event(old, status)
+    if note is not None:
+        events.append(conn, now, workflow_id, note.kind, note.data)
+    elif kind is not None:
+        events.append(conn, now, workflow_id, kind, status_event_data(old, kind))
+    return record
 
 
 def _read_back(conn: sqlite3.Connection, workflow_id: str) -> WorkflowRecord:
@@ -311,6 +338,8 @@ def resume(
             f"workflow {workflow_id!r} is {record.status}, not paused: nothing to resume"
         )
     conn.execute(_RESUME, (resume_input, now, workflow_id))
+    data = json.dumps({"input": json.loads(resume_input)})
+    events.append(conn, now, workflow_id, EventKind.RESUMED, data)
     return _read_back(conn, workflow_id)
 
 
@@ -331,7 +360,26 @@ def fail(
     retry_at = None if delay is None else now + delay
     finished = now if delay is None else None
     written = conn.execute(_FAIL, (status.value, error, finished, retry_at, now, workflow_id))
-    return _written_back(conn, workflow_id, written.rowcount)
+    record = _written_back(conn, workflow_id, written.rowcount)
+    at = None if retry_at is None else _time(retry_at).isoformat()
+    for kind, data in failure_events(error, status, at):
+        events.append(conn, now, workflow_id, kind, data)
+    return record
+
+
+def sleep(
+    conn: sqlite3.Connection, now: float, workflow_id: str, seconds: float, token: int | None
+) -> WorkflowRecord:
+    """UNFINISHED, claimable ``seconds`` from now (fenced by ``token``); ``sleeping``."""
+    if token is not None:
+        _check_token(conn, workflow_id, token)
+    ensure_records(conn, [workflow_id], now)
+    until = now + seconds
+    written = conn.execute(_SLEEP, (until, now, workflow_id))
+    record = _written_back(conn, workflow_id, written.rowcount)
+    data = json.dumps({"until": _time(until).isoformat()})
+    events.append(conn, now, workflow_id, EventKind.SLEEPING, data)
+    return record
 
 
 def _grant(
@@ -363,9 +411,18 @@ def acquire(
             raise LeaseHeldError(
                 f"workflow {workflow_id!r} is leased by {holder!r} until {_time(expires)}"
             )
+        gone = expires is None or expires <= now
+        _note_takeover(conn, now, workflow_id, taken_over(holder, gone, owner))
     else:
         ensure_records(conn, [workflow_id], now)
     return _grant(conn, now, workflow_id, owner, ttl, _next_token(conn))
+
+
+def _note_takeover(
+    conn: sqlite3.Connection, now: float, workflow_id: str, data: str | None
+) -> None:
+    if data is not None:
+        events.append(conn, now, workflow_id, EventKind.LEASE_TAKEN_OVER, data)
 
 
 def renew(conn: sqlite3.Connection, now: float, lease: Lease, ttl: float) -> Lease:
@@ -383,11 +440,13 @@ def claim(conn: sqlite3.Connection, now: float, owner: str, ttl: float) -> Lease
     """Lease the oldest unfinished workflow whose lease is free or expired, or None."""
     cursor = conn.execute(_CLAIMABLE, (now,))
     try:
-        workflow_id = next((wf for (wf,) in cursor if id_problem(wf) is None), None)
+        found = next((row for row in cursor if id_problem(row[0]) is None), None)
     finally:
         cursor.close()
-    if workflow_id is None:
+    if found is None:
         return None
+    workflow_id, holder = found
+    _note_takeover(conn, now, workflow_id, taken_over(holder, True, owner))
     return _grant(conn, now, workflow_id, owner, ttl, _next_token(conn))
 
 

@@ -9,7 +9,8 @@ counts (``docs/sqlite-storage.md``); version 4 the ``paused`` status, retries, m
 the latest step on workflow records, with the indexes their queries walk; version 5 the effect
 journal (``docs/effects.md``); version 6 the kind of a workflow record, so that runners claim
 only workflows and never a LangGraph thread (``docs/leases.md``); version 7 the ``cancelled``
-status (``docs/resuming.md``).
+status (``docs/resuming.md``); version 8 each workflow's event history
+(``docs/operating.md``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Final
 from ...errors import StorageSchemaError
 from .control import MIGRATION_STATEMENTS as CANCELLED_MIGRATION
 from .effects import MIGRATION_STATEMENTS as EFFECTS_MIGRATION
+from .events import MIGRATION_STATEMENTS as EVENTS_MIGRATION
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate"]
 
@@ -218,6 +220,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     ),
     # Depends on no other new migration: it rebuilds the table with its columns as of 6.
     Migration(7, "workflows: the cancelled status", CANCELLED_MIGRATION),
+    # Depends on no other new migration: a table of its own and a trigger on workflows.
+    Migration(8, "workflow_events: each workflow's event history", EVENTS_MIGRATION),
 )
 
 #: The schema version this code writes.
