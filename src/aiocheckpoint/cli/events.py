@@ -1,7 +1,9 @@
 """``events``: a workflow's event history; and what ``history`` shows of it per step.
 
 See docs/cli.md and docs/operating.md. Every text an event holds (a pause's reason, an
-error message, an owner) is printed escaped, as every other command prints stored text.
+error message, an owner) is printed escaped, as every other command prints stored text; a
+field sealed on an encrypted store and read without ``--keys`` is printed as
+``[sealed: key ID]``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 from .._validation import check_workflow_id
+from ..codec import locked_view
 from ..history import WorkflowEvent, keeps_events
 from ..manager import CheckpointManager
 from .keys import command_keys
@@ -58,7 +61,7 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> int:
                     str(e.kind),
                     "-" if e.step is None else str(e.step),
                     "-" if e.attempt is None else str(e.attempt),
-                    compact(e.data, 100) if e.data else "-",
+                    compact(locked_view(e.data), 100) if e.data else "-",
                 ]
                 for e in page
             ],
@@ -82,7 +85,7 @@ def event_json(event: WorkflowEvent) -> dict[str, Any]:
         "time": event.time.isoformat(),
         "step": event.step,
         "attempt": event.attempt,
-        "data": event.data,
+        "data": locked_view(event.data),
     }
 
 
