@@ -28,7 +28,7 @@ from aiocheckpoint import (
     RetryPolicy,
     UnknownKeyError,
 )
-from aiocheckpoint.codec import is_sealed_text
+from aiocheckpoint.codec import FieldSealer, Sealer, is_sealed_text
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.events import EventStorage
 from tests.backend_support import WITH_RECORDS, make_storage
@@ -169,3 +169,15 @@ async def test_a_sealed_text_moved_to_another_workflow_or_field_fails(
     await store.put_events("wf", [swapped], replace=True)
     with pytest.raises(DecryptionError):
         await manager.get_events("wf")
+
+
+async def test_the_web_shows_a_sealed_text_locked() -> None:
+    from aiocheckpoint.web.app import shown
+
+    fields = FieldSealer(Sealer(_keys()))
+    token = await fields.seal("wf", "step_failed.message", "card-declined")
+    assert "card-declined" not in token
+    assert shown(token) == "[sealed: key 'k1']"
+    assert await fields.open("wf", "step_failed.message", token) == "card-declined"
+    with pytest.raises(DecryptionError):
+        await fields.open("wf", "cancelled.reason", token)
