@@ -62,7 +62,10 @@ class Sweeps:
             # steps ``cps`` deletes still have theirs here, and ``fx`` takes their effects.
             f"orph AS (DELETE FROM {e} AS x USING o WHERE x.workflow_id = o.w AND x.step < o.b "
             f"AND NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.workflow_id = o.w "
-            "AND c.step = x.step) AND (SELECT count(*) FROM lk) >= 0 RETURNING 1) "
+            "AND c.step = x.step) AND (SELECT count(*) FROM lk) >= 0 RETURNING 1), "
+            # The events below ``b``, thinned with the checkpoints they describe.
+            f"ev AS (DELETE FROM {quoted}.workflow_events AS v USING o "
+            "WHERE v.workflow_id = o.w AND v.step < o.b) "
             "SELECT (SELECT count(*) FROM orph), (SELECT array_agg(w) FROM cps), "
             "(SELECT array_agg(s) FROM cps), (SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
         )
