@@ -181,3 +181,13 @@ async def test_the_web_shows_a_sealed_text_locked() -> None:
     assert await fields.open("wf", "step_failed.message", token) == "card-declined"
     with pytest.raises(DecryptionError):
         await fields.open("wf", "cancelled.reason", token)
+
+
+async def test_the_timeline_names_a_sealed_error_by_its_key(store: CheckpointStorage) -> None:
+    from aiocheckpoint.web.timeline import _ending
+
+    await _story(CheckpointManager(store, encryption=_keys()))
+    record = await CheckpointManager(store).get_workflow("wf")  # no keys: sealed
+    assert record is not None
+    (span,) = _ending(record, record.updated_at)
+    assert span.title.endswith(": WorkflowCancelledError [sealed: key 'k1']"), span.title
