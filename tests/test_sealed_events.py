@@ -23,6 +23,7 @@ from aiocheckpoint import (
     CheckpointManager,
     DecryptionError,
     EventKind,
+    InvalidArgumentError,
     Keyring,
     ResumableWorkflow,
     RetryPolicy,
@@ -191,3 +192,15 @@ async def test_the_timeline_names_a_sealed_error_by_its_key(store: CheckpointSto
     assert record is not None
     (span,) = _ending(record, record.updated_at)
     assert span.title.endswith(": WorkflowCancelledError [sealed: key 'k1']"), span.title
+
+
+async def test_a_sealed_resume_input_is_held_to_the_field_limit(store: CheckpointStorage) -> None:
+    manager = CheckpointManager(store, encryption=_keys())
+    await manager.register_workflow("wf")
+    await manager.mark_workflow("wf", "paused")
+    with pytest.raises(InvalidArgumentError, match="resume input is over"):
+        await manager.resume_workflow("wf", "x" * 60_000)  # fits plain, not sealed
+    record = await manager.get_workflow("wf")
+    assert record is not None and str(record.status) == "paused"
+    resumed = await manager.resume_workflow("wf", "x" * 40_000)
+    assert resumed.resume_input == "x" * 40_000
