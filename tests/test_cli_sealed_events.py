@@ -69,3 +69,10 @@ async def test_events_locked_without_keys_readable_with_them(
     assert history.code == 0 and "1 paused" in history.out, history.out
     listed = cli("workflows", url, "--status", "failed", "--json", "--keys", keys)
     assert "card-declined-8e2c" in json.dumps(listed.json())
+
+    other = keys_file(tmp_path / "other.json", {"k2": os.urandom(32)}, "k2")
+    refused = cli("events", url, "wf", "--keys", other)
+    assert "k1" in refused.error_line()
+    counted = cli("history", url, "wf", "--keys", other)  # kinds are in the clear
+    assert counted.code == 0 and "1 paused" in counted.out, counted.err
+    assert not any(s in counted.out for s in secrets)
