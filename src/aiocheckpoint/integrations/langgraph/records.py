@@ -4,13 +4,15 @@ Values go through the saver's LangGraph serializer and are stored as its typed b
 ``[type, base64]``, exactly as it produced them. A list channel (LangGraph's messages) is
 stored element by element, each element serialized once (while it stays the same object),
 and a long list in pages (``pages.py``): a growing list costs what was appended, not the
-whole list again (``docs/langgraph.md``).
+whole list again (``docs/langgraph.md``). A large value of any other kind is stored once,
+in a page of its own, and referenced by hash while its channel's version stays the same.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,6 +66,18 @@ def untyped(serde: SerializerProtocol, item: Any) -> Any:
     return serde.loads_typed((item[0], data))
 
 
+def _same_pages(value: list[Any], items: list[Any], hashes: list[str]) -> list[str | None]:
+    """Each parent page hash whose items are the very objects at that place in ``value``."""
+    size = paging.PAGE_ITEMS
+    return [
+        digest
+        if len(value) >= (i + 1) * size
+        and all(map(operator.is_, value[i * size : (i + 1) * size], items[i * size :]))
+        else None
+        for i, digest in enumerate(hashes)
+    ]
+
+
 def _channel(
     serde: SerializerProtocol,
     value: Any,
@@ -72,21 +86,34 @@ def _channel(
     name: paging.PageHash,
 ) -> tuple[Any, list[Any] | None]:
     if type(value) is not list:
-        return typed(serde, value), None
+        code = typed(serde, value)
+        if len(code[1]) > paging.BOX_BYTES:
+            return paging.box(code, new_pages, name), None
+        return code, None
+    if known is None or known[3] is None:
+        encoded = [typed(serde, item) for item in value]
+        return paging.paginate(encoded, (), new_pages, name), encoded
     # An item that is the very object stored in the parent's list is reused as encoded
     # then: LangGraph's reducers (add_messages) build a new list around the same items.
     # Its id is stable because ``known`` keeps the parent's list alive.
-    reuse: dict[int, Any] = {}
-    parent = None
-    if known is not None and known[3] is not None:
-        reuse = {id(item): code for item, code in zip(known[2], known[3], strict=True)}
-        parent = (known[2], paging.hashes_of(known[1]))
+    items, codes = known[2], known[3]
+    hashes = paging.hashes_of(known[1])
+    count = len(items)
+    if len(value) >= count and all(map(operator.is_, value, items)):
+        # The common case, checked at C speed: the parent's items, then appended ones.
+        encoded = codes + [typed(serde, item) for item in value[count:]]
+        # Every full page of the parent lies within its items: all are reused.
+        return paging.paginate(encoded, hashes, new_pages, name), encoded
+    reuse = {id(item): code for item, code in zip(items, codes, strict=True)}
     encoded = [reuse.get(id(item)) or typed(serde, item) for item in value]
-    return paging.paginate(value, encoded, parent, new_pages, name), encoded
+    reused = _same_pages(value, items, hashes)
+    return paging.paginate(encoded, reused, new_pages, name), encoded
 
 
 def _unchannel(serde: SerializerProtocol, stored: Any, pages: Mapping[str, list[Any]]) -> Any:
     if isinstance(stored, dict):
+        if paging.is_box(stored):
+            return untyped(serde, paging.unbox(stored, pages))
         return [untyped(serde, item) for item in paging.unpage(stored, pages)]
     return untyped(serde, stored)
 
@@ -169,7 +196,7 @@ def decode_writes(state: Mapping[str, Any]) -> list[Write]:
     writes = _field(state, "writes", list)
     out: list[Write] = []
     for write in writes:
-        # A tuple since typed state (stored exactly), a list in stores written before it.
+        # A list as stored now; a tuple in stores written while writes went in as tuples.
         if not (isinstance(write, (list, tuple)) and len(write) == 5 and type(write[1]) is int):
             raise CheckpointCorruptedError("a stored LangGraph write is malformed")
         task_id, idx, channel, value, path = write

@@ -111,7 +111,12 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             )
         # Its threads' records are of their own kind: runners sharing the store never
         # claim them, and the default listings leave them out.
-        self.manager = CheckpointManager(storage, encryption=encryption, workflow_kind=KIND)
+        # Version-1 records only: the saver keeps its own incremental form (unchanged channels
+        # reused by version, list pages and boxes by hash), so a record holds the step's new
+        # values and hashes, and splitting it into a tree would only cost the loop time.
+        self.manager = CheckpointManager(
+            storage, encryption=encryption, workflow_kind=KIND, incremental=False
+        )
         # Encrypted: pages are named by a key of this saver's, so a page's name (its step
         # in the store) confirms no guess of its content.
         self._page_name = (
@@ -243,7 +248,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             info = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
             lease = await self._fence(workflow_id, thread_id)
             self._writes.pop((workflow_id, step), None)  # unknown again if the save fails
-            await self._store.save(workflow_id, step, {"writes": merged}, info, lease)
+            # Stored as JSON lists: a tuple would be a typed value, tagged on the way in and
+            # restored on the way out for a checkpoint the saver never looks at.
+            state = {"writes": [list(write) for write in merged]}
+            await self._store.save(workflow_id, step, state, info, lease)
             self._remember(self._writes, (workflow_id, step), (checkpoint_id, merged))
 
     async def _stored_writes(
