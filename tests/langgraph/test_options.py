@@ -97,15 +97,20 @@ async def test_serializer_output_is_stored_as_is(saver_factory: SaverFactory) ->
         stored = await saver.manager.get_checkpoint(workflow_id, step)
         writes = await saver.manager.get_checkpoint(workflow_id, step + 1)
     values = stored.state_snapshot.data["values"]
-    items = [[kind, base64.b64decode(data)] for kind, data in values["msgs"]["items"]]
-    assert items == [list(saver.serde.dumps_typed(v)) for v in ["a", {"b": 1}]]
-    kind, data = values["n"]
-    assert (kind, base64.b64decode(data)) == saver.serde.dumps_typed(7)
+    items = [typed_bytes(item) for item in values["msgs"]["items"]]
+    assert items == [saver.serde.dumps_typed(v) for v in ["a", {"b": 1}]]
+    assert typed_bytes(values["n"]) == saver.serde.dumps_typed(7)
     [write] = writes.state_snapshot.data["writes"]
     assert type(write) is list  # plain JSON: no typed value to tag and restore
     task, idx, channel, value, path = write
     assert (task, idx, channel, path) == ("task", -3, "__interrupt__", "")
-    assert (value[0], base64.b64decode(value[1])) == saver.serde.dumps_typed({"why": "human"})
+    assert typed_bytes(value) == saver.serde.dumps_typed({"why": "human"})
+
+
+def typed_bytes(stored: str) -> tuple[str, bytes]:
+    """A stored ``type:base64`` text as the serializer's ``(type, bytes)``."""
+    kind, _, data = stored.rpartition(":")
+    return kind, base64.b64decode(data)
 
 
 async def test_a_large_unchanged_channel_is_stored_once(saver_factory: SaverFactory) -> None:

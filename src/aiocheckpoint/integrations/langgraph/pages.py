@@ -40,7 +40,7 @@ __all__ = [
 
 #: Items per page.
 PAGE_ITEMS: Final = 8
-#: A value whose encoded bytes (their base64 text) are longer than this is boxed.
+#: A value whose encoding (its ``type:base64`` text) is longer than this is boxed.
 BOX_BYTES: Final = 16 * 1024
 _PAGES: Final = "pages"
 _ITEMS: Final = "items"
@@ -116,11 +116,8 @@ def is_box(stored: Mapping[str, Any]) -> bool:
 
 
 def is_box_page(items: Sequence[Any]) -> bool:
-    """Whether a page's items are a boxed value's (one ``[type, base64]`` over the bound)."""
-    if len(items) != 1:
-        return False
-    item = items[0]
-    return type(item) is list and len(item) == 2 and len(item[1]) > BOX_BYTES
+    """Whether a page's items are a boxed value's (one ``type:base64`` over the bound)."""
+    return len(items) == 1 and type(items[0]) is str and len(items[0]) > BOX_BYTES
 
 
 def hashes_of(stored: Mapping[str, Any]) -> list[str]:

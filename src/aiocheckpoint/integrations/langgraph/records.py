@@ -1,7 +1,8 @@
 """LangGraph checkpoints and pending writes as aiocheckpoint states (JSON documents).
 
 Values go through the saver's LangGraph serializer and are stored as its typed bytes,
-``[type, base64]``, exactly as it produced them. A list channel (LangGraph's messages) is
+``"type:base64"`` (a ``[type, base64]`` pair in stores written before), exactly as it
+produced them. A list channel (LangGraph's messages) is
 stored element by element, each element serialized once (while it stays the same object),
 and a long list in pages (``pages.py``): a growing list costs what was appended, not the
 whole list again (``docs/langgraph.md``). A large value of any other kind is stored once,
@@ -37,33 +38,41 @@ __all__ = [
 ]
 
 #: One stored write: task id, index, channel, typed value, task path.
-Write = tuple[str, int, str, list[str], str]
+Write = tuple[str, int, str, Any, str]
 #: The encoded values of one namespace's last checkpoint: channel -> (version, stored
 #: form, value, encoded items of a list). The value is kept so that a list's items can be
 #: recognised (by identity) in the next checkpoint's list.
 ChannelCache = dict[str, tuple[Any, Any, Any, Any]]
 
 
-def typed(serde: SerializerProtocol, value: Any) -> list[str]:
-    """``value`` through the serializer, as the JSON pair ``[type, base64 bytes]``."""
+def typed(serde: SerializerProtocol, value: Any) -> str:
+    """``value`` through the serializer, as the text ``"type:base64 bytes"``.
+
+    One string rather than a pair: the manager's copy of a state takes a list of strings
+    in one C call, and no container per value outlives the save.
+    """
     kind, data = serde.dumps_typed(value)
-    return [kind, base64.b64encode(data).decode("ascii")]
+    return f"{kind}:{base64.b64encode(data).decode('ascii')}"
 
 
 def untyped(serde: SerializerProtocol, item: Any) -> Any:
-    """The value of a ``[type, base64 bytes]`` pair; a malformed pair is corruption."""
-    if not (
-        isinstance(item, list)
-        and len(item) == 2
-        and isinstance(item[0], str)
-        and isinstance(item[1], str)
-    ):
+    """The value of a ``"type:base64"`` text; a malformed one is corruption.
+
+    Also reads the ``[type, base64]`` pairs of stores written before.
+    """
+    if type(item) is str:
+        kind, colon, text = item.rpartition(":")
+    elif isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
+        kind, colon, text = item[0], ":", item[1]
+    else:
+        kind, colon, text = "", "", None
+    if not (colon and isinstance(text, str)):
         raise CheckpointCorruptedError(f"a stored LangGraph value is malformed: {item!r:.80}")
     try:
-        data = base64.b64decode(item[1], validate=True)
+        data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise CheckpointCorruptedError("a stored LangGraph value is not base64") from exc
-    return serde.loads_typed((item[0], data))
+    return serde.loads_typed((kind, data))
 
 
 def _same_pages(value: list[Any], items: list[Any], hashes: list[str]) -> list[str | None]:
@@ -87,7 +96,7 @@ def _channel(
 ) -> tuple[Any, list[Any] | None]:
     if type(value) is not list:
         code = typed(serde, value)
-        if len(code[1]) > paging.BOX_BYTES:
+        if len(code) > paging.BOX_BYTES:
             return paging.box(code, new_pages, name), None
         return code, None
     if known is None or known[3] is None:
@@ -156,7 +165,7 @@ def checkpoint_state(
     return state, fresh
 
 
-def _field(state: Mapping[str, Any], name: str, kind: type) -> Any:
+def _field(state: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
     value = state.get(name)
     if not isinstance(value, kind):
         raise CheckpointCorruptedError(f"a stored LangGraph checkpoint has no valid {name!r}")
@@ -165,7 +174,7 @@ def _field(state: Mapping[str, Any], name: str, kind: type) -> Any:
 
 def decode_metadata(serde: SerializerProtocol, state: Mapping[str, Any]) -> dict[str, Any]:
     """Only the metadata of a stored checkpoint (for filters over many checkpoints)."""
-    metadata = untyped(serde, _field(state, "metadata", list))
+    metadata = untyped(serde, _field(state, "metadata", (str, list)))
     if not isinstance(metadata, dict):
         raise CheckpointCorruptedError("a stored LangGraph checkpoint's metadata is not a mapping")
     return metadata
@@ -180,7 +189,7 @@ def decode_checkpoint(
     serde: SerializerProtocol, state: Mapping[str, Any], pages: Mapping[str, list[Any]]
 ) -> tuple[Checkpoint, dict[str, Any]]:
     """The checkpoint (with its channel values) and metadata of a stored state."""
-    checkpoint = untyped(serde, _field(state, "checkpoint", list))
+    checkpoint = untyped(serde, _field(state, "checkpoint", (str, list)))
     metadata = decode_metadata(serde, state)
     if not isinstance(checkpoint, dict):
         raise CheckpointCorruptedError("a stored LangGraph checkpoint is not a mapping")
