@@ -19,7 +19,12 @@ from langgraph.checkpoint.conformance.test_utils import (
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from aiocheckpoint import InvalidArgumentError, LeaseHeldError, UnsupportedOperationError
+from aiocheckpoint import (
+    CheckpointCorruptedError,
+    InvalidArgumentError,
+    LeaseHeldError,
+    UnsupportedOperationError,
+)
 from aiocheckpoint.integrations.langgraph import AioCheckpointSaver, keys, records
 from tests.langgraph.conftest import SaverFactory, backend_url, open_backend
 from tests.langgraph.graphs import loop_graph, loop_input, values_view
@@ -168,6 +173,28 @@ def test_list_items_are_reused_by_identity_whatever_changed() -> None:
     pages |= new_pages
     checkpoint, _ = records.decode_checkpoint(serde, state, pages)
     assert checkpoint["channel_values"]["msgs"] == replaced
+
+
+@pytest.mark.parametrize(
+    ("values", "pages"),
+    [
+        ({"big": {"box": "0" * 32, "items": []}}, {"0" * 32: ["json:e30="]}),  # extra key
+        ({"big": {"box": 7}}, {}),  # a hash that is not one
+        ({"big": {"box": "0" * 32}}, {"0" * 32: ["json:e30=", "json:e30="]}),  # two items
+        ({"n": "json"}, {}),  # no type:data separator
+        ({"n": "json:not base64!"}, {}),
+        ({"n": ["json"]}, {}),  # an old pair with no data
+    ],
+)
+def test_malformed_stored_values_are_corruption(values: Any, pages: Any) -> None:
+    serde = JsonPlusSerializer()
+    state = {
+        "checkpoint": records.typed(serde, {"id": "x"}),
+        "metadata": records.typed(serde, {}),
+        "values": values,
+    }
+    with pytest.raises(CheckpointCorruptedError):
+        records.decode_checkpoint(serde, state, pages)
 
 
 async def test_writes_stored_as_tuples_still_read(saver_factory: SaverFactory) -> None:
