@@ -11,6 +11,9 @@ For each backend, on a fresh SQLite file (or PostgreSQL schema, dropped afterwar
   time, step after step: the build rate in checkpoints/s;
 * **sweep**: one ``manager.sweep()`` with ``RetentionPolicy(keep_last=...)``: its time,
   what it deleted and the deletes per second;
+* **writers**: ``writers`` tasks each save a checkpoint of their own workflow every
+  ``writer_pause`` seconds, first alone for ``writer_seconds`` and then while the sweep
+  runs: their save latency p50/p99 in both, and the ratio of the p99s (same run);
 * **again**: a second sweep, with nothing left to delete: its time, and that time per
   100,000 workflows;
 * the store's bytes before and after (SQLite: the database file and its WAL; PostgreSQL:
@@ -27,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import tempfile
 import time
 import uuid
@@ -35,7 +39,7 @@ from typing import Any
 
 import asyncpg
 
-from aiocheckpoint import CheckpointManager, RetentionPolicy
+from aiocheckpoint import CheckpointManager, RetentionPolicy, SweepReport
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
@@ -56,6 +60,58 @@ async def build(manager: CheckpointManager, args: argparse.Namespace) -> float:
     began = time.perf_counter()
     await asyncio.gather(*(task() for _ in range(args.concurrency)))
     return time.perf_counter() - began
+
+
+async def write_steadily(
+    manager: CheckpointManager, args: argparse.Namespace, stop: asyncio.Event
+) -> list[float]:
+    """``args.writers`` tasks saving until ``stop`` is set; every save's latency in ms."""
+    latencies: list[float] = []
+
+    async def writer(k: int) -> None:
+        step = 0
+        while not stop.is_set():
+            began = time.perf_counter()
+            # Steps 0-2 over and over: never more than the sweep keeps, so it deletes none.
+            await manager.create_checkpoint(f"writer-{k:03}", step % 3, "w", "running", {"k": k})
+            latencies.append((time.perf_counter() - began) * 1000)
+            step += 1
+            await asyncio.sleep(args.writer_pause)
+
+    await asyncio.gather(*(writer(k) for k in range(args.writers)))
+    return latencies
+
+
+async def writers_alone(manager: CheckpointManager, args: argparse.Namespace) -> list[float]:
+    """The writers' latencies over ``args.writer_seconds`` with nothing else running."""
+    stop = asyncio.Event()
+    writing = asyncio.ensure_future(write_steadily(manager, args, stop))
+    await asyncio.sleep(args.writer_seconds)
+    stop.set()
+    return await writing
+
+
+async def sweep_with_writers(
+    manager: CheckpointManager, args: argparse.Namespace
+) -> tuple[SweepReport, float, list[float]]:
+    """One sweep while the writers write: its report, its seconds, their latencies."""
+    stop = asyncio.Event()
+    writing = asyncio.ensure_future(write_steadily(manager, args, stop))
+    began = time.perf_counter()
+    try:
+        swept = await manager.sweep()
+    finally:
+        elapsed = time.perf_counter() - began
+        stop.set()
+        latencies = await writing
+    return swept, elapsed, latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, rounded to 0.01 ms."""
+    if len(values) < 2:
+        return round(values[0], 2) if values else 0.0
+    return round(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1], 2)
 
 
 def file_bytes(where: Path) -> int:
@@ -104,9 +160,8 @@ async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> di
         ) as manager:
             built = await build(manager, args)
             before = await store_bytes(backend, where, args.dsn, schema)
-            began = time.perf_counter()
-            swept = await manager.sweep()
-            sweep_s = time.perf_counter() - began
+            alone = await writers_alone(manager, args)
+            swept, sweep_s, during = await sweep_with_writers(manager, args)
             began = time.perf_counter()
             again = await manager.sweep()
             again_s = time.perf_counter() - began
@@ -124,6 +179,14 @@ async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> di
         "sweep_s": round(sweep_s, 2),
         "deleted": swept.checkpoints_deleted,
         "deletes_per_s": round(swept.checkpoints_deleted / sweep_s),
+        "writers": args.writers,
+        "writer_saves_alone": len(alone),
+        "writer_p50_ms_alone": percentile(alone, 50),
+        "writer_p99_ms_alone": percentile(alone, 99),
+        "writer_saves_during_sweep": len(during),
+        "writer_p50_ms_during_sweep": percentile(during, 50),
+        "writer_p99_ms_during_sweep": percentile(during, 99),
+        "writer_p99_ratio": round(percentile(during, 99) / max(percentile(alone, 99), 0.01), 2),
         "nothing_to_delete_s": round(again_s, 2),
         "nothing_to_delete_s_per_100k": round(again_s * 100_000 / args.workflows, 2),
         "deleted_again": again.checkpoints_deleted,
@@ -147,10 +210,13 @@ def main() -> None:
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--dsn", default=DSN)
     parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--writers", type=int, default=8, help="tasks writing during the sweep")
+    parser.add_argument("--writer-pause", type=float, default=0.02, help="seconds between saves")
+    parser.add_argument("--writer-seconds", type=float, default=5.0, help="writers alone, first")
     parser.add_argument("--quick", action="store_true", help="CI's smoke size: 2,000 x 10")
     args = parser.parse_args()
     if args.quick:
-        args.workflows, args.checkpoints = 2_000, 10
+        args.workflows, args.checkpoints, args.writer_seconds = 2_000, 10, 1.0
     asyncio.run(run(args))
 
 

@@ -12,7 +12,8 @@ narrow table of their own (``blob_refs``); migration 5 adds the ``paused`` statu
 metadata and the latest step to workflow records, with the indexes their queries walk;
 migration 6 adds the effect journal (``effects``); migration 7 the kind of a workflow
 record, so that runners claim only workflows and never a LangGraph thread; migration 8 the
-``cancelled`` status.
+``cancelled`` status; migration 10 deletes a statement's checkpoints' effects in one join
+(a statement trigger instead of a row trigger).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from ...errors import InvalidArgumentError, StorageSchemaError
 from .effects import MIGRATION as EFFECTS_MIGRATION
+from .settrigger import MIGRATION as SET_TRIGGER_MIGRATION
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "quote_schema"]
 
@@ -156,6 +158,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE {s}.workflows ADD CONSTRAINT workflows_status_check "
         "CHECK (status IN ('unfinished', 'finished', 'failed', 'paused', 'cancelled'))",
     ),
+    # Version 9 is another change's slot (the merge puts its migration here); an empty
+    # migration changes nothing.
+    (),
+    SET_TRIGGER_MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
