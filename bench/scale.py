@@ -22,6 +22,10 @@ For each backend, on a fresh SQLite file (or PostgreSQL schema, dropped afterwar
 
 Prints one JSON line per backend. ``--quick`` is CI's smoke size (2,000 x 10). The
 machine is shared: read the load average printed with each line.
+
+``--soak ROUNDS`` instead writes ``checkpoints`` more steps to every workflow and sweeps,
+``ROUNDS`` times, and prints the store's bytes after each round (SQLite: with its WAL, also
+apart): the same data after every round, so the size should stay flat once warm.
 """
 
 from __future__ import annotations
@@ -47,13 +51,13 @@ from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-async def build(manager: CheckpointManager, args: argparse.Namespace) -> float:
+async def build(manager: CheckpointManager, args: argparse.Namespace, first_step: int = 0) -> float:
     """Write every workflow's checkpoints; return the seconds it took."""
     queue = iter(range(args.workflows))
 
     async def task() -> None:
         for n in queue:
-            for step in range(args.checkpoints):
+            for step in range(first_step, first_step + args.checkpoints):
                 state = {"n": n, "step": step}
                 await manager.create_checkpoint(f"wf-{n:07}", step, "agent", "running", state)
 
@@ -196,10 +200,49 @@ async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> di
     }
 
 
+async def soak(backend: str, args: argparse.Namespace, where: Path) -> None:
+    """``args.soak`` rounds of steady writes then a sweep; a JSON line per round.
+
+    Each round every workflow gets ``checkpoints`` more steps and the sweep thins it back
+    to ``keep_last``: the store holds the same data after every round, so its size on disk
+    should stay flat once warm.
+    """
+    schema = f"bench_soak_{uuid.uuid4().hex[:10]}"
+    policy = RetentionPolicy(keep_last=args.keep_last)
+    try:
+        async with CheckpointManager(
+            open_store(backend, where, args.dsn, schema), retention=policy
+        ) as manager:
+            for round_ in range(1, args.soak + 1):
+                await build(manager, args, first_step=(round_ - 1) * args.checkpoints)
+                began = time.perf_counter()
+                swept = await manager.sweep()
+                sweep_s = time.perf_counter() - began
+                await asyncio.sleep(1)  # an idle store checkpoints its WAL (SQLite)
+                line = {
+                    "backend": backend,
+                    "round": round_,
+                    "sweep_s": round(sweep_s, 2),
+                    "deleted": swept.checkpoints_deleted,
+                    "bytes_reclaimed": swept.bytes_reclaimed,
+                    "bytes": await store_bytes(backend, where, args.dsn, schema),
+                    "load_average": [round(x, 1) for x in os.getloadavg()],
+                }
+                if backend == "sqlite":
+                    line["db_bytes"] = (where / "store.db").stat().st_size
+                print(json.dumps(line), flush=True)
+    finally:
+        if backend == "postgres":
+            await drop_schema(args.dsn, schema)
+
+
 async def run(args: argparse.Namespace) -> None:
     for backend in args.backends.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(await one_backend(backend, args, Path(tmp))), flush=True)
+            if args.soak:
+                await soak(backend, args, Path(tmp))
+            else:
+                print(json.dumps(await one_backend(backend, args, Path(tmp))), flush=True)
 
 
 def main() -> None:
@@ -214,6 +257,9 @@ def main() -> None:
     parser.add_argument("--writer-pause", type=float, default=0.02, help="seconds between saves")
     parser.add_argument("--writer-seconds", type=float, default=5.0, help="writers alone, first")
     parser.add_argument("--quick", action="store_true", help="CI's smoke size: 2,000 x 10")
+    parser.add_argument(
+        "--soak", type=int, metavar="ROUNDS", help="rounds of writes then a sweep: size per round"
+    )
     args = parser.parse_args()
     if args.quick:
         args.workflows, args.checkpoints, args.writer_seconds = 2_000, 10, 1.0
