@@ -34,18 +34,22 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
+from scale_fill import fill_postgres, fill_sqlite
 
 from aiocheckpoint import CheckpointManager, RetentionPolicy, SweepReport
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.queries import encode_cursor
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -236,11 +240,87 @@ async def soak(backend: str, args: argparse.Namespace, where: Path) -> None:
             await drop_schema(args.dsn, schema)
 
 
+async def template_record(manager: CheckpointManager) -> bytes:
+    """The stored bytes of one small checkpoint: what the fillers' checkpoints copy."""
+    await manager.create_checkpoint("template", 0, "a", "running", {"n": 0})
+    stored = await manager.storage.load("template", 0)
+    assert stored is not None
+    return stored.data
+
+
+async def timed(calls: int, call: Callable[[int], Awaitable[object]]) -> dict[str, float]:
+    """p50 and p99 in ms of ``calls`` awaited calls of ``call(i)``, one at a time."""
+    took = []
+    for i in range(calls):
+        began = time.perf_counter()
+        await call(i)
+        took.append((time.perf_counter() - began) * 1000)
+    return {"p50_ms": percentile(took, 50), "p99_ms": percentile(took, 99)}
+
+
+async def probe(manager: CheckpointManager, size: int, calls: int) -> dict[str, Any]:
+    """The three queries' latencies on a store of ``size`` fillers and the probes."""
+    rng = random.Random(size)
+
+    async def page(_i: int) -> None:
+        start = f"q-{rng.randrange(size):07}"
+        got = await manager.list_workflow_records(
+            "unfinished", metadata={"tenant": "t1"}, limit=50, cursor=encode_cursor(start)
+        )
+        assert len(got) == 50 or got.next_cursor is None
+
+    async def resume(i: int) -> None:
+        assert await manager.get_resume_point(f"p-{i % _PROBES:03}") is not None
+
+    async def claim(_i: int) -> None:
+        lease = await manager.claim_workflow("bench")
+        assert lease is not None
+        await manager.release_lease(lease)
+
+    return {
+        "page_of_50": await timed(calls, page),
+        "get_resume_point": await timed(calls, resume),
+        "claim_workflow": await timed(calls, claim),
+    }
+
+
+#: Workflows written through the manager, whose resume points the bench reads.
+_PROBES: Final = 100
+
+
+async def queries(backend: str, args: argparse.Namespace, where: Path) -> None:
+    """At each size of ``args.queries``, the queries' p50/p99; a JSON line per size."""
+    schema = f"bench_queries_{uuid.uuid4().hex[:10]}"
+    filled = 0
+    try:
+        async with CheckpointManager(open_store(backend, where, args.dsn, schema)) as manager:
+            record = await template_record(manager)
+            for n in range(_PROBES):
+                await manager.create_checkpoint(f"p-{n:03}", 0, "a", "running", {"n": n})
+        for size in (int(x) for x in args.queries.split(",")):
+            began = time.perf_counter()
+            if backend == "sqlite":
+                await asyncio.to_thread(fill_sqlite, where / "store.db", filled, size, record)
+            else:
+                await fill_postgres(args.dsn, schema, filled, size, record)
+            built, filled = time.perf_counter() - began, size
+            async with CheckpointManager(open_store(backend, where, args.dsn, schema)) as manager:
+                figures = await probe(manager, size, args.calls)
+            line = {"backend": backend, "workflows": size, "fill_s": round(built, 1), **figures}
+            line["load_average"] = [round(x, 1) for x in os.getloadavg()]
+            print(json.dumps(line), flush=True)
+    finally:
+        if backend == "postgres":
+            await drop_schema(args.dsn, schema)
+
+
 async def run(args: argparse.Namespace) -> None:
     for backend in args.backends.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             if args.soak:
                 await soak(backend, args, Path(tmp))
+            elif args.queries:
+                await queries(backend, args, Path(tmp))
             else:
                 print(json.dumps(await one_backend(backend, args, Path(tmp))), flush=True)
 
@@ -257,6 +337,10 @@ def main() -> None:
     parser.add_argument("--writer-pause", type=float, default=0.02, help="seconds between saves")
     parser.add_argument("--writer-seconds", type=float, default=5.0, help="writers alone, first")
     parser.add_argument("--quick", action="store_true", help="CI's smoke size: 2,000 x 10")
+    parser.add_argument(
+        "--queries", metavar="SIZES", help="query latencies at these sizes: 1000,100000,1000000"
+    )
+    parser.add_argument("--calls", type=int, default=300, help="calls per query and size")
     parser.add_argument(
         "--soak", type=int, metavar="ROUNDS", help="rounds of writes then a sweep: size per round"
     )

@@ -19,14 +19,21 @@ from .connection import Connection
 from .records import Records
 from .sql import VERSION_2
 
-__all__ = ["Sweeps"]
+__all__ = ["PAGE_SETTINGS", "PLANNER_SETTINGS", "Sweeps"]
 
 #: Run first in each of a sweep's transactions. Without statistics (a store autovacuum has
 #: not analyzed yet) the planner takes these statements for large ones and compiles them
-#: (JIT): up to a second per statement, for statements that run in milliseconds. The
-#: deleted rows the effects' statement trigger reads are kept in memory up to
-#: ``work_mem`` (the default 4 MB spilled a batch to disk and cost as much as the deletes).
-_NO_JIT = "SET LOCAL jit = off; SET LOCAL work_mem = '64MB'"
+#: (JIT): up to a second per statement, for statements that run in milliseconds; or it
+#: joins a page's ids to a sequential scan of every checkpoint. Each statement is meant to
+#: probe the primary key, whatever the statistics say. The deleted rows the effects'
+#: statement trigger reads stay in memory up to ``work_mem`` (the default 4 MB spilled a
+#: batch to disk and cost as much as the deletes).
+PLANNER_SETTINGS = (
+    "SET LOCAL jit = off; SET LOCAL enable_seqscan = off; SET LOCAL work_mem = '64MB'"
+)
+#: And for the read of a page of histories: no hash aggregate and no sort of the rows
+#: after ``$1`` (a store never analyzed estimates a few hundred distinct ids in all).
+PAGE_SETTINGS = PLANNER_SETTINGS + "; SET LOCAL enable_hashagg = off; SET LOCAL enable_sort = off"
 
 
 class Sweeps:
@@ -40,25 +47,18 @@ class Sweeps:
         self._max = max_record_bytes
         self._quoted = quoted
         t, w, e = f"{quoted}.checkpoints", f"{quoted}.workflows", f"{quoted}.effects"
-        # The next $2 workflows with checkpoints after $1, in id order: one index descent
-        # per workflow (a loose index scan), then each one's count, lowest step and bytes,
-        # whether it has effects below its lowest step, whether its record says PAUSED and
-        # its record's kind, by index probes. Written so that no plan depends on the
-        # table's statistics (a store never analyzed estimates thousands of rows per id,
-        # which made a GROUP BY over the range a sequential scan of the whole table).
+        # The next $2 workflows with checkpoints after $1, in id order (a walk of the
+        # primary key, grouped as it goes: PAGE_SETTINGS leave the planner no other plan):
+        # each one's count, lowest step, bytes, whether it has effects below its lowest
+        # step, whether its record says PAUSED and its record's kind.
         self._page = (
-            "WITH RECURSIVE ids(w, i) AS ("
-            f"(SELECT workflow_id, 1 FROM {t} WHERE workflow_id > $1 ORDER BY workflow_id LIMIT 1) "
-            f"UNION ALL SELECT (SELECT c.workflow_id FROM {t} AS c WHERE c.workflow_id > ids.w "
-            "ORDER BY c.workflow_id LIMIT 1), ids.i + 1 FROM ids "
-            "WHERE ids.i < $2 AND ids.w IS NOT NULL) "
-            "SELECT ids.w, g.n, g.low, g.size, "
-            f"EXISTS (SELECT 1 FROM {e} AS x WHERE x.workflow_id = ids.w AND x.step < g.low), "
-            f"EXISTS (SELECT 1 FROM {w} AS r WHERE r.workflow_id = ids.w AND r.status = 'paused'), "
-            f"(SELECT r.kind FROM {w} AS r WHERE r.workflow_id = ids.w) "
-            "FROM ids CROSS JOIN LATERAL (SELECT count(*) AS n, min(step) AS low, "
-            f"sum(octet_length(data)) AS size FROM {t} AS c WHERE c.workflow_id = ids.w) AS g "
-            "WHERE ids.w IS NOT NULL ORDER BY ids.i"
+            "SELECT g.w, g.n, g.low, g.size, "
+            f"EXISTS (SELECT 1 FROM {e} AS x WHERE x.workflow_id = g.w AND x.step < g.low), "
+            f"EXISTS (SELECT 1 FROM {w} AS r WHERE r.workflow_id = g.w AND r.status = 'paused'), "
+            f"(SELECT r.kind FROM {w} AS r WHERE r.workflow_id = g.w) "
+            "FROM (SELECT workflow_id AS w, count(*) AS n, min(step) AS low, "
+            f"sum(octet_length(data)) AS size FROM {t} WHERE workflow_id > $1 "
+            "GROUP BY workflow_id ORDER BY workflow_id LIMIT $2) AS g"
         )
         # Each workflow's records by an index probe of its own, newest first.
         self._records_of = (
@@ -119,11 +119,14 @@ class Sweeps:
 
         async def read(con: Any) -> list[History]:
             async with con.transaction(isolation="repeatable_read", readonly=True):
-                await con.execute(_NO_JIT)
+                await con.execute(PAGE_SETTINGS)
                 page = await con.fetch(self._page, "" if after is None else after, limit)
                 sizes = {row[0]: (int(row[1]), int(row[3])) for row in page}
                 wanted = histories_to_read(sizes, *budget)
-                rows = await con.fetch(self._records_of, wanted, self._max) if wanted else []
+                rows = []
+                if wanted:
+                    await con.execute("SET LOCAL enable_sort = on")
+                    rows = await con.fetch(self._records_of, wanted, self._max)
             found = _grouped(rows)
             return [
                 History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))
@@ -144,7 +147,7 @@ class Sweeps:
         )
 
         async def run(con: Any) -> tuple[tuple[list[tuple[str, int]], int], list[bytes] | None]:
-            await con.execute(_NO_JIT)
+            await con.execute(PLANNER_SETTINGS)
             dropped, ids, deleted, released = await con.fetchrow(self._thin, *args)
             pairs = list(zip(ids or [], deleted or [], strict=True))
             return (pairs, int(dropped)), released
@@ -156,7 +159,7 @@ class Sweeps:
         args = ([wf for wf, _ in pairs], [at for _, at in pairs])
 
         async def run(con: Any) -> tuple[list[int | None], list[bytes] | None]:
-            await con.execute(_NO_JIT)
+            await con.execute(PLANNER_SETTINGS)
             gone, ids, sizes, released = await con.fetchrow(self._delete, *args)
             total: Counter[str] = Counter()
             for wf, size in zip(ids or [], sizes or [], strict=True):
