@@ -7,7 +7,14 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from aiocheckpoint import CheckpointManager, RetentionPolicy, SQLiteCheckpointStorage
+import pytest
+
+from aiocheckpoint import (
+    CheckpointManager,
+    RetentionPolicy,
+    SQLiteCheckpointStorage,
+    StorageFullError,
+)
 from aiocheckpoint.storage.base import SpaceReclaimingStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite.schema import migrate
@@ -109,3 +116,21 @@ async def test_compact_command(tmp_path: Path, pg_schema: str) -> None:
     (tmp_path / "files").mkdir()
     done = cli("compact", f"file:{tmp_path / 'files'}")
     assert done.code == 0 and "nothing to compact" in done.out, done.err
+
+
+async def test_a_sweep_whose_space_cannot_be_given_back_still_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When giving the space back fails (a full disk, injected here), the sweep's deletes
+    stand and its report says 0 bytes given back: the pages are reused by later writes."""
+    storage = SQLiteCheckpointStorage(tmp_path / "s.db")
+
+    async def full() -> int:
+        raise StorageFullError("disk full: injected")
+
+    monkeypatch.setattr(storage, "reclaim_space", full)
+    async with CheckpointManager(storage, retention=RetentionPolicy(keep_last=1)) as manager:
+        await _fill(manager, 3, 4)
+        report = await manager.sweep()
+        assert (report.checkpoints_deleted, report.bytes_reclaimed) == (9, 0)
+        assert [c.step for c in await manager.list_checkpoints("wf-002")] == [3]

@@ -30,6 +30,7 @@ from .errors import (
     CheckpointCorruptedError,
     EncryptionError,
     InvalidArgumentError,
+    StorageBackendError,
     UnsupportedOperationError,
 )
 from .leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
@@ -266,7 +267,7 @@ async def run_sweep(
     if collect_garbage and not dry_run and isinstance(storage, BlobCheckpointStorage):
         report.blobs_freed = await storage.collect_garbage()
     if not dry_run and report.deleted and isinstance(storage, SpaceReclaimingStorage):
-        report.bytes_reclaimed = await storage.reclaim_space()
+        report.bytes_reclaimed = await _reclaimed(storage)
     return _ended(report, "sweep")
 
 
@@ -285,6 +286,15 @@ async def run_thinning(
     if thinnable and await sweep.thin(workflow_id):
         report.workflows_thinned = 1
     return _ended(report, f"thinning of {workflow_id!r}")
+
+
+async def _reclaimed(storage: SpaceReclaimingStorage) -> int:
+    """What the store gave back; 0 if it could not (a full disk): the deletes stand."""
+    try:
+        return await storage.reclaim_space()
+    except StorageBackendError as exc:
+        logger.warning("sweep: giving the freed space back failed (it is reused): %s", exc)
+        return 0
 
 
 def _ended(report: SweepReport, what: str) -> SweepReport:
