@@ -12,6 +12,7 @@ from aiocheckpoint.testing import (
     PersistentEffectConformance,
     PersistentStorageConformance,
     Reopen,
+    SpaceConformance,
     StorageConformance,
     WorkflowControlConformance,
     WorkflowEffectJournalConformance,
@@ -34,6 +35,7 @@ class TestPostgresConformance(
     BatchRetentionConformance,
     WorkflowRetentionConformance,
     WorkflowControlConformance,
+    SpaceConformance,
 ):
     # An unfenced save finds the record before a racing delete takes it (its INSERT ... ON
     # CONFLICT DO NOTHING locks nothing): its checkpoint stays, its record may not.

@@ -13,6 +13,7 @@ from aiocheckpoint.testing import (
     EffectStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
+    SpaceConformance,
     StorageConformance,
     WorkflowControlConformance,
     WorkflowEffectJournalConformance,
@@ -32,6 +33,7 @@ class TestSQLiteConformance(
     BatchRetentionConformance,
     WorkflowRetentionConformance,
     WorkflowControlConformance,
+    SpaceConformance,
 ):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:

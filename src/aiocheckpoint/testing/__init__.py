@@ -27,7 +27,8 @@ durable, :class:`PersistentEffectConformance`); those whose journal lists itself
 (:class:`~aiocheckpoint.storage.base.EffectListingStorage`, what ``copy`` and ``export``
 need) :class:`EffectListingConformance`. Sweeps (``docs/retention.md``) are checked by
 :class:`RetentionConformance` (every backend), :class:`WorkflowRetentionConformance`
-(workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs).
+(workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs);
+stores that give space back (``reclaim_space``, ``compact``) by :class:`SpaceConformance`.
 The suite needs pytest and pytest-asyncio. Each protocol's suites live in their own
 module of this package, and the package exports them all, so that a backend's tests import
 everything from one place.
@@ -52,6 +53,7 @@ from .retention import (
     RetentionConformance,
     WorkflowRetentionConformance,
 )
+from .space import SpaceConformance
 from .storage import PersistentStorageConformance, StorageConformance
 from .workflows import WorkflowLifecycleConformance, WorkflowStorageConformance
 
@@ -66,6 +68,7 @@ __all__ = [
     "PersistentEffectConformance",
     "PersistentStorageConformance",
     "RetentionConformance",
+    "SpaceConformance",
     "StorageConformance",
     "WorkflowControlConformance",
     "WorkflowEffectJournalConformance",
