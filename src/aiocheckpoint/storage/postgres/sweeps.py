@@ -24,12 +24,14 @@ __all__ = ["PAGE_SETTINGS", "PLANNER_SETTINGS", "Sweeps"]
 #: Run first in each of a sweep's transactions. Without statistics (a store autovacuum has
 #: not analyzed yet) the planner takes these statements for large ones and compiles them
 #: (JIT): up to a second per statement, for statements that run in milliseconds; or it
-#: joins a page's ids to a sequential scan of every checkpoint. Each statement is meant to
-#: probe the primary key, whatever the statistics say. The deleted rows the effects'
+#: joins a page's ids to a sequential scan of every checkpoint, or starts parallel workers
+#: for a page (50-150 ms each on a loaded machine). Each statement is meant to probe the
+#: primary key, whatever the statistics say. The deleted rows the effects'
 #: statement trigger reads stay in memory up to ``work_mem`` (the default 4 MB spilled a
 #: batch to disk and cost as much as the deletes).
 PLANNER_SETTINGS = (
-    "SET LOCAL jit = off; SET LOCAL enable_seqscan = off; SET LOCAL work_mem = '64MB'"
+    "SET LOCAL jit = off; SET LOCAL enable_seqscan = off; "
+    "SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL work_mem = '64MB'"
 )
 #: And for the read of a page of histories: no hash aggregate and no sort of the rows
 #: after ``$1`` (a store never analyzed estimates a few hundred distinct ids in all).
