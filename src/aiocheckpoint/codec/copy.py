@@ -31,7 +31,7 @@ from ..format.tags import TAG_START, TYPED
 from .paths import child_path
 from .registry import EMPTY, TypeEntry, TypeRegistry
 from .sizes import text_bound
-from .typed import COLLECTIONS, SCALARS, Encoder, crowded, ordered
+from .typed import COLLECTIONS, SCALARS, Encoder, crowded, needs_map, ordered
 
 __all__ = [
     "child_path",
@@ -262,6 +262,8 @@ def _fast_copy_work(
     kind = type(value)
     if (kind is not dict and kind is not list) or (depth and len(value) <= _COPY_BATCH):
         return _fast_copy(value, depth, nonfinite, types)
+    if kind is dict and needs_map(value):
+        raise _Unstorable  # a "$map" (as _fast_copy would): the Encoder makes it
     keys = list(value) if kind is dict else None
     items = list(value.values()) if kind is dict else value
     copies: list[Any] = []
@@ -277,8 +279,6 @@ def _fast_copy_work(
             last[0] = perf_counter()
     if keys is None:
         return copies
-    if any(type(key) is not str for key in keys):
-        raise _Unstorable
     return dict(zip(keys, copies, strict=True))
 
 
