@@ -97,13 +97,16 @@ def _estimate_pages(ops: Sequence[Op], blob_pages: int) -> int:
     every blob a split names, which for a split made from cached sub-trees is the whole
     tree (~2 MB for a chat of 2,000 messages whose step inserts ~1 KB; counting it started
     a WAL checkpoint every other save); plus the rows its record operations changed (a
-    sweep's batch: thousands, which otherwise left the WAL growing unchecked).
+    sweep's batch: thousands, which otherwise left the WAL growing unchecked); plus the
+    pointer map of an ``auto_vacuum`` store (a page per commit, one more per 800 pages
+    written: uncounted, it pushed the WAL past its bound under load).
     """
     size = 0
     for op in ops:
         if isinstance(op, SaveOp | SaveTreeOp):
             size += len(op.data)
-    return size // PAGE_SIZE + blob_pages + 2 * len(ops)
+    pages = size // PAGE_SIZE + blob_pages
+    return pages + pages // 800 + 1 + 2 * len(ops)
 
 
 #: What a batch returns per operation: its result or the exception it raised.
