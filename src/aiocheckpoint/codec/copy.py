@@ -161,7 +161,9 @@ def _counted_copy(
             elif kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
                 out[key] = item
             elif kind is float:
-                out[key] = _float(item, nonfinite)
+                if item - item != 0.0:
+                    nonfinite.append(item)
+                out[key] = item
             elif size[0] <= size[1]:
                 out[key] = _counted_copy(item, depth, nonfinite, types, size)
             else:  # past the limit: nothing more to count
@@ -177,7 +179,8 @@ def _counted_copy(
         if kind is str:
             extra += len(item) + 1
         elif kind is float:
-            _float(item, nonfinite)
+            if item - item != 0.0:
+                nonfinite.append(item)
         elif kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
             continue
         elif size[0] <= size[1]:
@@ -187,12 +190,6 @@ def _counted_copy(
             break
     size[0] += extra
     return items
-
-
-def _float(value: float, nonfinite: list[float]) -> float:
-    if value - value != 0.0:  # NaN or an infinity
-        nonfinite.append(value)
-    return value
 
 
 def storable_copy(value: Any, path: str = "state", types: TypeRegistry = EMPTY) -> tuple[Any, bool]:
