@@ -13,7 +13,11 @@ Rows, per system, alternated in one process (``--rounds`` times, medians reporte
 * ``concurrent``: ``--threads`` threads at once, ``--thread-steps`` steps each: steps/s and
   p99 step latency.
 
-Systems: ``graph-only`` (no checkpointer: the graph's own time), ``ours-sqlite``
+``concurrent`` rows also give ``loop_cpu_us``: the event-loop thread's CPU per step (a figure
+that holds up better than steps/s on a loaded machine).
+
+Systems: ``graph-only`` (no checkpointer: the graph's own time), ``noop`` (a checkpointer that
+stores nothing: LangGraph's own checkpointing work, the floor of any saver), ``ours-sqlite``
 (``AioCheckpointSaver`` over ``SQLiteCheckpointStorage``), ``lg-sqlite``
 (``AsyncSqliteSaver``), ``ours-postgres`` (``AioCheckpointSaver`` over
 ``PostgresCheckpointStorage``), ``lg-postgres`` (``AsyncPostgresSaver``). LangGraph runs
@@ -40,6 +44,7 @@ from typing import Annotated, Any
 
 import asyncpg
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
@@ -135,6 +140,34 @@ async def graph_only(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]:
     yield None, size
 
 
+class NoopSaver(BaseCheckpointSaver[str]):
+    """A checkpointer that stores nothing: what LangGraph's checkpointing costs by itself."""
+
+    async def aget_tuple(self, config: Any) -> Any:
+        return None
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        conf = config["configurable"]
+        return {"configurable": {**conf, "checkpoint_id": checkpoint["id"]}}
+
+    async def aput_writes(
+        self, config: Any, writes: Any, task_id: str, task_path: str = ""
+    ) -> None:
+        return None
+
+    def get_next_version(self, current: Any, channel: Any) -> str:
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+
+@asynccontextmanager
+async def noop(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]:
+    async def size() -> int:
+        return 0
+
+    yield NoopSaver(), size
+
+
 def _files_size(path: Path) -> Callable[[], Any]:
     async def size() -> int:
         return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
@@ -198,6 +231,7 @@ async def lg_postgres(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]
 
 SYSTEMS: dict[str, Callable[[Path, str], AbstractAsyncContextManager[tuple[Any, Any]]]] = {
     "graph-only": graph_only,
+    "noop": noop,
     "ours-sqlite": ours_sqlite,
     "lg-sqlite": lg_sqlite,
     "ours-postgres": ours_postgres,
@@ -223,13 +257,17 @@ async def concurrent(name: str, root: Path, threads: int, steps: int) -> dict[st
     try:
         async with SYSTEMS[name](root, schema) as (saver, _):
             graph = build(saver)
-            begin = time.perf_counter()
+            begin, cpu = time.perf_counter(), time.thread_time()
             runs = await asyncio.gather(*(drive(graph, f"t{n}", steps) for n in range(threads)))
-            elapsed = time.perf_counter() - begin
+            elapsed, cpu = time.perf_counter() - begin, time.thread_time() - cpu
     finally:
         await drop_schema(schema)
     latencies = [value for run in runs for value in run]
-    return {"steps_per_s": threads * steps / elapsed, "p99_ms": p99(latencies)}
+    return {
+        "steps_per_s": threads * steps / elapsed,
+        "p99_ms": p99(latencies),
+        "loop_cpu_us": cpu / (threads * steps) * 1e6,
+    }
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -251,13 +289,19 @@ def ratios(results: dict[tuple[str, str], dict[str, Any]]) -> None:
         line = {"kind": "ratio", "row": row, "system": workload}
         line["steps_per_s_x"] = round(ours["steps_per_s"] / peer["steps_per_s"], 2)
         line["p99_x"] = round(ours["p99_ms"] / peer["p99_ms"], 2)
+        floor = results.get(("noop", row))
+        if "loop_cpu_us" in ours and floor is not None:
+            # What each saver costs the loop beyond LangGraph's own checkpointing.
+            line["loop_cpu_us_above_noop"] = round(ours["loop_cpu_us"] - floor["loop_cpu_us"])
+            line["peer_loop_cpu_us_above_noop"] = round(peer["loop_cpu_us"] - floor["loop_cpu_us"])
         if "bytes" in ours and peer["bytes"]:
             line["bytes_fraction"] = round(ours["bytes"] / peer["bytes"], 4)
         emit(line)
 
 
 async def main(args: argparse.Namespace) -> None:
-    names = [n for n in SYSTEMS if args.only is None or args.only in n or n == "graph-only"]
+    always = ("graph-only", "noop")
+    names = [n for n in SYSTEMS if args.only is None or args.only in n or n in always]
     collected: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="lgbench-") as tmp:
         root = Path(tmp)

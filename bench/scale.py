@@ -11,6 +11,9 @@ For each backend, on a fresh SQLite file (or PostgreSQL schema, dropped afterwar
   time, step after step: the build rate in checkpoints/s;
 * **sweep**: one ``manager.sweep()`` with ``RetentionPolicy(keep_last=...)``: its time,
   what it deleted and the deletes per second;
+* **writers**: ``writers`` tasks each save a checkpoint of their own workflow every
+  ``writer_pause`` seconds, first alone for ``writer_seconds`` and then while the sweep
+  runs: their save latency p50/p99 in both, and the ratio of the p99s (same run);
 * **again**: a second sweep, with nothing left to delete: its time, and that time per
   100,000 workflows;
 * the store's bytes before and after (SQLite: the database file and its WAL; PostgreSQL:
@@ -19,6 +22,10 @@ For each backend, on a fresh SQLite file (or PostgreSQL schema, dropped afterwar
 
 Prints one JSON line per backend. ``--quick`` is CI's smoke size (2,000 x 10). The
 machine is shared: read the load average printed with each line.
+
+``--soak ROUNDS`` instead writes ``checkpoints`` more steps to every workflow and sweeps,
+``ROUNDS`` times, and prints the store's bytes after each round (SQLite: with its WAL, also
+apart): the same data after every round, so the size should stay flat once warm.
 """
 
 from __future__ import annotations
@@ -27,35 +34,92 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
+from scale_fill import fill_postgres, fill_sqlite
 
-from aiocheckpoint import CheckpointManager, RetentionPolicy
+from aiocheckpoint import CheckpointManager, RetentionPolicy, SweepReport
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.queries import encode_cursor
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-async def build(manager: CheckpointManager, args: argparse.Namespace) -> float:
+async def build(manager: CheckpointManager, args: argparse.Namespace, first_step: int = 0) -> float:
     """Write every workflow's checkpoints; return the seconds it took."""
     queue = iter(range(args.workflows))
 
     async def task() -> None:
         for n in queue:
-            for step in range(args.checkpoints):
+            for step in range(first_step, first_step + args.checkpoints):
                 state = {"n": n, "step": step}
                 await manager.create_checkpoint(f"wf-{n:07}", step, "agent", "running", state)
 
     began = time.perf_counter()
     await asyncio.gather(*(task() for _ in range(args.concurrency)))
     return time.perf_counter() - began
+
+
+async def write_steadily(
+    manager: CheckpointManager, args: argparse.Namespace, stop: asyncio.Event
+) -> list[float]:
+    """``args.writers`` tasks saving until ``stop`` is set; every save's latency in ms."""
+    latencies: list[float] = []
+
+    async def writer(k: int) -> None:
+        step = 0
+        while not stop.is_set():
+            began = time.perf_counter()
+            # Steps 0-2 over and over: never more than the sweep keeps, so it deletes none.
+            await manager.create_checkpoint(f"writer-{k:03}", step % 3, "w", "running", {"k": k})
+            latencies.append((time.perf_counter() - began) * 1000)
+            step += 1
+            await asyncio.sleep(args.writer_pause)
+
+    await asyncio.gather(*(writer(k) for k in range(args.writers)))
+    return latencies
+
+
+async def writers_alone(manager: CheckpointManager, args: argparse.Namespace) -> list[float]:
+    """The writers' latencies over ``args.writer_seconds`` with nothing else running."""
+    stop = asyncio.Event()
+    writing = asyncio.ensure_future(write_steadily(manager, args, stop))
+    await asyncio.sleep(args.writer_seconds)
+    stop.set()
+    return await writing
+
+
+async def sweep_with_writers(
+    manager: CheckpointManager, args: argparse.Namespace
+) -> tuple[SweepReport, float, list[float]]:
+    """One sweep while the writers write: its report, its seconds, their latencies."""
+    stop = asyncio.Event()
+    writing = asyncio.ensure_future(write_steadily(manager, args, stop))
+    began = time.perf_counter()
+    try:
+        swept = await manager.sweep()
+    finally:
+        elapsed = time.perf_counter() - began
+        stop.set()
+        latencies = await writing
+    return swept, elapsed, latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, rounded to 0.01 ms."""
+    if len(values) < 2:
+        return round(values[0], 2) if values else 0.0
+    return round(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1], 2)
 
 
 def file_bytes(where: Path) -> int:
@@ -104,9 +168,8 @@ async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> di
         ) as manager:
             built = await build(manager, args)
             before = await store_bytes(backend, where, args.dsn, schema)
-            began = time.perf_counter()
-            swept = await manager.sweep()
-            sweep_s = time.perf_counter() - began
+            alone = await writers_alone(manager, args)
+            swept, sweep_s, during = await sweep_with_writers(manager, args)
             began = time.perf_counter()
             again = await manager.sweep()
             again_s = time.perf_counter() - began
@@ -124,6 +187,14 @@ async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> di
         "sweep_s": round(sweep_s, 2),
         "deleted": swept.checkpoints_deleted,
         "deletes_per_s": round(swept.checkpoints_deleted / sweep_s),
+        "writers": args.writers,
+        "writer_saves_alone": len(alone),
+        "writer_p50_ms_alone": percentile(alone, 50),
+        "writer_p99_ms_alone": percentile(alone, 99),
+        "writer_saves_during_sweep": len(during),
+        "writer_p50_ms_during_sweep": percentile(during, 50),
+        "writer_p99_ms_during_sweep": percentile(during, 99),
+        "writer_p99_ratio": round(percentile(during, 99) / max(percentile(alone, 99), 0.01), 2),
         "nothing_to_delete_s": round(again_s, 2),
         "nothing_to_delete_s_per_100k": round(again_s * 100_000 / args.workflows, 2),
         "deleted_again": again.checkpoints_deleted,
@@ -133,10 +204,125 @@ async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> di
     }
 
 
+async def soak(backend: str, args: argparse.Namespace, where: Path) -> None:
+    """``args.soak`` rounds of steady writes then a sweep; a JSON line per round.
+
+    Each round every workflow gets ``checkpoints`` more steps and the sweep thins it back
+    to ``keep_last``: the store holds the same data after every round, so its size on disk
+    should stay flat once warm.
+    """
+    schema = f"bench_soak_{uuid.uuid4().hex[:10]}"
+    policy = RetentionPolicy(keep_last=args.keep_last)
+    try:
+        async with CheckpointManager(
+            open_store(backend, where, args.dsn, schema), retention=policy
+        ) as manager:
+            for round_ in range(1, args.soak + 1):
+                await build(manager, args, first_step=(round_ - 1) * args.checkpoints)
+                began = time.perf_counter()
+                swept = await manager.sweep()
+                sweep_s = time.perf_counter() - began
+                await asyncio.sleep(1)  # an idle store checkpoints its WAL (SQLite)
+                line = {
+                    "backend": backend,
+                    "round": round_,
+                    "sweep_s": round(sweep_s, 2),
+                    "deleted": swept.checkpoints_deleted,
+                    "bytes_reclaimed": swept.bytes_reclaimed,
+                    "bytes": await store_bytes(backend, where, args.dsn, schema),
+                    "load_average": [round(x, 1) for x in os.getloadavg()],
+                }
+                if backend == "sqlite":
+                    line["db_bytes"] = (where / "store.db").stat().st_size
+                print(json.dumps(line), flush=True)
+    finally:
+        if backend == "postgres":
+            await drop_schema(args.dsn, schema)
+
+
+async def template_record(manager: CheckpointManager) -> bytes:
+    """The stored bytes of one small checkpoint: what the fillers' checkpoints copy."""
+    await manager.create_checkpoint("template", 0, "a", "running", {"n": 0})
+    stored = await manager.storage.load("template", 0)
+    assert stored is not None
+    return stored.data
+
+
+async def timed(calls: int, call: Callable[[int], Awaitable[object]]) -> dict[str, float]:
+    """p50 and p99 in ms of ``calls`` awaited calls of ``call(i)``, one at a time."""
+    took = []
+    for i in range(calls):
+        began = time.perf_counter()
+        await call(i)
+        took.append((time.perf_counter() - began) * 1000)
+    return {"p50_ms": percentile(took, 50), "p99_ms": percentile(took, 99)}
+
+
+async def probe(manager: CheckpointManager, size: int, calls: int) -> dict[str, Any]:
+    """The three queries' latencies on a store of ``size`` fillers and the probes."""
+    rng = random.Random(size)
+
+    async def page(_i: int) -> None:
+        start = f"q-{rng.randrange(size):07}"
+        got = await manager.list_workflow_records(
+            "unfinished", metadata={"tenant": "t1"}, limit=50, cursor=encode_cursor(start)
+        )
+        assert len(got) == 50 or got.next_cursor is None
+
+    async def resume(i: int) -> None:
+        assert await manager.get_resume_point(f"p-{i % _PROBES:03}") is not None
+
+    async def claim(_i: int) -> None:
+        lease = await manager.claim_workflow("bench")
+        assert lease is not None
+        await manager.release_lease(lease)
+
+    return {
+        "page_of_50": await timed(calls, page),
+        "get_resume_point": await timed(calls, resume),
+        "claim_workflow": await timed(calls, claim),
+    }
+
+
+#: Workflows written through the manager, whose resume points the bench reads.
+_PROBES: Final = 100
+
+
+async def queries(backend: str, args: argparse.Namespace, where: Path) -> None:
+    """At each size of ``args.queries``, the queries' p50/p99; a JSON line per size."""
+    schema = f"bench_queries_{uuid.uuid4().hex[:10]}"
+    filled = 0
+    try:
+        async with CheckpointManager(open_store(backend, where, args.dsn, schema)) as manager:
+            record = await template_record(manager)
+            for n in range(_PROBES):
+                await manager.create_checkpoint(f"p-{n:03}", 0, "a", "running", {"n": n})
+        for size in (int(x) for x in args.queries.split(",")):
+            began = time.perf_counter()
+            if backend == "sqlite":
+                await asyncio.to_thread(fill_sqlite, where / "store.db", filled, size, record)
+            else:
+                await fill_postgres(args.dsn, schema, filled, size, record)
+            built, filled = time.perf_counter() - began, size
+            async with CheckpointManager(open_store(backend, where, args.dsn, schema)) as manager:
+                figures = await probe(manager, size, args.calls)
+            line = {"backend": backend, "workflows": size, "fill_s": round(built, 1), **figures}
+            line["load_average"] = [round(x, 1) for x in os.getloadavg()]
+            print(json.dumps(line), flush=True)
+    finally:
+        if backend == "postgres":
+            await drop_schema(args.dsn, schema)
+
+
 async def run(args: argparse.Namespace) -> None:
     for backend in args.backends.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(await one_backend(backend, args, Path(tmp))), flush=True)
+            if args.soak:
+                await soak(backend, args, Path(tmp))
+            elif args.queries:
+                await queries(backend, args, Path(tmp))
+            else:
+                print(json.dumps(await one_backend(backend, args, Path(tmp))), flush=True)
 
 
 def main() -> None:
@@ -147,10 +333,20 @@ def main() -> None:
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--dsn", default=DSN)
     parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--writers", type=int, default=8, help="tasks writing during the sweep")
+    parser.add_argument("--writer-pause", type=float, default=0.02, help="seconds between saves")
+    parser.add_argument("--writer-seconds", type=float, default=5.0, help="writers alone, first")
     parser.add_argument("--quick", action="store_true", help="CI's smoke size: 2,000 x 10")
+    parser.add_argument(
+        "--queries", metavar="SIZES", help="query latencies at these sizes: 1000,100000,1000000"
+    )
+    parser.add_argument("--calls", type=int, default=300, help="calls per query and size")
+    parser.add_argument(
+        "--soak", type=int, metavar="ROUNDS", help="rounds of writes then a sweep: size per round"
+    )
     args = parser.parse_args()
     if args.quick:
-        args.workflows, args.checkpoints = 2_000, 10
+        args.workflows, args.checkpoints, args.writer_seconds = 2_000, 10, 1.0
     asyncio.run(run(args))
 
 

@@ -95,3 +95,21 @@ def test_scale_bench_runs() -> None:
     for line in lines:
         assert (line["checkpoints"], line["deleted"], line["deleted_again"]) == (20_000, 14_000, 0)
         assert line["bytes_before"] > 0 and line["bytes_after"] > 0
+        assert line["writer_saves_alone"] > 0 and line["writer_saves_during_sweep"] > 0
+
+
+def test_scale_bench_soak_and_queries_run() -> None:
+    """`bench/scale.py --soak` prints a size per round (SQLite gives its sweeps' pages back)
+    and `--queries` a line of three latencies per size and backend (no timings checked)."""
+    soak = _bench_lines("scale.py", "--soak", "2", "--workflows", "200", "--backends", "sqlite")
+    assert [line["round"] for line in soak] == [1, 2]
+    assert all(line["bytes_reclaimed"] > 0 and line["db_bytes"] > 0 for line in soak)
+    lines = _bench_lines("scale.py", "--queries", "100,300", "--calls", "5")
+    assert [(line["backend"], line["workflows"]) for line in lines] == [
+        ("sqlite", 100),
+        ("sqlite", 300),
+        ("postgres", 100),
+        ("postgres", 300),
+    ]
+    for line in lines:
+        assert {"page_of_50", "get_resume_point", "claim_workflow"} <= line.keys()

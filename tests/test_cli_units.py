@@ -258,7 +258,7 @@ def test_every_synopsis_in_the_docs_parses() -> None:
     takes the workflow."""
     synopses = _doc_synopses()
     commands = {"workflows", "history", "show", "diff", "verify", "prune", "rm", "fork", "copy"}
-    commands |= {"sweep", "effect", "serve", "resume", "retry", "cancel", "events"}
+    commands |= {"sweep", "compact", "effect", "serve", "resume", "retry", "cancel", "events"}
     assert {s.split()[0] for s in synopses} == commands | {"export", "import", "rekey", "encrypt"}
     parser = build_parser()
     for synopsis in synopses:

@@ -243,6 +243,11 @@ class _Color(Enum):
         {"deep": {str(i): list(range(40)) for i in range(200)}},
         {"tiny": True},
         "just a string",
+        # One "$" key over more than a batch (16) of elements: escaped as "$map".
+        {"$x": [{"n": i} for i in range(17)]},
+        {"$set": list(range(20))},
+        {"$": {str(i): i for i in range(20)}},
+        {1: list(range(20))},
     ],
 )
 def test_the_sliced_copy_equals_the_one_shot_copy(value: Any) -> None:

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from aiocheckpoint import CheckpointManager, ResumableWorkflow, SharedState, TypeRegistry
-from aiocheckpoint.codec.copy import to_storable
+from aiocheckpoint.codec.copy import json_copy, to_storable
 from aiocheckpoint.codec.jsonwrite import dumps
 from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.codec.sizes import text_bound
@@ -193,6 +193,8 @@ SPLIT_OPS = st.one_of(
 # name that one), and a list equal to the one last cut but of another text.
 @example([("chat", "base", 3), ("checkpoint",), ("restore_chat", 3, 4)])
 @example([("checkpoint",), ("reorder", "base")])
+# A list at a "$"-key path grown past the typed messages: the escaped key in the cache.
+@example([("chat", "a.$x", 1), ("chat", "a.$x", 8), ("chat", "a.$x", 8)])
 def test_cached_splits_of_typed_states_equal_splits_from_scratch(
     ops: list[tuple[Any, ...]],
 ) -> None:
@@ -587,3 +589,45 @@ async def test_a_plain_state_returned_is_copied_at_its_first_read_only() -> None
     tree = lent.__dict__["data"]
     got = dict(lent)["data"]
     assert got is not tree and got == tree and got is lent.data
+
+
+# A dict of one "$" key over a list longer than the sliced copy's batch (16 elements): the
+# sliced copy of SharedState checkpoints stored it unescaped, so it was read back as a tag:
+# an unknown one made the checkpoint unreadable, a known one another value.
+_BASE: Final = [_message(n) for n in range(40)]  # over root_inline_limit: a tree
+ONE_TAG_KEY_STATES: Final = [
+    {"base": _BASE, "a": {"$x": [_message(n) for n in range(17)]}},  # unknown tag "$x"
+    {"base": _BASE, "a": {"$set": list(range(20))}},  # read back as a set
+    {"base": _BASE, "a": {"$map": [[n, n] for n in range(20)]}},  # a malformed "$map": unreadable
+    {"$tup": list(range(20))},  # the whole state (not split: copied in slices whole)
+]
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@pytest.mark.parametrize("initial", ONE_TAG_KEY_STATES)
+async def test_one_tag_key_dicts_of_long_lists_resume_as_saved(
+    kind: str, initial: dict[str, Any], incremental: bool
+) -> None:
+    """SharedState checkpoints of ``{"$x": [17 items]}``, then of it appended to, resume as
+    the states saved, read by a manager without a cache."""
+    with tempfile.TemporaryDirectory() as root:
+        storage = _store(kind, Path(root))
+        try:
+            manager = CheckpointManager(storage, incremental=incremental, types=TYPES)
+            wf = ResumableWorkflow("wf", manager, json_copy(initial))
+            saved = []
+            for step in range(3):
+                async with wf.step(step, "a"):
+                    if step and "a" in initial:
+                        wf.state.append(f"a.{next(iter(initial['a']))}", step, step)
+                saved.append(wf.state.to_dict())
+            assert saved[0] == initial
+            for step, expected in enumerate(saved):
+                resumed = await _reader(storage)(step)
+                assert same(resumed, expected)
+            again = ResumableWorkflow("wf", CheckpointManager(storage, types=TYPES))
+            await again.try_resume()
+            assert same(again.state.to_dict(), saved[-1])
+        finally:
+            await storage.close()

@@ -8,8 +8,9 @@ journal in :mod:`.journal`, retention in :mod:`.sweeping`.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -236,7 +237,8 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         :class:`~aiocheckpoint.LeaseLostError` unless the lease is still the workflow's
         current one.
         """
-        self._check_open()
+        if self._closed:  # _check_open, inline: every save passes here
+            raise StorageClosedError("CheckpointManager is closed")
         workflow_id, step, agent_status, meta, meta_finite = self._check_arguments(
             workflow_id, step, agent_id, status, metadata
         )
@@ -258,7 +260,11 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
             fence_token(lease, workflow_id)
             self._records.workflow_storage()
         # What the workflow's record says of its latest step (stores with records only).
-        info = StepInfo(agent_id, agent_status._value_, self._kind) if self._keeps_records else None
+        info = (
+            _step_info((agent_id, agent_status._value_, self._kind))
+            if self._keeps_records
+            else None
+        )
         # The codec copies the state before its first await; the caller's objects are not
         # kept here while the record is stored.
         saving = self._codec.save(draft, lease, info)
@@ -577,6 +583,12 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
     def _check_open(self) -> None:
         if self._closed:
             raise StorageClosedError("CheckpointManager is closed")
+
+
+#: A :class:`StepInfo` from the tuple of its fields, without NamedTuple's ``__new__`` frame.
+_step_info: Callable[[tuple[str, str, str | None]], StepInfo] = functools.partial(
+    tuple.__new__, StepInfo
+)
 
 
 def _metrics_fields(metrics: ExecutionMetrics | None) -> dict[str, Any] | None:

@@ -235,3 +235,9 @@ class CheckpointFields(NamedTuple):
                 "app_version",
             },
         )
+
+
+#: A :class:`CheckpointFields` from the tuple of its fields, as :data:`make_draft` makes drafts.
+make_fields: Callable[[tuple[Any, ...]], CheckpointFields] = functools.partial(
+    tuple.__new__, CheckpointFields
+)

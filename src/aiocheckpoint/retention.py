@@ -12,6 +12,7 @@ its :class:`SweepReport` says what it deleted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -29,6 +30,7 @@ from .errors import (
     CheckpointCorruptedError,
     EncryptionError,
     InvalidArgumentError,
+    StorageBackendError,
     UnsupportedOperationError,
 )
 from .leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
@@ -39,6 +41,7 @@ from .storage.base import (
     Cut,
     EffectStorage,
     History,
+    SpaceReclaimingStorage,
     StoredCheckpoint,
     SweepStorage,
 )
@@ -59,6 +62,8 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: What one batch of a sweep aims to take, and the most workflows it takes.
 _BATCH_SECONDS: Final = 0.05
 _MAX_BATCH: Final = 2000
+#: Judging a page's histories gives the event loop back after this many.
+_YIELD_EVERY: Final = 64
 #: The most records, and bytes of records, one batched read of histories holds.
 _MAX_RECORDS: Final = 20_000
 _MAX_BYTES: Final = 64 * 1024 * 1024
@@ -172,7 +177,9 @@ class SweepReport:
     checkpoint thinning kept (not counted by dry runs; those of the thinned steps go with
     them, uncounted);
     ``blobs_freed`` is what the garbage collection that ends a sweep freed (0 on stores
-    that free blobs with their records). ``skipped_leased`` counts workflows past their TTL
+    that free blobs with their records); ``bytes_reclaimed`` what the store then gave back
+    to the filesystem of the space the deletes freed (SQLite; 0 elsewhere).
+    ``skipped_leased`` counts workflows past their TTL
     left alone because they are leased, ``skipped_changed`` those whose record changed
     between the sweep's read and its delete; ``skipped_corrupted`` records kept because
     their fields could not be read (damaged, or over the store's size limit);
@@ -191,6 +198,7 @@ class SweepReport:
     checkpoint_bytes: int = 0
     effects_deleted: int = 0
     blobs_freed: int = 0
+    bytes_reclaimed: int = 0
     skipped_leased: int = 0
     skipped_changed: int = 0
     skipped_corrupted: int = 0
@@ -258,6 +266,8 @@ async def run_sweep(
         await sweep.thin_all()
     if collect_garbage and not dry_run and isinstance(storage, BlobCheckpointStorage):
         report.blobs_freed = await storage.collect_garbage()
+    if not dry_run and report.deleted and isinstance(storage, SpaceReclaimingStorage):
+        report.bytes_reclaimed = await _reclaimed(storage)
     return _ended(report, "sweep")
 
 
@@ -276,6 +286,15 @@ async def run_thinning(
     if thinnable and await sweep.thin(workflow_id):
         report.workflows_thinned = 1
     return _ended(report, f"thinning of {workflow_id!r}")
+
+
+async def _reclaimed(storage: SpaceReclaimingStorage) -> int:
+    """What the store gave back; 0 if it could not (a full disk): the deletes stand."""
+    try:
+        return await storage.reclaim_space()
+    except StorageBackendError as exc:
+        logger.warning("sweep: giving the freed space back failed (it is reused): %s", exc)
+        return 0
 
 
 def _ended(report: SweepReport, what: str) -> SweepReport:
@@ -398,9 +417,7 @@ class _Sweep:
 
     async def thin_all(self) -> None:
         if isinstance(self.storage, SweepStorage) and self.policy.keep_last is not None:
-            after: str | None = ""
-            while after is not None:
-                after = await self.thin_batch(self.storage, after or None)
+            await self.thin_pages(self.storage)
             return
         if not isinstance(self.storage, _WorkflowStorage):
             # A store without records lists its workflows in one call (the protocol's only way).
@@ -426,19 +443,29 @@ class _Sweep:
         record = await self.storage.get_workflow(workflow_id)
         return record is not None and record.status is WorkflowStatus.PAUSED
 
-    async def thin_batch(self, storage: SweepStorage, after: str | None) -> str | None:
-        """Thin the next page of workflows after ``after``: one read, at most one write.
+    async def thin_pages(self, storage: SweepStorage) -> None:
+        """Thin every page of workflows, one read and at most one write per page.
 
-        Returns the page's last workflow id, or None when there is none. A workflow with
-        nothing to delete costs no write; one whose history is longer than one read's
-        share, or holds a record the store refuses to read, is thinned by itself.
+        The next page is read (and its records parsed) while this one's write runs: pages
+        hold disjoint workflows, so each workflow is still read before it is written.
         """
-        keep_last = self.policy.keep_last
-        assert keep_last is not None  # thin_all checked
+        reading = asyncio.ensure_future(self.read_page(storage, None))
+        try:
+            while page := await reading:
+                reading = asyncio.ensure_future(self.read_page(storage, page[0][-1].workflow_id))
+                await self.thin_page(storage, page[1], page[2])
+        finally:
+            if not reading.done():
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)
+
+    async def read_page(self, storage: SweepStorage, after: str | None) -> _Page | None:
+        """The next page of histories after ``after``, with the fields of those to judge."""
+        assert self.policy.keep_last is not None  # thin_all checked
         histories = await storage.histories(
             after=after,
             limit=self.pacer.size,
-            more_than=keep_last,
+            more_than=self.policy.keep_last,
             max_records=_MAX_RECORDS,
             max_bytes=_MAX_BYTES,
         )
@@ -448,9 +475,26 @@ class _Sweep:
         facts: list[list[_Judged] | None] = [None] * len(todo)
         if self.opened is None:  # the records' fields, parsed off the loop in one hop
             facts = await anyio.to_thread.run_sync(_page_facts, todo)
+        return histories, todo, facts
+
+    async def thin_page(
+        self,
+        storage: SweepStorage,
+        todo: list[History],
+        facts: list[list[_Judged] | None],
+    ) -> None:
+        """Thin one page read by :meth:`read_page`: at most one write.
+
+        A workflow with nothing to delete costs no write; one whose history is longer than
+        one read's share, or holds a record the store refuses to read, is thinned by itself.
+        """
+        keep_last = self.policy.keep_last
+        assert keep_last is not None  # thin_all checked
         cuts: list[Cut] = []
         sizes: dict[tuple[str, int], int] = {}
-        for history, judged in zip(todo, facts, strict=True):
+        for n, (history, judged) in enumerate(zip(todo, facts, strict=True), 1):
+            if n % _YIELD_EVERY == 0:  # writers' saves run between slices of a page
+                await asyncio.sleep(0)
             if history.records is None and history.count > keep_last:
                 await self.thin_counted(history.workflow_id)
                 continue
@@ -459,7 +503,6 @@ class _Sweep:
                 cuts.append(cut)
         if not await self.apply(storage, cuts, sizes):
             self.pacer.grow()
-        return histories[-1].workflow_id
 
     def thinnable(self, history: History) -> bool:
         """Whether thinning applies to this history.
@@ -681,6 +724,8 @@ class _NoKey:
 
 #: What a sweep makes of a record: its fields, None if unreadable, or :class:`_NoKey`.
 _Judged = RecordFacts | _NoKey | None
+#: A page of histories, those of them to judge, and their records' fields if read already.
+_Page = tuple[list[History], list[History], list[list[_Judged] | None]]
 
 
 def _page_facts(histories: list[History]) -> list[list[_Judged] | None]:

@@ -13,6 +13,7 @@ from aiocheckpoint.testing import (
     PersistentEffectConformance,
     PersistentStorageConformance,
     Reopen,
+    SpaceConformance,
     StorageConformance,
     WorkflowControlConformance,
     WorkflowEffectJournalConformance,
@@ -36,6 +37,7 @@ class TestPostgresConformance(
     WorkflowRetentionConformance,
     WorkflowControlConformance,
     EventStorageConformance,
+    SpaceConformance,
 ):
     # An unfenced save finds the record before a racing delete takes it (its INSERT ... ON
     # CONFLICT DO NOTHING locks nothing): its checkpoint stays, its record may not.

@@ -14,6 +14,7 @@ from aiocheckpoint.testing import (
     EventStorageConformance,
     PersistentEffectConformance,
     PersistentStorageConformance,
+    SpaceConformance,
     StorageConformance,
     WorkflowControlConformance,
     WorkflowEffectJournalConformance,
@@ -34,6 +35,7 @@ class TestSQLiteConformance(
     WorkflowRetentionConformance,
     WorkflowControlConformance,
     EventStorageConformance,
+    SpaceConformance,
 ):
     @pytest.fixture
     async def storage(self, tmp_path: Path) -> AsyncIterator[SQLiteCheckpointStorage]:

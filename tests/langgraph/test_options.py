@@ -17,9 +17,15 @@ from langgraph.checkpoint.conformance.test_utils import (
     generate_metadata,
 )
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from aiocheckpoint import InvalidArgumentError, LeaseHeldError, UnsupportedOperationError
-from aiocheckpoint.integrations.langgraph import AioCheckpointSaver, keys
+from aiocheckpoint import (
+    CheckpointCorruptedError,
+    InvalidArgumentError,
+    LeaseHeldError,
+    UnsupportedOperationError,
+)
+from aiocheckpoint.integrations.langgraph import AioCheckpointSaver, keys, records
 from tests.langgraph.conftest import SaverFactory, backend_url, open_backend
 from tests.langgraph.graphs import loop_graph, loop_input, values_view
 from tests.pg_support import DSN, drop_schema, new_schema_name
@@ -96,13 +102,122 @@ async def test_serializer_output_is_stored_as_is(saver_factory: SaverFactory) ->
         stored = await saver.manager.get_checkpoint(workflow_id, step)
         writes = await saver.manager.get_checkpoint(workflow_id, step + 1)
     values = stored.state_snapshot.data["values"]
-    items = [[kind, base64.b64decode(data)] for kind, data in values["msgs"]["items"]]
-    assert items == [list(saver.serde.dumps_typed(v)) for v in ["a", {"b": 1}]]
-    kind, data = values["n"]
-    assert (kind, base64.b64decode(data)) == saver.serde.dumps_typed(7)
-    [(task, idx, channel, value, path)] = writes.state_snapshot.data["writes"]
+    items = [typed_bytes(item) for item in values["msgs"]["items"]]
+    assert items == [saver.serde.dumps_typed(v) for v in ["a", {"b": 1}]]
+    assert typed_bytes(values["n"]) == saver.serde.dumps_typed(7)
+    [write] = writes.state_snapshot.data["writes"]
+    assert type(write) is list  # plain JSON: no typed value to tag and restore
+    task, idx, channel, value, path = write
     assert (task, idx, channel, path) == ("task", -3, "__interrupt__", "")
-    assert (value[0], base64.b64decode(value[1])) == saver.serde.dumps_typed({"why": "human"})
+    assert typed_bytes(value) == saver.serde.dumps_typed({"why": "human"})
+
+
+def typed_bytes(stored: str) -> tuple[str, bytes]:
+    """A stored ``type:base64`` text as the serializer's ``(type, bytes)``."""
+    kind, _, data = stored.rpartition(":")
+    return kind, base64.b64decode(data)
+
+
+async def test_a_large_unchanged_channel_is_stored_once(saver_factory: SaverFactory) -> None:
+    """A large value goes in a page of its own (a box), referenced by hash while its
+    channel's version stays the same: each checkpoint record holds the hash only."""
+    big = {"doc": "lorem ipsum " * 5_000}  # ~80 KB of base64 once serialized
+    async with saver_factory() as saver:
+        config: Any = generate_config("t")
+        ids = []
+        for n in range(3):
+            cp = generate_checkpoint(channel_values={"big": big, "n": n})
+            cp["channel_versions"] = {"big": 1, "n": n + 1}
+            changed = {"big": 1, "n": n + 1} if n == 0 else {"n": n + 1}
+            config = await saver.aput(config, cp, generate_metadata(), changed)
+            ids.append(cp["id"])
+        storage = saver.manager.storage
+        records = await storage.scan(keys.workflow_id("t", ""))
+        pages = await storage.scan(keys.pages_workflow("t"))
+        async with AioCheckpointSaver(storage) as fresh:  # nothing cached: read from the store
+            found = [await fresh.aget_tuple(generate_config("t", checkpoint_id=i)) for i in ids]
+            await fresh.acopy_thread("t", "copy")
+            copied = await fresh.aget_tuple(generate_config("copy"))
+    assert len(records) == 3 and all(len(r.data) < 4_000 for r in records)
+    assert len(pages) == 1 and len(pages[0].data) > 80_000
+    for n, got in enumerate(found):
+        assert got is not None and got.checkpoint["channel_values"] == {"big": big, "n": n}
+    assert copied is not None and copied.checkpoint["channel_values"] == {"big": big, "n": 2}
+
+
+def test_list_items_are_reused_by_identity_whatever_changed() -> None:
+    """Appended items (the common case) and a replaced item: the parent's encodings of
+    the very same objects are reused, every other item is encoded, and it reads back."""
+    serde = JsonPlusSerializer()
+    items = [{"n": n} for n in range(20)]
+
+    def save(value: list[Any], version: int, previous: Any) -> tuple[Any, Any, Any]:
+        cp = generate_checkpoint(channel_values={"msgs": value})
+        cp["channel_versions"] = {"msgs": version}
+        pages: dict[str, list[Any]] = {}
+        state, cache = records.checkpoint_state(serde, cp, {}, previous, pages)
+        return state, cache, pages
+
+    state, first, pages = save(items, 1, {})
+    assert len(pages) == 2  # two full pages of 8, four items inline
+    grown = [*items, {"n": 20}]
+    state, second, new_pages = save(grown, 2, first)
+    assert new_pages == {}  # the full pages are the parent's
+    assert all(a is b for a, b in zip(second["msgs"][3], first["msgs"][3], strict=False))
+    pages |= new_pages
+    replaced = [*grown[:3], {"n": "three"}, *grown[4:]]
+    state, third, new_pages = save(replaced, 3, second)
+    assert len(new_pages) == 1  # only the page holding the replaced item
+    codes = third["msgs"][3]
+    assert [codes[i] is second["msgs"][3][i] for i in range(21)] == [i != 3 for i in range(21)]
+    pages |= new_pages
+    checkpoint, _ = records.decode_checkpoint(serde, state, pages)
+    assert checkpoint["channel_values"]["msgs"] == replaced
+
+
+@pytest.mark.parametrize(
+    ("values", "pages"),
+    [
+        ({"big": {"box": "0" * 32, "items": []}}, {"0" * 32: ["json:e30="]}),  # extra key
+        ({"big": {"box": 7}}, {}),  # a hash that is not one
+        ({"big": {"box": "0" * 32}}, {"0" * 32: ["json:e30=", "json:e30="]}),  # two items
+        ({"n": "json"}, {}),  # no type:data separator
+        ({"n": "json:not base64!"}, {}),
+        ({"n": ["json"]}, {}),  # an old pair with no data
+    ],
+)
+def test_malformed_stored_values_are_corruption(values: Any, pages: Any) -> None:
+    serde = JsonPlusSerializer()
+    state = {
+        "checkpoint": records.typed(serde, {"id": "x"}),
+        "metadata": records.typed(serde, {}),
+        "values": values,
+    }
+    with pytest.raises(CheckpointCorruptedError):
+        records.decode_checkpoint(serde, state, pages)
+
+
+async def test_writes_stored_as_tuples_still_read(saver_factory: SaverFactory) -> None:
+    """Earlier versions stored each write as a tuple (a typed value): still read."""
+    async with saver_factory() as saver:
+        cp = generate_checkpoint(channel_values={"n": 1})
+        config = await saver.aput(generate_config("t"), cp, generate_metadata(), {})
+        workflow_id = keys.workflow_id("t", "")
+        value = [*saver.serde.dumps_typed("v")]
+        value[1] = base64.b64encode(value[1]).decode("ascii")
+        old = {"writes": [("task", 0, "n", value, "")]}
+        info = {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": cp["id"]}
+        step = keys.writes_step(cp["id"])
+        await saver.manager.create_checkpoint(
+            workflow_id, step, "langgraph", "completed", old, metadata=info
+        )
+        found = await saver.aget_tuple(config)
+        assert found is not None and found.pending_writes == [("task", "n", "v")]
+        # A saver that has not cached these writes merges a new task's with them.
+        async with AioCheckpointSaver(saver.manager.storage) as fresh:
+            await fresh.aput_writes(config, [("n", "w")], "task2")
+            found = await fresh.aget_tuple(config)
+    assert found is not None and found.pending_writes == [("task", "n", "v"), ("task2", "n", "w")]
 
 
 async def test_bad_checkpoint_id_is_refused_and_nothing_is_stored(

@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
 from .. import __version__
+from .compact import cmd_compact
 from .diff import cmd_diff
 from .effects import cmd_effect, json_value
 from .events import cmd_events
@@ -191,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="count, delete nothing")
 
     _sweep_command(command("sweep", cmd_sweep, "apply a retention policy: thin, expire, GC"))
+
+    p = command("compact", cmd_compact, "give unused space back to the filesystem (VACUUM)")
+    p.add_argument("url", metavar="URL")
 
     p = command("rm", cmd_rm, "delete one checkpoint, or a whole workflow")
     p.add_argument("url", metavar="URL")

@@ -31,7 +31,7 @@ from ..format.tags import TAG_START, TYPED
 from .paths import child_path
 from .registry import EMPTY, TypeEntry, TypeRegistry
 from .sizes import text_bound
-from .typed import COLLECTIONS, SCALARS, Encoder, crowded, ordered
+from .typed import COLLECTIONS, SCALARS, Encoder, crowded, needs_map, ordered
 
 __all__ = [
     "child_path",
@@ -161,7 +161,9 @@ def _counted_copy(
             elif kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
                 out[key] = item
             elif kind is float:
-                out[key] = _float(item, nonfinite)
+                if item - item != 0.0:
+                    nonfinite.append(item)
+                out[key] = item
             elif size[0] <= size[1]:
                 out[key] = _counted_copy(item, depth, nonfinite, types, size)
             else:  # past the limit: nothing more to count
@@ -177,7 +179,8 @@ def _counted_copy(
         if kind is str:
             extra += len(item) + 1
         elif kind is float:
-            _float(item, nonfinite)
+            if item - item != 0.0:
+                nonfinite.append(item)
         elif kind in _PLAIN or (kind is int and _LOW < item < _SHORT):
             continue
         elif size[0] <= size[1]:
@@ -187,12 +190,6 @@ def _counted_copy(
             break
     size[0] += extra
     return items
-
-
-def _float(value: float, nonfinite: list[float]) -> float:
-    if value - value != 0.0:  # NaN or an infinity
-        nonfinite.append(value)
-    return value
 
 
 def storable_copy(value: Any, path: str = "state", types: TypeRegistry = EMPTY) -> tuple[Any, bool]:
@@ -262,6 +259,8 @@ def _fast_copy_work(
     kind = type(value)
     if (kind is not dict and kind is not list) or (depth and len(value) <= _COPY_BATCH):
         return _fast_copy(value, depth, nonfinite, types)
+    if kind is dict and needs_map(value):
+        raise _Unstorable  # a "$map" (as _fast_copy would): the Encoder makes it
     keys = list(value) if kind is dict else None
     items = list(value.values()) if kind is dict else value
     copies: list[Any] = []
@@ -277,8 +276,6 @@ def _fast_copy_work(
             last[0] = perf_counter()
     if keys is None:
         return copies
-    if any(type(key) is not str for key in keys):
-        raise _Unstorable
     return dict(zip(keys, copies, strict=True))
 
 

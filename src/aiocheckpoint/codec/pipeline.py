@@ -38,6 +38,7 @@ from ..models import (
     StateVersion,
     built,
     default_metrics,
+    make_fields,
     plain_snapshot,
     rebuilt,
     utcnow,
@@ -160,8 +161,8 @@ class RecordCodec:
         data, finite, tree = self.copy_state(state)
         copied = perf_counter()
         del state
-        fields = CheckpointFields(
-            workflow_id, step, agent_id, status, data, metrics, utcnow(), meta, app
+        fields = make_fields(
+            (workflow_id, step, agent_id, status, data, metrics, utcnow(), meta, app)
         )
         finite = finite and meta_finite
         if copied - copying > _HELD_LONG:
@@ -171,10 +172,16 @@ class RecordCodec:
         record = encode_fields(fields, finite)
         if record is None:  # only the exact encoder writes it (or names what it cannot)
             return await self._store(fields.checkpoint(), finite, lease, info)
-        # Built only once stored (a tagged value must be restored, and may refuse, before).
-        returned = self.returned(fields.checkpoint(), record) if has_tags(record) else None
-        await self._write_record(workflow_id, step, record, lease, info)
-        return fields.checkpoint() if returned is None else returned
+        if has_tags(record):
+            # Built before it is stored: a tagged value must be restored, and may refuse.
+            returned = self.returned(fields.checkpoint(), record)
+            await self._write_record(workflow_id, step, record, lease, info)
+            return returned
+        if self.sealer is None:  # the common call, without _write_record's two calls
+            await self._write_plain(workflow_id, step, record, lease, info)
+        else:
+            await self._write_record(workflow_id, step, record, lease, info)
+        return fields.checkpoint()
 
     async def _save_snapshot(
         self, draft: CheckpointDraft, lease: Lease | None, info: StepInfo | None

@@ -31,6 +31,7 @@ __all__ = [
     "BlobCheckpointStorage",
     "BlobReads",
     "CheckpointStorage",
+    "CompactingStorage",
     "StepInfo",
     "StoredCheckpoint",
     "WorkflowQuery",
@@ -43,6 +44,7 @@ __all__ = [
     "History",
     "Cut",
     "SweepStorage",
+    "SpaceReclaimingStorage",
     "histories_to_read",
     "WorkflowStorage",
     "check_blob_sizes",
@@ -463,6 +465,32 @@ class SweepStorage(Protocol):
 
     async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
         """Delete each workflow untouched since its ``updated_at``, in one transaction."""
+        ...
+
+
+@runtime_checkable
+class SpaceReclaimingStorage(Protocol):
+    """A store that gives the space deletes freed back to the filesystem (optional).
+
+    A sweep that deleted anything calls ``reclaim_space()`` last; it returns the bytes
+    given back, and holds writers up no longer than a short write does (SQLite: an
+    incremental vacuum, a slice of pages per transaction).
+    """
+
+    async def reclaim_space(self) -> int:
+        """Give freed space back; the bytes given back."""
+        ...
+
+
+@runtime_checkable
+class CompactingStorage(Protocol):
+    """A store that can be rewritten to give back all the space it does not use (optional).
+
+    ``compact()`` returns the store's bytes before and after (``aiocheckpoint compact``).
+    """
+
+    async def compact(self) -> tuple[int, int]:
+        """Rewrite or vacuum the store whole; its bytes before and after."""
         ...
 
 

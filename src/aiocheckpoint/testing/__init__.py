@@ -29,7 +29,8 @@ need) :class:`EffectListingConformance`. Backends that keep event histories
 (:class:`~aiocheckpoint.storage.events.EventStorage`) subclass
 :class:`EventStorageConformance`. Sweeps (``docs/retention.md``) are checked by
 :class:`RetentionConformance` (every backend), :class:`WorkflowRetentionConformance`
-(workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs).
+(workflow TTLs, with records and effects) and :class:`BlobRetentionConformance` (blobs);
+stores that give space back (``reclaim_space``, ``compact``) by :class:`SpaceConformance`.
 The suite needs pytest and pytest-asyncio. Each protocol's suites live in their own
 module of this package, and the package exports them all, so that a backend's tests import
 everything from one place.
@@ -55,6 +56,7 @@ from .retention import (
     RetentionConformance,
     WorkflowRetentionConformance,
 )
+from .space import SpaceConformance
 from .storage import PersistentStorageConformance, StorageConformance
 from .workflows import WorkflowLifecycleConformance, WorkflowStorageConformance
 
@@ -70,6 +72,7 @@ __all__ = [
     "PersistentEffectConformance",
     "PersistentStorageConformance",
     "RetentionConformance",
+    "SpaceConformance",
     "StorageConformance",
     "WorkflowControlConformance",
     "WorkflowEffectJournalConformance",

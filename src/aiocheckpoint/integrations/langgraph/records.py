@@ -1,16 +1,19 @@
 """LangGraph checkpoints and pending writes as aiocheckpoint states (JSON documents).
 
 Values go through the saver's LangGraph serializer and are stored as its typed bytes,
-``[type, base64]``, exactly as it produced them. A list channel (LangGraph's messages) is
+``"type:base64"`` (a ``[type, base64]`` pair in stores written before), exactly as it
+produced them. A list channel (LangGraph's messages) is
 stored element by element, each element serialized once (while it stays the same object),
 and a long list in pages (``pages.py``): a growing list costs what was appended, not the
-whole list again (``docs/langgraph.md``).
+whole list again (``docs/langgraph.md``). A large value of any other kind is stored once,
+in a page of its own, and referenced by hash while its channel's version stays the same.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,33 +38,53 @@ __all__ = [
 ]
 
 #: One stored write: task id, index, channel, typed value, task path.
-Write = tuple[str, int, str, list[str], str]
+Write = tuple[str, int, str, Any, str]
 #: The encoded values of one namespace's last checkpoint: channel -> (version, stored
 #: form, value, encoded items of a list). The value is kept so that a list's items can be
 #: recognised (by identity) in the next checkpoint's list.
 ChannelCache = dict[str, tuple[Any, Any, Any, Any]]
 
 
-def typed(serde: SerializerProtocol, value: Any) -> list[str]:
-    """``value`` through the serializer, as the JSON pair ``[type, base64 bytes]``."""
+def typed(serde: SerializerProtocol, value: Any) -> str:
+    """``value`` through the serializer, as the text ``"type:base64 bytes"``.
+
+    One string rather than a pair: the manager's copy of a state takes a list of strings
+    in one C call, and no container per value outlives the save.
+    """
     kind, data = serde.dumps_typed(value)
-    return [kind, base64.b64encode(data).decode("ascii")]
+    return f"{kind}:{base64.b64encode(data).decode('ascii')}"
 
 
 def untyped(serde: SerializerProtocol, item: Any) -> Any:
-    """The value of a ``[type, base64 bytes]`` pair; a malformed pair is corruption."""
-    if not (
-        isinstance(item, list)
-        and len(item) == 2
-        and isinstance(item[0], str)
-        and isinstance(item[1], str)
-    ):
+    """The value of a ``"type:base64"`` text; a malformed one is corruption.
+
+    Also reads the ``[type, base64]`` pairs of stores written before.
+    """
+    if type(item) is str:
+        kind, colon, text = item.rpartition(":")
+    elif isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
+        kind, colon, text = item[0], ":", item[1]
+    else:
+        kind, colon, text = "", "", None
+    if not (colon and isinstance(text, str)):
         raise CheckpointCorruptedError(f"a stored LangGraph value is malformed: {item!r:.80}")
     try:
-        data = base64.b64decode(item[1], validate=True)
+        data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise CheckpointCorruptedError("a stored LangGraph value is not base64") from exc
-    return serde.loads_typed((item[0], data))
+    return serde.loads_typed((kind, data))
+
+
+def _same_pages(value: list[Any], items: list[Any], hashes: list[str]) -> list[str | None]:
+    """Each parent page hash whose items are the very objects at that place in ``value``."""
+    size = paging.PAGE_ITEMS
+    return [
+        digest
+        if len(value) >= (i + 1) * size
+        and all(map(operator.is_, value[i * size : (i + 1) * size], items[i * size :]))
+        else None
+        for i, digest in enumerate(hashes)
+    ]
 
 
 def _channel(
@@ -72,21 +95,34 @@ def _channel(
     name: paging.PageHash,
 ) -> tuple[Any, list[Any] | None]:
     if type(value) is not list:
-        return typed(serde, value), None
+        code = typed(serde, value)
+        if len(code) > paging.BOX_BYTES:
+            return paging.box(code, new_pages, name), None
+        return code, None
+    if known is None or known[3] is None:
+        encoded = [typed(serde, item) for item in value]
+        return paging.paginate(encoded, (), new_pages, name), encoded
     # An item that is the very object stored in the parent's list is reused as encoded
     # then: LangGraph's reducers (add_messages) build a new list around the same items.
     # Its id is stable because ``known`` keeps the parent's list alive.
-    reuse: dict[int, Any] = {}
-    parent = None
-    if known is not None and known[3] is not None:
-        reuse = {id(item): code for item, code in zip(known[2], known[3], strict=True)}
-        parent = (known[2], paging.hashes_of(known[1]))
+    items, codes = known[2], known[3]
+    hashes = paging.hashes_of(known[1])
+    count = len(items)
+    if len(value) >= count and all(map(operator.is_, value, items)):
+        # The common case, checked at C speed: the parent's items, then appended ones.
+        encoded = codes + [typed(serde, item) for item in value[count:]]
+        # Every full page of the parent lies within its items: all are reused.
+        return paging.paginate(encoded, hashes, new_pages, name), encoded
+    reuse = {id(item): code for item, code in zip(items, codes, strict=True)}
     encoded = [reuse.get(id(item)) or typed(serde, item) for item in value]
-    return paging.paginate(value, encoded, parent, new_pages, name), encoded
+    reused = _same_pages(value, items, hashes)
+    return paging.paginate(encoded, reused, new_pages, name), encoded
 
 
 def _unchannel(serde: SerializerProtocol, stored: Any, pages: Mapping[str, list[Any]]) -> Any:
     if isinstance(stored, dict):
+        if paging.is_box(stored):
+            return untyped(serde, paging.unbox(stored, pages))
         return [untyped(serde, item) for item in paging.unpage(stored, pages)]
     return untyped(serde, stored)
 
@@ -129,7 +165,7 @@ def checkpoint_state(
     return state, fresh
 
 
-def _field(state: Mapping[str, Any], name: str, kind: type) -> Any:
+def _field(state: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
     value = state.get(name)
     if not isinstance(value, kind):
         raise CheckpointCorruptedError(f"a stored LangGraph checkpoint has no valid {name!r}")
@@ -138,7 +174,7 @@ def _field(state: Mapping[str, Any], name: str, kind: type) -> Any:
 
 def decode_metadata(serde: SerializerProtocol, state: Mapping[str, Any]) -> dict[str, Any]:
     """Only the metadata of a stored checkpoint (for filters over many checkpoints)."""
-    metadata = untyped(serde, _field(state, "metadata", list))
+    metadata = untyped(serde, _field(state, "metadata", (str, list)))
     if not isinstance(metadata, dict):
         raise CheckpointCorruptedError("a stored LangGraph checkpoint's metadata is not a mapping")
     return metadata
@@ -153,7 +189,7 @@ def decode_checkpoint(
     serde: SerializerProtocol, state: Mapping[str, Any], pages: Mapping[str, list[Any]]
 ) -> tuple[Checkpoint, dict[str, Any]]:
     """The checkpoint (with its channel values) and metadata of a stored state."""
-    checkpoint = untyped(serde, _field(state, "checkpoint", list))
+    checkpoint = untyped(serde, _field(state, "checkpoint", (str, list)))
     metadata = decode_metadata(serde, state)
     if not isinstance(checkpoint, dict):
         raise CheckpointCorruptedError("a stored LangGraph checkpoint is not a mapping")
@@ -169,7 +205,7 @@ def decode_writes(state: Mapping[str, Any]) -> list[Write]:
     writes = _field(state, "writes", list)
     out: list[Write] = []
     for write in writes:
-        # A tuple since typed state (stored exactly), a list in stores written before it.
+        # A list as stored now; a tuple in stores written while writes went in as tuples.
         if not (isinstance(write, (list, tuple)) and len(write) == 5 and type(write[1]) is int):
             raise CheckpointCorruptedError("a stored LangGraph write is malformed")
         task_id, idx, channel, value, path = write

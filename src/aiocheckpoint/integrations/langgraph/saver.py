@@ -11,7 +11,6 @@ from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-import anyio
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
@@ -111,7 +110,12 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             )
         # Its threads' records are of their own kind: runners sharing the store never
         # claim them, and the default listings leave them out.
-        self.manager = CheckpointManager(storage, encryption=encryption, workflow_kind=KIND)
+        # Version-1 records only: the saver keeps its own incremental form (unchanged channels
+        # reused by version, list pages and boxes by hash), so a record holds the step's new
+        # values and hashes, and splitting it into a tree would only cost the loop time.
+        self.manager = CheckpointManager(
+            storage, encryption=encryption, workflow_kind=KIND, incremental=False
+        )
         # Encrypted: pages are named by a key of this saver's, so a page's name (its step
         # in the store) confirms no guess of its content.
         self._page_name = (
@@ -124,13 +128,18 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         self._max_checkpoints = max_checkpoints
         self._thread_ttl = _seconds(thread_ttl, "thread_ttl")
         self._close_storage = close_storage
-        self._locks = [anyio.Lock() for _ in range(_LOCKS)]
+        # asyncio's: LangGraph runs on asyncio, and its lock is taken without a trip
+        # through the loop when free (anyio's yields once on every acquire).
+        self._locks = [asyncio.Lock() for _ in range(_LOCKS)]
         self._channels: OrderedDict[str, tuple[str, records.ChannelCache]] = OrderedDict()
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
         # The checkpoint id and writes this saver last stored per writes step (none for a
         # checkpoint it just created): a task's writes are merged without reading them back,
         # and an id sharing the step of another is refused.
-        self._writes: OrderedDict[tuple[str, int], tuple[str, list[records.Write]]] = OrderedDict()
+        # Kept as tuples of strings and ints, which the garbage collector stops tracking.
+        self._writes: OrderedDict[tuple[str, int], tuple[str, tuple[records.Write, ...]]] = (
+            OrderedDict()
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -213,7 +222,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         if known is None:
             # A new checkpoint has no writes (LangGraph stores each checkpoint id once); its
             # tasks' writes may arrive while it is being saved.
-            self._remember(self._writes, (workflow_id, step + 1), (checkpoint["id"], []))
+            self._remember(self._writes, (workflow_id, step + 1), (checkpoint["id"], ()))
         lease = await self._fence(workflow_id, thread_id)
         await self._store.save_pages(thread_id, new_pages)  # before what references them
         await self._store.save(workflow_id, step, state, info, lease)
@@ -243,12 +252,15 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             info = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
             lease = await self._fence(workflow_id, thread_id)
             self._writes.pop((workflow_id, step), None)  # unknown again if the save fails
-            await self._store.save(workflow_id, step, {"writes": merged}, info, lease)
-            self._remember(self._writes, (workflow_id, step), (checkpoint_id, merged))
+            # Stored as JSON lists: a tuple would be a typed value, tagged on the way in and
+            # restored on the way out for a checkpoint the saver never looks at.
+            state = {"writes": [list(write) for write in merged]}
+            await self._store.save(workflow_id, step, state, info, lease)
+            self._remember(self._writes, (workflow_id, step), (checkpoint_id, tuple(merged)))
 
     async def _stored_writes(
         self, workflow_id: str, step: int
-    ) -> tuple[str | None, list[records.Write]]:
+    ) -> tuple[str | None, Sequence[records.Write]]:
         """The checkpoint id the writes at ``step`` belong to (None: unknown), and them."""
         cached = self._writes.get((workflow_id, step))
         if cached is not None:

@@ -19,6 +19,7 @@ from ...manager import CheckpointManager
 from ...models import Checkpoint
 from ...storage.base import StoredCheckpoint
 from . import keys
+from . import pages as paging
 
 __all__ = ["AGENT", "KIND", "Pair", "ThreadStore"]
 
@@ -28,6 +29,7 @@ AGENT: Final = "langgraph"
 KIND: Final = "langgraph"
 _PAGE: Final = 64
 _CACHED_PAGES: Final = 512
+_KNOWN_PAGES: Final = 16384
 
 
 def _page_items(workflow_id: str, digest: str, data: Mapping[str, Any]) -> list[Any]:
@@ -58,12 +60,21 @@ class ThreadStore:
 
     def __init__(self, manager: CheckpointManager) -> None:
         self.manager = manager
-        # Pages are immutable (named by their content): those read or written are kept.
+        # Pages are immutable (named by their content): those read or written are known to
+        # be stored, and the items of those that are not boxes of large values are kept.
         self._pages: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
+        self._stored: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def _keep_page(self, workflow_id: str, digest: str, items: list[Any]) -> None:
-        self._pages[(workflow_id, digest)] = items
-        self._pages.move_to_end((workflow_id, digest))
+        key = (workflow_id, digest)
+        self._stored[key] = None
+        self._stored.move_to_end(key)
+        while len(self._stored) > _KNOWN_PAGES:
+            self._stored.popitem(last=False)
+        if paging.is_box_page(items):
+            return  # a box: read again when needed rather than held
+        self._pages[key] = items
+        self._pages.move_to_end(key)
         while len(self._pages) > _CACHED_PAGES:
             self._pages.popitem(last=False)
 
@@ -71,7 +82,7 @@ class ThreadStore:
         """Store the pages of a thread that this process has not stored or read."""
         workflow_id = keys.pages_workflow(thread_id)
         for digest, items in pages.items():
-            if (workflow_id, digest) in self._pages:
+            if (workflow_id, digest) in self._stored:
                 continue
             state = {"hash": digest, "items": items}
             info = {"thread_id": thread_id, "page": digest}
@@ -114,6 +125,8 @@ class ThreadStore:
         """Drop the cached pages of a pages workflow that was deleted."""
         for key in [key for key in self._pages if key[0] == workflow_id]:
             del self._pages[key]
+        for key in [key for key in self._stored if key[0] == workflow_id]:
+            del self._stored[key]
 
     async def save(
         self,

@@ -12,7 +12,9 @@ narrow table of their own (``blob_refs``); migration 5 adds the ``paused`` statu
 metadata and the latest step to workflow records, with the indexes their queries walk;
 migration 6 adds the effect journal (``effects``); migration 7 the kind of a workflow
 record, so that runners claim only workflows and never a LangGraph thread; migration 8 the
-``cancelled`` status; migration 9 each workflow's event history (``workflow_events``).
+``cancelled`` status; migration 9 each workflow's event history (``workflow_events``);
+migration 10 deletes a statement's checkpoints' effects in one join
+(a statement trigger instead of a row trigger).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from ...errors import InvalidArgumentError, StorageSchemaError
 from .effects import MIGRATION as EFFECTS_MIGRATION
 from .events import MIGRATION as EVENTS_MIGRATION
+from .settrigger import MIGRATION as SET_TRIGGER_MIGRATION
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "quote_schema"]
 
@@ -159,6 +162,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # Each workflow's event history; it depends on no other new migration.
     EVENTS_MIGRATION,
+    SET_TRIGGER_MIGRATION,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -238,6 +238,11 @@ class PostgresCheckpointStorage(BaseStorage):
             raise InvalidArgumentError("fetch_blobs takes a collection of bytes hashes")
         return await self._records.fetch_blobs([bytes(h) for h in hashes])
 
+    async def compact(self) -> tuple[int, int]:
+        """``VACUUM (ANALYZE)`` the store's tables (``CompactingStorage``): bytes before, after."""
+        self._check_open()
+        return await self._sweeps.compact()
+
     async def collect_garbage(self) -> int:
         """Return 0: a blob is deleted in the transaction that drops its last reference."""
         self._check_open()

@@ -19,7 +19,23 @@ from .connection import Connection
 from .records import Records
 from .sql import VERSION_2
 
-__all__ = ["Sweeps"]
+__all__ = ["PAGE_SETTINGS", "PLANNER_SETTINGS", "Sweeps"]
+
+#: Run first in each of a sweep's transactions. Without statistics (a store autovacuum has
+#: not analyzed yet) the planner takes these statements for large ones and compiles them
+#: (JIT): up to a second per statement, for statements that run in milliseconds; or it
+#: joins a page's ids to a sequential scan of every checkpoint, or starts parallel workers
+#: for a page (50-150 ms each on a loaded machine). Each statement is meant to probe the
+#: primary key, whatever the statistics say. The deleted rows the effects'
+#: statement trigger reads stay in memory up to ``work_mem`` (the default 4 MB spilled a
+#: batch to disk and cost as much as the deletes).
+PLANNER_SETTINGS = (
+    "SET LOCAL jit = off; SET LOCAL enable_seqscan = off; "
+    "SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL work_mem = '64MB'"
+)
+#: And for the read of a page of histories: no hash aggregate and no sort of the rows
+#: after ``$1`` (a store never analyzed estimates a few hundred distinct ids in all).
+PAGE_SETTINGS = PLANNER_SETTINGS + "; SET LOCAL enable_hashagg = off; SET LOCAL enable_sort = off"
 
 
 class Sweeps:
@@ -31,8 +47,10 @@ class Sweeps:
         self._connection = connection
         self._records = records
         self._max = max_record_bytes
+        self._quoted = quoted
         t, w, e = f"{quoted}.checkpoints", f"{quoted}.workflows", f"{quoted}.effects"
-        # The next $2 workflows with checkpoints after $1, in id order (an index walk):
+        # The next $2 workflows with checkpoints after $1, in id order (a walk of the
+        # primary key, grouped as it goes: PAGE_SETTINGS leave the planner no other plan):
         # each one's count, lowest step, bytes, whether it has effects below its lowest
         # step, whether its record says PAUSED and its record's kind.
         self._page = (
@@ -44,9 +62,12 @@ class Sweeps:
             f"sum(octet_length(data)) AS size FROM {t} WHERE workflow_id > $1 "
             "GROUP BY workflow_id ORDER BY workflow_id LIMIT $2) AS g"
         )
+        # Each workflow's records by an index probe of its own, newest first.
         self._records_of = (
-            "SELECT workflow_id, step, CASE WHEN octet_length(data) <= $2 THEN data END "
-            f"FROM {t} WHERE workflow_id = ANY($1::text[]) ORDER BY workflow_id, step DESC"
+            "SELECT u.w, c.step, CASE WHEN octet_length(c.data) <= $2 THEN c.data END "
+            "FROM unnest($1::text[]) WITH ORDINALITY AS u(w, i) CROSS JOIN LATERAL "
+            f"(SELECT step, data FROM {t} WHERE workflow_id = u.w ORDER BY step DESC) AS c "
+            "ORDER BY u.i, c.step DESC"
         )
         v2 = VERSION_2.format(c="c.data")
         self._thin = (
@@ -61,8 +82,10 @@ class Sweeps:
             # The steps below ``b`` without a checkpoint in this statement's snapshot: the
             # steps ``cps`` deletes still have theirs here, and ``fx`` takes their effects.
             f"orph AS (DELETE FROM {e} AS x USING o WHERE x.workflow_id = o.w AND x.step < o.b "
+            # OFFSET 0 keeps the test a probe of the primary key per effect: without it,
+            # a store without statistics may plan an anti join over every checkpoint.
             f"AND NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.workflow_id = o.w "
-            "AND c.step = x.step) AND (SELECT count(*) FROM lk) >= 0 RETURNING 1), "
+            "AND c.step = x.step OFFSET 0) AND (SELECT count(*) FROM lk) >= 0 RETURNING 1), "
             # The events below ``b``, thinned with the checkpoints they describe.
             f"ev AS (DELETE FROM {quoted}.workflow_events AS v USING o "
             "WHERE v.workflow_id = o.w AND v.step < o.b) "
@@ -101,10 +124,14 @@ class Sweeps:
 
         async def read(con: Any) -> list[History]:
             async with con.transaction(isolation="repeatable_read", readonly=True):
+                await con.execute(PAGE_SETTINGS)
                 page = await con.fetch(self._page, "" if after is None else after, limit)
                 sizes = {row[0]: (int(row[1]), int(row[3])) for row in page}
                 wanted = histories_to_read(sizes, *budget)
-                rows = await con.fetch(self._records_of, wanted, self._max) if wanted else []
+                rows = []
+                if wanted:
+                    await con.execute("SET LOCAL enable_sort = on")
+                    rows = await con.fetch(self._records_of, wanted, self._max)
             found = _grouped(rows)
             return [
                 History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))
@@ -125,6 +152,7 @@ class Sweeps:
         )
 
         async def run(con: Any) -> tuple[tuple[list[tuple[str, int]], int], list[bytes] | None]:
+            await con.execute(PLANNER_SETTINGS)
             dropped, ids, deleted, released = await con.fetchrow(self._thin, *args)
             pairs = list(zip(ids or [], deleted or [], strict=True))
             return (pairs, int(dropped)), released
@@ -136,6 +164,7 @@ class Sweeps:
         args = ([wf for wf, _ in pairs], [at for _, at in pairs])
 
         async def run(con: Any) -> tuple[list[int | None], list[bytes] | None]:
+            await con.execute(PLANNER_SETTINGS)
             gone, ids, sizes, released = await con.fetchrow(self._delete, *args)
             total: Counter[str] = Counter()
             for wf, size in zip(ids or [], sizes or [], strict=True):
@@ -144,6 +173,32 @@ class Sweeps:
             return [total[wf] if wf in deleted else None for wf, _ in pairs], released
 
         return await self._records.releasing("sweep's deletes", run)
+
+    async def compact(self) -> tuple[int, int]:
+        """``VACUUM (ANALYZE)`` each of the store's tables; their bytes before and after.
+
+        Dead rows become reusable and the planner's statistics are fresh; only empty pages
+        at a table's end go back to the filesystem (``VACUUM FULL`` would rewrite the
+        tables, locking out every reader and writer meanwhile: left to the operator).
+        """
+
+        async def run(con: Any) -> tuple[int, int]:
+            tables = await con.fetch(_TABLES, self._quoted)
+            before = await con.fetchval(_BYTES, self._quoted)
+            for (table,) in tables:
+                # A name from pg_class, quoted: VACUUM takes no parameters.
+                escaped = str(table).replace('"', '""')
+                await con.execute(f'VACUUM (ANALYZE) {self._quoted}."{escaped}"')
+            return int(before), int(await con.fetchval(_BYTES, self._quoted))
+
+        return await self._connection.run("compact", run, retry=False)
+
+
+_TABLES = "SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace AND relkind = 'r'"
+_BYTES = (
+    "SELECT coalesce(sum(pg_total_relation_size(oid)), 0) FROM pg_class "
+    "WHERE relnamespace = $1::regnamespace AND relkind = 'r'"
+)
 
 
 def _grouped(rows: list[Any]) -> dict[str, list[StoredCheckpoint]]:

@@ -40,6 +40,7 @@ from .connections import (
 )
 from .schema import MIGRATIONS, Migration, migrate
 from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, _UPSERT
+from .vacuum import compact, incremental_if_new, page_size, vacuum_step
 from .walcheckpoint import wal_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -95,13 +96,17 @@ def _estimate_pages(ops: Sequence[Op], blob_pages: int) -> int:
     ``blob_pages`` are what its tree saves found they wrote (:func:`.blobs.save_tree`): not
     every blob a split names, which for a split made from cached sub-trees is the whole
     tree (~2 MB for a chat of 2,000 messages whose step inserts ~1 KB; counting it started
-    a WAL checkpoint every other save).
+    a WAL checkpoint every other save); plus the rows its record operations changed (a
+    sweep's batch: thousands, which otherwise left the WAL growing unchecked); plus the
+    pointer map of an ``auto_vacuum`` store (a page per commit, one more per 800 pages
+    written: uncounted, it pushed the WAL past its bound under load).
     """
     size = 0
     for op in ops:
         if isinstance(op, SaveOp | SaveTreeOp):
             size += len(op.data)
-    return size // PAGE_SIZE + blob_pages + 2 * len(ops)
+    pages = size // PAGE_SIZE + blob_pages
+    return pages + pages // 800 + 1 + 2 * len(ops)
 
 
 #: What a batch returns per operation: its result or the exception it raised.
@@ -149,6 +154,8 @@ class Writer:
         except (OSError, sqlite3.Error) as exc:
             raise open_error(self.path, exc) from exc
         try:
+            # Before WAL mode and the first table: only a new database takes it.
+            self.retry(lambda: incremental_if_new(conn))
             mode = self.retry(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchall())
             if mode[0][0].lower() != "wal":
                 raise StorageBackendError(
@@ -185,6 +192,35 @@ class Writer:
                 conn.close()
             except sqlite3.Error as exc:
                 raise backend_error("closing the SQLite database failed", exc) from exc
+
+    def reclaim(self, pages: int) -> tuple[int, int]:
+        """Give up to ``pages`` free pages back to the filesystem; (bytes freed, pages left).
+
+        Its own short transaction, between two batches (:mod:`.vacuum`).
+        """
+        conn = self._open_conn()
+        try:
+            freed, left = self.retry(lambda: vacuum_step(conn, pages))
+            self.wal_pages += 2 * freed  # each page moved and the free list's
+            return freed * page_size(conn), left
+        except sqlite3.Error as exc:
+            raise backend_error("SQLite incremental vacuum failed", exc) from exc
+
+    def compact(self) -> tuple[int, int]:
+        """``VACUUM`` the database (:func:`.vacuum.compact`): its bytes before and after."""
+        conn = self._open_conn()
+        try:
+            self._checkpoint(conn, "TRUNCATE")
+            result = self.retry(lambda: compact(conn))
+            self._checkpoint(conn, "TRUNCATE")
+            return result
+        except sqlite3.Error as exc:
+            raise backend_error("SQLite VACUUM failed", exc) from exc
+
+    def _open_conn(self) -> sqlite3.Connection:
+        if self.conn is None:
+            raise StorageClosedError("SQLiteCheckpointStorage is closed")
+        return self.conn
 
     def run_batch(self, ops: Sequence[Op]) -> list[Outcome]:
         """Commit every op in one transaction; return one outcome per op, in order.
@@ -313,7 +349,12 @@ class Writer:
     @classmethod
     def _apply(cls, conn: sqlite3.Connection, op: Op, blob_pages: list[int]) -> Outcome:
         if isinstance(op, RecordOp):
-            return op.fn(conn, time.time())
+            before = conn.total_changes
+            try:
+                return op.fn(conn, time.time())
+            finally:
+                # A sweep's batch deletes thousands of rows: a page of WAL each, at most.
+                blob_pages.append(conn.total_changes - before)
         if isinstance(op, SaveTreeOp):
             blob_pages.append(save_tree(conn, op))
             return None

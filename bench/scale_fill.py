@@ -1,0 +1,93 @@
+"""Bulk filler for bench/scale.py --queries: workflow records, metadata and checkpoints in SQL.
+
+Workflows ``q-0000000`` onwards: status by ``i % 10`` (0-1 unfinished, 2-8 finished, 9
+failed), metadata ``{"tenant": "t<i % 4>"}``, one checkpoint each (a copy of ``record``, a
+record of another workflow: the probes never read a filler's checkpoint), created in id
+order. A page of 50 unfinished workflows of one tenant is then full from 1,000 workflows up.
+Written straight into the tables, many times faster than through a manager.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Final
+
+import asyncpg
+
+__all__ = ["fill_postgres", "fill_sqlite"]
+
+_STATUS: Final = (
+    "CASE WHEN i % 10 < 2 THEN 'unfinished' WHEN i % 10 < 9 THEN 'finished' ELSE 'failed' END"
+)
+_ID: Final = "'q-' || substr('0000000' || i, -7, 7)"
+_PG_ID: Final = "'q-' || lpad(i::text, 7, '0')"
+
+
+def fill_sqlite(path: Path, start: int, stop: int, record: bytes) -> None:
+    """Add fillers ``start`` to ``stop - 1`` to the SQLite store at ``path`` (closed)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("BEGIN IMMEDIATE")
+        seq = "WITH RECURSIVE s(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < ?2) "
+        now = time.time()
+        conn.execute(
+            seq + "INSERT INTO workflows (workflow_id, status, created_at, updated_at, "
+            "finished_at, metadata, latest_step, latest_agent_id, latest_agent_status) "
+            f"SELECT {_ID}, {_STATUS}, ?3 + i * 1e-6, ?3 + i * 1e-6, "
+            "CASE WHEN i % 10 >= 2 THEN ?3 END, '{\"tenant\":\"t' || (i % 4) || '\"}', "
+            "0, 'a', 'running' FROM s",
+            (start, stop, now - 86400),
+        )
+        conn.execute(
+            seq + "INSERT INTO workflow_metadata (workflow_id, key, value) "
+            f"SELECT {_ID}, 'tenant', '\"t' || (i % 4) || '\"' FROM s",
+            (start, stop),
+        )
+        conn.execute(
+            seq + f"INSERT INTO checkpoints (workflow_id, step, data) SELECT {_ID}, 0, ?3 FROM s",
+            (start, stop, record),
+        )
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+async def fill_postgres(dsn: str, schema: str, start: int, stop: int, record: bytes) -> None:
+    """Add fillers ``start`` to ``stop - 1`` to the PostgreSQL store in ``schema``."""
+    con = await asyncpg.connect(dsn)
+    s = f'"{schema}"'
+    try:
+        async with con.transaction():
+            series = "FROM generate_series($1::bigint, $2::bigint - 1) AS i"
+            await con.execute(
+                f"INSERT INTO {s}.workflows (workflow_id, status, created_at, updated_at, "
+                "finished_at, metadata, latest_step, latest_agent_id, latest_agent_status) "
+                f"SELECT {_PG_ID}, {_STATUS}, now() - interval '1 day' + i * interval '1 us', "
+                "now() - interval '1 day' + i * interval '1 us', "
+                "CASE WHEN i % 10 >= 2 THEN now() - interval '1 day' END, "
+                "'{\"tenant\":\"t' || (i % 4) || '\"}', 0, 'a', 'running' " + series,
+                start,
+                stop,
+            )
+            await con.execute(
+                f"INSERT INTO {s}.workflow_metadata (workflow_id, key, value) "
+                f"SELECT {_PG_ID}, 'tenant', '\"t' || (i % 4) || '\"' " + series,
+                start,
+                stop,
+            )
+            await con.execute(
+                f"INSERT INTO {s}.checkpoints (workflow_id, step, data) "
+                f"SELECT {_PG_ID}, 0, $3 " + series,
+                start,
+                stop,
+                record,
+            )
+        await con.execute(f"VACUUM ANALYZE {s}.workflows")
+        await con.execute(f"VACUUM ANALYZE {s}.workflow_metadata")
+        await con.execute(f"VACUUM ANALYZE {s}.checkpoints")
+    finally:
+        await con.close()
