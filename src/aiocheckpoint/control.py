@@ -21,7 +21,9 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from ._telemetry import round_trip
+from .codec import FieldSealer, is_sealed_text
 from .errors import (
+    CheckpointError,
     InvalidArgumentError,
     LeaseError,
     UnsupportedOperationError,
@@ -86,10 +88,14 @@ def markable(status: WorkflowStatus) -> WorkflowStatus:
     return status
 
 
-async def cancel(storage: CheckpointStorage, workflow_id: str, reason: object) -> WorkflowRecord:
-    """Cancel the workflow; its runner stops at its next fenced write (module docstring)."""
-    checked = check_reason(reason)
-    return await round_trip(control_storage(storage).cancel_workflow, workflow_id, checked)
+async def cancel(
+    storage: CheckpointStorage, workflow_id: str, reason: str | None
+) -> WorkflowRecord:
+    """Cancel the workflow; its runner stops at its next fenced write (module docstring).
+
+    ``reason`` was checked (:func:`check_reason`) and, on an encrypted store, sealed.
+    """
+    return await round_trip(control_storage(storage).cancel_workflow, workflow_id, reason)
 
 
 async def retry(storage: CheckpointStorage, workflow_id: str) -> WorkflowRecord:
@@ -135,11 +141,15 @@ async def released(storage: WorkflowStorage, written: WorkflowRecord) -> Workflo
 
 
 async def cancelled_error(
-    storage: CheckpointStorage, workflow_id: str, refused: LeaseError
+    storage: CheckpointStorage,
+    workflow_id: str,
+    refused: LeaseError,
+    fields: FieldSealer | None = None,
 ) -> WorkflowCancelledError | None:
     """The error to raise instead of ``refused`` when the workflow was cancelled, else None.
 
     Asked only after a fenced write was refused, so it costs nothing on the hot path.
+    ``fields`` opens a reason sealed on an encrypted store (one it cannot open is left out).
     """
     if not isinstance(storage, WorkflowStorage):
         return None
@@ -149,4 +159,10 @@ async def cancelled_error(
         return None  # the lease error stands: it is what the caller can act on
     if record is None or record.status is not WorkflowStatus.CANCELLED:
         return None
-    return WorkflowCancelledError(workflow_id, cancel_reason(record))
+    reason = cancel_reason(record)
+    if fields is not None and fields.sealing:
+        try:
+            reason = cancel_reason(await fields.open_record(record))
+        except CheckpointError:
+            reason = None
+    return WorkflowCancelledError(workflow_id, None if is_sealed_text(reason) else reason)

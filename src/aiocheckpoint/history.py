@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from ._telemetry import round_trip
+from .codec import FieldSealer
 from .errors import CheckpointCorruptedError, InvalidArgumentError, UnsupportedOperationError
 from .leases import Lease, Page, WorkflowRecord, WorkflowStatus
 from .storage.base import CheckpointStorage
@@ -66,9 +68,16 @@ def event_storage(storage: CheckpointStorage) -> EventStorage:
 
 
 async def get_events(
-    storage: CheckpointStorage, workflow_id: str, limit: object, cursor: object
+    storage: CheckpointStorage,
+    workflow_id: str,
+    limit: object,
+    cursor: object,
+    fields: FieldSealer | None = None,
 ) -> Page[WorkflowEvent]:
-    """The workflow's events oldest first: all of them, or a page of ``limit`` after ``cursor``."""
+    """The workflow's events oldest first: all of them, or a page of ``limit`` after ``cursor``.
+
+    ``fields`` opens the sealed fields of an encrypted store (:mod:`aiocheckpoint.codec`).
+    """
     events = event_storage(storage)
     if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_EVENT_PAGE):
         raise InvalidArgumentError(
@@ -79,7 +88,12 @@ async def get_events(
     while True:
         want = MAX_EVENT_PAGE if limit is None else limit - len(found)
         page = await round_trip(events.get_events, workflow_id, after=after, limit=want)
-        found += [_event(workflow_id, stored) for stored in page]
+        for stored in page:
+            event = _event(workflow_id, stored)
+            if fields is not None and fields.sealing:
+                data = await fields.open_event(workflow_id, stored.kind, event.data)
+                event = dataclasses.replace(event, data=data)
+            found.append(event)
         if len(page) < want or (limit is not None and len(found) >= limit):
             break
         after = page[-1].seq
@@ -121,9 +135,11 @@ def _decode_cursor(cursor: object) -> int:
     return seq
 
 
-def pause_note(reason: str, data_text: str) -> EventNote:
-    """The ``paused`` event of a driver's pause: ``reason`` and its data (JSON text)."""
-    return EventNote(EventKind.PAUSED, f'{{"reason": {json.dumps(reason)}, "data": {data_text}}}')
+async def pause_note(
+    fields: FieldSealer, workflow_id: str, reason: str, data_text: str
+) -> EventNote:
+    """The ``paused`` event of a pause: ``reason`` and data (JSON text), sealed if encrypting."""
+    return EventNote(EventKind.PAUSED, await fields.pause_data(workflow_id, reason, data_text))
 
 
 async def forked(storage: CheckpointStorage, source_id: str, step: int, new_id: str) -> None:

@@ -28,6 +28,7 @@ from ._validation import (
 )
 from .codec import (
     DEFAULT_VALUES,
+    FieldSealer,
     KeyProvider,
     RecordCodec,
     TypedValues,
@@ -183,7 +184,7 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         self._codec = RecordCodec(
             self._storage, blobs, values, sealer, keep_last=self._max_checkpoints
         )
-        self._records = WorkflowRecords(self._storage, self._check_open)
+        self._records = WorkflowRecords(self._storage, self._check_open, FieldSealer(sealer))
         self._keeps_records = self._records.supported
         self._journal = EffectJournal(self._storage, self._codec, self._records, self._check_open)
         self._sweeper = Sweeper(self._storage, self._codec, policy, self._check_open)

@@ -401,7 +401,9 @@ class ResumableWorkflow:
 
     async def _refusal(self, exc: LeaseError) -> Exception:
         """What a refused fenced write raises: WorkflowCancelledError if it was cancelled."""
-        cancelled = await cancelled_error(self.checkpoint_manager.storage, self.workflow_id, exc)
+        manager = self.checkpoint_manager
+        fields = manager._records.fields
+        cancelled = await cancelled_error(manager.storage, self.workflow_id, exc, fields)
         return exc if cancelled is None else cancelled
 
     def _fence(self) -> Lease | None:
@@ -489,7 +491,7 @@ class ResumableWorkflow:
                 await self._mark(WorkflowStatus.UNFINISHED, sleep=exc.seconds)
             elif self.checkpoint_manager.supports_workflow_records():
                 if exc is None or paused:
-                    await self._mark(self._exit_status(), note=self._pause_note(exc))
+                    await self._mark(self._exit_status(), note=await self._pause_note(exc))
                 elif isinstance(exc, UnknownKeyError):
                     pass  # not the workflow's failure: left UNFINISHED for a runner with the key
                 elif isinstance(exc, Exception):
@@ -515,7 +517,7 @@ class ResumableWorkflow:
             return WorkflowStatus.PAUSED
         return WorkflowStatus.FINISHED
 
-    def _pause_note(self, exc: BaseException | None) -> EventNote | None:
+    async def _pause_note(self, exc: BaseException | None) -> EventNote | None:
         """The ``paused`` event of a pause (its reason and data), where events are kept."""
         if not isinstance(exc, _Paused) or not history.keeps_events(
             self.checkpoint_manager.storage
@@ -523,7 +525,9 @@ class ResumableWorkflow:
             return None
         pause = exc.metadata["pause"]
         value, _ = self.checkpoint_manager._codec.encode_value(pause["data"], "pause data")
-        return history.pause_note(pause["reason"], json.dumps(value))
+        fields = self.checkpoint_manager._records.fields
+        data = json.dumps(value)
+        return await history.pause_note(fields, self.workflow_id, pause["reason"], data)
 
     async def _mark(
         self,

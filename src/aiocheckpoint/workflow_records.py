@@ -21,6 +21,7 @@ from ._validation import (
     check_workflow_id,
     check_workflow_status,
 )
+from .codec import FieldSealer
 from .errors import InvalidArgumentError, LeaseLostError, UnsupportedOperationError
 from .history import WorkflowEvent
 from .leases import (
@@ -57,9 +58,16 @@ class WorkflowRecords:
     ``check_open`` raises once the manager is closed; every call makes it first.
     """
 
-    def __init__(self, storage: CheckpointStorage, check_open: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        check_open: Callable[[], None],
+        fields: FieldSealer | None = None,
+    ) -> None:
         #: The manager's storage (what the spans of the traced calls name).
         self.storage = storage
+        #: Seals and opens the record's and the events' sealed fields (encrypted stores).
+        self.fields = FieldSealer(None) if fields is None else fields
         self._storage = storage
         self._check_open = check_open
         #: Whether the storage keeps workflow records and leases (checked once).
@@ -77,7 +85,8 @@ class WorkflowRecords:
     async def get(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow's record, or None."""
         self._check_open()
-        return await self.workflow_storage().get_workflow(check_workflow_id(workflow_id))
+        record = await self.workflow_storage().get_workflow(check_workflow_id(workflow_id))
+        return None if record is None else await self.fields.open_record(record)
 
     async def list_ids(
         self, status: Any, filters: tuple[Any, ...], in_doubt: Any, kind: Any
@@ -131,6 +140,8 @@ class WorkflowRecords:
         agent = None if agent_status is None else check_agent_status(agent_status).value
         query = build_query(wanted, agent, metadata, updated, limit, cursor, in_doubt, kind)
         records = await self.workflow_storage().query_workflow_records(query)
+        if self.fields.sealing:
+            records = [await self.fields.open_record(record) for record in records]
         full = limit is not None and len(records) == limit
         return Page(records, encode_cursor(records[-1].workflow_id) if full else None)
 
@@ -140,14 +151,18 @@ class WorkflowRecords:
         storage = self.workflow_storage()
         workflow_id = check_workflow_id(workflow_id)
         meta = None if metadata is None else _metadata_text(metadata)
-        return await storage.register_workflow(workflow_id, metadata=meta)
+        record = await storage.register_workflow(workflow_id, metadata=meta)
+        return await self.fields.open_record(record)
 
     async def resume(self, workflow_id: str, input: Any) -> WorkflowRecord:
         """``resume_workflow``: a PAUSED workflow UNFINISHED again, with ``input``."""
         self._check_open()
         storage = self.workflow_storage()
         workflow_id = check_workflow_id(workflow_id)
-        return await storage.resume_workflow(workflow_id, json_text(input, "resume input"))
+        json_text(input, "resume input")  # checked as it is, before it is sealed
+        sealed = await self.fields.seal_resume(workflow_id, input)
+        record = await storage.resume_workflow(workflow_id, json_text(sealed, "resume input"))
+        return await self.fields.open_record(record)
 
     async def events(
         self, workflow_id: str, limit: int | None, cursor: str | None
@@ -155,18 +170,24 @@ class WorkflowRecords:
         """The workflow's events, oldest first (:func:`aiocheckpoint.history.get_events`)."""
         self._check_open()
         return await history.get_events(
-            self._storage, check_workflow_id(workflow_id), limit, cursor
+            self._storage, check_workflow_id(workflow_id), limit, cursor, self.fields
         )
 
     async def cancel(self, workflow_id: str, reason: str | None) -> WorkflowRecord:
         """``cancel_workflow`` (:func:`aiocheckpoint.control.cancel`)."""
         self._check_open()
-        return await control.cancel(self._storage, check_workflow_id(workflow_id), reason)
+        workflow_id = check_workflow_id(workflow_id)
+        checked = control.check_reason(reason)
+        if checked is not None:
+            checked = await self.fields.seal_reason(workflow_id, checked)
+        record = await control.cancel(self._storage, workflow_id, checked)
+        return await self.fields.open_record(record)
 
     async def retry(self, workflow_id: str) -> WorkflowRecord:
         """``retry_workflow`` (:func:`aiocheckpoint.control.retry`)."""
         self._check_open()
-        return await control.retry(self._storage, check_workflow_id(workflow_id))
+        record = await control.retry(self._storage, check_workflow_id(workflow_id))
+        return await self.fields.open_record(record)
 
     @traced("record_failure")
     async def record_failure(
@@ -181,15 +202,17 @@ class WorkflowRecords:
             raise InvalidArgumentError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
         if lease is not None:
             fence_token(lease, workflow_id)
-        text = json_text(_error_fields(error), "error")
+        fields = await self.fields.seal_error(workflow_id, _error_fields(error))
+        text = json_text(fields, "error")
         delays = tuple(retry.delays()) if retry is not None and retry.retryable(error) else ()
-        return await round_trip(
+        record = await round_trip(
             self.workflow_storage().record_failure,
             workflow_id,
             text,
             retry_delays=delays,
             fence=lease,
         )
+        return await self.fields.open_record(record)
 
     @traced("mark_workflow")
     async def mark(self, workflow_id: str, status: Any, lease: Lease | None) -> WorkflowRecord:
@@ -198,12 +221,13 @@ class WorkflowRecords:
         workflow_id = check_workflow_id(workflow_id)
         if lease is not None:
             fence_token(lease, workflow_id)
-        return await round_trip(
+        record = await round_trip(
             self.workflow_storage().set_workflow_status,
             workflow_id,
             control.markable(check_workflow_status(status)),
             fence=lease,
         )
+        return await self.fields.open_record(record)
 
     @traced("acquire_lease", acquires=True)
     async def acquire(self, workflow_id: str, owner: str, ttl: float) -> Lease:

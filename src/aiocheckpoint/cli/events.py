@@ -1,7 +1,9 @@
 """``events``: a workflow's event history; and what ``history`` shows of it per step.
 
 See docs/cli.md and docs/operating.md. Every text an event holds (a pause's reason, an
-error message, an owner) is printed escaped, as every other command prints stored text.
+error message, an owner) is printed escaped, as every other command prints stored text; a
+field sealed on an encrypted store and read without ``--keys`` is printed as
+``[sealed: key ID]``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from collections import Counter
 from typing import Any
 
 from .._validation import check_workflow_id
-from ..history import WorkflowEvent, keeps_events
+from ..codec import locked_view
+from ..errors import UnknownKeyError
+from ..history import WorkflowEvent, get_events, keeps_events
 from ..manager import CheckpointManager
 from .keys import command_keys
 from .output import Output, compact, when
@@ -58,7 +62,7 @@ async def cmd_events(args: argparse.Namespace, out: Output) -> int:
                     str(e.kind),
                     "-" if e.step is None else str(e.step),
                     "-" if e.attempt is None else str(e.attempt),
-                    compact(e.data, 100) if e.data else "-",
+                    compact(locked_view(e.data), 100) if e.data else "-",
                 ]
                 for e in page
             ],
@@ -82,18 +86,25 @@ def event_json(event: WorkflowEvent) -> dict[str, Any]:
         "time": event.time.isoformat(),
         "step": event.step,
         "attempt": event.attempt,
-        "data": event.data,
+        "data": locked_view(event.data),
     }
 
 
 async def events_by_step(
     manager: CheckpointManager, workflow_id: str
 ) -> dict[int, list[WorkflowEvent]] | None:
-    """The workflow's events grouped by step (None: the store keeps none)."""
+    """The workflow's events grouped by step (None: the store keeps none).
+
+    Sealed under a key the keys given lack, they are read sealed (shown locked): ``history``
+    counts their kinds all the same.
+    """
     if not keeps_events(manager.storage):
         return None
     grouped: dict[int, list[WorkflowEvent]] = {}
-    page = await manager.get_events(workflow_id, limit=1000)
+    try:
+        page = await manager.get_events(workflow_id, limit=1000)
+    except UnknownKeyError:
+        return await _sealed_by_step(manager, workflow_id)
     read = 0
     while True:
         for event in page:
@@ -103,6 +114,21 @@ async def events_by_step(
         if page.next_cursor is None or read >= _HISTORY_EVENTS:
             return grouped
         page = await manager.get_events(workflow_id, limit=1000, cursor=page.next_cursor)
+
+
+async def _sealed_by_step(
+    manager: CheckpointManager, workflow_id: str
+) -> dict[int, list[WorkflowEvent]]:
+    grouped: dict[int, list[WorkflowEvent]] = {}
+    cursor = None
+    for _ in range(_HISTORY_EVENTS // 1000):
+        page = await get_events(manager.storage, workflow_id, 1000, cursor)
+        for event in page:
+            if event.step is not None:
+                grouped.setdefault(event.step, []).append(event)
+        if (cursor := page.next_cursor) is None:
+            break
+    return grouped
 
 
 def step_summary(events: list[WorkflowEvent] | None) -> str:

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from .._validation import check_workflow_id
+from ..codec import locked_view
 from ..control import operate
 from ..errors import LeaseHeldError
 from ..leases import WorkflowRecord
@@ -48,6 +49,7 @@ async def cmd_resume(args: argparse.Namespace, out: Output) -> int:
                 lambda: manager.resume_workflow(workflow_id, args.input),
             ),
         )
+        record = await manager.get_workflow(workflow_id) or record  # opened with the keys
     return _report(out, record, "resumed: the next runner claims it")
 
 
@@ -72,7 +74,7 @@ async def cmd_cancel(args: argparse.Namespace, out: Output) -> int:
         out.json({**_record_json(record), "stopped_runner": runner})
         return 0
     reason = cancel_reason(record)
-    why = "" if reason is None else f" ({printable(reason)})"
+    why = "" if reason is None else f" ({printable(locked_view(reason))})"
     out.line(f"workflow {printable(workflow_id)}: cancelled{why}")
     if runner is not None:
         out.line(
@@ -126,7 +128,7 @@ def _record_json(record: WorkflowRecord) -> dict[str, Any]:
         "workflow_id": record.workflow_id,
         "status": str(record.status),
         "attempts": record.attempts,
-        "last_error": record.last_error,
-        "resume_input": record.resume_input,
+        "last_error": locked_view(record.last_error),
+        "resume_input": locked_view(record.resume_input),
         "updated_at": record.updated_at.isoformat(),
     }

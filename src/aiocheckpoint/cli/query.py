@@ -15,6 +15,7 @@ import shlex
 from datetime import datetime, timezone
 from typing import Any
 
+from ..codec import locked_view
 from ..errors import InvalidArgumentError
 from ..leases import WorkflowRecord
 from .effects import doubts_json, in_doubt_of, print_doubts
@@ -118,7 +119,7 @@ def _row(record: WorkflowRecord) -> dict[str, Any]:
         "latest_status": record.latest_agent_status,
         "updated_at": record.updated_at.isoformat(),
         "attempts": record.attempts,
-        "last_error": record.last_error,
+        "last_error": locked_view(record.last_error),
         "metadata": record.metadata,
     }
 

@@ -20,6 +20,7 @@ module              job
 ``compress``        compressing blobs
 ``verify``          the writer's limits, applied to what is read
 ``effects``         effect records: their stored bytes
+``fields``          the sealed fields of events and workflow records
 ``facts``           a record's step, status and time without its state
 ``lent``            a returned state the sub-tree cache shares, copied when first read
 ==================  ===============================================================
@@ -32,6 +33,7 @@ from a module inside (a contract in pyproject.toml checks it).
 from .copy import json_copy, storable_copy, to_storable
 from .effects import EffectRecord, EffectState, Reconciled, decode_effect, encode_effect
 from .facts import RecordFacts, record_facts
+from .fields import FieldSealer, is_sealed_text, locked_view, sealed_text_key
 from .jsonwrite import int_to_decimal, with_long_ints
 from .pipeline import RecordCodec
 from .registry import TaggedValue, TypeRegistry
@@ -58,6 +60,7 @@ __all__ = [
     "ENVELOPE_MAGIC",
     "EffectRecord",
     "EffectState",
+    "FieldSealer",
     "KeyProvider",
     "Keyring",
     "Lineage",
@@ -79,11 +82,14 @@ __all__ = [
     "has_tags",
     "int_to_decimal",
     "is_sealed_record",
+    "is_sealed_text",
     "join_state",
+    "locked_view",
     "json_copy",
     "record_facts",
     "recovered_memory",
     "sealed_key_id",
+    "sealed_text_key",
     "sealer_for",
     "split_state",
     "storable_copy",

@@ -5,7 +5,8 @@
     offset size  field
     0      4     magic  b"ACKX"
     4      1     envelope version (1)
-    5      1     kind (1: a checkpoint record, 2: an effect record, 3: a blob)
+    5      1     kind (1: a checkpoint record, 2: an effect record, 3: a blob, 4: a field's
+                 text: an event's or a workflow record's, :mod:`aiocheckpoint.codec.fields`)
     6      1     key id length k (1..255)
     7      k     key id, UTF-8
     .      2     wrapped data key length w, big-endian
@@ -14,7 +15,8 @@
     .      ...   AES-256-GCM ciphertext of the plain record, with its 16-byte tag
 
 The associated data is every byte before the ciphertext, then the workflow id, the step
-and (for an effect) its key, so a sealed record authenticates only where it was written.
+and (for an effect) its key (for a field's text: the workflow id, step 0 and the field's
+label), so a sealed record authenticates only where it was written.
 A sealed checkpoint record keeps the 20-byte record header in front of the envelope
 (format version 1, flags :data:`FLAG_SEALED`, the body's CRC-32 field 0: the tag
 authenticates every byte): backends still read the version byte, and a reader without this
@@ -83,6 +85,8 @@ KIND_CHECKPOINT: Final = 1
 KIND_EFFECT: Final = 2
 #: A node of an encrypted tree (a blob), sealed under its keyed name.
 KIND_BLOB: Final = 3
+#: The text of one field of a workflow's record or events, sealed under its label.
+KIND_TEXT: Final = 4
 ENVELOPE_MAGIC: Final = b"ACKX"
 _VERSION: Final = 1
 _NONCE: Final = 12
@@ -334,7 +338,7 @@ class _Writing:
         ident = bytes([len(name)]) + name + _U16.pack(len(wrapped)) + wrapped
         self.heads = {
             kind: ENVELOPE_MAGIC + bytes((_VERSION, kind)) + ident
-            for kind in (KIND_CHECKPOINT, KIND_EFFECT, KIND_BLOB)
+            for kind in (KIND_CHECKPOINT, KIND_EFFECT, KIND_BLOB, KIND_TEXT)
         }
         self.prefix = os.urandom(4)
         self.aead = aead
@@ -542,6 +546,19 @@ class Sealer:
             raise type(exc)(reason, workflow_id=workflow_id, step=step) from exc
         except UnknownKeyError as exc:
             raise exc.located(workflow_id, step, key) from None
+
+    async def seal_text(self, workflow_id: str, label: str, plain: bytes) -> bytes:
+        """A field's text sealed for ``workflow_id`` under ``label`` (what the field is)."""
+        return await self._seal(KIND_TEXT, _context(workflow_id, 0, label), plain)
+
+    async def unseal_text(self, workflow_id: str, label: str, data: bytes) -> bytes:
+        """The plain text of a sealed field; DecryptionError if it does not authenticate."""
+        try:
+            return await self._open(KIND_TEXT, _context(workflow_id, 0, label), data)
+        except DecryptionError as exc:
+            raise type(exc)(f"{label}: {exc.reason}", workflow_id=workflow_id) from exc
+        except UnknownKeyError as exc:
+            raise UnknownKeyError(exc.key_id, workflow_id=workflow_id) from None
 
     def _plaintext(self, data: bytes, workflow_id: str, step: int, what: str) -> bytes:
         if self.allow_plaintext:

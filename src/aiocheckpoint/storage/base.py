@@ -538,7 +538,10 @@ class EffectStorage(Protocol):
     * ``drop_orphan_effects(wf, below)`` deletes the records of the steps below ``below``
       that have no checkpoint (checked in the delete's transaction, or under the
       workflow's lock) and returns how many it deleted: retention's cleanup under the
-      oldest checkpoint it keeps.
+      oldest checkpoint it keeps. A store that keeps events
+      (:class:`~aiocheckpoint.storage.events.EventStorage`) deletes the workflow's events
+      of the steps below ``below`` with them, uncounted (so does ``thin_many`` for each
+      cut with a ``below``).
     """
 
     async def put_effect(

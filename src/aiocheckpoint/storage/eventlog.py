@@ -42,6 +42,12 @@ class EventLog:
             self._seq += 1
             log.append(StoredEvent(self._seq, *_fields(event)))
 
+    def thin(self, workflow_id: str, below: int) -> None:
+        """Forget the workflow's events of steps below ``below`` (a retention sweep's)."""
+        events = self._events.get(workflow_id)
+        if events:
+            events[:] = [e for e in events if e.step is None or e.step >= below]
+
     def drop(self, workflow_id: str) -> None:
         """Forget the workflow's events."""
         self._events.pop(workflow_id, None)

@@ -120,7 +120,9 @@ class EventStorage(WorkflowStorage, Protocol):
       number above ``after``, oldest first, at most ``limit``
       (:data:`MAX_EVENT_PAGE` at most). An event's step is the record's ``latest_step``
       when it was written.
-    * ``delete(wf)`` and ``delete_workflow`` delete the workflow's events with it.
+    * ``delete(wf)`` and ``delete_workflow`` delete the workflow's events with it;
+      ``drop_orphan_effects(wf, below)`` and ``thin_many`` (each cut with a ``below``)
+      delete its events whose step is below ``below`` (retention), in their transaction.
     * ``sleep_workflow(wf, seconds, fence=lease)`` makes the workflow UNFINISHED with
       ``retry_at`` ``seconds`` after the storage's clock (``claim_next_workflow`` passes it
       over until then) and no ``finished_at``, and appends ``sleeping`` with ``{"until"}``;

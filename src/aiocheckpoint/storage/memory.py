@@ -389,6 +389,7 @@ class InMemoryCheckpointStorage(BaseStorage):
         doomed = [s for s in journal if s < below and s not in steps]
         count = sum(len(journal[s]) for s in doomed)
         self._drop_effects(workflow_id, set(doomed).__contains__)
+        self._events.thin(workflow_id, below)  # thinned with the checkpoints they describe
         return count
 
     async def has_effects(self, workflow_id: str) -> bool:

@@ -20,6 +20,7 @@ from ..history import WorkflowEvent
 from ..leases import Lease, RetryPolicy, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import utcnow
+from ..retention import RetentionPolicy
 from ..storage.base import WorkflowStorage
 from ..storage.events import EventKind, EventStorage, StoredEvent
 from ..workflow import ResumableWorkflow
@@ -181,6 +182,44 @@ class EventStorageConformance:
         assert await kinds(manager, "kept") == ["paused"]
         await manager.mark_workflow("gone", WorkflowStatus.FINISHED)
         assert await kinds(manager, "gone") == ["completed"]
+
+    async def test_retention_thins_events_with_their_checkpoints(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """A sweep or ``thin_workflow`` deletes the events below the oldest step it keeps.
+
+        Those at or above it, and those of no step, stay; a dry run deletes none.
+        """
+        manager = new_manager(storage)
+        for workflow_id in ("swept", "thinned"):
+            await manager.register_workflow(workflow_id)
+            await manager.mark_workflow(workflow_id, WorkflowStatus.PAUSED)  # step None
+            await manager.resume_workflow(workflow_id, "go")
+            for step in range(3):
+                await manager.create_checkpoint(workflow_id, step, "a", "completed", {})
+            await manager.record_failure(workflow_id, Boom("at 2"), retry=RetryPolicy(backoff=0))
+            for step in (3, 4):
+                await manager.create_checkpoint(workflow_id, step, "a", "completed", {})
+            await manager.mark_workflow(workflow_id, WorkflowStatus.PAUSED)  # step 4
+        before = [(str(e.kind), e.step) for e in await manager.get_events("swept")]
+        assert before == [
+            ("paused", None),
+            ("resumed", None),
+            ("step_failed", 2),
+            ("retry_scheduled", 2),
+            ("paused", 4),
+        ]
+        policy = RetentionPolicy(keep_last=2, keep_terminal=False, keep_paused=False)
+        await manager.sweep(policy=policy, dry_run=True)
+        assert [(str(e.kind), e.step) for e in await manager.get_events("swept")] == before
+        report = await manager.thin_workflow("thinned", policy=policy)
+        assert report.checkpoints_deleted == 3
+        report = await manager.sweep(policy=policy)
+        assert report.checkpoints_deleted == 3  # "swept"'s; "thinned" has two left
+        kept = [("paused", None), ("resumed", None), ("paused", 4)]
+        for workflow_id in ("swept", "thinned"):
+            assert [c.step for c in await manager.list_checkpoints(workflow_id)] == [3, 4]
+            assert [(str(e.kind), e.step) for e in await manager.get_events(workflow_id)] == kept
 
     async def test_pages_in_order_without_gap_or_repeat(self, storage: WorkflowStorage) -> None:
         """get_events pages with limit and cursor, as list_workflow_records does."""

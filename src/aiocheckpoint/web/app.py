@@ -27,6 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..codec import locked_view
 from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError, LeaseError
 from ..manager import CheckpointManager
 from ..urls import redacted
@@ -57,8 +58,10 @@ _ESCAPED: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 def shown(value: object, lines: bool = False) -> str:
     """``value`` as text with control, format and bidi characters written as escapes.
 
-    With ``lines`` a newline stays one (JSON indented for a ``<pre>``).
+    With ``lines`` a newline stays one (JSON indented for a ``<pre>``). A sealed field's
+    text (an encrypted store's error message, say) is shown as ``[sealed: key ID]``.
     """
+    value = locked_view(value)  # a sealed field read without keys: its key id, not the token
     text = value if isinstance(value, str) else str(value)
     if text.isascii() and text.isprintable():
         return text

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Final
 from urllib.parse import urlencode
 
-from ..codec import EffectRecord
+from ..codec import EffectRecord, locked_view
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from .charts import Chart, Span, stacked_bars
@@ -80,7 +80,7 @@ def _ending(record: WorkflowRecord, last: datetime) -> list[Span]:
     ):
         return []
     end = max(record.updated_at, last)
-    error = record.last_error or {}
+    error = locked_view(record.last_error or {})  # a sealed message: its key id
     why = f": {error.get('type', '')} {error.get('message', '')}" if error else ""
     title = f"{record.status.value} since {end.isoformat()}{why}"
     return [Span("workflow", last, end, f"status-{record.status.value}", title)]

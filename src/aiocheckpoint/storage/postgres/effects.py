@@ -72,7 +72,10 @@ class Effects:
         )
         self._workflows = f"SELECT DISTINCT workflow_id FROM {e} ORDER BY 1"
         self._steps = f"SELECT DISTINCT step FROM {e} WHERE workflow_id = $1 ORDER BY 1"
+        # The events below the oldest kept step go in the same statement (not counted).
         self._orphans = (
+            f"WITH ev AS (DELETE FROM {quoted}.workflow_events "
+            "WHERE workflow_id = $1 AND step < $2) "
             f"DELETE FROM {e} AS x WHERE workflow_id = $1 AND step < $2 AND NOT EXISTS "
             f"(SELECT 1 FROM {quoted}.checkpoints AS c "
             "WHERE c.workflow_id = $1 AND c.step = x.step)"
@@ -142,7 +145,10 @@ class Effects:
         return [int(row[0]) for row in rows]
 
     async def drop_orphans(self, workflow_id: str, below: int) -> int:
-        """Delete the records of steps below ``below`` without a checkpoint; how many."""
+        """Delete the records of steps below ``below`` without a checkpoint; how many.
+
+        The workflow's events of steps below ``below`` go in the same statement.
+        """
         status = await self._connection.run(
             "drop orphan effects",
             lambda con: con.execute(self._orphans, workflow_id, below),

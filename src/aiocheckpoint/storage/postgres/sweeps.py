@@ -85,7 +85,10 @@ class Sweeps:
             # OFFSET 0 keeps the test a probe of the primary key per effect: without it,
             # a store without statistics may plan an anti join over every checkpoint.
             f"AND NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.workflow_id = o.w "
-            "AND c.step = x.step OFFSET 0) AND (SELECT count(*) FROM lk) >= 0 RETURNING 1) "
+            "AND c.step = x.step OFFSET 0) AND (SELECT count(*) FROM lk) >= 0 RETURNING 1), "
+            # The events below ``b``, thinned with the checkpoints they describe.
+            f"ev AS (DELETE FROM {quoted}.workflow_events AS v USING o "
+            "WHERE v.workflow_id = o.w AND v.step < o.b) "
             "SELECT (SELECT count(*) FROM orph), (SELECT array_agg(w) FROM cps), "
             "(SELECT array_agg(s) FROM cps), (SELECT array_agg(d) FROM cps WHERE d IS NOT NULL)"
         )

@@ -80,6 +80,9 @@ _DELETE_ORPHANS: Final = (
     "(SELECT 1 FROM checkpoints AS c WHERE c.workflow_id = ?1 AND c.step = effects.step)"
 )
 
+#: A sweep's thinning of the events below the oldest kept checkpoint's step.
+_THIN_EVENTS: Final = "DELETE FROM workflow_events WHERE workflow_id = ? AND step < ?"
+
 
 def put(
     conn: sqlite3.Connection,
@@ -107,7 +110,12 @@ def delete(conn: sqlite3.Connection, workflow_id: str, step: int | None) -> None
 
 
 def drop_orphans(conn: sqlite3.Connection, _now: float, *, workflow_id: str, below: int) -> int:
-    """Delete the effect records of steps below ``below`` without a checkpoint; how many."""
+    """Delete the effect records of steps below ``below`` without a checkpoint; how many.
+
+    The workflow's events of steps below ``below`` go too (a sweep thins them with the
+    checkpoints they describe), in the same transaction; they are not counted.
+    """
+    conn.execute(_THIN_EVENTS, (workflow_id, below))
     return conn.execute(_DELETE_ORPHANS, (workflow_id, below)).rowcount
 
 
