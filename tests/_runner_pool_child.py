@@ -81,6 +81,15 @@ async def main(
     log.write(event="exit")
 
 
+def wait_for_go(log_dir: str, runner: str) -> None:
+    """Say ready, then wait for the test's go: on a loaded machine a runner slow to import
+    would otherwise find the work done by the others before it took any."""
+    Log(os.path.join(log_dir, f"{runner}.jsonl")).write(event="ready")
+    while not os.path.exists(os.path.join(log_dir, "go")):
+        time.sleep(0.01)
+
+
 if __name__ == "__main__":
     backend, location, runner, log_dir, ttl, tasks = sys.argv[1:]
+    wait_for_go(log_dir, runner)
     asyncio.run(main(backend, location, runner, log_dir, float(ttl), int(tasks)))

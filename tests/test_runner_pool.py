@@ -93,6 +93,12 @@ async def steps_done(storage: WorkflowStorage) -> int:
     return sum(len(c) for c in counts)
 
 
+def ready(log_dir: Path, runner: str) -> bool:
+    """Whether ``runner`` has started and waits for the others (its first line)."""
+    path = log_dir / f"{runner}.jsonl"
+    return path.exists() and b'"ready"' in path.read_bytes()
+
+
 def mid_workflow(log_dir: Path, runner: str) -> bool:
     """Whether ``runner`` is inside a workflow it has checkpointed a step of: it has ended two
     of its steps (so the first is checkpointed) but not its last. Killed now, it leaves work
@@ -136,6 +142,11 @@ async def test_killed_runners_work_is_finished_by_the_others(pool: Pool, tmp_pat
     procs = {f"r{n}": spawn(pool, f"r{n}", log_dir) for n in range(RUNNERS)}
     ends: dict[str, float] = {}
     deadline = time.monotonic() + 120
+    while not all(ready(log_dir, runner) for runner in procs):
+        assert time.monotonic() < deadline, "the runners did not start"
+        assert all(p.poll() is None for p in procs.values()), "a runner exited early"
+        await asyncio.sleep(0.05)
+    (log_dir / "go").touch()
     # Kill once a third of the work is done and each victim is inside a workflow (on a loaded
     # machine one runner may start late, and the others may have done all the work so far).
     while await steps_done(pool.storage) < KILL_AFTER_STEPS or not all(
