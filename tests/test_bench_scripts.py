@@ -87,6 +87,37 @@ def test_str_floor_bench_runs() -> None:
     assert all(line.count(" ms") == 3 for line in lines)
 
 
+def test_resume_peers_bench_runs() -> None:
+    """`bench/resume_peers.py` resumes both states with ours, LangGraph's and the floor."""
+    pytest.importorskip("langgraph.checkpoint.sqlite.aio")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "resume_peers.py"), "--rounds", "1", "--mb", "0.1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split()[:2] for line in proc.stdout.splitlines() if "lag max" in line]
+    kinds = ["ours", "ours-shared", "lg", "floor"]
+    assert rows == [[state, kind] for state in ("docs", "short") for kind in kinds]
+
+
+def test_leaf_codecs_bench_runs() -> None:
+    """`bench/leaf_codecs.py` times both codecs on every shape (no timings checked)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "leaf_codecs.py"), "--repeats", "1", "--mb", "0.1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split()[:2] for line in proc.stdout.splitlines()]
+    assert [row[0] for row in rows] == ["docs", "docs", "short", "short", "chat", "chat", "small"]
+    assert all("decode msgpack/json" in line for line in proc.stdout.splitlines()[::2])
+
+
 def test_scale_bench_runs() -> None:
     """`bench/scale.py --quick` builds 2,000 x 10, sweeps to the newest 3, sweeps again, on
     SQLite and PostgreSQL (no timings checked)."""

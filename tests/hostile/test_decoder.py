@@ -430,6 +430,16 @@ def test_ids_writers_refuse_are_refused_on_read(fields: dict[str, Any]) -> None:
         decode_checkpoint(data)
 
 
+@pytest.mark.parametrize("data", [[1, 2], "text", None, 7], ids=["list", "str", "null", "int"])
+def test_a_state_that_is_not_an_object_is_refused_on_read(data: Any) -> None:
+    """Writers store a state as a JSON object; any other value there is corruption (the
+    reader checks it itself: the state is not passed through the model's validation).
+    """
+    with pytest.raises(CheckpointCorruptedError, match="state data is not an object"):
+        decode_checkpoint(record_v1(body_of(1, data)))
+    assert decode_checkpoint(record_v1(body_of(1, {"k": [1]}))).state_snapshot.data == {"k": [1]}
+
+
 # --- 13. compressed blobs without the zstd extra ------------------------------------------
 
 

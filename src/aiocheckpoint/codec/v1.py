@@ -288,12 +288,15 @@ def build_checkpoint(obj: Any, *, nested: bool = True) -> Checkpoint:
         check_step(obj["step"])
     except InvalidArgumentError as exc:
         raise CheckpointCorruptedError(f"the record holds an invalid id: {exc}") from None
+    data = state["data"]
+    if type(data) is not dict:  # what the model would refuse; its keys are JSON's strings
+        raise CheckpointCorruptedError("invalid record fields: state data is not an object")
     if nested:
-        check_depth(state["data"], "state")
+        check_depth(data, "state")
         check_depth(obj["metadata"], "metadata")
         check_depth(state["metadata"], "state.metadata")
     try:
-        return Checkpoint.model_validate(
+        checkpoint = Checkpoint.model_validate(
             {
                 "workflow_id": obj["workflow_id"],
                 "step": obj["step"],
@@ -304,7 +307,9 @@ def build_checkpoint(obj: Any, *, nested: bool = True) -> Checkpoint:
                 "metadata": obj["metadata"],
                 "app_version": obj.get("app_version"),
                 "state_snapshot": {
-                    "data": state["data"],
+                    # Validated apart: the model would copy a dict of many keys key by key
+                    # (a 100,000-key state: ~16 ms) to check what JSON guarantees.
+                    "data": {},
                     "version": state["version"],
                     "metadata": state["metadata"],
                 },
@@ -315,3 +320,5 @@ def build_checkpoint(obj: Any, *, nested: bool = True) -> Checkpoint:
         raise CheckpointCorruptedError(
             f"invalid record fields: {exc.error_count()} error(s)"
         ) from exc
+    checkpoint.state_snapshot.__dict__["data"] = data
+    return checkpoint

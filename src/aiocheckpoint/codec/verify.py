@@ -40,8 +40,8 @@ def check_depth(value: Any, path: str) -> None:
     The same rule as the writer's copy: a container at depth :data:`MAX_DEPTH` is refused.
     Only the containers that hold containers are followed down, a level at a time.
     """
-    if not _is_container(type(value)):
-        return
+    if not _is_container(type(value)) or not _tracked(value):
+        return  # an untracked dict holds no containers (a dict of 100,000 strings: no walk)
     level = [value]
     for _ in range(MAX_DEPTH - 1):
         level = list(filter(_tracked, _referents(*level)))
