@@ -177,8 +177,11 @@ class SweepReport:
     checkpoint thinning kept (not counted by dry runs; those of the thinned steps go with
     them, uncounted);
     ``blobs_freed`` is what the garbage collection that ends a sweep freed (0 on stores
-    that free blobs with their records); ``bytes_reclaimed`` what the store then gave back
-    to the filesystem of the space the deletes freed (SQLite; 0 elsewhere).
+    that free blobs with their records); ``blobs_held`` is True when that collection found
+    a record whose blob references it could not read, which might name any blob, and so
+    deleted none (the records are logged: repair or delete them); ``bytes_reclaimed`` what
+    the store then gave back to the filesystem of the space the deletes freed (SQLite; 0
+    elsewhere).
     ``skipped_leased`` counts workflows past their TTL
     left alone because they are leased, ``skipped_changed`` those whose record changed
     between the sweep's read and its delete; ``skipped_corrupted`` records kept because
@@ -198,6 +201,7 @@ class SweepReport:
     checkpoint_bytes: int = 0
     effects_deleted: int = 0
     blobs_freed: int = 0
+    blobs_held: bool = False
     bytes_reclaimed: int = 0
     skipped_leased: int = 0
     skipped_changed: int = 0
@@ -265,7 +269,7 @@ async def run_sweep(
     if policy.keep_last is not None:
         await sweep.thin_all()
     if collect_garbage and not dry_run and isinstance(storage, BlobCheckpointStorage):
-        report.blobs_freed = await storage.collect_garbage()
+        await _collect(storage, report)
     if not dry_run and report.deleted and isinstance(storage, SpaceReclaimingStorage):
         report.bytes_reclaimed = await _reclaimed(storage)
     return _ended(report, "sweep")
@@ -286,6 +290,15 @@ async def run_thinning(
     if thinnable and await sweep.thin(workflow_id):
         report.workflows_thinned = 1
     return _ended(report, f"thinning of {workflow_id!r}")
+
+
+async def _collect(storage: BlobCheckpointStorage, report: SweepReport) -> None:
+    """The sweep's garbage collection; one held back by unreadable records is reported."""
+    try:
+        report.blobs_freed = await storage.collect_garbage()
+    except CheckpointCorruptedError as exc:
+        report.blobs_held = True
+        logger.warning("sweep: %s", exc)
 
 
 async def _reclaimed(storage: SpaceReclaimingStorage) -> int:

@@ -9,10 +9,9 @@ acknowledged an fsync whose data it did not write, a fault of the filesystem und
 that no store could survive. It costs no FUSE call: the position and ``/proc/self/fd`` are
 the kernel's, the disk is a tmpfs.
 
-:class:`GCReadAudit` watches the garbage collector's log: a sweep skips a record it cannot
-read (and keeps none of its blobs alive). When the record's copy on the disk reads whole,
-the short read was LazyFS's (a record never changes once renamed into place), and it is
-reported.
+:class:`GCReadAudit` watches the garbage collector's log: a sweep that finds a record it
+cannot read deletes no blob. When the record's copy on the disk reads whole, the short read
+was LazyFS's (a record never changes once renamed into place), and it is reported.
 
 Each report names the record's inode on the disk (a rename keeps it), so the parent can
 tell a record lost that way from one the store lost.
@@ -32,8 +31,8 @@ from aiocheckpoint.storage.file.io import DIR_FLAGS, FileOps
 KIND = "L"
 #: The line a writer sends for each record its garbage collector read short through LazyFS.
 MISREAD = "G"
-#: What the garbage collector logs when it skips a record it cannot read (gc.py).
-_SKIPPED = "GC: skipping unreadable record"
+#: What the garbage collector logs for a record it cannot read (gc.py).
+_SKIPPED = "GC: unreadable record"
 
 
 class FsyncAudit(FileOps):
@@ -102,7 +101,10 @@ class GCReadAudit(logging.Handler):
             self.checking = False
         try:
             self.checking = True
-            whole = any(True for _ in gc._root_of(dfd, name, 1 << 30, where))
+            try:
+                whole = any(True for _ in gc._root_of(dfd, name, 1 << 30, where))
+            except gc._Unreadable:
+                whole = False
             info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except OSError:
             return

@@ -400,7 +400,7 @@ class Trials:
                 evidence = (
                     f"short read: the writer's garbage collector read {where} through LazyFS "
                     f"as '{reason}' while LazyFS's disk held it whole ({size} bytes, inode "
-                    f"{inode}); the sweep kept none of its blobs"
+                    f"{inode}); the sweep deleted no blob"
                 )
             else:
                 continue

@@ -57,6 +57,10 @@ def test_descriptors_that_wrote_nothing_through_their_position_are_not_compared(
     assert reports == []
 
 
+#: What the garbage collector logs for a record it cannot read (gc.py).
+GC_LINE = "GC: unreadable record %s: %s (no blob is deleted)"
+
+
 async def test_a_record_the_sweep_skipped_but_the_disk_holds_whole_is_reported(
     tmp_path: Path,
 ) -> None:
@@ -78,9 +82,9 @@ async def test_a_record_the_sweep_skipped_but_the_disk_holds_whole_is_reported(
     logger = logging.getLogger("aiocheckpoint.storage.file.gc")
     logger.addHandler(handler)
     try:
-        logger.warning("GC: skipping unreadable record %s: %s", where, "body is 0 bytes")
+        logger.warning(GC_LINE, where, "body is 0 bytes")
         record.write_bytes(record.read_bytes()[:30])  # short on the disk as well
-        logger.warning("GC: skipping unreadable record %s: %s", where, "body is 0 bytes")
+        logger.warning(GC_LINE, where, "body is 0 bytes")
     finally:
         logger.removeHandler(handler)
     assert reports == [f"{MISREAD}\t{ino}\t{where}\t{size}\tbody is 0 bytes"]

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from aiocheckpoint import (
     EffectState,
     InvalidArgumentError,
     Keyring,
+    RetentionPolicy,
 )
 from aiocheckpoint.integrations.pydantic_ai import AioCheckpointDurability
 from aiocheckpoint.integrations.pydantic_ai._scope import run_scope
@@ -513,3 +514,28 @@ async def test_typed_tool_results_replay_and_a_deleted_run_starts_afresh(
     assert await second[0].recorded_input("f-1") is None
     assert (await second[0].run(second[1], "weather", workflow_id="f-1")).output == result.output
     assert len(made) == 2
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+async def test_a_finished_ttl_sweep_deletes_a_finished_run_and_its_journal(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
+    """A run is a workflow: past ``finished_ttl`` a sweep deletes it, journal and all, and
+    the same id then runs afresh."""
+    policy = RetentionPolicy(finished_ttl=timedelta(days=1))
+    storage = make_storage(kind, tmp_path, pg_schema)
+    async with storage, CheckpointManager(storage, retention=policy) as manager:
+        durability = AioCheckpointDurability[None](manager)
+        log = CallLog(tmp_path / "calls.log")
+        agent = build_agent(durability, log)
+        await durability.run(agent, prompt_for("t-1"), workflow_id="t-1")
+        assert (await manager.sweep()).deleted == 0  # finished just now: kept
+        later = datetime.now(timezone.utc) + timedelta(days=2)
+        report = await manager.sweep(now=later)
+        assert report.workflows_deleted == {"finished": 1}
+        assert await durability.recorded_input("t-1") is None
+        assert await manager.get_effects("t-1", 0) == []
+        made = len(calls(log, "model"))
+        result = await durability.run(agent, prompt_for("t-1"), workflow_id="t-1")
+        assert result.output == expected_output("t-1")
+        assert len(calls(log, "model")) == made + 3  # made again: the journal was gone

@@ -1,4 +1,5 @@
-"""pydantic-ai runs SIGKILLed at random points, resumed by new processes (SQLite, PostgreSQL).
+"""pydantic-ai runs SIGKILLed at random points, resumed by new processes (file, SQLite,
+PostgreSQL: every durable backend).
 
 The parent forks a child per attempt; each child finishes the started runs and starts new
 ones until it SIGKILLs itself (tests/pydanticai/_kill_child.py lists the points). After
@@ -26,6 +27,7 @@ import pytest
 
 from aiocheckpoint import CheckpointManager, CheckpointStorage, EffectState
 from aiocheckpoint.integrations.pydantic_ai import AioCheckpointDurability
+from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from tests._effect_kill import CallLog
@@ -43,12 +45,14 @@ TIMER_S = 0.4
 Open = Callable[[], CheckpointStorage]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["file", "sqlite", "postgres"])
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open]:
     """Opens a new storage object on one durable store (in the child that calls it)."""
     schema = new_schema_name()
     opener: Open
-    if request.param == "sqlite":
+    if request.param == "file":
+        opener = lambda: FileCheckpointStorage(tmp_path / "runs")  # noqa: E731
+    elif request.param == "sqlite":
         opener = lambda: SQLiteCheckpointStorage(tmp_path / "runs.db")  # noqa: E731
     else:
         opener = lambda: PostgresCheckpointStorage(DSN, schema=schema, max_size=2)  # noqa: E731

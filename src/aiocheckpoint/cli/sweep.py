@@ -99,6 +99,8 @@ def _summary(report: SweepReport) -> str:
         text += f"; dropped {report.effects_deleted} effect records"
     if report.blobs_freed:
         text += f"; freed {report.blobs_freed} blobs"
+    if report.blobs_held:
+        text += "; deleted no blob: a record cannot be read (verify lists it)"
     if report.skipped_leased:
         text += f"; kept {report.skipped_leased} leased workflows"
     if report.skipped_changed:

@@ -17,6 +17,12 @@ files read "a blob's mtime" for "the mtime of the pack holding it"):
   writer may have touched it meanwhile) and either renames it back or unlinks it. Readers
   also look for ``.gc-<name>``, and the next sweep renames back any left by a crashed
   sweeper.
+* A record whose references cannot be read (cut short, damaged, a sealed record naming a
+  root blob the store lacks: its references carry no checksum the store can check) might
+  name any blob, and a good copy of it (a backup, a repair) would need them: the sweep
+  then deletes nothing and raises :class:`~aiocheckpoint.CheckpointCorruptedError` naming
+  it. Anything that is not a record of ours at a step's path (not a regular file, over the
+  size limit) is skipped, as ``load`` refuses it.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Final
 
-from ...format import HEADER_SIZE, node_children, record_format_version
+from ...errors import CheckpointCorruptedError
+from ...format import HEADER_SIZE, MAGIC, node_children, record_format_version
 from ...format import open_record_v2 as _open_v2
 from ...format.sealed import is_sealed_tree_record, tree_refs_end
 from .blobs import BlobStore
@@ -53,6 +60,12 @@ _OPEN: Final = os.O_CLOEXEC | os.O_NOFOLLOW
 _NONBLOCK: Final = _OPEN | os.O_NONBLOCK  # a FIFO planted as gc.lock cannot hang a sweep
 #: A pack to rewrite: its name, its number of blobs, its marked ``(hash, offset, length)``.
 _Rewrite = tuple[str, int, list[tuple[bytes, int, int]]]
+#: A record's root: where it is, its digest size, its references, whether it is sealed.
+_Root = tuple[str, int, tuple[bytes, ...], bool]
+
+
+class _Unreadable(Exception):
+    """A record whose blob references cannot be read (the reason is the message)."""
 
 
 class Collector:
@@ -98,7 +111,11 @@ class Collector:
             self.blobs.remove_stale_temps()
             old = [(h, shard) for h, (shard, mtime) in self._list(t0) if mtime < cutoff]
             old_packs = self._list_packs(cutoff)
-            marked = self._mark(_roots(workflows_dir, self.blobs.max_bytes))
+            unreadable: list[tuple[str, str]] = []
+            roots = _roots(workflows_dir, self.blobs.max_bytes, unreadable)
+            marked = self._mark(roots, unreadable)
+            if unreadable:
+                raise _held(unreadable)
             freed = self._sweep([(h, shard) for h, shard in old if h not in marked], cutoff)
             freed += self._sweep_packs(old_packs, marked, cutoff)
             os.utime(fd)
@@ -238,25 +255,39 @@ class Collector:
                 if name.startswith(shard) and stat.S_ISREG(info.st_mode):
                     yield h, (shard, info.st_mtime)
 
-    def _mark(self, roots: Iterable[tuple[int, tuple[bytes, ...]]]) -> set[bytes]:
-        """Every hash reachable from ``roots`` (digest size, the root's references).
+    def _mark(self, roots: Iterable[_Root], unreadable: list[tuple[str, str]]) -> set[bytes]:
+        """Every hash reachable from ``roots``.
 
-        Missing or damaged blobs end their branch.
+        Missing or damaged blobs end their branch. A sealed root naming a blob the store
+        lacks is added to ``unreadable``: its references carry no checksum, and may be
+        damaged.
         """
         marked: set[bytes] = set()
         by_digest: dict[int, set[bytes]] = {}
-        for digest, refs in roots:
+        sealed: list[tuple[str, tuple[bytes, ...]]] = []
+        for where, digest, refs, is_sealed in roots:
             by_digest.setdefault(digest, set()).update(refs)
+            if is_sealed:
+                sealed.append((where, refs))
+        found: set[bytes] = set()
         for digest, frontier in by_digest.items():
+            first = True
             while frontier:
                 level = frontier - marked
                 marked |= level
                 frontier = set()
-                for h, blob in self.blobs.fetch(level).items():
+                blobs = self.blobs.fetch(level)
+                if first:
+                    found.update(blobs)
+                    first = False
+                for h, blob in blobs.items():
                     try:
                         frontier.update(node_children(blob, digest))
                     except Exception as exc:  # a damaged blob: its record is unreadable anyway
                         logger.warning("blob %s is damaged (%s); not descending", h.hex(), exc)
+        for where, refs in sealed:
+            if not found.issuperset(refs):
+                _note(unreadable, where, "a sealed record names a blob the store lacks")
         return marked
 
     def _sweep(self, victims: Iterable[tuple[bytes, str]], cutoff: float) -> int:
@@ -282,11 +313,12 @@ class Collector:
         return freed
 
 
-def _roots(workflows_dir: str, limit: int) -> Iterator[tuple[int, tuple[bytes, ...]]]:
-    """``(digest size, root references)`` of every version-2 record under ``workflows_dir``.
+def _roots(workflows_dir: str, limit: int, unreadable: list[tuple[str, str]]) -> Iterator[_Root]:
+    """The root of every version-2 record under ``workflows_dir``.
 
     Records are read as ``load`` reads them (non-blocking, regular files of at most
-    ``limit`` bytes); anything else at a step's path is reported and skipped.
+    ``limit`` bytes); anything else at a step's path is reported and skipped. A record
+    whose references cannot be read is added to ``unreadable``.
     """
     try:
         names = os.listdir(workflows_dir)
@@ -305,14 +337,20 @@ def _roots(workflows_dir: str, limit: int) -> Iterator[tuple[int, tuple[bytes, .
             except OSError:
                 continue
             for step in steps:
-                yield from _root_of(dfd, step, limit, f"{name}/{step}")
+                where = f"{name}/{step}"
+                try:
+                    yield from _root_of(dfd, step, limit, where)
+                except _Unreadable as exc:
+                    _note(unreadable, where, str(exc))
         finally:
             os.close(dfd)
 
 
-def _root_of(
-    dfd: int, name: str, limit: int, where: str
-) -> Iterator[tuple[int, tuple[bytes, ...]]]:
+def _root_of(dfd: int, name: str, limit: int, where: str) -> Iterator[_Root]:
+    """The root of the record ``name`` (none for a version-1 record or no record).
+
+    Raises ``_Unreadable`` for a record whose references cannot be read.
+    """
     try:
         record = _read_v2(dfd, name, limit)
     except OddEntry as exc:
@@ -322,28 +360,54 @@ def _root_of(
         return
     try:
         if record_format_version(record) != 2:
-            return
+            raise _Unreadable(f"unknown format version {record[4]}")
         if is_sealed_tree_record(record):  # encrypted: its references are in the clear
             digest, refs, _end = tree_refs_end(record)
-            yield digest, refs
+            yield where, digest, refs, True
             return
         _meta, digest, root = _open_v2(record)
         refs = node_children(root, digest) if root else ()
-    except Exception as exc:  # unreadable: nothing to keep alive for it
-        logger.warning("GC: skipping unreadable record %s: %s", where, exc)
-        return
-    yield digest, refs
+    except _Unreadable:
+        raise
+    except Exception as exc:
+        raise _Unreadable(" ".join(str(exc).split()) or type(exc).__name__) from exc
+    yield where, digest, refs, False
 
 
 def _read_v2(dfd: int, name: str, limit: int) -> bytes | None:
-    """A version-2 record's bytes; None for version-1 records (read no further) or none."""
+    """A record's bytes; None for version-1 records (read no further) or none.
+
+    A record too short for a header, or whose header is not ours, is read whole (to be
+    found unreadable): it may be a version-2 record cut short or damaged.
+    """
     fd = open_regular(name, dfd)
     if fd is None:
         return None
     try:
         head = os.read(fd, HEADER_SIZE)
-        if len(head) < HEADER_SIZE or head[4] != 2:
+        if len(head) == HEADER_SIZE and head[:4] == MAGIC and head[4] == 1:
             return None
         return read_bounded(fd, limit, head=head)
     finally:
         os.close(fd)
+
+
+#: How many unreadable records a sweep's error names (it counts them all).
+_NAMED = 3
+
+
+def _note(unreadable: list[tuple[str, str]], where: str, reason: str) -> None:
+    """Log an unreadable record and keep it for the error (the first ``_NAMED`` only)."""
+    logger.warning("GC: unreadable record %s: %s (no blob is deleted)", where, reason)
+    unreadable.append((where, reason) if len(unreadable) < _NAMED else ("", ""))
+
+
+def _held(unreadable: list[tuple[str, str]]) -> CheckpointCorruptedError:
+    """The error of a sweep that deleted nothing because of ``unreadable`` records."""
+    named = "; ".join(f"{where}: {reason}" for where, reason in unreadable if where)
+    more = len(unreadable) - min(len(unreadable), _NAMED)
+    return CheckpointCorruptedError(
+        f"garbage collection deleted no blob: {len(unreadable)} record(s) whose blob "
+        f"references cannot be read might name any of them ({named}"
+        f"{f'; {more} more' if more else ''}); repair or delete them"
+    )

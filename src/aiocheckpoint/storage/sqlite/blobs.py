@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Final, TypeVar, cast
 
-from ...format import SplitResult
+from ...errors import CheckpointCorruptedError, CheckpointError
+from ...format import SplitResult, record_root_refs
 from ..base import BlobFetch
 from ..queries import StepInfo
 from ..refcounts import Rows, add_references, blob_children, missing_blob, release_references
@@ -139,10 +140,42 @@ def encode_refs(hashes: Sequence[bytes]) -> bytes | None:
 
 
 def _decode_refs(value: bytes) -> list[bytes]:
+    return _refs_or_none(value) or []  # a damaged column: leak its blobs, free no one's
+
+
+def _refs_or_none(value: bytes) -> list[bytes] | None:
+    """A ``refs`` column's hashes; None if it is damaged."""
     digest = value[0] if value else 0
     if not 16 <= digest <= 32 or (len(value) - 1) % digest:
-        return []  # a damaged column: leak its blobs rather than free someone else's
+        return None
     return [value[i : i + digest] for i in range(1, len(value), digest)]
+
+
+def _counted_refs(conn: sqlite3.Connection) -> Counter[bytes]:
+    """Every record's references, from its ``refs`` column or, that damaged, its record.
+
+    Raises :class:`~aiocheckpoint.CheckpointCorruptedError` when neither can be read: that
+    record might name any blob, so none may be deleted.
+    """
+    counts: Counter[bytes] = Counter()
+    rows = "SELECT workflow_id, step, refs FROM checkpoints WHERE refs IS NOT NULL"
+    for wf, step, value in conn.execute(rows):
+        refs = _refs_or_none(bytes(value))
+        if refs is None:
+            (data,) = conn.execute(
+                "SELECT data FROM checkpoints WHERE workflow_id = ? AND step = ?", (wf, step)
+            ).fetchone()
+            try:
+                refs = list(record_root_refs(bytes(data)))
+            except (CheckpointError, TypeError) as exc:
+                raise CheckpointCorruptedError(
+                    "its blob references cannot be read, and it might name any blob: "
+                    "no blob was deleted (repair or delete the checkpoint)",
+                    workflow_id=wf,
+                    step=step,
+                ) from exc
+        counts.update(refs)
+    return counts
 
 
 def drain_releases(conn: sqlite3.Connection) -> int:
@@ -161,12 +194,11 @@ def recount(conn: sqlite3.Connection) -> int:
 
     Only damage needs it: a blob deleted or altered behind the store's back cannot name its
     children, which then keep counts nobody will release. Reads every reachable blob once, in
-    the caller's write transaction.
+    the caller's write transaction. A record whose references cannot be read raises
+    :class:`~aiocheckpoint.CheckpointCorruptedError` (the transaction rolls back).
     """
     freed = drain_releases(conn)
-    counts: Counter[bytes] = Counter()
-    for (value,) in conn.execute("SELECT refs FROM checkpoints WHERE refs IS NOT NULL"):
-        counts.update(_decode_refs(bytes(value)))
+    counts = _counted_refs(conn)
     seen: set[bytes] = set()
     level = list(counts)
     while level:
