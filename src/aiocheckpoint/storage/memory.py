@@ -36,11 +36,14 @@ from .eventlog import EventLog
 from .events import (
     EventKind,
     EventNote,
+    Reseal,
     StoredEvent,
     check_event_page,
     check_events,
+    check_reseals,
     check_sleep,
     failure_events,
+    reseal_record,
     status_event,
     status_event_data,
     taken_over,
@@ -568,6 +571,21 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._check_open()
         check_workflow_id(workflow_id)
         self._events.put(workflow_id, check_events(events), replace)
+
+    async def reseal(self, workflow_id: str, changes: Sequence[Reseal]) -> int:
+        """Replace each change's text that still holds its ``old``; how many were replaced."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        done = 0
+        for change in check_reseals(changes):
+            if change.seq is not None:
+                done += self._events.reseal(workflow_id, change.seq, change.old, change.new)
+            elif (record := self._records.get(workflow_id)) is not None:
+                resealed = reseal_record(record, change)
+                if resealed is not None:
+                    self._records[workflow_id] = resealed
+                    done += 1
+        return done
 
     async def get_events(
         self, workflow_id: str, *, after: int | None = None, limit: int = 1000

@@ -11,9 +11,9 @@ import sqlite3
 from datetime import datetime, timezone
 from typing import Final
 
-from ..events import EventKind, StoredEvent
+from ..events import EventKind, Reseal, StoredEvent, reseal_fields
 
-__all__ = ["MIGRATION_STATEMENTS", "append", "page", "put"]
+__all__ = ["MIGRATION_STATEMENTS", "append", "page", "put", "reseal"]
 
 MIGRATION_STATEMENTS: Final[tuple[str, ...]] = (
     # AUTOINCREMENT: a sequence number is never handed out twice, even after deletes.
@@ -54,6 +54,11 @@ _PUT: Final = (
     "INSERT INTO workflow_events (workflow_id, kind, at, step, attempt, data) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
+_RESEAL_EVENT: Final = (
+    "UPDATE workflow_events SET data = ? WHERE seq = ? AND workflow_id = ? AND data = ?"
+)
+_FIELDS: Final = "SELECT resume_input, last_error FROM workflows WHERE workflow_id = ?"
+_SET_FIELDS: Final = "UPDATE workflows SET resume_input = ?, last_error = ? WHERE workflow_id = ?"
 _PAGE: Final = (
     "SELECT seq, kind, at, step, attempt, data FROM workflow_events "
     "WHERE workflow_id = ? AND seq > ? ORDER BY seq LIMIT ?"
@@ -92,3 +97,22 @@ def page(
         StoredEvent(seq, kind, datetime.fromtimestamp(at, timezone.utc), step, attempt, data)
         for seq, kind, at, step, attempt, data in rows
     ]
+
+
+def reseal(conn: sqlite3.Connection, now: float, workflow_id: str, changes: list[Reseal]) -> int:
+    """Replace each change's text that still holds its ``old``; how many were replaced.
+
+    A record field is compared as a JSON value (its stored text may be spelled otherwise).
+    """
+    done = 0
+    for c in changes:
+        if c.field == "event":
+            done += conn.execute(_RESEAL_EVENT, (c.new, c.seq, workflow_id, c.old)).rowcount
+    fields = [c for c in changes if c.field != "event"]
+    row = conn.execute(_FIELDS, (workflow_id,)).fetchone() if fields else None
+    if row is None:
+        return done
+    resume, error, changed = reseal_fields(row[0], row[1], fields)
+    if changed:
+        conn.execute(_SET_FIELDS, (resume, error, workflow_id))
+    return done + changed
