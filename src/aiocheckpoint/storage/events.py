@@ -140,7 +140,9 @@ class EventStorage(WorkflowStorage, Protocol):
       ``cancel_workflow`` ``cancelled`` with ``{"reason"}``, ``retry_workflow``
       ``retried`` with ``{"previous"}``; ``acquire_lease`` and ``claim_next_workflow``
       append ``lease_taken_over`` with ``{"previous_owner"}`` when they grant a lease that
-      another owner held and let expire. A refused write appends nothing.
+      another owner held and let expire. A save (or ``save_tree``) whose ``step_info``
+      carries a ``note`` (a fork's first save: ``forked``) appends it in the save's
+      transaction, after the record. A refused write appends nothing.
     * ``get_events(wf, after=seq, limit=n)`` returns the workflow's events with a sequence
       number above ``after``, oldest first, at most ``limit``
       (:data:`MAX_EVENT_PAGE` at most). An event's step is the record's ``latest_step``

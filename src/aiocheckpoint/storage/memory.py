@@ -189,6 +189,9 @@ class InMemoryCheckpointStorage(BaseStorage):
         """Store a record whose references are counted; release those of the records it ends."""
         if step_info is not None:
             self._note_step(workflow_id, step, step_info)
+            if step_info.note is not None:  # in this write: nothing awaits in between
+                kind, text = step_info.note
+                self._events.append(self._records[workflow_id], EventKind(kind), text, utcnow())
         elif workflow_id not in self._raw:
             self._ensure_record(workflow_id)
         wf = self._workflows.get(workflow_id)

@@ -277,6 +277,9 @@ def note_saves(
         for wf, step, info in chunk:
             params += (wf, step, info.agent_id, info.agent_status, info.kind)
         conn.execute(_note_sql(rows), params)
+    for wf, _, info in noted:
+        if info.note is not None:  # a fork's ``forked``: in the save's transaction
+            events.append(conn, now, wf, EventKind(info.note[0]), info.note[1])
 
 
 @functools.cache
