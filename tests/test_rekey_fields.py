@@ -11,6 +11,7 @@ workflows, leaves every text readable with both keys, and a run after it finishe
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -235,3 +236,24 @@ async def test_rekey_of_fields_survives_sigkill_with_a_runner_writing(
     async with open_storage(url) as storage:
         raw = await _rows_text(storage)
     assert set(sealed_keys(raw)) == {NEW_ID}
+
+
+async def test_export_plaintext_opens_the_sealed_fields(
+    new_store: NewStore, tmp_path: Path
+) -> None:
+    """`export --plaintext` writes events' sealed fields opened; a plain export keeps them."""
+    url = new_store("sqlite")
+    async with CheckpointManager(open_storage(url), encryption=OLD) as manager:
+        await story(manager)
+    keys = keys_file(tmp_path / "old.json", {OLD_ID: K_OLD}, OLD_ID)
+    sealed, opened = tmp_path / "sealed.jsonl", tmp_path / "opened.jsonl"
+    assert cli("export", url, str(sealed), "--keys", keys).code == 0
+    assert cli("export", url, str(opened), "--keys", keys, "--plaintext").code == 0
+    assert not any(secret in sealed.read_text() for secret in SECRETS)
+    lines = [json.loads(line) for line in opened.read_text().splitlines()]
+    data = {
+        e["kind"]: e["data"] for e in lines if e.get("type") == "event" and e["workflow_id"] == "wf"
+    }
+    assert data["paused"] == {"reason": SECRETS[0], "data": {"note": SECRETS[1]}}
+    assert data["cancelled"] == {"reason": SECRETS[4]}
+    assert "ackx:" not in opened.read_text()

@@ -11,9 +11,10 @@ import sqlite3
 from datetime import datetime, timezone
 from typing import Final
 
+from ...leases import WorkflowRecord
 from ..events import EventKind, Reseal, StoredEvent, reseal_fields
 
-__all__ = ["MIGRATION_STATEMENTS", "append", "page", "put", "reseal"]
+__all__ = ["MIGRATION_STATEMENTS", "append", "append_for", "page", "put", "reseal"]
 
 MIGRATION_STATEMENTS: Final[tuple[str, ...]] = (
     # AUTOINCREMENT: a sequence number is never handed out twice, even after deletes.
@@ -70,6 +71,18 @@ def append(
 ) -> None:
     """Append an event of the workflow, with its record's latest step (and attempts)."""
     conn.execute(_APPEND, (workflow_id, kind.value, now, kind in _COUNTED, data))
+
+
+def append_for(
+    conn: sqlite3.Connection, now: float, record: WorkflowRecord, kind: EventKind, data: str
+) -> None:
+    """Append an event of ``record``, just written: its step and attempts as they are now.
+
+    No look-up of the record (:func:`append` reads it in its statement).
+    """
+    attempt = record.attempts if kind in _COUNTED else None
+    row = (record.workflow_id, kind.value, now, record.latest_step, attempt, data)
+    conn.execute(_PUT, row)
 
 
 def put(
