@@ -255,8 +255,8 @@ async def reseal(
 ) -> int:
     """Replace each change's text that still holds its ``old``, in one transaction.
 
-    The events in one statement; the record's fields read ``FOR UPDATE`` and compared as
-    JSON values (their stored text may be spelled otherwise), then written.
+    The record's row read ``FOR UPDATE``, the events in one statement, the record's fields
+    compared as JSON values (their stored text may be spelled otherwise) and written.
     """
     moved = [c for c in changes if c.field == "event"]
     fields = [c for c in changes if c.field != "event"]
@@ -271,11 +271,13 @@ async def reseal(
     async def op(con: Any) -> int:
         done = 0
         async with con.transaction():
+            # The record's row first, as every write of a workflow's life locks it before
+            # its events: no deadlock with a status change or a sweep.
+            row = await con.fetchrow(read, workflow_id)
             if moved:
                 columns = ([c.seq for c in moved], [c.old for c in moved], [c.new for c in moved])
                 done += await con.fetchval(update, workflow_id, *columns)
-            row = await con.fetchrow(read, workflow_id) if fields else None
-            if row is None:
+            if row is None or not fields:
                 return done
             resume, error, changed = reseal_fields(row[0], row[1], fields)
             if changed:
