@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +88,11 @@ def child(n: int) -> None:
             print(json.dumps({"backend": kind, **figures}))
 
 
-def side(src: Path, n: int) -> dict[tuple[str, str], float]:
-    """One subprocess run of the tree whose package is under ``src``."""
+def side(src: Path, n: int, script: str = __file__) -> dict[tuple[str, str], float]:
+    """One subprocess run of ``script --child`` with the tree whose package is under ``src``."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     done = subprocess.run(
-        [sys.executable, __file__, "--child", "--n", str(n)],
+        [sys.executable, script, "--child", "--n", str(n)],
         env=env,
         capture_output=True,
         text=True,
@@ -110,23 +111,33 @@ def side(src: Path, n: int) -> dict[tuple[str, str], float]:
 
 def main() -> None:
     """Parse the arguments; alternate the two trees; print medians and ratios."""
+    command(child, __file__, rounds=5, n=400)
+
+
+def command(measure: Callable[[int], None], script: str, *, rounds: int, n: int) -> None:
+    """A side-by-side bench's command line: ``--child`` runs ``measure``, else :func:`compare`."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--base-src", type=Path, help="the other tree's src directory")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--n", type=int, default=400, help="operations per figure")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--n", type=int, default=n, help="operations per figure")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.n)
+        measure(args.n)
         return
     if args.base_src is None:
         parser.error("--base-src is required")
+    compare(args.base_src, args.rounds, args.n, script)
+
+
+def compare(base_src: Path, rounds: int, n: int, script: str) -> None:
+    """Run ``script``'s child with each tree, alternately; print medians and ratios."""
     head_src = Path(__file__).resolve().parent.parent / "src"
     runs: dict[str, list[dict[tuple[str, str], float]]] = {"base": [], "head": []}
-    for _ in range(args.rounds):
-        runs["base"].append(side(args.base_src, args.n))
-        runs["head"].append(side(head_src, args.n))
-    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} rounds of {args.n} ops")
+    for _ in range(rounds):
+        runs["base"].append(side(base_src, n, script))
+        runs["head"].append(side(head_src, n, script))
+    print(f"load average {os.getloadavg()[0]:.1f}; {rounds} rounds of {n} ops")
     print(f"{'backend':<10}{'op':<8}{'base us':>10}{'head us':>10}{'head/base':>11}")
     for key in sorted(runs["base"][0]):
         base = statistics.median(r[key] for r in runs["base"])

@@ -144,3 +144,20 @@ def test_scale_bench_soak_and_queries_run() -> None:
     ]
     for line in lines:
         assert {"page_of_50", "get_resume_point", "claim_workflow"} <= line.keys()
+
+
+@pytest.mark.slow
+def test_status_writer_bench_runs() -> None:
+    """`bench/status_writer.py` compares two trees (here the same one) and prints both figures."""
+    src = str(ROOT / "src")
+    script = str(ROOT / "bench" / "status_writer.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--base-src", src, "--rounds", "1", "--n", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split()[:2] for line in proc.stdout.splitlines()[2:]]
+    assert rows == [["sqlite", "committed"], ["sqlite", "statements"]]

@@ -223,6 +223,22 @@ async def test_rekey_makes_encrypted_incremental_records_whole_under_the_new_key
     )
 
 
+async def run_killed(args: list[str], env: dict[str, str], kill_after: float | None) -> int:
+    """``python -m aiocheckpoint ARGS``'s exit status; SIGKILLed after ``kill_after`` s."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiocheckpoint", *args,
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    if kill_after is not None:
+        await asyncio.sleep(kill_after)
+        # os.kill, not proc.send_signal: Popen.send_signal polls first, which reaps a
+        # child that has just exited, and asyncio's child watcher then reports 255.
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+    return await proc.wait()
+
+
 async def tree_records(url: str) -> int:
     """How many records of the store are encrypted incremental (sealed tree) records."""
     count = 0
@@ -254,18 +270,7 @@ async def test_rekey_survives_sigkill_with_writers_running(
                 await asyncio.sleep(0.005)
 
     async def rekey(kill_after: float | None) -> int:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "aiocheckpoint", "rekey", url, "--keys", both,
-            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        if kill_after is not None:
-            await asyncio.sleep(kill_after)
-            # os.kill, not proc.send_signal: Popen.send_signal polls first, which reaps a
-            # child that has just exited, and asyncio's child watcher then reports 255.
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-        return await proc.wait()
+        return await run_killed(["rekey", url, "--keys", both], env, kill_after)
 
     writers = [asyncio.create_task(writer(n)) for n in range(3)]
     rng = random.Random(19)

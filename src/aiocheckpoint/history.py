@@ -25,7 +25,7 @@ from .storage.events import MAX_EVENT_PAGE, EventKind, EventNote, EventStorage, 
 __all__ = [
     "WorkflowEvent",
     "event_storage",
-    "forked",
+    "forked_note",
     "get_events",
     "keeps_events",
     "mark_with_note",
@@ -142,12 +142,9 @@ async def pause_note(
     return EventNote(EventKind.PAUSED, await fields.pause_data(workflow_id, reason, data_text))
 
 
-async def forked(storage: CheckpointStorage, source_id: str, step: int, new_id: str) -> None:
-    """Append ``forked`` (``from``, ``step``) to a fork's history, where events are kept."""
-    if isinstance(storage, EventStorage):
-        data = json.dumps({"from": source_id, "step": step})
-        note = EventNote(EventKind.FORKED, data)
-        await mark_with_note(storage, new_id, WorkflowStatus.UNFINISHED, None, note)
+def forked_note(source_id: str, step: int) -> tuple[str, str]:
+    """The ``forked`` event (``from``, ``step``) a fork's first save carries (``StepInfo.note``)."""
+    return EventKind.FORKED.value, json.dumps({"from": source_id, "step": step})
 
 
 async def mark_with_note(

@@ -261,7 +261,7 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
             self._records.workflow_storage()
         # What the workflow's record says of its latest step (stores with records only).
         info = (
-            _step_info((agent_id, agent_status._value_, self._kind))
+            _step_info((agent_id, agent_status._value_, self._kind, None))
             if self._keeps_records
             else None
         )
@@ -440,16 +440,15 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         :class:`~aiocheckpoint.InvalidStepError` for bad ids and steps; then nothing is
         written. The step is written first, so a fork interrupted part way resumes from the
         right step with part of the history. The fork is UNFINISHED on backends with
-        workflow records.
+        workflow records; where events are kept, that first save appends its ``forked``
+        event in its own transaction, so the fork and its event are stored together.
         """
         self._check_open()
         source_id, new_id = check_workflow_id(source_id), check_workflow_id(new_id)
         step = check_step(step)
         self._drive(new_id)  # no block of this manager starts it while it is being copied
         try:
-            copied = await self._fork(source_id, step, new_id)
-            await history.forked(self._storage, source_id, step, new_id)
-            return copied
+            return await self._fork(source_id, step, new_id)
         finally:
             self._undrive(new_id)
 
@@ -469,10 +468,19 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
             if not page:
                 break
             for record in page:
-                await self._codec.fork(source_id, record, new_id)
+                # The fork step, written first, creates the record with its ``forked`` event.
+                first = copied == 0 and record is page[0] and history.keeps_events(storage)
+                info = await self._fork_info(source_id, record) if first else None
+                await self._codec.fork(source_id, record, new_id, info)
             copied += len(page)
             cursor = page[-1].step
         return copied
+
+    async def _fork_info(self, source_id: str, stored: StoredCheckpoint) -> StepInfo:
+        """The fork step's StepInfo: its agent, and the ``forked`` event its save appends."""
+        checkpoint = await self._codec.decode(source_id, stored, "stored")
+        note = history.forked_note(source_id, stored.step)
+        return StepInfo(checkpoint.agent_id, checkpoint.status.value, None, note)
 
     def _drive(self, workflow_id: str) -> None:
         """Become the one driver of ``workflow_id``; WorkflowBusyError if it has one."""
@@ -586,7 +594,7 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
 
 
 #: A :class:`StepInfo` from the tuple of its fields, without NamedTuple's ``__new__`` frame.
-_step_info: Callable[[tuple[str, str, str | None]], StepInfo] = functools.partial(
+_step_info: Callable[[tuple[str, str, str | None, None]], StepInfo] = functools.partial(
     tuple.__new__, StepInfo
 )
 

@@ -16,6 +16,7 @@ import stat
 import sys
 from typing import IO, Any, Final
 
+from ..codec import FieldSealer
 from ..errors import WorkflowTransferError
 from ..format import FORMAT_VERSION as RECORD_FORMAT
 from ..leases import WorkflowRecord
@@ -152,6 +153,7 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
     ) as src:
         records = await list_records(src)
         journal = Journal(src, sealer_for(command_keys(args)), plaintext=args.plaintext)
+        fields = FieldSealer(sealer_for(command_keys(args))) if args.plaintext else None
         ids, tally.foreign = await workflow_ids(src, [*records, *await journal.workflows()])
         tally.workflows = len(ids)
         file = await _ExportFile.create(args.file)
@@ -171,7 +173,7 @@ async def cmd_export(args: argparse.Namespace, out: Output) -> int:
                     tally.refuse(exc)
                     continue
                 await _export_workflow(
-                    src, workflow_id, records.get(workflow_id), file, tally, args.plaintext
+                    src, workflow_id, records.get(workflow_id), file, tally, fields
                 )
                 progress.update(
                     f"export: {bar(n, len(ids))} workflows, {tally.written} checkpoints"
@@ -234,8 +236,10 @@ async def _export_workflow(
     record: WorkflowRecord | None,
     file: _ExportFile,
     tally: Tally,
-    plaintext: bool,
+    fields: FieldSealer | None,
 ) -> None:
+    """The workflow's checkpoint, workflow and event lines; ``fields``: written decrypted."""
+    plaintext = fields is not None
     cursor: int | None = None
     while page := await read_page(src.storage, workflow_id, after=cursor):
         cursor = page[-1].step
@@ -265,4 +269,8 @@ async def _export_workflow(
             line["metadata"] = record.metadata
         await file.write([_line(line)])
         events = await read_events(src, workflow_id)
-        await file.write([_line(event_line(workflow_id, e)) for e in events])
+        lines = [event_line(workflow_id, e) for e in events]
+        if fields is not None:  # --plaintext: the sealed fields opened, as the records are
+            for line in lines:
+                line["data"] = await fields.open_event(workflow_id, line["kind"], line["data"])
+        await file.write([_line(line) for line in lines])

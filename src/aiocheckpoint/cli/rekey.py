@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..codec import (
+    FieldSealer,
     Sealer,
     decode_checkpoint,
     decode_effect,
@@ -45,6 +46,7 @@ from ..storage.base import (
 from .keys import KEYS_VARIABLE, command_keys
 from .output import Output, Progress, bar, printable
 from .redact import redact
+from .resealfields import reseal_fields
 from .store import (
     EXIT_PROBLEMS,
     EXIT_UNREADABLE,
@@ -73,6 +75,8 @@ class _Tally:
 
     checked: int = 0
     resealed: int = 0
+    #: Sealed fields (events' texts, records' resume inputs and messages) sealed again.
+    texts: int = 0
     #: Plaintext records a ``rekey`` leaves (``encrypt`` seals them).
     plaintext: int = 0
     #: Records a writer changed between the read and the save, and effects in doubt.
@@ -87,6 +91,7 @@ class _Tally:
         return {
             "checked": self.checked,
             "resealed": self.resealed,
+            "texts": self.texts,
             "plaintext": self.plaintext,
             "left": self.left,
             "corrupted": self.bad,
@@ -118,12 +123,26 @@ async def _run(args: argparse.Namespace, out: Output, *, encrypt: bool) -> int:
         journals = (
             await listed.effect_workflows() if isinstance(listed, EffectListingStorage) else []
         )
-        ids, foreign = await workflow_ids(plain, journals)
+        ids, foreign = await workflow_ids(plain, [*journals, *await _recorded(plain)])
         for n, workflow_id in enumerate(ids, 1):
             await job.workflow(workflow_id)
             progress.update(f"{args.command}: {bar(n, len(ids))} workflows")
     progress.clear()
     return _report(out, tally, foreign_json(foreign), encrypt)
+
+
+async def _recorded(manager: CheckpointManager) -> list[str]:
+    """Every workflow with a record (one without checkpoints may hold sealed fields)."""
+    if not isinstance(manager.storage, WorkflowStorage):
+        return []
+    found: list[str] = []
+    cursor = None
+    while True:
+        page = await manager.list_workflows(kind=None, limit=1000, cursor=cursor)
+        found += page
+        cursor = getattr(page, "next_cursor", None)
+        if cursor is None:
+            return found
 
 
 def _report(out: Output, tally: _Tally, foreign: dict[str, Any], encrypt: bool) -> int:
@@ -139,6 +158,8 @@ def _report(out: Output, tally: _Tally, foreign: dict[str, Any], encrypt: bool) 
         rows = [[printable(b["workflow_id"]), str(b["step"]), b["reason"]] for b in found]
         out.table(["WORKFLOW", "STEP", "PROBLEM"], rows)
     summary = f"checked {tally.checked} records: {tally.resealed} sealed under the primary key"
+    if tally.texts:
+        summary += f", {tally.texts} sealed texts of events and workflow records too"
     if tally.plaintext:
         summary += f", {tally.plaintext} plaintext left (aiocheckpoint encrypt seals them)"
     if tally.left:
@@ -171,6 +192,7 @@ class _Job:
             plain.storage, encryption=sealer.provider, allow_plaintext=True, incremental=False
         )
         self.sealer = sealer
+        self.fields = FieldSealer(sealer)
         self.primary = primary
         self.encrypt = encrypt
         self.tally = tally
@@ -196,6 +218,9 @@ class _Job:
                 self._bad(workflow_id, record.step, record.reason)
             elif is_sealed_tree_record(record.data) or self._wanted(sealed_key_id(record.data)):
                 await self._record(workflow_id, record)
+        await reseal_fields(
+            self.storage, self.fields, workflow_id, self.tally, plaintext=self.encrypt
+        )
         storage = self.storage
         if not isinstance(storage, EffectStorage):
             return

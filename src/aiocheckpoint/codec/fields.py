@@ -37,6 +37,7 @@ __all__ = [
     "CANCEL_LABEL",
     "EVENT_FIELDS",
     "FAILURE_LABEL",
+    "KEEP",
     "RESUME_LABEL",
     "SEALED_PREFIX",
     "FieldSealer",
@@ -63,6 +64,8 @@ EVENT_FIELDS: Final[dict[str, dict[str, str]]] = {
     "effect_in_doubt": {"message": FAILURE_LABEL},
 }
 _CANCELLED_ERROR: Final = "WorkflowCancelledError"
+#: What :meth:`FieldSealer.reseal` returns for a value that need not be sealed again.
+KEEP: Final = object()
 
 
 def is_sealed_text(value: object) -> bool:
@@ -94,6 +97,14 @@ def locked_view(value: Any) -> Any:
     if isinstance(value, list):
         return [locked_view(item) for item in value]
     return value
+
+
+def _envelope(label: str, value: str, workflow_id: str) -> bytes:
+    """The envelope a sealed text holds; DecryptionError if it holds none."""
+    try:
+        return base64.b64decode(value[len(SEALED_PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        raise DecryptionError(f"{label}: not a sealed text", workflow_id=workflow_id) from None
 
 
 class FieldSealer:
@@ -150,10 +161,7 @@ class FieldSealer:
         """The value a sealed text holds; any other value as it is."""
         if self._sealer is None or not is_sealed_text(value):
             return value
-        try:
-            envelope = base64.b64decode(value[len(SEALED_PREFIX) :], validate=True)
-        except (binascii.Error, ValueError):
-            raise DecryptionError(f"{label}: not a sealed text", workflow_id=workflow_id) from None
+        envelope = _envelope(label, value, workflow_id)
         plain = await self._sealer.unseal_text(workflow_id, label, envelope)
         try:
             return json.loads(plain)
@@ -170,6 +178,61 @@ class FieldSealer:
             if name in opened:
                 opened[name] = await self.open(workflow_id, label, opened[name])
         return opened
+
+    async def reseal(self, workflow_id: str, label: str, value: Any, *, plaintext: bool) -> Any:
+        """``value`` sealed again under the primary key, or :data:`KEEP` if it need not be.
+
+        A text sealed under another key is opened and sealed under the primary one (its JSON
+        text unchanged); with ``plaintext``, a plain value (other than None) is sealed.
+        """
+        assert self._sealer is not None
+        if is_sealed_text(value):
+            if sealed_text_key(value) == self._sealer.provider.primary:
+                return KEEP
+            plain = await self._sealer.unseal_text(
+                workflow_id, label, _envelope(label, value, workflow_id)
+            )
+            try:
+                json.loads(plain)
+            except ValueError:
+                raise DecryptionError(f"{label}: holds no JSON", workflow_id=workflow_id) from None
+            return await self._seal_text(workflow_id, label, plain.decode("utf-8"))
+        if value is None or not plaintext:
+            return KEEP
+        return await self.seal(workflow_id, label, value)
+
+    async def reseal_event(
+        self, workflow_id: str, kind: str, data: str, *, plaintext: bool
+    ) -> str | None:
+        """An event's data (JSON text) with its fields sealed again (:meth:`reseal`), or None."""
+        fields = EVENT_FIELDS.get(kind)
+        if not fields:
+            return None
+        opened = json.loads(data)
+        changed = False
+        for name, label in fields.items():
+            if isinstance(opened, dict) and name in opened:
+                value = await self.reseal(workflow_id, label, opened[name], plaintext=plaintext)
+                if value is not KEEP:
+                    opened[name], changed = value, True
+        return json.dumps(opened) if changed else None
+
+    async def reseal_record(
+        self, record: WorkflowRecord, *, plaintext: bool
+    ) -> list[tuple[str, Any, Any]]:
+        """The record's fields to seal again: (``resume_input`` or ``error_message``, old, new)."""
+        wf = record.workflow_id
+        found: list[tuple[str, Any, Any]] = []
+        value = await self.reseal(wf, RESUME_LABEL, record.resume_input, plaintext=plaintext)
+        if value is not KEEP:
+            found.append(("resume_input", record.resume_input, value))
+        error = record.last_error
+        if error is not None and "message" in error:
+            label = CANCEL_LABEL if error.get("type") == _CANCELLED_ERROR else FAILURE_LABEL
+            value = await self.reseal(wf, label, error["message"], plaintext=plaintext)
+            if value is not KEEP:
+                found.append(("error_message", error["message"], value))
+        return found
 
     async def open_record(self, record: WorkflowRecord) -> WorkflowRecord:
         """``record`` with its resume input and error message opened.

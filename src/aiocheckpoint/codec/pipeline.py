@@ -299,8 +299,10 @@ class RecordCodec:
             step_info=info,
         )
 
-    async def fork(self, source_id: str, stored: StoredCheckpoint, new_id: str) -> None:
-        """Store a copy of ``stored``, a record of ``source_id``, as ``new_id``'s.
+    async def fork(
+        self, source_id: str, stored: StoredCheckpoint, new_id: str, info: StepInfo | None = None
+    ) -> None:
+        """Store a copy of ``stored``, a record of ``source_id``, as ``new_id``'s (with ``info``).
 
         A tree shares its blobs (only its record is written, re-sealed for its new workflow
         when sealing); any other record is decoded in its stored (tagged) form, so typed
@@ -310,12 +312,14 @@ class RecordCodec:
         if isinstance(storage, BlobCheckpointStorage):
             tree = await self.fork_tree(storage, source_id, stored, new_id)
             if tree is not None:
-                await storage.save_tree(new_id, stored.step, tree[0], tree[1], keep_last=keep)
+                await storage.save_tree(
+                    new_id, stored.step, tree[0], tree[1], keep_last=keep, step_info=info
+                )
                 return
         checkpoint = await self.decode(source_id, stored, "stored")
         data = self.encode(checkpoint.model_copy(update={"workflow_id": new_id}), False)
         data = await self.seal(new_id, stored.step, data)
-        await storage.save(new_id, stored.step, data, keep_last=keep)
+        await self._write_plain(new_id, stored.step, data, None, info)
 
     # --- the value stage ----------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from datetime import datetime
 
 from ..leases import WorkflowRecord
@@ -41,6 +42,15 @@ class EventLog:
         for event in events:
             self._seq += 1
             log.append(StoredEvent(self._seq, *_fields(event)))
+
+    def reseal(self, workflow_id: str, seq: int, old: str, new: str) -> bool:
+        """Replace event ``seq``'s data with ``new`` if it still is ``old``."""
+        events = self._events.get(workflow_id, [])
+        at = bisect.bisect_left([e.seq for e in events], seq)
+        if at == len(events) or events[at].seq != seq or events[at].data != old:
+            return False
+        events[at] = dataclasses.replace(events[at], data=new)
+        return True
 
     def thin(self, workflow_id: str, below: int) -> None:
         """Forget the workflow's events of steps below ``below`` (a retention sweep's)."""

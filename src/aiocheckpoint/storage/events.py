@@ -31,12 +31,17 @@ __all__ = [
     "EventNote",
     "ENTERED",
     "LEFT",
+    "RESEAL_FIELDS",
     "EventStorage",
+    "Reseal",
     "StoredEvent",
     "check_event_page",
     "check_events",
+    "check_reseals",
     "check_sleep",
     "failure_events",
+    "reseal_fields",
+    "reseal_record",
     "status_event",
     "status_event_data",
     "taken_over",
@@ -102,6 +107,26 @@ class EventNote:
     data: str = "{}"
 
 
+#: What a :class:`Reseal` replaces: an event's data, or a workflow record's field.
+RESEAL_FIELDS: Final = frozenset({"event", "resume_input", "error_message"})
+
+
+@dataclass(frozen=True, slots=True)
+class Reseal:
+    """One text to replace where it still holds ``old`` (``rekey`` and ``encrypt``).
+
+    ``field`` is ``"event"`` (the data of event ``seq``: ``old`` and ``new`` are the whole
+    JSON object's text, compared as text), ``"resume_input"`` (the record's resume input)
+    or ``"error_message"`` (the message of the record's ``last_error``); for these two
+    ``old`` and ``new`` are JSON texts, compared as JSON values.
+    """
+
+    field: str
+    old: str
+    new: str
+    seq: int | None = None
+
+
 @runtime_checkable
 class EventStorage(WorkflowStorage, Protocol):
     """A workflow storage that keeps each workflow's event history (optional).
@@ -115,7 +140,9 @@ class EventStorage(WorkflowStorage, Protocol):
       ``cancel_workflow`` ``cancelled`` with ``{"reason"}``, ``retry_workflow``
       ``retried`` with ``{"previous"}``; ``acquire_lease`` and ``claim_next_workflow``
       append ``lease_taken_over`` with ``{"previous_owner"}`` when they grant a lease that
-      another owner held and let expire. A refused write appends nothing.
+      another owner held and let expire. A save (or ``save_tree``) whose ``step_info``
+      carries a ``note`` (a fork's first save: ``forked``) appends it in the save's
+      transaction, after the record. A refused write appends nothing.
     * ``get_events(wf, after=seq, limit=n)`` returns the workflow's events with a sequence
       number above ``after``, oldest first, at most ``limit``
       (:data:`MAX_EVENT_PAGE` at most). An event's step is the record's ``latest_step``
@@ -131,6 +158,10 @@ class EventStorage(WorkflowStorage, Protocol):
       (``copy``, ``import``) with their kind, time, step, attempt and data, in order, in
       one transaction; with ``replace=True`` the workflow's events are deleted first, in
       the same transaction. The workflow's record exists (the caller writes it first).
+    * ``reseal(wf, changes)`` replaces each :class:`Reseal`'s text that still holds its
+      ``old`` with its ``new``, all in one transaction, and returns how many it replaced; a
+      text that changed meanwhile (or is gone) is left as it is. Nothing else of the record
+      or the events changes (not ``updated_at``).
     """
 
     async def set_workflow_status(
@@ -160,6 +191,10 @@ class EventStorage(WorkflowStorage, Protocol):
         self, workflow_id: str, events: Sequence[StoredEvent], *, replace: bool
     ) -> None:
         """Append ``events`` as they are (new sequence numbers); ``replace``: drop the rest."""
+        ...
+
+    async def reseal(self, workflow_id: str, changes: Sequence[Reseal]) -> int:
+        """Replace each change's text that still holds its ``old``; how many were replaced."""
         ...
 
 
@@ -231,6 +266,55 @@ def check_events(events: object) -> list[StoredEvent]:
         if not isinstance(fields, dict):
             raise InvalidArgumentError("an event's data must be a JSON object's text")
     return list(events)
+
+
+def check_reseals(changes: object) -> list[Reseal]:
+    """Reseal changes: a sequence of :class:`Reseal` of known fields (an event's with a seq)."""
+    if not isinstance(changes, Sequence) or not all(isinstance(c, Reseal) for c in changes):
+        raise InvalidArgumentError("changes must be a sequence of Reseal")
+    for change in changes:
+        if change.field not in RESEAL_FIELDS:
+            raise InvalidArgumentError(f"not a field reseal replaces: {change.field!r}")
+        if (change.field == "event") != (type(change.seq) is int):
+            raise InvalidArgumentError("an event's reseal has its seq, a record field's none")
+        if not isinstance(change.old, str) or not isinstance(change.new, str):
+            raise InvalidArgumentError("a reseal's old and new are texts")
+    return list(changes)
+
+
+def reseal_record(record: WorkflowRecord, change: Reseal) -> WorkflowRecord | None:
+    """``record`` with ``change`` (a record field's) made, or None if it no longer holds ``old``."""
+    old, new = json.loads(change.old), json.loads(change.new)
+    if change.field == "resume_input":
+        if record.resume_input is None or record.resume_input != old:
+            return None
+        return record.model_copy(update={"resume_input": new})
+    error = record.last_error
+    if error is None or "message" not in error or error["message"] != old:
+        return None
+    return record.model_copy(update={"last_error": {**error, "message": new}})
+
+
+def reseal_fields(
+    resume: str | None, error: str | None, changes: Sequence[Reseal]
+) -> tuple[str | None, str | None, int]:
+    """A record's stored ``resume_input`` and ``last_error`` texts with ``changes`` made.
+
+    Returns the texts to store and how many changes were made: a change whose ``old`` the
+    field no longer holds (compared as JSON values: the stored text may be spelled
+    otherwise) is not made.
+    """
+    fields: Any = None if error is None else json.loads(error)
+    done = 0
+    for change in changes:
+        old = json.loads(change.old)
+        if change.field == "resume_input":
+            if resume is not None and json.loads(resume) == old:
+                resume, done = change.new, done + 1
+        elif isinstance(fields, dict) and fields.get("message", ...) == old:
+            fields = {**fields, "message": json.loads(change.new)}
+            error, done = json.dumps(fields), done + 1
+    return resume, error, done
 
 
 def failure_events(

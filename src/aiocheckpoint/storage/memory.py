@@ -36,11 +36,14 @@ from .eventlog import EventLog
 from .events import (
     EventKind,
     EventNote,
+    Reseal,
     StoredEvent,
     check_event_page,
     check_events,
+    check_reseals,
     check_sleep,
     failure_events,
+    reseal_record,
     status_event,
     status_event_data,
     taken_over,
@@ -186,6 +189,9 @@ class InMemoryCheckpointStorage(BaseStorage):
         """Store a record whose references are counted; release those of the records it ends."""
         if step_info is not None:
             self._note_step(workflow_id, step, step_info)
+            if step_info.note is not None:  # in this write: nothing awaits in between
+                kind, text = step_info.note
+                self._events.append(self._records[workflow_id], EventKind(kind), text, utcnow())
         elif workflow_id not in self._raw:
             self._ensure_record(workflow_id)
         wf = self._workflows.get(workflow_id)
@@ -568,6 +574,21 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._check_open()
         check_workflow_id(workflow_id)
         self._events.put(workflow_id, check_events(events), replace)
+
+    async def reseal(self, workflow_id: str, changes: Sequence[Reseal]) -> int:
+        """Replace each change's text that still holds its ``old``; how many were replaced."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        done = 0
+        for change in check_reseals(changes):
+            if change.seq is not None:
+                done += self._events.reseal(workflow_id, change.seq, change.old, change.new)
+            elif (record := self._records.get(workflow_id)) is not None:
+                resealed = reseal_record(record, change)
+                if resealed is not None:
+                    self._records[workflow_id] = resealed
+                    done += 1
+        return done
 
     async def get_events(
         self, workflow_id: str, *, after: int | None = None, limit: int = 1000

@@ -58,6 +58,10 @@ class StepInfo(NamedTuple):
     agent_id: str
     agent_status: str
     kind: str | None = None
+    #: An event a store keeping events appends in the save's transaction, after the record
+    #: is written: its kind and data (JSON object text). A fork's first save carries
+    #: ``forked``, so that the fork and its event are stored together or not at all.
+    note: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

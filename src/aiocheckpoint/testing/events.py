@@ -22,7 +22,7 @@ from ..manager import CheckpointManager
 from ..models import utcnow
 from ..retention import RetentionPolicy
 from ..storage.base import WorkflowStorage
-from ..storage.events import EventKind, EventStorage, StoredEvent
+from ..storage.events import EventKind, EventStorage, Reseal, StoredEvent
 from ..workflow import ResumableWorkflow
 from ._support import Boom, new_manager
 
@@ -378,3 +378,45 @@ class EventStorageConformance:
         with pytest.raises(InvalidArgumentError):
             await storage.put_events("dst", [bad], replace=True)
         assert len(await storage.get_events("dst")) == 4
+
+    async def test_reseal_replaces_only_what_still_holds_the_old_text(
+        self, storage: WorkflowStorage
+    ) -> None:
+        """Reseal swaps each text that is still the one read, in place; the rest stand."""
+        manager = new_manager(storage)
+        assert isinstance(storage, EventStorage)
+        await manager.register_workflow("wf")
+        await manager.mark_workflow("wf", WorkflowStatus.PAUSED)
+        await manager.resume_workflow("wf", {"ok": "é"})
+        await manager.record_failure("wf", Boom("down"), retry=RetryPolicy(backoff=60))
+        before = await storage.get_events("wf")
+        record = await storage.get_workflow("wf")
+        assert record is not None
+        failed = next(e for e in before if e.kind == "step_failed")
+        new = json.dumps({"type": "Boom", "message": "sealed-again"})
+        changes = [
+            Reseal("event", failed.data, new, failed.seq),
+            Reseal("event", '{"x": 1}', "{}", before[0].seq),  # not its text: left
+            Reseal("resume_input", json.dumps({"ok": "é"}), json.dumps("swapped")),
+            Reseal("error_message", json.dumps("down"), json.dumps("sealed-msg")),
+        ]
+        assert await storage.reseal("wf", changes) == 3
+        after = await storage.get_workflow("wf")
+        assert after is not None and after.resume_input == "swapped"
+        assert after.last_error == {"type": "Boom", "message": "sealed-msg"}
+        assert after.updated_at == record.updated_at and after.status is record.status
+        events = await storage.get_events("wf")
+        assert [(e.seq, e.kind, e.step) for e in events] == [
+            (e.seq, e.kind, e.step) for e in before
+        ]
+        assert next(e for e in events if e.seq == failed.seq).data == new
+        assert await storage.reseal("wf", changes) == 0  # none holds its old text now
+        # A new failure replaced the message meanwhile: the stale swap leaves it.
+        await manager.record_failure("wf", Boom("later"), retry=RetryPolicy(backoff=60))
+        stale = [Reseal("error_message", json.dumps("sealed-msg"), json.dumps("x"))]
+        assert await storage.reseal("wf", stale) == 0
+        latest = await storage.get_workflow("wf")
+        assert latest is not None and latest.last_error == {"type": "Boom", "message": "later"}
+        with pytest.raises(InvalidArgumentError):
+            await storage.reseal("wf", [Reseal("status", "a", "b")])
+        assert await storage.reseal("missing", changes) == 0

@@ -293,6 +293,12 @@ class _BatchTransaction:
             [None if w.step_info is None else w.step_info.agent_status for w in batch],
             [None if w.step_info is None else w.step_info.kind for w in batch],
         )
+        #: The events the saves carry (a fork's ``forked``), appended in their transaction.
+        self._notes = [
+            (w.name, w.step_info.note)
+            for w in batch
+            if w.step_info is not None and w.step_info.note is not None
+        ]
         self._keeps = {w.workflow_id: w.keep_last for w in batch if w.keep_last is not None}
         self._splits = {(w.workflow_id, w.step): w.split for w in batch if w.split is not None}
         self._sql = sql
@@ -308,7 +314,8 @@ class _BatchTransaction:
         if not self._args[0]:  # effect records only: one statement, its own commit
             await self._put_effects(con)
             return
-        if not self._keeps and not self._splits and not self.lock_first and not self._effects[0]:
+        simple = not (self._keeps or self._splits or self._notes or self._effects[0])
+        if simple and not self.lock_first:
             # One statement, its implicit transaction committing before it returns, unless
             # it would replace a version-2 record (refs to release): then it writes nothing
             # and the batch runs in a transaction below.
@@ -333,6 +340,9 @@ class _BatchTransaction:
                 await self._blobs.lock(con)
             rows = await con.fetch(self._sql.upsert, *upsert)
         released = self._record(rows, committed=False)
+        notes = [(name[0], *note) for name, note in self._notes if name in self.written]
+        if notes:
+            await con.execute(self._sql.note_events, *map(list, zip(*notes, strict=True)))
         if self._effects[0]:
             await self._put_effects(con)
         for key, split in self._splits.items():

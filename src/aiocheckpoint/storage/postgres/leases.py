@@ -19,14 +19,14 @@ from ...errors import (
     LeaseLostError,
 )
 from ...leases import Lease, WorkflowRecord, WorkflowStatus
-from ..events import EventNote, StoredEvent
+from ..events import EventNote, Reseal, StoredEvent, reseal_fields
 from ..lifecycle import CancelledRecordError, cancelled_refusal
 from ..queries import WorkflowQuery, metadata_pairs, query_sql
 from .connection import Connection
 from .events import EventSql
 from .sql import RECORD_COLUMNS, Sql
 
-__all__ = ["Leases", "record_from_row"]
+__all__ = ["Leases", "events_page", "put_events", "record_from_row", "reseal"]
 
 
 class Leases:
@@ -248,6 +248,43 @@ async def events_page(
     args = (workflow_id, -1 if after is None else after, limit)
     rows = await connection.run("get_events", lambda con: con.fetch(sql.page, *args))
     return [StoredEvent(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+
+async def reseal(
+    connection: Connection, events: str, workflows: str, workflow_id: str, changes: list[Reseal]
+) -> int:
+    """Replace each change's text that still holds its ``old``, in one transaction.
+
+    The record's row read ``FOR UPDATE``, the events in one statement, the record's fields
+    compared as JSON values (their stored text may be spelled otherwise) and written.
+    """
+    moved = [c for c in changes if c.field == "event"]
+    fields = [c for c in changes if c.field != "event"]
+    update = (
+        f"WITH u AS (UPDATE {events} AS v SET data = n.new FROM unnest($2::bigint[], "
+        "$3::text[], $4::text[]) AS n(seq, old, new) WHERE v.workflow_id = $1 "
+        "AND v.seq = n.seq AND v.data = n.old RETURNING 1) SELECT count(*) FROM u"
+    )
+    read = f"SELECT resume_input, last_error FROM {workflows} WHERE workflow_id = $1 FOR UPDATE"
+    write = f"UPDATE {workflows} SET resume_input = $2, last_error = $3 WHERE workflow_id = $1"
+
+    async def op(con: Any) -> int:
+        done = 0
+        async with con.transaction():
+            # The record's row first, as every write of a workflow's life locks it before
+            # its events: no deadlock with a status change or a sweep.
+            row = await con.fetchrow(read, workflow_id)
+            if moved:
+                columns = ([c.seq for c in moved], [c.old for c in moved], [c.new for c in moved])
+                done += await con.fetchval(update, workflow_id, *columns)
+            if row is None or not fields:
+                return done
+            resume, error, changed = reseal_fields(row[0], row[1], fields)
+            if changed:
+                await con.execute(write, workflow_id, resume, error)
+            return done + changed
+
+    return await connection.run("reseal", op)
 
 
 def lost(workflow_id: str, lease: Lease | None) -> LeaseLostError:

@@ -53,6 +53,8 @@ class Sql:
     upsert: str
     upsert_tree: str
     prune: str
+    #: The events saves carry (``StepInfo.note``): $1 ids, $2 kinds, $3 data, in order.
+    note_events: str
     latest: str
     at_step: str
     scan_asc: str
@@ -238,6 +240,12 @@ class Sql:
             # For each (workflow, keep) pair: the keep-th highest step is the lowest kept;
             # a workflow with fewer rows yields no cut and loses nothing. MATERIALIZED makes
             # the cut one index probe per workflow, not one per deleted row.
+            note_events=(
+                f"INSERT INTO {quoted}.workflow_events (workflow_id, kind, step, attempt, data) "
+                "SELECT n.w, n.k, x.latest_step, NULL, n.d FROM unnest($1::text[], $2::text[], "
+                f"$3::text[]) WITH ORDINALITY AS n(w, k, d, i) JOIN {w} AS x "
+                "ON x.workflow_id = n.w ORDER BY n.i"
+            ),
             prune=(
                 f"WITH cut AS MATERIALIZED ("
                 f"SELECT r.w, k.step FROM unnest($1::text[], $2::bigint[]) AS r(w, n) "

@@ -43,9 +43,11 @@ from ..base import (
 from ..events import (
     MAX_EVENT_PAGE,
     EventNote,
+    Reseal,
     StoredEvent,
     check_event_page,
     check_events,
+    check_reseals,
     check_sleep,
 )
 from ..queries import StepInfo, WorkflowQuery
@@ -56,7 +58,7 @@ from .control import Control
 from .dsn import check_connect_options, check_dsn
 from .effects import Effects
 from .events import EventSql
-from .leases import Leases, events_page, put_events
+from .leases import Leases, events_page, put_events, reseal
 from .records import Records
 from .schema import quote_schema
 from .sql import Sql
@@ -154,6 +156,7 @@ class PostgresCheckpointStorage(BaseStorage):
         blobs = Blobs(sql, schema, self.stats, max_record_bytes)
         self._records = Records(self._connection, sql, blobs, max_record_bytes)
         self._event_sql = EventSql.build(quoted, sql)
+        self._workflows_table = sql.workflows_table
         self._leases = Leases(self._connection, sql, self._event_sql)
         self._control = Control(self._connection, sql, self._leases, self._event_sql)
         limits = BatchLimits(write_concurrency, max_batch_rows, max_batch_bytes)
@@ -454,6 +457,15 @@ class PostgresCheckpointStorage(BaseStorage):
         check_workflow_id(workflow_id)
         carried = check_events(events)
         await put_events(self._connection, self._event_sql, workflow_id, carried, bool(replace))
+
+    async def reseal(self, workflow_id: str, changes: Sequence[Reseal]) -> int:
+        """Replace each change's text that still holds its ``old``; how many were replaced."""
+        self._check_open()
+        check_workflow_id(workflow_id)
+        events, workflows = self._event_sql.table, self._workflows_table
+        return await reseal(
+            self._connection, events, workflows, workflow_id, check_reseals(changes)
+        )
 
     async def get_events(
         self, workflow_id: str, *, after: int | None = None, limit: int = MAX_EVENT_PAGE

@@ -69,9 +69,11 @@ from ..base import (
 from ..events import (
     MAX_EVENT_PAGE,
     EventNote,
+    Reseal,
     StoredEvent,
     check_event_page,
     check_events,
+    check_reseals,
     check_sleep,
 )
 from ..queries import StepInfo, WorkflowQuery
@@ -503,6 +505,17 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
             replace=bool(replace),
         )
         await self._submit(RecordOp("events", fn), 0)
+
+    async def reseal(self, workflow_id: str, changes: Sequence[Reseal]) -> int:
+        """Replace each change's text that still holds its ``old``; how many were replaced."""
+        self._check_open()
+        fn = functools.partial(
+            event_rows.reseal,
+            workflow_id=check_workflow_id(workflow_id),
+            changes=check_reseals(changes),
+        )
+        done: int = await self._submit(RecordOp("reseal", fn), 0)
+        return done
 
     async def get_events(
         self, workflow_id: str, *, after: int | None = None, limit: int = MAX_EVENT_PAGE

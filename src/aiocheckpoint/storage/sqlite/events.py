@@ -11,9 +11,10 @@ import sqlite3
 from datetime import datetime, timezone
 from typing import Final
 
-from ..events import EventKind, StoredEvent
+from ...leases import WorkflowRecord
+from ..events import EventKind, Reseal, StoredEvent, reseal_fields
 
-__all__ = ["MIGRATION_STATEMENTS", "append", "page", "put"]
+__all__ = ["MIGRATION_STATEMENTS", "append", "append_for", "page", "put", "reseal"]
 
 MIGRATION_STATEMENTS: Final[tuple[str, ...]] = (
     # AUTOINCREMENT: a sequence number is never handed out twice, even after deletes.
@@ -54,6 +55,11 @@ _PUT: Final = (
     "INSERT INTO workflow_events (workflow_id, kind, at, step, attempt, data) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
+_RESEAL_EVENT: Final = (
+    "UPDATE workflow_events SET data = ? WHERE seq = ? AND workflow_id = ? AND data = ?"
+)
+_FIELDS: Final = "SELECT resume_input, last_error FROM workflows WHERE workflow_id = ?"
+_SET_FIELDS: Final = "UPDATE workflows SET resume_input = ?, last_error = ? WHERE workflow_id = ?"
 _PAGE: Final = (
     "SELECT seq, kind, at, step, attempt, data FROM workflow_events "
     "WHERE workflow_id = ? AND seq > ? ORDER BY seq LIMIT ?"
@@ -65,6 +71,18 @@ def append(
 ) -> None:
     """Append an event of the workflow, with its record's latest step (and attempts)."""
     conn.execute(_APPEND, (workflow_id, kind.value, now, kind in _COUNTED, data))
+
+
+def append_for(
+    conn: sqlite3.Connection, now: float, record: WorkflowRecord, kind: EventKind, data: str
+) -> None:
+    """Append an event of ``record``, just written: its step and attempts as they are now.
+
+    No look-up of the record (:func:`append` reads it in its statement).
+    """
+    attempt = record.attempts if kind in _COUNTED else None
+    row = (record.workflow_id, kind.value, now, record.latest_step, attempt, data)
+    conn.execute(_PUT, row)
 
 
 def put(
@@ -92,3 +110,22 @@ def page(
         StoredEvent(seq, kind, datetime.fromtimestamp(at, timezone.utc), step, attempt, data)
         for seq, kind, at, step, attempt, data in rows
     ]
+
+
+def reseal(conn: sqlite3.Connection, now: float, workflow_id: str, changes: list[Reseal]) -> int:
+    """Replace each change's text that still holds its ``old``; how many were replaced.
+
+    A record field is compared as a JSON value (its stored text may be spelled otherwise).
+    """
+    done = 0
+    for c in changes:
+        if c.field == "event":
+            done += conn.execute(_RESEAL_EVENT, (c.new, c.seq, workflow_id, c.old)).rowcount
+    fields = [c for c in changes if c.field != "event"]
+    row = conn.execute(_FIELDS, (workflow_id,)).fetchone() if fields else None
+    if row is None:
+        return done
+    resume, error, changed = reseal_fields(row[0], row[1], fields)
+    if changed:
+        conn.execute(_SET_FIELDS, (resume, error, workflow_id))
+    return done + changed

@@ -95,11 +95,14 @@ _CLAIMABLE: Final = (
     "ORDER BY created_at, workflow_id"
 )
 _ALL_ROWS: Final = f"SELECT rowid, {_COLUMNS} FROM workflows"
-_ATTEMPTS: Final = "SELECT attempts FROM workflows WHERE workflow_id = ?"
-_STATUS: Final = "SELECT status FROM workflows WHERE workflow_id = ?"
-_SLEEP: Final = (
+#: What a status change reads first: the status it leaves, the fence's token, the attempts.
+_STATUS: Final = "SELECT status, fencing_token, attempts FROM workflows WHERE workflow_id = ?"
+#: The status writes returning the record they wrote (no read back: one statement less).
+_SET_STATUS_BACK: Final = f"{_SET_STATUS} RETURNING {_COLUMNS}"
+_FAIL_BACK: Final = f"{_FAIL} RETURNING {_COLUMNS}"
+_SLEEP_BACK: Final = (
     "UPDATE workflows SET status = 'unfinished', retry_at = ?, finished_at = NULL, "
-    "updated_at = ? WHERE workflow_id = ? AND status <> 'cancelled'"
+    f"updated_at = ? WHERE workflow_id = ? AND status <> 'cancelled' RETURNING {_COLUMNS}"
 )
 #: What a damaged row raises when it is made into a WorkflowRecord.
 _DAMAGE: Final = (ValueError, TypeError, OverflowError, OSError)
@@ -220,37 +223,48 @@ def set_status(
 ) -> WorkflowRecord:
     """Create or update the record with ``status``; fenced by ``token`` when given.
 
-    Appends the change's event (``note``'s, when given) if the write happened.
+    Appends the change's event (``note``'s, when given) if the write happened. Three
+    statements for an existing record, as many as before events: the old status (and the
+    fence's token) in one read, the write returning the record, the event's insert.
     """
-    if token is not None:
-        _check_token(conn, workflow_id, token)
-    rows = conn.execute(_STATUS, (workflow_id,)).fetchall()
-    old = WorkflowStatus(rows[0][0]) if rows else None
-    ensure_records(conn, [workflow_id], now)
+    row = _before(conn, now, workflow_id, token)
+    old = None if row is None else WorkflowStatus(row[0])
     ends = status in (WorkflowStatus.FINISHED, WorkflowStatus.FAILED)
-    written = conn.execute(_SET_STATUS, (status.value, now if ends else None, now, workflow_id))
-    record = _written_back(conn, workflow_id, written.rowcount)
-    kind = status_event(old, status)
+    args = (status.value, now if ends else None, now, workflow_id)
+    record = _returned(conn, workflow_id, conn.execute(_SET_STATUS_BACK, args).fetchall())
     if note is not None:
-        events.append(conn, now, workflow_id, note.kind, note.data)
-    elif kind is not None:
-        events.append(conn, now, workflow_id, kind, status_event_data(old, kind))
+        events.append_for(conn, now, record, note.kind, note.data)
+    elif (kind := status_event(old, status)) is not None:
+        events.append_for(conn, now, record, kind, status_event_data(old, kind))
     return record
+
+
+def _before(
+    conn: sqlite3.Connection, now: float, workflow_id: str, token: int | None
+) -> tuple[str, int, int] | None:
+    """The record's status, token and attempts before a status change (None: no record).
+
+    Checks the fence's ``token``; creates the record if it has none.
+    """
+    rows = conn.execute(_STATUS, (workflow_id,)).fetchall()
+    if token is not None and (not rows or rows[0][1] != token):
+        raise lost(workflow_id, token)
+    if not rows:
+        ensure_records(conn, [workflow_id], now)
+        return None
+    row: tuple[str, int, int] = rows[0]
+    return row
+
+
+def _returned(conn: sqlite3.Connection, workflow_id: str, rows: list[Any]) -> WorkflowRecord:
+    """The record a guarded status write returned; CancelledRecordError if it wrote nothing."""
+    if not rows:  # the statement's guard refused the write: the record is CANCELLED
+        raise cancelled_refusal(_read_back(conn, workflow_id))
+    return _checked(rows[0], workflow_id)
 
 
 def _read_back(conn: sqlite3.Connection, workflow_id: str) -> WorkflowRecord:
     return _checked(conn.execute(_GET, (workflow_id,)).fetchall()[0], workflow_id)
-
-
-def _written_back(conn: sqlite3.Connection, workflow_id: str, rows: int) -> WorkflowRecord:
-    """The record after a guarded status write; CancelledRecordError if it wrote nothing.
-
-    The statement's own guard refused the write: the record is CANCELLED (``lifecycle``).
-    """
-    record = _read_back(conn, workflow_id)
-    if rows == 0:
-        raise cancelled_refusal(record)
-    return record
 
 
 def note_saves(
@@ -277,6 +291,9 @@ def note_saves(
         for wf, step, info in chunk:
             params += (wf, step, info.agent_id, info.agent_status, info.kind)
         conn.execute(_note_sql(rows), params)
+    for wf, _, info in noted:
+        if info.note is not None:  # a fork's ``forked``: in the save's transaction
+            events.append(conn, now, wf, EventKind(info.note[0]), info.note[1])
 
 
 @functools.cache
@@ -354,18 +371,15 @@ def fail(
     token: int | None,
 ) -> WorkflowRecord:
     """Count a failed run: back to UNFINISHED with a retry time, or FAILED."""
-    if token is not None:
-        _check_token(conn, workflow_id, token)
-    ensure_records(conn, [workflow_id], now)
-    attempts = int(conn.execute(_ATTEMPTS, (workflow_id,)).fetchall()[0][0])
-    status, delay = failure_update(attempts, delays)
+    row = _before(conn, now, workflow_id, token)
+    status, delay = failure_update(0 if row is None else int(row[2]), delays)
     retry_at = None if delay is None else now + delay
     finished = now if delay is None else None
-    written = conn.execute(_FAIL, (status.value, error, finished, retry_at, now, workflow_id))
-    record = _written_back(conn, workflow_id, written.rowcount)
+    args = (status.value, error, finished, retry_at, now, workflow_id)
+    record = _returned(conn, workflow_id, conn.execute(_FAIL_BACK, args).fetchall())
     at = None if retry_at is None else _time(retry_at).isoformat()
     for kind, data in failure_events(error, status, at):
-        events.append(conn, now, workflow_id, kind, data)
+        events.append_for(conn, now, record, kind, data)
     return record
 
 
@@ -373,14 +387,12 @@ def sleep(
     conn: sqlite3.Connection, now: float, workflow_id: str, seconds: float, token: int | None
 ) -> WorkflowRecord:
     """UNFINISHED, claimable ``seconds`` from now (fenced by ``token``); ``sleeping``."""
-    if token is not None:
-        _check_token(conn, workflow_id, token)
-    ensure_records(conn, [workflow_id], now)
+    _before(conn, now, workflow_id, token)
     until = now + seconds
-    written = conn.execute(_SLEEP, (until, now, workflow_id))
-    record = _written_back(conn, workflow_id, written.rowcount)
+    rows = conn.execute(_SLEEP_BACK, (until, now, workflow_id)).fetchall()
+    record = _returned(conn, workflow_id, rows)
     data = json.dumps({"until": _time(until).isoformat()})
-    events.append(conn, now, workflow_id, EventKind.SLEEPING, data)
+    events.append_for(conn, now, record, EventKind.SLEEPING, data)
     return record
 
 
