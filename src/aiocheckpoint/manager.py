@@ -52,6 +52,8 @@ from .models import (
     ExecutionMetrics,
     StateSnapshot,
     make_draft,
+    make_fields,
+    utcnow,
 )
 from .retention import RetentionPolicy, policy_from
 from .state import SharedState
@@ -270,6 +272,50 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         saving = self._codec.save(draft, lease, info)
         del state, metrics, metadata, draft
         return await saving
+
+    @traced("create_checkpoint", duration="save")
+    async def save_owned(
+        self,
+        workflow_id: str,
+        step: int,
+        agent_id: str,
+        state: dict[str, Any],
+        metadata: dict[str, Any],
+        *,
+        lease: Lease | None = None,
+    ) -> None:
+        """:meth:`create_checkpoint` of a COMPLETED step whose state the caller hands over.
+
+        For integrations that build a state for one save (the LangGraph saver): ``state``
+        and ``metadata`` are dicts of JSON values only (str keys; str, int, bool, None,
+        lists and dicts; no float) that nobody changes afterwards. They are stored without
+        being copied and nothing is returned. A state that needs more (a key to escape, a
+        value only the exact encoder writes) takes :meth:`create_checkpoint`'s path, which
+        also raises its errors.
+        """
+        if self._closed:
+            raise StorageClosedError("CheckpointManager is closed")
+        fields = make_fields(
+            (
+                check_workflow_id(workflow_id),
+                check_step(step),
+                agent_id,
+                AgentStatus.COMPLETED,
+                state,
+                None,
+                utcnow(),
+                metadata,
+                self._app_version,
+            )
+        )
+        if lease is not None:
+            fence_token(lease, workflow_id)
+            self._records.workflow_storage()
+        info = _step_info((agent_id, "completed", self._kind)) if self._keeps_records else None
+        if not await self._codec.save_owned(fields, lease, info):
+            await self.create_checkpoint(
+                workflow_id, step, agent_id, "completed", state, metadata=metadata, lease=lease
+            )
 
     def _check_arguments(
         self,

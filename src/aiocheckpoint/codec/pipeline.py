@@ -183,6 +183,22 @@ class RecordCodec:
             await self._write_record(workflow_id, step, record, lease, info)
         return fields.checkpoint()
 
+    async def save_owned(
+        self, fields: CheckpointFields, lease: Lease | None, info: StepInfo | None
+    ) -> bool:
+        """Store ``fields`` as they are, uncopied: False (nothing stored) if :meth:`save` must.
+
+        For a state and metadata the caller built for this save alone and never changes,
+        of JSON values only (no float): no copy, no models built. A record that may hold a
+        tag (a one-key dict whose key starts with ``$`` must be escaped) or that only the
+        exact encoder writes is left to :meth:`save`, which names what it cannot store.
+        """
+        record = encode_fields(fields, True)
+        if record is None or has_tags(record):
+            return False
+        await self._write_record(fields.workflow_id, fields.step, record, lease, info)
+        return True
+
     async def _save_snapshot(
         self, draft: CheckpointDraft, lease: Lease | None, info: StepInfo | None
     ) -> Checkpoint:

@@ -441,7 +441,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             info = {**record.metadata, "thread_id": target}
             workflow_id = keys.workflow_id(target, str(info.get("checkpoint_ns", "")))
             lease = await self._fence(workflow_id, target)
-            await self._store.save(
+            await self._store.save_copy(
                 workflow_id, record.step, record.state_snapshot.data, info, lease
             )
             self._forget(workflow_id)

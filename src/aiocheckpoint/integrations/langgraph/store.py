@@ -136,7 +136,22 @@ class ThreadStore:
         metadata: dict[str, Any],
         lease: Lease | None,
     ) -> None:
-        """Store one checkpoint (even step) or one checkpoint's writes (odd step)."""
+        """Store one checkpoint (even step) or one checkpoint's writes (odd step).
+
+        ``state`` and ``metadata`` were built for this save (strings, ints, lists and dicts,
+        nothing kept by the caller that changes them): they are handed over, not copied.
+        """
+        await self.manager.save_owned(workflow_id, step, AGENT, state, metadata, lease=lease)
+
+    async def save_copy(
+        self,
+        workflow_id: str,
+        step: int,
+        state: dict[str, Any],
+        metadata: dict[str, Any],
+        lease: Lease | None,
+    ) -> None:
+        """:meth:`save` of a record read back from the store (copied as any state is)."""
         await self.manager.create_checkpoint(
             workflow_id, step, AGENT, "completed", state, metadata=metadata, lease=lease
         )
