@@ -7,6 +7,7 @@ import pytest
 from aiocheckpoint import (
     AgentStatus,
     CheckpointManager,
+    InvalidArgumentError,
     InvalidStepError,
     InvalidWorkflowIdError,
     Keyring,
@@ -67,3 +68,10 @@ async def test_sealed_when_the_manager_seals() -> None:
         assert stored is not None and b"plain text" not in stored.data
         got = await manager.get_checkpoint("wf", 2)
         assert got.state_snapshot.data == {"secret": "plain text"}
+
+
+async def test_checks_the_agent_id(manager: CheckpointManager) -> None:
+    """An agent id that is not text is refused as create_checkpoint refuses it."""
+    with pytest.raises(InvalidArgumentError):
+        await manager.save_owned("wf", 1, ["agent"], {}, {})  # type: ignore[arg-type]
+    assert await manager.get_latest_checkpoint("wf") is None

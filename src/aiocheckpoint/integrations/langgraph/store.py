@@ -8,7 +8,7 @@ LangGraph threads, and its tools (``verify``, ``copy``) work on them unchanged.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -128,20 +128,21 @@ class ThreadStore:
         for key in [key for key in self._stored if key[0] == workflow_id]:
             del self._stored[key]
 
-    async def save(
+    def save(
         self,
         workflow_id: str,
         step: int,
         state: dict[str, Any],
         metadata: dict[str, Any],
         lease: Lease | None,
-    ) -> None:
+    ) -> Awaitable[object]:
         """Store one checkpoint (even step) or one checkpoint's writes (odd step).
 
         ``state`` and ``metadata`` were built for this save (strings, ints, lists and dicts,
-        nothing kept by the caller that changes them): they are handed over, not copied.
+        nothing kept by the caller that changes them): they are handed over, not copied,
+        and encoded before this returns (``CheckpointManager.save_owned``). Await the result.
         """
-        await self.manager.save_owned(workflow_id, step, AGENT, state, metadata, lease=lease)
+        return self.manager.save_owned(workflow_id, step, AGENT, state, metadata, lease=lease)
 
     async def save_copy(
         self,
