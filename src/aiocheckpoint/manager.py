@@ -287,7 +287,7 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         *,
         lease: Lease | None = None,
     ) -> Coroutine[Any, Any, object]:
-        """:meth:`create_checkpoint` of a COMPLETED step whose state the caller hands over.
+        """Store a COMPLETED step whose state the caller hands over, uncopied.
 
         For integrations that build a state for one save (the LangGraph saver): ``state``
         and ``metadata`` are dicts of JSON values only (str keys; str, int, bool, None,
