@@ -11,9 +11,13 @@ Rows, per system, alternated in one process (``--rounds`` times, medians reporte
   between two steps' updates in ``astream``), and the bytes stored afterwards (SQLite: the
   database and its WAL files; PostgreSQL: ``pg_total_relation_size`` of the saver's tables);
 * ``concurrent``: ``--threads`` threads at once, ``--thread-steps`` steps each: steps/s and
-  p99 step latency.
+  p99 step latency;
+* ``replayed``: the saver calls of one ``concurrent`` run (recorded once, with the no-op
+  checkpointer) replayed on each saver, every thread at once, without the graph: what the
+  saver alone costs, as loop-thread and process CPU per checkpoint (with its writes).
 
-``concurrent`` rows also give ``loop_cpu_us``: the event-loop thread's CPU per step (a figure
+Each store is opened (its schema created) before the clock starts. ``concurrent`` rows also
+give ``loop_cpu_us``: the event-loop thread's CPU per step (a figure
 that holds up better than steps/s on a loaded machine).
 
 Systems: ``graph-only`` (no checkpointer: the graph's own time), ``noop`` (a checkpointer that
@@ -239,10 +243,21 @@ SYSTEMS: dict[str, Callable[[Path, str], AbstractAsyncContextManager[tuple[Any, 
 }
 
 
+async def warm(saver: Any) -> None:
+    """Open the store before the clock starts, as ``AsyncPostgresSaver.setup()`` is here.
+
+    Our stores open (and create their schema) on first use, so without this the first step
+    of the ``growing`` row would carry the schema's creation and be its p99.
+    """
+    if saver is not None:
+        await saver.aget_tuple({"configurable": {"thread_id": "warm-up", "checkpoint_ns": ""}})
+
+
 async def growing(name: str, root: Path, steps: int) -> dict[str, Any]:
     schema = f"lgbench_{uuid.uuid4().hex[:10]}"
     try:
         async with SYSTEMS[name](root, schema) as (saver, size):
+            await warm(saver)
             begin = time.perf_counter()
             latencies = await drive(build(saver), "growing", steps)
             elapsed = time.perf_counter() - begin
@@ -256,6 +271,7 @@ async def concurrent(name: str, root: Path, threads: int, steps: int) -> dict[st
     schema = f"lgbench_{uuid.uuid4().hex[:10]}"
     try:
         async with SYSTEMS[name](root, schema) as (saver, _):
+            await warm(saver)
             graph = build(saver)
             begin, cpu = time.perf_counter(), time.thread_time()
             runs = await asyncio.gather(*(drive(graph, f"t{n}", steps) for n in range(threads)))
@@ -267,6 +283,61 @@ async def concurrent(name: str, root: Path, threads: int, steps: int) -> dict[st
         "steps_per_s": threads * steps / elapsed,
         "p99_ms": p99(latencies),
         "loop_cpu_us": cpu / (threads * steps) * 1e6,
+    }
+
+
+class Recorder(NoopSaver):
+    """The no-op checkpointer, keeping each thread's calls for :func:`replayed`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, list[tuple[Any, ...]]] = {}
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        call = (self.aput.__name__, config, checkpoint, metadata, new_versions)
+        self.calls.setdefault(config["configurable"]["thread_id"], []).append(call)
+        return await super().aput(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self, config: Any, writes: Any, task_id: str, task_path: str = ""
+    ) -> None:
+        call = (self.aput_writes.__name__, config, writes, task_id, task_path)
+        self.calls.setdefault(config["configurable"]["thread_id"], []).append(call)
+
+
+async def record_calls(threads: int, steps: int) -> dict[str, list[tuple[Any, ...]]]:
+    """The saver calls of ``threads`` threads of ``steps`` steps, as LangGraph makes them."""
+    recorder = Recorder()
+    graph = build(recorder)
+    await asyncio.gather(*(drive(graph, f"t{n}", steps) for n in range(threads)))
+    return recorder.calls
+
+
+async def replayed(name: str, root: Path, calls: dict[str, list[tuple[Any, ...]]]) -> Any:
+    """The recorded calls replayed on a saver, every thread at once, without the graph.
+
+    What the saver alone costs: loop-thread and process CPU per checkpoint (with its writes).
+    """
+
+    async def play(saver: Any, thread: list[tuple[Any, ...]]) -> None:
+        for method, *args in thread:
+            await getattr(saver, method)(*args)
+
+    puts = sum(1 for thread in calls.values() for call in thread if call[0] == "aput")
+    schema = f"lgbench_{uuid.uuid4().hex[:10]}"
+    try:
+        async with SYSTEMS[name](root, schema) as (saver, _):
+            await warm(saver)
+            begin, cpu, process = time.perf_counter(), time.thread_time(), time.process_time()
+            await asyncio.gather(*(play(saver, thread) for thread in calls.values()))
+            elapsed = time.perf_counter() - begin
+            cpu, process = time.thread_time() - cpu, time.process_time() - process
+    finally:
+        await drop_schema(schema)
+    return {
+        "puts_per_s": puts / elapsed,
+        "loop_cpu_us": cpu / puts * 1e6,
+        "process_cpu_us": process / puts * 1e6,
     }
 
 
@@ -287,6 +358,11 @@ def ratios(results: dict[tuple[str, str], dict[str, Any]]) -> None:
             continue
         ours = results[(workload, row)]
         line = {"kind": "ratio", "row": row, "system": workload}
+        if row == "replayed":
+            line["loop_cpu_x"] = round(peer["loop_cpu_us"] / ours["loop_cpu_us"], 2)
+            line["process_cpu_x"] = round(peer["process_cpu_us"] / ours["process_cpu_us"], 2)
+            emit(line)
+            continue
         line["steps_per_s_x"] = round(ours["steps_per_s"] / peer["steps_per_s"], 2)
         line["p99_x"] = round(ours["p99_ms"] / peer["p99_ms"], 2)
         floor = results.get(("noop", row))
@@ -303,10 +379,15 @@ async def main(args: argparse.Namespace) -> None:
     always = ("graph-only", "noop")
     names = [n for n in SYSTEMS if args.only is None or args.only in n or n in always]
     collected: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    calls = await record_calls(args.threads, args.thread_steps)
     with tempfile.TemporaryDirectory(prefix="lgbench-") as tmp:
         root = Path(tmp)
         for round_ in range(args.rounds):
             for name in names if round_ % 2 == 0 else list(reversed(names)):
+                if name not in always:
+                    row = await replayed(name, root, calls)
+                    emit({"kind": "measurement", "system": name, "row": "replayed", **row})
+                    collected.setdefault((name, "replayed"), []).append(row)
                 row = await growing(name, root, args.steps)
                 emit({"kind": "measurement", "system": name, "row": "growing", **row})
                 collected.setdefault((name, "growing"), []).append(row)

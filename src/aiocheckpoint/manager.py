@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -52,6 +52,8 @@ from .models import (
     ExecutionMetrics,
     StateSnapshot,
     make_draft,
+    make_fields,
+    utcnow,
 )
 from .retention import RetentionPolicy, policy_from
 from .state import SharedState
@@ -186,6 +188,9 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         )
         self._records = WorkflowRecords(self._storage, self._check_open, FieldSealer(sealer))
         self._keeps_records = self._records.supported
+        # save_owned's StepInfo per agent id: one object, not one per save (a NamedTuple the
+        # garbage collector never stops tracking, promoted while its save waits).
+        self._owned_infos: dict[str, StepInfo] = {}
         self._journal = EffectJournal(self._storage, self._codec, self._records, self._check_open)
         self._sweeper = Sweeper(self._storage, self._codec, policy, self._check_open)
         self._closed = False
@@ -270,6 +275,59 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         saving = self._codec.save(draft, lease, info)
         del state, metrics, metadata, draft
         return await saving
+
+    @traced("create_checkpoint", duration="save")
+    def save_owned(
+        self,
+        workflow_id: str,
+        step: int,
+        agent_id: str,
+        state: dict[str, Any],
+        metadata: dict[str, Any],
+        *,
+        lease: Lease | None = None,
+    ) -> Coroutine[Any, Any, object]:
+        """Store a COMPLETED step whose state the caller hands over, uncopied.
+
+        For integrations that build a state for one save (the LangGraph saver): ``state``
+        and ``metadata`` are dicts of JSON values only (str keys; str, int, bool, None,
+        lists and dicts; no float) that nobody changes afterwards. They are encoded when
+        this is called, not copied, and the awaitable returned completes once the record
+        is durable; holding nothing of them while it waits, it leaves no containers for
+        the garbage collector to promote. A state that needs more (a key to escape, a
+        value only the exact encoder writes) takes :meth:`create_checkpoint`'s path, which
+        also raises its errors.
+        """
+        self._check_open()
+        fields = make_fields(
+            (
+                check_workflow_id(workflow_id),
+                check_step(step),
+                check_text(agent_id, "agent_id"),
+                AgentStatus.COMPLETED,
+                state,
+                None,
+                utcnow(),
+                metadata,
+                self._app_version,
+            )
+        )
+        if lease is not None:
+            fence_token(lease, workflow_id)
+            self._records.workflow_storage()
+        info = None
+        if self._keeps_records:
+            info = self._owned_infos.get(agent_id)
+            if info is None:
+                info = _step_info((agent_id, "completed", self._kind))
+                if len(self._owned_infos) < _OWNED_INFOS:
+                    self._owned_infos[agent_id] = info
+        saving = self._codec.save_owned(fields, lease, info)
+        if saving is None:
+            return self.create_checkpoint(
+                workflow_id, step, agent_id, "completed", state, metadata=metadata, lease=lease
+            )
+        return saving
 
     def _check_arguments(
         self,
@@ -592,6 +650,9 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         if self._closed:
             raise StorageClosedError("CheckpointManager is closed")
 
+
+#: The most agent ids whose StepInfo save_owned keeps.
+_OWNED_INFOS = 64
 
 #: A :class:`StepInfo` from the tuple of its fields, without NamedTuple's ``__new__`` frame.
 _step_info: Callable[[tuple[str, str, str | None, None]], StepInfo] = functools.partial(

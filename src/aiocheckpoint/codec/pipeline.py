@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import replace
 from datetime import datetime
 from time import perf_counter
@@ -183,6 +183,24 @@ class RecordCodec:
             await self._write_record(workflow_id, step, record, lease, info)
         return fields.checkpoint()
 
+    def save_owned(
+        self, fields: CheckpointFields, lease: Lease | None, info: StepInfo | None
+    ) -> Coroutine[Any, Any, None] | None:
+        """Encode ``fields`` as they are, uncopied; the storage call (None: :meth:`save` must).
+
+        For a state and metadata the caller built for this save alone and never changes,
+        of JSON values only (no float): no copy, no models built. The record is encoded
+        before this returns, so the awaitable holds its bytes, not ``fields`` (nothing of
+        the state is kept alive while the save waits). A record that may hold a tag (a
+        one-key dict whose key starts with ``$`` must be escaped) or that only the exact
+        encoder writes gets None, with nothing stored: :meth:`save` names what it cannot
+        store.
+        """
+        record = encode_fields(fields, True)
+        if record is None or has_tags(record):
+            return None
+        return self._write_record(fields.workflow_id, fields.step, record, lease, info)
+
     async def _save_snapshot(
         self, draft: CheckpointDraft, lease: Lease | None, info: StepInfo | None
     ) -> Checkpoint:
@@ -257,7 +275,7 @@ class RecordCodec:
 
     def _write_record(
         self, workflow_id: str, step: int, data: bytes, lease: Lease | None, info: StepInfo | None
-    ) -> Awaitable[None]:
+    ) -> Coroutine[Any, Any, None]:
         """The save of a version-1 record, sealed first if this codec seals.
 
         Not a coroutine unless it seals: a frame less for each waiting save to keep.
@@ -281,7 +299,7 @@ class RecordCodec:
 
     def _write_plain(
         self, workflow_id: str, step: int, data: bytes, lease: Lease | None, info: StepInfo | None
-    ) -> Awaitable[None]:
+    ) -> Coroutine[Any, Any, None]:
         if info is None:
             return round_trip(
                 self._storage.save, workflow_id, step, data, keep_last=self._keep_last

@@ -12,8 +12,9 @@ The full pages of a thread's long lists are records of one more workflow per thr
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import uuid
+import re
 from typing import Final
 
 from ...errors import InvalidArgumentError
@@ -34,6 +35,10 @@ PREFIX: Final = "lg:"
 # A part longer than this (or containing NUL) is replaced by its digest, so that the
 # workflow id stays within aiocheckpoint's 255 UTF-8 bytes whatever LangGraph passes.
 _MAX_PART_BYTES: Final = 100
+# A UUID in its canonical form (what str(uuid.UUID(...)) gives): lowercase, 8-4-4-4-12.
+_CANONICAL_UUID: Final = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
+)
 
 
 def _part(text: str) -> str:
@@ -62,6 +67,7 @@ def page_step(page_hash: str) -> int:
     return int(page_hash[:15], 16)
 
 
+@functools.lru_cache(maxsize=4096)  # every put asks, with the same few pairs
 def workflow_id(thread_id: str, checkpoint_ns: str) -> str:
     """The workflow that holds one thread's namespace (``""`` is the root graph)."""
     return thread_prefix(thread_id) + _part(checkpoint_ns)
@@ -73,16 +79,13 @@ def checkpoint_step(checkpoint_id: str) -> int:
     Raises :class:`~aiocheckpoint.InvalidArgumentError` for an id that is not a UUID in
     its canonical lowercase form (LangGraph's ids always are).
     """
-    try:
-        parsed = uuid.UUID(checkpoint_id)
-    except (TypeError, ValueError, AttributeError):
-        parsed = None
-    if parsed is None or str(parsed) != checkpoint_id:
+    if type(checkpoint_id) is not str or _CANONICAL_UUID.match(checkpoint_id) is None:
         raise InvalidArgumentError(
             f"checkpoint ids must be canonical UUID strings (LangGraph's uuid6), "
             f"got {checkpoint_id!r}"
         )
-    high = parsed.int >> 64
+    # The UUID's high 64 bits: its first three groups.
+    high = int(checkpoint_id[:8] + checkpoint_id[9:13] + checkpoint_id[14:18], 16)
     # time_high and time_mid, then time_low without the version nibble between them.
     stamp = ((high >> 16) << 12) | (high & 0xFFF)
     return stamp * 2

@@ -224,8 +224,13 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             # tasks' writes may arrive while it is being saved.
             self._remember(self._writes, (workflow_id, step + 1), (checkpoint["id"], ()))
         lease = await self._fence(workflow_id, thread_id)
-        await self._store.save_pages(thread_id, new_pages)  # before what references them
-        await self._store.save(workflow_id, step, state, info, lease)
+        if new_pages:
+            await self._store.save_pages(thread_id, new_pages)  # before what references them
+        saving = self._store.save(workflow_id, step, state, info, lease)
+        # Encoded: this frame keeps nothing of the record while the save waits, so no
+        # container of it lives long enough for the garbage collector to promote.
+        del state, info, new_pages
+        await saving
         self._remember(self._channels, workflow_id, (checkpoint["id"], channels))
         await self._retain(workflow_id, step)
         return _config(thread_id, ns, checkpoint["id"])
@@ -255,8 +260,11 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             # Stored as JSON lists: a tuple would be a typed value, tagged on the way in and
             # restored on the way out for a checkpoint the saver never looks at.
             state = {"writes": [list(write) for write in merged]}
-            await self._store.save(workflow_id, step, state, info, lease)
-            self._remember(self._writes, (workflow_id, step), (checkpoint_id, tuple(merged)))
+            saving = self._store.save(workflow_id, step, state, info, lease)
+            stored = (checkpoint_id, tuple(merged))
+            del state, info, merged, old  # encoded (see aput)
+            await saving
+            self._remember(self._writes, (workflow_id, step), stored)
 
     async def _stored_writes(
         self, workflow_id: str, step: int
@@ -441,7 +449,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             info = {**record.metadata, "thread_id": target}
             workflow_id = keys.workflow_id(target, str(info.get("checkpoint_ns", "")))
             lease = await self._fence(workflow_id, target)
-            await self._store.save(
+            await self._store.save_copy(
                 workflow_id, record.step, record.state_snapshot.data, info, lease
             )
             self._forget(workflow_id)

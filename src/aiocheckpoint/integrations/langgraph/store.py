@@ -8,7 +8,7 @@ LangGraph threads, and its tools (``verify``, ``copy``) work on them unchanged.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -128,7 +128,23 @@ class ThreadStore:
         for key in [key for key in self._stored if key[0] == workflow_id]:
             del self._stored[key]
 
-    async def save(
+    def save(
+        self,
+        workflow_id: str,
+        step: int,
+        state: dict[str, Any],
+        metadata: dict[str, Any],
+        lease: Lease | None,
+    ) -> Awaitable[object]:
+        """Store one checkpoint (even step) or one checkpoint's writes (odd step).
+
+        ``state`` and ``metadata`` were built for this save (strings, ints, lists and dicts,
+        nothing kept by the caller that changes them): they are handed over, not copied,
+        and encoded before this returns (``CheckpointManager.save_owned``). Await the result.
+        """
+        return self.manager.save_owned(workflow_id, step, AGENT, state, metadata, lease=lease)
+
+    async def save_copy(
         self,
         workflow_id: str,
         step: int,
@@ -136,7 +152,7 @@ class ThreadStore:
         metadata: dict[str, Any],
         lease: Lease | None,
     ) -> None:
-        """Store one checkpoint (even step) or one checkpoint's writes (odd step)."""
+        """:meth:`save` of a record read back from the store (copied as any state is)."""
         await self.manager.create_checkpoint(
             workflow_id, step, AGENT, "completed", state, metadata=metadata, lease=lease
         )
