@@ -319,7 +319,7 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         if self._keeps_records:
             info = self._owned_infos.get(agent_id)
             if info is None:
-                info = _step_info((agent_id, "completed", self._kind))
+                info = _step_info((agent_id, "completed", self._kind, None))
                 if len(self._owned_infos) < _OWNED_INFOS:
                     self._owned_infos[agent_id] = info
         saving = self._codec.save_owned(fields, lease, info)
