@@ -2,11 +2,12 @@
 
 A pydantic-ai run is one step of its workflow, and every unit of it an effect, so a sleep
 cannot end the run *between* steps as ``wf.sleep`` does. It ends it inside the step instead:
-the sleep is an effect whose body writes the wake-up time (:func:`aiocheckpoint.sleeping.
-sleep_workflow`: UNFINISHED, claimable once the store's clock passes it, a ``sleeping``
-event), and the run leaves its workflow block with :class:`Asleep`, which writes nothing more
-(the block only gives its lease back). A run that resumes replays every recorded unit, the
-sleep's too, and goes on after it: the sleep is not taken again.
+the sleep is an effect whose body writes the wake-up time
+(:func:`~aiocheckpoint.sleeping.sleep_workflow`: UNFINISHED, claimable once the store's
+clock passes it, a ``sleeping`` event), and the run leaves its workflow block with
+:class:`Asleep`, which writes nothing more (the block only gives its lease back). A run
+that resumes replays every recorded unit, the sleep's too, and goes on after it: the sleep
+is not taken again.
 
 Killed after the write but before the effect's outcome was recorded, the sleep is in doubt
 and, idempotent, taken again on resume: at worst once more, never skipped.
