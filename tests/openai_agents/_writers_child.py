@@ -9,6 +9,8 @@ import anyio
 
 from aiocheckpoint import CheckpointManager
 from aiocheckpoint.integrations.openai_agents import AioCheckpointSession
+from aiocheckpoint.storage.base import BaseStorage
+from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 
@@ -16,11 +18,13 @@ WRITERS = 4
 
 
 async def writer(backend: str, where: str, name: str, batches: int) -> None:
-    storage = (
-        SQLiteCheckpointStorage(where)
-        if backend == "sqlite"
-        else PostgresCheckpointStorage(sys.argv[5], schema=where, max_size=1)
-    )
+    storage: BaseStorage
+    if backend == "file":
+        storage = FileCheckpointStorage(where)
+    elif backend == "sqlite":
+        storage = SQLiteCheckpointStorage(where)
+    else:
+        storage = PostgresCheckpointStorage(sys.argv[5], schema=where, max_size=1)
     async with storage, CheckpointManager(storage) as manager:
         session = AioCheckpointSession("s", manager)
         for n in range(batches):

@@ -1,8 +1,9 @@
 """8 writers in 2 processes append to one session: nothing is lost, nothing reordered.
 
-Each writer has its own store object, so only the store's leases (not the in-process lock)
-keep them apart. Each batch is two items; the check is that every batch is there, whole
-and contiguous, and that each writer's batches are in the order it wrote them.
+Each writer has its own store object, so only the store's leases (the file store: its writer
+lock, a ``flock``), not the in-process lock, keep them apart. Each batch is two items; the
+check is that every batch is there, whole and contiguous, and that each writer's batches are
+in the order it wrote them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from aiocheckpoint import CheckpointManager
 from aiocheckpoint.integrations.openai_agents import AioCheckpointSession
+from aiocheckpoint.storage.file import FileCheckpointStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from tests.pg_support import DSN
@@ -48,10 +50,12 @@ def check(items: list[str]) -> None:
 
 
 @pytest.mark.slow
-async def test_sqlite(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
-    await anyio.to_thread.run_sync(run_children, "sqlite", str(db))
-    async with SQLiteCheckpointStorage(db) as storage, CheckpointManager(storage) as manager:
+@pytest.mark.parametrize("kind", ["file", "sqlite"])
+async def test_local_stores(kind: str, tmp_path: Path) -> None:
+    where = tmp_path / ("store" if kind == "file" else "s.db")
+    await anyio.to_thread.run_sync(run_children, kind, str(where))
+    storage = FileCheckpointStorage(where) if kind == "file" else SQLiteCheckpointStorage(where)
+    async with storage, CheckpointManager(storage) as manager:
         items = await AioCheckpointSession("s", manager).get_items()
     check([item["content"] for item in items])  # type: ignore[typeddict-item]
 

@@ -12,8 +12,11 @@ makes the read-then-write a critical section:
   write, so a writer whose lease expired meanwhile is refused with
   :class:`~aiocheckpoint.LeaseLostError` rather than overwriting.
 
-The file store keeps no leases: there the gate is the in-process lock alone, and one
-process at a time may write a given workflow.
+The file store keeps no leases: there the gate takes the store's writer lock
+(:meth:`FileCheckpointStorage.writer_lock
+<aiocheckpoint.storage.file.FileCheckpointStorage.writer_lock>`, a ``flock`` on a file in
+the store's directory), held across the read-then-write and released by the kernel if the
+process dies. Another backend without leases gets the in-process lock alone.
 
 The lease creates the workflow's record; the writer of a workflow's first step marks it
 FINISHED, so that runner pools (``claim_workflow``) never take it for a workflow to run,
@@ -25,17 +28,22 @@ from __future__ import annotations
 import os
 import random
 import socket
+import sys
 import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, cast
 
 import anyio
 
 from ..errors import InvalidArgumentError, LeaseHeldError
 from ..leases import Lease, WorkflowStatus, check_ttl
 from ..manager import CheckpointManager
+
+if TYPE_CHECKING:
+    from ..storage.file import FileCheckpointStorage
 
 __all__ = ["WriterGate", "unique_owner"]
 
@@ -59,6 +67,14 @@ def _local_lock(storage: object, workflow_id: str) -> anyio.Lock:
     return lock
 
 
+def _file_store(storage: object) -> FileCheckpointStorage | None:
+    """``storage`` if it is a file store (never importing one: it needs ``fcntl``)."""
+    module = sys.modules.get("aiocheckpoint.storage.file")
+    if module is not None and isinstance(storage, module.FileCheckpointStorage):
+        return cast("FileCheckpointStorage", storage)
+    return None
+
+
 class WriterGate:
     """Serializes the writers of workflows of one manager (see the module docstring).
 
@@ -77,11 +93,16 @@ class WriterGate:
         self._ttl = check_ttl(ttl)
         self._wait = float(wait)
         self._leases = manager.supports_workflow_records()
+        self._files = _file_store(manager.storage)
 
     @asynccontextmanager
     async def writing(self, workflow_id: str) -> AsyncIterator[Lease | None]:
         """Hold ``workflow_id`` for writing; yield the lease that fences the writes (or None)."""
         async with _local_lock(self._manager.storage, workflow_id):
+            if self._files is not None:
+                async with self._files.writer_lock(workflow_id, wait=self._wait):
+                    yield None
+                return
             if not self._leases:
                 yield None
                 return

@@ -24,11 +24,14 @@ from pydantic_ai.tools import AgentDepsT
 from pydantic_ai.toolsets import ToolsetTool
 from pydantic_core import to_jsonable_python
 
+from ... import sleeping
 from ...errors import CheckpointNotFoundError, InvalidArgumentError
+from ...leases import Lease
 from ...manager import CheckpointManager
 from ...workflow import ResumableWorkflow
 from ._backend import EffectConfig, EffectOperationBackend, check_config, merged, role_config
 from ._scope import current_scope, run_scope
+from ._sleep import Asleep, RunSleeping, has_timer, sleep_until_woken
 
 OutputT = TypeVar("OutputT")
 
@@ -72,6 +75,7 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
         journal_discovery=True,
         sequential_tools_in_durable_context=False,  # tool calls are keyed by their call id
         tool_config_key="aiocheckpoint",
+        control_flow_error_types=(Asleep,),  # a long durable sleep ends the run: no failure
     )
 
     def __init__(
@@ -121,13 +125,26 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
         return conversation_id_from_run_id(run_id) if self.in_durable_context else None
 
     async def durable_sleep(self, seconds: float) -> None:
-        """Wait until a deadline recorded in the journal: a resumed run waits what is left."""
+        """Sleep durably: end the run until the store wakes it, or wait a short while here.
+
+        A sleep of more than :data:`~aiocheckpoint.sleeping.SHORT_SLEEP` seconds, on a store
+        that keeps workflow records (in-memory, SQLite, PostgreSQL), is the store's durable
+        timer, as for ``wf.sleep``: its wake-up time is written by the store's clock, the
+        run ends with :class:`RunSleeping`, ``claim_workflow`` hands it out only after that
+        time, and :meth:`resume` replays the run's units and goes on after the sleep (not
+        taken again). A shorter one, or any on the file store, waits in this process until
+        a deadline recorded in the journal: a resumed run waits only what is left.
+        """
         scope = current_scope()
         if scope is None:
             await anyio.sleep(max(seconds, 0))
             return
         key = f"{self.name}__sleep/{scope.next_number('sleep')}"
-        deadline = await scope.workflow.effect(key, sleep_deadline, seconds, idempotent=True)
+        workflow = scope.workflow
+        if seconds > sleeping.SHORT_SLEEP and has_timer(workflow.checkpoint_manager):
+            await sleep_until_woken(workflow, key, seconds)
+            return
+        deadline = await workflow.effect(key, sleep_deadline, seconds, idempotent=True)
         await anyio.sleep(max(float(deadline) - time.time(), 0))
 
     def get_durable_operation_backend(self) -> DurableOperationBackend[EffectConfig]:
@@ -166,6 +183,7 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
         *,
         workflow_id: str,
         lease_owner: str | None = None,
+        lease: Lease | None = None,
         **run_kwargs: Any,
     ) -> AgentRunResult[OutputT]:
         """Run ``agent`` durably as workflow ``workflow_id``, or finish that run.
@@ -174,7 +192,9 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
         a crash, in any process) replays every recorded unit and runs the rest. A finished
         run's id returns its result again, calling nothing. ``run_kwargs`` (``deps``,
         ``message_history``...) go to ``agent.run`` and are not stored: pass the same ones
-        again. ``lease_owner`` holds the workflow's lease for the run.
+        again. ``lease_owner`` holds the workflow's lease for the run; ``lease`` drives a
+        run handed out by ``claim_workflow``. A long durable sleep ends the run with
+        :class:`RunSleeping` (see :meth:`durable_sleep`).
         """
         self._check_agent(agent)
         given = _input(user_prompt)
@@ -184,27 +204,38 @@ class AioCheckpointDurability(BaseDurabilityCapability[AgentDepsT]):
                 f"workflow {workflow_id!r} was started with another prompt "
                 "(resume it with resume(), or use a new workflow id)"
             )
-        workflow = ResumableWorkflow(workflow_id, self.manager, lease_owner=lease_owner)
-        async with workflow as wf, wf.step(RUN_STEP, agent_id=self._agent_name(agent)):
-            with run_scope(wf):
-                await wf.effect(INPUT_KEY, record_input, given, idempotent=True)
-                result: AgentRunResult[OutputT] = await agent.run(user_prompt, **run_kwargs)
-            wf.state.set("output", to_jsonable_python(result.output))
+        workflow = ResumableWorkflow(
+            workflow_id, self.manager, lease_owner=lease_owner, lease=lease
+        )
+        try:
+            async with workflow as wf, wf.step(RUN_STEP, agent_id=self._agent_name(agent)):
+                with run_scope(wf):
+                    await wf.effect(INPUT_KEY, record_input, given, idempotent=True)
+                    result: AgentRunResult[OutputT] = await agent.run(user_prompt, **run_kwargs)
+                wf.state.set("output", to_jsonable_python(result.output))
+        except Asleep as asleep:
+            raise RunSleeping(workflow_id, asleep.seconds, asleep.wake_at) from None
         return result
 
     async def resume(
-        self, agent: AbstractAgent[AgentDepsT, OutputT], workflow_id: str, **run_kwargs: Any
+        self,
+        agent: AbstractAgent[AgentDepsT, OutputT],
+        workflow_id: str,
+        *,
+        lease: Lease | None = None,
+        **run_kwargs: Any,
     ) -> AgentRunResult[OutputT]:
         """Finish the run ``workflow_id`` that :meth:`run` started, with its recorded prompt.
 
-        Raises :class:`~aiocheckpoint.CheckpointNotFoundError` when no run of that id was
-        started in this store.
+        After a crash, or woken from a long durable sleep (pass the ``lease`` that
+        ``claim_workflow`` returned). Raises :class:`~aiocheckpoint.CheckpointNotFoundError`
+        when no run of that id was started in this store.
         """
         recorded = await self.recorded_input(workflow_id)
         if recorded is None:
             raise CheckpointNotFoundError(workflow_id, RUN_STEP)
         prompt = recorded["user_prompt"]
-        return await self.run(agent, prompt, workflow_id=workflow_id, **run_kwargs)
+        return await self.run(agent, prompt, workflow_id=workflow_id, lease=lease, **run_kwargs)
 
     async def recorded_input(self, workflow_id: str) -> dict[str, Any] | None:
         """The input the run ``workflow_id`` was started with (None: not started)."""

@@ -1,8 +1,8 @@
 """The file store's own directory: its creation, its format marker, atomic small files.
 
-``base_dir`` holds ``aiocheckpoint.json`` (the format marker), ``workflows/`` and, once the
-store holds blobs, ``blobs/``. Nothing is created until the first write; reads of a missing
-store find nothing.
+``base_dir`` holds ``aiocheckpoint.json`` (the format marker), ``workflows/``, once the
+store holds blobs, ``blobs/``, and once an integration's writer took a lock, ``locks/``.
+Nothing is created until the first write; reads of a missing store find nothing.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ from typing import Final
 from ...errors import StorageSchemaError
 from ..private import refuse_unless_private
 from .io import DIR_FLAGS, FileOps, OddEntry, discard, fsync_path, open_regular, write_temp
-from .names import FORMAT_PLAIN, MARKER, WORKFLOWS, encode_marker, parse_marker
+from .names import FORMAT_PLAIN, LOCKS, MARKER, WORKFLOWS, encode_marker, parse_marker
 
 __all__ = ["StoreDir"]
 
 #: The store's own directories, checked for their owner and mode before first use.
-_CHECKED: Final = ("", WORKFLOWS, "blobs")
+_CHECKED: Final = ("", WORKFLOWS, "blobs", LOCKS)
 
 
 class StoreDir:
     """``base_dir`` of one store: whether it exists, which format it is, making it.
 
-    Before its first use, ``base_dir`` (and its ``workflows/`` and ``blobs/``, if present)
-    must belong to this process's user and be writable by no one else, unless
+    Before its first use, ``base_dir`` (and its ``workflows/``, ``blobs/`` and ``locks/``, if
+    present) must belong to this process's user and be writable by no one else, unless
     ``allow_shared`` (see :class:`~aiocheckpoint.errors.StoragePermissionError`).
     """
 
@@ -81,7 +81,7 @@ class StoreDir:
 
         Done once per storage object, as soon as ``base_dir`` exists: its owner is this
         process's effective user and it is not writable by group or others; the same for
-        ``workflows/`` and ``blobs/`` where they exist.
+        ``workflows/``, ``blobs/`` and ``locks/`` where they exist.
         """
         if self._trusted:
             return

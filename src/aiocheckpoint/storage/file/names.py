@@ -26,6 +26,7 @@ __all__ = [
     "HINT",
     "ID_FILE",
     "LOCK",
+    "LOCKS",
     "MARKER",
     "MAX_PLAIN_NAME",
     "WORKFLOWS",
@@ -51,6 +52,8 @@ FORMAT_PLAIN: Final = 1
 FORMAT_BLOBS: Final = 2
 MARKER: Final = "aiocheckpoint.json"
 WORKFLOWS: Final = "workflows"
+#: The directory of ``base_dir`` holding the integrations' writer locks (``writers.py``).
+LOCKS: Final = "locks"
 LOCK: Final = "lock"
 HINT: Final = "latest"
 ID_FILE: Final = "id"

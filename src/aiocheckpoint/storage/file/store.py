@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Collection, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
 import anyio.to_thread
@@ -48,6 +49,7 @@ from .io import FileOps
 from .layout import StoreDir
 from .names import FORMAT_BLOBS, FORMAT_VERSION, encode_name
 from .records import RecordFiles
+from .writers import holding
 
 __all__ = ["FileCheckpointStorage"]
 
@@ -160,6 +162,22 @@ class FileCheckpointStorage(BaseStorage):
     @_os.setter
     def _os(self, ops: FileOps) -> None:
         self._layout.ops = self._dirs.ops = self._blobs.ops = ops
+
+    def writer_lock(
+        self, workflow_id: str, *, wait: float = 60.0
+    ) -> AbstractAsyncContextManager[None]:
+        """Hold ``workflow_id`` for one writer at a time, across processes (``async with``).
+
+        What the integrations' writers take instead of a lease, which this store does not
+        keep: an exclusive ``flock`` on ``base_dir/locks/<workflow>`` (see
+        :mod:`aiocheckpoint.storage.file.writers`). Waits at most ``wait`` seconds, then
+        raises :class:`~aiocheckpoint.LeaseHeldError`; released on every exit, and by the
+        kernel when the process dies. It does not fence the store's own writes.
+        """
+        check_workflow_id(workflow_id)
+        if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not wait > 0:
+            raise InvalidArgumentError(f"wait must be a positive number, not {wait!r}")
+        return holding(self._layout, workflow_id, float(wait))
 
     @property
     def base_dir(self) -> str:
