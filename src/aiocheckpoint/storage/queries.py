@@ -207,6 +207,7 @@ def query_sql(
     mark: Callable[[int], str],
     moment: Callable[[datetime], Any],
     in_doubt: str = "",
+    drive_metadata: bool = False,
 ) -> tuple[str, list[Any]]:
     """The SELECT of ``query`` for a database: one join per metadata key, ordered by id.
 
@@ -218,7 +219,10 @@ def query_sql(
     about its own size divided by the share of the walk's rows that pass the other filters,
     not the number of workflows (``tests/test_scale_plans.py`` checks the plans).
     ``in_doubt`` is the database's condition "workflow ``w`` has an effect in doubt" (over
-    the effect journal's partial index), for ``query.in_doubt``.
+    the effect journal's partial index), for ``query.in_doubt``. ``drive_metadata``
+    (PostgreSQL) says so to the planner: the first key's rows, in id order, each look up
+    their workflow (``LATERAL ... OFFSET 0``), where its statistics chose a merge join that
+    read every workflow the page's ids span and every row of a rare value after the cursor.
     """
     args: list[Any] = []
 
@@ -226,12 +230,14 @@ def query_sql(
         args.append(value)
         return mark(len(args))
 
+    pairs = list(zip(_aliases(query), query.metadata, strict=True))
+    driven = drive_metadata and bool(pairs)
     joins = [
         f"JOIN {metadata_table} AS {alias} ON {alias}.workflow_id = w.workflow_id "
         f"AND {alias}.key = {bind(key)} AND {alias}.value = {bind(value)}"
-        for alias, (key, value) in zip(_aliases(query), query.metadata, strict=True)
+        for alias, (key, value) in pairs[driven:]
     ]
-    order = "m0.workflow_id" if query.metadata else "w.workflow_id"
+    order = "m0.workflow_id" if pairs else "w.workflow_id"
     # With an agent status and no status, the agent status index drives and the kind is
     # only checked (COALESCE: no index serves it): no index holds both, and SQLite, without
     # statistics, walked every workflow of the kind for a rare agent status.
@@ -261,13 +267,27 @@ def query_sql(
         # The bound on every side the walk may start from: PostgreSQL does not carry an
         # inequality across the join's equality, so a bound on m0 alone left the planner a
         # walk of workflows from the first id (its cost grew with the cursor's position).
-        where += [f"{side}.workflow_id > {bind(query.after)}" for side in ("w", *_aliases(query))]
+        sides = ["w", *(alias for alias, _ in pairs[driven:])]
+        where += [f"{side}.workflow_id > {bind(query.after)}" for side in sides]
     if query.in_doubt is not None:
         where.append(in_doubt if query.in_doubt else f"NOT {in_doubt}")
     selected = ", ".join(f"w.{c}" for c in columns)
-    sql = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    if driven:
+        alias, (key, value) = pairs[0]
+        driver = (
+            f"SELECT {alias}.workflow_id FROM {metadata_table} AS {alias} "
+            f"WHERE {alias}.key = {bind(key)} AND {alias}.value = {bind(value)}"
+        )
+        if query.after is not None:
+            driver += f" AND {alias}.workflow_id > {bind(query.after)}"
+        where.insert(0, f"w.workflow_id = {alias}.workflow_id")
+        lookup = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
+        lookup += " WHERE " + " AND ".join(where) + " OFFSET 0"
+        sql = f"SELECT {selected} FROM ({driver}) AS {alias} CROSS JOIN LATERAL ({lookup}) AS w"
+    else:
+        sql = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
     sql += f" ORDER BY {order}"
     if query.limit is not None:
         sql += f" LIMIT {bind(query.limit)}"
