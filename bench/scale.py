@@ -269,13 +269,15 @@ async def probe(manager: CheckpointManager, size: int, calls: int) -> dict[str, 
     """The queries' latencies on a store of ``size`` fillers and the probes.
 
     Pages of 50 unfinished workflows from a random cursor: of tenant ``t1`` (1 in 20 of the
-    fillers pass) and of org ``o1`` (1 in 485 pass, so a page at 1,000 holds what matches).
+    fillers pass) and of org ``o1`` (1 in 485 pass: a page at 1,000 holds the 2 matches).
     """
     rng = random.Random(size)
 
-    def page(metadata: dict[str, str]) -> Callable[[int], Awaitable[None]]:
+    def page(metadata: dict[str, str], span: int) -> Callable[[int], Awaitable[None]]:
         async def call(_i: int) -> None:
-            start = f"q-{rng.randrange(size):07}"
+            # A cursor the page's ``span`` of ids fits after: a full page where the store
+            # holds 50 matches (the smallest store's page is then its first).
+            start = f"q-{rng.randrange(max(1, size - span)):07}"
             got = await manager.list_workflow_records(
                 "unfinished", metadata=metadata, limit=50, cursor=encode_cursor(start)
             )
@@ -292,8 +294,8 @@ async def probe(manager: CheckpointManager, size: int, calls: int) -> dict[str, 
         await manager.release_lease(lease)
 
     return {
-        "page_of_50": await timed(calls, page({"tenant": "t1"})),
-        "page_rare": await timed(calls, page({"org": "o1"})),
+        "page_of_50": await timed(calls, page({"tenant": "t1"}, 50 * 20)),
+        "page_rare": await timed(calls, page({"org": "o1"}, 50 * 485)),
         "get_resume_point": await timed(calls, resume),
         "claim_workflow": await timed(calls, claim),
     }
