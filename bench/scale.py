@@ -23,6 +23,13 @@ For each backend, on a fresh SQLite file (or PostgreSQL schema, dropped afterwar
 Prints one JSON line per backend. ``--quick`` is CI's smoke size (2,000 x 10). The
 machine is shared: read the load average printed with each line.
 
+``--queries 1000,100000,1000000`` instead builds a store per size in bulk SQL
+(``scale_fill.py``) and probes them in turn, ``--rounds`` times (alternating the order):
+``--calls`` one at a time of a page of 50 unfinished workflows of a common tenant (1 in 20
+pass) and of a rare org (1 in 485), ``get_resume_point`` and ``claim_workflow`` plus its
+release. Each line gives the medians over the rounds of p50 and p99 and the p99 over the
+smallest size's: the sizes share the machine's load.
+
 ``--soak ROUNDS`` instead writes ``checkpoints`` more steps to every workflow and sweeps,
 ``ROUNDS`` times, and prints the store's bytes after each round (SQLite: with its WAL, also
 apart): the same data after every round, so the size should stay flat once warm.
@@ -259,15 +266,24 @@ async def timed(calls: int, call: Callable[[int], Awaitable[object]]) -> dict[st
 
 
 async def probe(manager: CheckpointManager, size: int, calls: int) -> dict[str, Any]:
-    """The three queries' latencies on a store of ``size`` fillers and the probes."""
+    """The queries' latencies on a store of ``size`` fillers and the probes.
+
+    Pages of 50 unfinished workflows from a random cursor: of tenant ``t1`` (1 in 20 of the
+    fillers pass) and of org ``o1`` (1 in 485 pass: a page at 1,000 holds the 2 matches).
+    """
     rng = random.Random(size)
 
-    async def page(_i: int) -> None:
-        start = f"q-{rng.randrange(size):07}"
-        got = await manager.list_workflow_records(
-            "unfinished", metadata={"tenant": "t1"}, limit=50, cursor=encode_cursor(start)
-        )
-        assert len(got) == 50 or got.next_cursor is None
+    def page(metadata: dict[str, str], span: int) -> Callable[[int], Awaitable[None]]:
+        async def call(_i: int) -> None:
+            # A cursor the page's ``span`` of ids fits after: a full page where the store
+            # holds 50 matches (the smallest store's page is then its first).
+            start = f"q-{rng.randrange(max(1, size - span)):07}"
+            got = await manager.list_workflow_records(
+                "unfinished", metadata=metadata, limit=50, cursor=encode_cursor(start)
+            )
+            assert len(got) == 50 or got.next_cursor is None
+
+        return call
 
     async def resume(i: int) -> None:
         assert await manager.get_resume_point(f"p-{i % _PROBES:03}") is not None
@@ -278,7 +294,8 @@ async def probe(manager: CheckpointManager, size: int, calls: int) -> dict[str, 
         await manager.release_lease(lease)
 
     return {
-        "page_of_50": await timed(calls, page),
+        "page_of_50": await timed(calls, page({"tenant": "t1"}, 50 * 20)),
+        "page_rare": await timed(calls, page({"org": "o1"}, 50 * 485)),
         "get_resume_point": await timed(calls, resume),
         "claim_workflow": await timed(calls, claim),
     }
@@ -289,29 +306,57 @@ _PROBES: Final = 100
 
 
 async def queries(backend: str, args: argparse.Namespace, where: Path) -> None:
-    """At each size of ``args.queries``, the queries' p50/p99; a JSON line per size."""
-    schema = f"bench_queries_{uuid.uuid4().hex[:10]}"
-    filled = 0
+    """A store per size of ``args.queries``, probed in turn ``args.rounds`` times; a JSON
+    line per size: each query's median p50/p99 over the rounds, and its p99 over the
+    smallest size's (the same rounds: the machine's load falls on every size alike)."""
+    sizes = [int(x) for x in args.queries.split(",")]
+    schemas = {size: f"bench_queries_{uuid.uuid4().hex[:10]}" for size in sizes}
+    stores = {size: where / f"size-{size}" for size in sizes}
+    fill_s: dict[int, float] = {}
     try:
-        async with CheckpointManager(open_store(backend, where, args.dsn, schema)) as manager:
-            record = await template_record(manager)
-            for n in range(_PROBES):
-                await manager.create_checkpoint(f"p-{n:03}", 0, "a", "running", {"n": n})
-        for size in (int(x) for x in args.queries.split(",")):
+        for size in sizes:
+            stores[size].mkdir()
+            store = open_store(backend, stores[size], args.dsn, schemas[size])
+            async with CheckpointManager(store) as manager:
+                record = await template_record(manager)
+                for n in range(_PROBES):
+                    await manager.create_checkpoint(f"p-{n:03}", 0, "a", "running", {"n": n})
             began = time.perf_counter()
             if backend == "sqlite":
-                await asyncio.to_thread(fill_sqlite, where / "store.db", filled, size, record)
+                await asyncio.to_thread(fill_sqlite, stores[size] / "store.db", 0, size, record)
             else:
-                await fill_postgres(args.dsn, schema, filled, size, record)
-            built, filled = time.perf_counter() - began, size
-            async with CheckpointManager(open_store(backend, where, args.dsn, schema)) as manager:
-                figures = await probe(manager, size, args.calls)
-            line = {"backend": backend, "workflows": size, "fill_s": round(built, 1), **figures}
+                await fill_postgres(args.dsn, schemas[size], 0, size, record)
+            fill_s[size] = round(time.perf_counter() - began, 1)
+        rounds: dict[int, list[dict[str, Any]]] = {size: [] for size in sizes}
+        for r in range(args.rounds):
+            for size in sizes if r % 2 == 0 else sizes[::-1]:
+                store = open_store(backend, stores[size], args.dsn, schemas[size])
+                async with CheckpointManager(store) as manager:
+                    rounds[size].append(await probe(manager, size, args.calls))
+        smallest = _medians(rounds[sizes[0]])
+        for size in sizes:
+            figures = _medians(rounds[size])
+            for name, got in figures.items():
+                got["p99_vs_smallest"] = round(got["p99_ms"] / smallest[name]["p99_ms"], 2)
+            line = {"backend": backend, "workflows": size, "fill_s": fill_s[size], **figures}
+            line["rounds"] = args.rounds
             line["load_average"] = [round(x, 1) for x in os.getloadavg()]
             print(json.dumps(line), flush=True)
     finally:
         if backend == "postgres":
-            await drop_schema(args.dsn, schema)
+            for schema in schemas.values():
+                await drop_schema(args.dsn, schema)
+
+
+def _medians(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each query's p50 and p99: the median over the rounds."""
+    return {
+        name: {
+            key: round(statistics.median(r[name][key] for r in rounds), 2)
+            for key in ("p50_ms", "p99_ms")
+        }
+        for name in rounds[0]
+    }
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -341,6 +386,7 @@ def main() -> None:
         "--queries", metavar="SIZES", help="query latencies at these sizes: 1000,100000,1000000"
     )
     parser.add_argument("--calls", type=int, default=300, help="calls per query and size")
+    parser.add_argument("--rounds", type=int, default=3, help="probes of every size, in turn")
     parser.add_argument(
         "--soak", type=int, metavar="ROUNDS", help="rounds of writes then a sweep: size per round"
     )

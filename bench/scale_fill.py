@@ -1,9 +1,11 @@
 """Bulk filler for bench/scale.py --queries: workflow records, metadata and checkpoints in SQL.
 
 Workflows ``q-0000000`` onwards: status by ``i % 10`` (0-1 unfinished, 2-8 finished, 9
-failed), metadata ``{"tenant": "t<i % 4>"}``, one checkpoint each (a copy of ``record``, a
-record of another workflow: the probes never read a filler's checkpoint), created in id
-order. A page of 50 unfinished workflows of one tenant is then full from 1,000 workflows up.
+failed), metadata ``{"org": "o<i % 97>", "tenant": "t<i % 4>"}``, one checkpoint each
+(a copy of ``record``, a record of another workflow: the probes never read a filler's
+checkpoint), created in id order. A page of 50 unfinished workflows of one tenant (1 in
+20 pass) is then full from 1,000 workflows up; of one org (1 in 485 pass: 97 x 5, the org
+and the status independent) from about 25,000.
 Written straight into the tables, many times faster than through a manager.
 """
 
@@ -23,6 +25,7 @@ _STATUS: Final = (
 )
 _ID: Final = "'q-' || substr('0000000' || i, -7, 7)"
 _PG_ID: Final = "'q-' || lpad(i::text, 7, '0')"
+_METADATA: Final = """'{"org":"o' || (i % 97) || '","tenant":"t' || (i % 4) || '"}'"""
 
 
 def fill_sqlite(path: Path, start: int, stop: int, record: bytes) -> None:
@@ -37,13 +40,13 @@ def fill_sqlite(path: Path, start: int, stop: int, record: bytes) -> None:
             seq + "INSERT INTO workflows (workflow_id, status, created_at, updated_at, "
             "finished_at, metadata, latest_step, latest_agent_id, latest_agent_status) "
             f"SELECT {_ID}, {_STATUS}, ?3 + i * 1e-6, ?3 + i * 1e-6, "
-            "CASE WHEN i % 10 >= 2 THEN ?3 END, '{\"tenant\":\"t' || (i % 4) || '\"}', "
-            "0, 'a', 'running' FROM s",
+            f"CASE WHEN i % 10 >= 2 THEN ?3 END, {_METADATA}, 0, 'a', 'running' FROM s",
             (start, stop, now - 86400),
         )
         conn.execute(
             seq + "INSERT INTO workflow_metadata (workflow_id, key, value) "
-            f"SELECT {_ID}, 'tenant', '\"t' || (i % 4) || '\"' FROM s",
+            f"SELECT {_ID}, 'tenant', '\"t' || (i % 4) || '\"' FROM s "
+            f"UNION ALL SELECT {_ID}, 'org', '\"o' || (i % 97) || '\"' FROM s",
             (start, stop),
         )
         conn.execute(
@@ -69,13 +72,14 @@ async def fill_postgres(dsn: str, schema: str, start: int, stop: int, record: by
                 f"SELECT {_PG_ID}, {_STATUS}, now() - interval '1 day' + i * interval '1 us', "
                 "now() - interval '1 day' + i * interval '1 us', "
                 "CASE WHEN i % 10 >= 2 THEN now() - interval '1 day' END, "
-                "'{\"tenant\":\"t' || (i % 4) || '\"}', 0, 'a', 'running' " + series,
+                f"{_METADATA}, 0, 'a', 'running' " + series,
                 start,
                 stop,
             )
             await con.execute(
                 f"INSERT INTO {s}.workflow_metadata (workflow_id, key, value) "
-                f"SELECT {_PG_ID}, 'tenant', '\"t' || (i % 4) || '\"' " + series,
+                f"SELECT {_PG_ID}, 'tenant', '\"t' || (i % 4) || '\"' {series} UNION ALL "
+                f"SELECT {_PG_ID}, 'org', '\"o' || (i % 97) || '\"' " + series,
                 start,
                 stop,
             )

@@ -211,17 +211,22 @@ def query_sql(
     mark: Callable[[int], str],
     moment: Callable[[datetime], Any],
     in_doubt: str = "",
+    drive_metadata: bool = False,
 ) -> tuple[str, list[Any]]:
     """The SELECT of ``query`` for a database: one join per metadata key, ordered by id.
 
     ``mark(n)`` spells the n-th (1-based) parameter, ``moment`` converts a time to the
     database's representation. With a metadata filter the first key's index rows
     (``key, value, workflow_id``) drive the walk in workflow id order; otherwise the
-    ``(kind, status, workflow_id)``, ``(status, workflow_id)`` or ``(latest_agent_status,
-    workflow_id)`` index does, or the primary key: a page costs about its own size, not the
-    number of workflows.
-    ``in_doubt`` is the database's condition "workflow ``w`` has an effect in doubt" (an
-    ``EXISTS`` over the effect journal's partial index), for ``query.in_doubt``.
+    ``(kind, status, workflow_id)``, ``(status, workflow_id)``, ``(latest_agent_status,
+    workflow_id)`` or ``(kind, workflow_id)`` index does, or the primary key: a page costs
+    about its own size divided by the share of the walk's rows that pass the other filters,
+    not the number of workflows (``tests/test_scale_plans.py`` checks the plans).
+    ``in_doubt`` is the database's condition "workflow ``w`` has an effect in doubt" (over
+    the effect journal's partial index), for ``query.in_doubt``. ``drive_metadata``
+    (PostgreSQL) says so to the planner: the first key's rows, in id order, each look up
+    their workflow (``LATERAL ... OFFSET 0``), where its statistics chose a merge join that
+    read every workflow the page's ids span and every row of a rare value after the cursor.
     """
     args: list[Any] = []
 
@@ -229,16 +234,22 @@ def query_sql(
         args.append(value)
         return mark(len(args))
 
+    pairs = list(zip(_aliases(query), query.metadata, strict=True))
+    driven = drive_metadata and bool(pairs)
     joins = [
-        f"JOIN {metadata_table} AS m{n} ON m{n}.workflow_id = w.workflow_id "
-        f"AND m{n}.key = {bind(key)} AND m{n}.value = {bind(value)}"
-        for n, (key, value) in enumerate(query.metadata)
+        f"JOIN {metadata_table} AS {alias} ON {alias}.workflow_id = w.workflow_id "
+        f"AND {alias}.key = {bind(key)} AND {alias}.value = {bind(value)}"
+        for alias, (key, value) in pairs[driven:]
     ]
-    order = "m0.workflow_id" if query.metadata else "w.workflow_id"
+    order = "m0.workflow_id" if pairs else "w.workflow_id"
+    # With an agent status and no status, the agent status index drives and the kind is
+    # only checked (COALESCE: no index serves it): no index holds both, and SQLite, without
+    # statistics, walked every workflow of the kind for a rare agent status.
+    by_agent = query.agent_status is not None and query.status is None
     where = [
         f"{clause} {bind(value)}"
         for clause, value in (
-            ("w.kind =", query.kind),
+            ("COALESCE(w.kind, '') =" if by_agent else "w.kind =", query.kind),
             ("w.status =", None if query.status is None else query.status.value),
             ("w.latest_agent_status =", query.agent_status),
             (
@@ -253,17 +264,40 @@ def query_sql(
                 "COALESCE(w.finished_at, w.updated_at) <",
                 None if query.finished_before is None else moment(query.finished_before),
             ),
-            (f"{order} >", query.after),
         )
         if value is not None
     ]
+    if query.after is not None:
+        # The bound on every side the walk may start from: PostgreSQL does not carry an
+        # inequality across the join's equality, so a bound on m0 alone left the planner a
+        # walk of workflows from the first id (its cost grew with the cursor's position).
+        sides = ["w", *(alias for alias, _ in pairs[driven:])]
+        where += [f"{side}.workflow_id > {bind(query.after)}" for side in sides]
     if query.in_doubt is not None:
         where.append(in_doubt if query.in_doubt else f"NOT {in_doubt}")
     selected = ", ".join(f"w.{c}" for c in columns)
-    sql = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    if driven:
+        alias, (key, value) = pairs[0]
+        driver = (
+            f"SELECT {alias}.workflow_id FROM {metadata_table} AS {alias} "
+            f"WHERE {alias}.key = {bind(key)} AND {alias}.value = {bind(value)}"
+        )
+        if query.after is not None:
+            driver += f" AND {alias}.workflow_id > {bind(query.after)}"
+        where.insert(0, f"w.workflow_id = {alias}.workflow_id")
+        lookup = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
+        lookup += " WHERE " + " AND ".join(where) + " OFFSET 0"
+        sql = f"SELECT {selected} FROM ({driver}) AS {alias} CROSS JOIN LATERAL ({lookup}) AS w"
+    else:
+        sql = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
     sql += f" ORDER BY {order}"
     if query.limit is not None:
         sql += f" LIMIT {bind(query.limit)}"
     return sql, args
+
+
+def _aliases(query: WorkflowQuery) -> list[str]:
+    """The aliases of the metadata table's joins, one per filtered key."""
+    return [f"m{n}" for n in range(len(query.metadata))]

@@ -174,6 +174,7 @@ class Leases:
             _placeholder,
             _same,
             self._sql.in_doubt,
+            drive_metadata=True,
         )
         rows = await self._connection.run("query_workflows", lambda con: con.fetch(sql, *args))
         return [_workflow_record(row) for row in rows]

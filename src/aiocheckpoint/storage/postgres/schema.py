@@ -14,7 +14,8 @@ migration 6 adds the effect journal (``effects``); migration 7 the kind of a wor
 record, so that runners claim only workflows and never a LangGraph thread; migration 8 the
 ``cancelled`` status; migration 9 each workflow's event history (``workflow_events``);
 migration 10 deletes a statement's checkpoints' effects in one join
-(a statement trigger instead of a row trigger).
+(a statement trigger instead of a row trigger); migration 11 adds the indexes that keep a
+listing's page and the inspector's time ranges flat at a million workflows.
 """
 
 from __future__ import annotations
@@ -163,6 +164,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # Each workflow's event history; it depends on no other new migration.
     EVENTS_MIGRATION,
     SET_TRIGGER_MIGRATION,
+    (
+        # The default listing (kind 'workflow', any status) in workflow id order, whatever
+        # share of the store the kind holds; it depends on no other new migration.
+        "CREATE INDEX IF NOT EXISTS workflows_kind_id ON {s}.workflows (kind, workflow_id)",
+        # Records updated in a time range (the inspector's throughput, updated_after /
+        # updated_before): a range of this index, not a scan of every record.
+        "CREATE INDEX IF NOT EXISTS workflows_updated ON {s}.workflows (updated_at)",
+        # A value belongs to one key: without these statistics the planner multiplied the
+        # two columns' shares, expected fewer matches than a page holds and read every
+        # match after the cursor (a hash join and a sort) instead of walking in id order.
+        "CREATE STATISTICS IF NOT EXISTS {s}.workflow_metadata_pairs (mcv, dependencies) "
+        "ON key, value FROM {s}.workflow_metadata",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -508,10 +508,10 @@ def _seconds(moment: datetime) -> float:
     return moment.timestamp()
 
 
-#: ``w`` has an effect in doubt: a lookup in the journal's partial index (``effects``).
-_IN_DOUBT: Final = (
-    "EXISTS (SELECT 1 FROM effects AS e WHERE e.workflow_id = w.workflow_id AND e.in_doubt = 1)"
-)
+#: ``w`` has an effect in doubt: one read of the journal's partial index (``effects``), so
+#: that a page of the workflows in doubt starts from them, not from every workflow (a
+#: correlated EXISTS walked the whole table when none was in doubt).
+_IN_DOUBT: Final = "w.workflow_id IN (SELECT e.workflow_id FROM effects AS e WHERE e.in_doubt = 1)"
 
 
 def query_records(conn: sqlite3.Connection, query: WorkflowQuery) -> list[WorkflowRecord]:
