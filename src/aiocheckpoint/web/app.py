@@ -295,12 +295,14 @@ class _Pages:
             if number is None:
                 raise InvalidArgumentError("which step? (?step=N)")
             workflow_id = q.get("id", "")
-            checkpoint, problem, effects = await data.load_step(self.manager, workflow_id, number)
             path = tree.parse_path(q.get("path", ""))
+            offset = _int(q.get("offset")) or 0
+            checkpoint, problem, effects, value = await data.load_step(
+                self.manager, workflow_id, number, path, offset
+            )
             root = None
             if checkpoint is not None:
-                value = tree.subtree(checkpoint.state_snapshot.data, path)
-                root = tree.build_tree(value, path, _int(q.get("offset")) or 0)
+                root = tree.build_tree(value, path, offset)
         except CheckpointError as exc:
             return self.failed(exc)
         if checkpoint is None and not effects and problem == "no checkpoint at this step":
