@@ -73,19 +73,20 @@ def same(peeked: str, read: str) -> bool:
     return counts.sub("N", peeked) == counts.sub("N", read)
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "file"])
 async def test_a_large_state_is_read_a_page_at_a_time(
-    new_store: NewStore, monkeypatch: pytest.MonkeyPatch
+    kind: str, new_store: NewStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The top page shows the first 200 keys, reading a small part of the state's bytes; its
     "more" link shows the next 200; a nested list opens at its path and offset; each page
-    is the one the whole read draws."""
-    url = new_store("sqlite")
+    is the one the whole read draws (bytes read counted on SQLite)."""
+    url = new_store(kind)
     await big(url)
     sizes = fetched(monkeypatch)
     async with client(url) as http:
         top = (await http.get("/step", params={"id": "big", "step": "0"})).text
         read = sum(sizes)
-        assert 0 < read < 300_000, read  # of ~2.1 MB
+        assert 0 < read < 300_000 if kind == "sqlite" else read == 0, read  # of ~2.1 MB
         shown = keys_shown(top)
         assert shown[:3] == ["state", "k00000", "k00001"] and shown[-1] == "k00199"
         assert "200+ items" in top
