@@ -151,7 +151,7 @@ async def test_diff_pictures_store_and_actions_in_the_browser(new_store: NewStor
             assert page.url.endswith("/workflow?id=waiting"), await page.content()
             facts = await page.locator("dl.facts").first.inner_text()
             assert "unfinished" in facts
-            events = page.locator("table.events tbody tr td.kind")
+            events = page.locator("table.events tbody tr td.event-kind")
             assert await events.all_inner_texts() == ["paused", "resumed"]
             assert '"approved": true' in await page.locator("table.events").inner_text()
             assert await page.locator("svg.chart rect.event-paused").count() == 1
@@ -160,6 +160,9 @@ async def test_diff_pictures_store_and_actions_in_the_browser(new_store: NewStor
             failed = page.locator("table.events tr.event-step_failed")
             assert "the tool <b>exploded</b>" in await failed.inner_text()
             assert await page.locator("table.events b", has_text="exploded").count() == 0
+            assert await page.locator("svg.chart rect.event-step_failed").count() == 1
+            if shoot:
+                await page.screenshot(path=str(SHOTS / "history.png"), full_page=True)
 
             await page.goto(f"{address}/")
             await page.locator("table a.wf", has_text="<script>").click()

@@ -72,7 +72,7 @@ def events_table(page: str) -> str:
 
 
 def kinds(page: str) -> list[str]:
-    return re.findall(r'<td class="kind">([^<]*)</td>', events_table(page))
+    return re.findall(r'<td class="event-kind">([^<]*)</td>', events_table(page))
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
