@@ -4,13 +4,22 @@ without its key."""
 
 from __future__ import annotations
 
+import asyncio
 import html
 import os
 import re
+from datetime import timedelta
 
 import pytest
 
-from aiocheckpoint import CheckpointManager, Keyring, ResumableWorkflow, RetryPolicy, open_storage
+from aiocheckpoint import (
+    CheckpointManager,
+    EffectInDoubtError,
+    Keyring,
+    ResumableWorkflow,
+    RetryPolicy,
+    open_storage,
+)
 from aiocheckpoint.web import history
 from tests.test_cli import NewStore, new_store
 from tests.test_web_pictures import svg
@@ -170,3 +179,47 @@ async def test_the_history_is_read_a_bounded_page_at_a_time(
     async with client(file_url) as http:
         page = (await http.get("/workflow", params={"id": "f"})).text
     assert "keeps no event history" in page
+
+
+class Interrupted(BaseException):
+    """A crash inside an effect's call."""
+
+
+async def test_sleeps_takeovers_and_effects_in_doubt_are_shown(new_store: NewStore) -> None:
+    """A durable sleep (until when), a lease taken over from a runner that let it expire
+    (from whom), an effect in doubt that stopped a run and its settling: each a row and a
+    mark on the timeline."""
+    url = new_store("sqlite")
+    async with CheckpointManager(open_storage(url)) as manager:
+        async with ResumableWorkflow("nap", manager) as wf:
+            async with wf.step(0, agent_id="a"):
+                pass
+            await wf.sleep(timedelta(hours=24))
+        await manager.acquire_lease("nap", "old-runner", ttl=0.05)
+        await asyncio.sleep(0.2)  # its lease expires
+        await manager.acquire_lease("nap", "new-runner", ttl=30)
+
+        async def crash() -> None:
+            raise Interrupted
+
+        with pytest.raises(Interrupted):
+            async with ResumableWorkflow("doubt", manager) as wf:
+                async with wf.step(0, agent_id="payer"):
+                    await wf.effect("pay", crash)
+        with pytest.raises(EffectInDoubtError):
+            async with ResumableWorkflow("doubt", manager) as wf:
+                async with wf.step(0, agent_id="payer"):
+                    await wf.effect("pay", crash)
+        [effect] = await manager.list_in_doubt_effects("doubt")
+        await manager.resolve_effect("doubt", effect.step, "pay", happened=True, result="ok")
+    async with client(url) as http:
+        nap = (await http.get("/workflow", params={"id": "nap"})).text
+        doubt = (await http.get("/workflow", params={"id": "doubt"})).text
+    assert kinds(nap) == ["sleeping", "lease_taken_over"]
+    assert "<b>until</b> 20" in events_table(nap)
+    assert "<b>previous_owner</b> old-runner" in events_table(nap)
+    assert 'class="bar event-sleeping"' in svg(nap)
+    assert 'class="bar event-lease_taken_over"' in svg(nap)
+    assert "effect_in_doubt" in kinds(doubt) and kinds(doubt)[-1] == "effect_resolved"
+    assert "<b>key</b> pay" in events_table(doubt)
+    assert 'class="bar event-effect_resolved"' in svg(doubt)

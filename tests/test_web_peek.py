@@ -17,6 +17,7 @@ from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.web import data
 from tests.test_cli import NewStore, new_store
 from tests.web_support import HOSTILE_VALUE, client
+from tests.web_support import KEYS as WEB_KEYS
 
 __all__ = ["new_store"]
 
@@ -162,3 +163,23 @@ async def test_a_damaged_blob_is_reported_not_shown(new_store: NewStore) -> None
         after = (await http.get("/step", params={"id": "big", "step": "0"})).text
     assert "corrupted: blob" in after and "does not match its hash" in after
     assert "k00000" not in after
+
+
+async def test_an_encrypted_large_state_is_read_whole_or_locked(new_store: NewStore) -> None:
+    """A sealed tree is not looked into: without keys the page says locked (not corrupted),
+    with them it reads it whole and shows it."""
+    url = new_store("sqlite")
+    async with (
+        CheckpointManager(open_storage(url), encryption=WEB_KEYS) as manager,
+        ResumableWorkflow("big", manager) as wf,
+    ):
+        async with wf.step(0, agent_id="a"):
+            for n in range(300):
+                wf.state.set(f"k{n:05}", "x" * 1000)
+    async with client(url) as http:
+        locked = (await http.get("/step", params={"id": "big", "step": "0"})).text
+    assert 'class="problem locked"' in locked and "corrupted" not in locked
+    async with client(url, WEB_KEYS) as http:
+        opened = (await http.get("/step", params={"id": "big", "step": "0"})).text
+    shown = keys_shown(opened)
+    assert "k00199" in shown and "k00299" not in shown and "300 items" in opened

@@ -172,7 +172,9 @@ async def peek_state(
     that leads nowhere raises ``KeyError``. None: this record cannot be looked into
     partially (module docstring).
     """
-    tree = None if is_sealed_tree_record(record) else record_tree(record)
+    if is_sealed_tree_record(record) or record[5:6] != b"\x00":
+        return None  # sealed, or flagged otherwise: the whole read says what it is
+    tree = record_tree(record)
     if tree is None:
         return None
     meta, digest, root = tree
