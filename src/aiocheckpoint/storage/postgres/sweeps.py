@@ -36,6 +36,8 @@ PLANNER_SETTINGS = (
 #: And for the read of a page of histories: no hash aggregate and no sort of the rows
 #: after ``$1`` (a store never analyzed estimates a few hundred distinct ids in all).
 PAGE_SETTINGS = PLANNER_SETTINGS + "; SET LOCAL enable_hashagg = off; SET LOCAL enable_sort = off"
+#: A read of a page: one snapshot, read only, with :data:`PAGE_SETTINGS`.
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; " + PAGE_SETTINGS
 
 
 class Sweeps:
@@ -51,15 +53,18 @@ class Sweeps:
         t, w, e = f"{quoted}.checkpoints", f"{quoted}.workflows", f"{quoted}.effects"
         # The next $2 workflows with checkpoints after $1, in id order (a walk of the
         # primary key, grouped as it goes: PAGE_SETTINGS leave the planner no other plan):
-        # each one's count, lowest step, bytes, whether it has effects below its lowest
-        # step, whether its record says PAUSED and its record's kind.
+        # each one's count, lowest step, bytes if it has more than $3 (the others are not
+        # read: their bytes would cost the walk a visit to every row, where the key's
+        # columns alone can come from the index once vacuumed), whether it has effects
+        # below its lowest step, whether its record says PAUSED and its record's kind.
         self._page = (
-            "SELECT g.w, g.n, g.low, g.size, "
+            "SELECT g.w, g.n, g.low, CASE WHEN g.n > $3 THEN (SELECT sum(octet_length(c.data)) "
+            f"FROM {t} AS c WHERE c.workflow_id = g.w) END, "
             f"EXISTS (SELECT 1 FROM {e} AS x WHERE x.workflow_id = g.w AND x.step < g.low), "
             f"EXISTS (SELECT 1 FROM {w} AS r WHERE r.workflow_id = g.w AND r.status = 'paused'), "
             f"(SELECT r.kind FROM {w} AS r WHERE r.workflow_id = g.w) "
-            "FROM (SELECT workflow_id AS w, count(*) AS n, min(step) AS low, "
-            f"sum(octet_length(data)) AS size FROM {t} WHERE workflow_id > $1 "
+            "FROM (SELECT workflow_id AS w, count(*) AS n, min(step) AS low "
+            f"FROM {t} WHERE workflow_id > $1 "
             "GROUP BY workflow_id ORDER BY workflow_id LIMIT $2) AS g"
         )
         # Each workflow's records by an index probe of its own, newest first.
@@ -123,15 +128,23 @@ class Sweeps:
         """
 
         async def read(con: Any) -> list[History]:
-            async with con.transaction(isolation="repeatable_read", readonly=True):
-                await con.execute(PAGE_SETTINGS)
-                page = await con.fetch(self._page, "" if after is None else after, limit)
-                sizes = {row[0]: (int(row[1]), int(row[3])) for row in page}
+            # The transaction and its settings in one round trip (con.transaction() takes
+            # one of its own): a sweep with nothing to delete is mostly these reads.
+            await con.execute(_BEGIN_READ)
+            try:
+                start = "" if after is None else after
+                page = await con.fetch(self._page, start, limit, budget[0])
+                sizes = {row[0]: (int(row[1]), int(row[3] or 0)) for row in page}
                 wanted = histories_to_read(sizes, *budget)
                 rows = []
                 if wanted:
                     await con.execute("SET LOCAL enable_sort = on")
                     rows = await con.fetch(self._records_of, wanted, self._max)
+            except BaseException:
+                if not con.is_closed() and con.is_in_transaction():
+                    await con.execute("ROLLBACK")
+                raise
+            await con.execute("COMMIT")
             found = _grouped(rows)
             return [
                 History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))

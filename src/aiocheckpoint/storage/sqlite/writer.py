@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeVar
 
 from ...errors import (
     CheckpointNotFoundError,
@@ -85,6 +85,38 @@ class RecordOp:
 
     what: str
     fn: Callable[[sqlite3.Connection, float], object]
+    #: A slice of a long background write (a sweep's deletes): a batch never takes it
+    #: behind other writes, so those queued while the last slice ran go first.
+    background: bool = False
+
+
+#: What one slice of a background write spends in the writer before it commits: about
+#: what a save's commit (an fsync) takes, so a save queued behind a slice waits about
+#: twice as long as behind another save, not a whole sweep batch.
+SLICE_SECONDS: Final = 0.005
+
+_I = TypeVar("_I")
+_R = TypeVar("_R")
+
+
+def slice_of(
+    items: Sequence[_I], start: int, fn: Callable[[sqlite3.Connection, float, _I], _R]
+) -> Callable[[sqlite3.Connection, float], list[_R]]:
+    """A record op's function: ``fn`` over ``items[start:]`` until :data:`SLICE_SECONDS` pass.
+
+    It takes at least one item; its result is one outcome per item taken, in order.
+    """
+
+    def run(conn: sqlite3.Connection, now: float) -> list[_R]:
+        deadline = time.monotonic() + SLICE_SECONDS
+        done: list[_R] = []
+        for n in range(start, len(items)):
+            done.append(fn(conn, now, items[n]))
+            if time.monotonic() >= deadline:
+                break
+        return done
+
+    return run
 
 
 Op = SaveOp | DeleteOp | RecordOp | SaveTreeOp
@@ -193,16 +225,18 @@ class Writer:
             except sqlite3.Error as exc:
                 raise backend_error("closing the SQLite database failed", exc) from exc
 
-    def reclaim(self, pages: int) -> tuple[int, int]:
-        """Give up to ``pages`` free pages back to the filesystem; (bytes freed, pages left).
+    def reclaim(self, pages: int) -> tuple[int, int, float]:
+        """Give up to ``pages`` free pages back to the filesystem.
 
-        Its own short transaction, between two batches (:mod:`.vacuum`).
+        Its own short transaction, between two batches (:mod:`.vacuum`). Returns the bytes
+        freed, the free pages left and the seconds it took here (not queued).
         """
         conn = self._open_conn()
+        began = time.monotonic()
         try:
             freed, left = self.retry(lambda: vacuum_step(conn, pages))
             self.wal_pages += 2 * freed  # each page moved and the free list's
-            return freed * page_size(conn), left
+            return freed * page_size(conn), left, time.monotonic() - began
         except sqlite3.Error as exc:
             raise backend_error("SQLite incremental vacuum failed", exc) from exc
 
