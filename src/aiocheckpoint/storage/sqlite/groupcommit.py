@@ -261,15 +261,23 @@ class GroupCommit:
     ) -> list[R]:
         """``fn`` applied to every item in the writer: one outcome per item, in order.
 
-        As many items per transaction as :data:`~.writer.SLICE_SECONDS` allows (each item
-        whole in one), each slice a background write: the writes queued while one slice
-        ran are committed before the next. The slices committed stay if a later one fails.
+        As many items per transaction as a slice's time allows (:func:`~.writer.slice_of`;
+        each item whole in one), each slice a background write: the writes queued while
+        one slice ran are committed before the next. The slices committed stay if a later
+        one fails.
         """
         done: list[R] = []
         while len(done) < len(items):
-            op = RecordOp(what, slice_of(items, len(done), fn), background=True)
+            op = RecordOp(what, slice_of(items, len(done), fn, self._waiting), background=True)
             done += await self._submit(op, 0)
         return done
+
+    def _waiting(self) -> bool:
+        """Whether a write is queued: asked from the writer thread.
+
+        A deque's length is read whole under the GIL; a stale answer only moves a slice's end.
+        """
+        return bool(self._pending)
 
     async def _in_thread(self, executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
         try:

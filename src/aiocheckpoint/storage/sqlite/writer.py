@@ -90,29 +90,38 @@ class RecordOp:
     background: bool = False
 
 
-#: What one slice of a background write spends in the writer before it commits: about
-#: what a save's commit (an fsync) takes, so a save queued behind a slice waits about
-#: twice as long as behind another save, not a whole sweep batch.
+#: What one slice of a background write (a sweep's deletes) spends in the writer before it
+#: commits while a write waits: about what a save's commit (an fsync) takes, so a save
+#: queued behind a slice waits about twice as long as behind another save, not a whole
+#: sweep batch. With no write waiting, a slice goes on up to :data:`LONG_SLICE_SECONDS`
+#: (fewer commits: a sweep alone is as fast as in one batch per page).
 SLICE_SECONDS: Final = 0.005
+LONG_SLICE_SECONDS: Final = 0.05
 
 _I = TypeVar("_I")
 _R = TypeVar("_R")
 
 
 def slice_of(
-    items: Sequence[_I], start: int, fn: Callable[[sqlite3.Connection, float, _I], _R]
+    items: Sequence[_I],
+    start: int,
+    fn: Callable[[sqlite3.Connection, float, _I], _R],
+    waiting: Callable[[], bool],
 ) -> Callable[[sqlite3.Connection, float], list[_R]]:
-    """A record op's function: ``fn`` over ``items[start:]`` until :data:`SLICE_SECONDS` pass.
+    """A record op's function: ``fn`` over ``items[start:]`` for one slice's time.
 
-    It takes at least one item; its result is one outcome per item taken, in order.
+    :data:`SLICE_SECONDS` if ``waiting()`` says a write waits by then, else up to
+    :data:`LONG_SLICE_SECONDS`. It takes at least one item; its result is one outcome per
+    item taken, in order.
     """
 
     def run(conn: sqlite3.Connection, now: float) -> list[_R]:
-        deadline = time.monotonic() + SLICE_SECONDS
+        began = time.monotonic()
         done: list[_R] = []
         for n in range(start, len(items)):
             done.append(fn(conn, now, items[n]))
-            if time.monotonic() >= deadline:
+            spent = time.monotonic() - began
+            if spent >= SLICE_SECONDS and (spent >= LONG_SLICE_SECONDS or waiting()):
                 break
         return done
 
