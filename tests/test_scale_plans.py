@@ -89,7 +89,7 @@ async def test_postgres_sweep_statements_walk_the_primary_key_without_statistics
     sweeps = Sweeps(None, s, None, 1 << 20)  # type: ignore[arg-type]  # statements only
     ids = [f"w{n:06}" for n in range(500, 700)]
     plans = [
-        await _plan(con, sweeps._page, "w000500", 200, 3, settings=PAGE_SETTINGS),
+        await _plan(con, sweeps._page, "w000500", 200, settings=PAGE_SETTINGS),
         await _plan(con, sweeps._records_of, ids, 1 << 20, settings=PLANNER_SETTINGS),
         await _plan(
             con, sweeps._thin, ids, [0] * len(ids), ids, [1] * len(ids), settings=PLANNER_SETTINGS

@@ -484,8 +484,7 @@ class _Sweep:
         That one starts the next page, sized to this one (the first of a page is thinned
         by itself): a page grown over histories with nothing to read stops there.
         """
-        keep_last = self.policy.keep_last
-        assert keep_last is not None  # thin_all checked
+        keep_last = self.policy.keep_last or 0  # set: thin_all checked
         for n, history in enumerate(histories):
             unread = history.records is None and history.count > keep_last
             if n and unread and self.thinnable(history):
@@ -530,7 +529,8 @@ class _Sweep:
         cuts: list[Cut] = []
         sizes: dict[tuple[str, int], int] = {}
         for history, judged in zip(todo, facts, strict=True):
-            await self.turns.turn()  # writers' saves run between slices of a page
+            if history.records is not None:  # writers' saves run between slices of a page
+                await self.turns.turn()
             if history.records is None and history.count > keep_last:
                 await self.thin_counted(history.workflow_id)
                 continue

@@ -53,18 +53,18 @@ class Sweeps:
         t, w, e = f"{quoted}.checkpoints", f"{quoted}.workflows", f"{quoted}.effects"
         # The next $2 workflows with checkpoints after $1, in id order (a walk of the
         # primary key, grouped as it goes: PAGE_SETTINGS leave the planner no other plan):
-        # each one's count, lowest step, bytes if it has more than $3 (the others are not
-        # read: their bytes would cost the walk a visit to every row, where the key's
-        # columns alone can come from the index once vacuumed), whether it has effects
-        # below its lowest step, whether its record says PAUSED and its record's kind.
+        # each one's count, lowest step, bytes, whether it has effects below its lowest
+        # step, whether its record says PAUSED and its record's kind. (Counting from the
+        # key's columns alone, bytes only for the histories read, made the walk an
+        # index-only one on a vacuumed table but twice as slow right after a bulk sweep,
+        # before autovacuum: bench/NOTES.md.)
         self._page = (
-            "SELECT g.w, g.n, g.low, CASE WHEN g.n > $3 THEN (SELECT sum(octet_length(c.data)) "
-            f"FROM {t} AS c WHERE c.workflow_id = g.w) END, "
+            "SELECT g.w, g.n, g.low, g.size, "
             f"EXISTS (SELECT 1 FROM {e} AS x WHERE x.workflow_id = g.w AND x.step < g.low), "
             f"EXISTS (SELECT 1 FROM {w} AS r WHERE r.workflow_id = g.w AND r.status = 'paused'), "
             f"(SELECT r.kind FROM {w} AS r WHERE r.workflow_id = g.w) "
-            "FROM (SELECT workflow_id AS w, count(*) AS n, min(step) AS low "
-            f"FROM {t} WHERE workflow_id > $1 "
+            "FROM (SELECT workflow_id AS w, count(*) AS n, min(step) AS low, "
+            f"sum(octet_length(data)) AS size FROM {t} WHERE workflow_id > $1 "
             "GROUP BY workflow_id ORDER BY workflow_id LIMIT $2) AS g"
         )
         # Each workflow's records by an index probe of its own, newest first.
@@ -132,9 +132,8 @@ class Sweeps:
             # one of its own): a sweep with nothing to delete is mostly these reads.
             await con.execute(_BEGIN_READ)
             try:
-                start = "" if after is None else after
-                page = await con.fetch(self._page, start, limit, budget[0])
-                sizes = {row[0]: (int(row[1]), int(row[3] or 0)) for row in page}
+                page = await con.fetch(self._page, "" if after is None else after, limit)
+                sizes = {row[0]: (int(row[1]), int(row[3])) for row in page}
                 wanted = histories_to_read(sizes, *budget)
                 rows = []
                 if wanted:
