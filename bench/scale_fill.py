@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
@@ -29,12 +31,23 @@ _ID: Final = "'q-' || substr('0000000' || i, -7, 7)"
 _PG_ID: Final = "'q-' || lpad(i::text, 7, '0')"
 
 
-def fill_sqlite(path: Path, start: int, stop: int, record: bytes) -> None:
-    """Add fillers ``start`` to ``stop - 1`` to the SQLite store at ``path`` (closed)."""
+@contextmanager
+def _filling(path: Path) -> Iterator[sqlite3.Connection]:
+    """A write transaction on the SQLite store at ``path`` (closed), its WAL emptied after."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("BEGIN IMMEDIATE")
+        yield conn
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+def fill_sqlite(path: Path, start: int, stop: int, record: bytes) -> None:
+    """Add fillers ``start`` to ``stop - 1`` to the SQLite store at ``path`` (closed)."""
+    with _filling(path) as conn:
         seq = "WITH RECURSIVE s(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < ?2) "
         now = time.time()
         conn.execute(
@@ -54,10 +67,6 @@ def fill_sqlite(path: Path, start: int, stop: int, record: bytes) -> None:
             seq + f"INSERT INTO checkpoints (workflow_id, step, data) SELECT {_ID}, 0, ?3 FROM s",
             (start, stop, record),
         )
-        conn.execute("COMMIT")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        conn.close()
 
 
 async def fill_postgres(dsn: str, schema: str, start: int, stop: int, record: bytes) -> None:
@@ -103,10 +112,7 @@ _PG_WF_ID: Final = "'wf-' || lpad(i::text, 7, '0')"
 
 def fill_histories_sqlite(path: Path, workflows: int, checkpoints: int, record: bytes) -> None:
     """Workflows ``wf-*`` of ``checkpoints`` steps each into the SQLite store at ``path``."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("BEGIN IMMEDIATE")
+    with _filling(path) as conn:
         seq = "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < ?1) "
         conn.execute(
             seq + "INSERT INTO workflows (workflow_id, status, created_at, updated_at, "
@@ -120,10 +126,6 @@ def fill_histories_sqlite(path: Path, workflows: int, checkpoints: int, record: 
             "FROM s, t ORDER BY 1, 2",
             (workflows, checkpoints, record),
         )
-        conn.execute("COMMIT")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        conn.close()
 
 
 async def fill_histories_postgres(
