@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -24,6 +23,7 @@ from typing import Any, Final, TypeVar
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._sweep_batches import BatchSizer
 from ._telemetry import annotate, record_sweep_deletions
 from .codec import Pacer, RecordFacts, is_sealed_record, record_facts, sealed_key_id
 from .errors import (
@@ -59,9 +59,6 @@ _T = TypeVar("_T")
 #: A version-1 record longer than this has its fields parsed in a worker thread.
 _PARSE_ON_LOOP: Final = 64 * 1024
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
-#: What one batch of a sweep aims to take, and the most workflows it takes (see _Pacer).
-_BATCH_SECONDS: Final = 0.05
-_MAX_BATCH: Final = 10_000
 #: The most records, and bytes of records, one batched read of histories holds.
 _MAX_RECORDS: Final = 20_000
 _MAX_BYTES: Final = 64 * 1024 * 1024
@@ -340,7 +337,7 @@ class _Sweep:
         self.report = report
         self.dry_run = dry_run
         self.forget = forget
-        self.pacer = _Pacer(policy.batch_size)
+        self.pacer = BatchSizer(policy.batch_size)
         #: Shares the loop's turns between the sweep's judging and everything else.
         self.turns = Pacer()
 
@@ -680,33 +677,6 @@ class _Sweep:
         self.report.checkpoints_deleted += 1
         self.report.checkpoint_bytes += len(record.data)
         return 1
-
-
-class _Pacer:
-    """How many workflows a sweep's batch takes: as many as its write deletes in ~50 ms.
-
-    A batch's write holds up the writers queued behind it (SQLite's group commit) or
-    waiting on its row locks (PostgreSQL), so batches are sized by the time their writes
-    take, as the group commit sizes its own: doubled after a write under half the target
-    (and after a batch with nothing to write), halved after one over twice it.
-    """
-
-    def __init__(self, start: int) -> None:
-        self.size = start
-
-    async def timed(self, work: Awaitable[_T]) -> _T:
-        """``work``'s result; its time sizes the next batch."""
-        started = time.monotonic()
-        result = await work
-        elapsed = time.monotonic() - started
-        if elapsed < _BATCH_SECONDS / 2:
-            self.grow()
-        elif elapsed > _BATCH_SECONDS * 2:
-            self.size = max(self.size // 2, 1)
-        return result
-
-    def grow(self) -> None:
-        self.size = min(self.size * 2, max(self.size, _MAX_BATCH))
 
 
 class _Keeper:
