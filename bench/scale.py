@@ -2,7 +2,7 @@
 
     python bench/scale.py [--workflows 100000] [--checkpoints 10] [--keep-last 3]
                           [--backends sqlite,postgres] [--dsn DSN] [--concurrency 200]
-                          [--quick]
+                          [--quick] [--fill]
 
 For each backend, on a fresh SQLite file (or PostgreSQL schema, dropped afterwards):
 
@@ -20,8 +20,10 @@ For each backend, on a fresh SQLite file (or PostgreSQL schema, dropped afterwar
   ``pg_total_relation_size`` of the schema's tables). A sweep frees pages for reuse; it
   does not shrink the file or the tables.
 
-Prints one JSON line per backend. ``--quick`` is CI's smoke size (2,000 x 10). The
-machine is shared: read the load average printed with each line.
+``--fill`` builds the same histories straight in SQL (bench/scale_fill.py), many times
+faster: for sweeps measured again and again (its build rate means little). Prints one
+JSON line per backend. ``--quick`` is CI's smoke size (2,000 x 10). The machine is
+shared: read the load average printed with each line.
 
 ``--queries 1000,100000,1000000`` instead builds a store per size in bulk SQL
 (``scale_fill.py``) and probes them in turn, ``--rounds`` times (alternating the order):
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import asyncpg
-from scale_fill import fill_postgres, fill_sqlite
+from scale_fill import fill_histories_postgres, fill_histories_sqlite, fill_postgres, fill_sqlite
 
 from aiocheckpoint import CheckpointManager, RetentionPolicy, SweepReport
 from aiocheckpoint.storage.base import CheckpointStorage
@@ -165,15 +167,33 @@ async def drop_schema(dsn: str, schema: str) -> None:
         await con.close()
 
 
+async def fill(backend: str, args: argparse.Namespace, where: Path, schema: str) -> float:
+    """The store built in SQL (``--fill``): the same histories, no build rate; its seconds."""
+    async with CheckpointManager(open_store(backend, where, args.dsn, schema)) as manager:
+        record = await template_record(manager)
+        await manager.storage.delete("template")
+    began = time.perf_counter()
+    if backend == "sqlite":
+        await asyncio.to_thread(
+            fill_histories_sqlite, where / "store.db", args.workflows, args.checkpoints, record
+        )
+    else:
+        await fill_histories_postgres(args.dsn, schema, args.workflows, args.checkpoints, record)
+    return time.perf_counter() - began
+
+
 async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> dict[str, Any]:
     """Build, sweep, sweep again on one backend; the figures of the run."""
     schema = f"bench_scale_{uuid.uuid4().hex[:10]}"
     policy = RetentionPolicy(keep_last=args.keep_last)
     try:
+        if args.fill:
+            built = await fill(backend, args, where, schema)
         async with CheckpointManager(
             open_store(backend, where, args.dsn, schema), retention=policy
         ) as manager:
-            built = await build(manager, args)
+            if not args.fill:
+                built = await build(manager, args)
             before = await store_bytes(backend, where, args.dsn, schema)
             alone = await writers_alone(manager, args)
             swept, sweep_s, during = await sweep_with_writers(manager, args)
@@ -191,6 +211,7 @@ async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> di
         "checkpoints": checkpoints,
         "build_s": round(built, 2),
         "build_per_s": round(checkpoints / built),
+        "built_by": "sql" if args.fill else "manager",
         "sweep_s": round(sweep_s, 2),
         "deleted": swept.checkpoints_deleted,
         "deletes_per_s": round(swept.checkpoints_deleted / sweep_s),
@@ -381,6 +402,9 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=8, help="tasks writing during the sweep")
     parser.add_argument("--writer-pause", type=float, default=0.02, help="seconds between saves")
     parser.add_argument("--writer-seconds", type=float, default=5.0, help="writers alone, first")
+    parser.add_argument(
+        "--fill", action="store_true", help="build the store in SQL (fast; its rate means little)"
+    )
     parser.add_argument("--quick", action="store_true", help="CI's smoke size: 2,000 x 10")
     parser.add_argument(
         "--queries", metavar="SIZES", help="query latencies at these sizes: 1000,100000,1000000"

@@ -129,6 +129,16 @@ def test_scale_bench_runs() -> None:
         assert line["writer_saves_alone"] > 0 and line["writer_saves_during_sweep"] > 0
 
 
+def test_scale_bench_fills_in_sql() -> None:
+    """`bench/scale.py --fill` builds the same histories straight in SQL, which the sweep
+    thins as it thins those written through a manager (no timings checked)."""
+    lines = _bench_lines("scale.py", "--fill", "--workflows", "300", "--writer-seconds", "0.2")
+    assert [line["backend"] for line in lines] == ["sqlite", "postgres"]
+    for line in lines:
+        assert line["built_by"] == "sql"
+        assert (line["checkpoints"], line["deleted"], line["deleted_again"]) == (3_000, 2_100, 0)
+
+
 def test_scale_bench_soak_and_queries_run() -> None:
     """`bench/scale.py --soak` prints a size per round (SQLite gives its sweeps' pages back)
     and `--queries` a line of three latencies per size and backend (no timings checked)."""

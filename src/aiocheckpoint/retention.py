@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -24,8 +23,9 @@ from typing import Any, Final, TypeVar
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._sweep_batches import BatchSizer
 from ._telemetry import annotate, record_sweep_deletions
-from .codec import RecordFacts, is_sealed_record, record_facts, sealed_key_id
+from .codec import Pacer, RecordFacts, is_sealed_record, record_facts, sealed_key_id
 from .errors import (
     CheckpointCorruptedError,
     EncryptionError,
@@ -59,11 +59,6 @@ _T = TypeVar("_T")
 #: A version-1 record longer than this has its fields parsed in a worker thread.
 _PARSE_ON_LOOP: Final = 64 * 1024
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
-#: What one batch of a sweep aims to take, and the most workflows it takes.
-_BATCH_SECONDS: Final = 0.05
-_MAX_BATCH: Final = 2000
-#: Judging a page's histories gives the event loop back after this many.
-_YIELD_EVERY: Final = 64
 #: The most records, and bytes of records, one batched read of histories holds.
 _MAX_RECORDS: Final = 20_000
 _MAX_BYTES: Final = 64 * 1024 * 1024
@@ -355,7 +350,9 @@ class _Sweep:
         self.report = report
         self.dry_run = dry_run
         self.forget = forget
-        self.pacer = _Pacer(policy.batch_size)
+        self.pacer = BatchSizer(policy.batch_size)
+        #: Shares the loop's turns between the sweep's judging and everything else.
+        self.turns = Pacer()
 
     def records(self) -> _WorkflowStorage:
         if not isinstance(self.storage, _WorkflowStorage):
@@ -484,11 +481,47 @@ class _Sweep:
         )
         if not histories:
             return None
+        histories = self.within_read(histories)
         todo = [h for h in histories if self.thinnable(h)]
         facts: list[list[_Judged] | None] = [None] * len(todo)
-        if self.opened is None:  # the records' fields, parsed off the loop in one hop
-            facts = await anyio.to_thread.run_sync(_page_facts, todo)
+        if self.opened is None:  # the records' fields, read ahead of the page's judging
+            facts = await self.page_facts(todo)
         return histories, todo, facts
+
+    def within_read(self, histories: list[History]) -> list[History]:
+        """The page up to the first history to read that the read's budget left unread.
+
+        That one starts the next page, sized to this one (the first of a page is thinned
+        by itself): a page grown over histories with nothing to read stops there.
+        """
+        keep_last = self.policy.keep_last or 0  # set: thin_all checked
+        for n, history in enumerate(histories):
+            unread = history.records is None and history.count > keep_last
+            if n and unread and self.thinnable(history):
+                self.pacer.size = n
+                return histories[:n]
+        return histories
+
+    async def page_facts(self, histories: list[History]) -> list[list[_Judged] | None]:
+        """Each read history's records' fields (None where unreadable), on the loop.
+
+        A loop turn's budget at a time: a thread parsing them would hold the GIL the
+        writers' saves need at each of their steps, up to the switch interval (5 ms) each.
+        """
+        facts: list[list[_Judged] | None] = []
+        for history in histories:
+            if history.records is None:
+                facts.append(None)
+                continue
+            judged: list[_Judged] = []
+            for record in history.records:
+                await self.turns.turn()
+                if len(record.data) > _PARSE_ON_LOOP:
+                    judged.append(await anyio.to_thread.run_sync(_fields_or_none, record))
+                else:
+                    judged.append(_fields_or_none(record))
+            facts.append(judged)
+        return facts
 
     async def thin_page(
         self,
@@ -505,9 +538,9 @@ class _Sweep:
         assert keep_last is not None  # thin_all checked
         cuts: list[Cut] = []
         sizes: dict[tuple[str, int], int] = {}
-        for n, (history, judged) in enumerate(zip(todo, facts, strict=True), 1):
-            if n % _YIELD_EVERY == 0:  # writers' saves run between slices of a page
-                await asyncio.sleep(0)
+        for history, judged in zip(todo, facts, strict=True):
+            if history.records is not None:  # writers' saves run between slices of a page
+                await self.turns.turn()
             if history.records is None and history.count > keep_last:
                 await self.thin_counted(history.workflow_id)
                 continue
@@ -659,33 +692,6 @@ class _Sweep:
         return 1
 
 
-class _Pacer:
-    """How many workflows a sweep's batch takes: as many as its write deletes in ~50 ms.
-
-    A batch's write holds up the writers queued behind it (SQLite's group commit) or
-    waiting on its row locks (PostgreSQL), so batches are sized by the time their writes
-    take, as the group commit sizes its own: doubled after a write under half the target
-    (and after a batch with nothing to write), halved after one over twice it.
-    """
-
-    def __init__(self, start: int) -> None:
-        self.size = start
-
-    async def timed(self, work: Awaitable[_T]) -> _T:
-        """``work``'s result; its time sizes the next batch."""
-        started = time.monotonic()
-        result = await work
-        elapsed = time.monotonic() - started
-        if elapsed < _BATCH_SECONDS / 2:
-            self.grow()
-        elif elapsed > _BATCH_SECONDS * 2:
-            self.size = max(self.size // 2, 1)
-        return result
-
-    def grow(self) -> None:
-        self.size = min(self.size * 2, max(self.size, _MAX_BATCH))
-
-
 class _Keeper:
     """Decides, newest first, which checkpoints of one workflow the policy keeps."""
 
@@ -739,13 +745,6 @@ class _NoKey:
 _Judged = RecordFacts | _NoKey | None
 #: A page of histories, those of them to judge, and their records' fields if read already.
 _Page = tuple[list[History], list[History], list[list[_Judged] | None]]
-
-
-def _page_facts(histories: list[History]) -> list[list[_Judged] | None]:
-    """Each read history's records' fields (None where unreadable), in a worker thread."""
-    return [
-        None if h.records is None else [_fields_or_none(r) for r in h.records] for h in histories
-    ]
 
 
 def _fields_or_none(record: StoredCheckpoint) -> _Judged:

@@ -35,6 +35,7 @@ from .effects import EffectRecord, EffectState, Reconciled, decode_effect, encod
 from .facts import RecordFacts, record_facts
 from .fields import FieldSealer, is_sealed_text, locked_view, sealed_text_key
 from .jsonwrite import int_to_decimal, with_long_ints
+from .pacing import Pacer
 from .pipeline import RecordCodec
 from .registry import TaggedValue, TypeRegistry
 from .sealing import (
@@ -67,6 +68,7 @@ __all__ = [
     "KeyProvider",
     "Keyring",
     "Lineage",
+    "Pacer",
     "Reconciled",
     "RecordCodec",
     "RecordFacts",

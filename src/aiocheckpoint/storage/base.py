@@ -437,14 +437,18 @@ class SweepStorage(Protocol):
       It reads the records of those with more than N, while they fit in M records and B
       bytes (:func:`histories_to_read`). Rows the library could not have written are
       passed over; an empty list ends the walk.
-    * ``thin_many(cuts)`` deletes every cut in one transaction: each step with its
-      effects and the blob references only it held, and the orphaned effects below
-      ``below``. It returns the ``(workflow_id, step)`` pairs it deleted and how many
-      orphaned effect records went.
+    * ``thin_many(cuts)`` deletes every cut, each whole in one transaction: each step
+      with its effects and the blob references only it held, and the orphaned effects
+      below ``below``. It returns the ``(workflow_id, step)`` pairs it deleted and how
+      many orphaned effect records went.
     * ``delete_workflows(pairs)`` is ``delete_workflow(workflow_id, updated_at=...)`` for
-      each pair, in one transaction: each goes only if its record is untouched since
-      ``updated_at`` and no live lease holds it. It returns, in order, each one's
-      checkpoint bytes, or None where nothing was deleted.
+      each pair: each goes only if its record is untouched since ``updated_at`` and no
+      live lease holds it. It returns, in order, each one's checkpoint bytes, or None
+      where nothing was deleted.
+
+    Either may commit a batch in one transaction (PostgreSQL: one statement) or in a few
+    (SQLite: slices of a few milliseconds each, so the writes queued behind one go first);
+    what one transaction committed stays if a later one fails.
     """
 
     async def histories(
@@ -460,11 +464,11 @@ class SweepStorage(Protocol):
         ...
 
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
-        """Delete every cut in one transaction; return the steps deleted and orphans dropped."""
+        """Delete every cut (each in one transaction); the steps deleted and orphans dropped."""
         ...
 
     async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
-        """Delete each workflow untouched since its ``updated_at``, in one transaction."""
+        """Delete each workflow untouched since its ``updated_at`` (each in one transaction)."""
         ...
 
 

@@ -36,6 +36,8 @@ PLANNER_SETTINGS = (
 #: And for the read of a page of histories: no hash aggregate and no sort of the rows
 #: after ``$1`` (a store never analyzed estimates a few hundred distinct ids in all).
 PAGE_SETTINGS = PLANNER_SETTINGS + "; SET LOCAL enable_hashagg = off; SET LOCAL enable_sort = off"
+#: A read of a page: one snapshot, read only, with :data:`PAGE_SETTINGS`.
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; " + PAGE_SETTINGS
 
 
 class Sweeps:
@@ -52,7 +54,10 @@ class Sweeps:
         # The next $2 workflows with checkpoints after $1, in id order (a walk of the
         # primary key, grouped as it goes: PAGE_SETTINGS leave the planner no other plan):
         # each one's count, lowest step, bytes, whether it has effects below its lowest
-        # step, whether its record says PAUSED and its record's kind.
+        # step, whether its record says PAUSED and its record's kind. (Counting from the
+        # key's columns alone, bytes only for the histories read, made the walk an
+        # index-only one on a vacuumed table but twice as slow right after a bulk sweep,
+        # before autovacuum: bench/NOTES.md.)
         self._page = (
             "SELECT g.w, g.n, g.low, g.size, "
             f"EXISTS (SELECT 1 FROM {e} AS x WHERE x.workflow_id = g.w AND x.step < g.low), "
@@ -123,8 +128,10 @@ class Sweeps:
         """
 
         async def read(con: Any) -> list[History]:
-            async with con.transaction(isolation="repeatable_read", readonly=True):
-                await con.execute(PAGE_SETTINGS)
+            # The transaction and its settings in one round trip (con.transaction() takes
+            # one of its own): a sweep with nothing to delete is mostly these reads.
+            await con.execute(_BEGIN_READ)
+            try:
                 page = await con.fetch(self._page, "" if after is None else after, limit)
                 sizes = {row[0]: (int(row[1]), int(row[3])) for row in page}
                 wanted = histories_to_read(sizes, *budget)
@@ -132,6 +139,11 @@ class Sweeps:
                 if wanted:
                     await con.execute("SET LOCAL enable_sort = on")
                     rows = await con.fetch(self._records_of, wanted, self._max)
+            except BaseException:
+                if not con.is_closed() and con.is_in_transaction():
+                    await con.execute("ROLLBACK")
+                raise
+            await con.execute("COMMIT")
             found = _grouped(rows)
             return [
                 History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))

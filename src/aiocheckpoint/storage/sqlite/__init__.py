@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -93,7 +92,7 @@ from .readers import (
     read_workflows,
 )
 from .walcheckpoint import Checkpointer
-from .writer import DeleteOp, Op, RecordOp, SaveOp, Writer, delete_untouched
+from .writer import SLICE_SECONDS, DeleteOp, Op, RecordOp, SaveOp, Writer, delete_untouched
 
 __all__ = ["ForeignRow", "SQLiteCheckpointStorage"]
 
@@ -322,43 +321,38 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         return await self._read(lambda conn: sweeps.read_histories(conn, after, limit, budget, cap))
 
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
-        """Delete every cut in one write of the group commit (``SweepStorage``)."""
+        """Delete every cut, in slices of the group commit (``SweepStorage``)."""
         self._check_open()
         checked = [_checked_cut(cut) for cut in cuts]
-        fn = functools.partial(sweeps.thin_many, cuts=checked)
-        done: tuple[list[tuple[str, int]], int] = await self._submit(
-            RecordOp("sweep's thinning", fn), 0
-        )
-        return done
+        done = await self._in_slices("sweep's thinning", checked, sweeps.thin_one)
+        return [pair for present, _ in done for pair in present], sum(n for _, n in done)
 
     async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
-        """Delete each untouched workflow whole, in one write (``SweepStorage``)."""
+        """Delete each untouched workflow whole, in slices of writes (``SweepStorage``)."""
         self._check_open()
         checked = [(check_workflow_id(wf), at) for wf, at in pairs]
-        fn = functools.partial(sweeps.delete_workflows, pairs=checked)
-        sizes: list[int | None] = await self._submit(RecordOp("sweep's deletes", fn), 0)
-        return sizes
+        return await self._in_slices("sweep's deletes", checked, sweeps.delete_one)
 
     # --- space (SpaceReclaimingStorage) ----------------------------------------------------
 
     async def reclaim_space(self) -> int:
         """Give the pages deletes freed back to the filesystem; the bytes given back.
 
-        A slice of pages per short transaction on the writer thread, each sized to take
-        about 20 ms, so a write waits behind one slice at most. A store made before this
-        version (``auto_vacuum=NONE``) gives nothing back: ``aiocheckpoint compact``
-        converts it.
+        A slice of pages per short transaction on the writer thread, each sized by the
+        time the last one took there (a few ms: about a sweep's slice of deletes, commit
+        included), so a write waits behind one slice at most: a write queued meanwhile
+        goes before the next. A store made before this version (``auto_vacuum=NONE``)
+        gives nothing back: ``aiocheckpoint compact`` converts it.
         """
         self._check_open()
         await self._ensure_open()
-        freed, pages = 0, 256
+        freed, pages = 0, 64
         while True:
-            began = time.monotonic()
-            got, left = await self._in_thread(self._write_thread, self._writer.reclaim, pages)
+            got, left, took = await self._in_thread(self._write_thread, self._writer.reclaim, pages)
             freed += got
             if not got or not left:
                 return freed
-            pages = _next_slice(pages, time.monotonic() - began)
+            pages = _next_slice(pages, took)
 
     async def compact(self) -> tuple[int, int]:
         """Rewrite the database whole (``VACUUM``): its bytes before and after.
@@ -744,10 +738,10 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
 
 
 def _next_slice(pages: int, took: float) -> int:
-    """The next incremental vacuum's pages: doubled under 10 ms, halved over 40 ms."""
-    if took < 0.01:
+    """The next incremental vacuum's pages: doubled under one slice's time, halved over 4."""
+    if took < SLICE_SECONDS:
         return min(pages * 2, 16384)
-    if took > 0.04:
+    if took > 4 * SLICE_SECONDS:
         return max(pages // 2, 16)
     return pages
 

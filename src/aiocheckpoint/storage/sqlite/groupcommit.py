@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import sqlite3
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -24,9 +25,11 @@ from ..._telemetry import record_commit
 from ...errors import StorageClosedError
 from .rejoin import Rejoin
 from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
-from .writer import Op, Outcome, Writer
+from .writer import Op, Outcome, RecordOp, Writer, slice_of
 
 T = TypeVar("T")
+Item = TypeVar("Item")
+R = TypeVar("R")
 
 #: A batch stops growing at this many queued bytes (it always takes at least one write).
 _MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
@@ -228,7 +231,7 @@ class GroupCommit:
             if item.future.done():  # its caller was cancelled while it was queued
                 self._pending.popleft()
                 continue
-            if batch and size + item.size > _MAX_BATCH_BYTES:
+            if batch and (size + item.size > _MAX_BATCH_BYTES or _background(item.op)):
                 break
             self._pending.popleft()
             batch.append(item)
@@ -249,6 +252,32 @@ class GroupCommit:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._idle_waiters.append(waiter)
             await waiter
+
+    async def _in_slices(
+        self,
+        what: str,
+        items: Sequence[Item],
+        fn: Callable[[sqlite3.Connection, float, Item], R],
+    ) -> list[R]:
+        """``fn`` applied to every item in the writer: one outcome per item, in order.
+
+        As many items per transaction as a slice's time allows (:func:`~.writer.slice_of`;
+        each item whole in one), each slice a background write: the writes queued while
+        one slice ran are committed before the next. The slices committed stay if a later
+        one fails.
+        """
+        done: list[R] = []
+        while len(done) < len(items):
+            op = RecordOp(what, slice_of(items, len(done), fn, self._waiting), background=True)
+            done += await self._submit(op, 0)
+        return done
+
+    def _waiting(self) -> bool:
+        """Whether a write is queued: asked from the writer thread.
+
+        A deque's length is read whole under the GIL; a stale answer only moves a slice's end.
+        """
+        return bool(self._pending)
 
     async def _in_thread(self, executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -292,6 +321,10 @@ class GroupCommit:
         if self._checkpointing is not None:
             with contextlib.suppress(Exception):  # it logs its own failures
                 await asyncio.shield(self._checkpointing)
+
+
+def _background(op: Op) -> bool:
+    return isinstance(op, RecordOp) and op.background
 
 
 def _failure(future: asyncio.Future[Any]) -> BaseException | None:

@@ -1,31 +1,31 @@
-"""Batched sweeps in SQLite: a batch of workflows read in one read, deleted in one write.
+"""Batched sweeps in SQLite: a batch of workflows read in one read, deleted in a few writes.
 
-:func:`read_histories` runs in a read thread (one read transaction); :func:`thin_many` and
-:func:`delete_workflows` run in the writer's transaction as one
-:class:`~.writer.RecordOp`, so a batch of workflows costs one commit (one fsync) however
-many steps it deletes. The triggers take a deleted step's effects and queue its blobs'
-references for release, as they do for any delete.
+:func:`read_histories` runs in a read thread (one read transaction); :func:`thin_one` and
+:func:`delete_one` run in the writer's transaction, as many workflows per transaction as
+a slice's time allows (:meth:`~.groupcommit.GroupCommit._in_slices`): a batch of workflows
+costs a commit (one fsync) per few milliseconds of deletes, however many steps it
+deletes, and a save queued meanwhile waits one slice at most. The triggers take a deleted
+step's effects and queue its blobs' references for release, as they do for any delete.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
 from ..base import Cut, History, StoredCheckpoint, histories_to_read
 from . import effects
 from .foreign import id_problem
-from .sql import _DELETE_STEP
 from .writer import delete_untouched
 
-__all__ = ["delete_workflows", "read_histories", "thin_many"]
+__all__ = ["delete_one", "read_histories", "thin_one"]
 
 #: Ids per statement: well under SQLite's variable limit.
 _CHUNK: Final = 500
 _STEP_OK: Final = "typeof(step) = 'integer' AND step >= 0"
-_STEPS_UP_TO: Final = "SELECT step FROM checkpoints WHERE workflow_id = ? AND step <= ?"
+_DELETE_EFFECTS: Final = "DELETE FROM effects WHERE workflow_id = ?"
+_DELETE_STEPS: Final = "DELETE FROM checkpoints WHERE workflow_id = ?"
 
 
 def _marks(count: int) -> str:
@@ -99,36 +99,27 @@ def _records(
     return found
 
 
-def thin_many(
-    conn: sqlite3.Connection, _now: float, *, cuts: Sequence[Cut]
-) -> tuple[list[tuple[str, int]], int]:
-    """Delete every cut's steps and orphaned effects, in the writer's transaction.
+def thin_one(conn: sqlite3.Connection, now: float, cut: Cut) -> tuple[list[tuple[str, int]], int]:
+    """Delete one cut's steps and orphaned effects, in the writer's transaction.
 
-    One read per workflow finds which of its cut steps are still there (another sweeper
-    may have taken some); the deletes then loop in C (``executemany``).
+    Returns the steps deleted (another sweeper may have taken some already: ``RETURNING``
+    says which were still there, with no read of its own) and the orphans dropped.
     """
-    pairs = [(cut.workflow_id, step) for cut in cuts for step in cut.steps]
-    present: list[tuple[str, int]] = []
-    for cut in cuts:
-        if cut.steps:
-            wanted = set(cut.steps)
-            rows = conn.execute(_STEPS_UP_TO, (cut.workflow_id, max(cut.steps))).fetchall()
-            present += [(cut.workflow_id, step) for (step,) in rows if step in wanted]
-    # The effects of every cut step, with a checkpoint or not (the trigger takes only the
-    # former), then the checkpoints.
-    conn.executemany(effects.DELETE_STEP, pairs)
-    conn.executemany(_DELETE_STEP, present)
+    wf, present = cut.workflow_id, []
+    for start in range(0, len(cut.steps), _CHUNK):
+        steps = cut.steps[start : start + _CHUNK]
+        marks = _marks(len(steps))
+        # The effects of every cut step, with a checkpoint or not (the trigger takes only the
+        # former), then the checkpoints.
+        conn.execute(f"{_DELETE_EFFECTS} AND step IN ({marks})", (wf, *steps))
+        rows = conn.execute(f"{_DELETE_STEPS} AND step IN ({marks}) RETURNING step", (wf, *steps))
+        present += [(wf, step) for (step,) in rows.fetchall()]
     dropped = 0
-    for cut in cuts:
-        if cut.below is not None:
-            dropped += effects.drop_orphans(
-                conn, _now, workflow_id=cut.workflow_id, below=cut.below
-            )
+    if cut.below is not None:
+        dropped = effects.drop_orphans(conn, now, workflow_id=wf, below=cut.below)
     return present, dropped
 
 
-def delete_workflows(
-    conn: sqlite3.Connection, now: float, *, pairs: Sequence[tuple[str, datetime]]
-) -> list[int | None]:
-    """Each workflow of ``pairs`` untouched since its time, deleted whole; its bytes or None."""
-    return [delete_untouched(conn, now, workflow_id=wf, updated_at=at) for wf, at in pairs]
+def delete_one(conn: sqlite3.Connection, now: float, pair: tuple[str, datetime]) -> int | None:
+    """The workflow of ``pair`` untouched since its time, deleted whole; its bytes or None."""
+    return delete_untouched(conn, now, workflow_id=pair[0], updated_at=pair[1])

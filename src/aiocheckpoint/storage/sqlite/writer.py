@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeVar
 
 from ...errors import (
     CheckpointNotFoundError,
@@ -85,6 +85,47 @@ class RecordOp:
 
     what: str
     fn: Callable[[sqlite3.Connection, float], object]
+    #: A slice of a long background write (a sweep's deletes): a batch never takes it
+    #: behind other writes, so those queued while the last slice ran go first.
+    background: bool = False
+
+
+#: What one slice of a background write (a sweep's deletes) spends in the writer before it
+#: commits while a write waits: about what a save's commit (an fsync) takes, so a save
+#: queued behind a slice waits about twice as long as behind another save, not a whole
+#: sweep batch. With no write waiting, a slice goes on up to :data:`LONG_SLICE_SECONDS`
+#: (fewer commits: a sweep alone is as fast as in one batch per page).
+SLICE_SECONDS: Final = 0.005
+LONG_SLICE_SECONDS: Final = 0.05
+
+_I = TypeVar("_I")
+_R = TypeVar("_R")
+
+
+def slice_of(
+    items: Sequence[_I],
+    start: int,
+    fn: Callable[[sqlite3.Connection, float, _I], _R],
+    waiting: Callable[[], bool],
+) -> Callable[[sqlite3.Connection, float], list[_R]]:
+    """A record op's function: ``fn`` over ``items[start:]`` for one slice's time.
+
+    :data:`SLICE_SECONDS` if ``waiting()`` says a write waits by then, else up to
+    :data:`LONG_SLICE_SECONDS`. It takes at least one item; its result is one outcome per
+    item taken, in order.
+    """
+
+    def run(conn: sqlite3.Connection, now: float) -> list[_R]:
+        began = time.monotonic()
+        done: list[_R] = []
+        for n in range(start, len(items)):
+            done.append(fn(conn, now, items[n]))
+            spent = time.monotonic() - began
+            if spent >= SLICE_SECONDS and (spent >= LONG_SLICE_SECONDS or waiting()):
+                break
+        return done
+
+    return run
 
 
 Op = SaveOp | DeleteOp | RecordOp | SaveTreeOp
@@ -193,16 +234,18 @@ class Writer:
             except sqlite3.Error as exc:
                 raise backend_error("closing the SQLite database failed", exc) from exc
 
-    def reclaim(self, pages: int) -> tuple[int, int]:
-        """Give up to ``pages`` free pages back to the filesystem; (bytes freed, pages left).
+    def reclaim(self, pages: int) -> tuple[int, int, float]:
+        """Give up to ``pages`` free pages back to the filesystem.
 
-        Its own short transaction, between two batches (:mod:`.vacuum`).
+        Its own short transaction, between two batches (:mod:`.vacuum`). Returns the bytes
+        freed, the free pages left and the seconds it took here (not queued).
         """
         conn = self._open_conn()
+        began = time.monotonic()
         try:
             freed, left = self.retry(lambda: vacuum_step(conn, pages))
             self.wal_pages += 2 * freed  # each page moved and the free list's
-            return freed * page_size(conn), left
+            return freed * page_size(conn), left, time.monotonic() - began
         except sqlite3.Error as exc:
             raise backend_error("SQLite incremental vacuum failed", exc) from exc
 

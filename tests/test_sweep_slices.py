@@ -1,0 +1,99 @@
+"""A sweep leaves writers room: its SQLite deletes commit in short slices that queued writes go
+before, and its pages stop where their records no longer fit one read."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from aiocheckpoint import CheckpointManager, RetentionPolicy, SQLiteCheckpointStorage
+from aiocheckpoint import retention as retention_module
+from aiocheckpoint.storage.base import Cut
+from aiocheckpoint.storage.sqlite import writer as writer_module
+from aiocheckpoint.storage.sqlite.writer import RecordOp
+
+
+async def _fill(manager: CheckpointManager, workflows: int, steps: int) -> None:
+    for n in range(workflows):
+        for step in range(steps):
+            await manager.create_checkpoint(f"wf-{n:03}", step, "a", "running", {"n": n})
+
+
+async def test_a_background_write_is_never_taken_behind_other_writes(tmp_path: Path) -> None:
+    """Writes queued before a background slice commit without it; writes queued after it
+    join its batch (they would wait for it anyway)."""
+    storage = SQLiteCheckpointStorage(tmp_path / "s.db")
+    await storage.save("warm", 0, b"x")  # opened: the three writes below queue together
+    seen: dict[str, int] = {}
+
+    def noting(name: str, *, background: bool = False) -> RecordOp:
+        def fn(_conn: sqlite3.Connection, _now: float) -> None:
+            seen[name] = storage._writer.commits
+
+        return RecordOp(name, fn, background=background)
+
+    try:
+        await asyncio.gather(
+            storage._submit(noting("before"), 0),
+            storage._submit(noting("slice", background=True), 0),
+            storage._submit(noting("after"), 0),
+        )
+    finally:
+        await storage.close()
+    assert seen["slice"] == seen["before"] + 1
+    assert seen["after"] == seen["slice"]
+
+
+async def test_a_sweeps_thinning_commits_slice_by_slice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no time for more, each slice takes one workflow's cut and commits it: the result
+    is the same as one transaction's, a step already gone is not reported."""
+    storage = SQLiteCheckpointStorage(tmp_path / "s.db")
+    try:
+        for n in range(4):
+            for step in range(3):
+                await storage.save(f"wf-{n}", step, b"record")
+        await storage.delete("wf-2", 0)
+        monkeypatch.setattr(writer_module, "SLICE_SECONDS", 0.0)
+        monkeypatch.setattr(writer_module, "LONG_SLICE_SECONDS", 0.0)
+        commits = storage._writer.commits
+        cuts = [Cut(f"wf-{n}", (0, 1), 2) for n in range(4)]
+        deleted, dropped = await storage.thin_many(cuts)
+        assert storage._writer.commits - commits == 4
+        assert sorted(deleted) == [
+            (f"wf-{n}", s) for n in range(4) for s in (0, 1) if (n, s) != (2, 0)
+        ]
+        assert dropped == 0
+        assert [c.step for c in await storage.scan("wf-1")] == [2]
+    finally:
+        await storage.close()
+
+
+async def test_a_sweeps_page_stops_where_its_records_no_longer_fit_one_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page holding more histories to read than one read's record budget ends before the
+    first that did not fit, which starts the next page: no workflow is thinned by itself."""
+    monkeypatch.setattr(retention_module, "_MAX_RECORDS", 25)
+    storage = SQLiteCheckpointStorage(tmp_path / "s.db")
+    policy = RetentionPolicy(keep_last=3)
+    async with CheckpointManager(storage, retention=policy) as manager:
+        await _fill(manager, 12, 10)
+        scans = 0
+        scan = storage.scan
+
+        async def counted(*args: object, **kwargs: object) -> object:
+            nonlocal scans
+            scans += 1
+            return await scan(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(storage, "scan", counted)
+        report = await manager.sweep()
+        assert report.checkpoints_deleted == 12 * 7
+        assert report.workflows_thinned == 12
+        assert scans == 0
+        assert [c.step for c in await storage.scan("wf-011")] == [7, 8, 9]
