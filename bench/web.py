@@ -1,7 +1,7 @@
 """The web inspector's server time and memory over large SQLite stores.
 
     python bench/web.py [--workflows 100000] [--rounds 20] [--db PATH]
-                        [--state-mb 50] [--skip-state]
+                        [--state-mb 50] [--skip-state | --state-only]
 
 Builds (or reuses, with ``--db``) a SQLite store of ``workflows`` workflows, each one
 checkpoint through a manager (200 tasks, group commit; every 10th agent failed, every 7th
@@ -12,7 +12,8 @@ prefix search, the store page, the throughput page and a workflow page, ``rounds
 each, median and worst. Then, unless ``--skip-state``, a workflow whose state is
 ``state-mb`` MB (strings of 1,000 characters) at two steps one key apart: its step page and
 its diff page, time and the peak of Python's allocations while serving them (tracemalloc),
-and the size of the HTML.
+and the size of the HTML (the state's store, ``state.db`` beside ``--db``, is written once
+and reused). A step page beyond the first (``?offset=``, a key near the end) is timed too.
 
 Prints one JSON line per measure. The machine is shared: the load average is printed with
 each line; compare runs side by side.
@@ -98,21 +99,30 @@ async def pages(url: str, workflows: int, rounds: int) -> None:
 
 
 async def big_state(url: str, megabytes: int) -> None:
-    """A workflow of a ``megabytes`` MB state at two steps: its step and diff pages."""
-    async with (
-        CheckpointManager(open_storage(url)) as manager,
-        ResumableWorkflow("big-state", manager) as wf,
-    ):
-        async with wf.step(0, agent_id="a"):
-            for n in range(megabytes * 1000):
-                wf.state.set(f"k{n:06}", "x" * 1000)
-        async with wf.step(1, agent_id="a"):
-            wf.state.set("k000000", "y")
+    """A workflow of a ``megabytes`` MB state at two steps: its step and diff pages.
+
+    The workflow is written once: a store that holds it already (``--db``'s state.db) is
+    reused, so that runs of two versions compare pages over the same store.
+    """
+    async with CheckpointManager(open_storage(url)) as manager:
+        if not await manager.has_checkpoint("big-state", 1):
+            async with ResumableWorkflow("big-state", manager) as wf:
+                async with wf.step(0, agent_id="a"):
+                    for n in range(megabytes * 1000):
+                        wf.state.set(f"k{n:06}", "x" * 1000)
+                async with wf.step(1, agent_id="a"):
+                    wf.state.set("k000000", "y")
     async with CheckpointManager(open_storage(url)) as manager:
         app = create_app(manager, url)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
-            for target in ["/step?id=big-state&step=1", "/diff?id=big-state&step=1"]:
+            last = f'["k{megabytes * 1000 - 1:06}"]'
+            for target in [
+                "/step?id=big-state&step=1",
+                "/step?id=big-state&step=1&path=%5B%5D&offset=25000",
+                f"/step?id=big-state&step=1&path={last}",
+                "/diff?id=big-state&step=1",
+            ]:
                 tracemalloc.start()
                 began = time.perf_counter()
                 reply = await http.get(target)
@@ -136,7 +146,8 @@ async def run(args: argparse.Namespace) -> None:
     if not where.exists():
         seconds = await build(url, args.workflows)
         emit(built=args.workflows, seconds=round(seconds, 1), db_bytes=where.stat().st_size)
-    await pages(url, args.workflows, args.rounds)
+    if not args.state_only:
+        await pages(url, args.workflows, args.rounds)
     if not args.skip_state:
         await big_state(f"sqlite:///{where.parent / 'state.db'}", args.state_mb)
 
@@ -148,6 +159,7 @@ def main() -> None:
     parser.add_argument("--db", help="reuse (or build once) the store at this path")
     parser.add_argument("--state-mb", type=int, default=50)
     parser.add_argument("--skip-state", action="store_true")
+    parser.add_argument("--state-only", action="store_true", help="only the large state's pages")
     asyncio.run(run(parser.parse_args()))
 
 

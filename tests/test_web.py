@@ -341,7 +341,8 @@ async def test_a_large_deep_state_gives_a_bounded_page(new_store: NewStore) -> N
     async with client(url) as http:
         page = (await http.get("/step", params={"id": "big", "step": "0"})).text
         assert len(page) < 2_000_000
-        assert "20000 items" in page and f"{20_000 - tree.CHILDREN} more" in page
+        # Read in part (an incremental store): its length is not known, "more" continues.
+        assert f"{tree.CHILDREN}+ items" in page and ">more</a>" in page
         deeper = [h for h in links(page) if "path=" in h and "deep" in h]
         assert deeper
         below = await http.get(deeper[0])

@@ -102,7 +102,8 @@ async def test_click_through_and_no_planted_script_runs(kind: str, new_store: Ne
 async def test_diff_pictures_store_and_actions_in_the_browser(new_store: NewStore) -> None:
     """With --allow-actions and a token: a step's diff shows the changed key, the timeline
     and the throughput are drawn, the store verifies, a paused workflow is resumed with
-    input by its form; the hostile workflow's diff, timeline and forms run no script."""
+    input by its form and its history shows the pause and the resume; a failed step's
+    error is shown as text; the hostile workflow's diff, timeline and forms run no script."""
     url = new_store("sqlite")
     await populate(url)
     env = {"AIOCHECKPOINT_TOKEN": "t0ken"}
@@ -137,7 +138,7 @@ async def test_diff_pictures_store_and_actions_in_the_browser(new_store: NewStor
             await page.locator("header nav a", has_text="store").click()
             await page.get_by_role("button", name="Verify").click()
             summary = await page.locator(".verify-summary").inner_text()
-            assert "0 problems" in summary
+            assert "0 corrupted, 0 unreadable" in summary
             if shoot:
                 await page.screenshot(path=str(SHOTS / "store.png"))
 
@@ -150,6 +151,18 @@ async def test_diff_pictures_store_and_actions_in_the_browser(new_store: NewStor
             assert page.url.endswith("/workflow?id=waiting"), await page.content()
             facts = await page.locator("dl.facts").first.inner_text()
             assert "unfinished" in facts
+            events = page.locator("table.events tbody tr td.event-kind")
+            assert await events.all_inner_texts() == ["paused", "resumed"]
+            assert '"approved": true' in await page.locator("table.events").inner_text()
+            assert await page.locator("svg.chart rect.event-paused").count() == 1
+
+            await page.goto(f"{address}/workflow?id=broken")
+            failed = page.locator("table.events tr.event-step_failed")
+            assert "the tool <b>exploded</b>" in await failed.inner_text()
+            assert await page.locator("table.events b", has_text="exploded").count() == 0
+            assert await page.locator("svg.chart rect.event-step_failed").count() == 1
+            if shoot:
+                await page.screenshot(path=str(SHOTS / "history.png"), full_page=True)
 
             await page.goto(f"{address}/")
             await page.locator("table a.wf", has_text="<script>").click()

@@ -16,6 +16,8 @@ from aiocheckpoint import (
     ResumableWorkflow,
     open_storage,
 )
+from aiocheckpoint.storage.queries import WorkflowQuery
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.web import timeline
 from tests.test_cli import BACKENDS, NewStore, new_store
 from tests.test_web import links
@@ -39,9 +41,12 @@ async def test_the_workflow_timeline_draws_each_step_linked(kind: str, new_store
     async with client(url) as http:
         done = svg((await http.get("/workflow", params={"id": "done"})).text)
         assert done.count('class="bar agent-completed"') == 3
+        events = kind != "file"  # the file store keeps no history
         assert [h for h in links(done) if h.startswith("/step?")] == [
-            f"/step?id=done&step={n}" for n in range(3)
+            *(f"/step?id=done&step={n}" for n in range(3)),
+            *(["/step?id=done&step=2"] if events else []),  # its "completed" event
         ]
+        assert ('class="bar event-completed"' in done) is events
         assert "agent agent-0" in done and "agent agent-2" in done
         broken = svg((await http.get("/workflow", params={"id": "broken"})).text)
         assert 'class="bar agent-failed"' in broken
@@ -94,24 +99,27 @@ async def test_throughput_counts_updated_failed_and_in_doubt(
 async def test_throughput_reads_a_bounded_sample(
     new_store: NewStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The queries ask for at most SAMPLE records; past it the page says the counts are of a
-    sample. A file store (no records) says there is nothing to count."""
+    """The query asks for the latest SAMPLE records updated in the window, newest first;
+    past it the page says how far back its counts go. A file store (no records) says there
+    is nothing to count."""
     url = new_store("sqlite")
     await seed_throughput(url)
     monkeypatch.setattr(timeline, "SAMPLE", 2)
-    limits: list[Any] = []
-    listing = CheckpointManager.list_workflow_records
+    queries: list[WorkflowQuery] = []
+    listing = SQLiteCheckpointStorage.query_workflow_records
 
-    async def counted(self: CheckpointManager, *args: Any, **kwargs: Any) -> Any:
-        limits.append(kwargs.get("limit"))
-        return await listing(self, *args, **kwargs)
+    async def counted(self: SQLiteCheckpointStorage, query: WorkflowQuery) -> Any:
+        queries.append(query)
+        return await listing(self, query)
 
-    monkeypatch.setattr(CheckpointManager, "list_workflow_records", counted)
+    monkeypatch.setattr(SQLiteCheckpointStorage, "query_workflow_records", counted)
     async with client(url) as http:
         page = (await http.get("/throughput")).text
-    assert limits and all(limit == 2 for limit in limits)
-    assert "these counts are of the first 2 by id" in page
-    assert sum(totals(page).values()) <= 4
+    assert [(q.limit, q.newest_first, q.updated_after is not None) for q in queries] == [
+        (2, True, True)
+    ]
+    assert "these counts go back to" in page
+    assert sum(totals(page).values()) == 2
     file_url = new_store("file")
     await populate(file_url)
     async with client(file_url) as http:

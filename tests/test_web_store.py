@@ -17,7 +17,9 @@ from tests.web_support import KEYS, client, populate
 
 __all__ = ["new_store"]
 
-SUMMARY = re.compile(r"Checked (\d+) checkpoints in (\d+) workflows[^:]*: (\d+) problems")
+SUMMARY = re.compile(
+    r"Checked (\d+) checkpoints in (\d+) workflows[^:]*: (\d+) corrupted, (\d+) unreadable"
+)
 
 
 def fact(page: str, name: str) -> str:
@@ -43,8 +45,9 @@ async def test_the_store_page_names_backend_schema_and_size(kind: str, new_store
     assert 'action="/store"' in page and "Checked" not in page  # verify only on demand
 
 
-async def walk(http: object, start: str) -> tuple[list[tuple[int, int, int]], str]:
-    """Follow "Verify the next checkpoints" from ``start``: each page's summary, all text."""
+async def walk(http: object, start: str) -> tuple[list[tuple[int, ...]], str]:
+    """Follow "Verify the next checkpoints" from ``start``: each page's summary (checked,
+    workflows, corrupted, unreadable), all text."""
     seen, text, target = [], "", start
     while target:
         page = (await http.get(target)).text  # type: ignore[attr-defined]
@@ -71,15 +74,27 @@ async def test_verify_pages_through_every_checkpoint(
     monkeypatch.setattr(store, "VERIFY_RECORDS", 3)
     async with client(url) as http:
         seen, text = await walk(http, "/store?verify=1")
-    assert all(checked <= 3 for checked, _, _ in seen)
-    assert sum(checked for checked, _, _ in seen) == total
-    assert sum(problems for _, _, problems in seen) == 0
+    assert all(checked <= 3 for checked, *_ in seen)
+    assert sum(checked for checked, *_ in seen) == total
+    assert sum(bad + locked for _, _, bad, locked in seen) == 0
     assert "verified to its end" in text
 
 
-async def test_verify_tells_damaged_from_locked(new_store: NewStore) -> None:
-    """A flipped byte is corrupted (with the keys); without them every record, the damaged
-    one too (it cannot be authenticated), is locked."""
+def rows(text: str, css: str) -> list[tuple[str, str, str]]:
+    """The (workflow, step, why) rows of every page's table of class ``css``."""
+    found = []
+    for table in text.split(f'<table class="list {css}">')[1:]:
+        body = table.split("</table>", 1)[0]
+        for row in re.findall(r"<tr><td>(.*?)</td></tr>", body):
+            cells = re.split(r"</td><td[^>]*>", row)
+            found.append(tuple(html.unescape(re.sub(r"<[^>]+>", "", c)) for c in cells))
+    return found  # type: ignore[return-value]
+
+
+async def test_verify_lists_damaged_and_unreadable_records_apart(new_store: NewStore) -> None:
+    """A flipped byte is listed as corrupted (which checkpoint, why) with the keys; without
+    them every record, the damaged one too (it cannot be authenticated), is listed in the
+    unreadable list with the key it needs, and none as corrupted."""
     url = new_store("sqlite")
     await populate(url, keys=KEYS)
     async with CheckpointManager(open_storage(url), encryption=KEYS) as manager:
@@ -88,10 +103,14 @@ async def test_verify_tells_damaged_from_locked(new_store: NewStore) -> None:
         flipped = stored.data[:-1] + bytes([stored.data[-1] ^ 1])
         await manager.storage.save("done", 1, flipped)
     async with client(url, keys=KEYS) as http:
-        _, text = await walk(http, "/store?verify=1")
-    assert re.search(r"<td>1</td><td class=\"problem\">corrupted", text)
-    assert text.count('class="problem locked"') == 0
+        seen, text = await walk(http, "/store?verify=1")
+    [(workflow, step, why)] = rows(text, "corrupted")
+    assert (workflow, step) == ("done", "1") and why.startswith("corrupted")
+    assert rows(text, "unreadable") == [] and sum(s[3] for s in seen) == 0
     async with client(url) as http:
         seen, text = await walk(http, "/store?verify=1")
-    assert text.count('class="problem locked"') == sum(p for _, _, p in seen)
-    assert text.count('class="problem locked"') > 3
+    unreadable = rows(text, "unreadable")
+    assert rows(text, "corrupted") == [] and sum(s[2] for s in seen) == 0
+    assert len(unreadable) == sum(s[3] for s in seen) == sum(s[0] for s in seen) > 3
+    assert ("done", "1") in {(w, s) for w, s, _ in unreadable}
+    assert all(why.startswith("locked") for _, _, why in unreadable)

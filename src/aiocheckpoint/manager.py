@@ -169,6 +169,7 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
                 f"{type(self._storage).__name__} does not"
             )
         sealer = sealer_for(encryption, allow_plaintext)
+        self._encrypted = sealer is not None
         blobs: BlobCheckpointStorage | None = (
             self._storage  # type: ignore[assignment]
             if supports and incremental is not False
@@ -211,6 +212,11 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
     def incremental(self) -> bool:
         """Whether large states are written as incremental (blob) checkpoints."""
         return self._incremental
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether this manager was given keys (``encryption=``): it seals what it writes."""
+        return self._encrypted
 
     @property
     def max_checkpoints(self) -> int | None:

@@ -48,6 +48,7 @@ from .sealing import (
 )
 from .stages import DEFAULT_VALUES, TypedValues, ValueStage, View
 from .tree.join import join_state
+from .tree.peek import Apart, Cut, peek_state
 from .tree.split import split_state
 from .tree.splitmemory import recovered_memory
 from .tree.subtrees import Lineage
@@ -56,6 +57,8 @@ from .typed import has_tags
 from .v1 import decode_checkpoint, encode_checkpoint
 
 __all__ = [
+    "Apart",
+    "Cut",
     "DEFAULT_VALUES",
     "ENVELOPE_MAGIC",
     "EffectRecord",
@@ -86,6 +89,7 @@ __all__ = [
     "join_state",
     "locked_view",
     "json_copy",
+    "peek_state",
     "record_facts",
     "recovered_memory",
     "sealed_key_id",

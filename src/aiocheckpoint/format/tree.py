@@ -57,6 +57,7 @@ __all__ = [
     "node_refs",
     "open_record_v2",
     "record_root_refs",
+    "record_tree",
 ]
 
 KIND_VALUE: Final = 0x56  # "V"
@@ -289,6 +290,21 @@ def open_record_v2(record: bytes) -> tuple[dict[str, Any], int, bytes]:
     if ("data" in meta["state"]) == bool(root):
         raise _corrupt("a record needs exactly one of an inline state and a root")
     return meta, digest, root
+
+
+def record_tree(record: bytes) -> tuple[dict[str, Any], int, bytes] | None:
+    """A version-2 record's metadata, digest size and root, if it has a tree.
+
+    None for a version-1 record or a state kept inline; a malformed record raises
+    :class:`CheckpointCorruptedError` (:func:`open_record_v2`'s errors included).
+    """
+    if record_format_version(record) != FORMAT_VERSION_2:
+        return None
+    try:
+        meta, digest, root = open_record_v2(record)
+    except (ValueError, TypeError) as exc:
+        raise _corrupt(f"undecodable record ({type(exc).__name__})") from exc
+    return (meta, digest, root) if root else None
 
 
 def record_root_refs(record: bytes) -> tuple[bytes, ...]:

@@ -604,7 +604,10 @@ class InMemoryCheckpointStorage(BaseStorage):
         self._check_open()
         found: list[WorkflowRecord] = []
         doubtful = set(await self.in_doubt_workflows()) if query.in_doubt is not None else ()
-        for workflow_id in sorted(self._records):
+        ids = sorted(self._records)
+        if query.newest_first:
+            ids.sort(key=lambda i: self._records[i].updated_at, reverse=True)  # stable: ties by id
+        for workflow_id in ids:
             if query.limit is not None and len(found) >= query.limit:
                 break
             record = self._records[workflow_id]

@@ -74,6 +74,9 @@ class WorkflowQuery:
     ``finished_before`` keeps the records that finished or failed before that time (a
     record without ``finished_at`` counts from its ``updated_at``): what finished and
     failed TTLs count from. ``kind`` keeps the records of that kind (None: every kind).
+    ``newest_first`` orders the page by ``updated_at``, latest first (ties in any order), instead
+    of by id: with ``updated_after`` on SQLite and PostgreSQL it reads a range of the
+    ``updated_at`` index, the most recent ``limit`` of it (``after`` must be None).
     """
 
     status: WorkflowStatus | None = None
@@ -86,6 +89,7 @@ class WorkflowQuery:
     in_doubt: bool | None = None
     finished_before: datetime | None = None
     kind: str | None = None
+    newest_first: bool = False
 
 
 def build_query(
@@ -235,6 +239,8 @@ def query_sql(
         for n, (key, value) in enumerate(query.metadata)
     ]
     order = "m0.workflow_id" if query.metadata else "w.workflow_id"
+    if query.newest_first and (query.after is not None or query.metadata):
+        raise InvalidArgumentError("newest_first pages take no cursor and no metadata filter")
     where = [
         f"{clause} {bind(value)}"
         for clause, value in (
@@ -263,7 +269,7 @@ def query_sql(
     sql = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    sql += f" ORDER BY {order}"
+    sql += " ORDER BY w.updated_at DESC" if query.newest_first else f" ORDER BY {order}"
     if query.limit is not None:
         sql += f" LIMIT {bind(query.limit)}"
     return sql, args

@@ -31,7 +31,7 @@ from ..codec import locked_view
 from ..errors import CheckpointError, CheckpointNotFoundError, InvalidArgumentError, LeaseError
 from ..manager import CheckpointManager
 from ..urls import redacted
-from . import actions, charts, data, diff, store, timeline, tree
+from . import actions, charts, data, diff, history, store, timeline, tree
 
 __all__ = ["HEADERS", "LOOPBACK_NAMES", "create_app", "shown"]
 
@@ -269,13 +269,24 @@ class _Pages:
         try:
             before = _int(q.get("before"))
             view = await data.workflow_view(self.manager, self.url, q.get("id", ""), before)
+            events = await history.read_history(
+                self.manager, view.workflow_id, q.get("events") or None
+            )
         except CheckpointError as exc:
             return self.failed(exc)
-        found = view.record or view.steps or view.effects or view.effects_problem
+        found = view.record or view.steps or view.effects or view.effects_problem or events.rows
         if not found and before is None:
             return self.failed(CheckpointNotFoundError(view.workflow_id))
-        picture = charts.timeline(timeline.workflow_spans(view))
-        return self.render("workflow.html", {"view": view, "timeline": picture}, request=request)
+        end = view.record.updated_at if view.record is not None else None
+        spans = timeline.workflow_spans(view)
+        spans += history.event_spans(view.workflow_id, events, end)
+        context = {
+            "view": view,
+            "timeline": charts.timeline(spans),
+            "history": events,
+            "events_page": history.EVENTS,
+        }
+        return self.render("workflow.html", context, request=request)
 
     async def step(self, request: Request) -> Response:
         q = request.query_params
@@ -284,12 +295,14 @@ class _Pages:
             if number is None:
                 raise InvalidArgumentError("which step? (?step=N)")
             workflow_id = q.get("id", "")
-            checkpoint, problem, effects = await data.load_step(self.manager, workflow_id, number)
             path = tree.parse_path(q.get("path", ""))
+            offset = _int(q.get("offset")) or 0
+            checkpoint, problem, effects, value = await data.load_step(
+                self.manager, workflow_id, number, path, offset
+            )
             root = None
             if checkpoint is not None:
-                value = tree.subtree(checkpoint.state_snapshot.data, path)
-                root = tree.build_tree(value, path, _int(q.get("offset")) or 0)
+                root = tree.build_tree(value, path, offset)
         except CheckpointError as exc:
             return self.failed(exc)
         if checkpoint is None and not effects and problem == "no checkpoint at this step":

@@ -14,10 +14,10 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from .._validation import check_workflow_id
-from ..codec import EffectRecord
+from ..codec import EffectRecord, peek_state
 from ..errors import (
     CheckpointCorruptedError,
     CheckpointError,
@@ -25,15 +25,18 @@ from ..errors import (
     InvalidArgumentError,
     UnknownKeyError,
 )
+from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import Checkpoint
-from ..storage.base import InDoubtPagingStorage, StoredCheckpoint
+from ..storage.base import BlobCheckpointStorage, InDoubtPagingStorage, StoredCheckpoint
 from ..storage.queries import encode_cursor
 from ..urls import redacted
+from . import tree
 
 __all__ = [
     "COUNT_CAP",
+    "EXPAND",
     "PAGE",
     "StepRow",
     "WorkflowRow",
@@ -50,6 +53,9 @@ __all__ = [
 PAGE: Final = 50
 #: Counts per status stop here (shown as "1000+"): a count reads one page of records.
 COUNT_CAP: Final = 1000
+#: Bytes a step page reads at most to open the values stored apart inside the value shown
+#: (past it they are links to their own page).
+EXPAND: Final = 4 << 20
 #: What a record the keys cannot open is called on the pages.
 LOCKED: Final = "locked: encrypted, and the inspector has no key for it (serve --keys FILE)"
 
@@ -258,24 +264,79 @@ def resolve_command(url: str, effect: EffectRecord) -> str:
 
 
 async def load_step(
-    manager: CheckpointManager, workflow_id: str, step: int
-) -> tuple[Checkpoint | None, str | None, list[EffectRecord] | str]:
-    """The step's checkpoint in its stored view (or why not) and its effects (or why not)."""
+    manager: CheckpointManager,
+    workflow_id: str,
+    step: int,
+    path: list[str | int] | None = None,
+    offset: int = 0,
+) -> tuple[Checkpoint | None, str | None, list[EffectRecord] | str, Any]:
+    """A step's checkpoint (or why not), its effects (or why not), and a value of its state.
+
+    The checkpoint is in its stored view; the value is the one at ``path``. A large state
+    of an incremental store is looked into, not read whole
+    (:func:`~aiocheckpoint.codec.peek_state`): the nodes on the way to ``path`` and the
+    chunks of one page of its entries (a :class:`~aiocheckpoint.codec.Cut` when the value
+    is a large container). The checkpoint returned then has an empty state. Other records
+    are decoded whole.
+    """
     workflow_id = check_workflow_id(workflow_id)
+    path = path or []
     checkpoint: Checkpoint | None = None
     problem: str | None = None
+    value: Any = None
+    peeked = None
     try:
         stored = await manager.storage.load(workflow_id, step)
         if stored is None:
             problem = "no checkpoint at this step"
         else:
-            checkpoint = await manager.decode_record(workflow_id, stored, view="stored")
+            peeked = await _peek(manager, workflow_id, stored, path, offset)
+            if peeked is not None:
+                checkpoint, value = peeked
+            else:
+                checkpoint = await manager.decode_record(workflow_id, stored, view="stored")
+    except InvalidArgumentError:
+        raise  # a path the state does not hold: the request's fault
     except CheckpointError as exc:
         problem = problem_of(exc)
+    if checkpoint is not None and peeked is None:
+        value = tree.subtree(checkpoint.state_snapshot.data, path)
     effects: list[EffectRecord] | str = []
     if manager.supports_effects():
         try:
             effects = await manager.get_effects(workflow_id, step)
         except CheckpointError as exc:
             effects = problem_of(exc)
-    return checkpoint, problem, effects
+    return checkpoint, problem, effects, value
+
+
+async def _peek(
+    manager: CheckpointManager,
+    workflow_id: str,
+    stored: StoredCheckpoint,
+    path: list[str | int],
+    offset: int,
+) -> tuple[Checkpoint, Any] | None:
+    """The look into a plain tree record (None: decode it whole).
+
+    An encrypting manager reads through its codec, which refuses what its policy refuses
+    (a plaintext record among sealed ones).
+    """
+    storage = manager.storage
+    if manager.encrypted or not isinstance(storage, BlobCheckpointStorage):
+        return None
+    limit = getattr(storage, "max_record_bytes", None)
+    try:
+        return await peek_state(
+            stored.data,
+            storage.fetch_blobs,
+            path,
+            offset,
+            tree.CHILDREN,
+            workflow_id=workflow_id,
+            step=stored.step,
+            max_bytes=limit if type(limit) is int else DEFAULT_MAX_RECORD_BYTES,
+            expand=EXPAND,
+        )
+    except KeyError as exc:
+        raise InvalidArgumentError(f"no {exc.args[0]!r} in this state") from None

@@ -4,7 +4,8 @@ Every figure is bounded: the file store's size sums at most :data:`FILES` entrie
 shown as "at least"); a verify request decodes at most :data:`VERIFY_RECORDS` checkpoints,
 workflow by workflow in id order as the workflow list pages them, and links to the request
 that carries on from where it stopped. Like ``aiocheckpoint verify``, it decodes each record
-with the store's keys and tells records it cannot open (locked) from damaged ones.
+with the store's keys and lists the records it cannot open (locked: which checkpoint, which
+key) apart from the damaged ones.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Final
 
 import anyio.to_thread
 
-from ..errors import CheckpointCorruptedError, CheckpointError
+from ..errors import CheckpointCorruptedError, CheckpointError, EncryptionError
 from ..manager import CheckpointManager
 from . import data
 
@@ -45,11 +46,18 @@ class StoreFacts:
 
 @dataclass
 class VerifyPage:
-    """One verify request's findings and where the next one starts."""
+    """One verify request's findings and where the next one starts.
+
+    Damaged records (``corrupted``) and records the inspector's keys cannot open
+    (``unreadable``: sealed under a key it lacks, or encrypted and it has none; their bytes
+    may be sound) are listed apart, each as (workflow, step, why), as ``aiocheckpoint
+    verify`` counts them apart. Each list holds at most the request's checkpoints.
+    """
 
     workflows: int = 0
     checkpoints: int = 0
-    problems: list[tuple[str, int | None, str]] = field(default_factory=list)
+    corrupted: list[tuple[str, int | None, str]] = field(default_factory=list)
+    unreadable: list[tuple[str, int | None, str]] = field(default_factory=list)
     #: where the next request starts: inside a workflow from a step, or after a workflow
     #: (step None); None when the store is done
     next: tuple[str, int | None] | None = None
@@ -146,7 +154,7 @@ async def _verify_workflow(
         try:
             records = await manager.storage.scan(workflow_id, after=cursor, limit=100)
         except CheckpointCorruptedError as exc:
-            page.problems.append((workflow_id, exc.step, data.problem_of(exc)))
+            page.corrupted.append((workflow_id, exc.step, data.problem_of(exc)))
             return None, budget
         if not records:
             return None, budget
@@ -158,5 +166,6 @@ async def _verify_workflow(
             try:
                 await manager.decode_record(workflow_id, record, view="stored")
             except CheckpointError as exc:
-                page.problems.append((workflow_id, record.step, data.problem_of(exc)))
+                found = page.unreadable if isinstance(exc, EncryptionError) else page.corrupted
+                found.append((workflow_id, record.step, data.problem_of(exc)))
         cursor = records[-1].step

@@ -7,10 +7,12 @@ lane of its agent; effects are spans from intent to outcome (an instant while in
 paused or failed workflow ends in a span of its own. A source of more spans (an event
 history) adds them to the list :func:`workflow_spans` returns.
 
-The throughput reads at most :data:`SAMPLE` workflow records (two bounded queries) updated
-in the window and counts them per bucket of time by their last update: a store keeps no
-index of checkpoints by time, so each workflow counts once, at its latest checkpoint or
-status change.
+The throughput reads the latest :data:`SAMPLE` workflow records updated in the window, newest
+first (on SQLite and PostgreSQL a range of the index on the records' ``updated_at``: the
+read costs the sample, not the store), and at most :data:`SAMPLE` ids of workflows in doubt
+(the effect journal's partial index); it counts the records per bucket of time by their
+last update. A store keeps no index of checkpoints by time (one would cost every save), so
+each workflow counts once, at its latest checkpoint or status change.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from urllib.parse import urlencode
 from ..codec import EffectRecord, locked_view
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
+from ..storage.base import InDoubtPagingStorage, WorkflowStorage
+from ..storage.queries import WorkflowQuery
 from .charts import Chart, Span, stacked_bars
 from .data import StepRow, WorkflowView
 
@@ -95,8 +99,10 @@ class Throughput:
     bucket: timedelta
     chart: Chart
     totals: dict[str, int] = field(default_factory=dict)
-    #: whether a query reached :data:`SAMPLE` (the counts are a lower bound)
+    #: whether a read reached :data:`SAMPLE` (the counts are a lower bound)
     capped: bool = False
+    #: when the SAMPLE updates read go back to: the buckets before it are not counted
+    counted_from: datetime | None = None
     #: the store keeps no workflow records (the file store): nothing to count
     unsupported: bool = False
 
@@ -111,28 +117,36 @@ async def throughput(
     start = end - timedelta(minutes=minutes)
     counts: list[dict[str, int]] = [{} for _ in range(BUCKETS)]
     view = Throughput(minutes, start, bucket, stacked_bars(start, bucket, counts, SERIES))
-    if not manager.supports_workflow_records():
+    storage = manager.storage
+    if not manager.supports_workflow_records() or not isinstance(storage, WorkflowStorage):
         view.unsupported = True
         return view
-    recent = await manager.list_workflow_records(updated_after=start, limit=SAMPLE, kind=None)
-    doubtful: list[WorkflowRecord] = []
-    if manager.supports_effects():
-        doubtful = await manager.list_workflow_records(
-            updated_after=start, limit=SAMPLE, in_doubt=True, kind=None
-        )
-    view.capped = SAMPLE in (len(recent), len(doubtful))
-    doubts = {r.workflow_id for r in doubtful}
-    seen: set[str] = set()
-    for record in [*doubtful, *recent]:
-        if record.workflow_id in seen:
-            continue  # in both listings: counted in doubt
-        seen.add(record.workflow_id)
+    # The latest SAMPLE updates of the window: a range of the updated_at index, newest first.
+    query = WorkflowQuery(updated_after=start, limit=SAMPLE, newest_first=True)
+    recent = await storage.query_workflow_records(query)
+    doubts, doubts_capped = await _in_doubt(manager)
+    view.capped = len(recent) >= SAMPLE or doubts_capped
+    if len(recent) >= SAMPLE:
+        view.counted_from = recent[-1].updated_at
+    for record in recent:
         if record.workflow_id in doubts:
             name = "in doubt"
         else:
             name = "failed" if record.status is WorkflowStatus.FAILED else "updated"
-        n = min(int((record.updated_at - start) / bucket), BUCKETS - 1)
+        n = max(min(int((record.updated_at - start) / bucket), BUCKETS - 1), 0)
         counts[n][name] = counts[n].get(name, 0) + 1
         view.totals[name] = view.totals.get(name, 0) + 1
     view.chart = stacked_bars(start, bucket, counts, SERIES)
     return view
+
+
+async def _in_doubt(manager: CheckpointManager) -> tuple[set[str], bool]:
+    """The workflows in doubt (the first SAMPLE by id) and whether there were more."""
+    if not manager.supports_effects():
+        return set(), False
+    storage = manager.storage
+    if isinstance(storage, InDoubtPagingStorage):
+        ids = await storage.in_doubt_page(None, SAMPLE + 1)
+    else:
+        ids = await manager.list_in_doubt_workflows()
+    return set(ids[:SAMPLE]), len(ids) > SAMPLE

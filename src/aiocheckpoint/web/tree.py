@@ -5,7 +5,11 @@ States arrive in their stored view: typed values are one-key objects whose key i
 :mod:`aiocheckpoint.format.tags`), shown by their type, so no application class is needed.
 A page shows at most :data:`NODES` nodes, :data:`CHILDREN` children per container and
 :data:`TEXT` characters per string; what is cut says how much, and a container cut short
-links to the page that continues it (its path and the offset of its next child).
+links to the page that continues it (its path and the offset of its next child). A state
+looked into rather than read whole (:func:`~aiocheckpoint.codec.peek_state`) has values
+stored apart (:class:`~aiocheckpoint.codec.Apart`, a link to their page) and large
+containers read in part (:class:`~aiocheckpoint.codec.Cut`: how many entries come after
+is not known, the link says "more").
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Final
 
+from ..codec import Apart, Cut
 from ..errors import InvalidArgumentError
 from ..format import tags
 
@@ -114,6 +119,12 @@ def _node(
     key: str, value: Any, path: list[str | int], budget: _Budget, offset: int, depth: int
 ) -> Node:
     budget.nodes -= 1
+    if isinstance(value, Apart):  # stored in a node of its own: its page reads it
+        return Node(
+            key, "stored apart", "not read here", more=(json.dumps(path), 0), container=True
+        )
+    if isinstance(value, Cut):
+        return _cut(Node(key, value.kind), value, path, budget, depth)
     if isinstance(value, dict) and len(value) == 1:
         tag, inner = next(iter(value.items()))
         if isinstance(tag, str) and tag.startswith(tags.TAG_START):
@@ -127,6 +138,12 @@ def _node(
 def _typed(
     key: str, tag: str, inner: Any, path: list[str | int], budget: _Budget, offset: int, depth: int
 ) -> Node:
+    if isinstance(inner, Apart):  # its inside is stored apart: its own page reads it
+        node = _node(key, inner, path, budget, offset, depth)
+        node.kind = f"{_NAMES.get(tag, 'registered value')} (stored apart)"
+        return node
+    if isinstance(inner, Cut) and tag in (tags.TUPLE, tags.SET, tags.FROZENSET, tags.MAP):
+        return _cut(Node(key, _NAMES[tag]), inner, path, budget, depth)
     if tag == tags.TYPED and isinstance(inner, list) and len(inner) == 3:
         name, version, data = inner
         node = Node(key, f"{name} v{version}")
@@ -175,6 +192,23 @@ def _container(
             break
         child_path = [*path, child_key]
         node.children.append(_node(str(child_key), child, child_path, budget, 0, depth + 1))
+    return node
+
+
+def _cut(node: Node, cut: Cut, path: list[str | int], budget: _Budget, depth: int) -> Node:
+    """A large container read in part: its entries from ``cut.start``, and a link on."""
+    node.container = True
+    end = cut.start + len(cut.entries)
+    node.text = f"{end}+ items" if cut.more else f"{end} items"
+    for child_key, child in cut.entries:
+        if budget.nodes <= 0 or depth >= DEPTH:
+            end = cut.start + len(node.children)
+            cut.more = True
+            break
+        child_path = [*path, child_key]
+        node.children.append(_node(str(child_key), child, child_path, budget, 0, depth + 1))
+    if cut.more:
+        node.more = (json.dumps(path), end)
     return node
 
 

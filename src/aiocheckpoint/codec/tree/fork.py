@@ -10,8 +10,7 @@ keep fresh) every blob the new record relies on, as it does for a new tree.
 from __future__ import annotations
 
 from ...errors import CheckpointCorruptedError
-from ...format.header import FORMAT_VERSION_2, record_format_version
-from ...format.tree import SplitResult, node_children, open_record_v2
+from ...format.tree import SplitResult, node_children, record_tree
 from ...storage.base import BlobCheckpointStorage
 from .v2 import rehomed_record
 
@@ -29,14 +28,10 @@ async def fork_tree(
     None when ``record`` is not a version-2 record with a root (nothing to share). A blob
     the store lacks, or one that does not parse, raises :class:`CheckpointCorruptedError`.
     """
-    if record_format_version(record) != FORMAT_VERSION_2:
+    tree = record_tree(record)
+    if tree is None:
         return None
-    try:
-        meta, digest, root = open_record_v2(record)
-    except (ValueError, TypeError) as exc:
-        raise CheckpointCorruptedError(f"undecodable record ({type(exc).__name__})") from exc
-    if not root:
-        return None
+    meta, digest, root = tree
     refs = node_children(root, digest)
     children, top = await _walk(blobs, refs, digest)
     # The root's children go along (they are stored already, so nothing is written): a
