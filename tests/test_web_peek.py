@@ -25,18 +25,23 @@ __all__ = ["new_store"]
 KEYS = 2000
 
 
+def fill(state: Any) -> None:
+    """The large state: long strings, a nested list, typed values, hostile text."""
+    for n in range(KEYS):
+        state.set(f"k{n:05}", f"{n}:" + "x" * 1000)
+    state.set("nested", {"items": list(range(5000)), "hostile": HOSTILE_VALUE})
+    state.set("when", dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
+    state.set("raw", b"\x00\x01" * 3000)
+    state.set("pair", tuple(range(3000)))
+
+
 async def big(url: str) -> None:
     async with (
         CheckpointManager(open_storage(url)) as manager,
         ResumableWorkflow("big", manager) as wf,
     ):
         async with wf.step(0, agent_id="a"):
-            for n in range(KEYS):
-                wf.state.set(f"k{n:05}", f"{n}:" + "x" * 1000)
-            wf.state.set("nested", {"items": list(range(5000)), "hostile": HOSTILE_VALUE})
-            wf.state.set("when", dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
-            wf.state.set("raw", b"\x00\x01" * 3000)
-            wf.state.set("pair", tuple(range(3000)))
+            fill(wf.state)
 
 
 def fetched(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -149,6 +149,23 @@ def _replaced(value: Any, apart: dict[str, Apart]) -> Any:
     return value
 
 
+def open_tree(record: bytes, workflow_id: str, step: int) -> tuple[Checkpoint, int, bytes] | None:
+    """A plain tree record's fields (its state left empty), digest size and stored root.
+
+    None for what cannot be walked node by node: version 1, a state kept inline, a sealed
+    (encrypted) tree or a record flagged otherwise (the whole read says what it is).
+    """
+    if is_sealed_tree_record(record) or record[5:6] != b"\x00":
+        return None
+    tree = record_tree(record)
+    if tree is None:
+        return None
+    meta, digest, root = tree
+    meta["state"].pop("text_crc32", None)
+    meta["state"]["data"] = {}
+    return check_owner(build_checkpoint(meta), workflow_id, step), digest, root
+
+
 async def peek_state(
     record: bytes,
     fetch: AsyncFetch,
@@ -172,15 +189,10 @@ async def peek_state(
     that leads nowhere raises ``KeyError``. None: this record cannot be looked into
     partially (module docstring).
     """
-    if is_sealed_tree_record(record) or record[5:6] != b"\x00":
-        return None  # sealed, or flagged otherwise: the whole read says what it is
-    tree = record_tree(record)
-    if tree is None:
+    opened = open_tree(record, workflow_id, step)
+    if opened is None:
         return None
-    meta, digest, root = tree
-    meta["state"].pop("text_crc32", None)
-    meta["state"]["data"] = {}
-    checkpoint = check_owner(build_checkpoint(meta), workflow_id, step)
+    checkpoint, digest, root = opened
     walker = _Walker(fetch, digest, max_bytes)
     try:
         top = walker.unwrap(root)  # covered by the record's checksum
