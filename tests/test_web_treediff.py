@@ -16,7 +16,8 @@ from aiocheckpoint.format.limits import DEFAULT_MAX_RECORD_BYTES
 from aiocheckpoint.format.statediff import Change, iter_changes
 from aiocheckpoint.web import diff, tree
 from tests.test_cli import NewStore, new_store
-from tests.test_web_peek import KEYS, fetched, fill, same
+from tests.test_web_peek import KEYS, fetched, fill, same, sealed
+from tests.web_support import KEYS as WEB_KEYS
 from tests.web_support import client
 
 __all__ = ["new_store"]
@@ -146,3 +147,20 @@ async def test_records_it_cannot_walk_are_diffed_whole(new_store: NewStore) -> N
     async with client(url) as http:
         page = (await http.get("/diff", params={"id": "big", "step": "1"})).text
         assert ">a<" in page or "a</" in page
+
+
+async def test_sealed_trees_are_diffed_whole_or_locked(new_store: NewStore) -> None:
+    """A sealed tree is not walked: diff_trees says so (None); without keys the diff page
+    says locked, with them it reads both states whole and shows the change."""
+    url = new_store("sqlite")
+    await sealed(url, "sealed edit")
+    async with CheckpointManager(open_storage(url), encryption=WEB_KEYS) as manager:
+        walked, whole = await both_ways(manager, 0, 1)
+        assert walked is None
+        assert [c.path for c in whole] == ["k00150"]
+    async with client(url) as http:
+        locked = (await http.get("/diff", params={"id": "big", "step": "1"})).text
+    assert 'class="problem locked"' in locked and "sealed edit" not in locked
+    async with client(url, WEB_KEYS) as http:
+        opened = (await http.get("/diff", params={"id": "big", "step": "1"})).text
+    assert "k00150" in opened and "sealed edit" in opened

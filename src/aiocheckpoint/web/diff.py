@@ -133,24 +133,22 @@ async def _tree_page(
             atomic=tree.is_typed,
             expand=EXPAND,
             count=tree.PREVIEW,  # entries enough to fill a preview
+            offset=offset,
         )
         if changes is None:
             return None
-        return await _page(changes, offset)
+        return await _page(changes)
     except CheckpointError:
         return None
 
 
-async def _page(changes: AsyncIterator[Change], offset: int) -> list[Change]:
+async def _page(changes: AsyncIterator[Change]) -> list[Change]:
     page: list[Change] = []
     try:
         async for change in changes:
-            if offset:
-                offset -= 1
-            elif len(page) > CHANGES:
+            page.append(change)
+            if len(page) > CHANGES:
                 break
-            else:
-                page.append(change)
     finally:
         await changes.aclose()  # type: ignore[attr-defined]
     return page

@@ -46,14 +46,16 @@ def diff_trees(
     atomic: Callable[[Any], bool] | None = None,
     expand: int | None = None,
     count: int = 300,
+    offset: int = 0,
 ) -> AsyncIterator[Change] | None:
     """The changes from record ``old`` (None: an empty state) to record ``new``.
 
     ``atomic`` is :func:`~aiocheckpoint.format.statediff.iter_changes`'s. A change's values
     are read whole, or with ``expand`` up to that many bytes each (a large container then a
     :class:`Cut` of its first ``count`` entries, values beyond :class:`Apart`). Blobs count against
-    ``max_bytes`` per record, as the whole reads' do. None: the records cannot be walked
-    (module docstring); the caller diffs the whole states.
+    ``max_bytes`` per record, as the whole reads' do. The first ``offset`` changes are
+    skipped, their values unread. None: the records cannot be walked (module docstring);
+    the caller diffs the whole states.
     """
     opened_new = open_tree(new, workflow_id, step)
     if opened_new is None:
@@ -67,7 +69,7 @@ def diff_trees(
         old_root = opened_old[2]
     walker = _Walker(fetch, digest, max_bytes * 2)
     differ = _Differ(walker, atomic or (lambda value: False), expand, count)
-    return differ.run(old_root, new_root)
+    return differ.run(old_root, new_root, offset)
 
 
 class _Differ:
@@ -79,13 +81,23 @@ class _Differ:
         self.expand = expand
         self.count = count
 
-    async def run(self, old_root: bytes | None, new_root: bytes) -> AsyncIterator[Change]:
+    async def run(
+        self, old_root: bytes | None, new_root: bytes, offset: int
+    ) -> AsyncIterator[Change]:
         if old_root == new_root:
             return  # the same root (checked by both records' checksums): the same state
         try:
             old = {} if old_root is None else self._top(old_root)
             async for change in self.diff(old, self._top(new_root), ()):
-                yield change
+                if offset:
+                    offset -= 1
+                    continue
+                yield Change(
+                    change.op,
+                    change.keys,
+                    None if change.op == "added" else await self._value(change.old),
+                    None if change.op == "removed" else await self._value(change.new),
+                )
         except (ValueError, TypeError, struct.error, RecursionError) as exc:
             raise _corrupt(f"malformed node ({type(exc).__name__})") from exc
 
@@ -94,7 +106,11 @@ class _Differ:
         return self.walker.value(top) if top[0] == KIND_VALUE else top
 
     async def diff(self, old: Any, new: Any, keys: Keys) -> AsyncIterator[Change]:
-        """``iter_changes``'s walk, over values whose parts may be stored apart."""
+        """``iter_changes``'s walk, over values whose parts may be stored apart.
+
+        A change's values are left as found (stored apart, or an index node): :meth:`run`
+        reads those of the changes it yields.
+        """
         if isinstance(old, Apart) and isinstance(new, Apart) and old.name == new.name:
             return  # the same node: the same value
         a, b = await _opened(self.walker, old), await _opened(self.walker, new)
@@ -110,9 +126,9 @@ class _Differ:
             for change in iter_changes(whole_a, whole_b, self.atomic):
                 if change.op != "changed" or change.keys:
                     raise _corrupt("a value compared whole changed inside")  # cannot happen
-                yield await self._changed(keys, old, new)
+                yield Change("changed", keys, old, new)
         else:  # a dict against a list or a value: changed whole
-            yield await self._changed(keys, old, new)
+            yield Change("changed", keys, old, new)
 
     def _kind(self, value: Any) -> int | None:
         """KIND_DICT, KIND_LIST for a container walked entry by entry, else None."""
@@ -129,13 +145,13 @@ class _Differ:
             old, new = await self._all(a), await self._all(b)
         for key, value in old.items():
             if key not in new:
-                yield Change("removed", (*keys, key), old=await self._value(value))
+                yield Change("removed", (*keys, key), old=value)
             else:
                 async for change in self.diff(value, new[key], (*keys, key)):
                     yield change
         for key, value in new.items():
             if key not in old:
-                yield Change("added", (*keys, key), new=await self._value(value))
+                yield Change("added", (*keys, key), new=value)
 
     async def _all(self, value: Any) -> dict[Any, Any]:
         if not isinstance(value, bytes):
@@ -192,9 +208,9 @@ class _Differ:
             if x is _END and y is _END:
                 break
             if y is _END:
-                yield Change("removed", (*keys, index), old=await self._value(x))
+                yield Change("removed", (*keys, index), old=x)
             elif x is _END:
-                yield Change("added", (*keys, index), new=await self._value(y))
+                yield Change("added", (*keys, index), new=y)
             else:
                 async for change in self.diff(x, y, (*keys, index)):
                     yield change
@@ -207,9 +223,6 @@ class _Differ:
         else:
             for entry in value:
                 yield entry
-
-    async def _changed(self, keys: Keys, old: Any, new: Any) -> Change:
-        return Change("changed", keys, old=await self._value(old), new=await self._value(new))
 
     async def _value(self, value: Any) -> Any:
         """A change's value: whole, or read up to ``expand`` bytes."""
