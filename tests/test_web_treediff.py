@@ -123,6 +123,8 @@ async def test_a_diff_page_of_tree_records_is_the_whole_reads(
                     whole = (await http.get("/diff", params=params)).text
                 # Equal but for a large container's length, unknown without reading it.
                 assert same(walked, whole), params
+                if step == 0:  # against nothing: the added keys streamed, a page's worth
+                    assert 0 < read < 700_000, read  # of ~2.1 MB
                 if step == 1:
                     assert 0 < read < 100_000, read
                     assert re.search(r"k01000", walked)

@@ -139,6 +139,11 @@ class _Differ:
         return KIND_LIST if type(value) is list else None
 
     async def _dicts(self, a: Any, b: Any, keys: Keys) -> AsyncIterator[Change]:
+        if a == {} or b == {}:  # all added or all removed (a first step): streamed
+            op = "added" if a == {} else "removed"
+            async for key, value in self._entries(b if a == {} else a):
+                yield Change(op, (*keys, key), **{"new" if a == {} else "old": value})
+            return
         if isinstance(a, bytes) and isinstance(b, bytes):
             old, new = await self._unshared(a, b)
         else:
@@ -154,9 +159,16 @@ class _Differ:
                 yield Change("added", (*keys, key), new=value)
 
     async def _all(self, value: Any) -> dict[Any, Any]:
-        if not isinstance(value, bytes):
-            return dict(value)
-        return {key: entry async for key, entry in self.walker.entries(value)}
+        return {key: entry async for key, entry in self._entries(value)}
+
+    async def _entries(self, value: Any) -> AsyncIterator[tuple[Any, Any]]:
+        """A dict's entries, a large one's read a batch of chunks at a time."""
+        if isinstance(value, bytes):
+            async for entry in self.walker.entries(value):
+                yield entry
+        else:
+            for entry in value.items():
+                yield entry
 
     async def _unshared(self, a: bytes, b: bytes) -> tuple[dict[Any, Any], dict[Any, Any]]:
         """The entries of two large dicts' chunks, less the chunks both hold.
