@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sqlite3
 from typing import Any
 
 import pytest
 
 from aiocheckpoint import CheckpointManager, ResumableWorkflow, open_storage
 from aiocheckpoint.codec import diff_trees
+from aiocheckpoint.errors import CheckpointCorruptedError
 from aiocheckpoint.format.limits import DEFAULT_MAX_RECORD_BYTES
 from aiocheckpoint.format.statediff import Change, iter_changes
+from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from aiocheckpoint.web import diff, tree
 from tests.test_cli import NewStore, new_store
 from tests.test_web_peek import KEYS, fetched, fill, same, sealed
@@ -166,3 +169,37 @@ async def test_sealed_trees_are_diffed_whole_or_locked(new_store: NewStore) -> N
     async with client(url, WEB_KEYS) as http:
         opened = (await http.get("/diff", params={"id": "big", "step": "1"})).text
     assert "k00150" in opened and "sealed edit" in opened
+
+
+async def test_a_damaged_chunk_is_reported_not_shown(new_store: NewStore) -> None:
+    """The chunk that differs no longer matches its hash: the walk raises a typed error and
+    the page says corrupted (the whole read names the step), showing no change."""
+    url = new_store("sqlite")
+    await history(url)
+    storage = open_storage(url)
+    assert isinstance(storage, SQLiteCheckpointStorage)
+    with sqlite3.connect(storage.path) as con:
+        for name, blob in con.execute("SELECT hash, data FROM blobs").fetchall():
+            if b'"edited"' in blob:  # the chunk holding step 1's k01000
+                damaged = blob.replace(b'"edited"', b'"editex"', 1)
+                con.execute("UPDATE blobs SET data = ? WHERE hash = ?", (damaged, name))
+    async with CheckpointManager(open_storage(url)) as manager:
+        opened = manager.storage
+        assert isinstance(opened, SQLiteCheckpointStorage)
+        records = [await opened.load("big", s) for s in (0, 1)]
+        assert records[0] is not None and records[1] is not None
+        walk = diff_trees(
+            records[0].data,
+            records[1].data,
+            opened.fetch_blobs,
+            workflow_id="big",
+            old_step=0,
+            step=1,
+            max_bytes=DEFAULT_MAX_RECORD_BYTES,
+        )
+        assert walk is not None
+        with pytest.raises(CheckpointCorruptedError, match="does not match its hash"):
+            [c async for c in walk]
+    async with client(url) as http:
+        page = (await http.get("/diff", params={"id": "big", "step": "1"})).text
+    assert "step 1: corrupted" in page and "edite" not in page
