@@ -39,6 +39,9 @@ async def history(url: str) -> int:
         lambda s: (s.set("when", WHEN + dt.timedelta(days=1)), s.set("raw", b"\x02" * 3000)),
         lambda s: (s.set("pair", tuple(range(2999))), s.set("flag", 1.0)),
         lambda s: (s.set("flag", True), s.set("nested", ["now", "a", "list"])),
+        lambda s: s.set("docs", [{"n": n, "text": f"{n}" + "y" * 20_000} for n in range(40)]),
+        lambda s: s.set("docs", [*s.get("docs")[:20], {"n": -1}, *s.get("docs")[21:]]),
+        lambda s: s.set("nested", {"items": [*range(2500), "mid", *range(2501, 4000)]}),
         lambda s: [s.set(f"k{n:05}", n) for n in range(0, KEYS, 7)],  # many changes: pages
     ]
     async with (

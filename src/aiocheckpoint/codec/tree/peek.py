@@ -29,7 +29,7 @@ from ...format.blob import Unwrapper
 from ...format.jsonread import loads
 from ...format.sealed import is_sealed_tree_record
 from ...format.tags import TAG_START, TYPED
-from ...format.tree import KIND_DICT, KIND_LIST, KIND_VALUE, node_refs, record_tree
+from ...format.tree import KIND_LIST, KIND_VALUE, node_refs, record_tree
 from ...models import Checkpoint
 from ..v1 import build_checkpoint, check_owner
 
@@ -113,30 +113,34 @@ class _Walker:
 
     async def entries(self, node: bytes) -> AsyncGenerator[tuple[str | int, Any], None]:
         """The entries of an index node's container, in order, a batch of chunks at a time."""
-        kind = node[0]
         index = 0
+        async for chunk in self.chunks(node):
+            if type(chunk) is list:
+                for value in chunk:
+                    yield index, value
+                    index += 1
+            else:
+                for key, value in chunk.items():
+                    yield key, value
+
+    async def chunks(self, node: bytes) -> AsyncGenerator[Any, None]:
+        """An index node's chunks (a list's lists, a dict's dicts), in order, a batch at a time."""
+        kind = node[0]
         refs = node_refs(node, self._digest)
         if not refs:
             raise _corrupt("empty index node")
         for start in range(0, len(refs), BATCH):
             for child in await self.nodes(refs[start : start + BATCH]):
                 if child[0] == kind:
-                    async for key, value in self.entries(child):
-                        yield (index, value) if kind == KIND_LIST else (key, value)
-                        index += 1
+                    async for chunk in self.chunks(child):
+                        yield chunk
                     continue
                 if child[0] != KIND_VALUE:
                     raise _corrupt("index node of the wrong kind")
                 chunk = self.value(child)
-                if kind == KIND_LIST and type(chunk) is list:
-                    for value in chunk:
-                        yield index, value
-                        index += 1
-                elif kind == KIND_DICT and type(chunk) is dict:
-                    for key, value in chunk.items():
-                        yield key, value
-                else:
+                if type(chunk) is not (list if kind == KIND_LIST else dict):
                     raise _corrupt("chunk of the wrong kind")
+                yield chunk
 
 
 def _replaced(value: Any, apart: dict[str, Apart]) -> Any:

@@ -9,8 +9,10 @@ way to it and the chunks that differ. Each node fetched is checked against its h
 node reading is :mod:`~aiocheckpoint.codec.tree.peek`'s).
 
 Costs: a dict's differing chunks are read whole (memory grows with what changed, not with
-the state); two large lists are walked in step, a batch of chunks at a time (time grows
-with the lists, memory does not), their equal elements stored apart skipped unread; a value
+the state); two large lists are walked in step, a batch of chunks at a time, each run of
+elements compared by the plain walk (time grows with the lists, about as the whole read's,
+memory does not: an element's index needs the lengths of the chunks before it, so chunks
+both hold are read too), their equal elements stored apart skipped unread; a value
 compared whole (a typed value, or a changed one shown in a change) is read whole, or, with
 ``expand``, up to that many bytes (:func:`~aiocheckpoint.codec.tree.peek.peek_state`'s
 :class:`Apart` and :class:`Cut` for the rest). Records it cannot walk (version 1, a state
@@ -72,6 +74,14 @@ def diff_trees(
     return differ.run(old_root, new_root, offset)
 
 
+def _holds_apart(value: Any) -> bool:
+    if isinstance(value, Apart):
+        return True
+    if type(value) is list:
+        return any(map(_holds_apart, value))
+    return type(value) is dict and any(map(_holds_apart, value.values()))
+
+
 class _Differ:
     def __init__(
         self, walker: _Walker, atomic: Callable[[Any], bool], expand: int | None, count: int
@@ -113,6 +123,29 @@ class _Differ:
         """
         if isinstance(old, Apart) and isinstance(new, Apart) and old.name == new.name:
             return  # the same node: the same value
+        if isinstance(old, Apart | bytes) or isinstance(new, Apart | bytes):
+            async for change in self._nodes(old, new, keys):
+                yield change
+            return
+        # Two values as found: the plain walk, which sees two nodes of the same hash as equal
+        # (the same value); where it meets one otherwise, the walk goes on into it.
+        for change in iter_changes(old, new, self.atomic):
+            at = (*keys, *change.keys)
+            if change.op == "changed" and self._refers(change.old, change.new):
+                async for inner in self._nodes(change.old, change.new, at):
+                    yield inner
+            else:
+                yield Change(change.op, at, change.old, change.new)
+
+    def _refers(self, old: Any, new: Any) -> bool:
+        """Whether a change the plain walk saw may hold a value stored apart."""
+        if isinstance(old, Apart) or isinstance(new, Apart):
+            return True
+        typed = self.atomic(old) or self.atomic(new)
+        return typed and (_holds_apart(old) or _holds_apart(new))
+
+    async def _nodes(self, old: Any, new: Any, keys: Keys) -> AsyncIterator[Change]:
+        """:meth:`diff` of two values, either stored apart or an index node."""
         a, b = await _opened(self.walker, old), await _opened(self.walker, new)
         kind_a, kind_b = self._kind(a), self._kind(b)
         if kind_a == kind_b == KIND_DICT:
@@ -213,28 +246,38 @@ class _Differ:
         return entries[0], entries[1]
 
     async def _lists(self, a: Any, b: Any, keys: Keys) -> AsyncIterator[Change]:
-        old, new = self._iterate(a), self._iterate(b)
+        """Two lists compared a run of elements at a time (as many as both chunks have left)."""
+        old, new = self._chunks(a), self._chunks(b)
+        left: list[Any] = []
+        right: list[Any] = []
         index = 0
         while True:
-            x, y = await anext(old, _END), await anext(new, _END)
-            if x is _END and y is _END:
+            if not left:
+                left = await anext(old, [])
+            if not right:
+                right = await anext(new, [])
+            if not left and not right:
                 break
-            if y is _END:
-                yield Change("removed", (*keys, index), old=x)
-            elif x is _END:
-                yield Change("added", (*keys, index), new=y)
-            else:
-                async for change in self.diff(x, y, (*keys, index)):
-                    yield change
-            index += 1
+            if not left or not right:  # one list ended: the rest of the other added or removed
+                op, rest = ("added", right) if left == [] else ("removed", left)
+                for value in rest:
+                    yield Change(op, (*keys, index), **{"new" if op == "added" else "old": value})
+                    index += 1
+                left, right = [], []
+                continue
+            run = min(len(left), len(right))
+            async for change in self.diff(left[:run], right[:run], ()):
+                position, *inside = change.keys
+                assert isinstance(position, int)
+                yield Change(change.op, (*keys, index + position, *inside), change.old, change.new)
+            left, right, index = left[run:], right[run:], index + run
 
-    async def _iterate(self, value: Any) -> AsyncIterator[Any]:
+    async def _chunks(self, value: Any) -> AsyncIterator[list[Any]]:
         if isinstance(value, bytes):
-            async for _, entry in self.walker.entries(value):
-                yield entry
+            async for chunk in self.walker.chunks(value):
+                yield chunk
         else:
-            for entry in value:
-                yield entry
+            yield value
 
     async def _value(self, value: Any) -> Any:
         """A change's value: whole, or read up to ``expand`` bytes."""
