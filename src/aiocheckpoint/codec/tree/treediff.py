@@ -33,7 +33,6 @@ from .peek import BATCH, Apart, AsyncFetch, _corrupt, _cut, _expanded, _opened, 
 __all__ = ["diff_trees"]
 
 Keys = tuple[str | int, ...]
-_END: Any = object()
 
 
 def diff_trees(
@@ -54,10 +53,11 @@ def diff_trees(
 
     ``atomic`` is :func:`~aiocheckpoint.format.statediff.iter_changes`'s. A change's values
     are read whole, or with ``expand`` up to that many bytes each (a large container then a
-    :class:`Cut` of its first ``count`` entries, values beyond :class:`Apart`). Blobs count against
-    ``max_bytes`` per record, as the whole reads' do. The first ``offset`` changes are
-    skipped, their values unread. None: the records cannot be walked (module docstring);
-    the caller diffs the whole states.
+    :class:`Cut` of its first ``count`` entries, values beyond :class:`Apart`). Blobs count
+    against ``max_bytes`` per record, as the whole reads' do. The first ``offset`` changes
+    are skipped, their values unread. None: the records cannot be walked (module
+    docstring); the caller diffs the whole states. Damage raises
+    :class:`~aiocheckpoint.errors.CheckpointCorruptedError`.
     """
     opened_new = open_tree(new, workflow_id, step)
     if opened_new is None:
