@@ -26,9 +26,10 @@ import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ...errors import CheckpointCorruptedError
 from ...format.statediff import Change, iter_changes
 from ...format.tree import KIND_DICT, KIND_LIST, KIND_VALUE, node_refs
-from .peek import BATCH, Apart, AsyncFetch, _corrupt, _cut, _expanded, _opened, _Walker, open_tree
+from .peek import BATCH, Apart, AsyncFetch, Walker, cut, expanded, open_tree, opened
 
 __all__ = ["diff_trees"]
 
@@ -69,7 +70,7 @@ def diff_trees(
         if opened_old is None or opened_old[1] != digest:
             return None
         old_root = opened_old[2]
-    walker = _Walker(fetch, digest, max_bytes * 2)
+    walker = Walker(fetch, digest, max_bytes * 2)
     differ = _Differ(walker, atomic or (lambda value: False), expand, count)
     return differ.run(old_root, new_root, offset)
 
@@ -84,7 +85,7 @@ def _holds_apart(value: Any) -> bool:
 
 class _Differ:
     def __init__(
-        self, walker: _Walker, atomic: Callable[[Any], bool], expand: int | None, count: int
+        self, walker: Walker, atomic: Callable[[Any], bool], expand: int | None, count: int
     ) -> None:
         self.walker = walker
         self.atomic = atomic
@@ -109,7 +110,7 @@ class _Differ:
                     None if change.op == "removed" else await self._value(change.new),
                 )
         except (ValueError, TypeError, struct.error, RecursionError) as exc:
-            raise _corrupt(f"malformed node ({type(exc).__name__})") from exc
+            raise CheckpointCorruptedError(f"malformed node ({type(exc).__name__})") from exc
 
     def _top(self, root: bytes) -> Any:
         top = self.walker.unwrap(root)  # covered by the record's checksum
@@ -146,7 +147,7 @@ class _Differ:
 
     async def _nodes(self, old: Any, new: Any, keys: Keys) -> AsyncIterator[Change]:
         """:meth:`diff` of two values, either stored apart or an index node."""
-        a, b = await _opened(self.walker, old), await _opened(self.walker, new)
+        a, b = await opened(self.walker, old), await opened(self.walker, new)
         kind_a, kind_b = self._kind(a), self._kind(b)
         if kind_a == kind_b == KIND_DICT:
             async for change in self._dicts(a, b, keys):
@@ -158,7 +159,9 @@ class _Differ:
             whole_a, whole_b = await self._whole(a), await self._whole(b)
             for change in iter_changes(whole_a, whole_b, self.atomic):
                 if change.op != "changed" or change.keys:
-                    raise _corrupt("a value compared whole changed inside")  # cannot happen
+                    raise CheckpointCorruptedError(
+                        "a value compared whole changed inside"
+                    )  # cannot happen
                 yield Change("changed", keys, old, new)
         else:  # a dict against a list or a value: changed whole
             yield Change("changed", keys, old, new)
@@ -211,7 +214,7 @@ class _Differ:
         changes nothing the walk yields. Index nodes both hold are left out unread.
         """
         sides: list[list[tuple[bytes, bytes | None]]] = [
-            [(ref, None) for ref in node_refs(node, self.walker._digest)] for node in (a, b)
+            [(ref, None) for ref in node_refs(node, self.walker.digest)] for node in (a, b)
         ]
         while True:
             both = {ref for ref, _ in sides[0]} & {ref for ref, _ in sides[1]}
@@ -228,11 +231,11 @@ class _Differ:
                 for ref, node in side:
                     node = got[ref] if node is None else node
                     if node[0] == KIND_DICT:  # an index node: its children, still unread
-                        out += [(child, None) for child in node_refs(node, self.walker._digest)]
+                        out += [(child, None) for child in node_refs(node, self.walker.digest)]
                     elif node[0] == KIND_VALUE:
                         out.append((ref, node))
                     else:
-                        raise _corrupt("index node of the wrong kind")
+                        raise CheckpointCorruptedError("index node of the wrong kind")
                 sides[n] = out
         entries: list[dict[Any, Any]] = []
         for side in sides:
@@ -240,7 +243,7 @@ class _Differ:
             for _, node in side:
                 chunk = self.walker.value(node or b"")
                 if type(chunk) is not dict:
-                    raise _corrupt("chunk of the wrong kind")
+                    raise CheckpointCorruptedError("chunk of the wrong kind")
                 merged.update(chunk)
             entries.append(merged)
         return entries[0], entries[1]
@@ -284,12 +287,12 @@ class _Differ:
         if self.expand is None:
             return await self._whole(value)
         if isinstance(value, bytes):
-            value = await _cut(self.walker, value, 0, self.count)
-        return await _expanded(self.walker, value, self.count, self.walker.fetched + self.expand)
+            value = await cut(self.walker, value, 0, self.count)
+        return await expanded(self.walker, value, self.count, self.walker.fetched + self.expand)
 
     async def _whole(self, value: Any) -> Any:
         """``value`` with every part stored apart read (an index node: its entries)."""
-        value = await _opened(self.walker, value)
+        value = await opened(self.walker, value)
         if isinstance(value, bytes):
             if value[0] == KIND_LIST:
                 return [await self._whole(v) async for _, v in self.walker.entries(value)]
