@@ -13,7 +13,9 @@ each, median and worst. Then, unless ``--skip-state``, a workflow whose state is
 ``state-mb`` MB (strings of 1,000 characters) at two steps one key apart: its step page and
 its diff page, time and the peak of Python's allocations while serving them (tracemalloc),
 and the size of the HTML (the state's store, ``state.db`` beside ``--db``, is written once
-and reused). A step page beyond the first (``?offset=``, a key near the end) is timed too.
+and reused). A step page beyond the first (``?offset=``, a key near the end) is timed too,
+and the diff page of a second workflow, a list of about ``state-mb`` MB of messages (dicts
+of 1,000 characters) with one appended.
 
 Prints one JSON line per measure. The machine is shared: the load average is printed with
 each line; compare runs side by side.
@@ -112,6 +114,16 @@ async def big_state(url: str, megabytes: int) -> None:
                         wf.state.set(f"k{n:06}", "x" * 1000)
                 async with wf.step(1, agent_id="a"):
                     wf.state.set("k000000", "y")
+        if not await manager.has_checkpoint("big-list", 1):
+            async with ResumableWorkflow("big-list", manager) as wf:
+                messages = [
+                    {"role": "user", "content": f"{n}:" + "x" * 990}
+                    for n in range(megabytes * 1000)
+                ]
+                async with wf.step(0, agent_id="a"):
+                    wf.state.set("messages", messages)
+                async with wf.step(1, agent_id="a"):
+                    wf.state.set("messages", [*messages, {"role": "ai", "content": "new"}])
     async with CheckpointManager(open_storage(url)) as manager:
         app = create_app(manager, url)
         transport = httpx.ASGITransport(app=app)
@@ -122,11 +134,13 @@ async def big_state(url: str, megabytes: int) -> None:
                 "/step?id=big-state&step=1&path=%5B%5D&offset=25000",
                 f"/step?id=big-state&step=1&path={last}",
                 "/diff?id=big-state&step=1",
+                "/diff?id=big-list&step=1",
             ]:
                 tracemalloc.start()
-                began = time.perf_counter()
+                began, cpu = time.perf_counter(), time.process_time()
                 reply = await http.get(target)
                 took = (time.perf_counter() - began) * 1000
+                cpu_ms = (time.process_time() - cpu) * 1000
                 _, peak = tracemalloc.get_traced_memory()
                 tracemalloc.stop()
                 assert reply.status_code == 200, reply.text[:300]
@@ -134,6 +148,7 @@ async def big_state(url: str, megabytes: int) -> None:
                     page=target,
                     state_mb=megabytes,
                     ms=round(took, 1),
+                    cpu_ms=round(cpu_ms, 1),
                     peak_mb=round(peak / 2**20, 1),
                     html_bytes=len(reply.content),
                 )

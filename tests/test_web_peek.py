@@ -25,18 +25,23 @@ __all__ = ["new_store"]
 KEYS = 2000
 
 
+def fill(state: Any) -> None:
+    """The large state: long strings, a nested list, typed values, hostile text."""
+    for n in range(KEYS):
+        state.set(f"k{n:05}", f"{n}:" + "x" * 1000)
+    state.set("nested", {"items": list(range(5000)), "hostile": HOSTILE_VALUE})
+    state.set("when", dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
+    state.set("raw", b"\x00\x01" * 3000)
+    state.set("pair", tuple(range(3000)))
+
+
 async def big(url: str) -> None:
     async with (
         CheckpointManager(open_storage(url)) as manager,
         ResumableWorkflow("big", manager) as wf,
     ):
         async with wf.step(0, agent_id="a"):
-            for n in range(KEYS):
-                wf.state.set(f"k{n:05}", f"{n}:" + "x" * 1000)
-            wf.state.set("nested", {"items": list(range(5000)), "hostile": HOSTILE_VALUE})
-            wf.state.set("when", dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
-            wf.state.set("raw", b"\x00\x01" * 3000)
-            wf.state.set("pair", tuple(range(3000)))
+            fill(wf.state)
 
 
 def fetched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -165,10 +170,8 @@ async def test_a_damaged_blob_is_reported_not_shown(new_store: NewStore) -> None
     assert "k00000" not in after
 
 
-async def test_an_encrypted_large_state_is_read_whole_or_locked(new_store: NewStore) -> None:
-    """A sealed tree is not looked into: without keys the page says locked (not corrupted),
-    with them it reads it whole and shows it."""
-    url = new_store("sqlite")
+async def sealed(url: str, edit: str = "") -> None:
+    """Workflow "big", encrypted: 300 keys of 1,000 characters; ``edit`` in k00150 at step 1."""
     async with (
         CheckpointManager(open_storage(url), encryption=WEB_KEYS) as manager,
         ResumableWorkflow("big", manager) as wf,
@@ -176,6 +179,16 @@ async def test_an_encrypted_large_state_is_read_whole_or_locked(new_store: NewSt
         async with wf.step(0, agent_id="a"):
             for n in range(300):
                 wf.state.set(f"k{n:05}", "x" * 1000)
+        if edit:
+            async with wf.step(1, agent_id="a"):
+                wf.state.set("k00150", edit)
+
+
+async def test_an_encrypted_large_state_is_read_whole_or_locked(new_store: NewStore) -> None:
+    """A sealed tree is not looked into: without keys the page says locked (not corrupted),
+    with them it reads it whole and shows it."""
+    url = new_store("sqlite")
+    await sealed(url)
     async with client(url) as http:
         locked = (await http.get("/step", params={"id": "big", "step": "0"})).text
     assert 'class="problem locked"' in locked and "corrupted" not in locked

@@ -53,6 +53,7 @@ from .tree.peek import Apart, Cut, peek_state
 from .tree.split import split_state
 from .tree.splitmemory import recovered_memory
 from .tree.subtrees import Lineage
+from .tree.treediff import diff_trees
 from .tree.v2 import decode_checkpoint_v2, encode_checkpoint_v2
 from .typed import has_tags
 from .v1 import decode_checkpoint, encode_checkpoint
@@ -81,6 +82,7 @@ __all__ = [
     "decode_checkpoint",
     "decode_checkpoint_v2",
     "decode_effect",
+    "diff_trees",
     "encode_checkpoint",
     "encode_checkpoint_v2",
     "encode_effect",

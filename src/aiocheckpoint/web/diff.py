@@ -5,20 +5,30 @@ are compared whole and shown by their type. The changes are walked lazily and a 
 at most :data:`CHANGES` of them, each value cut to a one-line preview
 (:func:`~aiocheckpoint.web.tree.describe`), so the page stays bounded whatever the states
 hold; "More changes" continues from the next one.
+
+Two plain tree records (an incremental store's, not encrypted) are diffed by walking both
+trees at once (:func:`~aiocheckpoint.codec.diff_trees`): subtrees and chunks both hold are
+skipped unread, so an edit deep in a large state reads the nodes on the way to it and the
+chunks that differ, and the walk stops after the page's changes. Other records (version 1,
+a state kept inline, sealed trees, a manager that decrypts) are read whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Final
 
 from .._validation import check_workflow_id
+from ..codec import diff_trees
 from ..errors import CheckpointError
-from ..format.statediff import iter_changes
+from ..format.limits import DEFAULT_MAX_RECORD_BYTES
+from ..format.statediff import Change, iter_changes
 from ..manager import CheckpointManager
+from ..storage.base import BlobCheckpointStorage
 from . import tree
-from .data import problem_of
+from .data import EXPAND, problem_of
 
 __all__ = ["CHANGES", "DiffRow", "DiffView", "load_diff"]
 
@@ -60,18 +70,11 @@ async def load_diff(
         before = await manager.storage.scan(workflow_id, before=step, limit=1, descending=True)
         against = before[0].step if before else None
     view = DiffView(workflow_id, step, against, offset=offset)
-    new, problem = await _state(manager, workflow_id, step)
-    old: object = {}
-    if problem is None and against is not None:
-        old, problem = await _state(manager, workflow_id, against)
-        problem = None if problem is None else f"step {against}: {problem}"
-    elif problem is not None:
-        problem = f"step {step}: {problem}"
-    if problem is not None:
-        view.problem = problem
+    page = await _tree_page(manager, workflow_id, step, against, offset)
+    if page is None:
+        page = await _whole_page(manager, view)
+    if view.problem is not None:
         return view
-    changes = iter_changes(old, new, atomic=tree.is_typed)
-    page = list(islice(changes, offset, offset + CHANGES + 1))
     view.rows = [
         DiffRow(
             c.op,
@@ -83,6 +86,72 @@ async def load_diff(
     ]
     view.next_offset = offset + CHANGES if len(page) > CHANGES else None
     return view
+
+
+async def _whole_page(manager: CheckpointManager, view: DiffView) -> list[Change]:
+    """The page's changes (and one more) from both states read whole."""
+    workflow_id, step, against, offset = view.workflow_id, view.step, view.against, view.offset
+    new, problem = await _state(manager, workflow_id, step)
+    old: object = {}
+    if problem is None and against is not None:
+        old, problem = await _state(manager, workflow_id, against)
+        problem = None if problem is None else f"step {against}: {problem}"
+    elif problem is not None:
+        problem = f"step {step}: {problem}"
+    if problem is not None:
+        view.problem = problem
+        return []
+    changes = iter_changes(old, new, atomic=tree.is_typed)
+    return list(islice(changes, offset, offset + CHANGES + 1))
+
+
+async def _tree_page(
+    manager: CheckpointManager, workflow_id: str, step: int, against: int | None, offset: int
+) -> list[Change] | None:
+    """The page's changes (and one more) from a walk of both trees; None: read them whole.
+
+    A manager that decrypts reads through its codec (which refuses what its policy
+    refuses), and any error is left to the whole read to name, step by step.
+    """
+    storage = manager.storage
+    if manager.encrypted or not isinstance(storage, BlobCheckpointStorage):
+        return None
+    limit = getattr(storage, "max_record_bytes", None)
+    try:
+        new = await storage.load(workflow_id, step)
+        old = None if against is None else await storage.load(workflow_id, against)
+        if new is None or (against is not None and old is None):
+            return None
+        changes = diff_trees(
+            None if old is None else old.data,
+            new.data,
+            storage.fetch_blobs,
+            workflow_id=workflow_id,
+            old_step=against,
+            step=step,
+            max_bytes=limit if type(limit) is int else DEFAULT_MAX_RECORD_BYTES,
+            atomic=tree.is_typed,
+            expand=EXPAND,
+            count=tree.PREVIEW,  # entries enough to fill a preview
+            offset=offset,
+        )
+        if changes is None:
+            return None
+        return await _page(changes)
+    except CheckpointError:
+        return None
+
+
+async def _page(changes: AsyncIterator[Change]) -> list[Change]:
+    page: list[Change] = []
+    try:
+        async for change in changes:
+            page.append(change)
+            if len(page) > CHANGES:
+                break
+    finally:
+        await changes.aclose()  # type: ignore[attr-defined]
+    return page
 
 
 async def _state(

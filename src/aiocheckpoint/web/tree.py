@@ -218,8 +218,12 @@ def _entries_of(value: Any) -> Any:
         tag, inner = next(iter(value.items()))
         if tag == tags.TYPED and isinstance(inner, list) and len(inner) == 3:
             return {"data": inner[2]}
-        if isinstance(tag, str) and tag.startswith(tags.TAG_START) and isinstance(inner, list):
-            return inner
+        if (
+            isinstance(tag, str)
+            and tag.startswith(tags.TAG_START)
+            and isinstance(inner, list | Cut)
+        ):
+            return inner  # (a Cut: its inside read in part, a diff's change)
     return value
 
 
@@ -262,6 +266,15 @@ def _preview(value: Any, out: list[str], room: int) -> int:
     """Append compact JSON of ``value`` to ``out`` until ``room`` runs out; what is left."""
     if room < 0:
         return room
+    if isinstance(value, Apart):  # a value not read (a diff's change read in part)
+        out.append("(stored apart)")
+        return room - 14
+    if isinstance(value, Cut):  # its first entries, and more
+        entries = value.entries
+        room = _preview(
+            [v for _, v in entries] if value.kind == "list" else dict(entries), out, room
+        )
+        return room if not value.more else -1
     if isinstance(value, dict):
         out.append("{")
         room -= 1

@@ -29,11 +29,22 @@ from ...format.blob import Unwrapper
 from ...format.jsonread import loads
 from ...format.sealed import is_sealed_tree_record
 from ...format.tags import TAG_START, TYPED
-from ...format.tree import KIND_DICT, KIND_LIST, KIND_VALUE, node_refs, record_tree
+from ...format.tree import KIND_LIST, KIND_VALUE, node_refs, record_tree
 from ...models import Checkpoint
 from ..v1 import build_checkpoint, check_owner
 
-__all__ = ["Apart", "Cut", "peek_state"]
+__all__ = [
+    "BATCH",
+    "Apart",
+    "AsyncFetch",
+    "Cut",
+    "Walker",
+    "cut",
+    "expanded",
+    "open_tree",
+    "opened",
+    "peek_state",
+]
 
 #: Blobs fetched in one round trip while walking an index node's children.
 BATCH: Final = 16
@@ -66,17 +77,19 @@ def _corrupt(reason: str) -> CheckpointCorruptedError:
     return CheckpointCorruptedError(reason)
 
 
-class _Walker:
+class Walker:
     """Fetches and checks one node at a time (or a batch of siblings), within a budget."""
 
     def __init__(self, fetch: AsyncFetch, digest: int, max_bytes: int) -> None:
         self._fetch = fetch
-        self._digest = digest
+        #: The size of node names (hash prefixes) in bytes.
+        self.digest = digest
         self.unwrap = Unwrapper(max_bytes)
         #: Bytes fetched so far.
         self.fetched = 0
 
     async def nodes(self, names: list[bytes]) -> list[bytes]:
+        """The nodes ``names`` (one fetch), each unwrapped and checked against its hash."""
         got = await self._fetch(list(dict.fromkeys(names)))
         self.fetched += sum(map(len, got.values()))
         out = []
@@ -85,15 +98,15 @@ class _Walker:
             if stored is None:
                 raise _corrupt(f"missing blob {name.hex()}")
             node = self.unwrap(stored)
-            if hashlib.sha256(node).digest()[: self._digest] != name:
+            if hashlib.sha256(node).digest()[: self.digest] != name:
                 raise _corrupt(f"blob {name.hex()} does not match its hash")
             out.append(node)
         return out
 
     def value(self, node: bytes) -> Any:
         """A value node's JSON, each reference in it an :class:`Apart`."""
-        refs = node_refs(node, self._digest)
-        base = 5 + len(refs) * (self._digest + 4)
+        refs = node_refs(node, self.digest)
+        base = 5 + len(refs) * (self.digest + 4)
         if len(node) <= base:
             raise _corrupt("empty value node")
         if not refs:
@@ -113,30 +126,34 @@ class _Walker:
 
     async def entries(self, node: bytes) -> AsyncGenerator[tuple[str | int, Any], None]:
         """The entries of an index node's container, in order, a batch of chunks at a time."""
-        kind = node[0]
         index = 0
-        refs = node_refs(node, self._digest)
+        async for chunk in self.chunks(node):
+            if type(chunk) is list:
+                for value in chunk:
+                    yield index, value
+                    index += 1
+            else:
+                for key, value in chunk.items():
+                    yield key, value
+
+    async def chunks(self, node: bytes) -> AsyncGenerator[Any, None]:
+        """An index node's chunks (a list's lists, a dict's dicts), in order, a batch at a time."""
+        kind = node[0]
+        refs = node_refs(node, self.digest)
         if not refs:
             raise _corrupt("empty index node")
         for start in range(0, len(refs), BATCH):
             for child in await self.nodes(refs[start : start + BATCH]):
                 if child[0] == kind:
-                    async for key, value in self.entries(child):
-                        yield (index, value) if kind == KIND_LIST else (key, value)
-                        index += 1
+                    async for chunk in self.chunks(child):
+                        yield chunk
                     continue
                 if child[0] != KIND_VALUE:
                     raise _corrupt("index node of the wrong kind")
                 chunk = self.value(child)
-                if kind == KIND_LIST and type(chunk) is list:
-                    for value in chunk:
-                        yield index, value
-                        index += 1
-                elif kind == KIND_DICT and type(chunk) is dict:
-                    for key, value in chunk.items():
-                        yield key, value
-                else:
+                if type(chunk) is not (list if kind == KIND_LIST else dict):
                     raise _corrupt("chunk of the wrong kind")
+                yield chunk
 
 
 def _replaced(value: Any, apart: dict[str, Apart]) -> Any:
@@ -147,6 +164,23 @@ def _replaced(value: Any, apart: dict[str, Apart]) -> Any:
     if type(value) is dict:
         return {k: _replaced(v, apart) for k, v in value.items()}
     return value
+
+
+def open_tree(record: bytes, workflow_id: str, step: int) -> tuple[Checkpoint, int, bytes] | None:
+    """A plain tree record's fields (its state left empty), digest size and stored root.
+
+    None for what cannot be walked node by node: version 1, a state kept inline, a sealed
+    (encrypted) tree or a record flagged otherwise (the whole read says what it is).
+    """
+    if is_sealed_tree_record(record) or record[5:6] != b"\x00":
+        return None
+    tree = record_tree(record)
+    if tree is None:
+        return None
+    meta, digest, root = tree
+    meta["state"].pop("text_crc32", None)
+    meta["state"]["data"] = {}
+    return check_owner(build_checkpoint(meta), workflow_id, step), digest, root
 
 
 async def peek_state(
@@ -172,24 +206,19 @@ async def peek_state(
     that leads nowhere raises ``KeyError``. None: this record cannot be looked into
     partially (module docstring).
     """
-    if is_sealed_tree_record(record) or record[5:6] != b"\x00":
-        return None  # sealed, or flagged otherwise: the whole read says what it is
-    tree = record_tree(record)
+    tree = open_tree(record, workflow_id, step)
     if tree is None:
         return None
-    meta, digest, root = tree
-    meta["state"].pop("text_crc32", None)
-    meta["state"]["data"] = {}
-    checkpoint = check_owner(build_checkpoint(meta), workflow_id, step)
-    walker = _Walker(fetch, digest, max_bytes)
+    checkpoint, digest, root = tree
+    walker = Walker(fetch, digest, max_bytes)
     try:
         top = walker.unwrap(root)  # covered by the record's checksum
         value = await _at(walker, walker.value(top) if top[:1] == b"V" else top, path)
         if isinstance(value, bytes):  # an index node: the entries asked for
-            value = await _cut(walker, value, offset, count)
+            value = await cut(walker, value, offset, count)
         elif type(value) is dict and len(value) == 1 and _tagged(value):
             value = await _typed_at(walker, value, offset, count)
-        value = await _expanded(walker, value, count, walker.fetched + expand)
+        value = await expanded(walker, value, count, walker.fetched + expand)
     except _NotHere:
         return None
     except (ValueError, TypeError, struct.error, RecursionError) as exc:
@@ -197,9 +226,9 @@ async def peek_state(
     return checkpoint, value
 
 
-async def _at(walker: _Walker, current: Any, path: list[str | int]) -> Any:
+async def _at(walker: Walker, current: Any, path: list[str | int]) -> Any:
     """The value at ``path`` from ``current``; an index node (bytes) where one is reached."""
-    current = await _opened(walker, current)
+    current = await opened(walker, current)
     for part in path:
         if isinstance(current, bytes):  # a large container: find the entry
             current = await _find(walker, current, part)
@@ -209,11 +238,11 @@ async def _at(walker: _Walker, current: Any, path: list[str | int]) -> Any:
             current = current[part]
         else:
             raise KeyError(part)
-        current = await _opened(walker, current)
+        current = await opened(walker, current)
     return current
 
 
-async def _opened(walker: _Walker, value: Any) -> Any:
+async def opened(walker: Walker, value: Any) -> Any:
     """``value``, read from its node if it is stored apart (an index node stays bytes)."""
     if not isinstance(value, Apart):
         return value
@@ -221,35 +250,35 @@ async def _opened(walker: _Walker, value: Any) -> Any:
     return walker.value(node) if node[0] == KIND_VALUE else node
 
 
-async def _expanded(walker: _Walker, value: Any, count: int, until: int) -> Any:
+async def expanded(walker: Walker, value: Any, count: int, until: int) -> Any:
     """``value`` with what is stored apart in it read, while ``walker`` fetched < ``until``."""
     if isinstance(value, Apart):
         if walker.fetched >= until:
             return value
-        opened = await _opened(walker, value)
-        if isinstance(opened, bytes):
-            opened = await _cut(walker, opened, 0, count)
-        return await _expanded(walker, opened, count, until)
+        inside = await opened(walker, value)
+        if isinstance(inside, bytes):
+            inside = await cut(walker, inside, 0, count)
+        return await expanded(walker, inside, count, until)
     if isinstance(value, Cut):
-        value.entries = [(k, await _expanded(walker, v, count, until)) for k, v in value.entries]
+        value.entries = [(k, await expanded(walker, v, count, until)) for k, v in value.entries]
         if value.start == 0 and not value.more:  # read whole after all: the value itself
             entries = value.entries
             return [v for _, v in entries] if value.kind == "list" else dict(entries)
     elif type(value) is list:
-        return [await _expanded(walker, v, count, until) for v in value]
+        return [await expanded(walker, v, count, until) for v in value]
     elif type(value) is dict:
-        return {k: await _expanded(walker, v, count, until) for k, v in value.items()}
+        return {k: await expanded(walker, v, count, until) for k, v in value.items()}
     return value
 
 
-async def _typed_at(walker: _Walker, value: dict[str, Any], offset: int, count: int) -> Any:
+async def _typed_at(walker: Walker, value: dict[str, Any], offset: int, count: int) -> Any:
     """A typed container shown: its inside, a :class:`Cut` from ``offset`` when large."""
     [(tag, inner)] = value.items()
-    inner = await _opened(walker, inner)
+    inner = await opened(walker, inner)
     if isinstance(inner, bytes):
         if tag == TYPED:
             raise _NotHere  # a registered value's [name, version, data]: read whole
-        inner = await _cut(walker, inner, offset, count)
+        inner = await cut(walker, inner, offset, count)
     return {tag: inner}
 
 
@@ -264,23 +293,24 @@ def _tagged(value: dict[str, Any]) -> bool:
     return isinstance(key, str) and key.startswith(TAG_START)
 
 
-async def _find(walker: _Walker, node: bytes, part: str | int) -> Any:
+async def _find(walker: Walker, node: bytes, part: str | int) -> Any:
     async for key, value in walker.entries(node):
         if key == part:
             return value
     raise KeyError(part)
 
 
-async def _cut(walker: _Walker, node: bytes, offset: int, count: int) -> Cut:
-    cut = Cut("list" if node[0] == KIND_LIST else "dict", offset)
+async def cut(walker: Walker, node: bytes, offset: int, count: int) -> Cut:
+    """``count`` entries of an index node's container from ``offset``, and whether more follow."""
+    part = Cut("list" if node[0] == KIND_LIST else "dict", offset)
     entries = walker.entries(node)
     async for entry in entries:
         if offset:
             offset -= 1
             continue
-        if len(cut.entries) == count:
-            cut.more = True
+        if len(part.entries) == count:
+            part.more = True
             break
-        cut.entries.append(entry)
+        part.entries.append(entry)
     await entries.aclose()
-    return cut
+    return part
