@@ -11,6 +11,10 @@ from typing import Any
 
 import pytest
 
+#: The bench scripts run in the slow tier (README: "the bench scripts"), each a real run
+#: of a small size.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,7 +41,6 @@ def test_effects_bench_runs() -> None:
     assert [line["summary"] for line in lines if "summary" in line] == list(backends)
 
 
-@pytest.mark.slow  # the longest of them: queued first
 def test_otel_bench_runs() -> None:
     """`bench/run.py --tiny --otel` prints every mode of every workload and their ratios."""
     lines = _bench_lines("run.py", "--tiny", "--otel")
@@ -156,7 +159,6 @@ def test_scale_bench_soak_and_queries_run() -> None:
         assert {"page_of_50", "get_resume_point", "claim_workflow"} <= line.keys()
 
 
-@pytest.mark.slow
 def test_status_writer_bench_runs() -> None:
     """`bench/status_writer.py` compares two trees (here the same one) and prints both figures."""
     src = str(ROOT / "src")
