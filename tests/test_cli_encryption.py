@@ -248,6 +248,7 @@ async def tree_records(url: str) -> int:
     return count
 
 
+@pytest.mark.slow  # a kill loop or a decoding bomb: the slow tier
 async def test_rekey_survives_sigkill_with_writers_running(
     new_store: NewStore, tmp_path: Path
 ) -> None:

@@ -578,6 +578,7 @@ async def test_sigkilled_writer_never_leaves_a_record_without_blobs(tmp_path: Pa
     assert acked <= present
 
 
+@pytest.mark.slow  # a kill loop or a decoding bomb: the slow tier
 async def test_sigkilled_writer_of_1_mb_states_never_leaves_a_record_without_blobs(
     tmp_path: Path,
 ) -> None:

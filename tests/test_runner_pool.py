@@ -134,6 +134,7 @@ def read_logs(log_dir: Path, ends: dict[str, float]) -> dict[str, Execution]:
     return executions
 
 
+@pytest.mark.slow  # a kill loop or a decoding bomb: the slow tier
 async def test_killed_runners_work_is_finished_by_the_others(pool: Pool, tmp_path: Path) -> None:
     """With 2 of 4 runners SIGKILLed mid-run, all 200 workflows finish with all 10 steps, and
     no two runners ever execute the same step at overlapping times."""

@@ -253,6 +253,7 @@ def kill_export_midway(src: str, target: Path) -> Path:
     return left
 
 
+@pytest.mark.slow  # a kill loop or a decoding bomb: the slow tier
 async def test_exports_are_private_and_killed_exports_are_cleaned(tmp_path: Path) -> None:
     """Under umask 022 an export is written 0600, its temporary file is 0600 from the start
     (one left by a SIGKILL is 0600), and the next export to the same file removes the

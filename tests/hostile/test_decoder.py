@@ -232,6 +232,7 @@ async def test_a_tree_expanding_past_max_record_bytes_is_refused_in_bounded_memo
 
 
 @pytest.mark.parametrize(("store", "where"), [(FILE, "store"), (SQLITE, "store.db")])
+@pytest.mark.slow  # a kill loop or a decoding bomb: the slow tier
 async def test_index_nodes_repeating_one_chunk_are_refused_in_bounded_memory(
     tmp_path: Path, store: str, where: str
 ) -> None:

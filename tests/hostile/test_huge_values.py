@@ -254,7 +254,9 @@ async def test_writers_refuse_sets_and_maps_whose_items_share_a_hash(
     assert (await manager.get_checkpoint(WF, 1)).state_snapshot.data == state
 
 
-@pytest.mark.parametrize("count", [MAX_SHARED_HASH + 1, 200_000])
+@pytest.mark.parametrize(
+    "count", [MAX_SHARED_HASH + 1, pytest.param(200_000, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("tag", ["$set", "$fset", "$map"])
 async def test_a_record_holding_a_set_of_items_sharing_a_hash_is_corruption(
     storage: CheckpointStorage, tag: str, count: int
