@@ -40,7 +40,7 @@ __all__ = [
 #: One stored write: task id, index, channel, typed value, task path.
 Write = tuple[str, int, str, Any, str]
 #: The encoded values of one namespace's last checkpoint: channel -> (version, stored
-#: form, value, encoded items of a list). The value is kept so that a list's items can be
+#: form, value of a list, encoded items of a list). A list is kept so that its items can be
 #: recognised (by identity) in the next checkpoint's list.
 ChannelCache = dict[str, tuple[Any, Any, Any, Any]]
 
@@ -155,7 +155,10 @@ def checkpoint_state(
             fresh[channel] = known
         else:
             stored, items = _channel(serde, value, known, new_pages, name)
-            fresh[channel] = (version, stored, value, items)
+            # Only a list's value is kept (its items are recognised by identity): a
+            # channel of text and numbers is cached as a tuple of atoms, which the garbage
+            # collector stops tracking instead of promoting it with each step's cache.
+            fresh[channel] = (version, stored, value if items is not None else None, items)
         values[channel] = fresh[channel][1]
     state = {
         "checkpoint": typed(serde, rest),
@@ -227,6 +230,13 @@ def merge_writes(
     A regular write whose ``(task_id, index)`` is already stored is ignored (a retried
     task writes the same thing); the special writes (errors, interrupts, resumes) replace.
     """
+    if not stored and not any(channel in WRITES_IDX_MAP for channel, _ in writes):
+        # The common call (a task's first writes, none special): indexes 0, 1, ... of one
+        # task, already in LangGraph's order, so nothing to merge or sort.
+        return [
+            (task_id, index, channel, typed(serde, value), task_path)
+            for index, (channel, value) in enumerate(writes)
+        ]
     merged = {(write[0], write[1]): write for write in stored}
     for index, (channel, value) in enumerate(writes):
         idx = WRITES_IDX_MAP.get(channel, index)

@@ -223,7 +223,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             # A new checkpoint has no writes (LangGraph stores each checkpoint id once); its
             # tasks' writes may arrive while it is being saved.
             self._remember(self._writes, (workflow_id, step + 1), (checkpoint["id"], ()))
-        lease = await self._fence(workflow_id, thread_id)
+        lease = None if self._leases is None else await self._leases.fence(workflow_id, thread_id)
         if new_pages:
             await self._store.save_pages(thread_id, new_pages)  # before what references them
         saving = self._store.save(workflow_id, step, state, info, lease)
@@ -255,7 +255,8 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
                 raise CheckpointIdCollisionError(workflow_id, checkpoint_id, owner)
             merged = records.merge_writes(self.serde, old, writes, task_id, task_path)
             info = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-            lease = await self._fence(workflow_id, thread_id)
+            leases = self._leases
+            lease = None if leases is None else await leases.fence(workflow_id, thread_id)
             self._writes.pop((workflow_id, step), None)  # unknown again if the save fails
             # Stored as JSON lists: a tuple would be a typed value, tagged on the way in and
             # restored on the way out for a checkpoint the saver never looks at.
