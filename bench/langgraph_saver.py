@@ -1,7 +1,7 @@
 """AioCheckpointSaver against LangGraph's own savers, on the same compiled graph.
 
     PYTHONPATH=src python bench/langgraph_saver.py [--steps 1000] [--threads 100]
-        [--thread-steps 10] [--rounds 2] [--only sqlite|postgres] [--dsn DSN]
+        [--thread-steps 10] [--rounds 2] [--only sqlite|postgres] [--dsn DSN] [--freeze]
 
 The graph has two nodes taking turns (``plan``, ``act``), each appending a ~1 KB message
 to a ``messages`` list (LangGraph's ``add_messages``), so the state grows every step.
@@ -16,12 +16,20 @@ Rows, per system, alternated in one process (``--rounds`` times, medians reporte
   checkpointer) replayed on each saver, every thread at once, without the graph: what the
   saver alone costs, as loop-thread and process CPU per checkpoint (with its writes).
 
+``--freeze`` calls ``gc.freeze()`` before the first round, as an application may once it has
+started: the imported modules' objects then leave every full collection.
+
 Each store is opened (its schema created) before the clock starts. ``concurrent`` rows also
 give ``loop_cpu_us``: the event-loop thread's CPU per step (a figure
-that holds up better than steps/s on a loaded machine).
+that holds up better than steps/s on a loaded machine), and the garbage collector's share of
+it: ``gc_us`` (its CPU per step, from ``gc.callbacks``) and ``gc_runs`` (collections of
+generations 0, 1 and 2 during the run).
 
 Systems: ``graph-only`` (no checkpointer: the graph's own time), ``noop`` (a checkpointer that
-stores nothing: LangGraph's own checkpointing work, the floor of any saver), ``ours-sqlite``
+stores nothing: LangGraph's own checkpointing work, the floor of any saver), ``waiting`` (one
+that stores nothing but waits, as a group commit does: every call awaits a future that a
+callback resolves with the others queued in the same loop iteration; the floor of any
+durable saver, LangGraph's tasks waiting on it included), ``ours-sqlite``
 (``AioCheckpointSaver`` over ``SQLiteCheckpointStorage``), ``lg-sqlite``
 (``AsyncSqliteSaver``), ``ours-postgres`` (``AioCheckpointSaver`` over
 ``PostgresCheckpointStorage``), ``lg-postgres`` (``AsyncPostgresSaver``). LangGraph runs
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -172,6 +181,50 @@ async def noop(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]:
     yield NoopSaver(), size
 
 
+class WaitingSaver(NoopSaver):
+    """Stores nothing, but every call waits as for a group commit that costs nothing.
+
+    Each call awaits a future; one loop iteration after the first of them, a callback
+    resolves every future queued meanwhile (as the SQLite store's group commit wakes the
+    callers of one batch). What LangGraph itself costs with a saver that suspends.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queued: list[asyncio.Future[None]] = []
+
+    def _commit(self) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._queued:
+            loop.call_soon(self._wake)
+        self._queued.append(future)
+        return future
+
+    def _wake(self) -> None:
+        queued, self._queued = self._queued, []
+        for future in queued:
+            if not future.done():
+                future.set_result(None)
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        await self._commit()
+        return await super().aput(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self, config: Any, writes: Any, task_id: str, task_path: str = ""
+    ) -> None:
+        await self._commit()
+
+
+@asynccontextmanager
+async def waiting(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]:
+    async def size() -> int:
+        return 0
+
+    yield WaitingSaver(), size
+
+
 def _files_size(path: Path) -> Callable[[], Any]:
     async def size() -> int:
         return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
@@ -236,6 +289,7 @@ async def lg_postgres(root: Path, schema: str) -> AsyncIterator[tuple[Any, Any]]
 SYSTEMS: dict[str, Callable[[Path, str], AbstractAsyncContextManager[tuple[Any, Any]]]] = {
     "graph-only": graph_only,
     "noop": noop,
+    "waiting": waiting,
     "ours-sqlite": ours_sqlite,
     "lg-sqlite": lg_sqlite,
     "ours-postgres": ours_postgres,
@@ -267,15 +321,39 @@ async def growing(name: str, root: Path, steps: int) -> dict[str, Any]:
     return {"steps_per_s": steps / elapsed, "p99_ms": p99(latencies), "bytes": stored}
 
 
+class GcClock:
+    """The garbage collector's CPU time (``time.thread_time``) and runs per generation."""
+
+    def __init__(self) -> None:
+        self.runs = [0, 0, 0]
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+            return
+        self.runs[info["generation"]] += 1
+        self.seconds += time.thread_time() - self._started
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
 async def concurrent(name: str, root: Path, threads: int, steps: int) -> dict[str, Any]:
     schema = f"lgbench_{uuid.uuid4().hex[:10]}"
     try:
         async with SYSTEMS[name](root, schema) as (saver, _):
             await warm(saver)
             graph = build(saver)
-            begin, cpu = time.perf_counter(), time.thread_time()
-            runs = await asyncio.gather(*(drive(graph, f"t{n}", steps) for n in range(threads)))
-            elapsed, cpu = time.perf_counter() - begin, time.thread_time() - cpu
+            with GcClock() as collector:
+                begin, cpu = time.perf_counter(), time.thread_time()
+                runs = await asyncio.gather(*(drive(graph, f"t{n}", steps) for n in range(threads)))
+                elapsed, cpu = time.perf_counter() - begin, time.thread_time() - cpu
     finally:
         await drop_schema(schema)
     latencies = [value for run in runs for value in run]
@@ -283,6 +361,8 @@ async def concurrent(name: str, root: Path, threads: int, steps: int) -> dict[st
         "steps_per_s": threads * steps / elapsed,
         "p99_ms": p99(latencies),
         "loop_cpu_us": cpu / (threads * steps) * 1e6,
+        "gc_us": collector.seconds / (threads * steps) * 1e6,
+        "gc_runs": collector.runs,
     }
 
 
@@ -346,7 +426,12 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+    def median(key: str) -> Any:
+        if isinstance(rows[0][key], list):  # per generation
+            return [statistics.median(row[key][i] for row in rows) for i in range(3)]
+        return statistics.median(row[key] for row in rows)
+
+    return {key: median(key) for key in rows[0]}
 
 
 def ratios(results: dict[tuple[str, str], dict[str, Any]]) -> None:
@@ -370,16 +455,27 @@ def ratios(results: dict[tuple[str, str], dict[str, Any]]) -> None:
             # What each saver costs the loop beyond LangGraph's own checkpointing.
             line["loop_cpu_us_above_noop"] = round(ours["loop_cpu_us"] - floor["loop_cpu_us"])
             line["peer_loop_cpu_us_above_noop"] = round(peer["loop_cpu_us"] - floor["loop_cpu_us"])
+            line["gc_us_above_noop"] = round(ours["gc_us"] - floor["gc_us"])
+            line["peer_gc_us_above_noop"] = round(peer["gc_us"] - floor["gc_us"])
+        waits = results.get(("waiting", row))
+        if "loop_cpu_us" in ours and waits is not None:
+            # What each saver costs the loop beyond a saver that only waits.
+            line["loop_cpu_us_above_waiting"] = round(ours["loop_cpu_us"] - waits["loop_cpu_us"])
         if "bytes" in ours and peer["bytes"]:
             line["bytes_fraction"] = round(ours["bytes"] / peer["bytes"], 4)
         emit(line)
 
 
 async def main(args: argparse.Namespace) -> None:
-    always = ("graph-only", "noop")
+    always = ("graph-only", "noop", "waiting")
     names = [n for n in SYSTEMS if args.only is None or args.only in n or n in always]
     collected: dict[tuple[str, str], list[dict[str, Any]]] = {}
     calls = await record_calls(args.threads, args.thread_steps)
+    if args.freeze:
+        # What an application may do once started: the modules' objects (LangGraph,
+        # langchain, pydantic: ~125,000) leave every later full collection.
+        gc.collect()
+        gc.freeze()
     with tempfile.TemporaryDirectory(prefix="lgbench-") as tmp:
         root = Path(tmp)
         for round_ in range(args.rounds):
@@ -408,6 +504,9 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", choices=["sqlite", "postgres"])
     parser.add_argument("--dsn", default=DSN)
+    parser.add_argument(
+        "--freeze", action="store_true", help="gc.freeze() once the imports and calls are made"
+    )
     options = parser.parse_args()
     DSN = options.dsn
     sys.exit(asyncio.run(main(options)))

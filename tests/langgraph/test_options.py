@@ -4,6 +4,8 @@ content-addressed channel values, bad input, and the command line on LangGraph s
 from __future__ import annotations
 
 import base64
+import gc
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+from langchain_core.messages import AIMessage
 from langgraph.checkpoint.conformance.test_utils import (
     generate_checkpoint,
     generate_config,
@@ -173,6 +176,53 @@ def test_list_items_are_reused_by_identity_whatever_changed() -> None:
     pages |= new_pages
     checkpoint, _ = records.decode_checkpoint(serde, state, pages)
     assert checkpoint["channel_values"]["msgs"] == replaced
+
+
+def test_list_items_held_weakly_are_reused_while_alive_and_never_kept() -> None:
+    """Messages (which take weak references) are recognised while LangGraph holds them,
+    the cache keeps none of them alive, and a dead one matches nothing afterwards."""
+    serde = JsonPlusSerializer()
+
+    def save(value: list[Any], version: int, previous: Any) -> tuple[Any, Any, Any]:
+        cp = generate_checkpoint(channel_values={"msgs": value})
+        cp["channel_versions"] = {"msgs": version}
+        pages: dict[str, list[Any]] = {}
+        state, cache = records.checkpoint_state(serde, cp, {}, previous, pages)
+        return state, cache, pages
+
+    items = [AIMessage(f"m{n}", id=str(n)) for n in range(10)]
+    _, first, pages = save(items, 1, {})
+    grown = [*items, AIMessage("m10", id="10")]
+    _, second, new_pages = save(grown, 2, first)
+    assert [a is b for a, b in zip(second["msgs"][3], first["msgs"][3], strict=False)] == [
+        True
+    ] * 10
+    probe = weakref.ref(items[0])
+    del items, grown
+    gc.collect()
+    assert probe() is None  # the cache (first, second) kept no message alive
+    pages |= new_pages
+    # New objects (as a later run reads them back), one None where a dead item was.
+    fresh: list[Any] = [None, *(AIMessage(f"x{n}", id=f"x{n}") for n in range(1, 11))]
+    state, _, new_pages = save(fresh, 3, second)
+    checkpoint, _ = records.decode_checkpoint(serde, state, pages | new_pages)
+    assert checkpoint["channel_values"]["msgs"] == fresh
+
+
+def test_a_tasks_first_writes_are_stored_in_langgraphs_order() -> None:
+    """Without stored writes and special channels no merge is needed: LangGraph's order
+    (path, task, index) is the order given; special writes still replace by index."""
+    serde = JsonPlusSerializer()
+    writes = [("a", 1), ("b", 2), ("a", 3)]
+    merged = records.merge_writes(serde, [], writes, "task", "path")
+    assert [(w[0], w[1], w[2], records.untyped(serde, w[3]), w[4]) for w in merged] == [
+        ("task", i, channel, value, "path") for i, (channel, value) in enumerate(writes)
+    ]
+    errors = [("x", 1), ("__error__", "e1"), ("__error__", "e2")]
+    special = records.merge_writes(serde, [], errors, "t", "")
+    assert [(w[1], records.untyped(serde, w[3])) for w in special] == [(-1, "e2"), (0, 1)]
+    flat = records.flat_writes("id", merged)
+    assert flat[0] == "id" and records.unflat_writes(flat) == merged
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,10 @@ from __future__ import annotations
 import base64
 import binascii
 import operator
+import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from itertools import repeat
+from typing import Any, Final
 
 from langgraph.checkpoint.base import WRITES_IDX_MAP, Checkpoint, writes_sort_key
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -30,18 +32,20 @@ __all__ = [
     "decode_checkpoint",
     "decode_metadata",
     "decode_writes",
+    "flat_writes",
     "merge_writes",
     "page_hashes",
     "pending_writes",
     "typed",
+    "unflat_writes",
     "untyped",
 ]
 
 #: One stored write: task id, index, channel, typed value, task path.
 Write = tuple[str, int, str, Any, str]
 #: The encoded values of one namespace's last checkpoint: channel -> (version, stored
-#: form, value, encoded items of a list). The value is kept so that a list's items can be
-#: recognised (by identity) in the next checkpoint's list.
+#: form, a list's items (weakly when they allow it), their encodings). The items are kept
+#: so that they can be recognised (by identity) in the next checkpoint's list.
 ChannelCache = dict[str, tuple[Any, Any, Any, Any]]
 
 
@@ -87,36 +91,74 @@ def _same_pages(value: list[Any], items: list[Any], hashes: list[str]) -> list[s
     ]
 
 
+#: Stands for a parent's item that no longer exists (its weak reference died).
+_DEAD: Final = object()
+_deref: Final = weakref.ReferenceType.__call__
+
+
+def _weak(value: list[Any]) -> tuple[Any, ...] | list[Any]:
+    """What the cache keeps of a list's items to recognise them in the next checkpoint.
+
+    Weak references when every item takes one (LangGraph's messages do): the cache then
+    keeps no item alive once LangGraph drops it (the messages of a finished run, which a
+    later run reads back as new objects anyway), so a thread's cache holds a few tracked
+    objects rather than its whole message list. Otherwise the list itself.
+    """
+    try:
+        return tuple(map(weakref.ref, value))
+    except TypeError:  # None, str, dict, list... (and a weak reference itself)
+        return value
+
+
+def _alive(held: tuple[Any, ...] | list[Any]) -> list[Any]:
+    """The parent's items that :func:`_weak` kept, :data:`_DEAD` for those gone."""
+    if type(held) is list:
+        return held
+    items = list(map(_deref, held))
+    if any(map(operator.is_, items, repeat(None))):  # no item held weakly is None
+        items = [_DEAD if item is None else item for item in items]
+    return items
+
+
 def _channel(
     serde: SerializerProtocol,
     value: Any,
     known: tuple[Any, Any, Any, Any] | None,
     new_pages: dict[str, list[Any]],
     name: paging.PageHash,
-) -> tuple[Any, list[Any] | None]:
+) -> tuple[Any, Any, list[Any] | None]:
+    """A channel's stored form, what the cache keeps of its items, their encodings."""
     if type(value) is not list:
         code = typed(serde, value)
         if len(code) > paging.BOX_BYTES:
-            return paging.box(code, new_pages, name), None
-        return code, None
+            return paging.box(code, new_pages, name), None, None
+        return code, None, None
     if known is None or known[3] is None:
         encoded = [typed(serde, item) for item in value]
-        return paging.paginate(encoded, (), new_pages, name), encoded
+        return paging.paginate(encoded, (), new_pages, name), _weak(value), encoded
     # An item that is the very object stored in the parent's list is reused as encoded
     # then: LangGraph's reducers (add_messages) build a new list around the same items.
-    # Its id is stable because ``known`` keeps the parent's list alive.
-    items, codes = known[2], known[3]
+    # Its id is stable while it lives: ``known`` holds it, strongly or weakly (a dead
+    # item matches nothing).
+    held, codes = known[2], known[3]
+    items = _alive(held)
     hashes = paging.hashes_of(known[1])
     count = len(items)
     if len(value) >= count and all(map(operator.is_, value, items)):
         # The common case, checked at C speed: the parent's items, then appended ones.
         encoded = codes + [typed(serde, item) for item in value[count:]]
         # Every full page of the parent lies within its items: all are reused.
-        return paging.paginate(encoded, hashes, new_pages, name), encoded
+        stored = paging.paginate(encoded, hashes, new_pages, name)
+        if type(held) is tuple:
+            try:
+                return stored, held + tuple(map(weakref.ref, value[count:])), encoded
+            except TypeError:
+                return stored, value, encoded
+        return stored, _weak(value), encoded
     reuse = {id(item): code for item, code in zip(items, codes, strict=True)}
     encoded = [reuse.get(id(item)) or typed(serde, item) for item in value]
     reused = _same_pages(value, items, hashes)
-    return paging.paginate(encoded, reused, new_pages, name), encoded
+    return paging.paginate(encoded, reused, new_pages, name), _weak(value), encoded
 
 
 def _unchannel(serde: SerializerProtocol, stored: Any, pages: Mapping[str, list[Any]]) -> Any:
@@ -154,8 +196,10 @@ def checkpoint_state(
         if version is not None and known is not None and known[0] == version:
             fresh[channel] = known
         else:
-            stored, items = _channel(serde, value, known, new_pages, name)
-            fresh[channel] = (version, stored, value, items)
+            # Nothing of a value that is not a list is kept: a channel of text and
+            # numbers is cached as a tuple of atoms, which the garbage collector stops
+            # tracking instead of promoting it with each step's cache.
+            fresh[channel] = (version, *_channel(serde, value, known, new_pages, name))
         values[channel] = fresh[channel][1]
     state = {
         "checkpoint": typed(serde, rest),
@@ -227,6 +271,13 @@ def merge_writes(
     A regular write whose ``(task_id, index)`` is already stored is ignored (a retried
     task writes the same thing); the special writes (errors, interrupts, resumes) replace.
     """
+    if not stored and not any(channel in WRITES_IDX_MAP for channel, _ in writes):
+        # The common call (a task's first writes, none special): indexes 0, 1, ... of one
+        # task, already in LangGraph's order, so nothing to merge or sort.
+        return [
+            (task_id, index, channel, typed(serde, value), task_path)
+            for index, (channel, value) in enumerate(writes)
+        ]
     merged = {(write[0], write[1]): write for write in stored}
     for index, (channel, value) in enumerate(writes):
         idx = WRITES_IDX_MAP.get(channel, index)
@@ -234,6 +285,16 @@ def merge_writes(
             continue
         merged[(task_id, idx)] = (task_id, idx, channel, typed(serde, value), task_path)
     return sorted(merged.values(), key=lambda w: writes_sort_key(w[4], w[0], w[1]))
+
+
+def flat_writes(checkpoint_id: str, writes: Sequence[Write]) -> tuple[Any, ...]:
+    """The id and ``writes`` as one tuple, their fields in a row (see :func:`unflat_writes`)."""
+    return (checkpoint_id, *[field for write in writes for field in write])
+
+
+def unflat_writes(flat: tuple[Any, ...]) -> list[Write]:
+    """The writes of a tuple :func:`flat_writes` made."""
+    return [flat[i : i + 5] for i in range(1, len(flat), 5)]
 
 
 def pending_writes(

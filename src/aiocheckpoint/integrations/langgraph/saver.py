@@ -136,10 +136,10 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         # The checkpoint id and writes this saver last stored per writes step (none for a
         # checkpoint it just created): a task's writes are merged without reading them back,
         # and an id sharing the step of another is refused.
-        # Kept as tuples of strings and ints, which the garbage collector stops tracking.
-        self._writes: OrderedDict[tuple[str, int], tuple[str, tuple[records.Write, ...]]] = (
-            OrderedDict()
-        )
+        # Kept as one flat tuple of strings and ints each, the id first, then the writes'
+        # fields in a row (records.flat_writes), which the garbage collector stops tracking
+        # at its first look (a tuple holding tuples takes a look more, and is promoted).
+        self._writes: OrderedDict[tuple[str, int], tuple[Any, ...]] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -222,8 +222,8 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         if known is None:
             # A new checkpoint has no writes (LangGraph stores each checkpoint id once); its
             # tasks' writes may arrive while it is being saved.
-            self._remember(self._writes, (workflow_id, step + 1), (checkpoint["id"], ()))
-        lease = await self._fence(workflow_id, thread_id)
+            self._remember(self._writes, (workflow_id, step + 1), (checkpoint["id"],))
+        lease = None if self._leases is None else await self._leases.fence(workflow_id, thread_id)
         if new_pages:
             await self._store.save_pages(thread_id, new_pages)  # before what references them
         saving = self._store.save(workflow_id, step, state, info, lease)
@@ -255,13 +255,14 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
                 raise CheckpointIdCollisionError(workflow_id, checkpoint_id, owner)
             merged = records.merge_writes(self.serde, old, writes, task_id, task_path)
             info = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-            lease = await self._fence(workflow_id, thread_id)
+            leases = self._leases
+            lease = None if leases is None else await leases.fence(workflow_id, thread_id)
             self._writes.pop((workflow_id, step), None)  # unknown again if the save fails
             # Stored as JSON lists: a tuple would be a typed value, tagged on the way in and
             # restored on the way out for a checkpoint the saver never looks at.
             state = {"writes": [list(write) for write in merged]}
             saving = self._store.save(workflow_id, step, state, info, lease)
-            stored = (checkpoint_id, tuple(merged))
+            stored = records.flat_writes(checkpoint_id, merged)
             del state, info, merged, old  # encoded (see aput)
             await saving
             self._remember(self._writes, (workflow_id, step), stored)
@@ -272,7 +273,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         """The checkpoint id the writes at ``step`` belong to (None: unknown), and them."""
         cached = self._writes.get((workflow_id, step))
         if cached is not None:
-            return cached
+            return cached[0], records.unflat_writes(cached)
         owner, stored = await self._store.load_writes(workflow_id, step)
         return owner, [] if stored is None else records.decode_writes(stored.state_snapshot.data)
 
