@@ -37,6 +37,7 @@ from ..lifecycle import cancelled_refusal
 from ..queries import StepInfo, WorkflowQuery, failure_update, metadata_pairs, query_sql
 from . import events
 from .foreign import ForeignRow, id_problem, warn_skipped
+from .minute import minute_of
 
 _COLUMNS: Final = (
     "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
@@ -516,11 +517,24 @@ _IN_DOUBT: Final = "w.workflow_id IN (SELECT e.workflow_id FROM effects AS e WHE
 
 def query_records(conn: sqlite3.Connection, query: WorkflowQuery) -> list[WorkflowRecord]:
     """One page of the records passing ``query`` (see :func:`query_sql`)."""
-    columns = [c.strip() for c in _COLUMNS.split(",")]
-    sql, args = query_sql(
-        query, columns, "workflows", "workflow_metadata", _placeholder, _seconds, _IN_DOUBT
-    )
+    sql, args = query_statement(query)
     return _valid_records(conn.execute(sql, args).fetchall())
+
+
+def query_statement(
+    query: WorkflowQuery, columns: Sequence[str] | None = None
+) -> tuple[str, list[Any]]:
+    """The SELECT of ``query`` and its arguments (every record column unless ``columns``)."""
+    return query_sql(
+        query,
+        columns or [c.strip() for c in _COLUMNS.split(",")],
+        "workflows",
+        "workflow_metadata",
+        _placeholder,
+        _seconds,
+        _IN_DOUBT,
+        minute=minute_of,
+    )
 
 
 def foreign_records(conn: sqlite3.Connection) -> list[ForeignRow]:
