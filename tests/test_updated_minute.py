@@ -1,7 +1,8 @@
 """The records' ``updated_minute``: kept by the database whatever writes ``updated_at``, moved
 only when the minute changes (a save within a minute leaves its index alone: on PostgreSQL
 the update stays HOT), filled in by the migration on a store made before it, and the time
-ranges read on it return what a filter and a sort of ``updated_at`` would."""
+ranges read on it return what a filter and a sort of ``updated_at`` would. A SQLite save
+names no indexed column it leaves as it was."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import asyncpg
 
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.postgres import schema as pg_schema_module
-from aiocheckpoint.storage.queries import WorkflowQuery
+from aiocheckpoint.storage.queries import StepInfo, WorkflowQuery
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.storage.sqlite import records as sqlite_records
 from aiocheckpoint.storage.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 from tests.pg_support import DSN, pg_schema
 
@@ -175,3 +177,38 @@ async def test_postgres_update_within_the_minute_is_hot(pg_schema: str) -> None:
             assert tuple(await con.fetchrow(counts, pg_schema)) == (5, 4)
     finally:
         await con.close()
+
+
+def _columns_written(tmp_path: Path, kind: str | None) -> set[str]:
+    """The record columns a batch of saves' statements name in their SET (SQLite's
+    authorizer is told of each column an UPDATE writes, when the statement is prepared)."""
+    conn = sqlite3.connect(tmp_path / f"w-{kind}.db", isolation_level=None)
+    migrate(conn)
+    written: set[str] = set()
+
+    def authorizer(
+        action: int, table: str | None, column: str | None, _db: object, trigger: str | None
+    ) -> int:
+        # The statement's own columns: not those of the trigger bodies it would run.
+        if action == sqlite3.SQLITE_UPDATE and table == "workflows" and trigger is None:
+            written.add(str(column))
+        return sqlite3.SQLITE_OK
+
+    conn.set_authorizer(authorizer)
+    saves = [(f"w{n}", 1, StepInfo("agent", "completed", kind)) for n in range(3)]
+    conn.execute("BEGIN")
+    sqlite_records.note_saves(conn, _BASE.timestamp(), saves)
+    conn.execute("COMMIT")
+    conn.close()
+    return written
+
+
+def test_sqlite_saves_name_no_indexed_column_they_leave_alone(tmp_path: Path) -> None:
+    """A save moves ``updated_at`` and names neither the minute (its triggers' column) nor,
+    for the default kind, ``kind``: SQLite rewrites the index entries of every column an
+    UPDATE names, changed or not (both kind indexes and the time index, every save)."""
+    written = _columns_written(tmp_path, None)
+    assert "updated_at" in written and "latest_step" in written, written
+    assert "kind" not in written and "updated_minute" not in written, written
+    assert _columns_written(tmp_path, "workflow") == written
+    assert "kind" in _columns_written(tmp_path, "langgraph")  # a kind of its own sticks

@@ -75,8 +75,9 @@ class WorkflowQuery:
     record without ``finished_at`` counts from its ``updated_at``): what finished and
     failed TTLs count from. ``kind`` keeps the records of that kind (None: every kind).
     ``newest_first`` orders the page by ``updated_at``, latest first (ties in any order), instead
-    of by id: with ``updated_after`` on SQLite and PostgreSQL it reads a range of the
-    ``updated_at`` index, the most recent ``limit`` of it (``after`` must be None).
+    of by id: with ``updated_after`` on SQLite and PostgreSQL it reads a range of the index of
+    ``updated_at``'s minute, newest minute first, until it has ``limit`` (``after`` must be
+    None).
     """
 
     status: WorkflowStatus | None = None
