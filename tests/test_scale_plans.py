@@ -27,6 +27,7 @@ import pytest
 
 from aiocheckpoint import WorkflowStatus
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+from aiocheckpoint.storage.postgres.leases import query_statement
 from aiocheckpoint.storage.postgres.sql import RECORD_COLUMNS, Sql
 from aiocheckpoint.storage.postgres.sweeps import PAGE_SETTINGS, PLANNER_SETTINGS, Sweeps
 from aiocheckpoint.storage.queries import WorkflowQuery, metadata_pairs, query_sql
@@ -94,20 +95,19 @@ def test_sqlite_pages_walk_an_index_in_id_order(
         assert "workflows_agent_status" in plan, plan
 
 
-def test_sqlite_updated_range_reads_the_updated_index(tmp_path: Path) -> None:
+def test_sqlite_updated_range_reads_the_updated_minute_index(tmp_path: Path) -> None:
     """The records updated since a time, newest first (the inspector's throughput), are a
-    range of the ``updated_at`` index: no scan, no sort."""
+    range of the ``updated_minute`` index, each minute's rows sorted apart: no scan, no
+    sort of the range."""
     conn = sqlite3.connect(tmp_path / "plan.db", isolation_level=None)
     migrate(conn)
-    rows = conn.execute(
-        "EXPLAIN QUERY PLAN SELECT workflow_id FROM workflows WHERE updated_at > ? "
-        "ORDER BY updated_at DESC LIMIT 50",
-        (0.0,),
-    ).fetchall()
+    query = WorkflowQuery(updated_after=datetime.now(timezone.utc), limit=50, newest_first=True)
+    sql, args = sqlite_records.query_statement(query, ["workflow_id"])
+    rows = conn.execute(f"EXPLAIN QUERY PLAN {sql}", args).fetchall()
     conn.close()
     plan = " | ".join(str(row[-1]) for row in rows)
-    assert "USING INDEX workflows_updated (updated_at>?)" in plan, plan
-    assert "TEMP B-TREE" not in plan, plan
+    assert "USING INDEX workflows_updated_minute (updated_minute>?)" in plan, plan
+    assert "SCAN w" not in plan and "TEMP B-TREE FOR ORDER BY" not in plan, plan
 
 
 def test_sqlite_claim_walks_the_claimable_index(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ async def filled(pg_schema: str) -> AsyncIterator[tuple[asyncpg.Connection, str]
     """A PostgreSQL store of 20,000 workflows of 3 checkpoints each, never analyzed: a fifth
     unfinished, metadata ``tenant`` (a quarter each) and ``org`` (1 in 13 each: a page of the
     unfinished of one is full), the latest
-    agent status ``failed`` for 1 in 100."""
+    agent status ``failed`` for 1 in 100, updated a second apart (over 5.5 hours)."""
     async with PostgresCheckpointStorage(DSN, schema=pg_schema, max_size=2) as storage:
         await storage.exists("warm-up")  # creates the schema
     con = await asyncpg.connect(DSN)
@@ -135,11 +135,12 @@ async def filled(pg_schema: str) -> AsyncIterator[tuple[asyncpg.Connection, str]
     series = f"FROM generate_series(0, {_WORKFLOWS - 1}) AS i"
     name = "'w' || lpad(i::text, 6, '0')"
     await con.execute(
-        f"INSERT INTO {s}.workflows (workflow_id, status, metadata, latest_agent_status) "
-        f"SELECT {name}, "
+        f"INSERT INTO {s}.workflows (workflow_id, status, metadata, latest_agent_status, "
+        f"updated_at) SELECT {name}, "
         "CASE WHEN i % 5 = 0 THEN 'unfinished' ELSE 'finished' END, "
         "'{\"tenant\":\"t' || (i % 4) || '\"}', "
-        "CASE WHEN i % 100 = 0 THEN 'failed' ELSE 'running' END " + series
+        "CASE WHEN i % 100 = 0 THEN 'failed' ELSE 'running' END, "
+        "now() - i * interval '1 second' " + series
     )
     await con.execute(
         f"INSERT INTO {s}.workflow_metadata (workflow_id, key, value) "
@@ -154,6 +155,11 @@ async def filled(pg_schema: str) -> AsyncIterator[tuple[asyncpg.Connection, str]
         yield con, s
     finally:
         await con.close()
+
+
+def _statement(s: str, query: WorkflowQuery) -> tuple[str, Any]:
+    sql, args = query_statement(Sql.for_schema(s), query, ["workflow_id"])
+    return sql, *args
 
 
 async def _plan(con: asyncpg.Connection, sql: str, *args: object, settings: str = "") -> str:
@@ -260,18 +266,14 @@ async def test_postgres_pages_touch_a_bounded_number_of_rows(
             assert touched <= 1_500, (name, after, touched, plan)
 
 
-async def test_postgres_updated_range_reads_the_updated_index(
+async def test_postgres_updated_range_reads_the_updated_minute_index(
     filled: tuple[asyncpg.Connection, str],
 ) -> None:
     """The records updated since a time, newest first (the inspector's throughput), are a
-    range of the ``updated_at`` index, not a scan of every record."""
+    range of the ``updated_minute`` index, not a scan of every record."""
     con, s = filled
     await con.execute(f"ANALYZE {s}.workflows")
     since = datetime.now(timezone.utc) - timedelta(minutes=5)
-    plan = await _plan(
-        con,
-        f"SELECT workflow_id FROM {s}.workflows WHERE updated_at > $1 "
-        "ORDER BY updated_at DESC LIMIT 50",
-        since,
-    )
-    assert "workflows_updated" in plan and "Seq Scan" not in plan, plan
+    query = WorkflowQuery(updated_after=since, limit=50, newest_first=True)
+    plan = await _plan(con, *_statement(s, query))
+    assert "workflows_updated_minute" in plan and "Seq Scan" not in plan, plan

@@ -75,8 +75,9 @@ class WorkflowQuery:
     record without ``finished_at`` counts from its ``updated_at``): what finished and
     failed TTLs count from. ``kind`` keeps the records of that kind (None: every kind).
     ``newest_first`` orders the page by ``updated_at``, latest first (ties in any order), instead
-    of by id: with ``updated_after`` on SQLite and PostgreSQL it reads a range of the
-    ``updated_at`` index, the most recent ``limit`` of it (``after`` must be None).
+    of by id: with ``updated_after`` on SQLite and PostgreSQL it reads a range of the index of
+    ``updated_at``'s minute, newest minute first, until it has ``limit`` (``after`` must be
+    None).
     """
 
     status: WorkflowStatus | None = None
@@ -216,6 +217,7 @@ def query_sql(
     moment: Callable[[datetime], Any],
     in_doubt: str = "",
     drive_metadata: bool = False,
+    minute: Callable[[str], str] | None = None,
 ) -> tuple[str, list[Any]]:
     """The SELECT of ``query`` for a database: one join per metadata key, ordered by id.
 
@@ -231,6 +233,10 @@ def query_sql(
     (PostgreSQL) says so to the planner: the first key's rows, in id order, each look up
     their workflow (``LATERAL ... OFFSET 0``), where its statistics chose a merge join that
     read every workflow the page's ids span and every row of a rare value after the cursor.
+    ``minute(p)`` is the database's SQL of the minute of the time bound to ``p``, as its
+    records' indexed ``updated_minute`` column holds it: an ``updated_at`` bound then bounds
+    that column too, and a ``newest_first`` page is ordered by it, then by ``updated_at``
+    (the same order), so that a range of its index drives the page.
     """
     args: list[Any] = []
 
@@ -273,6 +279,7 @@ def query_sql(
         )
         if value is not None
     ]
+    where += _minute_bounds(query, minute, bind, moment)
     if query.after is not None:
         # The bound on every side the walk may start from: PostgreSQL does not carry an
         # inequality across the join's equality, so a bound on m0 alone left the planner a
@@ -298,10 +305,30 @@ def query_sql(
         sql = f"SELECT {selected} FROM {table} AS w {' '.join(joins)}"
         if where:
             sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY w.updated_at DESC" if query.newest_first else f" ORDER BY {order}"
+    if query.newest_first:
+        order = "w.updated_minute DESC, w.updated_at DESC" if minute else "w.updated_at DESC"
+    sql += f" ORDER BY {order}"
     if query.limit is not None:
         sql += f" LIMIT {bind(query.limit)}"
     return sql, args
+
+
+def _minute_bounds(
+    query: WorkflowQuery,
+    minute: Callable[[str], str] | None,
+    bind: Callable[[Any], str],
+    moment: Callable[[datetime], Any],
+) -> list[str]:
+    """The ``updated_minute`` bounds of the query's ``updated_at`` bounds (none without ``minute``).
+
+    The minute of a bound: the rows' minutes on its side of it or equal to it.
+    """
+    if minute is None:
+        return []
+    bounds = ((">=", query.updated_after), ("<=", query.updated_before))
+    return [
+        f"w.updated_minute {op} {minute(bind(moment(at)))}" for op, at in bounds if at is not None
+    ]
 
 
 def _aliases(query: WorkflowQuery) -> list[str]:

@@ -8,8 +8,9 @@ paused or failed workflow ends in a span of its own. A source of more spans (an 
 history) adds them to the list :func:`workflow_spans` returns.
 
 The throughput reads the latest :data:`SAMPLE` workflow records updated in the window, newest
-first (on SQLite and PostgreSQL a range of the index on the records' ``updated_at``: the
-read costs the sample, not the store), and at most :data:`SAMPLE` ids of workflows in doubt
+first (on SQLite and PostgreSQL a range of the index of the minute of the records'
+``updated_at``, newest minute first: the read costs the sample's minutes, not the store),
+and at most :data:`SAMPLE` ids of workflows in doubt
 (the effect journal's partial index); it counts the records per bucket of time by their
 last update. A store keeps no index of checkpoints by time (one would cost every save), so
 each workflow counts once, at its latest checkpoint or status change.
@@ -121,7 +122,7 @@ async def throughput(
     if not manager.supports_workflow_records() or not isinstance(storage, WorkflowStorage):
         view.unsupported = True
         return view
-    # The latest SAMPLE updates of the window: a range of the updated_at index, newest first.
+    # The latest SAMPLE updates of the window: a range of the minute index, newest first.
     query = WorkflowQuery(updated_after=start, limit=SAMPLE, newest_first=True)
     recent = await storage.query_workflow_records(query)
     doubts, doubts_capped = await _in_doubt(manager)

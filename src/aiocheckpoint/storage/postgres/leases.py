@@ -9,6 +9,7 @@ batch statement. See docs/leases.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,9 +25,10 @@ from ..lifecycle import CancelledRecordError, cancelled_refusal
 from ..queries import WorkflowQuery, metadata_pairs, query_sql
 from .connection import Connection
 from .events import EventSql
+from .minute import minute_bound
 from .sql import RECORD_COLUMNS, Sql
 
-__all__ = ["Leases", "events_page", "put_events", "record_from_row", "reseal"]
+__all__ = ["Leases", "events_page", "put_events", "query_statement", "record_from_row", "reseal"]
 
 
 class Leases:
@@ -166,16 +168,7 @@ class Leases:
 
     async def query(self, query: WorkflowQuery) -> list[WorkflowRecord]:
         """One page of the records passing ``query``: one indexed statement."""
-        sql, args = query_sql(
-            query,
-            RECORD_COLUMNS,
-            self._sql.workflows_table,
-            self._sql.metadata_table,
-            _placeholder,
-            _same,
-            self._sql.in_doubt,
-            drive_metadata=True,
-        )
+        sql, args = query_statement(self._sql, query)
         rows = await self._connection.run("query_workflows", lambda con: con.fetch(sql, *args))
         return [_workflow_record(row) for row in rows]
 
@@ -249,6 +242,23 @@ async def events_page(
     args = (workflow_id, -1 if after is None else after, limit)
     rows = await connection.run("get_events", lambda con: con.fetch(sql.page, *args))
     return [StoredEvent(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+
+def query_statement(
+    sql: Sql, query: WorkflowQuery, columns: Sequence[str] = RECORD_COLUMNS
+) -> tuple[str, list[Any]]:
+    """The SELECT of ``query`` and its arguments, as the store runs it (``query_sql``)."""
+    return query_sql(
+        query,
+        columns,
+        sql.workflows_table,
+        sql.metadata_table,
+        _placeholder,
+        _same,
+        sql.in_doubt,
+        drive_metadata=True,
+        minute=minute_bound,
+    )
 
 
 async def reseal(

@@ -24,7 +24,7 @@ from ...errors import (
     LeaseHeldError,
     LeaseLostError,
 )
-from ...leases import Lease, WorkflowRecord, WorkflowStatus
+from ...leases import WORKFLOW_KIND, Lease, WorkflowRecord, WorkflowStatus
 from ..events import (
     EventKind,
     EventNote,
@@ -37,6 +37,7 @@ from ..lifecycle import cancelled_refusal
 from ..queries import StepInfo, WorkflowQuery, failure_update, metadata_pairs, query_sql
 from . import events
 from .foreign import ForeignRow, id_problem, warn_skipped
+from .minute import minute_of
 
 _COLUMNS: Final = (
     "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
@@ -290,26 +291,32 @@ def note_saves(
         params: list[object] = [now]
         for wf, step, info in chunk:
             params += (wf, step, info.agent_id, info.agent_status, info.kind)
-        conn.execute(_note_sql(rows), params)
+        kinds = any(info.kind not in (None, WORKFLOW_KIND) for _, _, info in chunk)
+        conn.execute(_note_sql(rows, kinds), params)
     for wf, _, info in noted:
         if info.note is not None:  # a fork's ``forked``: in the save's transaction
             events.append(conn, now, wf, EventKind(info.note[0]), info.note[1])
 
 
 @functools.cache
-def _note_sql(rows: int) -> str:
+def _note_sql(rows: int, kinds: bool = True) -> str:
+    """The upsert of ``rows`` saves; ``kinds`` False when none names a kind of its own.
+
+    A save of the default kind changes no record's kind: its statement does not name the
+    column, or SQLite would rewrite the record's entries in both kind indexes every save.
+    """
     values = ", ".join(
         f"(?{n}, ?1, ?1, ?{n + 1}, ?{n + 2}, ?{n + 3}, coalesce(?{n + 4}, 'workflow'))"
         for n in range(2, 5 * rows + 2, 5)
     )
     new = "excluded.latest_step >= coalesce(latest_step, -1)"
+    # A kind other than the default names what writes the workflow: it sticks.
+    kind = "kind = CASE WHEN kind = 'workflow' THEN excluded.kind ELSE kind END, "
     return (
         "INSERT INTO workflows (workflow_id, created_at, updated_at, latest_step, "
         f"latest_agent_id, latest_agent_status, kind) VALUES {values} "
         "ON CONFLICT (workflow_id) DO UPDATE SET updated_at = excluded.updated_at, "
-        "resume_input = NULL, "
-        # A kind other than the default names what writes the workflow: it sticks.
-        "kind = CASE WHEN kind = 'workflow' THEN excluded.kind ELSE kind END, "
+        f"resume_input = NULL, {kind if kinds else ''}"
         f"latest_agent_id = CASE WHEN {new} THEN excluded.latest_agent_id "
         "ELSE latest_agent_id END, "
         f"latest_agent_status = CASE WHEN {new} THEN excluded.latest_agent_status "
@@ -516,11 +523,24 @@ _IN_DOUBT: Final = "w.workflow_id IN (SELECT e.workflow_id FROM effects AS e WHE
 
 def query_records(conn: sqlite3.Connection, query: WorkflowQuery) -> list[WorkflowRecord]:
     """One page of the records passing ``query`` (see :func:`query_sql`)."""
-    columns = [c.strip() for c in _COLUMNS.split(",")]
-    sql, args = query_sql(
-        query, columns, "workflows", "workflow_metadata", _placeholder, _seconds, _IN_DOUBT
-    )
+    sql, args = query_statement(query)
     return _valid_records(conn.execute(sql, args).fetchall())
+
+
+def query_statement(
+    query: WorkflowQuery, columns: Sequence[str] | None = None
+) -> tuple[str, list[Any]]:
+    """The SELECT of ``query`` and its arguments (every record column unless ``columns``)."""
+    return query_sql(
+        query,
+        columns or [c.strip() for c in _COLUMNS.split(",")],
+        "workflows",
+        "workflow_metadata",
+        _placeholder,
+        _seconds,
+        _IN_DOUBT,
+        minute=minute_of,
+    )
 
 
 def foreign_records(conn: sqlite3.Connection) -> list[ForeignRow]:
