@@ -10,8 +10,8 @@ the first round a warm-up), CPU time of:
 * ``fetch``: the tree's levels fetched by the store's read thread in one read transaction,
   as a resume fetches them (the store's connection and page cache; thread CPU);
 * ``decode``: ``decode_tagged`` of the record over the blobs already in memory (verifies,
-  joins and parses: thread CPU), and three of its parts measured alone over the leaf
-  chunks: ``crc32`` of their text, the ``joins`` of runs of chunks and the ``parse``
+  joins and parses: thread CPU), and three of its parts measured alone over the plain
+  dict's leaf chunks: ``crc32`` of their text, the ``joins`` of runs of chunks and the ``parse``
   (``orjson.loads`` per run); ``rest`` is ``resume - fetch - decode`` (the record's read,
   the hops between threads, the value stage, the models);
 * ``lg``: ``AsyncSqliteSaver.aget_tuple`` (process CPU), its ``lg-row`` (the checkpoint
