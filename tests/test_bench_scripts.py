@@ -106,6 +106,30 @@ def test_resume_peers_bench_runs() -> None:
     assert rows == [[state, kind] for state in ("docs", "short") for kind in kinds]
 
 
+def test_resume_stages_bench_runs() -> None:
+    """`bench/resume_stages.py` times every stage of both states (no timings checked)."""
+    pytest.importorskip("langgraph.checkpoint.sqlite.aio")
+    pytest.importorskip("ormsgpack")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "resume_stages.py"), "--rounds", "1", "--mb", "0.1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split()[:3] for line in proc.stdout.splitlines() if line.endswith(" ms")]
+    stages = [f"{v} {s}" for v in ("plain", "shared") for s in ("resume", "fetch", "decode")]
+    for state in ("docs", "short"):
+        named = {
+            " ".join(row[1:3]) if row[1] in ("plain", "shared") else row[1]
+            for row in rows
+            if row[0] == state
+        }
+        assert {*stages, "crc32", "joins", "parse", "mp-parse", "lg", "lg-row", "lg-loads"} <= named
+    assert sum("with msgpack leaves and crc32" in line for line in proc.stdout.splitlines()) == 2
+
+
 def test_leaf_codecs_bench_runs() -> None:
     """`bench/leaf_codecs.py` times both codecs on every shape (no timings checked)."""
     proc = subprocess.run(
