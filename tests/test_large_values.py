@@ -15,7 +15,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -418,6 +418,23 @@ def _held_up_at_most(gaps: list[float], limit: float) -> bool:
     return max(gaps) < limit or max(gaps) < sum(gaps) / 10
 
 
+async def _held_up_in_one_of_three(
+    measure: Callable[[int], Awaitable[list[float]]], limit: float
+) -> list[list[float]]:
+    """Up to three measurements (``measure(n)``, n = 0, 1, 2), stopping at the first one whose
+    loop was held up at most ``limit`` (:func:`_held_up_at_most`): every one measured.
+
+    A loaded machine can stretch one slice of one of them; work done in one piece (every
+    slice of a save in one loop turn) is held up in all three.
+    """
+    tries: list[list[float]] = []
+    for n in range(3):
+        tries.append(await measure(n))
+        if _held_up_at_most(tries[-1], limit):
+            break
+    return tries
+
+
 def _documents(megabytes: int) -> dict[str, Any]:
     return {"docs": [{"id": i, "text": "word " * 200} for i in range(megabytes * 1000)]}
 
@@ -436,36 +453,42 @@ async def test_a_large_first_save_lets_the_loop_run_between_its_slices(
 ) -> None:
     """A 5 MB first save of a SharedState (copied, encoded, cut whole) yields in slices."""
     manager = await _warmed(url.format(dir=tmp_path))
-    try:
+
+    async def measure(n: int) -> list[float]:
         state = SharedState(_documents(5))
-        save = manager.create_checkpoint("wf", 1, "a", "completed", state)
-        gaps = await _loop_cpu_between_beats(save, 0)
+        save = manager.create_checkpoint(f"wf-{n}", 1, "a", "completed", state)
+        return await _loop_cpu_between_beats(save, 0)
+
+    try:
+        tries = await _held_up_in_one_of_three(measure, 0.006)
     finally:
         await manager.__aexit__(None, None, None)
-    assert len(gaps) > 50
-    assert _held_up_at_most(gaps, 0.006), (
-        gaps
-    )  # ~2 ms here; 6.5-34 ms when one slice encoded the list whole
+    assert all(len(gaps) > 50 for gaps in tries), [len(gaps) for gaps in tries]
+    # ~2 ms here; 6.5-34 ms in every try when one slice encoded the list whole.
+    assert _held_up_at_most(tries[-1], 0.006), [max(gaps) for gaps in tries]
 
 
 @pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
 async def test_concurrent_large_saves_take_turns_with_a_timer(tmp_path: Path, url: str) -> None:
     """Eight 1 MB first saves at once: a 1 ms timer waits for about one budget, not eight."""
     manager = await _warmed(url.format(dir=tmp_path))
-    try:
+
+    async def measure(n: int) -> list[float]:
         states = [SharedState(_documents(1)) for _ in range(8)]
         saves = asyncio.gather(
             *(
-                manager.create_checkpoint(f"wf-{i}", 1, "a", "completed", s)
+                manager.create_checkpoint(f"wf-{n}-{i}", 1, "a", "completed", s)
                 for i, s in enumerate(states)
             )
         )
-        gaps = await _loop_cpu_between_beats(saves, 0.001)
+        return await _loop_cpu_between_beats(saves, 0.001)
+
+    try:
+        tries = await _held_up_in_one_of_three(measure, 0.008)
     finally:
         await manager.__aexit__(None, None, None)
-    assert _held_up_at_most(gaps, 0.008), (
-        gaps
-    )  # ~3 ms here; 12-27 ms when all eight sliced in every turn
+    # ~3 ms here; 12-27 ms in every try when all eight sliced in every turn.
+    assert _held_up_at_most(tries[-1], 0.008), [max(gaps) for gaps in tries]
 
 
 async def test_the_pacer_lets_a_due_timer_run_before_work_over_its_budget() -> None:

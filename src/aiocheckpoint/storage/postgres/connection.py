@@ -142,8 +142,9 @@ async def on_connection(
 
     With ``within``, the acquire and ``op`` together get that many seconds; a connection
     interrupted by it is terminated (its statement's fate is unknown to the protocol).
-    Without it, the acquire alone gets ``wait`` seconds (:class:`NoConnection` after them):
-    a connection the pool's other users hold must not make the call wait for ever.
+    Without it, the acquire alone gets ``wait`` seconds: a connection the pool's other
+    users hold must not make the call wait for ever. Either way an acquire that timed out
+    raises :class:`NoConnection` (``op`` timing out raises :class:`asyncio.TimeoutError`).
     """
     deadline = None if within is None else anyio.current_time() + within
     acquired = False
@@ -152,7 +153,7 @@ async def on_connection(
             acquired = True
             return await _run_on(con, op, deadline)
     except asyncio.TimeoutError as exc:
-        if acquired or within is not None:
+        if acquired:
             raise
         raise NoConnection from exc
 
@@ -256,7 +257,8 @@ class Connection:
 
         A connection the server refuses (too many connections) lowers the ceiling and the
         try waits for a pooled connection instead; :class:`StorageTimeoutError` when none
-        comes within the budget (or the connect ``timeout`` without one).
+        comes within the budget (or the connect ``timeout`` without one), naming the
+        refusal whichever wait ran out: the slot's or the pool's acquire.
         """
         budget.attempts += 1
         last: BaseException | None = None

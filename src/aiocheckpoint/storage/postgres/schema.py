@@ -239,9 +239,11 @@ async def migrate(con: Any, quoted: str, schema: str) -> int:
                 f"PostgreSQL schema {schema!r} holds tables aiocheckpoint did not create; "
                 "choose another schema"
             )
-        for migration in MIGRATIONS[version:]:
-            for statement in migration:
-                await con.execute(statement.format(s=quoted))
+        missing = [statement.format(s=quoted) for m in MIGRATIONS[version:] for statement in m]
+        if missing:
+            # One round trip for them all (a new store runs dozens): the simple query
+            # protocol runs a script's statements in order, in this transaction.
+            await con.execute("\n;\n".join(missing))
         if version != SCHEMA_VERSION:
             await con.execute(
                 f"INSERT INTO {quoted}.meta (key, value) VALUES ($1, $2) "
