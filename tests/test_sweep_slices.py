@@ -58,7 +58,6 @@ async def test_a_sweeps_thinning_commits_slice_by_slice(
             for step in range(3):
                 await storage.save(f"wf-{n}", step, b"record")
         await storage.delete("wf-2", 0)
-        monkeypatch.setattr(writer_module, "SLICE_SECONDS", 0.0)
         monkeypatch.setattr(writer_module, "LONG_SLICE_SECONDS", 0.0)
         commits = storage._writer.commits
         cuts = [Cut(f"wf-{n}", (0, 1), 2) for n in range(4)]
