@@ -18,6 +18,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from operator import itemgetter
 from typing import Any, Final, TypeVar
 
 import anyio.to_thread
@@ -47,6 +48,7 @@ from .storage.base import (
 )
 from .storage.base import WorkflowStorage as _WorkflowStorage
 from .storage.queries import WorkflowQuery
+from .storage.turns import in_turns
 
 __all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep", "run_thinning"]
 
@@ -495,6 +497,7 @@ class _Sweep:
         sizes: dict[tuple[str, int], int] = {}
         judged: list[Cut | History | None] = []
         for history in histories:
+            await self.turns.turn()
             if not self.thinnable(history):
                 continue
             if history.records is None or self.opened is not None:
@@ -611,8 +614,8 @@ class _Sweep:
         else:
             return False
         self.report.checkpoints_deleted += len(deleted)
-        self.report.checkpoint_bytes += sum(sizes[pair] for pair in deleted)
-        self.report.workflows_thinned += len({workflow_id for workflow_id, _ in deleted})
+        self.report.checkpoint_bytes += sum(await in_turns(sizes.__getitem__, deleted))
+        self.report.workflows_thinned += len(set(await in_turns(itemgetter(0), deleted)))
         return not self.dry_run
 
     async def thin(self, workflow_id: str) -> int:
