@@ -86,7 +86,8 @@ class RecordOp:
     what: str
     fn: Callable[[sqlite3.Connection, float], object]
     #: A slice of a long background write (a sweep's deletes): a batch never takes it
-    #: behind other writes, so those queued while the last slice ran go first.
+    #: behind other writes, so those queued while the last slice ran go first; a batch of
+    #: it alone commits without an fsync (:meth:`Writer._synchronous`).
     background: bool = False
 
 
