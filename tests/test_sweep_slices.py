@@ -58,7 +58,6 @@ async def test_a_sweeps_thinning_commits_slice_by_slice(
             for step in range(3):
                 await storage.save(f"wf-{n}", step, b"record")
         await storage.delete("wf-2", 0)
-        monkeypatch.setattr(writer_module, "SLICE_SECONDS", 0.0)
         monkeypatch.setattr(writer_module, "LONG_SLICE_SECONDS", 0.0)
         commits = storage._writer.commits
         cuts = [Cut(f"wf-{n}", (0, 1), 2) for n in range(4)]
@@ -97,3 +96,49 @@ async def test_a_sweeps_page_stops_where_its_records_no_longer_fit_one_read(
         assert report.workflows_thinned == 12
         assert scans == 0
         assert [c.step for c in await storage.scan("wf-011")] == [7, 8, 9]
+
+
+async def test_a_slice_alone_commits_unsynced_and_every_other_batch_synced(
+    tmp_path: Path,
+) -> None:
+    """A background slice committed alone runs with synchronous=NORMAL (the next write's
+    fsync covers it); the batch after it, and one holding a save beside a slice, run FULL."""
+    storage = SQLiteCheckpointStorage(tmp_path / "s.db")
+    await storage.save("warm", 0, b"x")
+    levels: dict[str, int] = {}
+
+    def noting(name: str, *, background: bool = False) -> RecordOp:
+        def fn(conn: sqlite3.Connection, _now: float) -> None:
+            levels[name] = conn.execute("PRAGMA synchronous").fetchone()[0]
+
+        return RecordOp(name, fn, background=background)
+
+    try:
+        await storage._submit(noting("slice", background=True), 0)
+        await storage._submit(noting("after"), 0)
+        # A slice taken with a write queued behind it: one batch, which must sync.
+        await asyncio.gather(
+            storage._submit(noting("slice-with-save", background=True), 0),
+            storage._submit(noting("save"), 0),
+        )
+    finally:
+        await storage.close()
+    assert levels == {"slice": 1, "after": 2, "slice-with-save": 2, "save": 2}
+
+
+def test_a_slice_ends_after_one_item_when_a_write_waits() -> None:
+    """A slice takes one item and stops when a write waits; with none waiting, all of them
+    (well within its 50 ms)."""
+    items = list(range(10))
+
+    def fn(_conn: sqlite3.Connection, _now: float, item: int) -> int:
+        return item * 2
+
+    conn = sqlite3.connect(":memory:")
+    try:
+        assert writer_module.slice_of(items, 3, fn, lambda: True)(conn, 0.0) == [6]
+        assert writer_module.slice_of(items, 3, fn, lambda: False)(conn, 0.0) == [
+            n * 2 for n in range(3, 10)
+        ]
+    finally:
+        conn.close()

@@ -18,6 +18,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from operator import itemgetter
 from typing import Any, Final, TypeVar
 
 import anyio.to_thread
@@ -47,6 +48,7 @@ from .storage.base import (
 )
 from .storage.base import WorkflowStorage as _WorkflowStorage
 from .storage.queries import WorkflowQuery
+from .storage.turns import in_turns
 
 __all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep", "run_thinning"]
 
@@ -59,6 +61,9 @@ _T = TypeVar("_T")
 #: A version-1 record longer than this has its fields parsed in a worker thread.
 _PARSE_ON_LOOP: Final = 64 * 1024
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: The loop time a sweep's judging takes in one loop iteration before it lets the rest run:
+#: a save's few steps each wait at most this long behind it.
+_TURN_SECONDS: Final = 0.00025
 #: The most records, and bytes of records, one batched read of histories holds.
 _MAX_RECORDS: Final = 20_000
 _MAX_BYTES: Final = 64 * 1024 * 1024
@@ -352,7 +357,7 @@ class _Sweep:
         self.forget = forget
         self.pacer = BatchSizer(policy.batch_size)
         #: Shares the loop's turns between the sweep's judging and everything else.
-        self.turns = Pacer()
+        self.turns = Pacer(_TURN_SECONDS)
 
     def records(self) -> _WorkflowStorage:
         if not isinstance(self.storage, _WorkflowStorage):
@@ -456,13 +461,13 @@ class _Sweep:
     async def thin_pages(self, storage: SweepStorage) -> None:
         """Thin every page of workflows, one read and at most one write per page.
 
-        The next page is read (and its records parsed) while this one's write runs: pages
+        The next page is read (and its records judged) while this one's write runs: pages
         hold disjoint workflows, so each workflow is still read before it is written.
         """
         reading = asyncio.ensure_future(self.read_page(storage, None))
         try:
             while page := await reading:
-                reading = asyncio.ensure_future(self.read_page(storage, page[0][-1].workflow_id))
+                reading = asyncio.ensure_future(self.read_page(storage, page[0]))
                 await self.thin_page(storage, page[1], page[2])
         finally:
             if not reading.done():
@@ -470,7 +475,14 @@ class _Sweep:
                 await asyncio.gather(reading, return_exceptions=True)
 
     async def read_page(self, storage: SweepStorage, after: str | None) -> _Page | None:
-        """The next page of histories after ``after``, with the fields of those to judge."""
+        """The next page after ``after``: its last workflow, judged histories, cuts' sizes.
+
+        A history read whole is judged here, on the loop, and only its cut is kept: its
+        records and their fields go as soon as it is judged, which keeps a page's objects
+        from piling up in the garbage collector's oldest generation (each full collection
+        walks the whole heap, holding up the loop and every thread). Those read a page at
+        a time, or whose records an encrypted manager must open, are judged at the write.
+        """
         assert self.policy.keep_last is not None  # thin_all checked
         histories = await storage.histories(
             after=after,
@@ -482,11 +494,17 @@ class _Sweep:
         if not histories:
             return None
         histories = self.within_read(histories)
-        todo = [h for h in histories if self.thinnable(h)]
-        facts: list[list[_Judged] | None] = [None] * len(todo)
-        if self.opened is None:  # the records' fields, read ahead of the page's judging
-            facts = await self.page_facts(todo)
-        return histories, todo, facts
+        sizes: dict[tuple[str, int], int] = {}
+        judged: list[Cut | History | None] = []
+        for history in histories:
+            await self.turns.turn()
+            if not self.thinnable(history):
+                continue
+            if history.records is None or self.opened is not None:
+                judged.append(history)
+            else:
+                judged.append(await self.cut(history, sizes, await self.read_facts(history)))
+        return histories[-1].workflow_id, judged, sizes
 
     def within_read(self, histories: list[History]) -> list[History]:
         """The page up to the first history to read that the read's budget left unread.
@@ -502,32 +520,26 @@ class _Sweep:
                 return histories[:n]
         return histories
 
-    async def page_facts(self, histories: list[History]) -> list[list[_Judged] | None]:
-        """Each read history's records' fields (None where unreadable), on the loop.
+    async def read_facts(self, history: History) -> list[_Judged]:
+        """A read history's records' fields (None where unreadable), on the loop.
 
-        A loop turn's budget at a time: a thread parsing them would hold the GIL the
-        writers' saves need at each of their steps, up to the switch interval (5 ms) each.
+        A short loop turn at a time: a thread parsing them would hold the GIL the writers'
+        saves need at each of their steps, up to the switch interval (5 ms) each.
         """
-        facts: list[list[_Judged] | None] = []
-        for history in histories:
-            if history.records is None:
-                facts.append(None)
-                continue
-            judged: list[_Judged] = []
-            for record in history.records:
-                await self.turns.turn()
-                if len(record.data) > _PARSE_ON_LOOP:
-                    judged.append(await anyio.to_thread.run_sync(_fields_or_none, record))
-                else:
-                    judged.append(_fields_or_none(record))
-            facts.append(judged)
-        return facts
+        judged: list[_Judged] = []
+        for record in history.records or ():
+            await self.turns.turn()
+            if len(record.data) > _PARSE_ON_LOOP:
+                judged.append(await anyio.to_thread.run_sync(_fields_or_none, record))
+            else:
+                judged.append(_fields_or_none(record))
+        return judged
 
     async def thin_page(
         self,
         storage: SweepStorage,
-        todo: list[History],
-        facts: list[list[_Judged] | None],
+        judged: list[Cut | History | None],
+        sizes: dict[tuple[str, int], int],
     ) -> None:
         """Thin one page read by :meth:`read_page`: at most one write.
 
@@ -537,16 +549,15 @@ class _Sweep:
         keep_last = self.policy.keep_last
         assert keep_last is not None  # thin_all checked
         cuts: list[Cut] = []
-        sizes: dict[tuple[str, int], int] = {}
-        for history, judged in zip(todo, facts, strict=True):
-            if history.records is not None:  # writers' saves run between slices of a page
+        for item in judged:
+            if isinstance(item, History):
+                if item.records is None and item.count > keep_last:
+                    await self.thin_counted(item.workflow_id)
+                    continue
                 await self.turns.turn()
-            if history.records is None and history.count > keep_last:
-                await self.thin_counted(history.workflow_id)
-                continue
-            cut = await self.cut(history, sizes, judged)
-            if cut is not None:
-                cuts.append(cut)
+                item = await self.cut(item, sizes)
+            if item is not None:
+                cuts.append(item)
         if not await self.apply(storage, cuts, sizes):
             self.pacer.grow()
 
@@ -603,8 +614,8 @@ class _Sweep:
         else:
             return False
         self.report.checkpoints_deleted += len(deleted)
-        self.report.checkpoint_bytes += sum(sizes[pair] for pair in deleted)
-        self.report.workflows_thinned += len({workflow_id for workflow_id, _ in deleted})
+        self.report.checkpoint_bytes += sum(await in_turns(sizes.__getitem__, deleted))
+        self.report.workflows_thinned += len(set(await in_turns(itemgetter(0), deleted)))
         return not self.dry_run
 
     async def thin(self, workflow_id: str) -> int:
@@ -743,8 +754,9 @@ class _NoKey:
 
 #: What a sweep makes of a record: its fields, None if unreadable, or :class:`_NoKey`.
 _Judged = RecordFacts | _NoKey | None
-#: A page of histories, those of them to judge, and their records' fields if read already.
-_Page = tuple[list[History], list[History], list[list[_Judged] | None]]
+#: A page read: its last workflow, each history's cut (None: nothing to delete) or the
+#: history itself where it is judged at the write, and the sizes of the records cut.
+_Page = tuple[str, list[Cut | History | None], dict[tuple[str, int], int]]
 
 
 def _fields_or_none(record: StoredCheckpoint) -> _Judged:

@@ -51,6 +51,7 @@ from ..events import (
     check_sleep,
 )
 from ..queries import StepInfo, WorkflowQuery
+from ..turns import in_turns
 from .batching import BatchLimits, GroupCommit, Write
 from .blobs import Blobs
 from .connection import Connection
@@ -329,19 +330,13 @@ class PostgresCheckpointStorage(BaseStorage):
         Not retried after a lost connection, like :meth:`delete`.
         """
         self._check_open()
-        for cut in cuts:
-            check_workflow_id(cut.workflow_id)
-            for step in cut.steps:
-                check_step(step)
-            if cut.below is not None:
-                check_step(cut.below)
+        await in_turns(_check_cut, cuts)
         return await self._sweeps.thin_many(cuts)
 
     async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
         """Delete each untouched workflow whole, in one statement (``SweepStorage``)."""
         self._check_open()
-        for workflow_id, _ in pairs:
-            check_workflow_id(workflow_id)
+        await in_turns(lambda pair: check_workflow_id(pair[0]), pairs)
         return await self._sweeps.delete_workflows(pairs)
 
     # --- the effect journal (EffectStorage) ----------------------------------------------
@@ -608,3 +603,11 @@ def _bytes(name: str, value: object) -> bytes:
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"{name} must be bytes, not {type(value).__qualname__}")
     return bytes(value)
+
+
+def _check_cut(cut: Cut) -> None:
+    check_workflow_id(cut.workflow_id)
+    for step in cut.steps:
+        check_step(step)
+    if cut.below is not None:
+        check_step(cut.below)

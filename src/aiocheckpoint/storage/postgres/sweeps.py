@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from ..base import Cut, History, StoredCheckpoint, histories_to_read
+from ..turns import in_turns
 from .connection import Connection
 from .records import Records
 from .sql import VERSION_2
@@ -133,7 +134,7 @@ class Sweeps:
             await con.execute(_BEGIN_READ)
             try:
                 page = await con.fetch(self._page, "" if after is None else after, limit)
-                sizes = {row[0]: (int(row[1]), int(row[3])) for row in page}
+                sizes = dict(await in_turns(_sizes, page))
                 wanted = histories_to_read(sizes, *budget)
                 rows = []
                 if wanted:
@@ -144,11 +145,8 @@ class Sweeps:
                     await con.execute("ROLLBACK")
                 raise
             await con.execute("COMMIT")
-            found = _grouped(rows)
-            return [
-                History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))
-                for wf, n, low, _size, orphans, paused, kind in page
-            ]
+            found = await _grouped(rows)
+            return await in_turns(lambda row: _history(row, found), page)
 
         return await self._connection.run("sweep's read", read)
 
@@ -213,15 +211,31 @@ _BYTES = (
 )
 
 
-def _grouped(rows: list[Any]) -> dict[str, list[StoredCheckpoint]]:
-    """Each workflow's records, newest first; one holding a record over the limit left out."""
+async def _grouped(rows: list[Any]) -> dict[str, list[StoredCheckpoint]]:
+    """Each workflow's records, newest first; one holding a record over the limit left out.
+
+    Other tasks run every few hundred rows (:func:`~..turns.in_turns`).
+    """
     found: dict[str, list[StoredCheckpoint]] = {}
     refused: set[str] = set()
-    for wf, step, data in rows:
+
+    def add(row: Any) -> None:
+        wf, step, data = row
         if data is None:
             refused.add(wf)
         else:
             found.setdefault(wf, []).append(StoredCheckpoint(int(step), bytes(data)))
+
+    await in_turns(add, rows)
     for wf in refused:
         found.pop(wf, None)
     return found
+
+
+def _sizes(row: Any) -> tuple[str, tuple[int, int]]:
+    return row[0], (int(row[1]), int(row[3]))
+
+
+def _history(row: Any, found: dict[str, list[StoredCheckpoint]]) -> History:
+    wf, n, low, _size, orphans, paused, kind = row
+    return History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))

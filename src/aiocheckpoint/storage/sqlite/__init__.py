@@ -77,6 +77,7 @@ from ..events import (
 )
 from ..queries import StepInfo, WorkflowQuery
 from ..refcounts import checked_tree, held_root_refs
+from ..turns import in_turns
 from . import control, effects, records, sweeps
 from . import events as event_rows
 from .blobs import SaveTreeOp, drain_releases, in_one_read, read_blobs, recount
@@ -323,14 +324,14 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
         """Delete every cut, in slices of the group commit (``SweepStorage``)."""
         self._check_open()
-        checked = [_checked_cut(cut) for cut in cuts]
+        checked = await in_turns(_checked_cut, cuts)
         done = await self._in_slices("sweep's thinning", checked, sweeps.thin_one)
         return [pair for present, _ in done for pair in present], sum(n for _, n in done)
 
     async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
         """Delete each untouched workflow whole, in slices of writes (``SweepStorage``)."""
         self._check_open()
-        checked = [(check_workflow_id(wf), at) for wf, at in pairs]
+        checked = await in_turns(_checked_pair, pairs)
         return await self._in_slices("sweep's deletes", checked, sweeps.delete_one)
 
     # --- space (SpaceReclaimingStorage) ----------------------------------------------------
@@ -744,6 +745,10 @@ def _next_slice(pages: int, took: float) -> int:
     if took > 4 * SLICE_SECONDS:
         return max(pages // 2, 16)
     return pages
+
+
+def _checked_pair(pair: tuple[str, datetime]) -> tuple[str, datetime]:
+    return check_workflow_id(pair[0]), pair[1]
 
 
 def _checked_cut(cut: Cut) -> Cut:

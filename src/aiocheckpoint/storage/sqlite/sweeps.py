@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Final
 
 from ..base import Cut, History, StoredCheckpoint, histories_to_read
+from ..turns import gil_breaks
 from . import effects
 from .foreign import id_problem
 from .writer import delete_untouched
@@ -65,14 +66,14 @@ def read_histories(
     conn.execute("BEGIN")
     try:
         rows = conn.execute(_PAGE, ("" if after is None else after, limit)).fetchall()
-        rows = [row for row in rows if id_problem(row[0]) is None]
+        rows = [row for row in gil_breaks(rows) if id_problem(row[0]) is None]
         sizes = {row[0]: (row[1], row[3]) for row in rows}
         found = _records(conn, histories_to_read(sizes, *budget), max_bytes)
     finally:
         conn.execute("COMMIT")
     return [
         History(wf, n, low, bool(orphans), bool(paused), kind, found.get(wf))
-        for wf, n, low, _size, orphans, paused, kind in rows
+        for wf, n, low, _size, orphans, paused, kind in gil_breaks(rows)
     ]
 
 
@@ -89,7 +90,7 @@ def _records(
             f"FROM checkpoints WHERE workflow_id IN ({_marks(len(chunk))}) AND {_STEP_OK} "
             "ORDER BY workflow_id, step DESC"
         )
-        for wf, step, data in conn.execute(sql, [max_bytes, *chunk]).fetchall():
+        for wf, step, data in gil_breaks(conn.execute(sql, [max_bytes, *chunk]).fetchall()):
             if type(data) is not bytes:
                 refused.add(wf)
             else:

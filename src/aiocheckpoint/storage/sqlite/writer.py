@@ -86,17 +86,19 @@ class RecordOp:
     what: str
     fn: Callable[[sqlite3.Connection, float], object]
     #: A slice of a long background write (a sweep's deletes): a batch never takes it
-    #: behind other writes, so those queued while the last slice ran go first.
+    #: behind other writes, so those queued while the last slice ran go first; a batch of
+    #: it alone commits without an fsync (:meth:`Writer._synchronous`).
     background: bool = False
 
 
-#: What one slice of a background write (a sweep's deletes) spends in the writer before it
-#: commits while a write waits: about what a save's commit (an fsync) takes, so a save
-#: queued behind a slice waits about twice as long as behind another save, not a whole
-#: sweep batch. With no write waiting, a slice goes on up to :data:`LONG_SLICE_SECONDS`
-#: (fewer commits: a sweep alone is as fast as in one batch per page).
-SLICE_SECONDS: Final = 0.005
+#: What one slice of a background write (a sweep's deletes) spends in the writer at most
+#: before it commits. A slice ends sooner, after the item it is on, as soon as a write
+#: waits: that write then waits for one item and a commit that does not wait for the disk
+#: (a slice's commit does not fsync: the next write's commit makes it durable with its own,
+#: :meth:`Writer.run_batch`), not for a whole slice and its fsync.
 LONG_SLICE_SECONDS: Final = 0.05
+#: The time the incremental vacuum's slices aim at (:mod:`.vacuum`).
+SLICE_SECONDS: Final = 0.005
 
 _I = TypeVar("_I")
 _R = TypeVar("_R")
@@ -110,9 +112,8 @@ def slice_of(
 ) -> Callable[[sqlite3.Connection, float], list[_R]]:
     """A record op's function: ``fn`` over ``items[start:]`` for one slice's time.
 
-    :data:`SLICE_SECONDS` if ``waiting()`` says a write waits by then, else up to
-    :data:`LONG_SLICE_SECONDS`. It takes at least one item; its result is one outcome per
-    item taken, in order.
+    Up to :data:`LONG_SLICE_SECONDS`, or until ``waiting()`` says a write waits. It takes
+    at least one item; its result is one outcome per item taken, in order.
     """
 
     def run(conn: sqlite3.Connection, now: float) -> list[_R]:
@@ -120,8 +121,7 @@ def slice_of(
         done: list[_R] = []
         for n in range(start, len(items)):
             done.append(fn(conn, now, items[n]))
-            spent = time.monotonic() - began
-            if spent >= SLICE_SECONDS and (spent >= LONG_SLICE_SECONDS or waiting()):
+            if waiting() or time.monotonic() - began >= LONG_SLICE_SECONDS:
                 break
         return done
 
@@ -184,6 +184,8 @@ class Writer:
         self.catch_up = False
         #: Checkpoints this writer ran itself (catch-ups; the last one at close included).
         self.checkpoints = 0
+        #: Whether the connection commits without an fsync now (:meth:`_synchronous`).
+        self._lazy = False
 
     def open(self) -> None:
         """Create the file if needed, switch to WAL with synchronous=FULL, migrate."""
@@ -243,6 +245,7 @@ class Writer:
         conn = self._open_conn()
         began = time.monotonic()
         try:
+            self._synchronous(conn, lazy=False)
             freed, left = self.retry(lambda: vacuum_step(conn, pages))
             self.wal_pages += 2 * freed  # each page moved and the free list's
             return freed * page_size(conn), left, time.monotonic() - began
@@ -253,6 +256,7 @@ class Writer:
         """``VACUUM`` the database (:func:`.vacuum.compact`): its bytes before and after."""
         conn = self._open_conn()
         try:
+            self._synchronous(conn, lazy=False)
             self._checkpoint(conn, "TRUNCATE")
             result = self.retry(lambda: compact(conn))
             self._checkpoint(conn, "TRUNCATE")
@@ -279,6 +283,7 @@ class Writer:
             self.catch_up = False
             self._checkpoint(conn, "PASSIVE")
         try:
+            self._synchronous(conn, lazy=all(_background(op) for op in ops))
             self._begin(conn)
         except sqlite3.Error as exc:
             # One exception object per caller: a shared one would collect their tracebacks.
@@ -297,6 +302,19 @@ class Writer:
             self.wal_pages += _estimate_pages(ops, sum(blob_pages))
             return results
         return [self._run_alone(conn, op) for op in ops]
+
+    def _synchronous(self, conn: sqlite3.Connection, *, lazy: bool) -> None:
+        """FULL for every commit but a batch of background writes alone (a sweep's slice).
+
+        That one commits without an fsync (``NORMAL``): the next commit's fsync makes it
+        durable with its own (the WAL is one file, written in order), so a save queued
+        behind a slice waits for one fsync, not two. A power loss before then undoes the
+        slice's deletes whole, which the next sweep makes again. Set before the transaction
+        (SQLite refuses it inside one); if FULL cannot be set back, the batch fails.
+        """
+        if lazy != self._lazy:
+            conn.execute(f"PRAGMA synchronous = {'NORMAL' if lazy else 'FULL'}")
+            self._lazy = lazy
 
     def _run_alone(self, conn: sqlite3.Connection, op: Op) -> Outcome:
         blob_pages: list[int] = []
@@ -432,6 +450,10 @@ def delete_untouched(
     conn.execute(records.DELETE_RECORD, (workflow_id,))
     conn.execute(_DELETE_WORKFLOW, (workflow_id,))
     return int(size)
+
+
+def _background(op: Op) -> bool:
+    return isinstance(op, RecordOp) and op.background
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
