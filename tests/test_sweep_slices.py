@@ -126,19 +126,28 @@ async def test_a_slice_alone_commits_unsynced_and_every_other_batch_synced(
     assert levels == {"slice": 1, "after": 2, "slice-with-save": 2, "save": 2}
 
 
-def test_a_slice_ends_after_one_item_when_a_write_waits() -> None:
-    """A slice takes one item and stops when a write waits; with none waiting, all of them
+def test_a_slice_yields_to_a_waiting_write_after_its_floor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a write waiting, a slice stops once it has spent ``MIN_SLICE_SECONDS`` (each item
+    here takes 0.4 ms of a fake clock: 3 items); with none waiting, it takes all of them
     (well within its 50 ms)."""
     items = list(range(10))
+    clock = [0.0]
 
     def fn(_conn: sqlite3.Connection, _now: float, item: int) -> int:
+        clock[0] += 0.0004
         return item * 2
 
+    monkeypatch.setattr(writer_module.time, "monotonic", lambda: clock[0])
     conn = sqlite3.connect(":memory:")
     try:
-        assert writer_module.slice_of(items, 3, fn, lambda: True)(conn, 0.0) == [6]
+        assert writer_module.MIN_SLICE_SECONDS == 0.001
+        assert writer_module.slice_of(items, 3, fn, lambda: True)(conn, 0.0) == [6, 8, 10]
         assert writer_module.slice_of(items, 3, fn, lambda: False)(conn, 0.0) == [
             n * 2 for n in range(3, 10)
         ]
+        monkeypatch.setattr(writer_module, "MIN_SLICE_SECONDS", 0.0)
+        assert writer_module.slice_of(items, 3, fn, lambda: True)(conn, 0.0) == [6]
     finally:
         conn.close()

@@ -97,6 +97,9 @@ class RecordOp:
 #: (a slice's commit does not fsync: the next write's commit makes it durable with its own,
 #: :meth:`Writer.run_batch`), not for a whole slice and its fsync.
 LONG_SLICE_SECONDS: Final = 0.05
+#: What a slice spends at least before it yields to a waiting write: under writers that
+#: never stop, a slice of one item per commit would leave the sweep ~1 workflow per fsync.
+MIN_SLICE_SECONDS: Final = 0.001
 #: The time the incremental vacuum's slices aim at (:mod:`.vacuum`).
 SLICE_SECONDS: Final = 0.005
 
@@ -112,7 +115,8 @@ def slice_of(
 ) -> Callable[[sqlite3.Connection, float], list[_R]]:
     """A record op's function: ``fn`` over ``items[start:]`` for one slice's time.
 
-    Up to :data:`LONG_SLICE_SECONDS`, or until ``waiting()`` says a write waits. It takes
+    Up to :data:`LONG_SLICE_SECONDS`, or until ``waiting()`` says a write waits once
+    :data:`MIN_SLICE_SECONDS` are spent. It takes
     at least one item; its result is one outcome per item taken, in order.
     """
 
@@ -121,7 +125,8 @@ def slice_of(
         done: list[_R] = []
         for n in range(start, len(items)):
             done.append(fn(conn, now, items[n]))
-            if waiting() or time.monotonic() - began >= LONG_SLICE_SECONDS:
+            spent = time.monotonic() - began
+            if spent >= LONG_SLICE_SECONDS or (spent >= MIN_SLICE_SECONDS and waiting()):
                 break
         return done
 
