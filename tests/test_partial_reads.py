@@ -30,7 +30,8 @@ from tests.test_web_peek import fetched
 
 __all__ = ["new_store"]
 
-KEYS = Keyring(keys={"k1": os.urandom(32)}, primary="k1")
+KEY = os.urandom(32)
+KEYS = Keyring(keys={"k1": KEY}, primary="k1")
 OTHER = Keyring(keys={"k2": os.urandom(32)}, primary="k2")
 
 
