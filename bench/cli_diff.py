@@ -8,9 +8,10 @@ one key changed at step 1, one store plain and one encrypted (its keys file besi
 Then runs ``aiocheckpoint diff URL big-state 0 1`` in a child process, ``rounds`` times per
 store: the child imports the command line, then times the command (wall time, excluding
 the interpreter's start and imports) and traces its allocations (the peak of Python's
-heap, tracemalloc); the child's peak resident memory (``wait4``'s ``ru_maxrss``) is given
-too, with what it was once the imports were done. With ``--base SRC`` (the ``src``
-directory of another checkout, put first on ``PYTHONPATH``) the same commands of that
+heap, tracemalloc, in one more run of each, as tracing slows allocations); the child's
+peak resident memory (``VmHWM``, which ``exec`` resets, unlike ``ru_maxrss``) is given too,
+with what it was once the imports were done. With ``--base SRC`` (the ``src`` directory of
+another checkout, put first on ``PYTHONPATH``) the same commands of that
 version run too, alternating with this one round by round, so both see the same machine
 load; the output of the two must match byte for byte. Prints one JSON line per (version,
 store): medians, worst, the load.
@@ -36,17 +37,21 @@ KEY = bytes(range(32))
 #: The child: imports the command line, then runs the command timed and traced; its
 #: figures are the last line of its stderr.
 DRIVER = """
-import json, resource, sys, time, tracemalloc
+import json, os, sys, time, tracemalloc
+def hwm():
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) for l in status if l.startswith("VmHWM:"))
 from aiocheckpoint.cli import main
-start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-tracemalloc.start()
+start = hwm()
+if os.environ.get("BENCH_TRACE"):
+    tracemalloc.start()
 began = time.perf_counter()
 code = main(sys.argv[1:])
 took = time.perf_counter() - began
 peak = tracemalloc.get_traced_memory()[1]
 sys.stdout.flush()
-print(json.dumps({"code": code, "ms": took * 1000, "peak": peak, "start_rss": start}),
-      file=sys.stderr)
+print(json.dumps({"code": code, "ms": took * 1000, "peak": peak, "start_rss": start,
+                  "rss": hwm()}), file=sys.stderr)
 """
 
 
@@ -63,9 +68,11 @@ async def build(url: str, megabytes: int, keys: Keyring | None) -> None:
                 wf.state.set(f"k{megabytes * 500:06}", "y")
 
 
-def once(argv: list[str], src: str | None) -> tuple[dict[str, float], bytes]:
+def once(argv: list[str], src: str | None, trace: bool) -> tuple[dict[str, float], bytes]:
     """One run of the command: its figures (ms, traced peak, RSS) and its stdout."""
     env = dict(os.environ)
+    if trace:
+        env["BENCH_TRACE"] = "1"
     if src is not None:
         env["PYTHONPATH"] = src
     with tempfile.TemporaryFile() as err:
@@ -75,8 +82,7 @@ def once(argv: list[str], src: str | None) -> tuple[dict[str, float], bytes]:
         assert child.stdout is not None
         out = child.stdout.read()
         child.stdout.close()
-        _, status, usage = os.wait4(child.pid, 0)  # reaped here: its own peak memory
-        child.returncode = os.waitstatus_to_exitcode(status)
+        child.wait()
         err.seek(0)
         lines = err.read().decode().splitlines()
     if child.returncode != 0 or not lines:
@@ -87,7 +93,7 @@ def once(argv: list[str], src: str | None) -> tuple[dict[str, float], bytes]:
     figures = {
         "ms": got["ms"],
         "traced_mb": got["peak"] / 2**20,
-        "rss_mb": usage.ru_maxrss / 1024,
+        "rss_mb": got["rss"] / 1024,
         "rss_after_import_mb": got["start_rss"] / 1024,
     }
     return figures, out
@@ -122,9 +128,14 @@ def main() -> None:
     for _ in range(args.rounds):
         for store, argv in stores.items():
             for version, src in versions.items():
-                figures, out = once(argv, src)
+                figures, out = once(argv, src, trace=False)
                 runs.setdefault((version, store), []).append(figures)
                 outputs.setdefault(store, set()).add(out)
+    traced = {
+        (version, store): once(argv, src, trace=True)[0]["traced_mb"]
+        for store, argv in stores.items()
+        for version, src in versions.items()
+    }
     for store, seen in outputs.items():
         assert len(seen) == 1, f"{store}: the versions print different diffs"
     for (version, store), samples in runs.items():
@@ -139,7 +150,7 @@ def main() -> None:
             rounds=args.rounds,
             median_ms=median("ms"),
             worst_ms=round(max(s["ms"] for s in samples), 1),
-            traced_peak_mb=median("traced_mb"),
+            traced_peak_mb=round(traced[version, store], 1),
             rss_mb=median("rss_mb"),
             rss_after_import_mb=median("rss_after_import_mb"),
         )
