@@ -197,3 +197,13 @@ def test_status_writer_bench_runs() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line.split()[:2] for line in proc.stdout.splitlines()[2:]]
     assert rows == [["sqlite", "committed"], ["sqlite", "statements"]]
+
+
+def test_cli_diff_bench_runs(tmp_path: Path) -> None:
+    """`bench/cli_diff.py` at 1 MB: one line per store, the same diff printed each run."""
+    lines = _bench_lines("cli_diff.py", "--state-mb", "1", "--rounds", "1", "--dir", str(tmp_path))
+    assert {(line["version"], line["store"]) for line in lines} == {
+        ("branch", "plain"),
+        ("branch", "encrypted"),
+    }
+    assert all(line["median_ms"] > 0 and line["rss_mb"] > 0 for line in lines)

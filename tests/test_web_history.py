@@ -9,6 +9,7 @@ import html
 import os
 import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -223,3 +224,50 @@ async def test_sleeps_takeovers_and_effects_in_doubt_are_shown(new_store: NewSto
     assert "effect_in_doubt" in kinds(doubt) and kinds(doubt)[-1] == "effect_resolved"
     assert "<b>key</b> pay" in events_table(doubt)
     assert 'class="bar event-effect_resolved"' in svg(doubt)
+
+
+async def test_the_timeline_follows_the_history_pages_within_a_bound(
+    new_store: NewStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeline draws the events from the table's page on, TIMELINE_EVENTS at most (the
+    table's page and the ones after it), and moves with the table's pages; a request reads
+    no more events than that, however long the history."""
+    url = new_store("sqlite")
+    await story(url)
+    async with CheckpointManager(open_storage(url)) as manager:
+        for n in range(6):  # "long": six pauses, each resumed
+            async with ResumableWorkflow("long", manager) as wf:
+                await wf.pause(f"again {n}")
+            await manager.resume_workflow("long", n)
+    read: list[int] = []
+    original = CheckpointManager.get_events
+
+    async def counted(self: CheckpointManager, *args: Any, **kwargs: Any) -> Any:
+        page = await original(self, *args, **kwargs)
+        read.append(len(page))
+        return page
+
+    monkeypatch.setattr(CheckpointManager, "get_events", counted)
+    monkeypatch.setattr(history, "EVENTS", 2)
+    monkeypatch.setattr(history, "TIMELINE_EVENTS", 4)
+    async with client(url) as http:
+        first = (await http.get("/workflow", params={"id": "wf"})).text
+        assert kinds(first) == ["step_failed", "retry_scheduled"]
+        drawing = svg(first)
+        assert drawing.count('class="bar event-step_failed"') == 1
+        assert drawing.count('class="bar event-paused"') == 1  # from the next table page
+        assert 'class="bar event-completed"' not in drawing  # the fifth event: not drawn
+        assert "(4 events, at most 4 a request" in first
+        later = re.search(r'class="later-events" href="([^"]+)"', first)
+        assert later is not None
+        second = (await http.get(html.unescape(later.group(1)))).text
+        assert kinds(second) == ["paused", "resumed"]
+        drawing = svg(second)
+        assert 'class="bar event-step_failed"' not in drawing
+        assert drawing.count('class="bar event-paused"') == 1
+        assert 'class="bar event-completed"' in drawing and "(3 events)" in second
+        read.clear()
+        long = (await http.get("/workflow", params={"id": "long"})).text
+        assert sum(read) == 4 and max(read) <= 2, read  # of 12 events
+        assert kinds(long) == ["paused", "resumed"]
+        assert svg(long).count('class="bar event-paused"') == 2

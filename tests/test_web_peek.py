@@ -184,15 +184,22 @@ async def sealed(url: str, edit: str = "") -> None:
                 wf.state.set("k00150", edit)
 
 
-async def test_an_encrypted_large_state_is_read_whole_or_locked(new_store: NewStore) -> None:
-    """A sealed tree is not looked into: without keys the page says locked (not corrupted),
-    with them it reads it whole and shows it."""
+async def test_an_encrypted_large_state_is_read_in_part_or_locked(
+    new_store: NewStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without keys the page says locked (not corrupted); with them it reads a page of the
+    sealed tree, each blob unsealed under its name, and shows what the whole read shows."""
     url = new_store("sqlite")
     await sealed(url)
     async with client(url) as http:
         locked = (await http.get("/step", params={"id": "big", "step": "0"})).text
     assert 'class="problem locked"' in locked and "corrupted" not in locked
+    sizes = fetched(monkeypatch)
     async with client(url, WEB_KEYS) as http:
-        opened = (await http.get("/step", params={"id": "big", "step": "0"})).text
-    shown = keys_shown(opened)
-    assert "k00199" in shown and "k00299" not in shown and "300 items" in opened
+        params = {"id": "big", "step": "0"}
+        opened = (await http.get("/step", params=params)).text
+        read = sum(sizes)
+        shown = keys_shown(opened)
+        assert "k00199" in shown and "k00299" not in shown and "200+ items" in opened
+        assert 0 < read < 260_000, read  # of ~300 KB sealed: the chunks of 200 keys
+        assert same(opened, await whole(http, params, monkeypatch))

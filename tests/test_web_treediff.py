@@ -166,15 +166,20 @@ async def test_records_it_cannot_walk_are_diffed_whole(new_store: NewStore) -> N
         assert ">a<" in page or "a</" in page
 
 
-async def test_sealed_trees_are_diffed_whole_or_locked(new_store: NewStore) -> None:
-    """A sealed tree is not walked: diff_trees says so (None); without keys the diff page
-    says locked, with them it reads both states whole and shows the change."""
+async def test_sealed_trees_are_walked_with_their_keys_or_locked(new_store: NewStore) -> None:
+    """A record still sealed is not walked by diff_trees (None); the manager walks it once
+    unsealed (tests/test_partial_reads.py); without keys the diff page says locked, with
+    them it shows the change."""
     url = new_store("sqlite")
     await sealed(url, "sealed edit")
     async with CheckpointManager(open_storage(url), encryption=WEB_KEYS) as manager:
         walked, whole = await both_ways(manager, 0, 1)
         assert walked is None
         assert [c.path for c in whole] == ["k00150"]
+        records = [await manager.storage.load("big", s) for s in (0, 1)]
+        assert records[0] is not None and records[1] is not None
+        changes = await manager.diff_records("big", records[0], records[1], atomic=tree.is_typed)
+        assert changes is not None and [c async for c in changes] == whole
     async with client(url) as http:
         locked = (await http.get("/diff", params={"id": "big", "step": "1"})).text
     assert 'class="problem locked"' in locked and "sealed edit" not in locked

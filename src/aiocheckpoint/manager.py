@@ -55,6 +55,7 @@ from .models import (
     make_fields,
     utcnow,
 )
+from .partial_reads import PartialReadMethods
 from .retention import RetentionPolicy, policy_from
 from .state import SharedState
 from .storage.base import (
@@ -99,7 +100,9 @@ _PAGE = 100
 _RETRIES = 8
 
 
-class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMethods):
+class CheckpointManager(
+    WorkflowRecordMethods, EffectJournalMethods, RetentionMethods, PartialReadMethods
+):
     """Creates, reads and prunes checkpoints in a storage backend.
 
     The manager owns everything a backend should not have to get right on its own: input
@@ -194,6 +197,7 @@ class CheckpointManager(WorkflowRecordMethods, EffectJournalMethods, RetentionMe
         self._owned_infos: dict[str, StepInfo] = {}
         self._journal = EffectJournal(self._storage, self._codec, self._records, self._check_open)
         self._sweeper = Sweeper(self._storage, self._codec, policy, self._check_open)
+        self._partial = self._codec  # the partial reads' (partial_reads.py)
         self._closed = False
         #: Workflows an active ResumableWorkflow block (or a fork) drives: one at a time.
         self._drivers: set[str] = set()

@@ -37,6 +37,7 @@ from .fields import FieldSealer, is_sealed_text, locked_view, sealed_text_key
 from .jsonwrite import int_to_decimal, with_long_ints
 from .pacing import Pacer
 from .pipeline import RecordCodec
+from .reading import TreeSource
 from .registry import TaggedValue, TypeRegistry
 from .sealing import (
     ENVELOPE_MAGIC,
@@ -75,6 +76,7 @@ __all__ = [
     "RecordFacts",
     "Sealer",
     "TaggedValue",
+    "TreeSource",
     "TypeRegistry",
     "TypedValues",
     "ValueStage",

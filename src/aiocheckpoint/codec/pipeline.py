@@ -54,7 +54,7 @@ from .copy import json_copy
 from .effects import EffectRecord, decode_effect, encode_effect
 from .lent import lent_snapshot
 from .pacing import READY_PACE_SECONDS, Pacer
-from .reading import RecordReader, needs_keys
+from .reading import RecordReader, TreeSource, needs_keys
 from .sealing import ENVELOPE_MAGIC, Sealer
 from .sizes import exceeds
 from .sliced import Job
@@ -699,6 +699,12 @@ class RecordCodec:
     ) -> Awaitable[Checkpoint | None]:
         """:meth:`decode`; None if the record was deleted while it was read."""
         return self._reader.decode_live(workflow_id, stored, view)
+
+    def tree_source(
+        self, workflow_id: str, stored: StoredCheckpoint
+    ) -> Awaitable[TreeSource | None]:
+        """What a partial read of the record's tree walks (:meth:`RecordReader.tree_source`)."""
+        return self._reader.tree_source(workflow_id, stored)
 
 
 async def _encode_tree(

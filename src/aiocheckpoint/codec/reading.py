@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Final
 
 import anyio.from_thread
@@ -31,13 +32,28 @@ from .stages import ValueStage, View
 from .tree.v2 import decode_tagged
 from .v1 import decode_checkpoint
 
-__all__ = ["RecordReader", "needs_keys"]
+__all__ = ["RecordReader", "TreeSource", "needs_keys"]
 
 #: Version-1 records up to this size are decoded on the event loop (~0.5 ms), larger ones
 #: in a worker thread.
 _DECODE_ON_LOOP: Final = 256 * 1024
 #: The text hint for values read from texts that hold no tag (see ValueStage.restore).
 _UNTAGGED: Final = b""
+
+
+@dataclass(frozen=True)
+class TreeSource:
+    """What a partial read of one record's tree needs (:func:`~.tree.peek.peek_state`).
+
+    ``record`` is the plain version-2 record (unsealed, if it was sealed); ``fetch`` gives
+    the blobs it names, each unsealed under its name when ``authenticated`` (an encrypted
+    tree: no hash to check), as stored otherwise; ``max_bytes`` bounds one read.
+    """
+
+    record: bytes
+    fetch: Callable[[Collection[bytes]], Awaitable[Mapping[bytes, bytes]]]
+    authenticated: bool
+    max_bytes: int
 
 
 class RecordReader:
@@ -141,6 +157,35 @@ class RecordReader:
                 if current.data != data:  # replaced meanwhile: read the new record
                     return await self.decode(workflow_id, current, view)
             raise
+
+    async def tree_source(self, workflow_id: str, stored: StoredCheckpoint) -> TreeSource | None:
+        """The plain record and blob fetch a partial read of ``stored`` walks, or None.
+
+        None: the store keeps no blobs, or the record is sealed and this codec has no keys
+        (the whole read names it). A sealed record is unsealed first (its errors raised, as
+        the whole read raises them: a plaintext one refused unless ``allow_plaintext``);
+        its blobs are then fetched and unsealed as the whole read does
+        (:meth:`_fetch_sealed`), each authenticated under its keyed name and bound to the
+        names it references, so the walk reads nothing the whole read would not accept.
+        """
+        storage = self._storage
+        if not isinstance(storage, BlobCheckpointStorage):
+            return None
+        data = stored.data
+        sealed_tree = is_sealed_tree_record(data)
+        if self.sealer is None and is_sealed_record(data):
+            return None
+        if self.sealer is not None:
+            data = await self._unsealed(workflow_id, stored)
+        if not sealed_tree:
+            return TreeSource(data, storage.fetch_blobs, False, self.max_bytes)
+        digest = data[HEADER_SIZE + 4] if len(data) > HEADER_SIZE + 4 else 16
+        where = (workflow_id, stored.step)
+
+        async def fetch(hashes: Collection[bytes]) -> Mapping[bytes, bytes]:
+            return await self._fetch_sealed(hashes, digest, where)
+
+        return TreeSource(data, fetch, True, self.max_bytes)
 
     def _hopping_fetch(self, data: bytes, sealed: bool, where: tuple[str, int]) -> BlobFetch:
         """A fetch for a worker thread that asks the event loop for each tree level."""

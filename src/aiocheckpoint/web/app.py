@@ -285,6 +285,7 @@ class _Pages:
             "timeline": charts.timeline(spans),
             "history": events,
             "events_page": history.EVENTS,
+            "timeline_events": history.TIMELINE_EVENTS,
         }
         return self.render("workflow.html", context, request=request)
 

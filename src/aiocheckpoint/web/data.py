@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from .._validation import check_workflow_id
-from ..codec import EffectRecord, peek_state
+from ..codec import EffectRecord
 from ..errors import (
     CheckpointCorruptedError,
     CheckpointError,
@@ -25,11 +25,10 @@ from ..errors import (
     InvalidArgumentError,
     UnknownKeyError,
 )
-from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..leases import WorkflowRecord, WorkflowStatus
 from ..manager import CheckpointManager
 from ..models import Checkpoint
-from ..storage.base import BlobCheckpointStorage, InDoubtPagingStorage, StoredCheckpoint
+from ..storage.base import InDoubtPagingStorage, StoredCheckpoint
 from ..storage.queries import encode_cursor
 from ..urls import redacted
 from . import tree
@@ -274,8 +273,9 @@ async def load_step(
 
     The checkpoint is in its stored view; the value is the one at ``path``. A large state
     of an incremental store is looked into, not read whole
-    (:func:`~aiocheckpoint.codec.peek_state`): the nodes on the way to ``path`` and the
-    chunks of one page of its entries (a :class:`~aiocheckpoint.codec.Cut` when the value
+    (:meth:`~aiocheckpoint.CheckpointManager.peek_record`, encrypted ones with the
+    inspector's keys): the nodes on the way to ``path`` and the chunks of one page of its
+    entries (a :class:`~aiocheckpoint.codec.Cut` when the value
     is a large container). The checkpoint returned then has an empty state. Other records
     are decoded whole.
     """
@@ -317,26 +317,7 @@ async def _peek(
     path: list[str | int],
     offset: int,
 ) -> tuple[Checkpoint, Any] | None:
-    """The look into a plain tree record (None: decode it whole).
-
-    An encrypting manager reads through its codec, which refuses what its policy refuses
-    (a plaintext record among sealed ones).
-    """
-    storage = manager.storage
-    if manager.encrypted or not isinstance(storage, BlobCheckpointStorage):
-        return None
-    limit = getattr(storage, "max_record_bytes", None)
-    try:
-        return await peek_state(
-            stored.data,
-            storage.fetch_blobs,
-            path,
-            offset,
-            tree.CHILDREN,
-            workflow_id=workflow_id,
-            step=stored.step,
-            max_bytes=limit if type(limit) is int else DEFAULT_MAX_RECORD_BYTES,
-            expand=EXPAND,
-        )
-    except KeyError as exc:
-        raise InvalidArgumentError(f"no {exc.args[0]!r} in this state") from None
+    """The look into a tree record (None: decode it whole); encrypted, with the keys."""
+    return await manager.peek_record(
+        workflow_id, stored, path, offset, tree.CHILDREN, expand=EXPAND
+    )

@@ -6,11 +6,12 @@ at most :data:`CHANGES` of them, each value cut to a one-line preview
 (:func:`~aiocheckpoint.web.tree.describe`), so the page stays bounded whatever the states
 hold; "More changes" continues from the next one.
 
-Two plain tree records (an incremental store's, not encrypted) are diffed by walking both
-trees at once (:func:`~aiocheckpoint.codec.diff_trees`): subtrees and chunks both hold are
-skipped unread, so an edit deep in a large state reads the nodes on the way to it and the
-chunks that differ, and the walk stops after the page's changes. Other records (version 1,
-a state kept inline, sealed trees, a manager that decrypts) are read whole.
+Two tree records (an incremental store's; encrypted ones with the inspector's keys) are
+diffed by walking both trees at once (:meth:`~aiocheckpoint.CheckpointManager.diff_records`,
+which ``aiocheckpoint diff`` calls too): subtrees and chunks both hold are skipped unread,
+so an edit deep in a large state reads the nodes on the way to it and the chunks that
+differ, and the walk stops after the page's changes. Other records (version 1, a state
+kept inline, sealed trees without their keys) are read whole.
 """
 
 from __future__ import annotations
@@ -21,12 +22,9 @@ from itertools import islice
 from typing import Final
 
 from .._validation import check_workflow_id
-from ..codec import diff_trees
 from ..errors import CheckpointError
-from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.statediff import Change, iter_changes
 from ..manager import CheckpointManager
-from ..storage.base import BlobCheckpointStorage
 from . import tree
 from .data import EXPAND, problem_of
 
@@ -110,26 +108,17 @@ async def _tree_page(
 ) -> list[Change] | None:
     """The page's changes (and one more) from a walk of both trees; None: read them whole.
 
-    A manager that decrypts reads through its codec (which refuses what its policy
-    refuses), and any error is left to the whole read to name, step by step.
+    Any error is left to the whole read to name, step by step.
     """
-    storage = manager.storage
-    if manager.encrypted or not isinstance(storage, BlobCheckpointStorage):
-        return None
-    limit = getattr(storage, "max_record_bytes", None)
     try:
-        new = await storage.load(workflow_id, step)
-        old = None if against is None else await storage.load(workflow_id, against)
+        new = await manager.storage.load(workflow_id, step)
+        old = None if against is None else await manager.storage.load(workflow_id, against)
         if new is None or (against is not None and old is None):
             return None
-        changes = diff_trees(
-            None if old is None else old.data,
-            new.data,
-            storage.fetch_blobs,
-            workflow_id=workflow_id,
-            old_step=against,
-            step=step,
-            max_bytes=limit if type(limit) is int else DEFAULT_MAX_RECORD_BYTES,
+        changes = await manager.diff_records(
+            workflow_id,
+            old,
+            new,
             atomic=tree.is_typed,
             expand=EXPAND,
             count=tree.PREVIEW,  # entries enough to fill a preview

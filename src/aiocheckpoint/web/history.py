@@ -1,11 +1,16 @@
 """A workflow's event history on its page: a table of events and their spans on the timeline.
 
-One request reads at most :data:`EVENTS` events, oldest first, from ``get_events``' cursor
-(the page links to the next ones), so a workflow with a long history costs one page of it.
-Each event becomes a row (its time, step, attempt and details: an error's type and
-message, a pause's reason and data, a resume's input...) and a span on the timeline: a
-failed attempt or a lease taken over is an instant in the lane of its kind, a pause runs
-to the resume (or cancel) that ends it, a sleep to its wake-up time.
+The table shows :data:`EVENTS` events, oldest first, from ``get_events``' cursor (the page
+links to the next ones). The timeline follows the table's paging and draws further: the
+events from the same cursor on, up to :data:`TIMELINE_EVENTS` of them (the table's page and
+the pages after it, read a page at a time), so a workflow of up to that many events is
+drawn whole from its first page, and a longer one a window at a time as its pages are
+turned. A request thus reads at most :data:`TIMELINE_EVENTS` events and keeps each as a
+row whose details are cut to :data:`DETAIL` characters. Each event becomes a row (its
+time, step, attempt and details: an error's type and message, a pause's reason and data,
+a resume's input...) and a span on the timeline: a failed attempt or a lease taken over
+is an instant in the lane of its kind, a pause runs to the resume (or cancel) that ends
+it, a sleep to its wake-up time.
 
 Every text is the store's, so attacker-controlled: the template escapes it. A sealed text
 of an encrypted store read without its key stays sealed and is shown locked; a page that
@@ -24,16 +29,21 @@ from urllib.parse import urlencode
 from ..codec import is_sealed_text, locked_view
 from ..errors import CheckpointError, InvalidArgumentError
 from ..history import WorkflowEvent, get_events, keeps_events
+from ..leases import Page
 from ..manager import CheckpointManager
 from .charts import Span
 from .data import problem_of
 
-__all__ = ["EVENTS", "EventRow", "History", "event_spans", "read_history"]
+__all__ = ["EVENTS", "TIMELINE_EVENTS", "EventRow", "History", "event_spans", "read_history"]
 
-#: Events one request reads at most.
+#: Events the table shows per page.
 EVENTS: Final = 200
+#: Events one request reads (and the timeline draws) at most, from the table's cursor on.
+TIMELINE_EVENTS: Final = 2000
 #: Characters of one detail shown at most.
 DETAIL: Final = 500
+#: Characters of one event's tooltip on the timeline at most.
+TITLE: Final = 600
 #: The details each kind shows, in order (other fields follow; unknown kinds show all).
 _FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "step_failed": ("type", "message"),
@@ -102,28 +112,58 @@ class History:
     #: why the sealed texts are shown locked though the inspector has keys, or why the
     #: history could not be read at all
     problem: str | None = None
+    #: the rows the timeline draws: these and the ones after, :data:`TIMELINE_EVENTS` at most
+    drawn: list[EventRow] = field(default_factory=list)
+    #: whether events follow the last one drawn (the timeline stops before the history's end)
+    drawn_more: bool = False
 
 
 async def read_history(manager: CheckpointManager, workflow_id: str, cursor: str | None) -> History:
-    """At most :data:`EVENTS` of the workflow's events after ``cursor``, oldest first."""
+    """A page of the workflow's events after ``cursor``, oldest first, and those drawn.
+
+    The table's page is :data:`EVENTS` events; the timeline's rows go on from it, a page
+    at a time, to :data:`TIMELINE_EVENTS` events at most.
+    """
     history = History(cursor=cursor)
     if not keeps_events(manager.storage):
         history.unsupported = True
         return history
+    page = await _page(manager, workflow_id, cursor, EVENTS, history)
+    if page is None:
+        return history
+    history.rows = [_row(event) for event in page]
+    history.next_cursor = page.next_cursor
+    history.drawn = list(history.rows)
+    following = page.next_cursor
+    while following is not None and len(history.drawn) < TIMELINE_EVENTS:
+        limit = min(EVENTS, TIMELINE_EVENTS - len(history.drawn))
+        more = await _page(manager, workflow_id, following, limit, history)
+        if more is None:
+            break
+        history.drawn += [_row(event) for event in more]
+        following = more.next_cursor
+    history.drawn_more = following is not None
+    return history
+
+
+async def _page(
+    manager: CheckpointManager, workflow_id: str, cursor: str | None, limit: int, into: History
+) -> Page[WorkflowEvent] | None:
+    """``limit`` events after ``cursor``; sealed texts left sealed if they cannot be opened.
+
+    Why not is kept in ``into.problem``; None: not even that could be read.
+    """
     try:
-        page = await manager.get_events(workflow_id, limit=EVENTS, cursor=cursor)
+        return await manager.get_events(workflow_id, limit=limit, cursor=cursor)
     except InvalidArgumentError:
         raise  # a bad cursor: the request's fault
     except CheckpointError as exc:
-        history.problem = problem_of(exc)
+        into.problem = problem_of(exc)
         try:  # the same page, its sealed texts left sealed: shown locked
-            page = await get_events(manager.storage, workflow_id, EVENTS, cursor)
+            return await get_events(manager.storage, workflow_id, limit, cursor)
         except CheckpointError as again:
-            history.problem = problem_of(again)
-            return history
-    history.rows = [_row(event) for event in page]
-    history.next_cursor = page.next_cursor
-    return history
+            into.problem = problem_of(again)
+            return None
 
 
 def _row(event: WorkflowEvent) -> EventRow:
@@ -147,14 +187,14 @@ def _detail(name: str, value: Any) -> Detail:
 
 
 def event_spans(workflow_id: str, history: History, end: datetime | None) -> list[Span]:
-    """The timeline's spans of the events on the page.
+    """The timeline's spans of the events drawn (``history.drawn``).
 
     ``end`` is as far as the page knows the workflow (its record's last update): an open
     pause or a sleep is drawn to it at most, so a far wake-up time cannot squash the rest.
     """
     spans: list[Span] = []
     paused: EventRow | None = None
-    for row in history.rows:
+    for row in history.drawn:
         if row.kind == "paused":
             paused = row
             continue
@@ -188,9 +228,10 @@ def _title(row: EventRow) -> str:
     attempt = f" (attempt {row.attempt})" if row.attempt is not None else ""
     step = f" at step {row.step}" if row.step is not None else ""
     details = ", ".join(f"{d.name}: {d.text[:200]}" for d in row.details)
-    return f"{row.kind}{attempt}{step}, {row.time.isoformat()}" + (
+    title = f"{row.kind}{attempt}{step}, {row.time.isoformat()}" + (
         f": {details}" if details else ""
     )
+    return title if len(title) <= TITLE else title[: TITLE - 1] + "…"
 
 
 def _href(workflow_id: str, row: EventRow) -> str | None:

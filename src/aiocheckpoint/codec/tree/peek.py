@@ -4,15 +4,18 @@
 one value (a path of keys and indexes) and, when that value is a large container, the
 chunks that hold the entries asked for: an inspector's page of a 50 MB state reads a few
 of its blobs, not the 50 MB. Each node fetched is checked against its hash (the record's
-text checksum covers the whole text, which a partial read never rebuilds), so what it shows
-is what was written. A value stored in a node of its own that the look did not need is an
+text checksum covers the whole text, which a partial read never rebuilds), or, in an
+encrypted tree, authenticated as it is unsealed under its keyed name, so what it shows is
+what was written. A value stored in a node of its own that the look did not need is an
 :class:`Apart` (its path opens it); a large container is a :class:`Cut`, the entries from
 the offset asked for and whether more follow (its length is unknown without reading it).
 
 Finding a key in a large dict reads its chunks in order until the key, one at a time:
 time grows with the key's place, memory does not. Records it cannot look into partially
-(version 1, a state kept inline, sealed trees, tagged containers stored apart) return
-None: the caller decodes them whole, as before.
+(version 1, a state kept inline, a record still sealed, tagged containers stored apart) return
+None: the caller decodes them whole, as before. An encrypted tree is looked into through
+its unsealed record and a fetch that unseals each blob
+(:meth:`~aiocheckpoint.codec.RecordCodec.tree_source`).
 """
 
 from __future__ import annotations
@@ -80,10 +83,15 @@ def _corrupt(reason: str) -> CheckpointCorruptedError:
 class Walker:
     """Fetches and checks one node at a time (or a batch of siblings), within a budget."""
 
-    def __init__(self, fetch: AsyncFetch, digest: int, max_bytes: int) -> None:
+    def __init__(
+        self, fetch: AsyncFetch, digest: int, max_bytes: int, authenticated: bool = False
+    ) -> None:
         self._fetch = fetch
-        #: The size of node names (hash prefixes) in bytes.
+        #: The size of node names (hash prefixes, or keyed names) in bytes.
         self.digest = digest
+        #: Nodes come authenticated under their names (an encrypted tree's, unsealed by
+        #: ``fetch``): no hash to check.
+        self.authenticated = authenticated
         self.unwrap = Unwrapper(max_bytes)
         #: Bytes fetched so far.
         self.fetched = 0
@@ -98,7 +106,7 @@ class Walker:
             if stored is None:
                 raise _corrupt(f"missing blob {name.hex()}")
             node = self.unwrap(stored)
-            if hashlib.sha256(node).digest()[: self.digest] != name:
+            if not self.authenticated and hashlib.sha256(node).digest()[: self.digest] != name:
                 raise _corrupt(f"blob {name.hex()} does not match its hash")
             out.append(node)
         return out
@@ -194,6 +202,7 @@ async def peek_state(
     step: int,
     max_bytes: int,
     expand: int = 4 << 20,
+    authenticated: bool = False,
 ) -> tuple[Checkpoint, Any] | None:
     """The checkpoint's fields (its state left empty) and the value at ``path``.
 
@@ -204,13 +213,15 @@ async def peek_state(
     :class:`Apart`. Every blob counts against ``max_bytes`` as the whole read's do, so a
     tree that references one sub-tree many times is refused at the same limit. A ``path``
     that leads nowhere raises ``KeyError``. None: this record cannot be looked into
-    partially (module docstring).
+    partially (module docstring). ``authenticated``: ``record`` is the plain record of an
+    encrypted tree and ``fetch`` gives each blob unsealed under its name (or raises), so
+    no hash is checked (:meth:`~aiocheckpoint.codec.RecordCodec.tree_source`).
     """
     tree = open_tree(record, workflow_id, step)
     if tree is None:
         return None
     checkpoint, digest, root = tree
-    walker = Walker(fetch, digest, max_bytes)
+    walker = Walker(fetch, digest, max_bytes, authenticated)
     try:
         top = walker.unwrap(root)  # covered by the record's checksum
         value = await _at(walker, walker.value(top) if top[:1] == b"V" else top, path)

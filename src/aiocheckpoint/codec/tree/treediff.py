@@ -5,8 +5,11 @@ yields for the two states, in the same order, walking both trees from their root
 stored apart under the same hash in both is the same value and is skipped unread; a large
 dict's chunks held by both (the same hash, at any place) hold the same keys with the same
 values and are skipped unread too, so an edit deep in a 50 MB state reads the nodes on the
-way to it and the chunks that differ. Each node fetched is checked against its hash (the
-node reading is :mod:`~aiocheckpoint.codec.tree.peek`'s).
+way to it and the chunks that differ. Each node fetched is checked against its hash, or
+authenticated as it is unsealed in an encrypted tree (the node reading is
+:mod:`~aiocheckpoint.codec.tree.peek`'s). Names are keyed there: equal content under one
+name key has one name, so what both trees hold is skipped as it is in a plain tree (two
+records named under different keys share no name: their trees are read where they meet).
 
 Costs: a dict's differing chunks are read whole (memory grows with what changed, not with
 the state); two large lists are walked in step, a batch of chunks at a time, each run of
@@ -16,7 +19,7 @@ both hold are read too), their equal elements stored apart skipped unread; a val
 compared whole (a typed value, or a changed one shown in a change) is read whole, or, with
 ``expand``, up to that many bytes (:func:`~aiocheckpoint.codec.tree.peek.peek_state`'s
 :class:`Apart` and :class:`Cut` for the rest). Records it cannot walk (version 1, a state
-kept inline, sealed or otherwise flagged trees, two digest sizes) give None: the caller
+kept inline, a record still sealed or otherwise flagged, two digest sizes) give None: the caller
 reads both states whole, as before.
 """
 
@@ -49,6 +52,7 @@ def diff_trees(
     expand: int | None = None,
     count: int = 300,
     offset: int = 0,
+    authenticated: bool = False,
 ) -> AsyncIterator[Change] | None:
     """The changes from record ``old`` (None: an empty state) to record ``new``.
 
@@ -58,7 +62,8 @@ def diff_trees(
     against ``max_bytes`` per record, as the whole reads' do. The first ``offset`` changes
     are skipped, their values unread. None: the records cannot be walked (module
     docstring); the caller diffs the whole states. Damage raises
-    :class:`~aiocheckpoint.errors.CheckpointCorruptedError`.
+    :class:`~aiocheckpoint.errors.CheckpointCorruptedError`. ``authenticated`` is
+    :func:`~aiocheckpoint.codec.tree.peek.peek_state`'s (both records opened by one codec).
     """
     opened_new = open_tree(new, workflow_id, step)
     if opened_new is None:
@@ -70,7 +75,7 @@ def diff_trees(
         if opened_old is None or opened_old[1] != digest:
             return None
         old_root = opened_old[2]
-    walker = Walker(fetch, digest, max_bytes * 2)
+    walker = Walker(fetch, digest, max_bytes * 2, authenticated)
     differ = _Differ(walker, atomic or (lambda value: False), expand, count)
     return differ.run(old_root, new_root, offset)
 
