@@ -144,7 +144,7 @@ async def on_connection(
     interrupted by it is terminated (its statement's fate is unknown to the protocol).
     Without it, the acquire alone gets ``wait`` seconds: a connection the pool's other
     users hold must not make the call wait for ever. Either way an acquire that timed out
-    raises :class:`NoConnection` (``op`` timing out raises :class:`asyncio.TimeoutError`).
+    raises :class:`NoConnection` (``op`` timing out raises ``asyncio.TimeoutError``).
     """
     deadline = None if within is None else anyio.current_time() + within
     acquired = False
