@@ -25,7 +25,7 @@ from ..._telemetry import record_commit
 from ...errors import StorageClosedError
 from .rejoin import Rejoin
 from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
-from .writer import Op, Outcome, RecordOp, Writer, slice_of
+from .writer import Op, Outcome, RecordOp, Writer, is_background, slice_of
 
 T = TypeVar("T")
 Item = TypeVar("Item")
@@ -231,7 +231,7 @@ class GroupCommit:
             if item.future.done():  # its caller was cancelled while it was queued
                 self._pending.popleft()
                 continue
-            if batch and (size + item.size > _MAX_BATCH_BYTES or _background(item.op)):
+            if batch and (size + item.size > _MAX_BATCH_BYTES or is_background(item.op)):
                 break
             self._pending.popleft()
             batch.append(item)
@@ -321,10 +321,6 @@ class GroupCommit:
         if self._checkpointing is not None:
             with contextlib.suppress(Exception):  # it logs its own failures
                 await asyncio.shield(self._checkpointing)
-
-
-def _background(op: Op) -> bool:
-    return isinstance(op, RecordOp) and op.background
 
 
 def _failure(future: asyncio.Future[Any]) -> BaseException | None:

@@ -288,7 +288,7 @@ class Writer:
             self.catch_up = False
             self._checkpoint(conn, "PASSIVE")
         try:
-            self._synchronous(conn, lazy=all(_background(op) for op in ops))
+            self._synchronous(conn, lazy=all(is_background(op) for op in ops))
             self._begin(conn)
         except sqlite3.Error as exc:
             # One exception object per caller: a shared one would collect their tracebacks.
@@ -457,7 +457,8 @@ def delete_untouched(
     return int(size)
 
 
-def _background(op: Op) -> bool:
+def is_background(op: Op) -> bool:
+    """Whether ``op`` is a slice of a background write (:attr:`RecordOp.background`)."""
     return isinstance(op, RecordOp) and op.background
 
 
