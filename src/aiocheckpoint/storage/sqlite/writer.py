@@ -39,7 +39,7 @@ from .connections import (
     secure_files,
 )
 from .schema import MIGRATIONS, Migration, migrate
-from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, _UPSERT
+from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, upsert_sql
 from .vacuum import compact, incremental_if_new, page_size, vacuum_step
 from .walcheckpoint import wal_checkpoint
 
@@ -405,7 +405,7 @@ class Writer:
         ]
         ok = [o for o, outcome in zip(run, outcomes, strict=True) if outcome is None]
         records.note_saves(conn, time.time(), [(o.workflow_id, o.step, o.step_info) for o in ok])
-        conn.executemany(_UPSERT, [(o.workflow_id, o.step, o.data) for o in ok])
+        _upsert(conn, ok)
         keep_last = run[0].keep_last
         if keep_last is not None:
             workflows = dict.fromkeys(o.workflow_id for o in ok)
@@ -437,6 +437,22 @@ class Writer:
             gone = conn.execute(records.DELETE_RECORD, (wf,)).rowcount > 0
             return conn.execute(_DELETE_WORKFLOW, (wf,)).rowcount > 0 or gone
         return conn.execute(_DELETE_STEP, (wf, op.step)).rowcount > 0
+
+
+def _upsert(conn: sqlite3.Connection, saves: Sequence[SaveOp]) -> None:
+    """Write the rows of ``saves``: one statement per 64 (:func:`.sql.upsert_sql`).
+
+    Padded by repeating the last row (written twice: the same outcome), so that few distinct
+    statements stay in the connection's statement cache (:func:`.records.padded_rows`).
+    """
+    for start in range(0, len(saves), records.ROWS_PER_STATEMENT):
+        chunk = saves[start : start + records.ROWS_PER_STATEMENT]
+        rows = records.padded_rows(len(chunk))
+        params: list[object] = []
+        for save in chunk:
+            params += save[:3]  # workflow_id, step, data
+        params += params[-3:] * (rows - len(chunk))
+        conn.execute(upsert_sql(rows), params)
 
 
 def delete_untouched(
