@@ -396,14 +396,14 @@ def test_a_batch_statement_pads_to_a_multiple_of_8_past_8_rows() -> None:
     """Padding rows cost as much as real ones: past 8 rows a chunk is padded to the next
     multiple of 8 (a batch of 100 saves ran 128 rows with powers of two, now 104), and the
     distinct statements stay few enough for the connection's statement cache."""
-    sizes = [sqlrecords.padded_rows(count) for count in range(1, 65)]
+    sizes = [sqlrecords.padded_rows(count) for count in range(1, sqlrecords.ROWS_PER_STATEMENT + 1)]
     assert sizes[:8] == [1, 2, 4, 4, 8, 8, 8, 8]
     assert all(count <= rows <= count + 7 for count, rows in enumerate(sizes, 1))
     assert sqlrecords.padded_rows(36) == 40
-    assert len(set(sizes)) == 11
+    assert len(set(sizes)) == 19
 
 
-@pytest.mark.parametrize("count", [9, 13, 36, 63, 64, 65, 100])
+@pytest.mark.parametrize("count", [9, 13, 36, 63, 64, 65, 100, 128, 129, 300])
 async def test_padded_statements_write_exactly_the_records_saved(
     store: SQLiteCheckpointStorage, db: Path, count: int
 ) -> None:
@@ -429,8 +429,8 @@ async def test_padded_statements_write_exactly_the_records_saved(
     assert sorted(rows) == sorted(expected)
 
 
-@pytest.mark.parametrize("count", [1, 3, 9, 64, 65, 130])
-async def test_one_statement_per_64_rows_writes_each_row_and_a_repeated_step_once(
+@pytest.mark.parametrize("count", [1, 3, 9, 64, 65, 128, 129, 300])
+async def test_one_statement_per_128_rows_writes_each_row_and_a_repeated_step_once(
     store: SQLiteCheckpointStorage, count: int
 ) -> None:
     """A batch's rows go in multi-row statements, padded by repeating the last row: every
