@@ -191,9 +191,9 @@ def padded_rows(count: int) -> int:
     """The rows of the statement that takes ``count`` (1 to 128): few distinct statements.
 
     A power of two up to 8, then a multiple of 8: at most 19 statements of each kind stay
-    in the connection's statement cache (128 by default), and a padding row (a repeated one, the same
-    outcome) costs as much as a real one, so less padding than powers of two (100 saves
-    took 128 rows, now 104).
+    in the connection's statement cache (128 by default), and a padding row (a repeated
+    one, the same outcome) costs as much as a real one, so less padding than powers of two
+    (100 saves took 128 rows, now 104).
     """
     if count <= 8:
         return 1 << (count - 1).bit_length()

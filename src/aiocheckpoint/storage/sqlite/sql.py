@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Final
 
+
 @functools.cache
 def upsert_sql(rows: int) -> str:
     """The upsert of ``rows`` checkpoint rows (``workflow_id, step, data`` each) in one statement.
