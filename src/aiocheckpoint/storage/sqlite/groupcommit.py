@@ -16,7 +16,7 @@ import contextlib
 import functools
 import sqlite3
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -24,7 +24,13 @@ from typing import Any, Final, TypeVar
 from ..._telemetry import record_commit
 from ...errors import StorageClosedError
 from .rejoin import Rejoin
-from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
+from .walcheckpoint import (
+    BACKGROUND_WAL_LIMIT_PAGES,
+    CHECKPOINT_PAGES,
+    WAL_LIMIT_PAGES,
+    Checkpointer,
+    CheckpointResult,
+)
 from .writer import Op, Outcome, RecordOp, Writer, is_background, slice_of
 
 T = TypeVar("T")
@@ -71,6 +77,8 @@ class GroupCommit:
         self._opening: asyncio.Future[None] | None = None
         self._opened = False
         self._closing = None
+        #: Background writes under way (:meth:`_background`): the WAL's bound is looser.
+        self._background_writes = 0
 
     def _submit(self, op: Op, size: int) -> asyncio.Future[Any]:
         """Queue ``op``; the future its caller awaits (not a coroutine: one frame less to keep).
@@ -198,7 +206,8 @@ class GroupCommit:
     def _checkpoint_done(self, running: asyncio.Future[CheckpointResult | None]) -> None:
         self._checkpointing = None
         result = None if running.cancelled() or running.exception() else running.result()
-        if result is not None and result.log >= WAL_LIMIT_PAGES:
+        limit = BACKGROUND_WAL_LIMIT_PAGES if self._background_writes else WAL_LIMIT_PAGES
+        if result is not None and result.log >= limit:
             # Under a steady write load the checkpoint never catches up with the WAL's end
             # and SQLite only starts the WAL over once it has: the writer copies the few
             # frames committed during this checkpoint before its next batch.
@@ -267,10 +276,24 @@ class GroupCommit:
         one fails.
         """
         done: list[R] = []
-        while len(done) < len(items):
-            op = RecordOp(what, slice_of(items, len(done), fn, self._waiting), background=True)
-            done += await self._submit(op, 0)
+        with self._background():
+            while len(done) < len(items):
+                op = RecordOp(what, slice_of(items, len(done), fn, self._waiting), background=True)
+                done += await self._submit(op, 0)
         return done
+
+    @contextlib.contextmanager
+    def _background(self) -> Iterator[None]:
+        """A background write's slices under way: the WAL's looser bound meanwhile.
+
+        The bound is checked when a background checkpoint ends: if the slices end first,
+        the next one after them catches up as usual.
+        """
+        self._background_writes += 1
+        try:
+            yield
+        finally:
+            self._background_writes -= 1
 
     def _waiting(self) -> bool:
         """Whether a write is queued: asked from the writer thread.
