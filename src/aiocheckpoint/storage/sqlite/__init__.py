@@ -134,6 +134,9 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     """
 
     db_system = "sqlite"
+    #: Its writes run in a thread that needs the GIL between each statement: a sweep's
+    #: judging on the loop rests now and then to let it have it (``retention``).
+    writes_in_threads = True
 
     def __init__(
         self,
