@@ -122,6 +122,8 @@ class Trace:
                 "max_ms": round(max(lengths, default=0), 1),
                 "p50_ms": percentile(lengths, 50),
                 "slow_saves_overlapping": hit,
+                # From the first's start to the last's end: the vacuum's share of a sweep.
+                "span_s": round(spans[-1][1] - spans[0][0], 2) if spans else 0,
             }
         return out
 
