@@ -12,6 +12,7 @@ import pytest
 from aiocheckpoint import CheckpointManager, RetentionPolicy, SQLiteCheckpointStorage
 from aiocheckpoint import retention as retention_module
 from aiocheckpoint.storage.base import Cut
+from aiocheckpoint.storage.sqlite import groupcommit as groupcommit_module
 from aiocheckpoint.storage.sqlite import writer as writer_module
 from aiocheckpoint.storage.sqlite.walcheckpoint import (
     BACKGROUND_WAL_LIMIT_PAGES,
@@ -158,10 +159,13 @@ def test_a_slice_yields_to_a_waiting_write_after_its_floor(
         conn.close()
 
 
-async def test_the_wal_bound_is_looser_while_a_background_write_runs(tmp_path: Path) -> None:
+async def test_the_wal_bound_is_looser_while_a_background_write_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A background checkpoint that leaves a WAL over WAL_LIMIT_PAGES makes the writer catch
-    up before its next batch; while a sweep's slices run, only one over
-    BACKGROUND_WAL_LIMIT_PAGES does (each catch-up made the saves queued meanwhile wait)."""
+    up before its next batch; while a sweep's slices run, and for a grace period after
+    (the sweep reads its next page), only one over BACKGROUND_WAL_LIMIT_PAGES does (each
+    catch-up made the saves queued meanwhile wait)."""
     storage = SQLiteCheckpointStorage(tmp_path / "s.db")
     await storage.save("warm", 0, b"x")
     loop = asyncio.get_running_loop()
@@ -181,6 +185,8 @@ async def test_the_wal_bound_is_looser_while_a_background_write_runs(tmp_path: P
             assert not ended(WAL_LIMIT_PAGES)
             assert ended(BACKGROUND_WAL_LIMIT_PAGES)
         assert storage._background_writes == 0
+        assert not ended(WAL_LIMIT_PAGES)  # within the grace
+        monkeypatch.setattr(groupcommit_module, "_BACKGROUND_GRACE", 0.0)
         assert ended(WAL_LIMIT_PAGES)
         assert not ended(WAL_LIMIT_PAGES - 1)
     finally:

@@ -41,6 +41,9 @@ R = TypeVar("R")
 _MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
 #: Seconds without a batch after which the writer counts as idle and the WAL is checkpointed.
 _IDLE_SECONDS: Final = 0.1
+#: Seconds after a background write's last slice during which the WAL's looser bound still
+#: holds: a sweep reads its next page meanwhile, then writes again.
+_BACKGROUND_GRACE: Final = 1.0
 
 
 @dataclass(eq=False, slots=True)
@@ -79,6 +82,7 @@ class GroupCommit:
         self._closing = None
         #: Background writes under way (:meth:`_background`): the WAL's bound is looser.
         self._background_writes = 0
+        self._background_ended = float("-inf")  # loop.time() when the last one ended
 
     def _submit(self, op: Op, size: int) -> asyncio.Future[Any]:
         """Queue ``op``; the future its caller awaits (not a coroutine: one frame less to keep).
@@ -206,7 +210,7 @@ class GroupCommit:
     def _checkpoint_done(self, running: asyncio.Future[CheckpointResult | None]) -> None:
         self._checkpointing = None
         result = None if running.cancelled() or running.exception() else running.result()
-        limit = BACKGROUND_WAL_LIMIT_PAGES if self._background_writes else WAL_LIMIT_PAGES
+        limit = BACKGROUND_WAL_LIMIT_PAGES if self._in_background() else WAL_LIMIT_PAGES
         if result is not None and result.log >= limit:
             # Under a steady write load the checkpoint never catches up with the WAL's end
             # and SQLite only starts the WAL over once it has: the writer copies the few
@@ -286,14 +290,21 @@ class GroupCommit:
     def _background(self) -> Iterator[None]:
         """A background write's slices under way: the WAL's looser bound meanwhile.
 
-        The bound is checked when a background checkpoint ends: if the slices end first,
-        the next one after them catches up as usual.
+        The bound is checked when a background checkpoint ends: the first one more than
+        :data:`_BACKGROUND_GRACE` after the slices end catches up as usual.
         """
         self._background_writes += 1
         try:
             yield
         finally:
             self._background_writes -= 1
+            self._background_ended = asyncio.get_running_loop().time()
+
+    def _in_background(self) -> bool:
+        """Whether a background write runs, or ended less than :data:`_BACKGROUND_GRACE` ago."""
+        if self._background_writes:
+            return True
+        return asyncio.get_running_loop().time() - self._background_ended < _BACKGROUND_GRACE
 
     def _waiting(self) -> bool:
         """Whether a write is queued: asked from the writer thread.
