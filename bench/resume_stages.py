@@ -12,8 +12,11 @@ the first round a warm-up), CPU time of:
 * ``decode``: ``decode_tagged`` of the record over the blobs already in memory (verifies,
   joins and parses: thread CPU), and three of its parts measured alone over the plain
   dict's leaf chunks: ``crc32`` of their text, the ``joins`` of runs of chunks and the ``parse``
-  (``orjson.loads`` per run); ``rest`` is ``resume - fetch - decode`` (the record's read,
-  the hops between threads, the value stage, the models);
+  (``orjson.loads`` per run, each run's list or dict merged into the value), of which
+  ``parse-runs`` is the parse alone (each run's value dropped: ``parse - parse-runs`` is the
+  merge); ``rest`` is ``resume - fetch - decode`` (the record's read, the hops between
+  threads, the value stage, the models); and ``json-whole``, one ``orjson.loads`` of the
+  state's whole text (the floor's parse);
 * ``lg``: ``AsyncSqliteSaver.aget_tuple`` (process CPU), its ``lg-row`` (the checkpoint
   row's ``SELECT`` on a connection with SQLite's default page cache, as aiosqlite's) and
   ``lg-loads`` (its serializer's ``loads_typed`` of that row);
@@ -117,6 +120,8 @@ class _Ours:
 
 def _parts(state: Any, leaves: list[bytes], kind: type) -> dict[str, Callable[[], Any]]:
     """The decode's parts over ``leaves``, and a msgpack leaf kind's, as calls to time."""
+    import collections
+
     import orjson
     import ormsgpack
 
@@ -127,6 +132,7 @@ def _parts(state: Any, leaves: list[bytes], kind: type) -> dict[str, Callable[[]
     runs = list(_runs(leaves))
     packed = [ormsgpack.packb(orjson.loads(memoryview(b)[skip:])) for b in leaves]
     whole = ormsgpack.packb(state)
+    text = orjson.dumps(state)
 
     def merged(parts: list[bytes], parse: Callable[[Any], Any]) -> Any:
         out = kind()
@@ -145,6 +151,8 @@ def _parts(state: Any, leaves: list[bytes], kind: type) -> dict[str, Callable[[]
         "crc32": lambda: crc(leaves, skip),
         "joins": lambda: list(_runs(leaves)),
         "parse": lambda: merged(runs, orjson.loads),
+        "parse-runs": lambda: collections.deque(map(orjson.loads, runs), maxlen=0),
+        "json-whole": lambda: orjson.loads(text),
         "mp-parse": lambda: merged(packed, ormsgpack.unpackb),
         "mp-crc32": lambda: crc(packed, 0),
         "mp-whole": lambda: ormsgpack.unpackb(whole),
@@ -207,6 +215,8 @@ async def run_state(name: str, state: dict[str, Any], rounds: int) -> None:
         "crc32",
         "joins",
         "parse",
+        "parse-runs",
+        "json-whole",
         "mp-parse",
         "mp-crc32",
         "mp-xxh3",

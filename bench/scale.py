@@ -30,7 +30,10 @@ shared: read the load average printed with each line.
 ``--calls`` one at a time of a page of 50 unfinished workflows of a common tenant (1 in 20
 pass) and of a rare org (1 in 485), ``get_resume_point`` and ``claim_workflow`` plus its
 release. Each line gives the medians over the rounds of p50 and p99 and the p99 over the
-smallest size's: the sizes share the machine's load.
+smallest size's: the sizes share the machine's load. A page is also compared with the
+smallest store that fills it (``vs_size``, ``p50_vs_first_full``, ``p99_vs_first_full``):
+at 1,000 workflows the rare org's page holds 2 matches, at 100,000 up it holds 50, so its
+growth from 1,000 measures the page's length, not the plan.
 
 ``--soak ROUNDS`` instead writes ``checkpoints`` more steps to every workflow and sweeps,
 ``ROUNDS`` times, and prints the store's bytes after each round (SQLite: with its WAL, also
@@ -354,11 +357,17 @@ async def queries(backend: str, args: argparse.Namespace, where: Path) -> None:
                 store = open_store(backend, stores[size], args.dsn, schemas[size])
                 async with CheckpointManager(store) as manager:
                     rounds[size].append(await probe(manager, size, args.calls))
-        smallest = _medians(rounds[sizes[0]])
+        medians = {size: _medians(rounds[size]) for size in sizes}
         for size in sizes:
-            figures = _medians(rounds[size])
+            figures = medians[size]
             for name, got in figures.items():
-                got["p99_vs_smallest"] = round(got["p99_ms"] / smallest[name]["p99_ms"], 2)
+                got["p99_vs_smallest"] = round(got["p99_ms"] / medians[sizes[0]][name]["p99_ms"], 2)
+                full = _first_full(name, sizes)
+                if full is not None and full <= size:
+                    got["vs_size"] = full
+                    for key in ("p50", "p99"):
+                        ref = medians[full][name][f"{key}_ms"]
+                        got[f"{key}_vs_first_full"] = round(got[f"{key}_ms"] / ref, 2)
             line = {"backend": backend, "workflows": size, "fill_s": fill_s[size], **figures}
             line["rounds"] = args.rounds
             line["load_average"] = [round(x, 1) for x in os.getloadavg()]
@@ -367,6 +376,16 @@ async def queries(backend: str, args: argparse.Namespace, where: Path) -> None:
         if backend == "postgres":
             for schema in schemas.values():
                 await drop_schema(args.dsn, schema)
+
+
+#: The ids a page of 50 spans (50 x one in how many pass): smaller stores return a shorter
+#: page, which is no measure of a plan's growth with the store.
+_SPANS: Final = {"page_of_50": 50 * 20, "page_rare": 50 * 485}
+
+
+def _first_full(name: str, sizes: list[int]) -> int | None:
+    """The smallest size whose ``name`` call returns what the larger ones do (a full page)."""
+    return next((size for size in sizes if size >= _SPANS.get(name, 0)), None)
 
 
 def _medians(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -17,8 +17,12 @@ collections (count and longest, per generation), the event loop's lateness (a 2 
 heartbeat: p99, max), and on SQLite each save split into its parts, for the slowest 1% of
 saves (medians): before it was queued (encoding, the manager's own steps), queued in the
 group commit, in the writer thread (its batch: apply and commit), and from the batch's end
-to the caller running again (the loop). The tracing costs a little itself: compare traced
-runs with traced runs.
+to the caller running again (the loop); the writer thread's part split further (waiting
+in the thread's queue behind something else, such as a vacuum step; a WAL checkpoint the
+batch ran first; its ``COMMIT``), and how many of the slowest 1% overlapped a background
+WAL checkpoint, an incremental vacuum step, a sweep's slice or a full collection. The
+phase's own counts of those (``events``: how many, longest) come with it. The tracing
+costs a little itself: compare traced runs with traced runs.
 
 The script runs whatever ``aiocheckpoint`` the interpreter imports: run it with another
 worktree's virtualenv to measure that code beside this one, alternating (the machine is
@@ -49,6 +53,8 @@ from aiocheckpoint import CheckpointManager, RetentionPolicy
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
+from aiocheckpoint.storage.sqlite.walcheckpoint import Checkpointer
+from aiocheckpoint.storage.sqlite.writer import Writer, is_background
 
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -65,6 +71,21 @@ def percentile(values: list[float], q: float) -> float:
     return round(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1], 2)
 
 
+#: Intervals (perf_counter start, end) of what the SQLite store's threads ran, by kind:
+#: "checkpointer" (a background WAL checkpoint), "reclaim" (an incremental vacuum step),
+#: "slice" (a batch of a sweep's slice), "catch_up" (a checkpoint the writer ran before a
+#: batch), "gc2" (a full collection). Filled by the hooks, read per phase.
+EVENTS: dict[str, list[tuple[float, float]]] = {}
+
+
+#: The writer thread's last ``_apply_all`` (a classmethod: no writer to keep it on).
+_APPLY: dict[str, float] = {}
+
+
+def _event(kind: str, began: float) -> None:
+    EVENTS.setdefault(kind, []).append((began, time.perf_counter()))
+
+
 class Trace:
     """What ``--trace`` collects in one phase: GC pauses, loop lateness, saves' parts."""
 
@@ -73,12 +94,38 @@ class Trace:
         self.lag: list[float] = []
         self.saves: list[dict[str, float]] = []
         self._gc_began = 0.0
+        self.began = self.ended = 0.0
 
     def on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._gc_began = time.perf_counter()
         else:
             self.gc[info["generation"]].append((time.perf_counter() - self._gc_began) * 1000)
+            if info["generation"] == 2:
+                _event("gc2", self._gc_began)
+
+    def events(self) -> dict[str, list[tuple[float, float]]]:
+        """This phase's intervals of each kind."""
+        return {
+            kind: [(a, b) for a, b in spans if self.began <= a <= self.ended]
+            for kind, spans in EVENTS.items()
+        }
+
+    def overlaps(self, slow: list[dict[str, float]]) -> dict[str, Any]:
+        """How many of ``slow`` overlapped each kind of event, and the events' own figures."""
+        out: dict[str, Any] = {}
+        for kind, spans in sorted(self.events().items()):
+            hit = sum(1 for s in slow if any(a < s["end"] and b > s["begin"] for a, b in spans))
+            lengths = [(b - a) * 1000 for a, b in spans]
+            out[kind] = {
+                "n": len(spans),
+                "max_ms": round(max(lengths, default=0), 1),
+                "p50_ms": percentile(lengths, 50),
+                "slow_saves_overlapping": hit,
+                # From the first's start to the last's end: the vacuum's share of a sweep.
+                "span_s": round(spans[-1][1] - spans[0][0], 2) if spans else 0,
+            }
+        return out
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -92,15 +139,33 @@ class Trace:
             parts.sort(key=lambda s: s["end"] - s["begin"])
             slow = parts[-max(1, len(parts) // 100) :]
             out["slowest_1pct_ms"] = {
-                name: round(statistics.median((s[b] - s[a]) * 1000 for s in slow), 2)
+                # A part the save's batch did not have (no checkpoint first) counts as 0.
+                name: round(statistics.median((s.get(b, 0) - s.get(a, 0)) * 1000 for s in slow), 2)
                 for name, a, b in (
                     ("total", "begin", "end"),
                     ("before_queue", "begin", "submit"),
                     ("queued", "submit", "taken"),
                     ("in_writer", "taken", "done"),
                     ("wake", "done", "end"),
+                    ("thread_queue", "taken", "run_start"),
+                    ("catch_up", "ckpt_start", "ckpt_end"),
+                    ("commit", "commit_start", "commit_end"),
+                    ("begin", "begin_start", "begin_end"),
+                    ("apply", "apply_start", "apply_end"),
+                    ("after_commit", "commit_end", "run_end"),
+                    ("thread_to_loop", "run_end", "done"),
                 )
             }
+            out["slowest_1pct_n"] = len(slow)
+            # The slowest few whole: each stamp in ms after the save began.
+            out["slowest"] = [
+                {
+                    k: round((v - s["begin"]) * 1000, 2)
+                    for k, v in sorted(s.items(), key=lambda kv: kv[1])
+                }
+                for s in slow[-8:]
+            ]
+            out["events"] = self.overlaps(slow)
         return out
 
 
@@ -111,6 +176,7 @@ def tracing(trace: Trace | None) -> Iterator[None]:
         yield
         return
     gc.callbacks.append(trace.on_gc)
+    trace.began = time.perf_counter()
 
     async def heartbeat() -> None:
         while True:
@@ -124,6 +190,7 @@ def tracing(trace: Trace | None) -> Iterator[None]:
     finally:
         beating.cancel()
         gc.callbacks.remove(trace.on_gc)
+        trace.ended = time.perf_counter()
 
 
 def hook_group_commit() -> None:
@@ -150,15 +217,95 @@ def hook_group_commit() -> None:
 
     def _batch_done(self: Any, batch: Any, finished: Any) -> None:
         now = time.perf_counter()
+        parts = getattr(self._writer, "_bench_batch", {})
         for item in batch:
             record = getattr(item.future, "_bench_save", None)
             if record is not None:
                 record["done"] = now
+                record.update(parts)
         done(self, batch, finished)
 
     cls._submit = _submit  # type: ignore[method-assign]
     cls._take_batch = _take_batch  # type: ignore[method-assign]
     cls._batch_done = _batch_done  # type: ignore[method-assign]
+    hook_writer()
+
+
+def hook_writer() -> None:
+    """Time the writer thread's parts of a batch, its vacuum steps, the checkpointer's runs.
+
+    A batch's parts go on the writer (``_bench_batch``, read by the loop's ``_batch_done``
+    after the thread is done with it): when the thread started it, the checkpoint it ran
+    first (``catch_up``) and its ``COMMIT``.
+    """
+    run_batch, checkpoint, commit = Writer.run_batch, Writer._checkpoint, Writer._commit
+    begin, apply_all = Writer._begin, Writer._apply_all
+    reclaim, background = getattr(Writer, "reclaim", None), Checkpointer.run
+
+    def _run_batch(self: Any, ops: Any) -> Any:
+        self._bench_batch = parts = {"run_start": time.perf_counter()}
+        _APPLY.clear()
+        try:
+            return run_batch(self, ops)
+        finally:
+            parts.update(_APPLY, run_end=time.perf_counter())
+            if ops and all(is_background(op) for op in ops):
+                vacuum = ops[0].what == "incremental vacuum"  # a vacuum step in slices
+                _event("reclaim" if vacuum else "slice", parts["run_start"])
+
+    def _checkpoint(self: Any, conn: Any, mode: str) -> None:
+        began = time.perf_counter()
+        try:
+            checkpoint(self, conn, mode)
+        finally:
+            parts = getattr(self, "_bench_batch", None)
+            if parts is not None and mode == "PASSIVE":
+                parts.update(ckpt_start=began, ckpt_end=time.perf_counter())
+                _event("catch_up", began)
+
+    def _commit(self: Any, conn: Any) -> None:
+        began = time.perf_counter()
+        try:
+            commit(self, conn)
+        finally:
+            self._bench_batch.update(commit_start=began, commit_end=time.perf_counter())
+
+    def _begin(self: Any, conn: Any) -> None:
+        began = time.perf_counter()
+        try:
+            begin(self, conn)
+        finally:
+            self._bench_batch.update(begin_start=began, begin_end=time.perf_counter())
+
+    def _apply_all(conn: Any, ops: Any, *lists: Any) -> Any:  # blob_pages (and released)
+        began = time.perf_counter()
+        try:
+            return apply_all(conn, ops, *lists)
+        finally:
+            _APPLY.update(apply_start=began, apply_end=time.perf_counter())
+
+    def _reclaim(self: Any, pages: int) -> Any:  # a vacuum step of its own (before slices)
+        began = time.perf_counter()
+        try:
+            return reclaim(self, pages)  # type: ignore[misc]
+        finally:
+            _event("reclaim", began)
+
+    def _background(self: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return background(self)
+        finally:
+            _event("checkpointer", began)
+
+    Writer.run_batch = _run_batch  # type: ignore[method-assign]
+    Writer._checkpoint = _checkpoint  # type: ignore[method-assign]
+    Writer._commit = _commit  # type: ignore[method-assign]
+    Writer._begin = _begin  # type: ignore[method-assign]
+    Writer._apply_all = staticmethod(_apply_all)  # type: ignore[method-assign,assignment]
+    if reclaim is not None:
+        Writer.reclaim = _reclaim  # type: ignore[attr-defined]
+    Checkpointer.run = _background  # type: ignore[method-assign]
 
 
 async def write_steadily(

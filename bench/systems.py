@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import sqlite3
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -67,7 +68,13 @@ def checkpoint_sqlite_wals(path: Path) -> None:
     for wal in path.rglob("*-wal"):
         con = sqlite3.connect(wal.with_name(wal.name[: -len("-wal")]), timeout=30)
         try:
-            con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            # A reader of the store mid-transaction makes the checkpoint stop short (busy):
+            # the WAL would then be counted as history. Try again until it completes.
+            for _ in range(100):
+                busy = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+                if not busy:
+                    break
+                time.sleep(0.05)
         finally:
             con.close()
 

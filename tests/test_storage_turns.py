@@ -50,4 +50,42 @@ def test_gil_breaks_yields_every_row_and_sleeps_between_stretches(
     worker.start()
     worker.join()
     assert got == rows
-    assert slept == [0, 0]
+    # A rest long enough for a thread waiting for the GIL to wake and take it.
+    assert slept == [turns.REST_SECONDS] * 2
+    assert turns.REST_SECONDS > 0
+
+
+async def test_a_sweeps_turns_rest_after_each_stretch_of_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sweep's turns on the loop sleep ``REST_SECONDS`` (the loop idle, the GIL free)
+    once ``WORK_SECONDS`` passed since the last rest, and only then; only for a store whose
+    writes run in a thread (SQLite's ``writes_in_threads``)."""
+    from aiocheckpoint import SQLiteCheckpointStorage
+    from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
+
+    assert SQLiteCheckpointStorage.writes_in_threads
+    assert not hasattr(PostgresCheckpointStorage, "writes_in_threads")
+    from aiocheckpoint import _sweep_batches
+
+    clock = [100.0]
+    slept: list[float] = []
+    original = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await original(0)
+
+    monkeypatch.setattr(_sweep_batches.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sweep_batches.asyncio, "sleep", sleep)
+    # The pacer's budget is not what is tested: 1 s.
+    sweep_turns, unrested = _sweep_batches.Turns(1.0, True), _sweep_batches.Turns(1.0, False)
+    await sweep_turns.turn()
+    clock[0] += _sweep_batches.WORK_SECONDS / 2
+    await sweep_turns.turn()
+    assert slept == []
+    clock[0] += _sweep_batches.WORK_SECONDS
+    await sweep_turns.turn()
+    await sweep_turns.turn()
+    await unrested.turn()  # a store whose writes run on the loop: no rests
+    assert slept == [_sweep_batches.REST_SECONDS]

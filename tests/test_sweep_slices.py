@@ -12,7 +12,13 @@ import pytest
 from aiocheckpoint import CheckpointManager, RetentionPolicy, SQLiteCheckpointStorage
 from aiocheckpoint import retention as retention_module
 from aiocheckpoint.storage.base import Cut
+from aiocheckpoint.storage.sqlite import groupcommit as groupcommit_module
 from aiocheckpoint.storage.sqlite import writer as writer_module
+from aiocheckpoint.storage.sqlite.walcheckpoint import (
+    BACKGROUND_WAL_LIMIT_PAGES,
+    WAL_LIMIT_PAGES,
+    CheckpointResult,
+)
 from aiocheckpoint.storage.sqlite.writer import RecordOp
 
 
@@ -149,5 +155,80 @@ def test_a_slice_yields_to_a_waiting_write_after_its_floor(
         ]
         monkeypatch.setattr(writer_module, "MIN_SLICE_SECONDS", 0.0)
         assert writer_module.slice_of(items, 3, fn, lambda: True)(conn, 0.0) == [6]
+    finally:
+        conn.close()
+
+
+async def test_the_wal_bound_is_looser_while_a_background_write_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background checkpoint that leaves a WAL over WAL_LIMIT_PAGES makes the writer catch
+    up before its next batch; while a sweep's slices run, and for a grace period after
+    (the sweep reads its next page), only one over BACKGROUND_WAL_LIMIT_PAGES does (each
+    catch-up made the saves queued meanwhile wait)."""
+    storage = SQLiteCheckpointStorage(tmp_path / "s.db")
+    await storage.save("warm", 0, b"x")
+    loop = asyncio.get_running_loop()
+
+    def ended(log: int) -> bool:
+        storage._writer.catch_up = False
+        storage._busy = True  # no new checkpoint from here: only the flag is looked at
+        done: asyncio.Future[CheckpointResult | None] = loop.create_future()
+        done.set_result(CheckpointResult(False, log, log - 10))
+        storage._checkpoint_done(done)
+        storage._busy = False
+        return storage._writer.catch_up
+
+    try:
+        assert ended(WAL_LIMIT_PAGES)
+        with storage._background():
+            assert not ended(WAL_LIMIT_PAGES)
+            assert ended(BACKGROUND_WAL_LIMIT_PAGES)
+        assert storage._background_writes == 0
+        assert not ended(WAL_LIMIT_PAGES)  # within the grace
+        monkeypatch.setattr(groupcommit_module, "_BACKGROUND_GRACE", 0.0)
+        assert ended(WAL_LIMIT_PAGES)
+        assert not ended(WAL_LIMIT_PAGES - 1)
+    finally:
+        storage._writer.catch_up = False
+        await storage.close()
+
+
+async def test_space_is_given_back_in_background_slices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The incremental vacuum after a sweep runs as background slices of the group commit
+    (committed without an fsync, never taken behind a waiting save): with no time for more,
+    each slice gives back one chunk of VACUUM_PAGES, and the free list ends empty."""
+    path = tmp_path / "s.db"
+    storage = SQLiteCheckpointStorage(path)
+    levels: list[int] = []
+    slice_of = storage._writer.reclaim_slice
+
+    def noting(waiting: object) -> object:
+        run = slice_of(waiting)  # type: ignore[arg-type]
+
+        def fn(conn: sqlite3.Connection, now: float) -> tuple[int, int]:
+            levels.append(conn.execute("PRAGMA synchronous").fetchone()[0])
+            return run(conn, now)
+
+        return fn
+
+    try:
+        for n in range(40):
+            await storage.save(f"wf-{n}", 0, b"x" * 20_000)
+        for n in range(40):
+            await storage.delete(f"wf-{n}")
+        monkeypatch.setattr(writer_module, "LONG_SLICE_SECONDS", 0.0)
+        monkeypatch.setattr(storage._writer, "reclaim_slice", noting)
+        freed = await storage.reclaim_space()
+        assert freed >= 40 * 20_000
+        assert len(levels) >= 40 * 20_000 // 4096 // writer_module.VACUUM_PAGES
+        assert set(levels) == {1}  # NORMAL: a slice alone commits without an fsync
+    finally:
+        await storage.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
     finally:
         conn.close()

@@ -24,9 +24,9 @@ from typing import Any, Final, TypeVar
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._sweep_batches import BatchSizer
+from ._sweep_batches import BatchSizer, Turns
 from ._telemetry import annotate, record_sweep_deletions
-from .codec import Pacer, RecordFacts, is_sealed_record, record_facts, sealed_key_id
+from .codec import RecordFacts, is_sealed_record, record_facts, sealed_key_id
 from .errors import (
     CheckpointCorruptedError,
     EncryptionError,
@@ -357,7 +357,7 @@ class _Sweep:
         self.forget = forget
         self.pacer = BatchSizer(policy.batch_size)
         #: Shares the loop's turns between the sweep's judging and everything else.
-        self.turns = Pacer(_TURN_SECONDS)
+        self.turns = Turns(_TURN_SECONDS, getattr(storage, "writes_in_threads", False))
 
     def records(self) -> _WorkflowStorage:
         if not isinstance(self.storage, _WorkflowStorage):

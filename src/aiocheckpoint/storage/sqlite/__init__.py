@@ -93,7 +93,7 @@ from .readers import (
     read_workflows,
 )
 from .walcheckpoint import Checkpointer
-from .writer import SLICE_SECONDS, DeleteOp, Op, RecordOp, SaveOp, Writer, delete_untouched
+from .writer import DeleteOp, Op, RecordOp, SaveOp, Writer, delete_untouched
 
 __all__ = ["ForeignRow", "SQLiteCheckpointStorage"]
 
@@ -134,6 +134,9 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     """
 
     db_system = "sqlite"
+    #: Its writes run in a thread that needs the GIL between each statement: a sweep's
+    #: judging on the loop rests now and then to let it have it (``retention``).
+    writes_in_threads = True
 
     def __init__(
         self,
@@ -339,21 +342,21 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
     async def reclaim_space(self) -> int:
         """Give the pages deletes freed back to the filesystem; the bytes given back.
 
-        A slice of pages per short transaction on the writer thread, each sized by the
-        time the last one took there (a few ms: about a sweep's slice of deletes, commit
-        included), so a write waits behind one slice at most: a write queued meanwhile
-        goes before the next. A store made before this version (``auto_vacuum=NONE``)
-        gives nothing back: ``aiocheckpoint compact`` converts it.
+        In slices, like a sweep's deletes: background writes of the group commit, each
+        ending once a write waits (after 1 ms) and committed without an fsync, so the writes
+        queued while one ran go before the next. A store made before this version
+        (``auto_vacuum=NONE``) gives nothing back: ``aiocheckpoint compact`` converts it.
         """
         self._check_open()
         await self._ensure_open()
-        freed, pages = 0, 64
-        while True:
-            got, left, took = await self._in_thread(self._write_thread, self._writer.reclaim, pages)
-            freed += got
-            if not got or not left:
-                return freed
-            pages = _next_slice(pages, took)
+        freed = 0
+        with self._background():
+            while True:
+                op = RecordOp("incremental vacuum", self._writer.reclaim_slice(self._waiting), True)
+                got, left = await self._submit(op, 0)
+                freed += int(got)
+                if not got or not left:
+                    return freed
 
     async def compact(self) -> tuple[int, int]:
         """Rewrite the database whole (``VACUUM``): its bytes before and after.
@@ -736,15 +739,6 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._checkpointer.close()
         self._readers.close()
         self._writer.close()
-
-
-def _next_slice(pages: int, took: float) -> int:
-    """The next incremental vacuum's pages: doubled under one slice's time, halved over 4."""
-    if took < SLICE_SECONDS:
-        return min(pages * 2, 16384)
-    if took > 4 * SLICE_SECONDS:
-        return max(pages // 2, 16)
-    return pages
 
 
 def _checked_pair(pair: tuple[str, datetime]) -> tuple[str, datetime]:

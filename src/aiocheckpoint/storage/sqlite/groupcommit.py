@@ -16,7 +16,7 @@ import contextlib
 import functools
 import sqlite3
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -24,7 +24,13 @@ from typing import Any, Final, TypeVar
 from ..._telemetry import record_commit
 from ...errors import StorageClosedError
 from .rejoin import Rejoin
-from .walcheckpoint import CHECKPOINT_PAGES, WAL_LIMIT_PAGES, Checkpointer, CheckpointResult
+from .walcheckpoint import (
+    BACKGROUND_WAL_LIMIT_PAGES,
+    CHECKPOINT_PAGES,
+    WAL_LIMIT_PAGES,
+    Checkpointer,
+    CheckpointResult,
+)
 from .writer import Op, Outcome, RecordOp, Writer, is_background, slice_of
 
 T = TypeVar("T")
@@ -35,6 +41,9 @@ R = TypeVar("R")
 _MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
 #: Seconds without a batch after which the writer counts as idle and the WAL is checkpointed.
 _IDLE_SECONDS: Final = 0.1
+#: Seconds after a background write's last slice during which the WAL's looser bound still
+#: holds: a sweep reads its next page meanwhile, then writes again.
+_BACKGROUND_GRACE: Final = 1.0
 
 
 @dataclass(eq=False, slots=True)
@@ -71,6 +80,9 @@ class GroupCommit:
         self._opening: asyncio.Future[None] | None = None
         self._opened = False
         self._closing = None
+        #: Background writes under way (:meth:`_background`): the WAL's bound is looser.
+        self._background_writes = 0
+        self._background_ended = float("-inf")  # loop.time() when the last one ended
 
     def _submit(self, op: Op, size: int) -> asyncio.Future[Any]:
         """Queue ``op``; the future its caller awaits (not a coroutine: one frame less to keep).
@@ -198,7 +210,8 @@ class GroupCommit:
     def _checkpoint_done(self, running: asyncio.Future[CheckpointResult | None]) -> None:
         self._checkpointing = None
         result = None if running.cancelled() or running.exception() else running.result()
-        if result is not None and result.log >= WAL_LIMIT_PAGES:
+        limit = BACKGROUND_WAL_LIMIT_PAGES if self._in_background() else WAL_LIMIT_PAGES
+        if result is not None and result.log >= limit:
             # Under a steady write load the checkpoint never catches up with the WAL's end
             # and SQLite only starts the WAL over once it has: the writer copies the few
             # frames committed during this checkpoint before its next batch.
@@ -267,10 +280,31 @@ class GroupCommit:
         one fails.
         """
         done: list[R] = []
-        while len(done) < len(items):
-            op = RecordOp(what, slice_of(items, len(done), fn, self._waiting), background=True)
-            done += await self._submit(op, 0)
+        with self._background():
+            while len(done) < len(items):
+                op = RecordOp(what, slice_of(items, len(done), fn, self._waiting), background=True)
+                done += await self._submit(op, 0)
         return done
+
+    @contextlib.contextmanager
+    def _background(self) -> Iterator[None]:
+        """A background write's slices under way: the WAL's looser bound meanwhile.
+
+        The bound is checked when a background checkpoint ends: the first one more than
+        :data:`_BACKGROUND_GRACE` after the slices end catches up as usual.
+        """
+        self._background_writes += 1
+        try:
+            yield
+        finally:
+            self._background_writes -= 1
+            self._background_ended = asyncio.get_running_loop().time()
+
+    def _in_background(self) -> bool:
+        """Whether a background write runs, or ended less than :data:`_BACKGROUND_GRACE` ago."""
+        if self._background_writes:
+            return True
+        return asyncio.get_running_loop().time() - self._background_ended < _BACKGROUND_GRACE
 
     def _waiting(self) -> bool:
         """Whether a write is queued: asked from the writer thread.

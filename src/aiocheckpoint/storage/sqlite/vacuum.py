@@ -3,9 +3,10 @@
 Code for the writer thread only. A store created by this version is
 ``auto_vacuum=INCREMENTAL`` (:func:`incremental_if_new`, which must run before the first
 table is created): the pages a sweep frees stay on SQLite's free list until
-:func:`vacuum_step` moves them to the end of the file and truncates it, a slice at a time,
-each slice its own short transaction. An older store (``auto_vacuum=NONE``) reuses its free
-pages for new writes but never shrinks; :func:`compact` rewrites it (``VACUUM``) and makes
+:func:`vacuum_pages` moves the pages in use at the end of the file into them and truncates
+it, a slice at a time in the writer's transactions (background writes, as a sweep's deletes
+are). An older store (``auto_vacuum=NONE``) reuses its free pages for new writes but never
+shrinks; :func:`compact` rewrites it (``VACUUM``) and makes
 it incremental on the way.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-__all__ = ["INCREMENTAL", "compact", "incremental_if_new", "page_size", "vacuum_step"]
+__all__ = ["INCREMENTAL", "compact", "incremental_if_new", "page_size", "vacuum_pages"]
 
 #: ``PRAGMA auto_vacuum``'s value for INCREMENTAL.
 INCREMENTAL: Final = 2
@@ -36,23 +37,18 @@ def page_size(conn: sqlite3.Connection) -> int:
     return _pragma(conn, "page_size")
 
 
-def vacuum_step(conn: sqlite3.Connection, pages: int) -> tuple[int, int]:
-    """Give up to ``pages`` free pages back in one transaction; (pages freed, pages left).
+def vacuum_pages(conn: sqlite3.Connection, pages: int) -> tuple[int, int]:
+    """Give up to ``pages`` free pages back, in the caller's transaction; (freed, left).
 
-    Outside any transaction. A store that is not incremental frees nothing: (0, 0).
+    A store that is not incremental frees nothing: (0, 0).
     """
     if _pragma(conn, "auto_vacuum") != INCREMENTAL:
         return 0, 0
     before = _pragma(conn, "freelist_count")
-    if before == 0:
-        return 0, 0
-    # executescript steps the pragma to its end; execute() would free one page only.
-    try:
-        conn.executescript(f"BEGIN IMMEDIATE; PRAGMA incremental_vacuum({int(pages)}); COMMIT;")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+    # One page per statement: Python's sqlite3 steps a pragma without result columns once,
+    # and executescript() would commit the writer's transaction first.
+    for _ in range(min(pages, before)):
+        conn.execute("PRAGMA incremental_vacuum(1)")
     after = _pragma(conn, "freelist_count")
     return before - after, after
 

@@ -25,6 +25,11 @@ CHECKPOINT_PAGES: Final = 1000
 #: WAL length (frames) at which the writer itself finishes a checkpoint between two batches,
 #: so that the next transaction starts the WAL over: the bound when the writer is never idle.
 WAL_LIMIT_PAGES: Final = 4000
+#: The same bound while a background write (a sweep's slices, its vacuum) runs. Each
+#: catch-up copies what was committed during the background checkpoint before it and fsyncs
+#: the database file, with the saves queued meanwhile waiting: a sweep that writes steadily
+#: made one every ~1.5 s, the slowest saves' wait. SQLite's ``journal_size_limit`` here.
+BACKGROUND_WAL_LIMIT_PAGES: Final = 16384
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from .connections import (
 )
 from .schema import MIGRATIONS, Migration, migrate
 from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, upsert_sql
-from .vacuum import compact, incremental_if_new, page_size, vacuum_step
+from .vacuum import compact, incremental_if_new, page_size, vacuum_pages
 from .walcheckpoint import wal_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -100,8 +100,8 @@ LONG_SLICE_SECONDS: Final = 0.05
 #: What a slice spends at least before it yields to a waiting write: under writers that
 #: never stop, a slice of one item per commit would leave the sweep ~1 workflow per fsync.
 MIN_SLICE_SECONDS: Final = 0.001
-#: The time the incremental vacuum's slices aim at (:mod:`.vacuum`).
-SLICE_SECONDS: Final = 0.005
+#: Free pages an incremental vacuum's slice gives back between two looks at the clock.
+VACUUM_PAGES: Final = 32
 
 _I = TypeVar("_I")
 _R = TypeVar("_R")
@@ -241,21 +241,31 @@ class Writer:
             except sqlite3.Error as exc:
                 raise backend_error("closing the SQLite database failed", exc) from exc
 
-    def reclaim(self, pages: int) -> tuple[int, int, float]:
-        """Give up to ``pages`` free pages back to the filesystem.
+    def reclaim_slice(
+        self, waiting: Callable[[], bool]
+    ) -> Callable[[sqlite3.Connection, float], tuple[int, int]]:
+        """A background op's function: free pages given back for one slice's time.
 
-        Its own short transaction, between two batches (:mod:`.vacuum`). Returns the bytes
-        freed, the free pages left and the seconds it took here (not queued).
+        :func:`slice_of`'s rule (a write waiting ends it after :data:`MIN_SLICE_SECONDS`),
+        in the batch's transaction (:mod:`.vacuum`). Its result: the bytes freed and the
+        free pages left.
         """
-        conn = self._open_conn()
-        began = time.monotonic()
-        try:
-            self._synchronous(conn, lazy=False)
-            freed, left = self.retry(lambda: vacuum_step(conn, pages))
-            self.wal_pages += 2 * freed  # each page moved and the free list's
-            return freed * page_size(conn), left, time.monotonic() - began
-        except sqlite3.Error as exc:
-            raise backend_error("SQLite incremental vacuum failed", exc) from exc
+
+        def run(conn: sqlite3.Connection, _now: float) -> tuple[int, int]:
+            began = time.monotonic()
+            freed = 0
+            while True:
+                got, left = vacuum_pages(conn, VACUUM_PAGES)
+                freed += got
+                # Each page moved and the free list's: counted for the WAL's checkpoints.
+                self.wal_pages += 2 * got
+                spent = time.monotonic() - began
+                if not got or not left or spent >= LONG_SLICE_SECONDS:
+                    return freed * page_size(conn), left
+                if spent >= MIN_SLICE_SECONDS and waiting():
+                    return freed * page_size(conn), left
+
+        return run
 
     def compact(self) -> tuple[int, int]:
         """``VACUUM`` the database (:func:`.vacuum.compact`): its bytes before and after."""
