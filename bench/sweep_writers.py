@@ -277,10 +277,10 @@ def hook_writer() -> None:
         finally:
             self._bench_batch.update(begin_start=began, begin_end=time.perf_counter())
 
-    def _apply_all(conn: Any, ops: Any, blob_pages: Any) -> Any:
+    def _apply_all(conn: Any, ops: Any, *lists: Any) -> Any:  # blob_pages (and released)
         began = time.perf_counter()
         try:
-            return apply_all(conn, ops, blob_pages)
+            return apply_all(conn, ops, *lists)
         finally:
             _APPLY.update(apply_start=began, apply_end=time.perf_counter())
 

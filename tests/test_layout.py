@@ -28,7 +28,7 @@ KNOWN = {
         "_WORKFLOWS",
     },
     "storage/sqlite/sweeps.py": {"_DELETE_STEP"},
-    "storage/sqlite/writer.py": {"_DELETE_STEP", "_DELETE_WORKFLOW", "_PRUNE", "_UPSERT"},
+    "storage/sqlite/writer.py": {"_DELETE_STEP", "_DELETE_WORKFLOW", "_PRUNE"},
 }
 
 

@@ -197,6 +197,29 @@ async def test_plain_save_of_a_version_2_record_holds_its_blobs(tmp_path: Path) 
         check_refcounts(path)
 
 
+async def test_a_batch_of_plain_saves_replacing_trees_releases_their_blobs(
+    tmp_path: Path,
+) -> None:
+    """Plain saves that replace version-2 records, in one batch with saves of new steps,
+    release exactly the blobs those held: the writer drains the releases whenever an
+    upsert's trigger queued one (and skips the drain only when none did)."""
+    path = tmp_path / "r.db"
+    storage = SQLiteCheckpointStorage(path)
+    async with CheckpointManager(storage) as manager:
+        for n in range(3):
+            await manager.create_checkpoint(f"wf-{n}", 0, "a", "running", big_state(n))
+        assert _sql(path, "SELECT count(*) FROM blobs")[0][0] > 0
+        small = {"small": True}
+        saves = [manager.create_checkpoint(f"new-{n}", 0, "a", "running", small) for n in range(20)]
+        saves += [manager.create_checkpoint(f"wf-{n}", 0, "a", "running", small) for n in range(3)]
+        before = storage._writer.commits
+        await asyncio.gather(*saves)
+        assert storage._writer.commits == before + 1
+        assert _sql(path, "SELECT count(*) FROM blobs") == [(0,)]
+        assert _sql(path, "SELECT count(*) FROM blob_releases") == [(0,)]
+        check_refcounts(path)
+
+
 async def test_rows_deleted_behind_the_store_release_their_blobs(tmp_path: Path) -> None:
     """A record deleted in the sqlite3 shell queues its references (a trigger);
     collect_garbage (or the next write) frees the blobs no record uses any more.

@@ -396,14 +396,14 @@ def test_a_batch_statement_pads_to_a_multiple_of_8_past_8_rows() -> None:
     """Padding rows cost as much as real ones: past 8 rows a chunk is padded to the next
     multiple of 8 (a batch of 100 saves ran 128 rows with powers of two, now 104), and the
     distinct statements stay few enough for the connection's statement cache."""
-    sizes = [sqlrecords._padded(count) for count in range(1, 65)]
+    sizes = [sqlrecords.padded_rows(count) for count in range(1, sqlrecords.ROWS_PER_STATEMENT + 1)]
     assert sizes[:8] == [1, 2, 4, 4, 8, 8, 8, 8]
     assert all(count <= rows <= count + 7 for count, rows in enumerate(sizes, 1))
-    assert sqlrecords._padded(36) == 40
-    assert len(set(sizes)) == 11
+    assert sqlrecords.padded_rows(36) == 40
+    assert len(set(sizes)) == 19
 
 
-@pytest.mark.parametrize("count", [9, 13, 36, 63, 64, 65, 100])
+@pytest.mark.parametrize("count", [9, 13, 36, 63, 64, 65, 100, 128, 129, 300])
 async def test_padded_statements_write_exactly_the_records_saved(
     store: SQLiteCheckpointStorage, db: Path, count: int
 ) -> None:
@@ -427,6 +427,29 @@ async def test_padded_statements_write_exactly_the_records_saved(
     expected = {(f"wf-{n}", n, f"agent-{n}") for n in range(count)}
     expected |= {(f"p-{n}", None, None) for n in range(count)}
     assert sorted(rows) == sorted(expected)
+
+
+@pytest.mark.parametrize("count", [1, 3, 9, 64, 65, 128, 129, 300])
+async def test_one_statement_per_128_rows_writes_each_row_and_a_repeated_step_once(
+    store: SQLiteCheckpointStorage, count: int
+) -> None:
+    """A batch's rows go in multi-row statements, padded by repeating the last row: every
+    row lands, a row already stored is replaced, and a step saved twice in one batch keeps
+    the later save (as one save after the other would)."""
+    await store.open()
+    await store.save("wf-0", 0, b"old")
+    rows = [(f"wf-{n % 40}", n // 40, b"%d" % n) for n in range(count)]
+    rows.append(("wf-0", 0, b"later"))
+    before = store._writer.commits
+    await asyncio.gather(*(store.save(wf, step, data) for wf, step, data in rows))
+    assert store._writer.commits == before + 1
+    expected = {(wf, step): data for wf, step, data in rows}
+    for (wf, step), data in expected.items():
+        stored = await store.load(wf, step)
+        assert stored is not None and stored.data == data, (wf, step)
+    steps = {wf: sorted(s for w, s in expected if w == wf) for wf, _ in expected}
+    for wf, wanted in steps.items():
+        assert [c.step for c in await store.scan(wf)] == wanted
 
 
 async def test_writers_that_yield_between_saves_share_one_commit_per_round(

@@ -29,6 +29,7 @@ from aiocheckpoint import (
     UnsupportedOperationError,
 )
 from aiocheckpoint.integrations.langgraph import AioCheckpointSaver, keys, records
+from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 from tests.langgraph.conftest import SaverFactory, backend_url, open_backend
 from tests.langgraph.graphs import loop_graph, loop_input, values_view
 from tests.pg_support import DSN, drop_schema, new_schema_name
@@ -92,6 +93,39 @@ async def test_max_checkpoints_keeps_the_newest(saver_factory: SaverFactory) -> 
     oldest = keys.checkpoint_step(kept[-1].checkpoint["id"])
     assert len(records) <= 6
     assert min(r.step for r in records) == oldest
+
+
+async def test_a_runs_writes_are_not_read_back_and_a_resumed_thread_merges_them(
+    saver_factory: SaverFactory,
+) -> None:
+    """A running graph's task writes come before their checkpoint's (chained) ``aput``:
+    the saver stores them without reading the store for writes of a checkpoint newer than
+    its last. Writes stored for a checkpoint this saver did not put (a second saver over
+    the same store: a process resuming the thread) are read back and merged."""
+    async with saver_factory() as saver:
+        reads: list[int] = []
+        load_writes = saver._store.load_writes
+
+        async def counted(workflow_id: str, step: int) -> Any:
+            reads.append(step)
+            return await load_writes(workflow_id, step)
+
+        saver._store.load_writes = counted  # type: ignore[method-assign]
+        final = await loop_graph(saver, steps=8).ainvoke(loop_input(), LOOP)
+        assert reads == []
+        latest = await saver.aget_tuple(LOOP)
+        assert latest is not None
+        config = latest.config
+        await saver.aput_writes(config, [("n", 1)], "task-a")
+    reference = await loop_graph(InMemorySaver(), steps=8).ainvoke(loop_input(), LOOP)
+    assert values_view(final) == values_view(reference)
+    if isinstance(saver.manager.storage, InMemoryCheckpointStorage):
+        return  # each saver of the factory has a store of its own
+    async with saver_factory() as second:
+        await second.aput_writes(config, [("n", 2)], "task-b")
+        found = await second.aget_tuple(config)
+    assert found is not None
+    assert sorted(found.pending_writes) == [("task-a", "n", 1), ("task-b", "n", 2)]
 
 
 async def test_serializer_output_is_stored_as_is(saver_factory: SaverFactory) -> None:

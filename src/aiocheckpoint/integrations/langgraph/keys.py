@@ -79,16 +79,26 @@ def checkpoint_step(checkpoint_id: str) -> int:
     Raises :class:`~aiocheckpoint.InvalidArgumentError` for an id that is not a UUID in
     its canonical lowercase form (LangGraph's ids always are).
     """
-    if type(checkpoint_id) is not str or _CANONICAL_UUID.match(checkpoint_id) is None:
-        raise InvalidArgumentError(
-            f"checkpoint ids must be canonical UUID strings (LangGraph's uuid6), "
-            f"got {checkpoint_id!r}"
-        )
+    if type(checkpoint_id) is not str:
+        raise _not_an_id(checkpoint_id)
+    return _step_of(checkpoint_id)
+
+
+@functools.lru_cache(maxsize=4096)  # each id is asked for by its aput and by its writes
+def _step_of(checkpoint_id: str) -> int:
+    if _CANONICAL_UUID.match(checkpoint_id) is None:
+        raise _not_an_id(checkpoint_id)
     # The UUID's high 64 bits: its first three groups.
     high = int(checkpoint_id[:8] + checkpoint_id[9:13] + checkpoint_id[14:18], 16)
     # time_high and time_mid, then time_low without the version nibble between them.
     stamp = ((high >> 16) << 12) | (high & 0xFFF)
     return stamp * 2
+
+
+def _not_an_id(checkpoint_id: object) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"checkpoint ids must be canonical UUID strings (LangGraph's uuid6), got {checkpoint_id!r}"
+    )
 
 
 def writes_step(checkpoint_id: str) -> int:

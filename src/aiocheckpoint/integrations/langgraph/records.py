@@ -56,7 +56,7 @@ def typed(serde: SerializerProtocol, value: Any) -> str:
     in one C call, and no container per value outlives the save.
     """
     kind, data = serde.dumps_typed(value)
-    return f"{kind}:{base64.b64encode(data).decode('ascii')}"
+    return f"{kind}:{binascii.b2a_base64(data, newline=False).decode('ascii')}"
 
 
 def untyped(serde: SerializerProtocol, item: Any) -> Any:

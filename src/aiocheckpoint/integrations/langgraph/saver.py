@@ -133,6 +133,9 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         self._locks = [asyncio.Lock() for _ in range(_LOCKS)]
         self._channels: OrderedDict[str, tuple[str, records.ChannelCache]] = OrderedDict()
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        # The newest checkpoint step each namespace's aput started here: writes of a newer
+        # checkpoint have nothing stored to merge with (_after_newest_put).
+        self._started: OrderedDict[str, int] = OrderedDict()
         # The checkpoint id and writes this saver last stored per writes step (none for a
         # checkpoint it just created): a task's writes are merged without reading them back,
         # and an id sharing the step of another is refused.
@@ -219,6 +222,8 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             "checkpoint_id": checkpoint["id"],
             "parent_checkpoint_id": parent_id,
         }
+        if step > self._started.get(workflow_id, -1):
+            self._remember(self._started, workflow_id, step)
         if known is None:
             # A new checkpoint has no writes (LangGraph stores each checkpoint id once); its
             # tasks' writes may arrive while it is being saved.
@@ -264,7 +269,12 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             saving = self._store.save(workflow_id, step, state, info, lease)
             stored = records.flat_writes(checkpoint_id, merged)
             del state, info, merged, old  # encoded (see aput)
-            await saving
+            try:
+                await saving
+            except BaseException:
+                # Stored or not (a save cancelled in its batch commits): read back next time.
+                self._started.pop(workflow_id, None)
+                raise
             self._remember(self._writes, (workflow_id, step), stored)
 
     async def _stored_writes(
@@ -274,8 +284,23 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         cached = self._writes.get((workflow_id, step))
         if cached is not None:
             return cached[0], records.unflat_writes(cached)
+        if self._after_newest_put(workflow_id, step):
+            return None, []
         owner, stored = await self._store.load_writes(workflow_id, step)
         return owner, [] if stored is None else records.decode_writes(stored.state_snapshot.data)
+
+    def _after_newest_put(self, workflow_id: str, step: int) -> bool:
+        """Whether the writes ``step`` is of a checkpoint newer than any this saver put.
+
+        LangGraph saves a step's checkpoint in the background, after the one before it, and
+        its tasks' writes as they finish: a task's writes often come before their
+        checkpoint's ``aput``. A checkpoint newer than the newest whose ``aput`` started
+        here was made by the run this saver serves, so nothing is stored for it yet and the
+        writes are not read back (a round trip to the store per task). A namespace this
+        saver has not put to (a thread resumed by another process) is read.
+        """
+        newest = self._started.get(workflow_id)
+        return newest is not None and step > newest + 1
 
     async def _fence(self, workflow_id: str, thread_id: str) -> Any:
         if self._leases is None:
@@ -405,6 +430,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
     def _forget(self, workflow_id: str) -> None:
         self._channels.pop(workflow_id, None)
         self._recent.pop(workflow_id, None)
+        self._started.pop(workflow_id, None)
         for key in [key for key in self._writes if key[0] == workflow_id]:
             del self._writes[key]
         if self._leases is not None:

@@ -44,8 +44,8 @@ _COLUMNS: Final = (
     "lease_expires_at, fencing_token, metadata, latest_step, latest_agent_id, "
     "latest_agent_status, attempts, last_error, retry_at, resume_input, kind"
 )
-#: ensure_records() creates at most this many records per statement.
-_ENSURE_CHUNK: Final = 64
+#: The most rows of one multi-row statement (records created or noted, checkpoints upserted).
+ROWS_PER_STATEMENT: Final = 128
 DELETE_RECORD: Final = "DELETE FROM workflows WHERE workflow_id = ?"
 _TOKEN: Final = "SELECT fencing_token FROM workflows WHERE workflow_id = ?"
 _NEXT_TOKEN: Final = (
@@ -175,25 +175,25 @@ def current_tokens(conn: sqlite3.Connection, workflow_ids: Iterable[str]) -> dic
 def ensure_records(conn: sqlite3.Connection, workflow_ids: Iterable[str], now: float) -> None:
     """Create an UNFINISHED record for each workflow that has none.
 
-    One multi-row statement per 64 workflows: a third of the time of one ``executemany``
+    One multi-row statement per 128 workflows: a third of the time of one ``executemany``
     row each, in the writer thread while the whole batch waits for it.
     """
     ids = list(dict.fromkeys(workflow_ids))
-    for start in range(0, len(ids), _ENSURE_CHUNK):
-        chunk = ids[start : start + _ENSURE_CHUNK]
+    for start in range(0, len(ids), ROWS_PER_STATEMENT):
+        chunk = ids[start : start + ROWS_PER_STATEMENT]
         # Padded to a power of two by repeating an id (a no-op row): few distinct
         # statements, so they stay in the connection's statement cache.
-        rows = _padded(len(chunk))
+        rows = padded_rows(len(chunk))
         conn.execute(_ensure_sql(rows), [now, *chunk, *[chunk[-1]] * (rows - len(chunk))])
 
 
-def _padded(count: int) -> int:
-    """The rows of the statement that takes ``count`` (1 to 64): few distinct statements.
+def padded_rows(count: int) -> int:
+    """The rows of the statement that takes ``count`` (1 to 128): few distinct statements.
 
-    A power of two up to 8, then a multiple of 8: at most 11 statements of each kind stay
-    in the connection's statement cache, and a padding row (a repeated one, the same
-    outcome) costs as much as a real one, so less padding than powers of two (100 saves
-    took 128 rows, now 104).
+    A power of two up to 8, then a multiple of 8: at most 19 statements of each kind stay
+    in the connection's statement cache (128 by default), and a padding row (a repeated
+    one, the same outcome) costs as much as a real one, so less padding than powers of two
+    (100 saves took 128 rows, now 104).
     """
     if count <= 8:
         return 1 << (count - 1).bit_length()
@@ -274,17 +274,17 @@ def note_saves(
     """Create the missing records of saved workflows and move their latest steps forward.
 
     In the save's transaction, before its checkpoints are written. Saves with a
-    :class:`StepInfo` go through one multi-row upsert per 64, in the saves' order (a new
+    :class:`StepInfo` go through one multi-row upsert per 128, in the saves' order (a new
     record, or the latest step moved forward only, and the resume input consumed); the
-    others through :func:`ensure_records`. A batch of saves costs a statement per 64, not
+    others through :func:`ensure_records`. A batch of saves costs a statement per 128, not
     two per save.
     """
     noted = [(wf, step, info) for wf, step, info in saves if info is not None]
     if len(noted) < len(saves):
         ensure_records(conn, (wf for wf, _, info in saves if info is None), now)
-    for start in range(0, len(noted), _ENSURE_CHUNK):
-        chunk = noted[start : start + _ENSURE_CHUNK]
-        rows = _padded(len(chunk))
+    for start in range(0, len(noted), ROWS_PER_STATEMENT):
+        chunk = noted[start : start + ROWS_PER_STATEMENT]
+        rows = padded_rows(len(chunk))
         # Padded by repeating the last save (applied twice: the same outcome), so that
         # few distinct statements stay in the connection's statement cache.
         chunk += [chunk[-1]] * (rows - len(chunk))

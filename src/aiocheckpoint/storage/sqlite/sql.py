@@ -7,12 +7,26 @@ a workflow's history or with the number of workflows.
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
-_UPSERT: Final = (
-    "INSERT INTO checkpoints (workflow_id, step, data) VALUES (?, ?, ?) "
-    "ON CONFLICT (workflow_id, step) DO UPDATE SET data = excluded.data, refs = NULL"
-)
+
+@functools.cache
+def upsert_sql(rows: int) -> str:
+    """The upsert of ``rows`` checkpoint rows (``workflow_id, step, data`` each) in one statement.
+
+    One statement for many rows, not ``executemany``: each ``sqlite3_step`` gives the GIL
+    back, and a writer taking it back from an event loop that is running Python (the
+    LangGraph saver's graph runs while its saves commit) waits up to the switch interval
+    each time. SQLite applies the rows in order, so a step named twice keeps the later row.
+    """
+    values = ", ".join(["(?, ?, ?)"] * rows)
+    return (
+        f"INSERT INTO checkpoints (workflow_id, step, data) VALUES {values} "
+        "ON CONFLICT (workflow_id, step) DO UPDATE SET data = excluded.data, refs = NULL"
+    )
+
+
 # Keep the N highest steps: delete below the N-th highest (NULL, so nothing, if fewer exist).
 _PRUNE: Final = (
     "DELETE FROM checkpoints WHERE workflow_id = ? AND step < ("

@@ -39,7 +39,7 @@ from .connections import (
     secure_files,
 )
 from .schema import MIGRATIONS, Migration, migrate
-from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, _UPSERT
+from .sql import _DELETE_STEP, _DELETE_WORKFLOW, _PRUNE, upsert_sql
 from .vacuum import compact, incremental_if_new, page_size, vacuum_pages
 from .walcheckpoint import wal_checkpoint
 
@@ -304,9 +304,11 @@ class Writer:
             # One exception object per caller: a shared one would collect their tracebacks.
             return [backend_error("SQLite could not start a write transaction", exc) for _ in ops]
         blob_pages: list[int] = []
+        released: list[int] = []
         try:
-            results = self._apply_all(conn, ops, blob_pages)
-            drain_releases(conn)
+            results = self._apply_all(conn, ops, blob_pages, released)
+            if _may_release(ops, released):
+                drain_releases(conn)
             self._commit(conn)
         except Exception as exc:
             _rollback(conn)
@@ -333,10 +335,12 @@ class Writer:
 
     def _run_alone(self, conn: sqlite3.Connection, op: Op) -> Outcome:
         blob_pages: list[int] = []
+        released: list[int] = []
         try:
             self._begin(conn)
-            result = self._apply(conn, op, blob_pages)
-            drain_releases(conn)
+            result = self._apply(conn, op, blob_pages, released)
+            if _may_release([op], released):
+                drain_releases(conn)
             self._commit(conn)
         except Exception as exc:
             _rollback(conn)
@@ -366,11 +370,16 @@ class Writer:
 
     @classmethod
     def _apply_all(
-        cls, conn: sqlite3.Connection, ops: Sequence[Op], blob_pages: list[int]
+        cls,
+        conn: sqlite3.Connection,
+        ops: Sequence[Op],
+        blob_pages: list[int],
+        released: list[int],
     ) -> list[Outcome]:
         """Apply ops in order; a run of saves sharing one keep_last goes through executemany.
 
-        The WAL pages each tree save's blobs take are appended to ``blob_pages``.
+        The WAL pages each tree save's blobs take are appended to ``blob_pages``, the rows
+        the saves' upserts added to ``blob_releases`` (:func:`_upsert`) to ``released``.
 
         Keeping the top N steps is idempotent (top_N(top_N(A) | {x}) == top_N(A | {x})), so
         pruning once after a run of saves with the same N leaves what pruning after each one
@@ -383,7 +392,7 @@ class Writer:
             op = ops[start]
             if not isinstance(op, SaveOp):
                 try:
-                    results.append(cls._apply(conn, op, blob_pages))
+                    results.append(cls._apply(conn, op, blob_pages, released))
                 except LeaseError as exc:  # refused before writing: only this caller fails
                     results.append(exc)
                 except _REFUSALS as exc:
@@ -397,12 +406,14 @@ class Writer:
                 if not isinstance(other, SaveOp) or other.keep_last != op.keep_last:
                     break
                 run.append(other)
-            results.extend(cls._save_run(conn, run))
+            results.extend(cls._save_run(conn, run, released))
             start += len(run)
         return results
 
     @staticmethod
-    def _save_run(conn: sqlite3.Connection, run: Sequence[SaveOp]) -> list[Outcome]:
+    def _save_run(
+        conn: sqlite3.Connection, run: Sequence[SaveOp], released: list[int]
+    ) -> list[Outcome]:
         """Write a run of saves sharing one keep_last; a stale fence fails only its op."""
         fenced = [o.workflow_id for o in run if o.token is not None]
         tokens = records.current_tokens(conn, fenced) if fenced else {}
@@ -415,7 +426,7 @@ class Writer:
         ]
         ok = [o for o, outcome in zip(run, outcomes, strict=True) if outcome is None]
         records.note_saves(conn, time.time(), [(o.workflow_id, o.step, o.step_info) for o in ok])
-        conn.executemany(_UPSERT, [(o.workflow_id, o.step, o.data) for o in ok])
+        released.append(_upsert(conn, ok))
         keep_last = run[0].keep_last
         if keep_last is not None:
             workflows = dict.fromkeys(o.workflow_id for o in ok)
@@ -423,7 +434,9 @@ class Writer:
         return outcomes
 
     @classmethod
-    def _apply(cls, conn: sqlite3.Connection, op: Op, blob_pages: list[int]) -> Outcome:
+    def _apply(
+        cls, conn: sqlite3.Connection, op: Op, blob_pages: list[int], released: list[int]
+    ) -> Outcome:
         if isinstance(op, RecordOp):
             before = conn.total_changes
             try:
@@ -436,7 +449,7 @@ class Writer:
             return None
         wf = op.workflow_id
         if isinstance(op, SaveOp):
-            outcome = cls._save_run(conn, [op])[0]
+            outcome = cls._save_run(conn, [op], released)[0]
             if isinstance(outcome, BaseException):
                 raise outcome
             return None
@@ -447,6 +460,41 @@ class Writer:
             gone = conn.execute(records.DELETE_RECORD, (wf,)).rowcount > 0
             return conn.execute(_DELETE_WORKFLOW, (wf,)).rowcount > 0 or gone
         return conn.execute(_DELETE_STEP, (wf, op.step)).rowcount > 0
+
+
+def _upsert(conn: sqlite3.Connection, saves: Sequence[SaveOp]) -> int:
+    """Write the rows of ``saves``: one statement per 128 (:func:`.sql.upsert_sql`).
+
+    Padded by repeating the last row (written twice: the same outcome), so that few distinct
+    statements stay in the connection's statement cache (:func:`.records.padded_rows`).
+    Returns the rows its triggers wrote: those of ``blob_releases`` (a replaced version-2
+    record's references), counted as the connection's total changes beyond the statements'
+    own rows.
+    """
+    triggered = 0
+    for start in range(0, len(saves), records.ROWS_PER_STATEMENT):
+        chunk = saves[start : start + records.ROWS_PER_STATEMENT]
+        rows = records.padded_rows(len(chunk))
+        params: list[object] = []
+        for save in chunk:
+            params += save[:3]  # workflow_id, step, data
+        params += params[-3:] * (rows - len(chunk))
+        before = conn.total_changes
+        cursor = conn.execute(upsert_sql(rows), params)
+        triggered += conn.total_changes - before - cursor.rowcount
+    return triggered
+
+
+def _may_release(ops: Sequence[Op], released: list[int]) -> bool:
+    """Whether the batch may have left references in ``blob_releases`` to drain.
+
+    A batch of plain saves without retention whose upserts' triggers wrote nothing left
+    none: the drain's query is skipped (in the writer, each statement takes the GIL back
+    from the event loop once more).
+    """
+    if any(released):
+        return True
+    return not all(type(op) is SaveOp and op.keep_last is None for op in ops)
 
 
 def delete_untouched(
