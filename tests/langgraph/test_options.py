@@ -128,6 +128,29 @@ async def test_a_runs_writes_are_not_read_back_and_a_resumed_thread_merges_them(
     assert sorted(found.pending_writes) == [("task-a", "n", 1), ("task-b", "n", 2)]
 
 
+async def test_a_saver_that_reads_a_thread_again_merges_writes_another_saver_stored(
+    saver_factory: SaverFactory,
+) -> None:
+    """A saver whose newest put is older than the thread's newest checkpoint (another
+    process ran the thread on meanwhile) reads the writes stored for it once it has read the
+    thread again, and merges them: none is lost to the writes it does not read back."""
+    async with saver_factory() as first:
+        await loop_graph(first, steps=4).ainvoke(loop_input(), LOOP)
+        if isinstance(first.manager.storage, InMemoryCheckpointStorage):
+            return  # each saver of the factory has a store of its own
+        async with saver_factory() as second:
+            await loop_graph(second, steps=4).ainvoke(loop_input(), LOOP)
+            latest = await second.aget_tuple(LOOP)
+            assert latest is not None
+            await second.aput_writes(latest.config, [("n", 2)], "task-b")
+            again = await first.aget_tuple(LOOP)
+            assert again is not None and again.config == latest.config
+            await first.aput_writes(again.config, [("n", 1)], "task-a")
+            found = await second.aget_tuple(latest.config)
+    assert found is not None
+    assert sorted(found.pending_writes) == [("task-a", "n", 1), ("task-b", "n", 2)]
+
+
 async def test_serializer_output_is_stored_as_is(saver_factory: SaverFactory) -> None:
     async with saver_factory() as saver:
         cp = generate_checkpoint(channel_values={"msgs": ["a", {"b": 1}], "n": 7})

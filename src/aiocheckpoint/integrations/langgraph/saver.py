@@ -297,7 +297,8 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         checkpoint's ``aput``. A checkpoint newer than the newest whose ``aput`` started
         here was made by the run this saver serves, so nothing is stored for it yet and the
         writes are not read back (a round trip to the store per task). A namespace this
-        saver has not put to (a thread resumed by another process) is read.
+        saver has not put to since it last read it (:meth:`aget_tuple`: a thread another
+        process may have run on) is read.
         """
         newest = self._started.get(workflow_id)
         return newest is not None and step > newest + 1
@@ -355,6 +356,9 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         self._bind()
         thread_id, ns, checkpoint_id = _target(config)
         workflow_id = keys.workflow_id(thread_id, ns)
+        # A run goes on from what is stored, which another process may have put: its writes
+        # are read back until this saver puts again (_after_newest_put).
+        self._started.pop(workflow_id, None)
         try:
             step = None if checkpoint_id is None else keys.checkpoint_step(checkpoint_id)
         except InvalidArgumentError:
