@@ -16,7 +16,8 @@ user lacks (root, a mount, another uid, /dev/fuse, LazyFS or anything else from 
 repository); ``browser`` if it drives Chromium; otherwise ``slow`` if one run of it takes
 more than about five seconds on a quiet machine (kill and crash loops, decoding bombs,
 builds), as the fast tier must finish in under five minutes on two cores; otherwise no
-marker. Never a skip instead.
+marker. Never a skip instead. A property whose random examples are costly checks a few of
+them in the fast tier and all of them in the slow tier (tests/tiered.py).
 
 A test carries at most one of these markers. An explicit ``-m`` picks tests by pytest's
 own rules; without one, a test file named on the command line runs in full (whatever its

@@ -16,6 +16,7 @@ from aiocheckpoint.codec.pipeline import RecordCodec
 from aiocheckpoint.codec.sizes import exceeds
 from aiocheckpoint.codec.stages import TypedValues
 from aiocheckpoint.format.tree import TreeParams
+from tests.tiered import examples
 from tests.typed_values import same, scalars, sets, states, text
 
 
@@ -45,32 +46,40 @@ fast_values = st.recursive(
 fast_states = st.dictionaries(plain_keys, fast_values, max_size=6)
 
 
-@settings(max_examples=400, deadline=None)
-@given(fast_states | fast_values)
-def test_counted_bound_is_the_count_exceeds_makes(value: Any) -> None:
-    copy, finite, size = storable_copy_sized(value, sys.maxsize, types=TYPES)
-    assert size is not None  # every value here takes the fast path
-    # Counted in full, the bound is exactly exceeds' count: over size - 1, not over size.
-    assert exceeds(copy, size - 1) and not exceeds(copy, size)
-    expected, expected_finite = storable_copy(value, types=TYPES)
-    assert finite == expected_finite and same(copy, expected)
-    for limit in (*LIMITS, size - 1, size):
-        copy, finite, bound = storable_copy_sized(value, limit, types=TYPES)
-        assert bound is not None and bound <= size  # counting may stop past the limit
-        assert (bound > limit) == exceeds(copy, limit)
+@examples(fast=100, full=400)
+def test_counted_bound_is_the_count_exceeds_makes(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(fast_states | fast_values)
+    def check(value: Any) -> None:
+        copy, finite, size = storable_copy_sized(value, sys.maxsize, types=TYPES)
+        assert size is not None  # every value here takes the fast path
+        # Counted in full, the bound is exactly exceeds' count: over size - 1, not over size.
+        assert exceeds(copy, size - 1) and not exceeds(copy, size)
+        expected, expected_finite = storable_copy(value, types=TYPES)
         assert finite == expected_finite and same(copy, expected)
+        for limit in (*LIMITS, size - 1, size):
+            copy, finite, bound = storable_copy_sized(value, limit, types=TYPES)
+            assert bound is not None and bound <= size  # counting may stop past the limit
+            assert (bound > limit) == exceeds(copy, limit)
+            assert finite == expected_finite and same(copy, expected)
+
+    check()
 
 
-@settings(max_examples=200, deadline=None)
-@given(states, st.sampled_from(LIMITS))
-def test_codec_decides_as_wants_tree_of_the_copy(state: dict[Any, Any], limit: int) -> None:
-    # States with tag-like keys and non-str keys too: the Encoder's copy, no bound counted.
-    store = InMemoryCheckpointStorage(blob_params=TreeParams(root_inline_limit=limit))
-    codec = RecordCodec(store, store, TypedValues(TYPES))
-    data, finite, tree = codec.copy_state(state)
-    assert tree == codec.wants_tree(data) == exceeds(data, limit)
-    expected, expected_finite = storable_copy(state, types=TYPES)
-    assert finite == expected_finite and same(data, expected)
+@examples(fast=50, full=200)
+def test_codec_decides_as_wants_tree_of_the_copy(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(states, st.sampled_from(LIMITS))
+    def check(state: dict[Any, Any], limit: int) -> None:
+        # States with tag-like keys and non-str keys too: the Encoder's copy, no bound counted.
+        store = InMemoryCheckpointStorage(blob_params=TreeParams(root_inline_limit=limit))
+        codec = RecordCodec(store, store, TypedValues(TYPES))
+        data, finite, tree = codec.copy_state(state)
+        assert tree == codec.wants_tree(data) == exceeds(data, limit)
+        expected, expected_finite = storable_copy(state, types=TYPES)
+        assert finite == expected_finite and same(data, expected)
+
+    check()
 
 
 def test_the_encoders_copy_leaves_the_bound_to_exceeds() -> None:

@@ -44,6 +44,7 @@ from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 
 from .backend_support import RecordsOnly
 from .reliability._support import same
+from .tiered import examples
 
 CHILD = Path(__file__).with_name("_blob_child.py")
 KILLS = int(os.environ.get("AIOCHECKPOINT_BLOB_KILLS", "8"))
@@ -150,27 +151,31 @@ json_values = st.recursive(
 )
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(state=st.dictionaries(st.text(max_size=8), json_values, max_size=6))
-def test_random_states_round_trip_through_file_blobs(tmp_path: Path, state: Any) -> None:
+@examples(fast=20, full=60)
+def test_random_states_round_trip_through_file_blobs(examples: int, tmp_path: Path) -> None:
     """Random nested states stored as deep blob trees read back with identical types and order."""
 
-    async def run() -> None:
-        storage = FileCheckpointStorage(tmp_path / "store", blob_params=TINY)
-        async with CheckpointManager(storage) as manager:
-            step = random.randrange(2**40)
-            await manager.create_checkpoint("wf", step, "a", "running", state)
-            got = await manager.get_checkpoint("wf", step)
-            assert same(got.state_snapshot.data, state)
-            stored = await storage.load("wf", step)
-            assert stored is not None and record_format_version(stored.data) == 2
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(state=st.dictionaries(st.text(max_size=8), json_values, max_size=6))
+    def check(state: Any) -> None:
+        async def run() -> None:
+            storage = FileCheckpointStorage(tmp_path / "store", blob_params=TINY)
+            async with CheckpointManager(storage) as manager:
+                step = random.randrange(2**40)
+                await manager.create_checkpoint("wf", step, "a", "running", state)
+                got = await manager.get_checkpoint("wf", step)
+                assert same(got.state_snapshot.data, state)
+                stored = await storage.load("wf", step)
+                assert stored is not None and record_format_version(stored.data) == 2
 
-    asyncio.run(run())
+        asyncio.run(run())
+
+    check()
 
 
 async def test_unchanged_parts_are_stored_once(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from aiocheckpoint.codec.tree.v2 import (
 from aiocheckpoint.codec.v1 import encode_checkpoint
 from aiocheckpoint.format.header import record_format_version
 from aiocheckpoint.format.tree import SplitResult, TreeParams, node_children, record_root_refs
+from tests.tiered import examples
 
 # Tiny limits make even small generated states into deep trees of chunks and indexes.
 TINY = TreeParams(
@@ -140,22 +141,28 @@ def test_random_states_round_trip_exactly_through_deep_trees(data: dict[str, Any
     assert canon(back) == canon(data)
 
 
-# 40 examples: test_the_text_checksum_matches_what_readers_rebuild round-trips 60 more finite
-# states through the same encoder, and drawing a state costs more than checking it.
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(finite_states)
-def test_finite_states_round_trip_exactly_through_the_fast_encoder(data: dict[str, Any]) -> None:
+# 40 examples (15 in the fast tier): test_the_text_checksum_matches_what_readers_rebuild
+# round-trips 60 more finite states through the same encoder (20 in the fast tier), and
+# drawing a state costs more than checking it.
+@examples(fast=15, full=40)
+def test_finite_states_round_trip_exactly_through_the_fast_encoder(examples: int) -> None:
     """The orjson encoder (finite=True) gives exact round trips too, ints of 64+ bits included.
 
     An int beyond 64 bits makes it fall back to the exact encoder; both kinds of tree read
     back the same way.
     """
-    for params in (TINY, SMALL):
-        back, _, split = round_trip(data, params, finite=True)
-        assert canon(back) == canon(data)
-        if not any(type(leaf) is float for leaf in _leaves(data)):
-            # The same nodes: only floats may be written differently (1e-05 vs 0.00001).
-            assert split_state(data, params).root == split.root
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(finite_states)
+    def check(data: dict[str, Any]) -> None:
+        for params in (TINY, SMALL):
+            back, _, split = round_trip(data, params, finite=True)
+            assert canon(back) == canon(data)
+            if not any(type(leaf) is float for leaf in _leaves(data)):
+                # The same nodes: only floats may be written differently (1e-05 vs 0.00001).
+                assert split_state(data, params).root == split.root
+
+    check()
 
 
 def _leaves(value: Any) -> list[Any]:
@@ -166,12 +173,17 @@ def _leaves(value: Any) -> list[Any]:
     return [value]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(states)
-def test_random_states_round_trip_with_default_params(data: dict[str, Any]) -> None:
+@examples(fast=15, full=40)
+def test_random_states_round_trip_with_default_params(examples: int) -> None:
     """With the default parameters (small states inline in the root) states round trip."""
-    back, _, _ = round_trip(data, TreeParams())
-    assert canon(back) == canon(data)
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(states)
+    def check(data: dict[str, Any]) -> None:
+        back, _, _ = round_trip(data, TreeParams())
+        assert canon(back) == canon(data)
+
+    check()
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -515,21 +527,26 @@ def _rebuilt_record(meta_bytes: bytes, record: bytes) -> bytes:
     return record[:8] + len(body).to_bytes(8, "big") + zlib.crc32(body).to_bytes(4, "big") + body
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(finite_states)
-def test_the_text_checksum_matches_what_readers_rebuild(data: dict[str, Any]) -> None:
+@examples(fast=20, full=60)
+def test_the_text_checksum_matches_what_readers_rebuild(examples: int) -> None:
     """For any finite state, the recorded checksum is that of the text the join rebuilds.
 
     A disagreement would make an intact checkpoint unreadable, so it is checked on random
     states through deep trees (TINY) and with memory-driven bundling.
     """
-    cp = _checkpoint(data)
-    previous = None
-    for params in (TINY, SMALL):
-        record, split = encode_checkpoint_v2(cp, params, finite=True, previous=previous)
-        back = decode_checkpoint_v2(record, Store(split.blobs).fetch)
-        assert canon(back.state_snapshot.data) == canon(cp.state_snapshot.data)
-        previous = split.memory
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(finite_states)
+    def check(data: dict[str, Any]) -> None:
+        cp = _checkpoint(data)
+        previous = None
+        for params in (TINY, SMALL):
+            record, split = encode_checkpoint_v2(cp, params, finite=True, previous=previous)
+            back = decode_checkpoint_v2(record, Store(split.blobs).fetch)
+            assert canon(back.state_snapshot.data) == canon(cp.state_snapshot.data)
+            previous = split.memory
+
+    check()
 
 
 def _list_leaves(split: SplitResult) -> list[bytes]:

@@ -39,6 +39,7 @@ from aiocheckpoint.format.tree import TreeParams
 from aiocheckpoint.models import AgentStatus, Checkpoint, StateSnapshot
 from aiocheckpoint.storage.memory import InMemoryCheckpointStorage
 from tests.test_subtrees import PARAMS
+from tests.tiered import examples
 
 TEXT = st.text(st.characters(codec="utf-8"), max_size=60)
 SCALARS = st.one_of(
@@ -56,7 +57,8 @@ VALUES = st.recursive(
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: For states of several lists of 30-200 values: each example holds hundreds of values
 #: (thousands of leaves) and costs Hypothesis up to a second to draw, so 30 of them cover as
-#: many values as the smaller-valued properties' 80. Many draws overrun Hypothesis's buffer
+#: many values as the smaller-valued properties' 80 (the slow tier's count; the fast tier
+#: draws 10, tests/tiered.py). Many draws overrun Hypothesis's buffer
 #: and are discarded (as with 80): with fewer examples that can trip the data_too_large
 #: health check before enough are drawn, so it is off here.
 LARGE_STATES = settings(
@@ -86,23 +88,28 @@ def _split(state: dict[str, Any]) -> split.SplitResult:
     return split.finish(work)
 
 
-@LARGE_STATES
-@given(
-    st.dictionaries(
-        st.sampled_from(["a", "b", "c"]),
-        st.lists(VALUES, min_size=60, max_size=200) | TEXT.map(lambda t: t * 40),
-        min_size=1,
-    )
+LONG_LISTS = st.dictionaries(
+    st.sampled_from(["a", "b", "c"]),
+    st.lists(VALUES, min_size=60, max_size=200) | TEXT.map(lambda t: t * 40),
+    min_size=1,
 )
-def test_jobs_and_slices_make_the_same_split(state: dict[str, Any]) -> None:
-    state["pad"] = "p" * 300  # over root_inline_limit: always a tree
-    whole = _split(state)
-    with small_offload():
-        sliced = _split(state)
-    assert sliced.root == whole.root
-    assert sliced.blobs == whole.blobs
-    assert list(sliced.children.items()) == list(whole.children.items())
-    assert sliced.text_crc == whole.text_crc
+
+
+@examples(fast=10, full=30)
+def test_jobs_and_slices_make_the_same_split(examples: int) -> None:
+    @settings(LARGE_STATES, max_examples=examples)
+    @given(LONG_LISTS)
+    def check(state: dict[str, Any]) -> None:
+        state["pad"] = "p" * 300  # over root_inline_limit: always a tree
+        whole = _split(state)
+        with small_offload():
+            sliced = _split(state)
+        assert sliced.root == whole.root
+        assert sliced.blobs == whole.blobs
+        assert list(sliced.children.items()) == list(whole.children.items())
+        assert sliced.text_crc == whole.text_crc
+
+    check()
 
 
 async def test_cooperate_runs_jobs_in_a_worker_thread() -> None:
@@ -204,18 +211,22 @@ def _record(state: dict[str, Any], params: TreeParams = PARAMS) -> tuple[bytes, 
     return record, result.blobs
 
 
-@LARGE_STATES
-@given(STATES)
-def test_values_parsed_apart_read_back_as_the_whole_text_does(state: dict[str, Any]) -> None:
-    state["pad"] = "p\u00fc\U0001f600" * 100  # over root_inline_limit: always a tree
-    record, blobs = _record(state)
-    exact = split.split_state(state, PARAMS)  # no text checksum: every leaf hashed
-    whole = decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data
-    with small_parts():
-        apart = decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data
-        hashed = join_state(exact.root, lambda _: exact.blobs)
-    assert whole == apart == hashed == state
-    assert orjson.dumps(apart) == orjson.dumps(state)
+@examples(fast=10, full=30)
+def test_values_parsed_apart_read_back_as_the_whole_text_does(examples: int) -> None:
+    @settings(LARGE_STATES, max_examples=examples)
+    @given(STATES)
+    def check(state: dict[str, Any]) -> None:
+        state["pad"] = "p\u00fc\U0001f600" * 100  # over root_inline_limit: always a tree
+        record, blobs = _record(state)
+        exact = split.split_state(state, PARAMS)  # no text checksum: every leaf hashed
+        whole = decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data
+        with small_parts():
+            apart = decode_checkpoint_v2(record, lambda _: blobs).state_snapshot.data
+            hashed = join_state(exact.root, lambda _: exact.blobs)
+        assert whole == apart == hashed == state
+        assert orjson.dumps(apart) == orjson.dumps(state)
+
+    check()
 
 
 def test_the_text_checksum_guards_values_parsed_apart() -> None:
@@ -435,8 +446,8 @@ async def _held_up_in_one_of_three(
     return tries
 
 
-def _documents(megabytes: int) -> dict[str, Any]:
-    return {"docs": [{"id": i, "text": "word " * 200} for i in range(megabytes * 1000)]}
+def _documents(megabytes: float) -> dict[str, Any]:
+    return {"docs": [{"id": i, "text": "word " * 200} for i in range(round(megabytes * 1000))]}
 
 
 async def _warmed(url: str) -> CheckpointManager:
@@ -470,24 +481,29 @@ async def test_a_large_first_save_lets_the_loop_run_between_its_slices(
 
 @pytest.mark.parametrize("url", ["file://{dir}/store", "sqlite://{dir}/store.db"])
 async def test_concurrent_large_saves_take_turns_with_a_timer(tmp_path: Path, url: str) -> None:
-    """Eight 1 MB first saves at once: a 1 ms timer waits for about one budget, not eight."""
+    """Sixteen 0.5 MB first saves at once: a 1 ms timer waits for about one budget, not
+    sixteen slices, nor a whole save."""
     manager = await _warmed(url.format(dir=tmp_path))
 
     async def measure(n: int) -> list[float]:
-        states = [SharedState(_documents(1)) for _ in range(8)]
-        saves = asyncio.gather(
-            *(
-                manager.create_checkpoint(f"wf-{n}-{i}", 1, "a", "completed", s)
-                for i, s in enumerate(states)
+        states = [SharedState(_documents(0.5)) for _ in range(16)]
+
+        async def saves() -> None:  # started once the heartbeat runs: all of them measured
+            await asyncio.gather(
+                *(
+                    manager.create_checkpoint(f"wf-{n}-{i}", 1, "a", "completed", s)
+                    for i, s in enumerate(states)
+                )
             )
-        )
-        return await _loop_cpu_between_beats(saves, 0.001)
+
+        return await _loop_cpu_between_beats(saves(), 0.001)
 
     try:
         tries = await _held_up_in_one_of_three(measure, 0.008)
     finally:
         await manager.__aexit__(None, None, None)
-    # ~3 ms here; 12-27 ms in every try when all eight sliced in every turn.
+    # ~3 ms here (load 5); 11-16 ms in every try when all sixteen sliced in every turn (a
+    # pacer that always waits a turn), 60-75 ms when each save ran whole (one that never waits).
     assert _held_up_at_most(tries[-1], 0.008), [max(gaps) for gaps in tries]
 
 

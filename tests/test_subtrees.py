@@ -37,6 +37,7 @@ from aiocheckpoint.format.tags import MARK
 from aiocheckpoint.format.tree import SplitMemory, SplitResult, TreeParams
 from aiocheckpoint.storage.base import BlobCheckpointStorage
 from tests.pg_support import DSN, pg_schema
+from tests.tiered import examples
 
 __all__ = ["pg_schema"]
 
@@ -162,18 +163,26 @@ CHAT_OPS = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(OPS, max_size=25))
-def test_cached_split_equals_a_split_from_scratch(ops: list[tuple[Any, ...]]) -> None:
-    _check_cached_splits(ops)
+@examples(fast=50, full=150)
+def test_cached_split_equals_a_split_from_scratch(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(OPS, max_size=25))
+    def check(ops: list[tuple[Any, ...]]) -> None:
+        _check_cached_splits(ops)
+
+    check()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(CHAT_OPS, max_size=30))
-def test_cached_split_of_a_growing_chat_equals_a_split_from_scratch(
-    ops: list[tuple[Any, ...]],
-) -> None:
-    _check_cached_splits(ops)
+@examples(fast=50, full=150)
+def test_cached_split_of_a_growing_chat_equals_a_split_from_scratch(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(CHAT_OPS, max_size=30))
+    def check(
+        ops: list[tuple[Any, ...]],
+    ) -> None:
+        _check_cached_splits(ops)
+
+    check()
 
 
 def test_a_chat_message_cut_into_regions_of_its_own_is_remembered_when_resumed() -> None:

@@ -46,6 +46,7 @@ from aiocheckpoint.storage.sqlite import SQLiteCheckpointStorage
 from tests.test_subtrees import PARAMS, CountingValues, _apply, _same
 from tests.test_subtrees import SCALARS as PLAIN_SCALARS
 from tests.test_typed import Message, Role, registry
+from tests.tiered import examples
 from tests.typed_values import same, values
 
 TYPES = registry()
@@ -187,42 +188,46 @@ SPLIT_OPS = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(SPLIT_OPS, max_size=20))
-# Always: a list grown from an older version than the one last cut (its lineage does not
-# name that one), and a list equal to the one last cut but of another text.
-@example([("chat", "base", 3), ("checkpoint",), ("restore_chat", 3, 4)])
-@example([("checkpoint",), ("reorder", "base")])
-# A list at a "$"-key path grown past the typed messages: the escaped key in the cache.
-@example([("chat", "a.$x", 1), ("chat", "a.$x", 8), ("chat", "a.$x", 8)])
-def test_cached_splits_of_typed_states_equal_splits_from_scratch(
-    ops: list[tuple[Any, ...]],
-) -> None:
-    values = TypedValues(TYPES)
-    states = [SharedState(_initial()), SharedState(_initial())]
-    states[1].set("other", {"$x": "second"})
-    previous = _scratch(states[0]._peek()[0], None).memory
-    assert previous is not None
-    previous.first_chunks.clear()
-    cache: dict[int | str, Any] = {}
-    for op in [*ops, ("checkpoint",)]:
-        if op[0] == "from_snapshot":
-            states[0] = SharedState.from_snapshot(states[0].snapshot())
-        elif op[0] == "switch":
-            states.reverse()
-        elif op[0] != "checkpoint":
-            apply(states[0], op)
-            _check_lineages(states[0])
-            continue
-        data, lineages = states[0]._peek()[0], states[0]._lineages()
-        shared = finish(shared_split_work(data, values, PARAMS, previous, cache, None, lineages))
-        assert shared is not None
-        _same(shared.split, _scratch(data, previous))
-        assert shared.copy == to_storable(data, "state", TYPES)
-        assert shared.tagged == (MARK in orjson.dumps(shared.copy))
-        previous, cache = shared.split.memory, shared.entries
+@examples(fast=50, full=150)
+def test_cached_splits_of_typed_states_equal_splits_from_scratch(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(SPLIT_OPS, max_size=20))
+    # Always: a list grown from an older version than the one last cut (its lineage does not
+    # name that one), and a list equal to the one last cut but of another text.
+    @example([("chat", "base", 3), ("checkpoint",), ("restore_chat", 3, 4)])
+    @example([("checkpoint",), ("reorder", "base")])
+    # A list at a "$"-key path grown past the typed messages: the escaped key in the cache.
+    @example([("chat", "a.$x", 1), ("chat", "a.$x", 8), ("chat", "a.$x", 8)])
+    def check(ops: list[tuple[Any, ...]]) -> None:
+        values = TypedValues(TYPES)
+        states = [SharedState(_initial()), SharedState(_initial())]
+        states[1].set("other", {"$x": "second"})
+        previous = _scratch(states[0]._peek()[0], None).memory
         assert previous is not None
         previous.first_chunks.clear()
+        cache: dict[int | str, Any] = {}
+        for op in [*ops, ("checkpoint",)]:
+            if op[0] == "from_snapshot":
+                states[0] = SharedState.from_snapshot(states[0].snapshot())
+            elif op[0] == "switch":
+                states.reverse()
+            elif op[0] != "checkpoint":
+                apply(states[0], op)
+                _check_lineages(states[0])
+                continue
+            data, lineages = states[0]._peek()[0], states[0]._lineages()
+            shared = finish(
+                shared_split_work(data, values, PARAMS, previous, cache, None, lineages)
+            )
+            assert shared is not None
+            _same(shared.split, _scratch(data, previous))
+            assert shared.copy == to_storable(data, "state", TYPES)
+            assert shared.tagged == (MARK in orjson.dumps(shared.copy))
+            previous, cache = shared.split.memory, shared.entries
+            assert previous is not None
+            previous.first_chunks.clear()
+
+    check()
 
 
 # --- through managers, workflows and stores ------------------------------------------------

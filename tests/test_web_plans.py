@@ -9,7 +9,6 @@ import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from aiocheckpoint.storage.postgres.leases import query_statement
@@ -18,9 +17,9 @@ from aiocheckpoint.storage.queries import WorkflowQuery, query_sql
 from aiocheckpoint.storage.sqlite import records as sqlite_records
 from aiocheckpoint.storage.sqlite.schema import migrate
 from aiocheckpoint.web import timeline
-from tests.test_scale_plans import _plan, filled, pg_schema
+from tests.test_scale_plans import _Fill, _filled, _plan, fill
 
-__all__ = ["filled", "pg_schema"]  # the fixtures
+__all__ = ["fill"]  # the fixture
 
 _QUERY = WorkflowQuery(
     updated_after=datetime(2026, 1, 1, tzinfo=timezone.utc),
@@ -45,15 +44,14 @@ def test_sqlite_throughput_reads_a_range_of_the_updated_minute_index(tmp_path: P
 
 
 async def test_postgres_throughput_reads_a_range_of_the_updated_minute_index(
-    filled: tuple[asyncpg.Connection, str],
+    fill: _Fill,
 ) -> None:
     """An index scan backward of the minute index bounded by the window, each minute's rows
     sorted by ``updated_at`` (an incremental sort) under the LIMIT: no Seq Scan, no sort
     of the whole range (20,000 workflows updated over 5.5 hours, with statistics)."""
-    con, s = filled
-    await con.execute(f"ANALYZE {s}.workflows")
-    page, args = query_statement(Sql.for_schema(s), _QUERY, ["workflow_id"])
-    plan = await _plan(con, page, *args)
+    async with _filled(fill, "analyzed") as (con, s):
+        page, args = query_statement(Sql.for_schema(s), _QUERY, ["workflow_id"])
+        plan = await _plan(con, page, *args)
     assert "Index Scan Backward using workflows_updated_minute" in plan, plan
     assert "Index Cond: (updated_minute >=" in plan, plan
     assert "Incremental Sort" in plan and "Presorted Key: updated_minute" in plan, plan

@@ -27,6 +27,9 @@ from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
 from tests.pg_support import DSN
 from tests.test_postgres_blobs import check_counts
 
+# Each race runs for RACE_SECONDS, then a database is dropped: the slow tier.
+pytestmark = pytest.mark.slow
+
 #: How long each race runs: the deadlock showed within ~2 s before the fix.
 RACE_SECONDS = 10.0
 #: Small nodes: a few KB of state make trees several levels deep that share sub-trees.
