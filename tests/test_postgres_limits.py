@@ -33,16 +33,25 @@ async def limited_role() -> AsyncIterator[str]:
     name = f"aiocp_lim_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(DSN)
     try:
-        await admin.execute(f'CREATE ROLE "{name}" LOGIN CONNECTION LIMIT 3')
-        await admin.execute(f'GRANT CREATE ON DATABASE test TO "{name}"')
+        async with admin.transaction():
+            await admin.execute(_GRANTS_ONE_AT_A_TIME)
+            await admin.execute(f'CREATE ROLE "{name}" LOGIN CONNECTION LIMIT 3')
+            await admin.execute(f'GRANT CREATE ON DATABASE test TO "{name}"')
         yield name
     finally:
         await admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name
         )
-        await admin.execute(f'DROP OWNED BY "{name}" CASCADE')
-        await admin.execute(f'DROP ROLE "{name}"')
+        async with admin.transaction():
+            await admin.execute(_GRANTS_ONE_AT_A_TIME)
+            await admin.execute(f'DROP OWNED BY "{name}" CASCADE')
+            await admin.execute(f'DROP ROLE "{name}"')
         await admin.close()
+
+
+#: A grant on the database (or its revoke) rewrites the database's one catalog row: two
+#: test processes doing it at once fail with "tuple concurrently updated".
+_GRANTS_ONE_AT_A_TIME = "SELECT pg_advisory_xact_lock(4242001)"
 
 
 def role_dsn(role: str) -> str:
