@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,14 @@ def test_gil_breaks_yields_every_row_and_sleeps_between_stretches(
     # A rest long enough for a thread waiting for the GIL to wake and take it.
     assert slept == [turns.REST_SECONDS] * 2
     assert turns.REST_SECONDS > 0
+    # With no save being written (busy() false) the loop runs on without a rest.
+    slept.clear()
+    got.clear()
+    worker = threading.Thread(target=lambda: got.extend(turns.gil_breaks(rows, lambda: False)))
+    worker.start()
+    worker.join()
+    assert got == rows
+    assert slept == []
 
 
 async def test_a_sweeps_turns_rest_after_each_stretch_of_work(
@@ -79,7 +88,8 @@ async def test_a_sweeps_turns_rest_after_each_stretch_of_work(
     monkeypatch.setattr(_sweep_batches.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(_sweep_batches.asyncio, "sleep", sleep)
     # The pacer's budget is not what is tested: 1 s.
-    sweep_turns, unrested = _sweep_batches.Turns(1.0, True), _sweep_batches.Turns(1.0, False)
+    sweep_turns, unrested = _sweep_batches.Turns(1.0, lambda: True), _sweep_batches.Turns(1.0, None)
+    idle = _sweep_batches.Turns(1.0, lambda: False)  # no save being written lately
     await sweep_turns.turn()
     clock[0] += _sweep_batches.WORK_SECONDS / 2
     await sweep_turns.turn()
@@ -88,4 +98,21 @@ async def test_a_sweeps_turns_rest_after_each_stretch_of_work(
     await sweep_turns.turn()
     await sweep_turns.turn()
     await unrested.turn()  # a store whose writes run on the loop: no rests
+    await idle.turn()
+    clock[0] += _sweep_batches.WORK_SECONDS
+    await idle.turn()
     assert slept == [_sweep_batches.REST_SECONDS]
+
+
+async def test_a_sqlite_store_counts_as_saving_only_lately_after_a_save(tmp_path: Path) -> None:
+    """The sweep's rests follow the store's saves: none before the first save, some right
+    after one, none once the store has been quiet for a while."""
+    from aiocheckpoint import SQLiteCheckpointStorage
+    from aiocheckpoint.storage.sqlite import groupcommit
+
+    async with SQLiteCheckpointStorage(tmp_path / "s.db") as storage:
+        assert not storage.saving_lately()
+        await storage.save("wf", 0, b"{}")
+        assert storage.saving_lately()
+        await asyncio.sleep(groupcommit._SAVING_LATELY * 1.5)
+        assert not storage.saving_lately()

@@ -357,7 +357,10 @@ class _Sweep:
         self.forget = forget
         self.pacer = BatchSizer(policy.batch_size)
         #: Shares the loop's turns between the sweep's judging and everything else.
-        self.turns = Turns(_TURN_SECONDS, getattr(storage, "writes_in_threads", False))
+        rests = getattr(storage, "saving_lately", None)
+        self.turns = Turns(
+            _TURN_SECONDS, rests if getattr(storage, "writes_in_threads", False) else None
+        )
 
     def records(self) -> _WorkflowStorage:
         if not isinstance(self.storage, _WorkflowStorage):

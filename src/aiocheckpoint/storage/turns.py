@@ -35,16 +35,21 @@ async def in_turns(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
     return done
 
 
-def gil_breaks(rows: Iterable[_T]) -> Iterator[_T]:
+def _always() -> bool:
+    return True
+
+
+def gil_breaks(rows: Iterable[_T], busy: Callable[[], bool] = _always) -> Iterator[_T]:
     """``rows``, for a worker thread: the GIL given away every ROWS rows, for a moment.
 
     A thread that gives the GIL up itself lets a waiting thread take it instead of after
     the switch interval (measured: an event loop's 1 ms heartbeat beside a thread running
     Python was 11 ms late at the median, under 1 ms with these breaks). Not ``sleep(0)``:
     the thread takes the GIL back before a thread waiting for it wakes, more often than
-    not, so the break rests :data:`REST_SECONDS`.
+    not, so the break rests :data:`REST_SECONDS`, while ``busy()`` says a thread may be
+    waiting (a store's saves being written); otherwise the loop runs on without a break.
     """
     for n, row in enumerate(rows, 1):
         yield row
-        if n % ROWS == 0:
+        if n % ROWS == 0 and busy():
             time.sleep(REST_SECONDS)

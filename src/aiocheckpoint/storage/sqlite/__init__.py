@@ -135,7 +135,8 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
 
     db_system = "sqlite"
     #: Its writes run in a thread that needs the GIL between each statement: a sweep's
-    #: judging on the loop rests now and then to let it have it (``retention``).
+    #: judging on the loop rests now and then to let it have it while saves are being
+    #: written (``retention``, :meth:`saving_lately`).
     writes_in_threads = True
 
     def __init__(
@@ -322,7 +323,10 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         after = None if after is None else check_workflow_id(after)
         budget = (more_than, max_records, max_bytes)
         cap = self._max_record_bytes
-        return await self._read(lambda conn: sweeps.read_histories(conn, after, limit, budget, cap))
+        lately = self.saving_lately
+        return await self._read(
+            lambda conn: sweeps.read_histories(conn, after, limit, budget, cap, lately)
+        )
 
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:
         """Delete every cut, in slices of the group commit (``SweepStorage``)."""

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import sqlite3
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,8 @@ _IDLE_SECONDS: Final = 0.1
 #: Seconds after a background write's last slice during which the WAL's looser bound still
 #: holds: a sweep reads its next page meanwhile, then writes again.
 _BACKGROUND_GRACE: Final = 1.0
+#: How long after a save a sweep still counts the store as saving (:meth:`saving_lately`).
+_SAVING_LATELY: Final = 0.1
 
 
 @dataclass(eq=False, slots=True)
@@ -83,6 +86,7 @@ class GroupCommit:
         #: Background writes under way (:meth:`_background`): the WAL's bound is looser.
         self._background_writes = 0
         self._background_ended = float("-inf")  # loop.time() when the last one ended
+        self._saved_at = float("-inf")  # time.monotonic() when a save was last queued
 
     def _submit(self, op: Op, size: int) -> asyncio.Future[Any]:
         """Queue ``op``; the future its caller awaits (not a coroutine: one frame less to keep).
@@ -93,6 +97,8 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append(_Pending(op, size, future))
+        if not is_background(op):
+            self._saved_at = time.monotonic()
         if not self._busy and not self._kick_due:
             # Hand the writer what is queued one loop iteration later, not now: the other
             # tasks running in this iteration (typically every caller woken by the last
@@ -299,6 +305,15 @@ class GroupCommit:
         finally:
             self._background_writes -= 1
             self._background_ended = asyncio.get_running_loop().time()
+
+    def saving_lately(self) -> bool:
+        """Whether a save (not a background write's slice) was queued lately.
+
+        Within the last :data:`_SAVING_LATELY` seconds: a sweep then rests now and then as
+        it judges and reads, to leave the writer thread the GIL (``retention``,
+        :func:`..turns.gil_breaks`). Read from any thread (one float).
+        """
+        return time.monotonic() - self._saved_at < _SAVING_LATELY
 
     def _in_background(self) -> bool:
         """Whether a background write runs, or ended less than :data:`_BACKGROUND_GRACE` ago."""

@@ -11,6 +11,7 @@ step's effects and queue its blobs' references for release, as they do for any d
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
@@ -57,28 +58,30 @@ def read_histories(
     limit: int,
     budget: tuple[int, int, int],
     max_bytes: int,
+    busy: Callable[[], bool],
 ) -> list[History]:
     """The next ``limit`` histories after ``after`` from one snapshot (``SweepStorage``).
 
     ``budget`` is ``(more_than, max_records, max_bytes)`` of
-    :func:`~..base.histories_to_read`; ``max_bytes`` the largest record this store reads.
+    :func:`~..base.histories_to_read`; ``max_bytes`` the largest record this store reads;
+    ``busy`` whether the loops over rows rest for the writer thread (:func:`.gil_breaks`).
     """
     conn.execute("BEGIN")
     try:
         rows = conn.execute(_PAGE, ("" if after is None else after, limit)).fetchall()
-        rows = [row for row in gil_breaks(rows) if id_problem(row[0]) is None]
+        rows = [row for row in gil_breaks(rows, busy) if id_problem(row[0]) is None]
         sizes = {row[0]: (row[1], row[3]) for row in rows}
-        found = _records(conn, histories_to_read(sizes, *budget), max_bytes)
+        found = _records(conn, histories_to_read(sizes, *budget), max_bytes, busy)
     finally:
         conn.execute("COMMIT")
     return [
         History(wf, n, low, bool(orphans), bool(paused), kind, found.get(wf))
-        for wf, n, low, _size, orphans, paused, kind in gil_breaks(rows)
+        for wf, n, low, _size, orphans, paused, kind in gil_breaks(rows, busy)
     ]
 
 
 def _records(
-    conn: sqlite3.Connection, ids: list[str], max_bytes: int
+    conn: sqlite3.Connection, ids: list[str], max_bytes: int, busy: Callable[[], bool]
 ) -> dict[str, list[StoredCheckpoint]]:
     """Every record of ``ids``, newest first; a workflow with one over the limit left out."""
     found: dict[str, list[StoredCheckpoint]] = {}
@@ -90,7 +93,8 @@ def _records(
             f"FROM checkpoints WHERE workflow_id IN ({_marks(len(chunk))}) AND {_STEP_OK} "
             "ORDER BY workflow_id, step DESC"
         )
-        for wf, step, data in gil_breaks(conn.execute(sql, [max_bytes, *chunk]).fetchall()):
+        rows = conn.execute(sql, [max_bytes, *chunk]).fetchall()
+        for wf, step, data in gil_breaks(rows, busy):
             if type(data) is not bytes:
                 refused.add(wf)
             else:
