@@ -13,9 +13,9 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from ...errors import (
     CheckpointCorruptedError,
@@ -39,6 +39,7 @@ from . import events
 from .foreign import ForeignRow, id_problem, warn_skipped
 from .minute import minute_of
 
+_T = TypeVar("_T")
 _COLUMNS: Final = (
     "workflow_id, status, created_at, updated_at, finished_at, lease_owner, "
     "lease_expires_at, fencing_token, metadata, latest_step, latest_agent_id, "
@@ -178,13 +179,20 @@ def ensure_records(conn: sqlite3.Connection, workflow_ids: Iterable[str], now: f
     One multi-row statement per 128 workflows: a third of the time of one ``executemany``
     row each, in the writer thread while the whole batch waits for it.
     """
-    ids = list(dict.fromkeys(workflow_ids))
-    for start in range(0, len(ids), ROWS_PER_STATEMENT):
-        chunk = ids[start : start + ROWS_PER_STATEMENT]
-        # Padded to a power of two by repeating an id (a no-op row): few distinct
-        # statements, so they stay in the connection's statement cache.
-        rows = padded_rows(len(chunk))
-        conn.execute(_ensure_sql(rows), [now, *chunk, *[chunk[-1]] * (rows - len(chunk))])
+    for chunk in padded_chunks(list(dict.fromkeys(workflow_ids))):
+        conn.execute(_ensure_sql(len(chunk)), [now, *chunk])
+
+
+def padded_chunks(items: Sequence[_T]) -> Iterator[list[_T]]:
+    """``items`` in chunks of up to :data:`ROWS_PER_STATEMENT`, one multi-row statement each.
+
+    Each is padded to :func:`padded_rows` by repeating its last item (a row written twice:
+    the same outcome), so that few distinct statements stay in the connection's statement
+    cache.
+    """
+    for start in range(0, len(items), ROWS_PER_STATEMENT):
+        chunk = list(items[start : start + ROWS_PER_STATEMENT])
+        yield chunk + [chunk[-1]] * (padded_rows(len(chunk)) - len(chunk))
 
 
 def padded_rows(count: int) -> int:
@@ -282,17 +290,12 @@ def note_saves(
     noted = [(wf, step, info) for wf, step, info in saves if info is not None]
     if len(noted) < len(saves):
         ensure_records(conn, (wf for wf, _, info in saves if info is None), now)
-    for start in range(0, len(noted), ROWS_PER_STATEMENT):
-        chunk = noted[start : start + ROWS_PER_STATEMENT]
-        rows = padded_rows(len(chunk))
-        # Padded by repeating the last save (applied twice: the same outcome), so that
-        # few distinct statements stay in the connection's statement cache.
-        chunk += [chunk[-1]] * (rows - len(chunk))
+    for chunk in padded_chunks(noted):
         params: list[object] = [now]
         for wf, step, info in chunk:
             params += (wf, step, info.agent_id, info.agent_status, info.kind)
         kinds = any(info.kind not in (None, WORKFLOW_KIND) for _, _, info in chunk)
-        conn.execute(_note_sql(rows, kinds), params)
+        conn.execute(_note_sql(len(chunk), kinds), params)
     for wf, _, info in noted:
         if info.note is not None:  # a fork's ``forked``: in the save's transaction
             events.append(conn, now, wf, EventKind(info.note[0]), info.note[1])

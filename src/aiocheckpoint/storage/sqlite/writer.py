@@ -465,22 +465,17 @@ class Writer:
 def _upsert(conn: sqlite3.Connection, saves: Sequence[SaveOp]) -> int:
     """Write the rows of ``saves``: one statement per 128 (:func:`.sql.upsert_sql`).
 
-    Padded by repeating the last row (written twice: the same outcome), so that few distinct
-    statements stay in the connection's statement cache (:func:`.records.padded_rows`).
-    Returns the rows its triggers wrote: those of ``blob_releases`` (a replaced version-2
-    record's references), counted as the connection's total changes beyond the statements'
-    own rows.
+    Padded as :func:`.records.padded_chunks` pads. Returns the rows its triggers wrote:
+    those of ``blob_releases`` (a replaced version-2 record's references), counted as the
+    connection's total changes beyond the statements' own rows.
     """
     triggered = 0
-    for start in range(0, len(saves), records.ROWS_PER_STATEMENT):
-        chunk = saves[start : start + records.ROWS_PER_STATEMENT]
-        rows = records.padded_rows(len(chunk))
+    for chunk in records.padded_chunks(saves):
         params: list[object] = []
         for save in chunk:
             params += save[:3]  # workflow_id, step, data
-        params += params[-3:] * (rows - len(chunk))
         before = conn.total_changes
-        cursor = conn.execute(upsert_sql(rows), params)
+        cursor = conn.execute(upsert_sql(len(chunk)), params)
         triggered += conn.total_changes - before - cursor.rowcount
     return triggered
 
