@@ -41,7 +41,8 @@ Under xdist:
 Hundreds of tests start Python processes (the CLI, crash and power-loss writers, docs
 examples). Under ``PYTHONDONTWRITEBYTECODE=1`` each of them would compile the whole package
 from source again, most of the CLI's start-up time; the children write their bytecode under
-``.pytest_cache/pycache`` instead (``PYTHONPYCACHEPREFIX``), never beside the sources. The
+``.pytest_cache/pycache`` instead (``PYTHONPYCACHEPREFIX``), never beside the sources, and
+the installed packages' bytecode is linked there first (tests/_pycache.py). The
 CLI tests' commands and the crash tests' writers do not start Python at all: each is forked
 from a warmed-up interpreter, one per test process (tests/_zygote.py, tests/cli_runner.py);
 ``AIOCHECKPOINT_TEST_CLI_SUBPROCESS=1`` starts every CLI command as a fresh process instead.
@@ -56,7 +57,7 @@ from typing import Any
 
 import pytest
 
-from tests import _summary
+from tests import _pycache, _summary
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,6 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
         prefix = config.rootpath / ".pytest_cache" / "pycache"
         prefix.mkdir(parents=True, exist_ok=True)
+        _pycache.seed(prefix)
         os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
         del os.environ["PYTHONDONTWRITEBYTECODE"]
 

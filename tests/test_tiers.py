@@ -117,3 +117,25 @@ def test_a_test_in_two_tiers_or_needing_root_outside_root_is_refused(
     proc = run(tmp_path, test_c=f"import pytest\n\n{test}")
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert error in proc.stderr
+
+
+def test_the_bytecode_prefix_starts_with_the_installed_packages(tmp_path: Path) -> None:
+    """tests/_pycache.py: a fresh prefix holds the stdlib's compiled bytecode where Python
+    looks for it under that prefix, and the seeding happens once."""
+    import json as some_module
+
+    from tests import _pycache
+
+    _pycache.seed(tmp_path)
+    source = Path(some_module.__file__ or "")
+    script = f"import importlib.util; print(importlib.util.cache_from_source({str(source)!r}))"
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path)}
+    where = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert Path(where).is_relative_to(tmp_path)
+    installed = source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
+    assert Path(where).read_bytes() == installed.read_bytes()
+    Path(where).unlink()
+    _pycache.seed(tmp_path)
+    assert not Path(where).exists()
