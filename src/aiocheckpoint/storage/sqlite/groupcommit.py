@@ -250,7 +250,13 @@ class GroupCommit:
             if item.future.done():  # its caller was cancelled while it was queued
                 self._pending.popleft()
                 continue
-            if batch and (size + item.size > _MAX_BATCH_BYTES or is_background(item.op)):
+            # A background write's slice goes alone: saves queued behind it stay queued,
+            # so the slice sees them waiting and ends after the workflow it is on.
+            if batch and (
+                size + item.size > _MAX_BATCH_BYTES
+                or is_background(item.op)
+                or is_background(batch[0].op)
+            ):
                 break
             self._pending.popleft()
             batch.append(item)
