@@ -119,23 +119,32 @@ def test_a_test_in_two_tiers_or_needing_root_outside_root_is_refused(
     assert error in proc.stderr
 
 
-def test_the_bytecode_prefix_starts_with_the_installed_packages(tmp_path: Path) -> None:
-    """tests/_pycache.py: a fresh prefix holds the stdlib's compiled bytecode where Python
-    looks for it under that prefix, and the seeding happens once."""
-    import json as some_module
+def test_the_bytecode_prefix_starts_with_the_installed_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/_pycache.py: a fresh prefix holds the installed packages' compiled bytecode where
+    Python looks for it under that prefix, and the seeding happens once."""
+    import py_compile
 
     from tests import _pycache
 
-    _pycache.seed(tmp_path)
-    source = Path(some_module.__file__ or "")
+    installed, prefix = tmp_path / "site-packages", tmp_path / "prefix"
+    source = installed / "pkg" / "mod.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("VALUE = 1\n")
+    tag = sys.implementation.cache_tag
+    compiled = source.parent / "__pycache__" / f"mod.{tag}.pyc"
+    py_compile.compile(str(source), cfile=str(compiled))
+    monkeypatch.setattr(_pycache, "_installed_dirs", lambda: {installed})
+
+    _pycache.seed(prefix)
     script = f"import importlib.util; print(importlib.util.cache_from_source({str(source)!r}))"
-    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path)}
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(prefix)}
     where = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
-    assert Path(where).is_relative_to(tmp_path)
-    installed = source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
-    assert Path(where).read_bytes() == installed.read_bytes()
+    assert Path(where).is_relative_to(prefix)
+    assert Path(where).read_bytes() == compiled.read_bytes()
     Path(where).unlink()
-    _pycache.seed(tmp_path)
+    _pycache.seed(prefix)
     assert not Path(where).exists()
