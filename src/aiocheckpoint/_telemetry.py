@@ -105,6 +105,11 @@ def round_trip(
     return live.round_trip(method, args, kwargs)
 
 
+def quiet() -> bool:
+    """Whether no telemetry is recorded now: :func:`round_trip` would call its method as is."""
+    return not ENABLED or _live() is None
+
+
 def annotate(key: str, value: str | int | bool) -> None:
     """Set an attribute on the current span (the traced call this runs in), when enabled."""
     if ENABLED and _live() is not None:

@@ -192,9 +192,9 @@ class CheckpointManager(
         )
         self._records = WorkflowRecords(self._storage, self._check_open, FieldSealer(sealer))
         self._keeps_records = self._records.supported
-        # save_owned's StepInfo per agent id: one object, not one per save (a NamedTuple the
-        # garbage collector never stops tracking, promoted while its save waits).
-        self._owned_infos: dict[str, StepInfo] = {}
+        # The saves' StepInfo per agent id and status: one object, not one per save (a
+        # NamedTuple the garbage collector never stops tracking, promoted while its save waits).
+        self._infos: dict[tuple[str, str], StepInfo] = {}
         self._journal = EffectJournal(self._storage, self._codec, self._records, self._check_open)
         self._sweeper = Sweeper(self._storage, self._codec, policy, self._check_open)
         self._partial = self._codec  # the partial reads' (partial_reads.py)
@@ -275,11 +275,7 @@ class CheckpointManager(
             fence_token(lease, workflow_id)
             self._records.workflow_storage()
         # What the workflow's record says of its latest step (stores with records only).
-        info = (
-            _step_info((agent_id, agent_status._value_, self._kind, None))
-            if self._keeps_records
-            else None
-        )
+        info = self._info(agent_id, agent_status._value_) if self._keeps_records else None
         # The codec copies the state before its first await; the caller's objects are not
         # kept here while the record is stored.
         saving = self._codec.save(draft, lease, info)
@@ -325,19 +321,23 @@ class CheckpointManager(
         if lease is not None:
             fence_token(lease, workflow_id)
             self._records.workflow_storage()
-        info = None
-        if self._keeps_records:
-            info = self._owned_infos.get(agent_id)
-            if info is None:
-                info = _step_info((agent_id, "completed", self._kind, None))
-                if len(self._owned_infos) < _OWNED_INFOS:
-                    self._owned_infos[agent_id] = info
+        info = self._info(agent_id, "completed") if self._keeps_records else None
         saving = self._codec.save_owned(fields, lease, info)
         if saving is None:
             return self.create_checkpoint(
                 workflow_id, step, agent_id, "completed", state, metadata=metadata, lease=lease
             )
         return saving
+
+    def _info(self, agent_id: str, status: str) -> StepInfo:
+        """A save's StepInfo: one per agent id and status (up to :data:`_INFOS` of them)."""
+        key = (agent_id, status)
+        info = self._infos.get(key)
+        if info is None:
+            info = _step_info((agent_id, status, self._kind, None))
+            if len(self._infos) < _INFOS:
+                self._infos[key] = info
+        return info
 
     def _check_arguments(
         self,
@@ -661,8 +661,8 @@ class CheckpointManager(
             raise StorageClosedError("CheckpointManager is closed")
 
 
-#: The most agent ids whose StepInfo save_owned keeps.
-_OWNED_INFOS = 64
+#: The most (agent id, status) pairs whose StepInfo the saves keep.
+_INFOS = 64
 
 #: A :class:`StepInfo` from the tuple of its fields, without NamedTuple's ``__new__`` frame.
 _step_info: Callable[[tuple[str, str, str | None, None]], StepInfo] = functools.partial(

@@ -23,7 +23,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import orjson
 
-from .._telemetry import round_trip
+from .._telemetry import quiet, round_trip
 from ..errors import CheckpointSerializationError, CheckpointTypeError, InvalidArgumentError
 from ..format.limits import DEFAULT_MAX_RECORD_BYTES
 from ..format.sealed import is_sealed_tree_record, tree_refs_end
@@ -45,6 +45,7 @@ from ..models import (
 )
 from ..storage.base import (
     BlobCheckpointStorage,
+    CheckedSave,
     CheckpointStorage,
     StoredCheckpoint,
     WorkflowStorage,
@@ -111,6 +112,8 @@ class RecordCodec:
     ) -> None:
         self._storage = storage
         self._keep_last = keep_last
+        offer = getattr(storage, "checked_saves", None)  # CheckedSave (storage/base.py)
+        self._checked: CheckedSave | None = None if offer is None else offer()
         #: The bytes stage (encryption, ``docs/encryption.md``), or None.
         self.sealer = sealer
         #: The storage that receives version-2 trees, or None.
@@ -161,9 +164,8 @@ class RecordCodec:
         data, finite, tree = self.copy_state(state)
         copied = perf_counter()
         del state
-        fields = make_fields(
-            (workflow_id, step, agent_id, status, data, metrics, utcnow(), meta, app)
-        )
+        now = utcnow()
+        fields = make_fields((workflow_id, step, agent_id, status, data, metrics, now, meta, app))
         finite = finite and meta_finite
         if copied - copying > _HELD_LONG:
             await anyio.lowlevel.checkpoint()  # as in _save_snapshot: a long copy held the loop
@@ -177,10 +179,15 @@ class RecordCodec:
             returned = self.returned(fields.checkpoint(), record)
             await self._write_record(workflow_id, step, record, lease, info)
             return returned
-        if self.sealer is None:  # the common call, without _write_record's two calls
-            await self._write_plain(workflow_id, step, record, lease, info)
-        else:
+        del fields  # one container less per waiting save for the garbage collector
+        checked = self._checked
+        if self.sealer is not None:
             await self._write_record(workflow_id, step, record, lease, info)
+        elif checked is None or info is None or lease is not None or not quiet():
+            await self._write_plain(workflow_id, step, record, lease, info)
+        else:  # the common call: the storage's own future, no coroutine of its save
+            await checked(workflow_id, step, record, self._keep_last, info)
+        fields = make_fields((workflow_id, step, agent_id, status, data, metrics, now, meta, app))
         return fields.checkpoint()
 
     def save_owned(

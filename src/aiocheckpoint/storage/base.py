@@ -9,7 +9,7 @@ must still treat ids as arbitrary text (they may contain ``/``, ``..``, quotes, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -30,6 +30,7 @@ __all__ = [
     "BaseStorage",
     "BlobCheckpointStorage",
     "BlobReads",
+    "CheckedSave",
     "CheckpointStorage",
     "CompactingStorage",
     "StepInfo",
@@ -53,6 +54,13 @@ __all__ = [
     "check_record_size",
     "workflow_traces",
 ]
+
+
+#: A store's ``save`` of a checked version-1 record, offered by ``checked_saves()`` (optional;
+#: SQLite's): ``(workflow_id, step, data, keep_last, step_info)``, the id and step already
+#: validated by the manager, no lease. Returns the future that completes when ``save``
+#: would return: no coroutine of the store's per waiting save (docs/performance.md).
+CheckedSave = Callable[[str, int, bytes, "int | None", StepInfo], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,7 @@ from ..base import (
     DEFAULT_MAX_RECORD_BYTES,
     BaseStorage,
     BlobFetch,
+    CheckedSave,
     Cut,
     History,
     StoredCheckpoint,
@@ -93,7 +94,7 @@ from .readers import (
     read_workflows,
 )
 from .walcheckpoint import Checkpointer
-from .writer import DeleteOp, Op, RecordOp, SaveOp, Writer, delete_untouched
+from .writer import DeleteOp, Op, RecordOp, SaveOp, Writer, delete_untouched, make_save_op
 
 __all__ = ["ForeignRow", "SQLiteCheckpointStorage"]
 
@@ -226,6 +227,24 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         else:
             op = SaveOp(workflow_id, step, data, keep_last, token, step_info)
         await self._submit(op, len(data))
+
+    def checked_saves(self) -> CheckedSave | None:
+        """:meth:`save` for the record pipeline's checked saves (:class:`.base.CheckedSave`).
+
+        None when a subclass replaces :meth:`save`: its own then runs for every save.
+        """
+        if type(self).save is not SQLiteCheckpointStorage.save:
+            return None
+        return self._checked_save
+
+    def _checked_save(
+        self, workflow_id: str, step: int, data: bytes, keep_last: int | None, info: StepInfo
+    ) -> asyncio.Future[Any]:
+        self._check_open()
+        check_record_size(data, self._max_record_bytes)
+        return self._submit(
+            make_save_op((workflow_id, step, data, keep_last, None, info)), len(data)
+        )
 
     # --- blobs (BlobCheckpointStorage) ----------------------------------------------------
 

@@ -19,8 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from ..._telemetry import record_commit
 from ...errors import StorageClosedError
@@ -49,11 +48,16 @@ _BACKGROUND_GRACE: Final = 1.0
 _SAVING_LATELY: Final = 0.1
 
 
-@dataclass(eq=False, slots=True)
-class _Pending:
+class _Pending(NamedTuple):
     op: Op
     size: int
-    future: asyncio.Future[Any] = field(repr=False)
+    future: asyncio.Future[Any]
+
+
+#: ``_Pending(op, size, future)`` without ``NamedTuple.__new__``'s Python frame (every save).
+_pending: Callable[[tuple[Op, int, asyncio.Future[Any]]], _Pending] = functools.partial(
+    tuple.__new__, _Pending
+)
 
 
 class GroupCommit:
@@ -96,7 +100,7 @@ class GroupCommit:
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append(_Pending(op, size, future))
+        self._pending.append(_pending((op, size, future)))
         if not is_background(op):
             self._saved_at = time.monotonic()
         if not self._busy and not self._kick_due:

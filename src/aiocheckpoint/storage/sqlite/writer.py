@@ -10,6 +10,7 @@ loop's half of the group commit (the queue, when a batch is taken) is
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
 import time
@@ -66,6 +67,10 @@ class SaveOp(NamedTuple):
     keep_last: int | None
     token: int | None = None
     step_info: StepInfo | None = None
+
+
+#: ``SaveOp(*fields)`` without ``NamedTuple.__new__``'s Python frame (every checked save).
+make_save_op: Callable[[tuple[object, ...]], SaveOp] = functools.partial(tuple.__new__, SaveOp)
 
 
 @dataclass(frozen=True, slots=True)
