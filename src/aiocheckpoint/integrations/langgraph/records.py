@@ -24,7 +24,6 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ...errors import CheckpointCorruptedError
 from . import pages as paging
-from . import written as noting
 
 __all__ = [
     "ChannelCache",
@@ -58,27 +57,6 @@ def typed(serde: SerializerProtocol, value: Any) -> str:
     """
     kind, data = serde.dumps_typed(value)
     return f"{kind}:{binascii.b2a_base64(data, newline=False).decode('ascii')}"
-
-
-def _written(serde: SerializerProtocol, value: Any, noted: noting.Noted | None) -> str:
-    """:func:`typed` of a write's value; the item it stands for is noted (``written.py``)."""
-    kind, data = serde.dumps_typed(value)
-    code = f"{kind}:{binascii.b2a_base64(data, newline=False).decode('ascii')}"
-    if noted is not None:
-        noting.note(noted, serde, value, kind, data, code)
-    return code
-
-
-def _new_items(serde: SerializerProtocol, items: list[Any], noted: noting.Noted) -> list[Any]:
-    """The encodings of a list's items new since its parent: a task's write's when noted."""
-    if not noted:
-        return [typed(serde, item) for item in items]
-    return [noting.reused(noted, item) or typed(serde, item) for item in items]
-
-
-def _new_item(serde: SerializerProtocol, item: Any, noted: noting.Noted) -> str:
-    """:func:`_new_items` of one item."""
-    return (noting.reused(noted, item) if noted else None) or typed(serde, item)
 
 
 def untyped(serde: SerializerProtocol, item: Any) -> Any:
@@ -148,7 +126,6 @@ def _channel(
     known: tuple[Any, Any, Any, Any] | None,
     new_pages: dict[str, list[Any]],
     name: paging.PageHash,
-    noted: noting.Noted,
 ) -> tuple[Any, Any, list[Any] | None]:
     """A channel's stored form, what the cache keeps of its items, their encodings."""
     if type(value) is not list:
@@ -157,7 +134,7 @@ def _channel(
             return paging.box(code, new_pages, name), None, None
         return code, None, None
     if known is None or known[3] is None:
-        encoded = _new_items(serde, value, noted)
+        encoded = [typed(serde, item) for item in value]
         return paging.paginate(encoded, (), new_pages, name), _weak(value), encoded
     # An item that is the very object stored in the parent's list is reused as encoded
     # then: LangGraph's reducers (add_messages) build a new list around the same items.
@@ -169,7 +146,7 @@ def _channel(
     count = len(items)
     if len(value) >= count and all(map(operator.is_, value, items)):
         # The common case, checked at C speed: the parent's items, then appended ones.
-        encoded = codes + _new_items(serde, value[count:], noted)
+        encoded = codes + [typed(serde, item) for item in value[count:]]
         # Every full page of the parent lies within its items: all are reused.
         stored = paging.paginate(encoded, hashes, new_pages, name)
         if type(held) is tuple:
@@ -179,7 +156,7 @@ def _channel(
                 return stored, value, encoded
         return stored, _weak(value), encoded
     reuse = {id(item): code for item, code in zip(items, codes, strict=True)}
-    encoded = [reuse.get(id(item)) or _new_item(serde, item, noted) for item in value]
+    encoded = [reuse.get(id(item)) or typed(serde, item) for item in value]
     reused = _same_pages(value, items, hashes)
     return paging.paginate(encoded, reused, new_pages, name), _weak(value), encoded
 
@@ -199,7 +176,6 @@ def checkpoint_state(
     previous: ChannelCache,
     new_pages: dict[str, list[Any]],
     name: paging.PageHash = paging.page_hash,
-    noted: noting.Noted | None = None,
 ) -> tuple[dict[str, Any], ChannelCache]:
     """The state stored for one checkpoint, and its encoded channels for the next one.
 
@@ -208,11 +184,8 @@ def checkpoint_state(
     value changes), so its encoding is reused rather than serialized again; so is each
     list item that is the same object as one in the parent's list. The pages of long lists
     that the parent did not have are added to ``new_pages`` (to be stored first), named
-    by ``name``. ``noted`` holds the items of the tasks' writes whose encodings the list
-    may reuse (``written.py``); those it uses are taken out.
+    by ``name``.
     """
-    if noted is None:
-        noted = {}
     rest = {key: value for key, value in checkpoint.items() if key != "channel_values"}
     versions = checkpoint.get("channel_versions", {})
     values: dict[str, Any] = {}
@@ -226,7 +199,7 @@ def checkpoint_state(
             # Nothing of a value that is not a list is kept: a channel of text and
             # numbers is cached as a tuple of atoms, which the garbage collector stops
             # tracking instead of promoting it with each step's cache.
-            fresh[channel] = (version, *_channel(serde, value, known, new_pages, name, noted))
+            fresh[channel] = (version, *_channel(serde, value, known, new_pages, name))
         values[channel] = fresh[channel][1]
     state = {
         "checkpoint": typed(serde, rest),
@@ -292,20 +265,17 @@ def merge_writes(
     writes: Sequence[tuple[str, Any]],
     task_id: str,
     task_path: str,
-    noted: noting.Noted | None = None,
 ) -> list[Write]:
     """``stored`` plus one task's new writes, as LangGraph's own savers merge them.
 
     A regular write whose ``(task_id, index)`` is already stored is ignored (a retried
     task writes the same thing); the special writes (errors, interrupts, resumes) replace.
-    The items written whose encodings the next checkpoint's list may reuse are added to
-    ``noted`` (``written.py``).
     """
     if not stored and not any(channel in WRITES_IDX_MAP for channel, _ in writes):
         # The common call (a task's first writes, none special): indexes 0, 1, ... of one
         # task, already in LangGraph's order, so nothing to merge or sort.
         return [
-            (task_id, index, channel, _written(serde, value, noted), task_path)
+            (task_id, index, channel, typed(serde, value), task_path)
             for index, (channel, value) in enumerate(writes)
         ]
     merged = {(write[0], write[1]): write for write in stored}
@@ -313,7 +283,7 @@ def merge_writes(
         idx = WRITES_IDX_MAP.get(channel, index)
         if idx >= 0 and (task_id, idx) in merged:
             continue
-        merged[(task_id, idx)] = (task_id, idx, channel, _written(serde, value, noted), task_path)
+        merged[(task_id, idx)] = (task_id, idx, channel, typed(serde, value), task_path)
     return sorted(merged.values(), key=lambda w: writes_sort_key(w[4], w[0], w[1]))
 
 

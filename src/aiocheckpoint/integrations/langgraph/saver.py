@@ -30,7 +30,6 @@ from ...storage.base import CheckpointStorage
 from ...urls import open_storage
 from . import keys, records
 from . import pages as paging
-from . import written as noting
 from .leases import ThreadLeases, default_owner
 from .store import KIND, Pair, ThreadStore
 
@@ -144,9 +143,6 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         # fields in a row (records.flat_writes), which the garbage collector stops tracking
         # at its first look (a tuple holding tuples takes a look more, and is promoted).
         self._writes: OrderedDict[tuple[str, int], tuple[Any, ...]] = OrderedDict()
-        # The items tasks wrote per namespace whose encodings the next checkpoint's list
-        # reuses (written.py): a message is serialized once, not for its write and again.
-        self._noted: OrderedDict[str, noting.Noted] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -219,7 +215,6 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             parent_channels,
             new_pages,
             self._page_name,
-            self._noted.get(workflow_id),
         )
         info = {
             "thread_id": thread_id,
@@ -263,9 +258,7 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
             owner, old = await self._stored_writes(workflow_id, step)
             if owner is not None and owner != checkpoint_id:
                 raise CheckpointIdCollisionError(workflow_id, checkpoint_id, owner)
-            merged = records.merge_writes(
-                self.serde, old, writes, task_id, task_path, self._noted_of(workflow_id)
-            )
+            merged = records.merge_writes(self.serde, old, writes, task_id, task_path)
             info = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
             leases = self._leases
             lease = None if leases is None else await leases.fence(workflow_id, thread_id)
@@ -283,13 +276,6 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
                 self._started.pop(workflow_id, None)
                 raise
             self._remember(self._writes, (workflow_id, step), stored)
-
-    def _noted_of(self, workflow_id: str) -> noting.Noted:
-        noted = self._noted.get(workflow_id)
-        if noted is None:
-            noted = {}
-            self._remember(self._noted, workflow_id, noted)
-        return noted
 
     async def _stored_writes(
         self, workflow_id: str, step: int
@@ -449,7 +435,6 @@ class AioCheckpointSaver(BaseCheckpointSaver[str]):
         self._channels.pop(workflow_id, None)
         self._recent.pop(workflow_id, None)
         self._started.pop(workflow_id, None)
-        self._noted.pop(workflow_id, None)
         for key in [key for key in self._writes if key[0] == workflow_id]:
             del self._writes[key]
         if self._leases is not None:
