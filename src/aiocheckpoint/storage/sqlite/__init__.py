@@ -750,8 +750,12 @@ def _checked_pair(pair: tuple[str, datetime]) -> tuple[str, datetime]:
 
 
 def _checked_cut(cut: Cut) -> Cut:
+    workflow_id = check_workflow_id(cut.workflow_id)
+    steps = tuple(map(check_step, cut.steps))
     below = None if cut.below is None else check_step(cut.below)
-    return Cut(check_workflow_id(cut.workflow_id), tuple(map(check_step, cut.steps)), below)
+    if workflow_id is cut.workflow_id and below is cut.below and steps == cut.steps:
+        return cut  # a sweep's own cut: not copied (a page's copies would live through its write)
+    return Cut(workflow_id, steps, below)
 
 
 def _database_path(path: str | os.PathLike[str]) -> Path:

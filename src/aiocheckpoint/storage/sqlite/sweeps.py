@@ -13,9 +13,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from datetime import datetime
+from itertools import groupby
+from operator import itemgetter
 from typing import Final
 
-from ..base import Cut, History, StoredCheckpoint, histories_to_read
+from ..base import Cut, History, histories_to_read
 from ..turns import gil_breaks
 from . import effects
 from .foreign import id_problem
@@ -28,6 +30,7 @@ _CHUNK: Final = 500
 _STEP_OK: Final = "typeof(step) = 'integer' AND step >= 0"
 _DELETE_EFFECTS: Final = "DELETE FROM effects WHERE workflow_id = ?"
 _DELETE_STEPS: Final = "DELETE FROM checkpoints WHERE workflow_id = ?"
+_WORKFLOW: Final = itemgetter(0)
 
 
 def _marks(count: int) -> str:
@@ -82,10 +85,13 @@ def read_histories(
 
 def _records(
     conn: sqlite3.Connection, ids: list[str], max_bytes: int, busy: Callable[[], bool]
-) -> dict[str, list[StoredCheckpoint]]:
-    """Every record of ``ids``, newest first; a workflow with one over the limit left out."""
-    found: dict[str, list[StoredCheckpoint]] = {}
-    refused: set[str] = set()
+) -> dict[str, tuple[tuple[int, bytes], ...]]:
+    """Every record of ``ids``, newest first; a workflow with one over the limit left out.
+
+    The rows come grouped by workflow: each group becomes one tuple of ``(step, bytes)``
+    pairs (:class:`~..base.History`), with no object per record the collector tracks.
+    """
+    found: dict[str, tuple[tuple[int, bytes], ...]] = {}
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]
         sql = (
@@ -93,14 +99,13 @@ def _records(
             f"FROM checkpoints WHERE workflow_id IN ({_marks(len(chunk))}) AND {_STEP_OK} "
             "ORDER BY workflow_id, step DESC"
         )
-        rows = conn.execute(sql, [max_bytes, *chunk]).fetchall()
-        for wf, step, data in gil_breaks(rows, busy):
-            if type(data) is not bytes:
-                refused.add(wf)
-            else:
-                found.setdefault(wf, []).append(StoredCheckpoint(step, data))
-    for wf in refused:
-        found.pop(wf, None)
+        # Rows as the cursor steps (not fetchall): each goes once grouped, so the rows
+        # add nothing to the count of objects that sets off the collector's passes.
+        rows = conn.execute(sql, [max_bytes, *chunk])
+        for wf, group in groupby(gil_breaks(rows, busy), _WORKFLOW):
+            pairs = tuple([(step, data) for _wf, step, data in group])
+            if all(type(data) is bytes for _step, data in pairs):
+                found[wf] = pairs
     return found
 
 
