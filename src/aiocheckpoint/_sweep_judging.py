@@ -3,18 +3,22 @@
 Used by :mod:`aiocheckpoint.retention` only. A :class:`Keeper` applies a policy's history
 rules to one workflow's records, newest first; a history a batched sweep read whole is
 judged in one call on its ``(step, bytes)`` rows (:func:`judge_rows`), which makes no
-object per record that outlives it (each object a page keeps alive across the garbage
-collector's young collections moves into its oldest generation, and enough of those set
-off a full collection). A :class:`Tally` counts what a page's write deleted.
+object per record that outlives it, and its cut is kept as a plain tuple (:data:`CutRow`)
+until the page's write: each object a page keeps alive across the garbage collector's
+young collections moves into its oldest generation, and enough of those set off a full
+collection (it walks the whole heap, holding up the loop and every thread), while a tuple
+of ints, strings and bytes leaves the collector's tracking at its first collection. A
+:class:`Tally` counts what a page's write deleted.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Final
+from itertools import starmap
+from typing import TYPE_CHECKING, Final, overload
 
 from .codec import is_sealed_record, record_fields, sealed_key_id
 from .errors import CheckpointCorruptedError
@@ -26,6 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PARSE_ON_LOOP",
+    "CutRow",
+    "CutRows",
     "Judged",
     "Keeper",
     "NoKey",
@@ -52,6 +58,38 @@ class NoKey:
 #: What a sweep makes of a record: its step, status and time, None if unreadable, or
 #: :class:`NoKey`.
 Judged = tuple[int, AgentStatus, datetime] | NoKey | None
+#: A :class:`~.storage.base.Cut`'s fields, as a sweep keeps them until its write.
+CutRow = tuple[str, tuple[int, ...], int | None]
+
+
+class CutRows(Sequence[Cut]):
+    """A page's cuts for ``thin_many``: each :class:`Cut` made from its row when used.
+
+    So no Cut lives through the write, which spans the next page's read (and the garbage
+    collector's young collections that read sets off).
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: list[CutRow]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[Cut]:
+        return starmap(Cut, self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Cut: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> CutRows: ...
+
+    def __getitem__(self, index: int | slice) -> Cut | CutRows:
+        if isinstance(index, slice):
+            return CutRows(self._rows[index])
+        return Cut(*self._rows[index])
 
 
 def fields_or_none(data: bytes) -> Judged:
@@ -115,7 +153,7 @@ class Keeper:
 
 def judge_rows(
     policy: RetentionPolicy, report: SweepReport, history: History, tally: Tally
-) -> Cut | None:
+) -> CutRow | None:
     """What the policy deletes of a history read whole (None: nothing), in one call.
 
     Its records' fields are read here, on the loop: a caller sends only histories of at
@@ -137,7 +175,7 @@ def judge_rows(
         tally.add(history.workflow_id, steps, sizes)
     elif not history.orphans:
         return None
-    return Cut(history.workflow_id, tuple(steps), oldest)
+    return history.workflow_id, tuple(steps), oldest
 
 
 def on_loop(history: History) -> bool:

@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._sweep_batches import BatchSizer, Turns
 from ._sweep_judging import (
     PARSE_ON_LOOP,
+    CutRow,
+    CutRows,
     Judged,
     Keeper,
     NoKey,
@@ -47,7 +49,6 @@ from .models import utcnow
 from .storage.base import (
     BlobCheckpointStorage,
     CheckpointStorage,
-    Cut,
     EffectStorage,
     History,
     SpaceReclaimingStorage,
@@ -505,7 +506,7 @@ class _Sweep:
         histories = self.within_read(histories)
         last = histories[-1].workflow_id
         tally = Tally()
-        judged: list[Cut | History] = []
+        judged: list[CutRow | History] = []
         histories.reverse()  # popped as judged: each history and its records go at once
         while histories:
             history = histories.pop()
@@ -513,7 +514,7 @@ class _Sweep:
             if not self.thinnable(history):
                 continue
             if history.records is None or self.opened is not None:
-                item: Cut | History | None = history
+                item: CutRow | History | None = history
             elif on_loop(history):
                 item = judge_rows(self.policy, self.report, history, tally)
             else:
@@ -552,7 +553,7 @@ class _Sweep:
         return judged
 
     async def thin_page(
-        self, storage: SweepStorage, judged: list[Cut | History], tally: Tally
+        self, storage: SweepStorage, judged: list[CutRow | History], tally: Tally
     ) -> None:
         """Thin one page read by :meth:`read_page`: at most one write.
 
@@ -561,7 +562,7 @@ class _Sweep:
         """
         keep_last = self.policy.keep_last
         assert keep_last is not None  # thin_all checked
-        cuts: list[Cut] = []
+        cuts: list[CutRow] = []
         for item in judged:
             if isinstance(item, History):
                 if item.records is None and item.count > keep_last:
@@ -589,14 +590,14 @@ class _Sweep:
 
     async def cut(
         self, history: History, tally: Tally, facts: list[Judged] | None = None
-    ) -> Cut | None:
+    ) -> CutRow | None:
         """What the policy deletes of one history (None: nothing); its steps into ``tally``.
 
         ``facts`` are its records' fields, if read already (None where unreadable).
         """
         records = history.records
         if records is None:  # no more than the newest keep_last: all kept
-            return Cut(history.workflow_id, (), history.oldest) if history.orphans else None
+            return (history.workflow_id, (), history.oldest) if history.orphans else None
         if facts is None:
             facts = [await self.judged(history.workflow_id, *record) for record in records]
         keeper = Keeper(self.policy)
@@ -612,9 +613,9 @@ class _Sweep:
             tally.add(history.workflow_id, steps, sizes)
         elif not history.orphans:
             return None
-        return Cut(history.workflow_id, tuple(steps), keeper.oldest)
+        return history.workflow_id, tuple(steps), keeper.oldest
 
-    async def apply(self, storage: SweepStorage, cuts: list[Cut], tally: Tally) -> bool:
+    async def apply(self, storage: SweepStorage, cuts: list[CutRow], tally: Tally) -> bool:
         """Delete the cuts in one write (a dry run counts them); whether anything was written.
 
         Fills in the report. ``tally`` holds the cuts' steps (:meth:`cut`).
@@ -623,7 +624,7 @@ class _Sweep:
         if self.dry_run:
             counted = tally.steps, tally.bytes, tally.workflows
         elif cuts:
-            deleted, dropped = await self.pacer.timed(storage.thin_many(cuts))
+            deleted, dropped = await self.pacer.timed(storage.thin_many(CutRows(cuts)))
             report.effects_deleted += dropped
             counted = tally.counted(deleted)
         else:
@@ -714,7 +715,7 @@ class _Sweep:
 
 #: A page read: its last workflow, each history's cut or the history itself where it is
 #: judged at the write, and the tally of the cuts' steps.
-_Page = tuple[str, list[Cut | History], Tally]
+_Page = tuple[str, list[CutRow | History], Tally]
 
 
 def _refused_step(bad: CheckpointCorruptedError, low: int | None, before: int | None) -> int:

@@ -333,7 +333,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._check_open()
         checked = await in_turns(_checked_cut, cuts)
         done = await self._in_slices("sweep's thinning", checked, sweeps.thin_one)
-        return [pair for present, _ in done for pair in present], sum(n for _, n in done)
+        return [(wf, step) for wf, steps, _ in done for step in steps], sum(n for *_, n in done)
 
     async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
         """Delete each untouched workflow whole, in slices of writes (``SweepStorage``)."""
@@ -749,13 +749,10 @@ def _checked_pair(pair: tuple[str, datetime]) -> tuple[str, datetime]:
     return check_workflow_id(pair[0]), pair[1]
 
 
-def _checked_cut(cut: Cut) -> Cut:
-    workflow_id = check_workflow_id(cut.workflow_id)
-    steps = tuple(map(check_step, cut.steps))
+def _checked_cut(cut: Cut) -> sweeps.CutRow:
+    # A plain tuple, not a Cut: the collector stops tracking it (see sweeps.thin_one).
     below = None if cut.below is None else check_step(cut.below)
-    if workflow_id is cut.workflow_id and below is cut.below and steps == cut.steps:
-        return cut  # a sweep's own cut: not copied (a page's copies would live through its write)
-    return Cut(workflow_id, steps, below)
+    return check_workflow_id(cut.workflow_id), tuple(map(check_step, cut.steps)), below
 
 
 def _database_path(path: str | os.PathLike[str]) -> Path:

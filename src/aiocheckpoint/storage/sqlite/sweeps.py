@@ -17,13 +17,13 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Final
 
-from ..base import Cut, History, histories_to_read
+from ..base import History, histories_to_read
 from ..turns import gil_breaks
 from . import effects
 from .foreign import id_problem
 from .writer import delete_untouched
 
-__all__ = ["delete_one", "read_histories", "thin_one"]
+__all__ = ["CutRow", "delete_one", "read_histories", "thin_one"]
 
 #: Ids per statement: well under SQLite's variable limit.
 _CHUNK: Final = 500
@@ -109,25 +109,32 @@ def _records(
     return found
 
 
-def thin_one(conn: sqlite3.Connection, now: float, cut: Cut) -> tuple[list[tuple[str, int]], int]:
+#: A checked cut's fields: ``(workflow_id, steps, below)`` (:class:`~..base.Cut`'s).
+CutRow = tuple[str, tuple[int, ...], int | None]
+
+
+def thin_one(conn: sqlite3.Connection, now: float, cut: CutRow) -> tuple[str, tuple[int, ...], int]:
     """Delete one cut's steps and orphaned effects, in the writer's transaction.
 
-    Returns the steps deleted (another sweeper may have taken some already: ``RETURNING``
-    says which were still there, with no read of its own) and the orphans dropped.
+    Returns its workflow, the steps deleted (another sweeper may have taken some already:
+    ``RETURNING`` says which were still there, with no read of its own) and the orphans
+    dropped: a plain tuple, which the garbage collector stops tracking (a sweep's write
+    keeps every workflow's outcome until its last slice).
     """
-    wf, present = cut.workflow_id, []
-    for start in range(0, len(cut.steps), _CHUNK):
-        steps = cut.steps[start : start + _CHUNK]
+    wf, cut_steps, below = cut
+    present: list[int] = []
+    for start in range(0, len(cut_steps), _CHUNK):
+        steps = cut_steps[start : start + _CHUNK]
         marks = _marks(len(steps))
         # The effects of every cut step, with a checkpoint or not (the trigger takes only the
         # former), then the checkpoints.
         conn.execute(f"{_DELETE_EFFECTS} AND step IN ({marks})", (wf, *steps))
         rows = conn.execute(f"{_DELETE_STEPS} AND step IN ({marks}) RETURNING step", (wf, *steps))
-        present += [(wf, step) for (step,) in rows.fetchall()]
+        present += [step for (step,) in rows.fetchall()]
     dropped = 0
-    if cut.below is not None:
-        dropped = effects.drop_orphans(conn, now, workflow_id=wf, below=cut.below)
-    return present, dropped
+    if below is not None:
+        dropped = effects.drop_orphans(conn, now, workflow_id=wf, below=below)
+    return wf, tuple(present), dropped
 
 
 def delete_one(conn: sqlite3.Connection, now: float, pair: tuple[str, datetime]) -> int | None:
