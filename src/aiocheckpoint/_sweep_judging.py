@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from itertools import starmap
 from typing import TYPE_CHECKING, Final, overload
 
-from .codec import is_sealed_record, record_fields, sealed_key_id
+from .codec import is_sealed_record, plain_record_fields, record_fields, sealed_key_id
 from .errors import CheckpointCorruptedError
 from .models import AgentStatus
 from .storage.base import Cut, History
@@ -94,6 +94,9 @@ class CutRows(Sequence[Cut]):
 
 def fields_or_none(data: bytes) -> Judged:
     """A record's fields read without keys (a sealed record is one this process cannot read)."""
+    fields = plain_record_fields(data)  # most records: read in one step
+    if fields is not None:
+        return fields
     if is_sealed_record(data):
         return NoKey(sealed_key_id(data))
     try:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Final
 
+import orjson
+
 from ..errors import CheckpointCorruptedError
 from ..format.checksum import crc32
 from ..format.header import FORMAT_VERSION, HEADER_SIZE, MAGIC, read_header, record_format_version
@@ -18,7 +20,7 @@ from ..format.jsonread import loads_fast
 from ..format.tree import open_record_v2
 from ..models import AgentStatus
 
-__all__ = ["RecordFacts", "record_facts", "record_fields"]
+__all__ = ["RecordFacts", "plain_record_fields", "record_facts", "record_fields"]
 
 #: The statuses by their stored text (a dict lookup costs a fraction of ``AgentStatus(text)``).
 _STATUSES: Final = {status.value: status for status in AgentStatus}
@@ -61,6 +63,31 @@ def record_fields(data: bytes) -> tuple[int, AgentStatus, datetime]:
         raise
     except (ValueError, TypeError, KeyError, RecursionError) as exc:
         raise CheckpointCorruptedError(f"unreadable record fields ({type(exc).__name__})") from exc
+
+
+def plain_record_fields(data: bytes) -> tuple[int, AgentStatus, datetime] | None:
+    """:func:`record_fields` of a sound plain version-1 record, in one step; else None.
+
+    None for anything else (a version-2 or sealed record, a damaged one, text orjson does
+    not read): :func:`record_fields` then says what it is. What a sweep tries first on every
+    record it judges: the same checks, without the general path's calls.
+    """
+    if data[:8] != _PLAIN_V1 or len(data) < HEADER_SIZE:
+        return None
+    length, crc = _LENGTH_CRC.unpack_from(data, 8)
+    body = data[HEADER_SIZE:]
+    if len(body) != length or crc32(body) != crc:
+        return None
+    try:
+        fields = orjson.loads(body)
+        step = fields["step"]
+        status = _STATUSES[fields["status"]]
+        moment = datetime.fromisoformat(fields["timestamp"])
+    except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):
+        return None
+    if type(step) is not int:
+        return None
+    return step, status, moment if moment.tzinfo is not None else _aware(moment)
 
 
 def _fields(data: bytes) -> Any:
