@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -58,6 +59,7 @@ from typing import Any, Final
 import asyncpg
 from scale_fill import fill_histories_postgres, fill_histories_sqlite, fill_postgres, fill_sqlite
 
+import aiocheckpoint
 from aiocheckpoint import CheckpointManager, RetentionPolicy, SweepReport
 from aiocheckpoint.storage.base import CheckpointStorage
 from aiocheckpoint.storage.postgres import PostgresCheckpointStorage
@@ -112,16 +114,27 @@ async def writers_alone(manager: CheckpointManager, args: argparse.Namespace) ->
 
 
 async def sweep_with_writers(
-    manager: CheckpointManager, args: argparse.Namespace
+    manager: CheckpointManager, args: argparse.Namespace, full: list[int]
 ) -> tuple[SweepReport, float, list[float]]:
-    """One sweep while the writers write: its report, its seconds, their latencies."""
+    """One sweep while the writers write: its report, its seconds, their latencies.
+
+    ``full`` gets, for each full collection of the garbage collector meanwhile, what it
+    collected.
+    """
+
+    def counted(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(info["collected"])
+
     stop = asyncio.Event()
     writing = asyncio.ensure_future(write_steadily(manager, args, stop))
     began = time.perf_counter()
+    gc.callbacks.append(counted)
     try:
         swept = await manager.sweep()
     finally:
         elapsed = time.perf_counter() - began
+        gc.callbacks.remove(counted)
         stop.set()
         latencies = await writing
     return swept, elapsed, latencies
@@ -199,7 +212,8 @@ async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> di
                 built = await build(manager, args)
             before = await store_bytes(backend, where, args.dsn, schema)
             alone = await writers_alone(manager, args)
-            swept, sweep_s, during = await sweep_with_writers(manager, args)
+            full: list[int] = []
+            swept, sweep_s, during = await sweep_with_writers(manager, args, full)
             began = time.perf_counter()
             again = await manager.sweep()
             again_s = time.perf_counter() - began
@@ -226,12 +240,14 @@ async def one_backend(backend: str, args: argparse.Namespace, where: Path) -> di
         "writer_p50_ms_during_sweep": percentile(during, 50),
         "writer_p99_ms_during_sweep": percentile(during, 99),
         "writer_p99_ratio": round(percentile(during, 99) / max(percentile(alone, 99), 0.01), 2),
+        "full_collections_during_sweep": len(full),
         "nothing_to_delete_s": round(again_s, 2),
         "nothing_to_delete_s_per_100k": round(again_s * 100_000 / args.workflows, 2),
         "deleted_again": again.checkpoints_deleted,
         "bytes_before": before,
         "bytes_after": after,
         "load_average": [round(x, 1) for x in os.getloadavg()],
+        "code": str(Path(aiocheckpoint.__file__).parents[2]),
     }
 
 

@@ -166,6 +166,17 @@ def test_scale_bench_fills_in_sql() -> None:
         assert (line["checkpoints"], line["deleted"], line["deleted_again"]) == (3_000, 2_100, 0)
 
 
+def test_sweep_profile_bench_runs() -> None:
+    """`bench/sweep_profile.py` sweeps a store built in SQL alone and says where its CPU went:
+    per thread (the loop's among them) and in the read and the slices (no timings checked)."""
+    (line,) = _bench_lines("sweep_profile.py", "--workflows", "300")
+    assert line["deleted"] == 300 * 7
+    assert line["thread_cpu_s"]["MainThread"] > 0
+    assert line["stage_calls"]["thin_one"] == 300
+    assert line["stage_calls"]["read_histories"] >= 1
+    assert len(line["gc_collections"]) == 3
+
+
 def test_scale_bench_soak_and_queries_run() -> None:
     """`bench/scale.py --soak` prints a size per round (SQLite gives its sweeps' pages back)
     and `--queries` a line of three latencies per size and backend (no timings checked)."""

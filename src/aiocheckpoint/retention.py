@@ -14,19 +14,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timedelta, timezone
-from operator import itemgetter
+from datetime import datetime, timedelta
 from typing import Any, Final, TypeVar
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ._sweep_batches import BatchSizer, Turns
+from ._sweep_judging import (
+    PARSE_ON_LOOP,
+    CutRow,
+    CutRows,
+    Judged,
+    Keeper,
+    NoKey,
+    Tally,
+    fields_or_none,
+    judge_rows,
+    on_loop,
+)
 from ._telemetry import annotate, record_sweep_deletions
-from .codec import RecordFacts, is_sealed_record, record_facts, sealed_key_id
+from .codec import is_sealed_record, record_fields, sealed_key_id
 from .errors import (
     CheckpointCorruptedError,
     EncryptionError,
@@ -35,11 +45,10 @@ from .errors import (
     UnsupportedOperationError,
 )
 from .leases import WORKFLOW_KIND, WorkflowRecord, WorkflowStatus
-from .models import AgentStatus, utcnow
+from .models import utcnow
 from .storage.base import (
     BlobCheckpointStorage,
     CheckpointStorage,
-    Cut,
     EffectStorage,
     History,
     SpaceReclaimingStorage,
@@ -48,7 +57,6 @@ from .storage.base import (
 )
 from .storage.base import WorkflowStorage as _WorkflowStorage
 from .storage.queries import WorkflowQuery
-from .storage.turns import in_turns
 
 __all__ = ["RetentionPolicy", "SweepReport", "policy_from", "run_sweep", "run_thinning"]
 
@@ -58,9 +66,6 @@ Opener = Callable[[str, StoredCheckpoint], Awaitable[bytes]]
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-#: A version-1 record longer than this has its fields parsed in a worker thread.
-_PARSE_ON_LOOP: Final = 64 * 1024
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: The loop time a sweep's judging takes in one loop iteration before it lets the rest run:
 #: a save's few steps each wait at most this long behind it.
 _TURN_SECONDS: Final = 0.00025
@@ -478,13 +483,15 @@ class _Sweep:
                 await asyncio.gather(reading, return_exceptions=True)
 
     async def read_page(self, storage: SweepStorage, after: str | None) -> _Page | None:
-        """The next page after ``after``: its last workflow, judged histories, cuts' sizes.
+        """The next page after ``after``: its last workflow, judged histories, their tally.
 
         A history read whole is judged here, on the loop, and only its cut is kept: its
-        records and their fields go as soon as it is judged, which keeps a page's objects
-        from piling up in the garbage collector's oldest generation (each full collection
-        walks the whole heap, holding up the loop and every thread). Those read a page at
-        a time, or whose records an encrypted manager must open, are judged at the write.
+        records go as soon as it is judged, which keeps a page's objects from piling up in
+        the garbage collector's oldest generation (each full collection walks the whole
+        heap, holding up the loop and every thread). A short one is judged in one call
+        (:func:`._sweep_judging.judge_rows`), one turn of the loop; a long one a record
+        per turn. Those read a page at a time, or whose records an encrypted manager must
+        open, are judged at the write.
         """
         assert self.policy.keep_last is not None  # thin_all checked
         histories = await storage.histories(
@@ -497,17 +504,24 @@ class _Sweep:
         if not histories:
             return None
         histories = self.within_read(histories)
-        sizes: dict[tuple[str, int], int] = {}
-        judged: list[Cut | History | None] = []
-        for history in histories:
+        last = histories[-1].workflow_id
+        tally = Tally()
+        judged: list[CutRow | History] = []
+        histories.reverse()  # popped as judged: each history and its records go at once
+        while histories:
+            history = histories.pop()
             await self.turns.turn()
             if not self.thinnable(history):
                 continue
             if history.records is None or self.opened is not None:
-                judged.append(history)
+                item: CutRow | History | None = history
+            elif on_loop(history):
+                item = judge_rows(self.policy, self.report, history, tally)
             else:
-                judged.append(await self.cut(history, sizes, await self.read_facts(history)))
-        return histories[-1].workflow_id, judged, sizes
+                item = await self.cut(history, tally, await self.read_facts(history))
+            if item is not None:
+                judged.append(item)
+        return last, judged, tally
 
     def within_read(self, histories: list[History]) -> list[History]:
         """The page up to the first history to read that the read's budget left unread.
@@ -523,26 +537,23 @@ class _Sweep:
                 return histories[:n]
         return histories
 
-    async def read_facts(self, history: History) -> list[_Judged]:
+    async def read_facts(self, history: History) -> list[Judged]:
         """A read history's records' fields (None where unreadable), on the loop.
 
         A short loop turn at a time: a thread parsing them would hold the GIL the writers'
         saves need at each of their steps, up to the switch interval (5 ms) each.
         """
-        judged: list[_Judged] = []
-        for record in history.records or ():
+        judged: list[Judged] = []
+        for _step, data in history.records or ():
             await self.turns.turn()
-            if len(record.data) > _PARSE_ON_LOOP:
-                judged.append(await anyio.to_thread.run_sync(_fields_or_none, record))
+            if len(data) > PARSE_ON_LOOP:
+                judged.append(await anyio.to_thread.run_sync(fields_or_none, data))
             else:
-                judged.append(_fields_or_none(record))
+                judged.append(fields_or_none(data))
         return judged
 
     async def thin_page(
-        self,
-        storage: SweepStorage,
-        judged: list[Cut | History | None],
-        sizes: dict[tuple[str, int], int],
+        self, storage: SweepStorage, judged: list[CutRow | History], tally: Tally
     ) -> None:
         """Thin one page read by :meth:`read_page`: at most one write.
 
@@ -551,17 +562,19 @@ class _Sweep:
         """
         keep_last = self.policy.keep_last
         assert keep_last is not None  # thin_all checked
-        cuts: list[Cut] = []
+        cuts: list[CutRow] = []
         for item in judged:
             if isinstance(item, History):
                 if item.records is None and item.count > keep_last:
                     await self.thin_counted(item.workflow_id)
                     continue
                 await self.turns.turn()
-                item = await self.cut(item, sizes)
-            if item is not None:
+                cut = await self.cut(item, tally)
+                if cut is not None:
+                    cuts.append(cut)
+            else:
                 cuts.append(item)
-        if not await self.apply(storage, cuts, sizes):
+        if not await self.apply(storage, cuts, tally):
             self.pacer.grow()
 
     def thinnable(self, history: History) -> bool:
@@ -576,49 +589,49 @@ class _Sweep:
         return history.kind == WORKFLOW_KIND or not isinstance(self.storage, _WorkflowStorage)
 
     async def cut(
-        self,
-        history: History,
-        sizes: dict[tuple[str, int], int],
-        facts: list[_Judged] | None = None,
-    ) -> Cut | None:
-        """What the policy deletes of one history (None: nothing); record sizes into ``sizes``.
+        self, history: History, tally: Tally, facts: list[Judged] | None = None
+    ) -> CutRow | None:
+        """What the policy deletes of one history (None: nothing); its steps into ``tally``.
 
         ``facts`` are its records' fields, if read already (None where unreadable).
         """
         records = history.records
         if records is None:  # no more than the newest keep_last: all kept
-            return Cut(history.workflow_id, (), history.oldest) if history.orphans else None
+            return (history.workflow_id, (), history.oldest) if history.orphans else None
         if facts is None:
-            facts = [await self.judged(history.workflow_id, record) for record in records]
-        keeper = _Keeper(self.policy)
+            facts = [await self.judged(history.workflow_id, *record) for record in records]
+        keeper = Keeper(self.policy)
         steps: list[int] = []
-        for record, fields in zip(records, facts, strict=True):
-            if self.keeps(keeper, fields):
-                keeper.oldest = record.step
+        sizes: list[int] = []
+        for (step, data), fields in zip(records, facts, strict=True):
+            if keeper.judges(fields, self.report):
+                keeper.oldest = step
             else:
-                steps.append(record.step)
-                sizes[history.workflow_id, record.step] = len(record.data)
-        if not steps and not history.orphans:
+                steps.append(step)
+                sizes.append(len(data))
+        if steps:
+            tally.add(history.workflow_id, steps, sizes)
+        elif not history.orphans:
             return None
-        return Cut(history.workflow_id, tuple(steps), keeper.oldest)
+        return history.workflow_id, tuple(steps), keeper.oldest
 
-    async def apply(
-        self, storage: SweepStorage, cuts: list[Cut], sizes: dict[tuple[str, int], int]
-    ) -> bool:
+    async def apply(self, storage: SweepStorage, cuts: list[CutRow], tally: Tally) -> bool:
         """Delete the cuts in one write (a dry run counts them); whether anything was written.
 
-        Fills in the report.
+        Fills in the report. ``tally`` holds the cuts' steps (:meth:`cut`).
         """
+        report = self.report
         if self.dry_run:
-            deleted = [(cut.workflow_id, step) for cut in cuts for step in cut.steps]
+            counted = tally.steps, tally.bytes, tally.workflows
         elif cuts:
-            deleted, dropped = await self.pacer.timed(storage.thin_many(cuts))
-            self.report.effects_deleted += dropped
+            deleted, dropped = await self.pacer.timed(storage.thin_many(CutRows(cuts)))
+            report.effects_deleted += dropped
+            counted = tally.counted(deleted)
         else:
             return False
-        self.report.checkpoints_deleted += len(deleted)
-        self.report.checkpoint_bytes += sum(await in_turns(sizes.__getitem__, deleted))
-        self.report.workflows_thinned += len(set(await in_turns(itemgetter(0), deleted)))
+        report.checkpoints_deleted += counted[0]
+        report.checkpoint_bytes += counted[1]
+        report.workflows_thinned += counted[2]
         return not self.dry_run
 
     async def thin(self, workflow_id: str) -> int:
@@ -629,7 +642,7 @@ class _Sweep:
         Then the effect records of steps below the oldest kept checkpoint that have no
         checkpoint go too (the steps that may still be running are above it).
         """
-        keeper = _Keeper(self.policy)
+        keeper = Keeper(self.policy)
         before: int | None = None
         low: int | None = None
         deleted = 0
@@ -667,36 +680,30 @@ class _Sweep:
             workflow_id, oldest_kept
         )
 
-    async def kept(self, keeper: _Keeper, workflow_id: str, record: StoredCheckpoint) -> bool:
-        return self.keeps(keeper, await self.judged(workflow_id, record))
+    async def kept(self, keeper: Keeper, workflow_id: str, record: StoredCheckpoint) -> bool:
+        fields = await self.judged(workflow_id, record.step, record.data)
+        return keeper.judges(fields, self.report)
 
-    async def judged(self, workflow_id: str, record: StoredCheckpoint) -> _Judged:
-        """The record's fields (unsealed first, if encrypted).
+    async def judged(self, workflow_id: str, step: int, data: bytes) -> Judged:
+        """A record's fields (unsealed first, if encrypted).
 
-        None if unreadable, a :class:`_NoKey` if this process lacks the key to read it.
+        None if unreadable, a :class:`~._sweep_judging.NoKey` if this process lacks the key
+        to read it.
         """
         try:
             if self.opened is not None:
-                plain = StoredCheckpoint(record.step, await self.opened(workflow_id, record))
-            elif is_sealed_record(record.data):
+                plain = await self.opened(workflow_id, StoredCheckpoint(step, data))
+            elif is_sealed_record(data):
                 raise EncryptionError("an encrypted record read without keys")
             else:
-                plain = record
-            return await _facts(plain)
+                plain = data
+            if len(plain) > PARSE_ON_LOOP:
+                return await anyio.to_thread.run_sync(record_fields, plain)
+            return record_fields(plain)
         except EncryptionError:  # not damage: a process with the key may read it
-            return _NoKey(sealed_key_id(record.data))
+            return NoKey(sealed_key_id(data))
         except CheckpointCorruptedError:
             return None
-
-    def keeps(self, keeper: _Keeper, facts: _Judged) -> bool:
-        """Whether the policy keeps a record; one it cannot read is kept, and counted."""
-        if facts is None:
-            self.report.skipped_corrupted += 1
-            return True
-        if isinstance(facts, _NoKey):
-            self.report._no_key(facts.key_id)
-            return True
-        return keeper.keeps(facts)
 
     async def drop(self, workflow_id: str, record: StoredCheckpoint) -> int:
         if not self.dry_run and not await self.storage.delete(workflow_id, record.step):
@@ -706,70 +713,9 @@ class _Sweep:
         return 1
 
 
-class _Keeper:
-    """Decides, newest first, which checkpoints of one workflow the policy keeps."""
-
-    def __init__(self, policy: RetentionPolicy) -> None:
-        self.policy = policy
-        self.seen = 0
-        self.completed_seen = False
-        self.last_bucket: int | None = None
-        #: The lowest step kept so far (records are judged newest first).
-        self.oldest: int | None = None
-
-    def keeps(self, facts: RecordFacts) -> bool:
-        self.seen += 1
-        newest_completed = facts.status is AgentStatus.COMPLETED and not self.completed_seen
-        if facts.status is AgentStatus.COMPLETED:
-            self.completed_seen = True
-        policy = self.policy
-        if policy.keep_last is None or self.seen <= policy.keep_last:
-            return True
-        if policy.keep_terminal and (newest_completed or facts.status is AgentStatus.FAILED):
-            return True
-        if policy.keep_every is not None and facts.step % policy.keep_every == 0:
-            return True
-        return self.first_of_interval(facts.timestamp)
-
-    def first_of_interval(self, moment: datetime) -> bool:
-        if self.policy.keep_interval is None:
-            return False
-        span = self.policy.keep_interval / timedelta(microseconds=1)
-        bucket = math.floor(((moment - _EPOCH) / timedelta(microseconds=1)) / span)
-        if bucket == self.last_bucket:
-            return False
-        self.last_bucket = bucket
-        return True
-
-
-async def _facts(record: StoredCheckpoint) -> RecordFacts:
-    if len(record.data) > _PARSE_ON_LOOP:
-        return await anyio.to_thread.run_sync(record_facts, record.data)
-    return record_facts(record.data)
-
-
-@dataclass(frozen=True, slots=True)
-class _NoKey:
-    """A record this process cannot read for lack of its key (its bytes may be sound)."""
-
-    key_id: str | None
-
-
-#: What a sweep makes of a record: its fields, None if unreadable, or :class:`_NoKey`.
-_Judged = RecordFacts | _NoKey | None
-#: A page read: its last workflow, each history's cut (None: nothing to delete) or the
-#: history itself where it is judged at the write, and the sizes of the records cut.
-_Page = tuple[str, list[Cut | History | None], dict[tuple[str, int], int]]
-
-
-def _fields_or_none(record: StoredCheckpoint) -> _Judged:
-    """A record's fields read without keys (a sealed record is one this process cannot read)."""
-    if is_sealed_record(record.data):
-        return _NoKey(sealed_key_id(record.data))
-    try:
-        return record_facts(record.data)
-    except CheckpointCorruptedError:
-        return None
+#: A page read: its last workflow, each history's cut or the history itself where it is
+#: judged at the write, and the tally of the cuts' steps.
+_Page = tuple[str, list[CutRow | History], Tally]
 
 
 def _refused_step(bad: CheckpointCorruptedError, low: int | None, before: int | None) -> int:

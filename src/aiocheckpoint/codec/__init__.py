@@ -32,7 +32,7 @@ from a module inside (a contract in pyproject.toml checks it).
 
 from .copy import json_copy, storable_copy, to_storable
 from .effects import EffectRecord, EffectState, Reconciled, decode_effect, encode_effect
-from .facts import RecordFacts, record_facts
+from .facts import RecordFacts, plain_record_fields, record_facts, record_fields
 from .fields import FieldSealer, is_sealed_text, locked_view, sealed_text_key
 from .jsonwrite import int_to_decimal, with_long_ints
 from .pacing import Pacer
@@ -96,7 +96,9 @@ __all__ = [
     "locked_view",
     "json_copy",
     "peek_state",
+    "plain_record_fields",
     "record_facts",
+    "record_fields",
     "recovered_memory",
     "sealed_key_id",
     "sealed_text_key",

@@ -384,10 +384,15 @@ class History:
     ``count`` checkpoints, the lowest at step ``oldest``; ``orphans`` says whether it has
     effect records of steps below ``oldest``, ``paused`` whether its workflow record says
     PAUSED, ``kind`` its record's kind (None without a record: on a store without records,
-    always). ``records`` holds every checkpoint, newest
+    always). ``records`` holds every checkpoint as a ``(step, bytes)`` pair, newest
     first, when it was read; None when it was not (``count`` at most the sweep's window,
     more than one read's share, or a record over ``max_record_bytes``): the sweep then
     reads it a page at a time with ``scan``.
+
+    Pairs in a tuple, not :class:`StoredCheckpoint` objects: the garbage collector stops
+    tracking a tuple of ints and bytes at its first collection, so a page's records never
+    reach its oldest generation, whose growth sets off full collections (each walks the
+    whole heap, holding up the loop and every thread).
     """
 
     workflow_id: str
@@ -396,7 +401,7 @@ class History:
     orphans: bool
     paused: bool
     kind: str | None
-    records: list[StoredCheckpoint] | None
+    records: tuple[tuple[int, bytes], ...] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from .. import _sweep_judging
 from .. import retention as _retention
 from ..codec import encode_checkpoint_v2
 from ..errors import InvalidArgumentError, LeaseHeldError
@@ -257,9 +258,9 @@ class BatchRetentionConformance(RetentionConformance):
         sweep = _retention._Sweep(
             storage, policy, SweepReport(dry_run=False, started_at=utcnow()), False, lambda _: None
         )
-        sizes: dict[tuple[str, int], int] = {}
-        cuts = [cut for h in histories if (cut := await sweep.cut(h, sizes)) is not None]
-        await sweep.apply(storage, cuts, sizes)
+        tally = _sweep_judging.Tally()
+        cuts = [cut for h in histories if (cut := await sweep.cut(h, tally)) is not None]
+        await sweep.apply(storage, cuts, tally)
         assert {wf: await _steps(storage, wf) for wf in ids} == {
             "a": [3, 4],
             "b": [3, 4, 5],

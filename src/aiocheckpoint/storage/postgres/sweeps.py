@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ..base import Cut, History, StoredCheckpoint, histories_to_read
+from ..base import Cut, History, histories_to_read
 from ..turns import in_turns
 from .connection import Connection
 from .records import Records
@@ -211,12 +211,12 @@ _BYTES = (
 )
 
 
-async def _grouped(rows: list[Any]) -> dict[str, list[StoredCheckpoint]]:
-    """Each workflow's records, newest first; one holding a record over the limit left out.
+async def _grouped(rows: list[Any]) -> dict[str, tuple[tuple[int, bytes], ...]]:
+    """Each workflow's ``(step, bytes)`` pairs, newest first; one over the limit left out.
 
     Other tasks run every few hundred rows (:func:`~..turns.in_turns`).
     """
-    found: dict[str, list[StoredCheckpoint]] = {}
+    found: dict[str, list[tuple[int, bytes]]] = {}
     refused: set[str] = set()
 
     def add(row: Any) -> None:
@@ -224,18 +224,18 @@ async def _grouped(rows: list[Any]) -> dict[str, list[StoredCheckpoint]]:
         if data is None:
             refused.add(wf)
         else:
-            found.setdefault(wf, []).append(StoredCheckpoint(int(step), bytes(data)))
+            found.setdefault(wf, []).append((int(step), bytes(data)))
 
     await in_turns(add, rows)
     for wf in refused:
         found.pop(wf, None)
-    return found
+    return {wf: tuple(pairs) for wf, pairs in found.items()}
 
 
 def _sizes(row: Any) -> tuple[str, tuple[int, int]]:
     return row[0], (int(row[1]), int(row[3]))
 
 
-def _history(row: Any, found: dict[str, list[StoredCheckpoint]]) -> History:
+def _history(row: Any, found: dict[str, tuple[tuple[int, bytes], ...]]) -> History:
     wf, n, low, _size, orphans, paused, kind = row
     return History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))

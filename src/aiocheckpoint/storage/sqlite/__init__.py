@@ -352,7 +352,7 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         self._check_open()
         checked = await in_turns(_checked_cut, cuts)
         done = await self._in_slices("sweep's thinning", checked, sweeps.thin_one)
-        return [pair for present, _ in done for pair in present], sum(n for _, n in done)
+        return [(wf, step) for wf, steps, _ in done for step in steps], sum(n for *_, n in done)
 
     async def delete_workflows(self, pairs: Sequence[tuple[str, datetime]]) -> list[int | None]:
         """Delete each untouched workflow whole, in slices of writes (``SweepStorage``)."""
@@ -768,9 +768,10 @@ def _checked_pair(pair: tuple[str, datetime]) -> tuple[str, datetime]:
     return check_workflow_id(pair[0]), pair[1]
 
 
-def _checked_cut(cut: Cut) -> Cut:
+def _checked_cut(cut: Cut) -> sweeps.CutRow:
+    # A plain tuple, not a Cut: the collector stops tracking it (see sweeps.thin_one).
     below = None if cut.below is None else check_step(cut.below)
-    return Cut(check_workflow_id(cut.workflow_id), tuple(map(check_step, cut.steps)), below)
+    return check_workflow_id(cut.workflow_id), tuple(map(check_step, cut.steps)), below
 
 
 def _database_path(path: str | os.PathLike[str]) -> Path:

@@ -13,21 +13,24 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from datetime import datetime
+from itertools import groupby
+from operator import itemgetter
 from typing import Final
 
-from ..base import Cut, History, StoredCheckpoint, histories_to_read
+from ..base import History, histories_to_read
 from ..turns import gil_breaks
 from . import effects
 from .foreign import id_problem
 from .writer import delete_untouched
 
-__all__ = ["delete_one", "read_histories", "thin_one"]
+__all__ = ["CutRow", "delete_one", "read_histories", "thin_one"]
 
 #: Ids per statement: well under SQLite's variable limit.
 _CHUNK: Final = 500
 _STEP_OK: Final = "typeof(step) = 'integer' AND step >= 0"
 _DELETE_EFFECTS: Final = "DELETE FROM effects WHERE workflow_id = ?"
 _DELETE_STEPS: Final = "DELETE FROM checkpoints WHERE workflow_id = ?"
+_WORKFLOW: Final = itemgetter(0)
 
 
 def _marks(count: int) -> str:
@@ -82,10 +85,13 @@ def read_histories(
 
 def _records(
     conn: sqlite3.Connection, ids: list[str], max_bytes: int, busy: Callable[[], bool]
-) -> dict[str, list[StoredCheckpoint]]:
-    """Every record of ``ids``, newest first; a workflow with one over the limit left out."""
-    found: dict[str, list[StoredCheckpoint]] = {}
-    refused: set[str] = set()
+) -> dict[str, tuple[tuple[int, bytes], ...]]:
+    """Every record of ``ids``, newest first; a workflow with one over the limit left out.
+
+    The rows come grouped by workflow: each group becomes one tuple of ``(step, bytes)``
+    pairs (:class:`~..base.History`), with no object per record the collector tracks.
+    """
+    found: dict[str, tuple[tuple[int, bytes], ...]] = {}
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]
         sql = (
@@ -93,36 +99,42 @@ def _records(
             f"FROM checkpoints WHERE workflow_id IN ({_marks(len(chunk))}) AND {_STEP_OK} "
             "ORDER BY workflow_id, step DESC"
         )
-        rows = conn.execute(sql, [max_bytes, *chunk]).fetchall()
-        for wf, step, data in gil_breaks(rows, busy):
-            if type(data) is not bytes:
-                refused.add(wf)
-            else:
-                found.setdefault(wf, []).append(StoredCheckpoint(step, data))
-    for wf in refused:
-        found.pop(wf, None)
+        # Rows as the cursor steps (not fetchall): each goes once grouped, so the rows
+        # add nothing to the count of objects that sets off the collector's passes.
+        rows = conn.execute(sql, [max_bytes, *chunk])
+        for wf, group in groupby(gil_breaks(rows, busy), _WORKFLOW):
+            pairs = tuple([(step, data) for _wf, step, data in group])
+            if all(type(data) is bytes for _step, data in pairs):
+                found[wf] = pairs
     return found
 
 
-def thin_one(conn: sqlite3.Connection, now: float, cut: Cut) -> tuple[list[tuple[str, int]], int]:
+#: A checked cut's fields: ``(workflow_id, steps, below)`` (:class:`~..base.Cut`'s).
+CutRow = tuple[str, tuple[int, ...], int | None]
+
+
+def thin_one(conn: sqlite3.Connection, now: float, cut: CutRow) -> tuple[str, tuple[int, ...], int]:
     """Delete one cut's steps and orphaned effects, in the writer's transaction.
 
-    Returns the steps deleted (another sweeper may have taken some already: ``RETURNING``
-    says which were still there, with no read of its own) and the orphans dropped.
+    Returns its workflow, the steps deleted (another sweeper may have taken some already:
+    ``RETURNING`` says which were still there, with no read of its own) and the orphans
+    dropped: a plain tuple, which the garbage collector stops tracking (a sweep's write
+    keeps every workflow's outcome until its last slice).
     """
-    wf, present = cut.workflow_id, []
-    for start in range(0, len(cut.steps), _CHUNK):
-        steps = cut.steps[start : start + _CHUNK]
+    wf, cut_steps, below = cut
+    present: list[int] = []
+    for start in range(0, len(cut_steps), _CHUNK):
+        steps = cut_steps[start : start + _CHUNK]
         marks = _marks(len(steps))
         # The effects of every cut step, with a checkpoint or not (the trigger takes only the
         # former), then the checkpoints.
         conn.execute(f"{_DELETE_EFFECTS} AND step IN ({marks})", (wf, *steps))
         rows = conn.execute(f"{_DELETE_STEPS} AND step IN ({marks}) RETURNING step", (wf, *steps))
-        present += [(wf, step) for (step,) in rows.fetchall()]
+        present += [step for (step,) in rows.fetchall()]
     dropped = 0
-    if cut.below is not None:
-        dropped = effects.drop_orphans(conn, now, workflow_id=wf, below=cut.below)
-    return present, dropped
+    if below is not None:
+        dropped = effects.drop_orphans(conn, now, workflow_id=wf, below=below)
+    return wf, tuple(present), dropped
 
 
 def delete_one(conn: sqlite3.Connection, now: float, pair: tuple[str, datetime]) -> int | None:
