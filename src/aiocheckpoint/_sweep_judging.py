@@ -18,15 +18,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from itertools import starmap
-from typing import TYPE_CHECKING, Final, overload
+from typing import Final, Protocol, overload
 
 from .codec import is_sealed_record, plain_record_fields, record_fields, sealed_key_id
 from .errors import CheckpointCorruptedError
 from .models import AgentStatus
 from .storage.base import Cut, History
-
-if TYPE_CHECKING:
-    from .retention import RetentionPolicy, SweepReport
 
 __all__ = [
     "PARSE_ON_LOOP",
@@ -40,6 +37,28 @@ __all__ = [
     "judge_rows",
     "on_loop",
 ]
+
+
+class RetentionPolicy(Protocol):
+    """The history rules of :class:`aiocheckpoint.RetentionPolicy` a :class:`Keeper` applies."""
+
+    @property
+    def keep_last(self) -> int | None: ...
+    @property
+    def keep_every(self) -> int | None: ...
+    @property
+    def keep_interval(self) -> timedelta | None: ...
+    @property
+    def keep_terminal(self) -> bool: ...
+
+
+class SweepReport(Protocol):
+    """What judging counts in :class:`aiocheckpoint.retention.SweepReport`."""
+
+    skipped_corrupted: int
+
+    def _no_key(self, key_id: str | None) -> None: ...
+
 
 #: A version-1 record longer than this has its fields parsed in a worker thread.
 PARSE_ON_LOOP: Final = 64 * 1024

@@ -30,10 +30,12 @@ from ._sweep_judging import (
     Judged,
     Keeper,
     NoKey,
-    Tally,
     fields_or_none,
     judge_rows,
     on_loop,
+)
+from ._sweep_judging import (
+    Tally as Tally,  # re-exported: the conformance suite's races judge pages themselves
 )
 from ._telemetry import annotate, record_sweep_deletions
 from .codec import is_sealed_record, record_fields, sealed_key_id

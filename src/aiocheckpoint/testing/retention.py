@@ -9,7 +9,6 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from .. import _sweep_judging
 from .. import retention as _retention
 from ..codec import encode_checkpoint_v2
 from ..errors import InvalidArgumentError, LeaseHeldError
@@ -258,7 +257,7 @@ class BatchRetentionConformance(RetentionConformance):
         sweep = _retention._Sweep(
             storage, policy, SweepReport(dry_run=False, started_at=utcnow()), False, lambda _: None
         )
-        tally = _sweep_judging.Tally()
+        tally = _retention.Tally()
         cuts = [cut for h in histories if (cut := await sweep.cut(h, tally)) is not None]
         await sweep.apply(storage, cuts, tally)
         assert {wf: await _steps(storage, wf) for wf in ids} == {
