@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from pg_trace import WaitSampler, hook_postgres
 from scale_fill import fill_histories_postgres, fill_histories_sqlite
 
 from aiocheckpoint import CheckpointManager, RetentionPolicy
@@ -140,7 +141,7 @@ class Trace:
             slow = parts[-max(1, len(parts) // 100) :]
             out["slowest_1pct_ms"] = {
                 # A part the save's batch did not have (no checkpoint first) counts as 0.
-                name: round(statistics.median((s.get(b, 0) - s.get(a, 0)) * 1000 for s in slow), 2)
+                name: round(statistics.median(_part(s, a, b) for s in slow), 2)
                 for name, a, b in (
                     ("total", "begin", "end"),
                     ("before_queue", "begin", "submit"),
@@ -154,6 +155,11 @@ class Trace:
                     ("apply", "apply_start", "apply_end"),
                     ("after_commit", "commit_end", "run_end"),
                     ("thread_to_loop", "run_end", "done"),
+                    # PostgreSQL: the pool's acquire, the statements (their commit
+                    # included), the callers resolved after.
+                    ("pg_acquire", "taken", "run_start"),
+                    ("pg_statements", "run_start", "run_end"),
+                    ("pg_resolve", "run_end", "done"),
                 )
             }
             out["slowest_1pct_n"] = len(slow)
@@ -167,6 +173,13 @@ class Trace:
             ]
             out["events"] = self.overlaps(slow)
         return out
+
+
+def _part(save: dict[str, float], start: str, end: str) -> float:
+    """Milliseconds from stamp ``start`` to ``end`` of ``save`` (0 without both)."""
+    if start not in save or end not in save:
+        return 0.0
+    return (save[end] - save[start]) * 1000
 
 
 @contextmanager
@@ -340,7 +353,9 @@ async def write_steadily(
 def open_store(args: argparse.Namespace, where: Path, schema: str) -> CheckpointStorage:
     if args.backend == "sqlite":
         return SQLiteCheckpointStorage(where / "store.db")
-    return PostgresCheckpointStorage(args.dsn, schema=schema, max_size=8)
+    # Named after the schema: the trace's sampler finds the store's backends by it.
+    settings = {"application_name": schema}
+    return PostgresCheckpointStorage(args.dsn, schema=schema, max_size=8, server_settings=settings)
 
 
 async def build(args: argparse.Namespace, where: Path, schema: str) -> None:
@@ -374,8 +389,11 @@ async def one_round(args: argparse.Namespace, where: Path) -> dict[str, Any]:
     schema = f"bench_sw_{uuid.uuid4().hex[:10]}"
     policy = RetentionPolicy(keep_last=args.keep_last)
     traces = (Trace(), Trace()) if args.trace else (None, None)
+    sampler = None
     try:
         await build(args, where, schema)
+        if args.trace and args.backend == "postgres":
+            sampler = WaitSampler(args.dsn, schema)
         async with CheckpointManager(open_store(args, where, schema), retention=policy) as mgr:
             warm = asyncio.Event()
             warming = asyncio.ensure_future(write_steadily(mgr, args, warm, None))
@@ -383,12 +401,16 @@ async def one_round(args: argparse.Namespace, where: Path) -> dict[str, Any]:
             warm.set()
             await warming
             stop = asyncio.Event()
+            if sampler is not None:
+                sampler.phase("alone")
             with tracing(traces[0]):
                 writing = asyncio.ensure_future(write_steadily(mgr, args, stop, traces[0]))
                 await asyncio.sleep(args.writer_seconds)
                 stop.set()
                 alone = await writing
             stop = asyncio.Event()
+            if sampler is not None:
+                sampler.phase("during")
             with tracing(traces[1]):
                 writing = asyncio.ensure_future(write_steadily(mgr, args, stop, traces[1]))
                 began = time.perf_counter()
@@ -399,6 +421,7 @@ async def one_round(args: argparse.Namespace, where: Path) -> dict[str, Any]:
                     stop.set()
                     during = await writing
     finally:
+        waits = None if sampler is None else sampler.finish()
         if args.backend == "postgres":
             con = await asyncpg.connect(args.dsn)
             try:
@@ -418,12 +441,16 @@ async def one_round(args: argparse.Namespace, where: Path) -> dict[str, Any]:
     if traces[0] is not None and traces[1] is not None:
         line["trace_alone"] = traces[0].summary()
         line["trace_during"] = traces[1].summary()
+    if waits is not None:
+        line["pg_waits"] = waits
     return line
 
 
 async def run(args: argparse.Namespace) -> None:
     if args.trace and args.backend == "sqlite":
         hook_group_commit()
+    elif args.trace:
+        hook_postgres(_SAVE.get, _event)
     lines = []
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
