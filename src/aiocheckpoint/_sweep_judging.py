@@ -14,7 +14,7 @@ of ints, strings and bytes leaves the collector's tracking at its first collecti
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from itertools import starmap
@@ -33,6 +33,7 @@ __all__ = [
     "Keeper",
     "NoKey",
     "Tally",
+    "cut_row",
     "fields_or_none",
     "judge_rows",
     "on_loop",
@@ -164,6 +165,8 @@ class Keeper:
 
     def judges(self, fields: Judged, report: SweepReport) -> bool:
         """Whether the policy keeps a record; one it cannot read is kept, and counted."""
+        if type(fields) is tuple:  # the common case first
+            return self.keeps(*fields)
         if fields is None:
             report.skipped_corrupted += 1
             return True
@@ -182,17 +185,32 @@ def judge_rows(
     most :data:`PARSE_ON_LOOP` bytes in all. The unreadable are kept and counted in
     ``report``; the cut steps' sizes go into ``tally``.
     """
+    judged = ((step, len(data), fields_or_none(data)) for step, data in history.records or ())
+    return cut_row(policy, report, history, tally, judged)
+
+
+def cut_row(
+    policy: RetentionPolicy,
+    report: SweepReport,
+    history: History,
+    tally: Tally,
+    judged: Iterable[tuple[int, int, Judged]],
+) -> CutRow | None:
+    """The cut of ``history`` from its records' ``(step, size, fields)``, newest first.
+
+    None when it deletes nothing and drops no orphaned effects; the cut steps' sizes go
+    into ``tally``, the unreadable records are kept and counted in ``report``.
+    """
     keeper = Keeper(policy)
     oldest: int | None = None
     steps: list[int] = []
     sizes: list[int] = []
-    for step, data in history.records or ():
-        fields = fields_or_none(data)
-        if keeper.keeps(*fields) if type(fields) is tuple else keeper.judges(fields, report):
+    for step, size, fields in judged:
+        if keeper.judges(fields, report):
             oldest = step
         else:
             steps.append(step)
-            sizes.append(len(data))
+            sizes.append(size)
     if steps:
         tally.add(history.workflow_id, steps, sizes)
     elif not history.orphans:

@@ -30,6 +30,7 @@ from ._sweep_judging import (
     Judged,
     Keeper,
     NoKey,
+    cut_row,
     fields_or_none,
     judge_rows,
     on_loop,
@@ -602,20 +603,8 @@ class _Sweep:
             return (history.workflow_id, (), history.oldest) if history.orphans else None
         if facts is None:
             facts = [await self.judged(history.workflow_id, *record) for record in records]
-        keeper = Keeper(self.policy)
-        steps: list[int] = []
-        sizes: list[int] = []
-        for (step, data), fields in zip(records, facts, strict=True):
-            if keeper.judges(fields, self.report):
-                keeper.oldest = step
-            else:
-                steps.append(step)
-                sizes.append(len(data))
-        if steps:
-            tally.add(history.workflow_id, steps, sizes)
-        elif not history.orphans:
-            return None
-        return history.workflow_id, tuple(steps), keeper.oldest
+        judged = ((step, len(data), f) for (step, data), f in zip(records, facts, strict=True))
+        return cut_row(self.policy, self.report, history, tally, judged)
 
     async def apply(self, storage: SweepStorage, cuts: list[CutRow], tally: Tally) -> bool:
         """Delete the cuts in one write (a dry run counts them); whether anything was written.
