@@ -9,6 +9,8 @@ transaction (:meth:`.records.Records.releasing`). Like the one-workflow deletes 
 
 from __future__ import annotations
 
+import asyncio
+import struct
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
@@ -68,12 +70,16 @@ class Sweeps:
             f"sum(octet_length(data)) AS size FROM {t} WHERE workflow_id > $1 "
             "GROUP BY workflow_id ORDER BY workflow_id LIMIT $2) AS g"
         )
-        # Each workflow's records by an index probe of its own, newest first.
+        # Each workflow's records by an index probe of its own, packed into one bytea per
+        # workflow (8-byte step, 4-byte length, the record; in any order), NULL for one
+        # with a record over $2. A row per record made ~20,000 asyncpg records per page,
+        # each tracked by the collector and alive across the fetch's young collections:
+        # most reached the oldest generation and set off full collections (bench/NOTES.md).
         self._records_of = (
-            "SELECT u.w, c.step, CASE WHEN octet_length(c.data) <= $2 THEN c.data END "
-            "FROM unnest($1::text[]) WITH ORDINALITY AS u(w, i) CROSS JOIN LATERAL "
-            f"(SELECT step, data FROM {t} WHERE workflow_id = u.w ORDER BY step DESC) AS c "
-            "ORDER BY u.i, c.step DESC"
+            "SELECT u.w, (SELECT CASE WHEN bool_or(octet_length(c.data) > $2) THEN NULL "
+            "ELSE string_agg(int8send(c.step) || int4send(octet_length(c.data)) || c.data, "
+            f"''::bytea) END FROM {t} AS c WHERE c.workflow_id = u.w) "
+            "FROM unnest($1::text[]) AS u(w)"
         )
         v2 = VERSION_2.format(c="c.data")
         self._thin = (
@@ -133,19 +139,25 @@ class Sweeps:
             # one of its own): a sweep with nothing to delete is mostly these reads.
             await con.execute(_BEGIN_READ)
             try:
-                page = await con.fetch(self._page, "" if after is None else after, limit)
+                # Plain tuples at once: tuples of strings, ints and bools leave the
+                # collector's tracking at its next young pass; asyncpg's records do not.
+                page = [
+                    tuple(row)
+                    for row in await con.fetch(self._page, "" if after is None else after, limit)
+                ]
                 sizes = dict(await in_turns(_sizes, page))
                 wanted = histories_to_read(sizes, *budget)
-                rows = []
+                packed: dict[str, bytes | None] = {}
                 if wanted:
-                    await con.execute("SET LOCAL enable_sort = on")
-                    rows = await con.fetch(self._records_of, wanted, self._max)
+                    # Into a dict of strings and bytes (untracked) in one step: the
+                    # fetched records are freed before the unpacking allocates anything.
+                    packed = dict(await con.fetch(self._records_of, wanted, self._max))
             except BaseException:
                 if not con.is_closed() and con.is_in_transaction():
                     await con.execute("ROLLBACK")
                 raise
             await con.execute("COMMIT")
-            found = await _grouped(rows)
+            found = await _grouped(packed)
             return await in_turns(lambda row: _history(row, found), page)
 
         return await self._connection.run("sweep's read", read)
@@ -211,25 +223,40 @@ _BYTES = (
 )
 
 
-async def _grouped(rows: list[Any]) -> dict[str, tuple[tuple[int, bytes], ...]]:
+async def _grouped(
+    packed: dict[str, bytes | None],
+) -> dict[str, tuple[tuple[int, bytes], ...]]:
     """Each workflow's ``(step, bytes)`` pairs, newest first; one over the limit left out.
 
-    Other tasks run every few hundred rows (:func:`~..turns.in_turns`).
+    Other tasks run every few dozen workflows.
     """
-    found: dict[str, list[tuple[int, bytes]]] = {}
-    refused: set[str] = set()
+    found: dict[str, tuple[tuple[int, bytes], ...]] = {}
+    items = list(packed.items())
+    for start in range(0, len(items), _WORKFLOWS_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        for wf, records in items[start : start + _WORKFLOWS_PER_TURN]:
+            if records is not None:
+                found[wf] = unpacked(records)
+    return found
 
-    def add(row: Any) -> None:
-        wf, step, data = row
-        if data is None:
-            refused.add(wf)
-        else:
-            found.setdefault(wf, []).append((int(step), bytes(data)))
 
-    await in_turns(add, rows)
-    for wf in refused:
-        found.pop(wf, None)
-    return {wf: tuple(pairs) for wf, pairs in found.items()}
+#: Workflows unpacked per loop turn by :func:`_grouped` (~10 records each).
+_WORKFLOWS_PER_TURN = 32
+_HEAD = struct.Struct(">qi")
+
+
+def unpacked(packed: bytes) -> tuple[tuple[int, bytes], ...]:
+    """A workflow's ``(step, bytes)`` pairs from its packed records, newest first."""
+    pairs = []
+    at, end = 0, len(packed)
+    while at < end:
+        step, size = _HEAD.unpack_from(packed, at)
+        at += _HEAD.size
+        pairs.append((step, packed[at : at + size]))
+        at += size
+    pairs.sort(reverse=True)
+    return tuple(pairs)
 
 
 def _sizes(row: Any) -> tuple[str, tuple[int, int]]:
