@@ -20,7 +20,8 @@ group commit, in the writer thread (its batch: apply and commit), and from the b
 to the caller running again (the loop); the writer thread's part split further (waiting
 in the thread's queue behind something else, such as a vacuum step; a WAL checkpoint the
 batch ran first; its ``COMMIT``), and how many of the slowest 1% overlapped a background
-WAL checkpoint, an incremental vacuum step, a sweep's slice or a full collection. The
+WAL checkpoint, an incremental vacuum step, a sweep's slice (and its deletes and its
+``COMMIT`` apart: ``slice_apply``, ``slice_commit``) or a full collection. The
 phase's own counts of those (``events``: how many, longest) come with it. The tracing
 costs a little itself: compare traced runs with traced runs.
 
@@ -265,6 +266,13 @@ def hook_writer() -> None:
             if ops and all(is_background(op) for op in ops):
                 vacuum = ops[0].what == "incremental vacuum"  # a vacuum step in slices
                 _event("reclaim" if vacuum else "slice", parts["run_start"])
+                if not vacuum and "commit_start" in parts:  # its deletes, then its COMMIT
+                    EVENTS.setdefault("slice_apply", []).append(
+                        (parts["apply_start"], parts["apply_end"])
+                    )
+                    EVENTS.setdefault("slice_commit", []).append(
+                        (parts["commit_start"], parts["commit_end"])
+                    )
 
     def _checkpoint(self: Any, conn: Any, mode: str) -> None:
         began = time.perf_counter()

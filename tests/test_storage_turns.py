@@ -116,3 +116,102 @@ async def test_a_sqlite_store_counts_as_saving_only_lately_after_a_save(tmp_path
         assert storage.saving_lately()
         await asyncio.sleep(groupcommit._SAVING_LATELY * 1.5)
         assert not storage.saving_lately()
+
+
+def test_gil_breaks_rest_on_while_saves_are_in_flight_up_to_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``held()`` true: the stretch's rest goes on in steps of REST_SECONDS until it turns
+    false; a ``held()`` that never does keeps it resting no longer than HOLD_SECONDS."""
+    clock = [50.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(turns.time, "sleep", sleep)
+    monkeypatch.setattr(turns.time, "monotonic", lambda: clock[0])
+    answers = iter([True, True, False])
+    rows = list(range(turns.ROWS))
+    assert list(turns.gil_breaks(rows, lambda: True, lambda: next(answers))) == rows
+    assert slept == [turns.REST_SECONDS] * 3  # the stretch's rest, then two while held
+    slept.clear()
+    assert list(turns.gil_breaks(rows, lambda: True, lambda: True)) == rows
+    assert turns.HOLD_SECONDS <= sum(slept) <= turns.HOLD_SECONDS + 2 * turns.REST_SECONDS
+    slept.clear()
+    assert list(turns.gil_breaks(rows, lambda: False, lambda: True)) == rows
+    assert slept == []  # no save lately: no rest, held or not
+
+
+async def test_a_sweeps_turn_waits_for_the_saves_in_flight_first() -> None:
+    """With ``settled`` (a store's ``saves_written``), every turn awaits it first, with the
+    bound HOLD_SECONDS."""
+    from aiocheckpoint import _sweep_batches
+
+    asked: list[float] = []
+
+    async def settled(at_most: float) -> None:
+        asked.append(at_most)
+
+    sweep_turns = _sweep_batches.Turns(1.0, None, settled)
+    await sweep_turns.turn()
+    await sweep_turns.turn()
+    assert asked == [_sweep_batches.HOLD_SECONDS] * 2
+
+
+async def test_a_sqlite_store_says_when_saves_are_in_flight(tmp_path: Path) -> None:
+    """``saves_in_flight`` from the save's queueing to its commit, and not for a sweep's
+    slice; ``saves_written`` returns once they are written, or after its bound while one
+    still is, and at once when none is."""
+    from aiocheckpoint import SQLiteCheckpointStorage
+    from aiocheckpoint.storage.sqlite.writer import RecordOp
+
+    async with SQLiteCheckpointStorage(tmp_path / "s.db") as storage:
+        await storage.save("wf", 0, b"{}")  # opened
+        assert not storage.saves_in_flight()
+        await storage.saves_written(60.0)  # none in flight: at once
+
+        saving = asyncio.ensure_future(storage.save("wf", 1, b"{}"))
+        await asyncio.sleep(0)
+        assert storage.saves_in_flight()
+        await storage.saves_written(60.0)
+        assert saving.done() and not storage.saves_in_flight()
+
+        release = threading.Event()
+        slow = RecordOp("slow", lambda conn, now: release.wait(60))
+        blocked = asyncio.ensure_future(storage._submit(slow, 0))
+        await asyncio.sleep(0)
+        assert storage.saves_in_flight()
+        await storage.saves_written(0.01)  # the bound: the slow write still runs
+        assert not blocked.done() and storage.saves_in_flight()
+        release.set()
+        await blocked
+        assert not storage.saves_in_flight()
+
+        background = RecordOp("slice", lambda conn, now: release.wait(60), background=True)
+        await storage._submit(background, 0)
+        assert not storage.saves_in_flight()
+
+
+async def test_a_cancelled_wait_for_saves_leaves_the_store_working(tmp_path: Path) -> None:
+    from aiocheckpoint import SQLiteCheckpointStorage
+    from aiocheckpoint.storage.sqlite.writer import RecordOp
+
+    async with SQLiteCheckpointStorage(tmp_path / "s.db") as storage:
+        await storage.save("wf", 0, b"{}")
+        release = threading.Event()
+        blocked = asyncio.ensure_future(
+            storage._submit(RecordOp("slow", lambda conn, now: release.wait(60)), 0)
+        )
+        await asyncio.sleep(0)
+        waiting = asyncio.ensure_future(storage.saves_written(60.0))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        release.set()
+        await blocked
+        await storage.save("wf", 1, b"{}")
+        assert not storage.saves_in_flight()
+        assert [c.step for c in await storage.scan("wf")] == [0, 1]

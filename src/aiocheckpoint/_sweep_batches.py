@@ -13,7 +13,15 @@ from typing import Final, TypeVar
 
 from .codec import Pacer
 
-__all__ = ["BATCH_SECONDS", "MAX_BATCH", "REST_SECONDS", "WORK_SECONDS", "BatchSizer", "Turns"]
+__all__ = [
+    "BATCH_SECONDS",
+    "HOLD_SECONDS",
+    "MAX_BATCH",
+    "REST_SECONDS",
+    "WORK_SECONDS",
+    "BatchSizer",
+    "Turns",
+]
 
 _T = TypeVar("_T")
 
@@ -56,6 +64,9 @@ class BatchSizer:
 #: The judging a sweep does on the loop between two rests, and the rest (the loop idle).
 WORK_SECONDS: Final = 0.003
 REST_SECONDS: Final = 0.001
+#: The longest a sweep's turn waits for saves in flight to be written (``settled``): under
+#: writes that never stop, the sweep still gets a turn every so often.
+HOLD_SECONDS: Final = 0.005
 
 
 class Turns:
@@ -73,13 +84,25 @@ class Turns:
     at 100,000 x 10), and with no save to make room for they only slow the sweep down.
     """
 
-    def __init__(self, budget: float, rests: Callable[[], bool] | None) -> None:
+    def __init__(
+        self,
+        budget: float,
+        rests: Callable[[], bool] | None,
+        settled: Callable[[float], Awaitable[None]] | None = None,
+    ) -> None:
         self._pacer = Pacer(budget)
         self._rests = rests
+        self._settled = settled
         self._since = time.monotonic()
 
     async def turn(self) -> None:
-        """The pacer's turn, after a rest if :data:`WORK_SECONDS` passed since the last."""
+        """The pacer's turn, after a rest if :data:`WORK_SECONDS` passed since the last.
+
+        With ``settled`` (a store's ``saves_written``), each turn first waits, up to
+        :data:`HOLD_SECONDS`, until the saves in flight are written.
+        """
+        if self._settled is not None:
+            await self._settled(HOLD_SECONDS)
         if self._rests is not None and time.monotonic() - self._since >= WORK_SECONDS:
             if self._rests():
                 await asyncio.sleep(REST_SECONDS)

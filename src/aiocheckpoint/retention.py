@@ -366,8 +366,11 @@ class _Sweep:
         self.pacer = BatchSizer(policy.batch_size)
         #: Shares the loop's turns between the sweep's judging and everything else.
         rests = getattr(storage, "saving_lately", None)
+        threads = getattr(storage, "writes_in_threads", False)
         self.turns = Turns(
-            _TURN_SECONDS, rests if getattr(storage, "writes_in_threads", False) else None
+            _TURN_SECONDS,
+            rests if threads else None,
+            getattr(storage, "saves_written", None) if threads else None,
         )
 
     def records(self) -> _WorkflowStorage:

@@ -23,6 +23,8 @@ _R = TypeVar("_R")
 ROWS: Final = 256
 #: How long a worker thread rests after each stretch (:func:`gil_breaks`).
 REST_SECONDS: Final = 0.0005
+#: The longest a stretch's rest goes on while ``held()`` says saves are in flight.
+HOLD_SECONDS: Final = 0.005
 
 
 async def in_turns(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
@@ -39,7 +41,11 @@ def _always() -> bool:
     return True
 
 
-def gil_breaks(rows: Iterable[_T], busy: Callable[[], bool] = _always) -> Iterator[_T]:
+def gil_breaks(
+    rows: Iterable[_T],
+    busy: Callable[[], bool] = _always,
+    held: Callable[[], bool] | None = None,
+) -> Iterator[_T]:
     """``rows``, for a worker thread: the GIL given away every ROWS rows, for a moment.
 
     A thread that gives the GIL up itself lets a waiting thread take it instead of after
@@ -48,8 +54,18 @@ def gil_breaks(rows: Iterable[_T], busy: Callable[[], bool] = _always) -> Iterat
     the thread takes the GIL back before a thread waiting for it wakes, more often than
     not, so the break rests :data:`REST_SECONDS`, while ``busy()`` says a thread may be
     waiting (a store's saves being written); otherwise the loop runs on without a break.
+    While ``held()`` says saves are in flight, the rest goes on (up to :data:`HOLD_SECONDS`):
+    their statements then have the GIL to themselves.
     """
     for n, row in enumerate(rows, 1):
         yield row
         if n % ROWS == 0 and busy():
             time.sleep(REST_SECONDS)
+            if held is not None:
+                _hold(held)
+
+
+def _hold(held: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + HOLD_SECONDS
+    while held() and time.monotonic() < deadline:
+        time.sleep(REST_SECONDS)

@@ -342,9 +342,9 @@ class SQLiteCheckpointStorage(GroupCommit, BaseStorage):
         after = None if after is None else check_workflow_id(after)
         budget = (more_than, max_records, max_bytes)
         cap = self._max_record_bytes
-        lately = self.saving_lately
+        lately, held = self.saving_lately, self.saves_in_flight
         return await self._read(
-            lambda conn: sweeps.read_histories(conn, after, limit, budget, cap, lately)
+            lambda conn: sweeps.read_histories(conn, after, limit, budget, cap, lately, held)
         )
 
     async def thin_many(self, cuts: Sequence[Cut]) -> tuple[list[tuple[str, int]], int]:

@@ -25,6 +25,7 @@ from ..._telemetry import record_commit
 from ...errors import StorageClosedError
 from .rejoin import Rejoin
 from .walcheckpoint import (
+    BACKGROUND_CHECKPOINT_PAGES,
     BACKGROUND_WAL_LIMIT_PAGES,
     CHECKPOINT_PAGES,
     WAL_LIMIT_PAGES,
@@ -91,6 +92,11 @@ class GroupCommit:
         self._background_writes = 0
         self._background_ended = float("-inf")  # loop.time() when the last one ended
         self._saved_at = float("-inf")  # time.monotonic() when a save was last queued
+        #: Saves (writes other than a background slice) queued, and whether the batch the
+        #: writer runs now holds saves: a sweep's work waits for them (:meth:`saves_written`).
+        self._saves_queued = 0
+        self._saves_writing = False
+        self._quiet_waiters: list[asyncio.Future[None]] = []
 
     def _submit(self, op: Op, size: int) -> asyncio.Future[Any]:
         """Queue ``op``; the future its caller awaits (not a coroutine: one frame less to keep).
@@ -103,6 +109,7 @@ class GroupCommit:
         self._pending.append(_pending((op, size, future)))
         if not is_background(op):
             self._saved_at = time.monotonic()
+            self._saves_queued += 1
         if not self._busy and not self._kick_due:
             # Hand the writer what is queued one loop iteration later, not now: the other
             # tasks running in this iteration (typically every caller woken by the last
@@ -127,7 +134,9 @@ class GroupCommit:
         for item in self._pending:
             _settle(item.future, failure)
         self._pending.clear()
+        self._saves_queued = 0
         self._wake_idle_waiters()
+        self._wake_quiet_waiters()
 
     def _kick(self) -> None:
         """Hand the queued writes to the writer thread, unless it is busy (then they wait)."""
@@ -141,6 +150,7 @@ class GroupCommit:
         batch = self._take_batch()
         if not batch:
             self._wake_idle_waiters()
+            self._wake_quiet_waiters()
             self._maybe_checkpoint(idle=True)
             return
         self._last_batch = asyncio.get_running_loop().time()
@@ -151,8 +161,11 @@ class GroupCommit:
             )
         except RuntimeError as exc:  # the executor was shut down
             self._pending.extendleft(reversed(batch))
+            self._saves_queued += sum(not is_background(item.op) for item in batch)
             raise StorageClosedError("SQLiteCheckpointStorage is closed") from exc
         self._busy = True
+        # A background slice always goes alone (_take_batch): the first op says it all.
+        self._saves_writing = not is_background(batch[0].op)
         done.add_done_callback(functools.partial(self._batch_done, batch))
 
     def _batch_done(self, batch: list[_Pending], done: asyncio.Future[list[Outcome]]) -> None:
@@ -164,6 +177,8 @@ class GroupCommit:
             outcomes = done.result()
         for item, outcome in zip(batch, outcomes, strict=True):
             _settle(item.future, outcome)
+        self._saves_writing = False
+        self._wake_quiet_waiters()
         self._rejoin.woke(len(batch), len(self._pending))
         self._maybe_checkpoint(idle=False)
         # Take the next batch one loop iteration later, after the callers just woken have run
@@ -182,7 +197,8 @@ class GroupCommit:
         writer = self._writer
         if self._checkpointing is not None or self._closing is not None:
             return
-        if writer.wal_pages >= CHECKPOINT_PAGES and not writer.catch_up:
+        due = BACKGROUND_CHECKPOINT_PAGES if self._in_background() else CHECKPOINT_PAGES
+        if writer.wal_pages >= due and not writer.catch_up:
             self._start_checkpoint()
         elif idle and writer.wal_pages > 0 and self._idle_timer is None:
             # Not at once: between two writes of one caller the writer is idle for a moment,
@@ -253,6 +269,7 @@ class GroupCommit:
             item = self._pending[0]
             if item.future.done():  # its caller was cancelled while it was queued
                 self._pending.popleft()
+                self._saves_queued -= not is_background(item.op)
                 continue
             # A background write's slice goes alone: saves queued behind it stay queued,
             # so the slice sees them waiting and ends after the workflow it is on.
@@ -263,6 +280,7 @@ class GroupCommit:
             ):
                 break
             self._pending.popleft()
+            self._saves_queued -= not is_background(item.op)
             batch.append(item)
             size += item.size
         return batch
@@ -271,6 +289,12 @@ class GroupCommit:
         waiters, self._idle_waiters = self._idle_waiters, []
         for waiter in waiters:
             _settle(waiter, None)
+
+    def _wake_quiet_waiters(self) -> None:
+        if self._quiet_waiters and not self.saves_in_flight():
+            waiters, self._quiet_waiters = self._quiet_waiters, []
+            for waiter in waiters:
+                _settle(waiter, None)
 
     async def _flush(self) -> None:
         """Wait until every queued write has been committed (or has failed)."""
@@ -324,6 +348,30 @@ class GroupCommit:
         :func:`..turns.gil_breaks`). Read from any thread (one float).
         """
         return time.monotonic() - self._saved_at < _SAVING_LATELY
+
+    def saves_in_flight(self) -> bool:
+        """Whether a save is queued or being written. Read from any thread (an int, a bool)."""
+        return bool(self._saves_queued or self._saves_writing)
+
+    async def saves_written(self, at_most: float) -> None:
+        """Return once no save is queued or being written, or after ``at_most`` seconds.
+
+        A sweep's work on the loop waits here (``retention``): the saves' batch then has the
+        writer thread, the loop and the GIL to itself. A save needs the GIL at each of its
+        statements; a thread running Python beside it gives the GIL back only after the
+        switch interval, or at its next rest, and a save queued behind a sweep's slice made
+        that slice run as long too (``bench/sweep_writers.py --trace``).
+        """
+        if not self.saves_in_flight():
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._quiet_waiters.append(waiter)
+        timer = loop.call_later(at_most, _settle, waiter, None)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
 
     def _in_background(self) -> bool:
         """Whether a background write runs, or ended less than :data:`_BACKGROUND_GRACE` ago."""

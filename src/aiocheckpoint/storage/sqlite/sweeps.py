@@ -62,29 +62,35 @@ def read_histories(
     budget: tuple[int, int, int],
     max_bytes: int,
     busy: Callable[[], bool],
+    held: Callable[[], bool] | None = None,
 ) -> list[History]:
     """The next ``limit`` histories after ``after`` from one snapshot (``SweepStorage``).
 
     ``budget`` is ``(more_than, max_records, max_bytes)`` of
     :func:`~..base.histories_to_read`; ``max_bytes`` the largest record this store reads;
-    ``busy`` whether the loops over rows rest for the writer thread (:func:`.gil_breaks`).
+    ``busy`` whether the loops over rows rest for the writer thread, ``held`` whether
+    saves are in flight (:func:`.gil_breaks`).
     """
     conn.execute("BEGIN")
     try:
         rows = conn.execute(_PAGE, ("" if after is None else after, limit)).fetchall()
-        rows = [row for row in gil_breaks(rows, busy) if id_problem(row[0]) is None]
+        rows = [row for row in gil_breaks(rows, busy, held) if id_problem(row[0]) is None]
         sizes = {row[0]: (row[1], row[3]) for row in rows}
-        found = _records(conn, histories_to_read(sizes, *budget), max_bytes, busy)
+        found = _records(conn, histories_to_read(sizes, *budget), max_bytes, busy, held)
     finally:
         conn.execute("COMMIT")
     return [
         History(wf, n, low, bool(orphans), bool(paused), kind, found.get(wf))
-        for wf, n, low, _size, orphans, paused, kind in gil_breaks(rows, busy)
+        for wf, n, low, _size, orphans, paused, kind in gil_breaks(rows, busy, held)
     ]
 
 
 def _records(
-    conn: sqlite3.Connection, ids: list[str], max_bytes: int, busy: Callable[[], bool]
+    conn: sqlite3.Connection,
+    ids: list[str],
+    max_bytes: int,
+    busy: Callable[[], bool],
+    held: Callable[[], bool] | None,
 ) -> dict[str, tuple[tuple[int, bytes], ...]]:
     """Every record of ``ids``, newest first; a workflow with one over the limit left out.
 
@@ -102,7 +108,7 @@ def _records(
         # Rows as the cursor steps (not fetchall): each goes once grouped, so the rows
         # add nothing to the count of objects that sets off the collector's passes.
         rows = conn.execute(sql, [max_bytes, *chunk])
-        for wf, group in groupby(gil_breaks(rows, busy), _WORKFLOW):
+        for wf, group in groupby(gil_breaks(rows, busy, held), _WORKFLOW):
             pairs = tuple([(step, data) for _wf, step, data in group])
             if all(type(data) is bytes for _step, data in pairs):
                 found[wf] = pairs

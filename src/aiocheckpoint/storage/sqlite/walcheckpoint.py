@@ -22,6 +22,11 @@ logger = logging.getLogger(__name__)
 #: Estimated WAL pages written since the last checkpoint after which a background
 #: checkpoint starts (SQLite's automatic checkpoint, turned off here, uses 1,000).
 CHECKPOINT_PAGES: Final = 1000
+#: The same while a background write (a sweep's slices) runs: a checkpoint copies its pages
+#: into the database file and fsyncs it, and a save's fsync beside it waited for those
+#: writes (commits of 20-30 ms, ``bench/sweep_writers.py --trace``). Smaller checkpoints,
+#: more often, cost the sweep nothing measurable and its writers' p99 less.
+BACKGROUND_CHECKPOINT_PAGES: Final = 250
 #: WAL length (frames) at which the writer itself finishes a checkpoint between two batches,
 #: so that the next transaction starts the WAL over: the bound when the writer is never idle.
 WAL_LIMIT_PAGES: Final = 4000
