@@ -3,7 +3,7 @@
     python bench/sweep_writers.py [--backend sqlite|postgres] [--workflows 20000]
                                   [--checkpoints 10] [--keep-last 3] [--rounds 3]
                                   [--writers 8] [--writer-pause 0.02] [--writer-seconds 4]
-                                  [--trace]
+                                  [--trace] [--gc-freeze]
 
 Each round, on a fresh store built in SQL (``bench/scale_fill.py``: ``workflows`` x
 ``checkpoints`` RUNNING checkpoints), ``writers`` tasks save a small checkpoint of their own
@@ -24,6 +24,8 @@ WAL checkpoint, an incremental vacuum step, a sweep's slice (and its deletes and
 ``COMMIT`` apart: ``slice_apply``, ``slice_commit``) or a full collection. The
 phase's own counts of those (``events``: how many, longest) come with it. The tracing
 costs a little itself: compare traced runs with traced runs.
+
+``--gc-freeze``: ``gc.freeze()`` before the first round (as in ``bench/scale.py``).
 
 The script runs whatever ``aiocheckpoint`` the interpreter imports: run it with another
 worktree's virtualenv to measure that code beside this one, alternating (the machine is
@@ -455,6 +457,9 @@ async def one_round(args: argparse.Namespace, where: Path) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> None:
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
     if args.trace and args.backend == "sqlite":
         hook_group_commit()
     elif args.trace:
@@ -493,6 +498,11 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="where the saves' time goes")
     parser.add_argument(
         "--dir", help="where the SQLite file goes (default: the temp dir; /dev/shm: no fsync cost)"
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() what start-up made (imports): full collections then walk only the rest",
     )
     asyncio.run(run(parser.parse_args()))
 
