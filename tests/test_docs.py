@@ -90,6 +90,17 @@ def _runnable() -> list[Block]:
 
 
 RUNNABLE_BLOCKS = _runnable()
+#: The frameworks' pages: each example imports its framework's SDK and runs its agent loop
+#: (5-12 s a run, twice), over the fast tier's share (tests/conftest.py): the slow tier.
+FRAMEWORK_PAGES = frozenset(
+    {"agent-framework.md", "langgraph.md", "openai-agents.md", "pydantic-ai.md"}
+)
+
+
+def _tiered(block: Block) -> object:
+    if block.page.name in FRAMEWORK_PAGES:
+        return pytest.param(block, marks=pytest.mark.slow, id=block.where)
+    return pytest.param(block, id=block.where)
 
 
 def test_the_guide_has_runnable_examples() -> None:
@@ -114,7 +125,7 @@ def test_extractor_handles_indented_and_long_fences(tmp_path: Path) -> None:
     assert blocks[1].code == "```text\ninner\n```\n"
 
 
-@pytest.mark.parametrize("block", RUNNABLE_BLOCKS, ids=lambda b: b.where)
+@pytest.mark.parametrize("block", [_tiered(b) for b in RUNNABLE_BLOCKS])
 def test_code_block_runs(block: Block, tmp_path: Path) -> None:
     """This ```python block runs as a script, and again over the files or database it used.
 

@@ -95,7 +95,7 @@ LONG_LISTS = st.dictionaries(
 )
 
 
-@examples(fast=10, full=30)
+@examples(fast=4, full=30)
 def test_jobs_and_slices_make_the_same_split(examples: int) -> None:
     @settings(LARGE_STATES, max_examples=examples)
     @given(LONG_LISTS)
@@ -211,7 +211,7 @@ def _record(state: dict[str, Any], params: TreeParams = PARAMS) -> tuple[bytes, 
     return record, result.blobs
 
 
-@examples(fast=10, full=30)
+@examples(fast=4, full=30)
 def test_values_parsed_apart_read_back_as_the_whole_text_does(examples: int) -> None:
     @settings(LARGE_STATES, max_examples=examples)
     @given(STATES)
