@@ -151,7 +151,7 @@ json_values = st.recursive(
 )
 
 
-@examples(fast=20, full=60)
+@examples(fast=10, full=60)
 def test_random_states_round_trip_through_file_blobs(examples: int, tmp_path: Path) -> None:
     """Random nested states stored as deep blob trees read back with identical types and order."""
 

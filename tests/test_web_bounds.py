@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import html
 
+import pytest
+
 from aiocheckpoint import CheckpointManager, open_storage
 from aiocheckpoint.web import data
 from tests.test_cli import NewStore, new_store
@@ -19,6 +21,7 @@ LONG = (HOSTILE * 40)[:900]
 ID = (HOSTILE * 10).encode()[:240].decode(errors="ignore")
 
 
+@pytest.mark.slow  # every page of a large store: 6-7 s (tests/conftest.py's five-second rule)
 async def test_every_page_of_a_hostile_store_is_bounded(new_store: NewStore) -> None:
     """120 workflows with 240-byte hostile ids, one with 300 steps, big metadata and a
     long error: each page stays under its bound, and the list shows one page of rows."""

@@ -159,6 +159,7 @@ def test_a_terminal_on_stdin_is_a_terminal_in_the_child(zygote: Zygote, probe: P
     assert json.loads(str(fresh[1]))["stdin"] == "a terminal"
 
 
+@pytest.mark.slow  # it waits out a 5 s timeout (tests/conftest.py's five-second rule)
 def test_a_child_past_its_timeout_is_killed_and_the_zygote_carries_on(
     zygote: Zygote, probe: Path, tmp_path: Path
 ) -> None:
