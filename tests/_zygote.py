@@ -7,7 +7,8 @@ the children's modules once, then forks every child from it. Each child is still
 of its own: it runs a script (``python SCRIPT ARGS``) or a module (``python -m MODULE ARGS``)
 as ``__main__``, with its own argv, descriptors 0-2, working directory and environment, and
 it exits, or is SIGKILLed, for real. Users: the crash tests (tests/test_sqlite_crash.py,
-tests/test_file_crash.py) and the CLI tests' command runner (tests/cli_runner.py).
+tests/test_file_crash.py), the CLI tests' command runner (tests/cli_runner.py) and the docs'
+examples (tests/test_docs.py).
 
 A child is what a freshly started process would be, with these exceptions a caller handles:
 

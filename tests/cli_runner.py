@@ -8,7 +8,8 @@ has imported the CLI and the backends once: one zygote per test process (so one 
 worker), started at the first call and ended when the process exits. The child is a process
 of its own running ``python -m aiocheckpoint ARGS`` with the caller's stdin, working
 directory, umask and environment, its stdout and stderr captured; its exit code and output
-are the command's.
+are the command's. :class:`Forks` is that machinery for any target: the docs' examples
+(tests/test_docs.py) run through one of their own.
 
 A call the zygote cannot honour runs as a fresh ``python -m aiocheckpoint`` subprocess:
 
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tests._zygote import Zygote
@@ -53,10 +55,6 @@ PRELOAD = (
 #: The keyword arguments of ``subprocess.run`` the zygote honours.
 HONOURED = frozenset({"stdin", "input", "cwd", "env", "timeout"})
 
-_lock = threading.Lock()
-_zygote: Zygote | None = None
-_limits: list[tuple[int, int]] = []  # the test process's, when the zygote was started
-
 
 def per_call(name: str) -> bool:
     """Whether the variable ``name`` may differ between the zygote and a call: the command
@@ -74,58 +72,85 @@ def honours(
     return all(per_call(name) and name not in imported for name in differing)
 
 
+class Forks:
+    """Children of one target forked from a zygote: one per test process, started at the
+    first call, ended when the process exits; a call it cannot honour (the module's
+    docstring) runs as ``fresh + args`` in a new subprocess instead."""
+
+    def __init__(self, target: Path | str, preload: Sequence[str], fresh: Sequence[str]) -> None:
+        self.target, self.preload, self.fresh = target, tuple(preload), list(fresh)
+        self._lock = threading.Lock()
+        self._zygote: Zygote | None = None
+        self._limits: list[tuple[int, int]] = []  # the test process's, when it started
+
+    @property
+    def zygote(self) -> Zygote | None:
+        """The zygote running now, if one was started."""
+        return self._zygote
+
+    def run(self, args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """``subprocess.run([*fresh, *args], capture_output=True, text=True, **kwargs)``,
+        forked from the zygote when it can honour the call."""
+        if not self._lock.acquire(blocking=False):
+            return self._fresh(args, kwargs)
+        try:
+            env = dict(kwargs.get("env") or os.environ)
+            zygote = self.zygote_for(env, kwargs)
+            if zygote is None:
+                return self._fresh(args, kwargs)
+            return self._forked(zygote, args, {**kwargs, "env": env})
+        finally:
+            self._lock.release()
+
+    def _fresh(
+        self, args: Sequence[str], kwargs: dict[str, Any]
+    ) -> subprocess.CompletedProcess[str]:
+        command = [*self.fresh, *args]
+        return subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
+
+    def _forked(
+        self, zygote: Zygote, args: Sequence[str], kwargs: dict[str, Any]
+    ) -> subprocess.CompletedProcess[str]:
+        """The call as a child of ``zygote``; a zygote in doubt after an error is ended."""
+        try:
+            return zygote.run(args, **kwargs)
+        except subprocess.TimeoutExpired:
+            raise  # the child was killed and reaped, as subprocess.run does: the zygote is fine
+        except BaseException:
+            self._zygote = None
+            zygote.close()
+            raise
+
+    def zygote_for(self, env: Mapping[str, str], kwargs: Mapping[str, object]) -> Zygote | None:
+        """The zygote, started on first use, if it can honour a call in ``env``; else None."""
+        if os.environ.get(SWITCH) == "1" or not HONOURED.issuperset(kwargs):
+            return None
+        if self._zygote is not None and self._zygote.proc.poll() is not None:
+            self._zygote = None  # it died: start another
+        if self._zygote is None:
+            self._limits[:] = _resource_limits()
+            self._zygote = Zygote(
+                self.target, *self.preload, env={k: v for k, v in env.items() if not per_call(k)}
+            )
+            atexit.register(self._zygote.close)
+        zygote = self._zygote
+        if _resource_limits() != self._limits or not honours(zygote.env, zygote.imported_env, env):
+            return None
+        return zygote
+
+
+#: The ``aiocheckpoint`` command's children.
+CLI = Forks("aiocheckpoint", PRELOAD, [sys.executable, "-m", "aiocheckpoint"])
+
+
 def run(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([python, -m, aiocheckpoint, *args], capture_output=True, text=True,
     **kwargs)``, forked from the zygote when it can honour the call."""
-    if not _lock.acquire(blocking=False):
-        return _fresh(args, kwargs)
-    try:
-        env = dict(kwargs.get("env") or os.environ)
-        zygote = _zygote_for(env, kwargs)
-        if zygote is None:
-            return _fresh(args, kwargs)
-        return _forked(zygote, args, {**kwargs, "env": env})
-    finally:
-        _lock.release()
-
-
-def _fresh(args: Sequence[str], kwargs: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    """The call as a fresh subprocess."""
-    command = [sys.executable, "-m", "aiocheckpoint", *args]
-    return subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
-
-
-def _forked(
-    zygote: Zygote, args: Sequence[str], kwargs: dict[str, Any]
-) -> subprocess.CompletedProcess[str]:
-    """The call as a child of ``zygote``; a zygote in doubt after an error is ended."""
-    global _zygote
-    try:
-        return zygote.run(args, **kwargs)
-    except subprocess.TimeoutExpired:
-        raise  # the child was killed and reaped, as subprocess.run does: the zygote is fine
-    except BaseException:
-        _zygote = None
-        zygote.close()
-        raise
+    return CLI.run(args, **kwargs)
 
 
 def _zygote_for(env: Mapping[str, str], kwargs: Mapping[str, object]) -> Zygote | None:
-    """The zygote, started on first use, if it can honour a call in ``env``; else None."""
-    global _zygote
-    if os.environ.get(SWITCH) == "1" or not HONOURED.issuperset(kwargs):
-        return None
-    if _zygote is not None and _zygote.proc.poll() is not None:
-        _zygote = None  # it died: start another
-    if _zygote is None:
-        _limits[:] = _resource_limits()
-        _zygote = Zygote(
-            "aiocheckpoint", *PRELOAD, env={k: v for k, v in env.items() if not per_call(k)}
-        )
-        atexit.register(_zygote.close)
-    if _resource_limits() != _limits or not honours(_zygote.env, _zygote.imported_env, env):
-        return None
-    return _zygote
+    return CLI.zygote_for(env, kwargs)
 
 
 def _resource_limits() -> list[tuple[int, int]]:

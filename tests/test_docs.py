@@ -29,6 +29,7 @@ import asyncpg
 import pytest
 
 from aiocheckpoint.storage.postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
+from tests import cli_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -90,6 +91,14 @@ def _runnable() -> list[Block]:
 
 
 RUNNABLE_BLOCKS = _runnable()
+#: The examples run as ``python example.py``, forked from an interpreter that imported what
+#: they import (tests/cli_runner.py): starting Python and importing aiocheckpoint was most
+#: of a short example's time.
+SCRIPTS = cli_runner.Forks(
+    Path(__file__).with_name("_run_script.py"),
+    [*cli_runner.PRELOAD, "aiocheckpoint", "pydantic"],
+    [sys.executable],
+)
 #: The frameworks' pages: each example imports its framework's SDK and runs its agent loop
 #: (5-12 s a run, twice), over the fast tier's share (tests/conftest.py): the slow tier.
 FRAMEWORK_PAGES = frozenset(
@@ -151,14 +160,7 @@ def test_code_block_runs(block: Block, tmp_path: Path) -> None:
 
 def _run_block(block: Block, script: Path, work: Path, env: dict[str, str], run: str) -> None:
     try:
-        result = subprocess.run(
-            [sys.executable, str(script)],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_SECONDS,
-        )
+        result = SCRIPTS.run([str(script)], cwd=str(work), env=env, timeout=TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{block.where}{run} did not finish within {TIMEOUT_SECONDS}s:\n{block.code}")
     problems = []

@@ -231,7 +231,7 @@ def test_no_zygote_outlives_its_test_process(tmp_path: Path) -> None:
         "from tests import cli_runner\n"
         f"env = {{**os.environ, 'PYTHONPATH': {str(SRC)!r}}}\n"
         "cli_runner.run(['--version'], env=env, stdin=subprocess.DEVNULL, timeout=120)\n"
-        "print(cli_runner._zygote.proc.pid, flush=True)\n"
+        "print(cli_runner.CLI.zygote.proc.pid, flush=True)\n"
         "if sys.argv[1] == 'hang': time.sleep(600)\n"
     )
     root = str(Path(__file__).resolve().parent.parent)
