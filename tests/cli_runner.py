@@ -149,10 +149,6 @@ def run(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return CLI.run(args, **kwargs)
 
 
-def _zygote_for(env: Mapping[str, str], kwargs: Mapping[str, object]) -> Zygote | None:
-    return CLI.zygote_for(env, kwargs)
-
-
 def _resource_limits() -> list[tuple[int, int]]:
     """This process's resource limits (a child inherits them)."""
     names = sorted(name for name in dir(resource) if name.startswith("RLIMIT_"))

@@ -217,11 +217,11 @@ def test_the_switch_and_unhonoured_calls_use_a_fresh_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    assert cli_runner._zygote_for(env, {"stdin": None}) is not None
-    assert cli_runner._zygote_for({**env, "TZ": "Asia/Tokyo"}, {}) is None
-    assert cli_runner._zygote_for(env, {"start_new_session": True}) is None
+    assert cli_runner.CLI.zygote_for(env, {"stdin": None}) is not None
+    assert cli_runner.CLI.zygote_for({**env, "TZ": "Asia/Tokyo"}, {}) is None
+    assert cli_runner.CLI.zygote_for(env, {"start_new_session": True}) is None
     monkeypatch.setenv(cli_runner.SWITCH, "1")
-    assert cli_runner._zygote_for(env, {}) is None
+    assert cli_runner.CLI.zygote_for(env, {}) is None
 
 
 def test_no_zygote_outlives_its_test_process(tmp_path: Path) -> None:
