@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aiocheckpoint.storage import turns
+from tests.backend_support import make_storage
+from tests.pg_support import pg_schema
+
+__all__ = ["pg_schema"]
 
 
 async def test_in_turns_maps_every_item_in_order_and_lets_other_tasks_run() -> None:
@@ -64,6 +70,23 @@ def test_gil_breaks_yields_every_row_and_sleeps_between_stretches(
     assert slept == []
 
 
+def _fake_clock_and_sleep(monkeypatch: pytest.MonkeyPatch) -> tuple[list[float], list[float]]:
+    """The sweep's clock (``clock[0]``, moved by hand) and its sleeps, recorded, not slept."""
+    from aiocheckpoint import _sweep_batches
+
+    clock = [100.0]
+    slept: list[float] = []
+    original = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await original(0)
+
+    monkeypatch.setattr(_sweep_batches.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sweep_batches.asyncio, "sleep", sleep)
+    return clock, slept
+
+
 async def test_a_sweeps_turns_rest_after_each_stretch_of_work(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -77,16 +100,7 @@ async def test_a_sweeps_turns_rest_after_each_stretch_of_work(
     assert not hasattr(PostgresCheckpointStorage, "writes_in_threads")
     from aiocheckpoint import _sweep_batches
 
-    clock = [100.0]
-    slept: list[float] = []
-    original = asyncio.sleep
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        await original(0)
-
-    monkeypatch.setattr(_sweep_batches.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(_sweep_batches.asyncio, "sleep", sleep)
+    clock, slept = _fake_clock_and_sleep(monkeypatch)
     # The pacer's budget is not what is tested: 1 s.
     sweep_turns, unrested = _sweep_batches.Turns(1.0, lambda: True), _sweep_batches.Turns(1.0, None)
     idle = _sweep_batches.Turns(1.0, lambda: False)  # no save being written lately
@@ -104,18 +118,84 @@ async def test_a_sweeps_turns_rest_after_each_stretch_of_work(
     assert slept == [_sweep_batches.REST_SECONDS]
 
 
-async def test_a_sqlite_store_counts_as_saving_only_lately_after_a_save(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_store_counts_as_saving_only_lately_after_a_save(
+    kind: str, tmp_path: Path, pg_schema: str
+) -> None:
     """The sweep's rests follow the store's saves: none before the first save, some right
     after one, none once the store has been quiet for a while."""
-    from aiocheckpoint import SQLiteCheckpointStorage
-    from aiocheckpoint.storage.sqlite import groupcommit
-
-    async with SQLiteCheckpointStorage(tmp_path / "s.db") as storage:
+    async with make_storage(kind, tmp_path, pg_schema) as storage:
         assert not storage.saving_lately()
         await storage.save("wf", 0, b"{}")
         assert storage.saving_lately()
-        await asyncio.sleep(groupcommit._SAVING_LATELY * 1.5)
+        await asyncio.sleep(turns.SAVING_LATELY * 1.5)
         assert not storage.saving_lately()
+
+
+async def test_a_sweeps_write_first_rests_as_long_as_the_last_took_while_saves_are_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While ``saving()`` is true each write after the first waits the last write's time
+    (times ``WRITE_REST_SHARE``) before it starts; with no saves, or no ``saving`` (a store
+    that cannot tell), the writes follow each other at once."""
+    from aiocheckpoint import _sweep_batches
+
+    clock, slept = _fake_clock_and_sleep(monkeypatch)
+
+    async def write(seconds: float) -> str:
+        clock[0] += seconds
+        return "done"
+
+    saving = [True]
+    sizer = _sweep_batches.BatchSizer(10, lambda: saving[0])
+    assert await sizer.timed(write(0.04)) == "done"
+    assert slept == []  # nothing written yet: nothing to rest for
+    await sizer.timed(write(0.03))
+    assert slept == [pytest.approx(0.04 * _sweep_batches.WRITE_REST_SHARE)]
+    saving[0] = False
+    await sizer.timed(write(0.05))
+    saving[0] = True
+    await sizer.timed(write(0.01))
+    assert slept[1:] == [pytest.approx(0.05 * _sweep_batches.WRITE_REST_SHARE)]
+    unaware = _sweep_batches.BatchSizer(10)
+    await unaware.timed(write(0.04))
+    await unaware.timed(write(0.04))
+    assert len(slept) == 2
+    assert _sweep_batches.WRITE_REST_SHARE > 0
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_sweep_beside_saves_rests_between_its_writes_and_thins_all_the_same(
+    kind: str, tmp_path: Path, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep of several batches while the store says it is saving starts each write at
+    least the last one's time (times ``WRITE_REST_SHARE``) after that one ended, and
+    deletes what the policy says."""
+    from aiocheckpoint import CheckpointManager, RetentionPolicy, _sweep_batches
+
+    async with make_storage(kind, tmp_path, pg_schema) as storage:
+        manager = CheckpointManager(storage)
+        for n in range(12):
+            for step in range(3):
+                await manager.create_checkpoint(f"wf-{n}", step, "a", "running", {"n": n})
+        writes: list[tuple[float, float]] = []
+        thin_many = storage.thin_many
+
+        async def timed_thin_many(cuts: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return await thin_many(cuts)
+            finally:
+                writes.append((started, time.monotonic()))
+
+        monkeypatch.setattr(storage, "thin_many", timed_thin_many)
+        monkeypatch.setattr(storage, "saving_lately", lambda: True)
+        report = await manager.sweep(policy=RetentionPolicy(keep_last=1, batch_size=2))
+    assert report.checkpoints_deleted == 24
+    assert len(writes) >= 3
+    share = _sweep_batches.WRITE_REST_SHARE
+    for (started, ended), (next_started, _) in itertools.pairwise(writes):
+        assert next_started - ended >= (ended - started) * share
 
 
 def test_gil_breaks_rest_on_while_saves_are_in_flight_up_to_a_bound(

@@ -19,6 +19,7 @@ __all__ = [
     "MAX_BATCH",
     "REST_SECONDS",
     "WORK_SECONDS",
+    "WRITE_REST_SHARE",
     "BatchSizer",
     "Turns",
 ]
@@ -29,6 +30,9 @@ _T = TypeVar("_T")
 #: histories also stops where its records no longer fit one read: the sweep's own rule).
 BATCH_SECONDS: Final = 0.05
 MAX_BATCH: Final = 10_000
+#: While saves are being made, a sweep's write waits this share of the last one's time
+#: first: the writers then have the store to themselves half the time (``bench/NOTES.md``).
+WRITE_REST_SHARE: Final = 1.0
 
 
 class BatchSizer:
@@ -38,18 +42,24 @@ class BatchSizer:
     slice at a time, queued behind it (SQLite's group commit), so batches are sized by the
     time their writes take, as the group commit sizes its own: doubled after a write under
     half the target (and after a batch with nothing to write), halved after one over twice
-    it.
+    it. While ``saving()`` says saves are being made, each write first waits as long as the
+    last one took (:data:`WRITE_REST_SHARE`): a write of the sweep shares the disk (the
+    WAL's flushes) and the server's CPU with the saves, which then take turns with it.
     """
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, saving: Callable[[], bool] | None = None) -> None:
         #: Workflows the next batch takes.
         self.size = start
+        self._saving = saving
+        self._last = 0.0
 
     async def timed(self, work: Awaitable[_T]) -> _T:
-        """``work``'s result; its time sizes the next batch."""
+        """``work``'s result; its time sizes the next batch (and the next rest)."""
+        if self._last and self._saving is not None and self._saving():
+            await asyncio.sleep(self._last * WRITE_REST_SHARE)
         started = time.monotonic()
         result = await work
-        elapsed = time.monotonic() - started
+        elapsed = self._last = time.monotonic() - started
         if elapsed < BATCH_SECONDS / 2:
             self.grow()
         elif elapsed > BATCH_SECONDS * 2:

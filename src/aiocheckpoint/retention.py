@@ -363,9 +363,9 @@ class _Sweep:
         self.report = report
         self.dry_run = dry_run
         self.forget = forget
-        self.pacer = BatchSizer(policy.batch_size)
-        #: Shares the loop's turns between the sweep's judging and everything else.
         rests = getattr(storage, "saving_lately", None)
+        self.pacer = BatchSizer(policy.batch_size, rests)
+        #: Shares the loop's turns between the sweep's judging and everything else.
         threads = getattr(storage, "writes_in_threads", False)
         self.turns = Turns(
             _TURN_SECONDS,

@@ -1,10 +1,11 @@
-"""Loops over a sweep batch's rows, cut into short stretches so writers are not held up.
+"""How a sweep's work makes way for writers: loops cut into short stretches, a save clock.
 
 A sweep handles thousands of rows per batch. A loop over them on the event loop holds up
 every other task for its whole length; one in a worker thread holds the GIL, which the
 event loop and the SQLite writer thread each get back only after the interpreter's switch
 interval (5 ms) while it runs, at every step of a save. Either way a writer's save waits.
-These helpers cut such loops into stretches of :data:`ROWS` rows.
+These helpers cut such loops into stretches of :data:`ROWS` rows. A store's
+:class:`SaveClock` tells a sweep whether saves are being made now.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Final, TypeVar
 
-__all__ = ["ROWS", "gil_breaks", "in_turns"]
+__all__ = ["ROWS", "SAVING_LATELY", "SaveClock", "gil_breaks", "in_turns"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -25,6 +26,28 @@ ROWS: Final = 256
 REST_SECONDS: Final = 0.0005
 #: The longest a stretch's rest goes on while ``held()`` says saves are in flight.
 HOLD_SECONDS: Final = 0.005
+#: How long after a save a store still counts as saving (:meth:`SaveClock.lately`).
+SAVING_LATELY: Final = 0.1
+
+
+class SaveClock:
+    """When a store's last save was queued: whether it is saving now, for a sweep.
+
+    Read from any thread (one float).
+    """
+
+    __slots__ = ("_at",)
+
+    def __init__(self) -> None:
+        self._at = float("-inf")
+
+    def saved(self) -> None:
+        """A save was queued just now."""
+        self._at = time.monotonic()
+
+    def lately(self) -> bool:
+        """Whether a save was queued within the last :data:`SAVING_LATELY` seconds."""
+        return time.monotonic() - self._at < SAVING_LATELY
 
 
 async def in_turns(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:

@@ -25,6 +25,7 @@ from ...errors import CheckpointError, LeaseLostError, StorageTimeoutError
 from ...format import SplitResult
 from ..queries import StepInfo
 from ..refcounts import held_root_refs
+from ..turns import SaveClock
 from .blobs import BlobLockBusy, Blobs
 from .connection import (
     Connection,
@@ -102,10 +103,16 @@ class GroupCommit:
         self._active_writers = 0
         self._in_flight: set[str] = set()
         self._trees_in_flight = False
+        self._save_clock = SaveClock()
+
+    def saving_lately(self) -> bool:
+        """Whether a save was queued lately: a sweep then rests after each of its writes."""
+        return self._save_clock.lately()
 
     async def write(self, item: Write) -> None:
         """Queue ``item`` and return once it is committed (or raise its own error)."""
         self._queue.append(item)
+        self._save_clock.saved()
         if self._active_writers < self._limits.write_concurrency:
             self._active_writers += 1
             task = asyncio.create_task(self._writer())

@@ -310,6 +310,10 @@ class PostgresCheckpointStorage(BaseStorage):
 
     # --- batched sweeps (SweepStorage) ---------------------------------------------------
 
+    def saving_lately(self) -> bool:
+        """Whether a save was queued lately: a sweep then rests after each of its writes."""
+        return self._group_commit.saving_lately()
+
     async def histories(
         self,
         *,

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import functools
 import sqlite3
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from typing import Any, Final, NamedTuple, TypeVar
 
 from ..._telemetry import record_commit
 from ...errors import StorageClosedError
+from ..turns import SaveClock
 from .rejoin import Rejoin
 from .walcheckpoint import (
     BACKGROUND_CHECKPOINT_PAGES,
@@ -45,8 +45,6 @@ _IDLE_SECONDS: Final = 0.1
 #: Seconds after a background write's last slice during which the WAL's looser bound still
 #: holds: a sweep reads its next page meanwhile, then writes again.
 _BACKGROUND_GRACE: Final = 1.0
-#: How long after a save a sweep still counts the store as saving (:meth:`saving_lately`).
-_SAVING_LATELY: Final = 0.1
 
 
 class _Pending(NamedTuple):
@@ -91,7 +89,7 @@ class GroupCommit:
         #: Background writes under way (:meth:`_background`): the WAL's bound is looser.
         self._background_writes = 0
         self._background_ended = float("-inf")  # loop.time() when the last one ended
-        self._saved_at = float("-inf")  # time.monotonic() when a save was last queued
+        self._save_clock = SaveClock()
         #: Saves (writes other than a background slice) queued, and whether the batch the
         #: writer runs now holds saves: a sweep's work waits for them (:meth:`saves_written`).
         self._saves_queued = 0
@@ -108,7 +106,7 @@ class GroupCommit:
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append(_pending((op, size, future)))
         if not is_background(op):
-            self._saved_at = time.monotonic()
+            self._save_clock.saved()
             self._saves_queued += 1
         if not self._busy and not self._kick_due:
             # Hand the writer what is queued one loop iteration later, not now: the other
@@ -343,11 +341,11 @@ class GroupCommit:
     def saving_lately(self) -> bool:
         """Whether a save (not a background write's slice) was queued lately.
 
-        Within the last :data:`_SAVING_LATELY` seconds: a sweep then rests now and then as
-        it judges and reads, to leave the writer thread the GIL (``retention``,
-        :func:`..turns.gil_breaks`). Read from any thread (one float).
+        Within the last :data:`..turns.SAVING_LATELY` seconds: a sweep then rests now and
+        then as it judges and reads, to leave the writer thread the GIL (``retention``,
+        :func:`..turns.gil_breaks`), and after each of its writes. Read from any thread.
         """
-        return time.monotonic() - self._saved_at < _SAVING_LATELY
+        return self._save_clock.lately()
 
     def saves_in_flight(self) -> bool:
         """Whether a save is queued or being written. Read from any thread (an int, a bool)."""
