@@ -136,8 +136,9 @@ async def test_a_sweeps_write_first_rests_as_long_as_the_last_took_while_saves_a
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While ``saving()`` is true each write after the first waits the last write's time
-    (times ``WRITE_REST_SHARE``) before it starts; with no saves, or no ``saving`` (a store
-    that cannot tell), the writes follow each other at once."""
+    (times ``WRITE_REST_SHARE``, ``MAX_WRITE_REST`` at most) before it starts; with no
+    saves, or no ``saving`` (a store that cannot tell), the writes follow each other at
+    once."""
     from aiocheckpoint import _sweep_batches
 
     clock, slept = _fake_clock_and_sleep(monkeypatch)
@@ -157,10 +158,13 @@ async def test_a_sweeps_write_first_rests_as_long_as_the_last_took_while_saves_a
     saving[0] = True
     await sizer.timed(write(0.01))
     assert slept[1:] == [pytest.approx(0.05 * _sweep_batches.WRITE_REST_SHARE)]
+    await sizer.timed(write(60.0))  # a write that waited on a lock, say
+    await sizer.timed(write(0.01))
+    assert slept[3:] == [_sweep_batches.MAX_WRITE_REST]
     unaware = _sweep_batches.BatchSizer(10)
     await unaware.timed(write(0.04))
     await unaware.timed(write(0.04))
-    assert len(slept) == 2
+    assert len(slept) == 4
     assert _sweep_batches.WRITE_REST_SHARE > 0
 
 
@@ -193,9 +197,9 @@ async def test_a_sweep_beside_saves_rests_between_its_writes_and_thins_all_the_s
         report = await manager.sweep(policy=RetentionPolicy(keep_last=1, batch_size=2))
     assert report.checkpoints_deleted == 24
     assert len(writes) >= 3
-    share = _sweep_batches.WRITE_REST_SHARE
+    share, most = _sweep_batches.WRITE_REST_SHARE, _sweep_batches.MAX_WRITE_REST
     for (started, ended), (next_started, _) in itertools.pairwise(writes):
-        assert next_started - ended >= (ended - started) * share
+        assert next_started - ended >= min((ended - started) * share, most)
 
 
 def test_gil_breaks_rest_on_while_saves_are_in_flight_up_to_a_bound(

@@ -17,6 +17,7 @@ __all__ = [
     "BATCH_SECONDS",
     "HOLD_SECONDS",
     "MAX_BATCH",
+    "MAX_WRITE_REST",
     "REST_SECONDS",
     "WORK_SECONDS",
     "WRITE_REST_SHARE",
@@ -31,8 +32,10 @@ _T = TypeVar("_T")
 BATCH_SECONDS: Final = 0.05
 MAX_BATCH: Final = 10_000
 #: While saves are being made, a sweep's write waits this share of the last one's time
-#: first: the writers then have the store to themselves half the time (``bench/NOTES.md``).
+#: first: the writers then have the store to themselves half the time (``bench/NOTES.md``);
+#: never longer than :data:`MAX_WRITE_REST` (a write that waited on a lock, say).
 WRITE_REST_SHARE: Final = 1.0
+MAX_WRITE_REST: Final = 1.0
 
 
 class BatchSizer:
@@ -43,8 +46,9 @@ class BatchSizer:
     time their writes take, as the group commit sizes its own: doubled after a write under
     half the target (and after a batch with nothing to write), halved after one over twice
     it. While ``saving()`` says saves are being made, each write first waits as long as the
-    last one took (:data:`WRITE_REST_SHARE`): a write of the sweep shares the disk (the
-    WAL's flushes) and the server's CPU with the saves, which then take turns with it.
+    last one took (:data:`WRITE_REST_SHARE`, :data:`MAX_WRITE_REST` at most): a write of
+    the sweep shares the disk (the WAL's flushes) and the server's CPU with the saves,
+    which then take turns with it.
     """
 
     def __init__(self, start: int, saving: Callable[[], bool] | None = None) -> None:
@@ -56,7 +60,7 @@ class BatchSizer:
     async def timed(self, work: Awaitable[_T]) -> _T:
         """``work``'s result; its time sizes the next batch (and the next rest)."""
         if self._last and self._saving is not None and self._saving():
-            await asyncio.sleep(self._last * WRITE_REST_SHARE)
+            await asyncio.sleep(min(self._last * WRITE_REST_SHARE, MAX_WRITE_REST))
         started = time.monotonic()
         result = await work
         elapsed = self._last = time.monotonic() - started
