@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from datetime import datetime, timezone
 
@@ -15,7 +16,7 @@ from aiocheckpoint.format.checksum import crc32
 from aiocheckpoint.format.header import HEADER, MAGIC
 from aiocheckpoint.models import AgentStatus, utcnow
 from aiocheckpoint.retention import SweepReport
-from aiocheckpoint.storage.base import Cut, History
+from aiocheckpoint.storage.base import Cut, History, HistoryRecords
 
 FIELDS = {"step": 4, "status": "completed", "timestamp": "2026-12-07T18:40:21.013946+00:00"}
 
@@ -96,13 +97,32 @@ def test_a_history_judged_in_one_call() -> None:
             (0, running[5]),
         ]
     )
-    history = History("wf", len(rows), 0, False, False, "workflow", rows)
+    steps, data = zip(*rows, strict=True)
+    history = History("wf", len(rows), 0, False, False, "workflow", HistoryRecords(steps, data))
     report, tally = _report(), Tally()
     cut = judge_rows(RetentionPolicy(keep_last=3), report, history, tally)
     assert cut == ("wf", (4, 2, 1, 0), 3)
     assert report.skipped_corrupted == 1
     sizes = [len(data) for _step, data in rows[5:6] + rows[7:]]
     assert (tally.steps, tally.bytes, tally.workflows) == (4, sum(sizes), 1)
+
+
+def test_history_records_are_pairs_made_when_read_from_two_untracked_tuples() -> None:
+    """A history's records read as ``(step, bytes)`` pairs, newest first, indexed and
+    sliced; what they hold is two flat tuples the collector stops tracking at its first
+    pass (a tuple of pairs stays tracked until each pair is untracked first)."""
+    records = HistoryRecords.newest_first([3, 10, 0], [b"three", b"ten", b"zero"])
+    assert list(records) == [(10, b"ten"), (3, b"three"), (0, b"zero")]
+    assert len(records) == 3
+    assert records[1] == (3, b"three")
+    assert records[-1] == (0, b"zero")
+    assert list(records[1:]) == [(3, b"three"), (0, b"zero")]
+    assert list(HistoryRecords.newest_first([], [])) == []
+    gc.collect()
+    assert not gc.is_tracked(records.steps)
+    assert not gc.is_tracked(records.data)
+    with pytest.raises(ValueError, match="2 steps for 1 records"):
+        HistoryRecords((1, 2), (b"x",))
 
 
 def test_a_history_with_nothing_to_cut() -> None:

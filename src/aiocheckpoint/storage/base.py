@@ -9,11 +9,11 @@ must still treat ids as arbitrary text (they may contain ``/``, ``..``, quotes, 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, overload, runtime_checkable
 
 from typing_extensions import Self
 
@@ -43,6 +43,7 @@ __all__ = [
     "StoredEffect",
     "WorkflowControlStorage",
     "History",
+    "HistoryRecords",
     "Cut",
     "SweepStorage",
     "SpaceReclaimingStorage",
@@ -385,14 +386,9 @@ class History:
     effect records of steps below ``oldest``, ``paused`` whether its workflow record says
     PAUSED, ``kind`` its record's kind (None without a record: on a store without records,
     always). ``records`` holds every checkpoint as a ``(step, bytes)`` pair, newest
-    first, when it was read; None when it was not (``count`` at most the sweep's window,
-    more than one read's share, or a record over ``max_record_bytes``): the sweep then
-    reads it a page at a time with ``scan``.
-
-    Pairs in a tuple, not :class:`StoredCheckpoint` objects: the garbage collector stops
-    tracking a tuple of ints and bytes at its first collection, so a page's records never
-    reach its oldest generation, whose growth sets off full collections (each walks the
-    whole heap, holding up the loop and every thread).
+    first, when it was read (the stores give :class:`HistoryRecords`); None when it was not
+    (``count`` at most the sweep's window, more than one read's share, or a record over
+    ``max_record_bytes``): the sweep then reads it a page at a time with ``scan``.
     """
 
     workflow_id: str
@@ -401,7 +397,54 @@ class History:
     orphans: bool
     paused: bool
     kind: str | None
-    records: tuple[tuple[int, bytes], ...] | None
+    records: Sequence[tuple[int, bytes]] | None
+
+
+class HistoryRecords(Sequence[tuple[int, bytes]]):
+    """A history's records as ``(step, bytes)`` pairs, each pair made only when read.
+
+    Held as two flat tuples, not :class:`StoredCheckpoint` objects nor a tuple of pairs:
+    the garbage collector stops tracking a tuple of ints or of bytes at its first pass, so
+    a page's records never reach its oldest generation, whose growth sets off full
+    collections (each walks the whole heap, holding up the loop and every thread). A pair
+    per record was also most of what a sweep's read made for the collector to count, each
+    ~700 a young collection promoting whatever else was alive (``bench/NOTES.md``).
+    """
+
+    __slots__ = ("data", "steps")
+
+    def __init__(self, steps: tuple[int, ...], data: tuple[bytes, ...]) -> None:
+        if len(steps) != len(data):
+            raise ValueError(f"{len(steps)} steps for {len(data)} records")
+        #: The steps, and each one's record, in the same order.
+        self.steps = steps
+        self.data = data
+
+    @classmethod
+    def newest_first(cls, steps: Sequence[int], data: Sequence[bytes]) -> HistoryRecords:
+        """The records of ``steps`` (distinct, in any order), sorted newest first."""
+        order = sorted(range(len(steps)), key=steps.__getitem__, reverse=True)
+        return cls(tuple([steps[i] for i in order]), tuple([data[i] for i in order]))
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return zip(self.steps, self.data, strict=True)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, bytes]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> HistoryRecords: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[int, bytes] | HistoryRecords:
+        if isinstance(index, slice):
+            return HistoryRecords(self.steps[index], self.data[index])
+        return self.steps[index], self.data[index]
+
+    def __repr__(self) -> str:
+        return f"HistoryRecords({tuple(self)!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ..base import Cut, History, histories_to_read
+from ..base import Cut, History, HistoryRecords, histories_to_read
 from ..turns import in_turns
 from .connection import Connection
 from .records import Records
@@ -223,14 +223,12 @@ _BYTES = (
 )
 
 
-async def _grouped(
-    packed: dict[str, bytes | None],
-) -> dict[str, tuple[tuple[int, bytes], ...]]:
-    """Each workflow's ``(step, bytes)`` pairs, newest first; one over the limit left out.
+async def _grouped(packed: dict[str, bytes | None]) -> dict[str, HistoryRecords]:
+    """Each workflow's records, newest first; one over the limit left out.
 
     Other tasks run every few dozen workflows.
     """
-    found: dict[str, tuple[tuple[int, bytes], ...]] = {}
+    found: dict[str, HistoryRecords] = {}
     items = list(packed.items())
     for start in range(0, len(items), _WORKFLOWS_PER_TURN):
         if start:
@@ -246,23 +244,24 @@ _WORKFLOWS_PER_TURN = 32
 _HEAD = struct.Struct(">qi")
 
 
-def unpacked(packed: bytes) -> tuple[tuple[int, bytes], ...]:
-    """A workflow's ``(step, bytes)`` pairs from its packed records, newest first."""
-    pairs = []
+def unpacked(packed: bytes) -> HistoryRecords:
+    """A workflow's records from their packed form, newest first."""
+    steps: list[int] = []
+    data: list[bytes] = []
     at, end = 0, len(packed)
     while at < end:
         step, size = _HEAD.unpack_from(packed, at)
         at += _HEAD.size
-        pairs.append((step, packed[at : at + size]))
+        steps.append(step)
+        data.append(packed[at : at + size])
         at += size
-    pairs.sort(reverse=True)
-    return tuple(pairs)
+    return HistoryRecords.newest_first(steps, data)
 
 
 def _sizes(row: Any) -> tuple[str, tuple[int, int]]:
     return row[0], (int(row[1]), int(row[3]))
 
 
-def _history(row: Any, found: dict[str, tuple[tuple[int, bytes], ...]]) -> History:
+def _history(row: Any, found: dict[str, HistoryRecords]) -> History:
     wf, n, low, _size, orphans, paused, kind = row
     return History(wf, int(n), int(low), bool(orphans), bool(paused), kind, found.get(wf))

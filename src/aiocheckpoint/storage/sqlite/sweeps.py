@@ -17,7 +17,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Final
 
-from ..base import History, histories_to_read
+from ..base import History, HistoryRecords, histories_to_read
 from ..turns import gil_breaks
 from . import effects
 from .foreign import id_problem
@@ -91,13 +91,13 @@ def _records(
     max_bytes: int,
     busy: Callable[[], bool],
     held: Callable[[], bool] | None,
-) -> dict[str, tuple[tuple[int, bytes], ...]]:
+) -> dict[str, HistoryRecords]:
     """Every record of ``ids``, newest first; a workflow with one over the limit left out.
 
-    The rows come grouped by workflow: each group becomes one tuple of ``(step, bytes)``
-    pairs (:class:`~..base.History`), with no object per record the collector tracks.
+    The rows come grouped by workflow: each group becomes one :class:`~..base.HistoryRecords`,
+    with no object per record the collector tracks.
     """
-    found: dict[str, tuple[tuple[int, bytes], ...]] = {}
+    found: dict[str, HistoryRecords] = {}
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]
         sql = (
@@ -109,9 +109,13 @@ def _records(
         # add nothing to the count of objects that sets off the collector's passes.
         rows = conn.execute(sql, [max_bytes, *chunk])
         for wf, group in groupby(gil_breaks(rows, busy, held), _WORKFLOW):
-            pairs = tuple([(step, data) for _wf, step, data in group])
-            if all(type(data) is bytes for _step, data in pairs):
-                found[wf] = pairs
+            steps: list[int] = []
+            records: list[bytes] = []
+            for _wf, step, data in group:
+                steps.append(step)
+                records.append(data)
+            if all(type(data) is bytes for data in records):
+                found[wf] = HistoryRecords(tuple(steps), tuple(records))
     return found
 
 
