@@ -149,12 +149,21 @@ async def test_no_free_connection_once_open_is_a_typed_error_after_the_bounded_w
             await con.close()
 
 
+async def _seeded(schema: str) -> None:
+    """``schema`` made, and its workflow ``wf`` saved at step 0, by a store without a short
+    ``command_timeout``: on a loaded machine making the schema alone can take longer than
+    the bound the test is about."""
+    async with PostgresCheckpointStorage(DSN, schema=schema) as storage:
+        await storage.save("wf", 0, b"x")
+
+
 async def test_command_timeout_bounds_the_whole_call_and_names_it(pg_schema: str) -> None:
     """A load blocked by a lock: one try within command_timeout, the error says what and when."""
+    await _seeded(pg_schema)
     storage = PostgresCheckpointStorage(DSN, schema=pg_schema, command_timeout=1, retries=2)
-    await storage.save("wf", 0, b"x")
     admin = await asyncpg.connect(DSN)
     try:
+        assert await storage.load("wf") is not None  # the store open before the lock
         async with admin.transaction():
             await admin.execute(f'LOCK TABLE "{pg_schema}".checkpoints IN ACCESS EXCLUSIVE MODE')
             with pytest.raises(StorageTimeoutError) as loading:
@@ -211,9 +220,9 @@ async def test_a_real_error_at_the_deadline_is_reported_as_it_is(pg_schema: str)
     """A statement's real error (here a unique violation) that reaches the store only after
     command_timeout has passed is that error, a StorageBackendError caused by it, not a
     StorageTimeoutError: the caller must learn what failed."""
+    await _seeded(pg_schema)
     storage = PostgresCheckpointStorage(DSN, schema=pg_schema, command_timeout=0.5, retries=2)
     try:
-        await storage.save("wf", 0, b"x")
         table = f'"{pg_schema}".checkpoints'
 
         async def duplicate(con: Any) -> None:
@@ -233,6 +242,7 @@ async def test_a_real_error_of_a_batch_write_at_the_deadline_is_reported_as_it_i
 ) -> None:
     """The same for a batched save: the server's error (a division by zero run in the
     batch's transaction) reaches its caller after command_timeout, and is that error."""
+    await _seeded(pg_schema)
     storage = PostgresCheckpointStorage(DSN, schema=pg_schema, command_timeout=0.5)
     run = batching._BatchTransaction.run
 
@@ -241,7 +251,7 @@ async def test_a_real_error_of_a_batch_write_at_the_deadline_is_reported_as_it_i
         await con.execute("SELECT 1 / 0")
 
     try:
-        await storage.save("wf", 0, b"x")
+        assert await storage.load("wf") is not None  # the store open before the slow writes
 
         def slowly(self: Any, con: Any) -> Awaitable[Any]:
             return late(lambda c: failing(self, c), 0.6)(con)
