@@ -365,8 +365,8 @@ class _Sweep:
         self.forget = forget
         rests = getattr(storage, "saving_lately", None)
         self.pacer = BatchSizer(policy.batch_size, rests)
-        #: Shares the loop's turns between the sweep's judging and everything else.
         threads = getattr(storage, "writes_in_threads", False)
+        #: Shares the loop's turns between the sweep's judging and everything else.
         self.turns = Turns(
             _TURN_SECONDS,
             rests if threads else None,
